@@ -1,0 +1,116 @@
+// hpctrial config validate|show: check a config, or print the effective one.
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <iostream>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_config.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+
+namespace hpctrial::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: hpctrial config validate CONFIG.yaml [CONFIG.yaml ...] [options]
+       hpctrial config show CONFIG.yaml [options]
+
+  validate  check configs completely: every problem is listed with file, line, column and
+            key path; exit code 0 when all are valid, 2 otherwise
+  show      print the effective config (template merged, overrides applied, defaults
+            filled in) as YAML - what a run of it would use
+
+examples:
+  hpctrial config validate examples/linear_regression/experiment.yaml
+  hpctrial config show exp.yaml --template site.yaml --set resources.slots_per_trial=8
+  hpctrial config show exp.yaml --set scheduler.modules=[gcc/12,openmpi/4.1]
+
+options)";
+
+std::string summarize(const core::ExperimentConfig& c) {
+  const auto& r = c.resources;
+  std::string text = "name '" + c.name + "', " + std::to_string(r.slots_per_trial) +
+                     (r.slots_per_trial == 1 ? " slot" : " slots") + " on " +
+                     std::to_string(r.nodes()) + (r.nodes() == 1 ? " node" : " nodes") +
+                     ", searcher " + std::string(core::to_string(c.searcher.name)) +
+                     ", scheduler " + std::string(core::to_string(c.scheduler.type));
+  return text;
+}
+
+int run_config(const std::vector<std::string>& args) {
+  std::string template_path;
+  std::vector<std::string> overrides;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "show this help")
+      ("template,t", po::value(&template_path)->value_name("T.yaml"),
+       "merge this template under the config (config values win, lists concatenate, maps merge)")
+      ("set,s", po::value(&overrides)->value_name("KEY.PATH=VALUE")->composing(),
+       "override one value (repeatable); VALUE is YAML, e.g. 4, true, [a,b]");
+  po::options_description hidden;
+  std::vector<std::string> positional;
+  hidden.add_options()("positional", po::value(&positional));
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("positional", -1);
+
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << ":\n" << options;
+    return kExitOk;
+  }
+  if (positional.empty()) {
+    std::cerr << "hpctrial config: say what to do: validate or show\n"
+              << "run 'hpctrial config --help' for usage\n";
+    return kExitUsage;
+  }
+  const std::string action = positional.front();
+  std::vector<std::string> files(positional.begin() + 1, positional.end());
+  if (action != "validate" && action != "show") {
+    std::cerr << "hpctrial config: unknown action '" << action << "'; use validate or show\n";
+    return kExitUsage;
+  }
+  if (files.empty()) {
+    std::cerr << "hpctrial config " << action << ": give the config file, e.g. 'hpctrial config "
+              << action << " experiment.yaml'\n";
+    return kExitUsage;
+  }
+  if (action == "show" && files.size() > 1) {
+    std::cerr << "hpctrial config show: one config at a time (got " << files.size() << ")\n";
+    return kExitUsage;
+  }
+
+  int exit_code = kExitOk;
+  for (const auto& file : files) {
+    core::ConfigSources sources{file, template_path, overrides};
+    try {
+      const core::ExperimentConfig config = core::load_experiment_config(sources);
+      if (action == "show") {
+        std::cout << core::to_yaml(config);
+      } else {
+        std::cout << file << ": valid (" << summarize(config) << ")\n";
+      }
+    } catch (const ConfigError& e) {
+      const std::string text = e.what();
+      const std::size_t count = 1 + static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+      std::cerr << text << "\n"
+                << file << ": " << count << (count == 1 ? " error" : " errors")
+                << "; see docs/config-reference.md\n";
+      exit_code = kExitUsage;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+Verb config_verb() {
+  return {"config", "validate a config, or show the effective config (templates, --set, defaults)",
+          run_config};
+}
+
+}  // namespace hpctrial::cli

@@ -1,0 +1,71 @@
+// hpctrial: the command users type. `hpctrial VERB --help` describes each verb.
+#include <boost/program_options/errors.hpp>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/diagnostics.h"
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "verb.h"
+
+namespace {
+
+void print_help(const std::vector<hpctrial::cli::Verb>& verbs) {
+  std::cout << "usage: hpctrial [--version] [--help] VERB [ARGS]\n\n"
+               "Run LibTorch trials on HPC batch schedulers: configs, checkpoints, pause and "
+               "resume.\n\nverbs:\n";
+  for (const auto& verb : verbs) {
+    std::cout << "  " << verb.name << std::string(verb.name.size() < 10 ? 10 - verb.name.size() : 1, ' ')
+              << verb.summary << "\n";
+  }
+  std::cout << "\nexamples:\n"
+               "  hpctrial config validate experiment.yaml\n"
+               "  hpctrial config show experiment.yaml --set resources.slots_per_trial=4\n\n"
+               "Run 'hpctrial VERB --help' for a verb's options. Set HPCTRIAL_LOG_LEVEL=debug for "
+               "more detail.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace hpctrial;
+  core::init_logging(core::ProcessEnv());
+  const std::vector<cli::Verb> verbs = cli::builtin_verbs();
+  std::vector<std::string> args(argv + 1, argv + argc);
+
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_help(verbs);
+    return args.empty() ? cli::kExitUsage : cli::kExitOk;
+  }
+  if (args[0] == "--version" || args[0] == "-V") {
+    std::cout << cli::version_text();
+    return cli::kExitOk;
+  }
+  const std::string name = args[0];
+  for (const auto& verb : verbs) {
+    if (verb.name != name) continue;
+    try {
+      return verb.run(std::vector<std::string>(args.begin() + 1, args.end()));
+    } catch (const boost::program_options::error& e) {
+      std::cerr << "hpctrial " << name << ": " << e.what() << "\nrun 'hpctrial " << name
+                << " --help' for usage\n";
+      return cli::kExitUsage;
+    } catch (const ConfigError& e) {
+      std::cerr << e.what() << "\n";
+      return cli::kExitUsage;
+    } catch (const Error& e) {
+      std::cerr << "hpctrial " << name << ": " << e.what() << "\n";
+      return cli::kExitFailure;
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& verb : verbs) names.push_back(verb.name);
+  std::cerr << "hpctrial: unknown verb '" << name << "'";
+  const std::string suggestion = core::closest_match(name, names);
+  if (!suggestion.empty()) std::cerr << "; did you mean '" << suggestion << "'?";
+  std::cerr << "\nrun 'hpctrial --help' for the list of verbs\n";
+  return cli::kExitUsage;
+}

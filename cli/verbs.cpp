@@ -1,0 +1,11 @@
+#include "verb.h"
+
+namespace hpctrial::cli {
+
+std::vector<Verb> builtin_verbs() {
+  return {
+      config_verb(),
+  };
+}
+
+}  // namespace hpctrial::cli

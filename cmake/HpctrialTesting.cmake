@@ -1,0 +1,39 @@
+# Test tiers, run by CTest with labels: unit, mpi, integration, slurm, gpu.
+include(GoogleTest)
+
+# Open MPI refuses to run as root unless told; tests set this themselves, users need not.
+set(HPCTRIAL_MPI_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+
+# hpctrial_unit_test(NAME SOURCES... LIBS ...): a gtest binary, each test its own CTest entry.
+function(hpctrial_unit_test name)
+  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS" ${ARGN})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock hpctrial_warnings)
+  target_compile_definitions(${name} PRIVATE
+    HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# hpctrial_mpi_test(NAME SOURCES... LIBS ...): a gtest binary with its own main (tests/mpi/
+# mpi_test_main.cpp), run under `mpirun -np 2` and `mpirun -np 4 --oversubscribe`.
+function(hpctrial_mpi_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_test_main.cpp)
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} hpctrial::mpi_launcher GTest::gtest hpctrial_warnings)
+  foreach(np 2 4)
+    set(extra "")
+    if(np GREATER 2)
+      set(extra --oversubscribe)
+    endif()
+    add_test(NAME ${name}.np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${extra} --timeout 240
+                     $<TARGET_FILE:${name}>)
+    set_tests_properties(${name}.np${np} PROPERTIES
+      LABELS mpi ENVIRONMENT "${HPCTRIAL_MPI_TEST_ENV}" RUN_SERIAL TRUE TIMEOUT 300)
+  endforeach()
+endfunction()

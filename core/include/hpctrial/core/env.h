@@ -1,0 +1,40 @@
+// Where environment variables come from.
+//
+// Code that reads the environment takes an EnvSource, so tests can hand it a MapEnv instead
+// of mutating the process environment. ProcessEnv reads getenv(); it is thread-safe as long
+// as nobody calls setenv() concurrently. MapEnv is a plain value.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace hpctrial::core {
+
+class EnvSource {
+ public:
+  virtual ~EnvSource() = default;
+  // The value of `name`, or nullopt when it is not set (an empty value is set).
+  virtual std::optional<std::string> get(const std::string& name) const = 0;
+};
+
+class ProcessEnv final : public EnvSource {
+ public:
+  std::optional<std::string> get(const std::string& name) const override;
+};
+
+class MapEnv final : public EnvSource {
+ public:
+  MapEnv() = default;
+  explicit MapEnv(std::map<std::string, std::string> values) : values_(std::move(values)) {}
+  std::optional<std::string> get(const std::string& name) const override;
+  void set(const std::string& name, std::string value) { values_[name] = std::move(value); }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// True when `name` is a valid POSIX environment variable name: [A-Za-z_][A-Za-z0-9_]*.
+bool is_valid_env_name(const std::string& name);
+
+}  // namespace hpctrial::core

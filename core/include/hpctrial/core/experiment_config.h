@@ -1,0 +1,163 @@
+// The experiment config: the typed form of the YAML a user writes.
+//
+// load_experiment_config() reads a config file, merges an optional template, applies --set
+// overrides, and validates everything against the schema documented in
+// docs/config-reference.md. Every problem is reported at once, each naming file, line,
+// column and key path, as a ConfigError. A config that loads is complete: defaults are filled
+// in, so to_yaml() writes the effective config that makes a run reproducible.
+//
+// Plain values; not thread-safe to mutate, safe to share read-only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/config_node.h"
+
+namespace hpctrial::core {
+
+// A training length or period: {batches: N}, {epochs: N}, {records: N} or {seconds: N}.
+enum class LengthUnit { kBatches, kEpochs, kRecords, kSeconds };
+std::string_view to_string(LengthUnit unit);
+
+struct Length {
+  LengthUnit unit = LengthUnit::kBatches;
+  std::int64_t value = 0;
+};
+
+// What the ranks run: a program (argv) or a trial class in a shared library
+// (`./libmodel.so:MyTrial`), loaded by the worker program.
+struct Entrypoint {
+  enum class Kind { kExecutable, kLibrary };
+  Kind kind = Kind::kExecutable;
+  std::vector<std::string> argv;  // kExecutable
+  std::string library;            // kLibrary
+  std::string trial_class;        // kLibrary, may be namespace-qualified
+};
+
+struct Hyperparameter {
+  enum class Type { kConst, kInt, kDouble, kLog, kCategorical, kNested };
+  Type type = Type::kConst;
+  ConfigNode value;                 // kConst: the value as written
+  double minval = 0, maxval = 0;    // kInt (integral), kDouble, kLog (exponents)
+  std::int64_t count = 0;           // grid points; 0 when not given
+  double base = 10;                 // kLog
+  std::vector<ConfigNode> vals;     // kCategorical
+  std::vector<std::pair<std::string, Hyperparameter>> nested;  // kNested
+};
+std::string_view to_string(Hyperparameter::Type type);
+
+struct Searcher {
+  enum class Name { kSingle, kGrid, kRandom };
+  Name name = Name::kSingle;
+  std::string metric;
+  bool smaller_is_better = true;
+  Length max_length;
+  std::int64_t max_trials = 1;
+};
+std::string_view to_string(Searcher::Name name);
+
+struct Resources {
+  int slots_per_trial = 1;
+  int slots_per_node = 1;  // defaults to slots_per_trial: one node
+  int cpus_per_slot = 1;
+  int gpus_per_slot = 0;
+  std::optional<std::uint64_t> memory_per_node_bytes;  // unset: the scheduler's default
+
+  int nodes() const { return (slots_per_trial + slots_per_node - 1) / slots_per_node; }
+};
+
+struct Optimizations {
+  std::int64_t aggregation_frequency = 1;
+  bool average_training_metrics = true;
+  double bucket_cap_mb = 25;
+  bool gradient_compression = false;
+};
+
+struct Reproducibility {
+  // Unset: chosen when the experiment is created, and recorded in its effective config.
+  std::optional<std::uint32_t> experiment_seed;
+};
+
+struct CheckpointStorage {
+  std::string type = "shared_fs";
+  // Empty: <experiment dir>/checkpoints. Relative paths are relative to the config file.
+  std::string host_path;
+  int save_trial_latest = 1;
+  int save_trial_best = 1;
+  bool async = true;
+};
+
+// NAME=value for the ranks or the batch job. `value` may hold ${env:NAME} references to the
+// submitting environment, resolved at submission.
+struct EnvVar {
+  std::string name;
+  std::string value;
+};
+
+struct SchedulerConfig {
+  enum class Type { kLocal, kSlurm, kPbs };
+  Type type = Type::kLocal;
+  std::string partition;  // Slurm
+  std::string queue;      // PBS
+  std::string account;
+  std::string qos;        // Slurm
+  std::optional<std::int64_t> time_limit_seconds;
+  std::int64_t preemption_grace_seconds = 180;
+  std::vector<std::string> modules;
+  std::vector<EnvVar> environment;
+  std::vector<std::string> extra_directives;
+};
+std::string_view to_string(SchedulerConfig::Type type);
+
+struct ExperimentConfig {
+  std::string name;
+  std::string description;
+  Entrypoint entrypoint;
+  std::vector<std::pair<std::string, Hyperparameter>> hyperparameters;
+  Searcher searcher;
+  std::int64_t records_per_epoch = 0;  // 0: from the training data loader
+  std::optional<Length> min_validation_period;
+  std::optional<Length> min_checkpoint_period;
+  Resources resources;
+  Optimizations optimizations;
+  Reproducibility reproducibility;
+  CheckpointStorage checkpoint_storage;
+  int max_restarts = 5;
+  SchedulerConfig scheduler;
+  ConfigNode data = ConfigNode::map();
+  std::vector<EnvVar> environment;
+
+  // The config file it was read from (empty when built in code).
+  std::string source_path;
+};
+
+// Where a config comes from: the file, an optional template, and --set overrides in order.
+struct ConfigSources {
+  std::string config_path;
+  std::string template_path;  // empty: none
+  std::vector<std::string> overrides;
+};
+
+// Reads, merges, overrides and validates. Throws ConfigError listing every problem.
+ExperimentConfig load_experiment_config(const ConfigSources& sources);
+
+// Validates a tree (already merged and overridden). Problems go to `diagnostics`.
+ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics);
+
+// The effective config as YAML, every key present, in the order of the reference.
+std::string to_yaml(const ExperimentConfig& config);
+
+// Parses "90s", "45m", "2h", "1d", "HH:MM:SS", "MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS" into
+// seconds; nullopt (with a reason) when the text is none of those.
+std::optional<std::int64_t> parse_duration(const std::string& text, std::string* reason);
+// Seconds as Slurm's "D-HH:MM:SS" / "HH:MM:SS".
+std::string format_duration(std::int64_t seconds);
+// Parses "64G", "512M", "1.5T", "64GiB", "64gb" (binary units) into bytes.
+std::optional<std::uint64_t> parse_memory(const std::string& text, std::string* reason);
+std::string format_memory(std::uint64_t bytes);
+
+}  // namespace hpctrial::core

@@ -1,0 +1,55 @@
+// Runs a program by argv - never through a shell - and captures what it prints.
+//
+// run_process() starts argv[0] (looked up on PATH), feeds it `stdin_data`, collects stdout and
+// stderr, and waits for it. With a timeout, the child's whole process group gets SIGTERM when
+// the time is up and SIGKILL `kill_grace` later. The result says how it ended: an exit code,
+// a signal, or a time-out.
+//
+// Throws IoError when the program cannot be started at all (not found, not executable): the
+// message names the program and suggests what to check. A program that starts and then fails
+// is not an exception: inspect RunResult. Thread-safe (posix_spawn, no shared state).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hpctrial::core {
+
+struct RunOptions {
+  // No timeout when unset.
+  std::optional<std::chrono::milliseconds> timeout;
+  // Time between SIGTERM and SIGKILL once the timeout is reached.
+  std::chrono::milliseconds kill_grace{2000};
+  std::string stdin_data;
+  // Variables to set (or override) in the child's environment, and variables to remove.
+  std::vector<std::pair<std::string, std::string>> env_set;
+  std::vector<std::string> env_unset;
+  // Empty: the caller's working directory.
+  std::string working_dir;
+  // Output beyond this many bytes per stream is dropped (the child keeps running);
+  // RunResult::truncated says so.
+  std::size_t max_output_bytes = 64u << 20;
+};
+
+struct RunResult {
+  std::vector<std::string> argv;
+  int exit_code = -1;  // valid when signal == 0 and !timed_out
+  int signal = 0;      // the signal that ended the child, 0 if it exited
+  bool timed_out = false;
+  bool truncated = false;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+
+  bool ok() const { return !timed_out && signal == 0 && exit_code == 0; }
+  // "'sbatch --parsable job.sh' exited with code 1: sbatch: error: invalid partition"
+  std::string describe() const;
+};
+
+RunResult run_process(const std::vector<std::string>& argv, const RunOptions& options = {});
+
+}  // namespace hpctrial::core

@@ -1,0 +1,193 @@
+// The effective config: every key written out, defaults included, in the reference's order.
+#include <yaml-cpp/yaml.h>
+
+#include <fmt/core.h>
+
+#include "config_emit.h"
+#include "hpctrial/core/experiment_config.h"
+
+namespace hpctrial::core {
+namespace {
+
+void emit_node(YAML::Emitter& out, const ConfigNode& node) { detail::emit_yaml(out, node); }
+
+void emit_length(YAML::Emitter& out, const Length& length) {
+  out << YAML::Flow << YAML::BeginMap << YAML::Key << std::string(to_string(length.unit))
+      << YAML::Value << length.value << YAML::EndMap;
+}
+
+std::string number(double value) { return fmt::format("{}", value); }
+
+void emit_hyperparameter(YAML::Emitter& out, const Hyperparameter& hp) {
+  switch (hp.type) {
+    case Hyperparameter::Type::kConst:
+      emit_node(out, hp.value);
+      return;
+    case Hyperparameter::Type::kNested:
+      out << YAML::BeginMap;
+      for (const auto& [name, child] : hp.nested) {
+        out << YAML::Key << name << YAML::Value;
+        emit_hyperparameter(out, child);
+      }
+      out << YAML::EndMap;
+      return;
+    case Hyperparameter::Type::kCategorical:
+      out << YAML::BeginMap << YAML::Key << "type" << YAML::Value << "categorical" << YAML::Key
+          << "vals" << YAML::Value << YAML::BeginSeq;
+      for (const auto& v : hp.vals) emit_node(out, v);
+      out << YAML::EndSeq << YAML::EndMap;
+      return;
+    case Hyperparameter::Type::kInt:
+    case Hyperparameter::Type::kDouble:
+    case Hyperparameter::Type::kLog:
+      out << YAML::BeginMap << YAML::Key << "type" << YAML::Value << std::string(to_string(hp.type));
+      if (hp.type == Hyperparameter::Type::kInt) {
+        out << YAML::Key << "minval" << YAML::Value << static_cast<long long>(hp.minval)
+            << YAML::Key << "maxval" << YAML::Value << static_cast<long long>(hp.maxval);
+      } else {
+        out << YAML::Key << "minval" << YAML::Value << number(hp.minval) << YAML::Key << "maxval"
+            << YAML::Value << number(hp.maxval);
+      }
+      if (hp.type == Hyperparameter::Type::kLog) {
+        out << YAML::Key << "base" << YAML::Value << number(hp.base);
+      }
+      if (hp.count > 0) out << YAML::Key << "count" << YAML::Value << hp.count;
+      out << YAML::EndMap;
+      return;
+  }
+}
+
+void emit_environment(YAML::Emitter& out, const std::vector<EnvVar>& environment) {
+  if (environment.empty()) out << YAML::Flow;
+  out << YAML::BeginMap;
+  for (const auto& var : environment) {
+    out << YAML::Key << var.name << YAML::Value << YAML::DoubleQuoted << var.value;
+  }
+  out << YAML::EndMap;
+}
+
+void emit_strings(YAML::Emitter& out, const std::vector<std::string>& values) {
+  out << YAML::BeginSeq;
+  for (const auto& v : values) out << v;
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
+std::string to_yaml(const ExperimentConfig& c) {
+  YAML::Emitter out;
+  out.SetIndent(2);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << c.name;
+  out << YAML::Key << "description" << YAML::Value << YAML::DoubleQuoted << c.description;
+
+  out << YAML::Key << "entrypoint" << YAML::Value;
+  if (c.entrypoint.kind == Entrypoint::Kind::kLibrary) {
+    out << c.entrypoint.library + ":" + c.entrypoint.trial_class;
+  } else {
+    out << YAML::Flow;
+    emit_strings(out, c.entrypoint.argv);
+  }
+
+  out << YAML::Key << "hyperparameters" << YAML::Value;
+  if (c.hyperparameters.empty()) out << YAML::Flow;
+  out << YAML::BeginMap;
+  for (const auto& [name, hp] : c.hyperparameters) {
+    out << YAML::Key << name << YAML::Value;
+    emit_hyperparameter(out, hp);
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "searcher" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << std::string(to_string(c.searcher.name));
+  out << YAML::Key << "metric" << YAML::Value << YAML::DoubleQuoted << c.searcher.metric;
+  out << YAML::Key << "smaller_is_better" << YAML::Value << c.searcher.smaller_is_better;
+  out << YAML::Key << "max_length" << YAML::Value;
+  emit_length(out, c.searcher.max_length);
+  if (c.searcher.name != Searcher::Name::kGrid) {
+    out << YAML::Key << "max_trials" << YAML::Value << c.searcher.max_trials;
+  }
+  out << YAML::EndMap;
+
+  if (c.records_per_epoch > 0) {
+    out << YAML::Key << "records_per_epoch" << YAML::Value << c.records_per_epoch;
+  }
+  if (c.min_validation_period) {
+    out << YAML::Key << "min_validation_period" << YAML::Value;
+    emit_length(out, *c.min_validation_period);
+  }
+  if (c.min_checkpoint_period) {
+    out << YAML::Key << "min_checkpoint_period" << YAML::Value;
+    emit_length(out, *c.min_checkpoint_period);
+  }
+
+  const Resources& r = c.resources;
+  out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "slots_per_trial" << YAML::Value << r.slots_per_trial;
+  out << YAML::Key << "slots_per_node" << YAML::Value << r.slots_per_node;
+  out << YAML::Key << "cpus_per_slot" << YAML::Value << r.cpus_per_slot;
+  out << YAML::Key << "gpus_per_slot" << YAML::Value << r.gpus_per_slot;
+  if (r.memory_per_node_bytes) {
+    out << YAML::Key << "memory_per_node" << YAML::Value << format_memory(*r.memory_per_node_bytes);
+  }
+  out << YAML::EndMap;
+
+  const Optimizations& o = c.optimizations;
+  out << YAML::Key << "optimizations" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "aggregation_frequency" << YAML::Value << o.aggregation_frequency;
+  out << YAML::Key << "average_training_metrics" << YAML::Value << o.average_training_metrics;
+  out << YAML::Key << "bucket_cap_mb" << YAML::Value << number(o.bucket_cap_mb);
+  out << YAML::Key << "gradient_compression" << YAML::Value << o.gradient_compression;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "reproducibility" << YAML::Value;
+  if (!c.reproducibility.experiment_seed) out << YAML::Flow;
+  out << YAML::BeginMap;
+  if (c.reproducibility.experiment_seed) {
+    out << YAML::Key << "experiment_seed" << YAML::Value << *c.reproducibility.experiment_seed;
+  }
+  out << YAML::EndMap;
+
+  const CheckpointStorage& s = c.checkpoint_storage;
+  out << YAML::Key << "checkpoint_storage" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << s.type;
+  if (!s.host_path.empty()) {
+    out << YAML::Key << "host_path" << YAML::Value << YAML::DoubleQuoted << s.host_path;
+  }
+  out << YAML::Key << "save_trial_latest" << YAML::Value << s.save_trial_latest;
+  out << YAML::Key << "save_trial_best" << YAML::Value << s.save_trial_best;
+  out << YAML::Key << "async" << YAML::Value << s.async;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
+
+  const SchedulerConfig& sc = c.scheduler;
+  out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << std::string(to_string(sc.type));
+  for (const auto& [key, value] : {std::pair{"partition", &sc.partition}, std::pair{"queue", &sc.queue},
+                                   std::pair{"account", &sc.account}, std::pair{"qos", &sc.qos}}) {
+    if (!value->empty()) out << YAML::Key << key << YAML::Value << *value;
+  }
+  if (sc.time_limit_seconds) {
+    out << YAML::Key << "time_limit" << YAML::Value << YAML::DoubleQuoted
+        << format_duration(*sc.time_limit_seconds);
+  }
+  out << YAML::Key << "preemption_grace" << YAML::Value << YAML::DoubleQuoted
+      << format_duration(sc.preemption_grace_seconds);
+  out << YAML::Key << "modules" << YAML::Value << YAML::Flow;
+  emit_strings(out, sc.modules);
+  out << YAML::Key << "environment" << YAML::Value;
+  emit_environment(out, sc.environment);
+  out << YAML::Key << "extra_directives" << YAML::Value << YAML::Flow;
+  emit_strings(out, sc.extra_directives);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "data" << YAML::Value;
+  emit_node(out, c.data);
+  out << YAML::Key << "environment" << YAML::Value;
+  emit_environment(out, c.environment);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace hpctrial::core

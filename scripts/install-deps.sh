@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs, by Debian package name, everything hpctrial's build, tests and quickstart need.
+# Idempotent: silent and quick when every package is already present; runs `apt-get update`
+# once, and only when something is missing.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake pkg-config ccache git
+  # LibTorch (CPU), Open MPI, parallel HDF5
+  libtorch-dev openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
+  # configuration, command line, formatting, JSON
+  libyaml-cpp-dev libboost-program-options-dev libfmt-dev nlohmann-json3-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev shellcheck
+  # the integration tier: a real local Slurm cluster
+  slurmctld slurmd slurm-client munge
+  # reference comparisons (PyTorch DDP baseline, reading checkpoints from Python)
+  python3 python3-torch python3-h5py
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "install-deps: these packages are missing and installing them needs root: ${missing[*]}" >&2
+    echo "install-deps: run this script as root, or ask your administrator to install them." >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

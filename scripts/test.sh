@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds hpctrial, and runs every test tier with CTest:
+# unit, mpi (under mpirun with 2 and 4 ranks), integration (the real hpctrial command and
+# mpirun), slurm (a real local Slurm cluster) and gpu (skipped where no GPU is visible).
+# Extra arguments go to ctest, e.g. `scripts/test.sh -L unit` or `scripts/test.sh -R Config`.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
+
+"$root/scripts/install-deps.sh"
+"$root/scripts/build.sh"
+cd "$build_dir"
+ctest --output-on-failure --parallel "${HPCTRIAL_JOBS:-2}" --timeout 600 "$@"

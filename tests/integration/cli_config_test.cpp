@@ -1,0 +1,135 @@
+// The real `hpctrial` command: exit codes, what it prints, and where.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../support/temp_dir.h"
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial {
+namespace {
+
+using testing::HasSubstr;
+using testing::StartsWith;
+using testing_support::TempDir;
+
+core::RunResult hpctrial(std::vector<std::string> args) {
+  args.insert(args.begin(), HPCTRIAL_CLI);
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return core::run_process(args, options);
+}
+
+const char* kValid = R"(name: cli-test
+entrypoint: ./trial
+searcher: {name: single, metric: loss, max_length: {batches: 10}}
+resources: {slots_per_trial: 2}
+)";
+
+TEST(Cli, HelpListsVerbsWithExamples) {
+  const auto r = hpctrial({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("usage: hpctrial"));
+  EXPECT_THAT(r.out, HasSubstr("config"));
+  EXPECT_THAT(r.out, HasSubstr("examples:"));
+  const auto bare = hpctrial({});
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_THAT(bare.out, HasSubstr("usage: hpctrial"));
+}
+
+TEST(Cli, VersionSaysWhatItWasBuiltWith) {
+  const auto r = hpctrial({"--version"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, StartsWith("hpctrial 0."));
+  EXPECT_THAT(r.out, HasSubstr("(git "));
+  EXPECT_THAT(r.out, HasSubstr("LibTorch 1."));
+  EXPECT_THAT(r.out, HasSubstr("Open MPI"));
+  EXPECT_THAT(r.out, HasSubstr("HDF5     1."));
+  EXPECT_THAT(r.out, HasSubstr("CUDA"));
+  EXPECT_THAT(r.out, HasSubstr("NCCL"));
+}
+
+TEST(Cli, UnknownVerbSuggestsOne) {
+  const auto r = hpctrial({"confg"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("hpctrial: unknown verb 'confg'; did you mean 'config'?"));
+}
+
+TEST(Cli, ConfigHelp) {
+  const auto r = hpctrial({"config", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("hpctrial config validate CONFIG.yaml"));
+  EXPECT_THAT(r.out, HasSubstr("--set"));
+  EXPECT_THAT(r.out, HasSubstr("--template"));
+}
+
+TEST(Cli, ValidateAcceptsAValidConfig) {
+  TempDir dir;
+  const std::string path = dir.write("exp.yaml", kValid);
+  const auto r = hpctrial({"config", "validate", path});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, path + ": valid (name 'cli-test', 2 slots on 1 node, searcher single, scheduler local)\n");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Cli, ValidateListsEveryErrorAndExitsTwo) {
+  TempDir dir;
+  const std::string path = dir.write(
+      "exp.yaml", std::string(kValid) + "max_restarts: -1\nscheduler: {tpye: slurm}\n");
+  const auto r = hpctrial({"config", "validate", path});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, path + ":5:15: max_restarts: must be a non-negative integer, got \"-1\"\n" +
+                       path + ":6:13: scheduler.tpye: unknown key; did you mean 'type'?\n" + path +
+                       ": 2 errors; see docs/config-reference.md\n");
+}
+
+TEST(Cli, ValidateSeveralFilesReportsEach) {
+  TempDir dir;
+  const std::string good = dir.write("good.yaml", kValid);
+  const std::string bad = dir.write("bad.yaml", "name: x\n");
+  const auto r = hpctrial({"config", "validate", good, bad});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr(good + ": valid"));
+  EXPECT_THAT(r.err, HasSubstr(bad + ":1:1: entrypoint: required key is missing"));
+}
+
+TEST(Cli, ShowPrintsTheEffectiveConfig) {
+  TempDir dir;
+  const std::string path = dir.write("exp.yaml", kValid);
+  const std::string tmpl = dir.write("site.yaml", "scheduler: {type: slurm, modules: [gcc/12]}\n");
+  const auto r = hpctrial({"config", "show", path, "--template", tmpl, "--set",
+                           "resources.slots_per_trial=4", "--set", "scheduler.modules=[openmpi]"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("slots_per_trial: 4\n"));
+  EXPECT_THAT(r.out, HasSubstr("type: slurm\n"));
+  EXPECT_THAT(r.out, HasSubstr("modules: [openmpi]\n"));  // --set replaces, it does not merge
+  EXPECT_THAT(r.out, HasSubstr("hyperparameters: {}\n"));
+  EXPECT_THAT(r.out, HasSubstr("max_restarts: 5\n"));  // defaults are filled in
+
+  // What show prints is itself a valid config that shows the same.
+  const std::string effective = dir.write("effective.yaml", r.out);
+  const auto again = hpctrial({"config", "show", effective});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, r.out);
+}
+
+TEST(Cli, BadOptionsAreUsageErrors) {
+  const auto r = hpctrial({"config", "show", "x.yaml", "--frobnicate"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unrecognised option '--frobnicate'"));
+  EXPECT_THAT(r.err, HasSubstr("hpctrial config --help"));
+  const auto no_file = hpctrial({"config", "validate"});
+  EXPECT_EQ(no_file.exit_code, 2);
+  EXPECT_THAT(no_file.err, HasSubstr("give the config file"));
+  const auto bad_set = hpctrial({"config", "validate", "x.yaml", "--set", "novalue"});
+  EXPECT_EQ(bad_set.exit_code, 2);
+}
+
+TEST(Cli, AMissingFileNamesIt) {
+  const auto r = hpctrial({"config", "validate", "/nonexistent/exp.yaml"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent/exp.yaml: cannot read: No such file or directory"));
+}
+
+}  // namespace
+}  // namespace hpctrial

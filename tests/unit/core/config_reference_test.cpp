@@ -1,0 +1,83 @@
+// docs/config-reference.md and the schema must list the same keys: every key a config can set
+// is documented, and every documented key is accepted.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "hpctrial/core/experiment_config.h"
+
+namespace hpctrial::core {
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Key paths documented as the first cell of a table row: | `resources.slots_per_trial` | ...
+std::set<std::string> documented_keys() {
+  const std::string text = read(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
+  std::set<std::string> keys;
+  const std::regex row(R"(^\| `([a-z_.A-Z]+)` \|)");
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::smatch match;
+    if (std::regex_search(line, match, row)) keys.insert(match[1]);
+  }
+  return keys;
+}
+
+// Sections whose inside is the user's own (free-form) or a one-key length map.
+bool is_leaf_section(const std::string& path) {
+  static const std::set<std::string> leaves = {
+      "data", "environment", "scheduler.environment", "searcher.max_length",
+      "min_validation_period", "min_checkpoint_period"};
+  return leaves.count(path) > 0;
+}
+
+void collect(const ConfigNode& node, const std::string& path, std::set<std::string>& keys) {
+  if (!path.empty()) keys.insert(path);
+  if (!node.is_map() || is_leaf_section(path)) return;
+  if (path == "hyperparameters") {
+    // Typed hyperparameters document their keys as hyperparameters.NAME.<key>.
+    for (const auto& hp : node.entries()) {
+      if (hp.value.is_map() && hp.value.find("type") != nullptr) {
+        for (const auto& field : hp.value.entries()) keys.insert("hyperparameters.NAME." + field.key);
+      }
+    }
+    return;
+  }
+  for (const auto& entry : node.entries()) {
+    collect(entry.value, path.empty() ? entry.key : path + "." + entry.key, keys);
+  }
+}
+
+TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
+  Diagnostics d;
+  const ConfigNode root = load_config_file(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/every_key.yaml", d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  parse_experiment_config(root, d);
+  ASSERT_TRUE(d.empty()) << "every_key.yaml must be valid:\n" << d.to_string();
+
+  std::set<std::string> schema_keys;
+  collect(root, "", schema_keys);
+  const std::set<std::string> documented = documented_keys();
+  for (const auto& key : schema_keys) {
+    EXPECT_EQ(documented.count(key), 1u) << "docs/config-reference.md does not document " << key;
+  }
+  for (const auto& key : documented) {
+    EXPECT_EQ(schema_keys.count(key), 1u)
+        << "docs/config-reference.md documents " << key
+        << ", which tests/unit/core/data/every_key.yaml does not set";
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::core

@@ -1,0 +1,612 @@
+#include "hpctrial/core/experiment_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../../support/temp_dir.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::core {
+namespace {
+
+using testing::ElementsAre;
+using testing::HasSubstr;
+using testing_support::TempDir;
+
+const char* kMinimal = R"(name: t
+entrypoint: ./trial
+searcher: {name: single, metric: loss, max_length: {batches: 10}}
+)";
+
+// Every problem in `yaml` (read as "exp.yaml"), one "file:line:col: path: message" each.
+std::vector<std::string> errors_of(const std::string& yaml) {
+  Diagnostics d;
+  const ConfigNode root = parse_config_text(yaml, "exp.yaml", d);
+  if (d.empty()) parse_experiment_config(root, d);
+  std::vector<std::string> out;
+  for (const auto& item : d.items()) out.push_back(item.to_string());
+  return out;
+}
+
+ExperimentConfig parse_ok(const std::string& yaml) {
+  Diagnostics d;
+  const ConfigNode root = parse_config_text(yaml, "exp.yaml", d);
+  ExperimentConfig config = parse_experiment_config(root, d);
+  EXPECT_TRUE(d.empty()) << d.to_string();
+  return config;
+}
+
+std::string one_error(const std::string& yaml) {
+  const auto errors = errors_of(yaml);
+  EXPECT_EQ(errors.size(), 1u) << testing::PrintToString(errors);
+  return errors.empty() ? "" : errors.front();
+}
+
+TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
+  const ExperimentConfig c = parse_ok(kMinimal);
+  EXPECT_EQ(c.name, "t");
+  EXPECT_EQ(c.description, "");
+  EXPECT_EQ(c.entrypoint.kind, Entrypoint::Kind::kExecutable);
+  EXPECT_THAT(c.entrypoint.argv, ElementsAre("./trial"));
+  EXPECT_TRUE(c.hyperparameters.empty());
+  EXPECT_EQ(c.searcher.name, Searcher::Name::kSingle);
+  EXPECT_EQ(c.searcher.metric, "loss");
+  EXPECT_TRUE(c.searcher.smaller_is_better);
+  EXPECT_EQ(c.searcher.max_length.unit, LengthUnit::kBatches);
+  EXPECT_EQ(c.searcher.max_length.value, 10);
+  EXPECT_EQ(c.searcher.max_trials, 1);
+  EXPECT_EQ(c.records_per_epoch, 0);
+  EXPECT_FALSE(c.min_validation_period.has_value());
+  EXPECT_FALSE(c.min_checkpoint_period.has_value());
+  EXPECT_EQ(c.resources.slots_per_trial, 1);
+  EXPECT_EQ(c.resources.slots_per_node, 1);
+  EXPECT_EQ(c.resources.cpus_per_slot, 1);
+  EXPECT_EQ(c.resources.gpus_per_slot, 0);
+  EXPECT_FALSE(c.resources.memory_per_node_bytes.has_value());
+  EXPECT_EQ(c.optimizations.aggregation_frequency, 1);
+  EXPECT_TRUE(c.optimizations.average_training_metrics);
+  EXPECT_EQ(c.optimizations.bucket_cap_mb, 25.0);
+  EXPECT_FALSE(c.optimizations.gradient_compression);
+  EXPECT_FALSE(c.reproducibility.experiment_seed.has_value());
+  EXPECT_EQ(c.checkpoint_storage.type, "shared_fs");
+  EXPECT_EQ(c.checkpoint_storage.host_path, "");
+  EXPECT_EQ(c.checkpoint_storage.save_trial_latest, 1);
+  EXPECT_EQ(c.checkpoint_storage.save_trial_best, 1);
+  EXPECT_TRUE(c.checkpoint_storage.async);
+  EXPECT_EQ(c.max_restarts, 5);
+  EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kLocal);
+  EXPECT_FALSE(c.scheduler.time_limit_seconds.has_value());
+  EXPECT_EQ(c.scheduler.preemption_grace_seconds, 180);
+  EXPECT_TRUE(c.scheduler.modules.empty());
+  EXPECT_TRUE(c.scheduler.environment.empty());
+  EXPECT_TRUE(c.scheduler.extra_directives.empty());
+  EXPECT_TRUE(c.data.is_map());
+  EXPECT_TRUE(c.data.entries().empty());
+  EXPECT_TRUE(c.environment.empty());
+}
+
+// Every key of the schema, each set to something other than its default.
+std::string every_key_yaml() {
+  std::ifstream in(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/every_key.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_FALSE(text.str().empty());
+  return text.str();
+}
+
+TEST(ExperimentConfig, EveryKeyIsRead) {
+  const ExperimentConfig c = parse_ok(every_key_yaml());
+  EXPECT_EQ(c.name, "full-experiment");
+  EXPECT_EQ(c.description, "every key set");
+  EXPECT_EQ(c.entrypoint.kind, Entrypoint::Kind::kLibrary);
+  EXPECT_EQ(c.entrypoint.library, "./libmodel.so.1");
+  EXPECT_EQ(c.entrypoint.trial_class, "ns::MyTrial");
+
+  ASSERT_EQ(c.hyperparameters.size(), 7u);
+  const auto& hp = c.hyperparameters;
+  EXPECT_EQ(hp[0].first, "global_batch_size");
+  EXPECT_EQ(hp[0].second.type, Hyperparameter::Type::kConst);
+  EXPECT_EQ(hp[0].second.value.text(), "64");
+  EXPECT_EQ(hp[1].second.type, Hyperparameter::Type::kLog);
+  EXPECT_EQ(hp[1].second.base, 2.0);
+  EXPECT_EQ(hp[1].second.minval, -10.0);
+  EXPECT_EQ(hp[1].second.maxval, -2.0);
+  EXPECT_EQ(hp[1].second.count, 5);
+  EXPECT_EQ(hp[2].second.type, Hyperparameter::Type::kDouble);
+  EXPECT_EQ(hp[2].second.maxval, 0.5);
+  EXPECT_EQ(hp[3].second.type, Hyperparameter::Type::kInt);
+  EXPECT_EQ(hp[3].second.maxval, 8.0);
+  EXPECT_EQ(hp[4].second.type, Hyperparameter::Type::kCategorical);
+  ASSERT_EQ(hp[4].second.vals.size(), 2u);
+  EXPECT_EQ(hp[4].second.vals[1].text(), "tanh");
+  EXPECT_EQ(hp[5].second.type, Hyperparameter::Type::kConst);
+  EXPECT_EQ(hp[5].second.value.text(), "07");
+  EXPECT_TRUE(hp[5].second.value.quoted());
+  EXPECT_EQ(hp[6].second.type, Hyperparameter::Type::kNested);
+  ASSERT_EQ(hp[6].second.nested.size(), 2u);
+  EXPECT_EQ(hp[6].second.nested[1].second.type, Hyperparameter::Type::kCategorical);
+
+  EXPECT_EQ(c.searcher.name, Searcher::Name::kRandom);
+  EXPECT_EQ(c.searcher.max_trials, 8);
+  EXPECT_EQ(c.searcher.metric, "val_acc");
+  EXPECT_FALSE(c.searcher.smaller_is_better);
+  EXPECT_EQ(c.searcher.max_length.unit, LengthUnit::kEpochs);
+  EXPECT_EQ(c.searcher.max_length.value, 3);
+  EXPECT_EQ(c.records_per_epoch, 50000);
+  ASSERT_TRUE(c.min_validation_period.has_value());
+  EXPECT_EQ(c.min_validation_period->unit, LengthUnit::kRecords);
+  EXPECT_EQ(c.min_validation_period->value, 1000);
+  ASSERT_TRUE(c.min_checkpoint_period.has_value());
+  EXPECT_EQ(c.min_checkpoint_period->unit, LengthUnit::kSeconds);
+  EXPECT_EQ(c.min_checkpoint_period->value, 600);
+
+  EXPECT_EQ(c.resources.slots_per_trial, 8);
+  EXPECT_EQ(c.resources.slots_per_node, 4);
+  EXPECT_EQ(c.resources.nodes(), 2);
+  EXPECT_EQ(c.resources.cpus_per_slot, 6);
+  EXPECT_EQ(c.resources.gpus_per_slot, 1);
+  EXPECT_EQ(c.resources.memory_per_node_bytes, 1536ull << 30);
+
+  EXPECT_EQ(c.optimizations.aggregation_frequency, 4);
+  EXPECT_FALSE(c.optimizations.average_training_metrics);
+  EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
+  EXPECT_TRUE(c.optimizations.gradient_compression);
+  EXPECT_EQ(c.reproducibility.experiment_seed, 4294967295u);
+
+  EXPECT_EQ(c.checkpoint_storage.host_path, "/scratch/ckpt");
+  EXPECT_EQ(c.checkpoint_storage.save_trial_latest, 3);
+  EXPECT_EQ(c.checkpoint_storage.save_trial_best, 0);
+  EXPECT_FALSE(c.checkpoint_storage.async);
+  EXPECT_EQ(c.max_restarts, 0);
+
+  EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kSlurm);
+  EXPECT_EQ(c.scheduler.partition, "gpu-long");
+  EXPECT_EQ(c.scheduler.account, "proj.42");
+  EXPECT_EQ(c.scheduler.qos, "high");
+  EXPECT_EQ(c.scheduler.time_limit_seconds, ((24 + 12) * 60 + 30) * 60);
+  EXPECT_EQ(c.scheduler.preemption_grace_seconds, 600);
+  EXPECT_THAT(c.scheduler.modules, ElementsAre("gcc/12.2", "openmpi/4.1.4+cuda"));
+  ASSERT_EQ(c.scheduler.environment.size(), 2u);
+  EXPECT_EQ(c.scheduler.environment[1].name, "TOKEN");
+  EXPECT_EQ(c.scheduler.environment[1].value, "${env:MY_TOKEN}");
+  EXPECT_THAT(c.scheduler.extra_directives, ElementsAre("--exclusive", "--constraint=a100"));
+
+  ASSERT_NE(c.data.find("shards"), nullptr);
+  EXPECT_EQ(c.data.find("shards")->items().size(), 2u);
+  ASSERT_EQ(c.environment.size(), 2u);
+  EXPECT_EQ(c.environment[0].name, "OMP_NUM_THREADS");
+  EXPECT_EQ(c.environment[0].value, "6");
+  EXPECT_EQ(c.environment[1].value, "");
+}
+
+TEST(ExperimentConfig, PbsSchedulerKeys) {
+  const ExperimentConfig c = parse_ok(std::string(kMinimal) +
+                                      "scheduler: {type: pbs, queue: workq@pbs01, account: p1, "
+                                      "time_limit: 12h, preemption_grace: 90s}\n");
+  EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kPbs);
+  EXPECT_EQ(c.scheduler.queue, "workq@pbs01");
+  EXPECT_EQ(c.scheduler.time_limit_seconds, 12 * 3600);
+  EXPECT_EQ(c.scheduler.preemption_grace_seconds, 90);
+}
+
+TEST(ExperimentConfig, EntrypointForms) {
+  auto argv = parse_ok("name: t\nentrypoint: ./train --epochs 3\nsearcher: {name: single, metric: "
+                       "l, max_length: {batches: 1}}\n").entrypoint;
+  EXPECT_EQ(argv.kind, Entrypoint::Kind::kExecutable);
+  EXPECT_THAT(argv.argv, ElementsAre("./train", "--epochs", "3"));
+  auto list = parse_ok("name: t\nentrypoint: [./train, a b, \"x'y\"]\nsearcher: {name: single, "
+                       "metric: l, max_length: {batches: 1}}\n").entrypoint;
+  EXPECT_THAT(list.argv, ElementsAre("./train", "a b", "x'y"));
+}
+
+// --- every class of error names file, line, column and key path ------------------------------
+
+TEST(ConfigErrors, NegativeSlotsMatchesTheDocumentedExample) {
+  EXPECT_EQ(one_error(std::string(kMinimal) + "resources:\n  slots_per_trial: -2\n"),
+            "exp.yaml:5:20: resources.slots_per_trial: must be a positive integer, got \"-2\"");
+}
+
+TEST(ConfigErrors, UnknownKeySuggestsTheClosestKnownKey) {
+  EXPECT_EQ(one_error(std::string(kMinimal) + "resources:\n  slot_per_trial: 2\n"),
+            "exp.yaml:5:3: resources.slot_per_trial: unknown key; did you mean 'slots_per_trial'?");
+  EXPECT_EQ(one_error(std::string(kMinimal) + "max_restart: 2\n"),
+            "exp.yaml:4:1: max_restart: unknown key; did you mean 'max_restarts'?");
+}
+
+TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
+  EXPECT_THAT(one_error(std::string(kMinimal) + "optimizations: {zzz: 1}\n"),
+              HasSubstr("exp.yaml:4:17: optimizations.zzz: unknown key; the keys here are: "
+                        "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
+                        "gradient_compression"));
+}
+
+TEST(ConfigErrors, DuplicateKeys) {
+  EXPECT_EQ(one_error(std::string(kMinimal) + "name: again\n"),
+            "exp.yaml:4:1: name: duplicate key (first defined at line 1); remove one of them");
+}
+
+TEST(ConfigErrors, WrongTypes) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: four}\n"),
+            "exp.yaml:4:30: resources.slots_per_trial: must be a positive integer, got \"four\"");
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 2.5}\n"),
+            "exp.yaml:4:30: resources.slots_per_trial: must be a positive integer, got \"2.5\"");
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: \"4\"}\n"),
+            "exp.yaml:4:30: resources.slots_per_trial: must be a positive integer, got the "
+            "string \"4\" (remove the quotes)");
+  EXPECT_EQ(one_error(base + "resources: 4\n"),
+            "exp.yaml:4:12: resources: must be a map, got \"4\"; e.g. `resources: "
+            "{slots_per_trial: 4}`");
+  EXPECT_EQ(one_error(base + "checkpoint_storage: {async: yes}\n"),
+            "exp.yaml:4:29: checkpoint_storage.async: must be true or false, got \"yes\"");
+  EXPECT_EQ(one_error(base + "description: [a]\n"),
+            "exp.yaml:4:14: description: must be a string, got a list");
+  EXPECT_EQ(one_error(base + "optimizations: {bucket_cap_mb: big}\n"),
+            "exp.yaml:4:32: optimizations.bucket_cap_mb: must be a number, got \"big\"");
+}
+
+TEST(ConfigErrors, NanAndInfinityAreNotNumbers) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "optimizations: {bucket_cap_mb: .nan}\n"),
+            "exp.yaml:4:32: optimizations.bucket_cap_mb: must be a finite number, got \".nan\"");
+  EXPECT_EQ(one_error(base + "optimizations: {bucket_cap_mb: -.inf}\n"),
+            "exp.yaml:4:32: optimizations.bucket_cap_mb: must be a finite number, got \"-.inf\"");
+  EXPECT_THAT(one_error(base + "max_restarts: nan\n"),
+              HasSubstr("max_restarts: must be a non-negative integer, got \"nan\" (not a finite number)"));
+}
+
+TEST(ConfigErrors, NegativeZeroAndAbsurdNumbers) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "max_restarts: -1\n"),
+            "exp.yaml:4:15: max_restarts: must be a non-negative integer, got \"-1\"");
+  EXPECT_EQ(one_error(base + "resources: {cpus_per_slot: 0}\n"),
+            "exp.yaml:4:28: resources.cpus_per_slot: must be a positive integer, got \"0\"");
+  EXPECT_EQ(one_error(base + "resources: {gpus_per_slot: 1000}\n"),
+            "exp.yaml:4:28: resources.gpus_per_slot: must be at most 64, got \"1000\"");
+  EXPECT_EQ(one_error(base + "optimizations: {bucket_cap_mb: 0}\n"),
+            "exp.yaml:4:32: optimizations.bucket_cap_mb: must be greater than 0, got \"0\"");
+  EXPECT_EQ(one_error(base + "reproducibility: {experiment_seed: 4294967296}\n"),
+            "exp.yaml:4:36: reproducibility.experiment_seed: must be at most 4294967295, got "
+            "\"4294967296\"");
+  EXPECT_EQ(one_error(base + "records_per_epoch: 99999999999999999999999\n"),
+            "exp.yaml:4:20: records_per_epoch: must be a positive integer, got "
+            "\"99999999999999999999999\"");
+}
+
+TEST(ConfigErrors, MissingRequiredKeys) {
+  const auto errors = errors_of("description: nothing else\n");
+  EXPECT_THAT(errors, ElementsAre(
+      "exp.yaml:1:1: name: required key is missing; add it, e.g. `name: mnist-cnn`",
+      "exp.yaml:1:1: entrypoint: required key is missing; add it, e.g. `entrypoint: ./my_trial`",
+      "exp.yaml:1:1: searcher: required key is missing; add it, e.g. `searcher: {name: single, "
+      "metric: validation_loss, max_length: {batches: 1000}}`"));
+  EXPECT_EQ(one_error("name: t\nentrypoint: ./t\nsearcher:\n  name: single\n  max_length: {batches: 1}\n"),
+            "exp.yaml:4:3: searcher.metric: required key is missing; add it, e.g. `metric: "
+            "validation_loss`");
+}
+
+TEST(ConfigErrors, AllErrorsAreReportedAtOnce) {
+  const auto errors = errors_of(std::string(kMinimal) +
+                                "resources: {slots_per_trial: 0, gpus_per_slot: -1}\n"
+                                "max_restarts: lots\nfoo: 1\n");
+  ASSERT_EQ(errors.size(), 4u) << testing::PrintToString(errors);
+  EXPECT_THAT(errors[0], HasSubstr("exp.yaml:4:30: resources.slots_per_trial"));
+  EXPECT_THAT(errors[1], HasSubstr("exp.yaml:4:48: resources.gpus_per_slot"));
+  EXPECT_THAT(errors[2], HasSubstr("exp.yaml:5:15: max_restarts"));
+  EXPECT_THAT(errors[3], HasSubstr("exp.yaml:6:1: foo: unknown key"));
+}
+
+TEST(ConfigErrors, Lengths) {
+  const std::string head = "name: t\nentrypoint: ./t\n";
+  EXPECT_EQ(one_error(head + "searcher: {name: single, metric: l, max_length: {batchs: 10}}\n"),
+            "exp.yaml:3:50: searcher.max_length.batchs: unknown unit; use one of batches, epochs "
+            "or records (did you mean 'batches'?)");
+  EXPECT_EQ(one_error(head + "searcher: {name: single, metric: l, max_length: 100}\n"),
+            "exp.yaml:3:49: searcher.max_length: must be a map with exactly one of batches, "
+            "epochs or records, e.g. {batches: 1000}; got \"100\"");
+  EXPECT_THAT(one_error(head + "searcher: {name: single, metric: l, max_length: {seconds: 10}}\n"),
+              HasSubstr("searcher.max_length.seconds: unknown unit"));
+  EXPECT_EQ(one_error(std::string(kMinimal) + "min_checkpoint_period: {batches: 1, epochs: 2}\n"),
+            "exp.yaml:4:24: min_checkpoint_period: must be a map with exactly one of batches, "
+            "epochs, records or seconds, e.g. {batches: 1000}; got 2 keys");
+  EXPECT_EQ(one_error(std::string(kMinimal) + "min_validation_period: {epochs: 0}\n"),
+            "exp.yaml:4:33: min_validation_period.epochs: must be a positive integer, got \"0\"");
+}
+
+TEST(ConfigErrors, Searchers) {
+  const std::string head = "name: t\nentrypoint: ./t\n";
+  EXPECT_EQ(one_error(head + "searcher: {name: randm, metric: l, max_length: {batches: 1}}\n"),
+            "exp.yaml:3:18: searcher.name: unknown searcher \"randm\"; use one of single, grid, "
+            "random (did you mean 'random'?)");
+  EXPECT_EQ(one_error(head + "searcher: {name: random, metric: l, max_length: {batches: 1}}\n"),
+            "exp.yaml:3:11: searcher.max_trials: required key is missing for the random "
+            "searcher; add it, e.g. `max_trials: 16`");
+  EXPECT_THAT(one_error(head + "searcher: {name: single, metric: l, max_trials: 3, max_length: {batches: 1}}\n"),
+              HasSubstr("exp.yaml:3:49: searcher.max_trials: the single searcher runs exactly one trial"));
+  EXPECT_THAT(one_error(head + "searcher: {name: grid, metric: l, max_length: {batches: 1}}\n"
+                               "hyperparameters: {lr: {type: double, minval: 0.1, maxval: 1}}\n"),
+              HasSubstr("exp.yaml:4:23: hyperparameters.lr: the grid searcher needs `count`"));
+}
+
+TEST(ConfigErrors, Hyperparameters) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "hyperparameters: {lr: {type: doubel, minval: 0, maxval: 1}}\n"),
+            "exp.yaml:4:30: hyperparameters.lr.type: unknown hyperparameter type \"doubel\"; use "
+            "one of const, int, double, log, categorical (did you mean 'double'?)");
+  EXPECT_THAT(one_error(base + "hyperparameters: {lr: {type: double, minval: 1, maxval: 0.5}}\n"),
+              HasSubstr("exp.yaml:4:23: hyperparameters.lr: minval (1) must be less than maxval (0.5)"));
+  EXPECT_EQ(one_error(base + "hyperparameters: {n: {type: int, minval: 1.5, maxval: 4}}\n"),
+            "exp.yaml:4:42: hyperparameters.n.minval: must be an integer, got \"1.5\"");
+  EXPECT_EQ(one_error(base + "hyperparameters: {a: {type: categorical, vals: []}}\n"),
+            "exp.yaml:4:48: hyperparameters.a.vals: must be a non-empty list of choices, e.g. "
+            "[32, 64, 128]; got a list");
+  EXPECT_EQ(one_error(base + "hyperparameters: {a: {type: log, minval: 1, maxval: 2, base: 1}}\n"),
+            "exp.yaml:4:62: hyperparameters.a.base: must not be 1 (every power of 1 is 1); e.g. base: 10");
+  EXPECT_EQ(one_error(base + "hyperparameters: {a: {type: const}}\n"),
+            "exp.yaml:4:22: hyperparameters.a.val: required key is missing; add it, e.g. `val: 0.01`");
+  EXPECT_EQ(one_error(base + "hyperparameters: {a: {type: int, minval: 1, maxval: 3, cnt: 2}}\n"),
+            "exp.yaml:4:56: hyperparameters.a.cnt: unknown key; did you mean 'count'?");
+  EXPECT_THAT(one_error(base + "hyperparameters: {a: }\n"),
+              HasSubstr("hyperparameters.a: has no value"));
+}
+
+TEST(ConfigErrors, GlobalBatchSizeMustSplitEvenlyOverSlots) {
+  EXPECT_EQ(one_error(std::string(kMinimal) + "resources: {slots_per_trial: 3}\n"
+                                              "hyperparameters: {global_batch_size: 100}\n"),
+            "exp.yaml:5:38: hyperparameters.global_batch_size: (100) must be a multiple of "
+            "resources.slots_per_trial (3) so every rank trains on the same batch size; use 99 or 102");
+}
+
+TEST(ConfigErrors, Resources) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 6, slots_per_node: 4}\n"),
+            "exp.yaml:4:49: resources.slots_per_node: slots_per_trial (6) must be a multiple of "
+            "slots_per_node (4) so every node runs the same number of ranks; use slots_per_trial 4 or 8");
+  EXPECT_THAT(one_error(base + "resources: {slots_per_trial: 2, slots_per_node: 4}\n"),
+              HasSubstr("resources.slots_per_node: is 4, more than slots_per_trial (2)"));
+  EXPECT_EQ(one_error(base + "resources: {memory_per_node: 64}\n"),
+            "exp.yaml:4:30: resources.memory_per_node: \"64\" has no unit (Slurm reads megabytes, "
+            "PBS bytes); write e.g. 512M, 64G or 1.5T (binary units: 1G = 1024M)");
+  EXPECT_THAT(one_error(base + "resources: {memory_per_node: 64Q}\n"),
+              HasSubstr("resources.memory_per_node: \"64Q\" has an unknown unit \"Q\""));
+}
+
+TEST(ConfigErrors, Durations) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "scheduler: {time_limit: 90}\n"),
+            "exp.yaml:4:25: scheduler.time_limit: \"90\" a bare number is ambiguous (Slurm reads "
+            "minutes, PBS seconds); add a unit: write e.g. 90s, 45m, 2h, 1d, 02:00:00 or 1-12:00:00");
+  EXPECT_THAT(one_error(base + "scheduler: {time_limit: \"01:75:00\"}\n"),
+              HasSubstr("scheduler.time_limit: \"01:75:00\" has 75 minutes; minutes must be below 60"));
+  EXPECT_EQ(one_error(base + "scheduler: {time_limit: 10m, preemption_grace: 15m}\n"),
+            "exp.yaml:4:48: scheduler.preemption_grace: preemption_grace (00:15:00) must be "
+            "shorter than time_limit (00:10:00), or the trial is asked to stop before it starts");
+  EXPECT_THAT(one_error(base + "scheduler: {preemption_grace: 20h}\n"),
+              HasSubstr("scheduler.preemption_grace: must be between 00:00:10 and 18:12:15"));
+}
+
+TEST(ConfigErrors, Schedulers) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "scheduler: {type: slurmm}\n"),
+            "exp.yaml:4:19: scheduler.type: unknown scheduler \"slurmm\"; use one of local, slurm, "
+            "pbs (did you mean 'slurm'?)");
+  EXPECT_EQ(one_error(base + "scheduler: {type: pbs, partition: gpu}\n"),
+            "exp.yaml:4:35: scheduler.partition: is a Slurm option; PBS calls it scheduler.queue");
+  EXPECT_EQ(one_error(base + "scheduler: {type: slurm, queue: gpu}\n"),
+            "exp.yaml:4:33: scheduler.queue: is a PBS option; Slurm calls it scheduler.partition");
+  EXPECT_THAT(one_error(base + "scheduler: {partition: \"gpu; rm -rf /\"}\n"),
+              HasSubstr("scheduler.partition: must be a name of letters, digits"));
+  EXPECT_EQ(one_error(base + "scheduler: {modules: [\"gcc 12\"]}\n"),
+            "exp.yaml:4:23: scheduler.modules[0]: is not a module name (letters, digits and . _ + "
+            "/ -), got \"gcc 12\"");
+  EXPECT_EQ(one_error(base + "scheduler: {extra_directives: [\"#SBATCH --exclusive\"]}\n"),
+            "exp.yaml:4:32: scheduler.extra_directives[0]: must be an option such as --exclusive "
+            "or -l place=scatter (without the #SBATCH / #PBS prefix), got \"#SBATCH --exclusive\"");
+  EXPECT_THAT(one_error(base + "scheduler: {extra_directives: [\"--a\\n--b\"]}\n"),
+              HasSubstr("scheduler.extra_directives[0]: contains a control character"));
+}
+
+TEST(ConfigErrors, EnvironmentVariables) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "environment: {1X: a}\n"),
+            "exp.yaml:4:15: environment.1X: is not a valid variable name; use letters, digits and "
+            "'_', not starting with a digit");
+  EXPECT_EQ(one_error(base + "environment: {HPCTRIAL_RANK: a}\n"),
+            "exp.yaml:4:15: environment.HPCTRIAL_RANK: variables starting with HPCTRIAL_ are set "
+            "by hpctrial itself; choose another name");
+  EXPECT_THAT(one_error(base + "scheduler: {environment: {A: \"${HOME}\"}}\n"),
+              HasSubstr("scheduler.environment.A: has \"${HOME}\"; the only substitution is ${env:NAME}"));
+  EXPECT_THAT(one_error(base + "environment: {A: \"${env:X\"}\n"),
+              HasSubstr("environment.A: has an unterminated \"${\""));
+  EXPECT_EQ(one_error(base + "environment: {A: }\n"),
+            "exp.yaml:4:15: environment.A: must be a string, got null; write \"\" for an empty value");
+}
+
+TEST(ConfigErrors, Entrypoints) {
+  const std::string tail = "searcher: {name: single, metric: l, max_length: {batches: 1}}\n";
+  EXPECT_THAT(one_error("name: t\nentrypoint: ./train --name \"a b\"\n" + tail),
+              HasSubstr("exp.yaml:2:13: entrypoint: contains quotes or backslashes; hpctrial runs "
+                        "the entrypoint without a shell"));
+  EXPECT_THAT(one_error("name: t\nentrypoint: ./lib.so:1Trial\n" + tail),
+              HasSubstr("entrypoint: looks like a trial library but is not LIBRARY.so:TrialClass"));
+  EXPECT_EQ(one_error("name: t\nentrypoint: []\n" + tail),
+            "exp.yaml:2:13: entrypoint: must not be empty; e.g. [./my_trial, --verbose]");
+}
+
+TEST(ConfigErrors, Strings) {
+  const std::string tail = "entrypoint: ./t\nsearcher: {name: single, metric: l, max_length: {batches: 1}}\n";
+  EXPECT_EQ(one_error("name: \"a\\nb\"\n" + tail),
+            "exp.yaml:1:7: name: contains a control character (newline, carriage return or "
+            "similar); write it on one line");
+  EXPECT_EQ(one_error("name: \"\"\n" + tail), "exp.yaml:1:7: name: must not be empty");
+  EXPECT_EQ(one_error("name:\n" + tail),
+            "exp.yaml:1:1: name: must be a string, got null (an empty value)");
+  EXPECT_THAT(one_error("name: " + std::string(200, 'x') + "\n" + tail),
+              HasSubstr("name: is 200 characters; keep it to 128"));
+}
+
+TEST(ConfigErrors, CheckpointStorage) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "checkpoint_storage: {save_trial_latest: 0}\n"),
+            "exp.yaml:4:41: checkpoint_storage.save_trial_latest: must be at least 1: a paused, "
+            "preempted or requeued trial resumes from its latest checkpoint");
+  EXPECT_EQ(one_error(base + "checkpoint_storage: {type: s3}\n"),
+            "exp.yaml:4:28: checkpoint_storage.type: unknown storage type \"s3\"; the known type "
+            "is shared_fs");
+}
+
+TEST(ConfigErrors, WholeDocument) {
+  EXPECT_EQ(one_error(""), "exp.yaml:1:1: is empty; an experiment config needs at least name, "
+                           "entrypoint and searcher (see docs/config-reference.md)");
+  EXPECT_EQ(one_error("- a\n- b\n"),
+            "exp.yaml:1:1: must be a map of keys (name:, entrypoint:, ...), got a list");
+  EXPECT_EQ(one_error("name: [a\n"),
+            "exp.yaml:2:1: invalid YAML: end of sequence flow not found");
+  EXPECT_THAT(one_error(std::string(kMinimal) + "---\nname: b\n"),
+              HasSubstr("exp.yaml:5:1: holds 2 YAML documents"));
+  EXPECT_EQ(one_error(std::string(kMinimal) + "? [a, b]\n: c\n"),
+              "exp.yaml:4:3: a key must be a plain name, got a list or null as a key");
+}
+
+// --- files, templates and overrides ------------------------------------------------------------
+
+TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
+  TempDir dir;
+  const std::string path = dir.write("exp.yaml", std::string(kMinimal) +
+                                                     "resources:\n  slots_per_trial: -2\nfoo: 1\n");
+  try {
+    load_experiment_config({path, "", {}});
+    FAIL() << "an invalid config loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ":5:20: resources.slots_per_trial: must be a positive integer, got \"-2\"\n" +
+                  path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
+                         "hyperparameters, searcher, records_per_epoch, min_validation_period, "
+                         "min_checkpoint_period, resources, optimizations, reproducibility, "
+                         "checkpoint_storage, scheduler, max_restarts, data, environment");
+  }
+}
+
+TEST(LoadExperimentConfig, MissingFileNamesThePath) {
+  try {
+    load_experiment_config({"/nonexistent/exp.yaml", "", {}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "/nonexistent/exp.yaml: cannot read: No such file or directory (check the path)");
+  }
+}
+
+TEST(LoadExperimentConfig, TemplateMergesLikeDetermined) {
+  TempDir dir;
+  const std::string tmpl = dir.write("site.yaml", R"(scheduler:
+  type: slurm
+  partition: batch
+  modules: [gcc/12]
+  environment: {A: "1", B: "2"}
+resources: {slots_per_node: 2}
+max_restarts: 9
+)");
+  const std::string config = dir.write("exp.yaml", std::string(kMinimal) + R"(scheduler:
+  partition: gpu
+  modules: [openmpi/4.1]
+  environment: {B: "3"}
+resources: {slots_per_trial: 4}
+)");
+  const ExperimentConfig c = load_experiment_config({config, tmpl, {}});
+  EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kSlurm);  // from the template
+  EXPECT_EQ(c.scheduler.partition, "gpu");                     // the config's scalar wins
+  EXPECT_THAT(c.scheduler.modules, ElementsAre("gcc/12", "openmpi/4.1"));  // lists concatenate
+  ASSERT_EQ(c.scheduler.environment.size(), 2u);               // maps merge recursively
+  EXPECT_EQ(c.scheduler.environment[0].value, "1");
+  EXPECT_EQ(c.scheduler.environment[1].value, "3");
+  EXPECT_EQ(c.resources.slots_per_trial, 4);
+  EXPECT_EQ(c.resources.slots_per_node, 2);
+  EXPECT_EQ(c.max_restarts, 9);
+}
+
+TEST(LoadExperimentConfig, ErrorsInATemplateNameTheTemplateFile) {
+  TempDir dir;
+  const std::string tmpl = dir.write("site.yaml", "scheduler:\n  tpye: slurm\n");
+  const std::string config = dir.write("exp.yaml", kMinimal);
+  try {
+    load_experiment_config({config, tmpl, {}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              tmpl + ":2:3: scheduler.tpye: unknown key; did you mean 'type'?");
+  }
+}
+
+TEST(LoadExperimentConfig, SetOverridesAreTypedByTheSchema) {
+  TempDir dir;
+  const std::string config = dir.write("exp.yaml", kMinimal);
+  const ExperimentConfig c = load_experiment_config(
+      {config, "", {"resources.slots_per_trial=4", "scheduler.modules=[gcc/12, openmpi]",
+                    "name=renamed", "searcher.max_length={epochs: 2}", "data.new.deep=3",
+                    "hyperparameters.lr=0.5", "checkpoint_storage.async=false"}});
+  EXPECT_EQ(c.resources.slots_per_trial, 4);
+  EXPECT_THAT(c.scheduler.modules, ElementsAre("gcc/12", "openmpi"));
+  EXPECT_EQ(c.name, "renamed");
+  EXPECT_EQ(c.searcher.max_length.unit, LengthUnit::kEpochs);
+  ASSERT_NE(c.data.find("new"), nullptr);
+  EXPECT_EQ(c.data.find("new")->find("deep")->text(), "3");
+  ASSERT_EQ(c.hyperparameters.size(), 1u);
+  EXPECT_EQ(c.hyperparameters[0].second.value.text(), "0.5");
+  EXPECT_FALSE(c.checkpoint_storage.async);
+}
+
+TEST(LoadExperimentConfig, BadOverridesNameTheOverride) {
+  TempDir dir;
+  const std::string config = dir.write("exp.yaml", kMinimal);
+  auto error_of = [&](const std::string& assignment) {
+    try {
+      load_experiment_config({config, "", {assignment}});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_EQ(error_of("resources.slots_per_trial=-2"),
+            "--set resources.slots_per_trial=-2: resources.slots_per_trial: must be a "
+            "positive integer, got \"-2\"");
+  EXPECT_EQ(error_of("resources.slot_per_trial=2"),
+            "--set resources.slot_per_trial=2: resources.slot_per_trial: unknown key; did you "
+            "mean 'slots_per_trial'?");
+  EXPECT_EQ(error_of("resources"),
+            "--set resources: expected KEY.PATH=VALUE, e.g. --set resources.slots_per_trial=4");
+  EXPECT_EQ(error_of("resources..x=1"),
+            "--set resources..x=1: resources..x: empty key in the path; write keys separated by "
+            "single dots, e.g. scheduler.time_limit=2h");
+  EXPECT_THAT(error_of("name.first=a"),
+              HasSubstr("--set name.first=a: name.first: cannot set a key inside name, which is a "
+                        "string (" + config + ":1:7)"));
+  EXPECT_THAT(error_of("data.x=[1, 2"), HasSubstr("data.x: the value is not valid YAML"));
+}
+
+TEST(LoadExperimentConfig, EffectiveConfigRoundTrips) {
+  for (const std::string& text : {std::string(kMinimal), every_key_yaml()}) {
+    Diagnostics d;
+    const ExperimentConfig first = parse_experiment_config(parse_config_text(text, "a.yaml", d), d);
+    ASSERT_TRUE(d.empty()) << d.to_string();
+    const std::string yaml = to_yaml(first);
+    const ExperimentConfig second = parse_experiment_config(parse_config_text(yaml, "b.yaml", d), d);
+    ASSERT_TRUE(d.empty()) << d.to_string() << "\n" << yaml;
+    EXPECT_EQ(to_yaml(second), yaml);
+  }
+}
+
+TEST(LoadExperimentConfig, EffectiveConfigKeepsQuotedStringsStrings) {
+  const ExperimentConfig c = parse_ok(std::string(kMinimal) +
+                                      "hyperparameters: {code: \"007\", n: 7}\ndata: {flag: \"true\"}\n");
+  const std::string yaml = to_yaml(c);
+  EXPECT_THAT(yaml, HasSubstr("code: \"007\""));
+  EXPECT_THAT(yaml, HasSubstr("n: 7"));
+  EXPECT_THAT(yaml, HasSubstr("flag: \"true\""));
+}
+
+}  // namespace
+}  // namespace hpctrial::core
