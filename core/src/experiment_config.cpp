@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <regex>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include "config_values.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/paths.h"
 
 namespace hpctrial::core {
 
@@ -454,7 +456,22 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
     }
   }
   if (const ConfigNode* n = r.get("host_path")) {
-    if (auto v = read_string(*n, r.path("host_path"), d)) c.host_path = *v;
+    if (auto v = read_string(*n, r.path("host_path"), d)) {
+      // Relative to the file that says it (a template's directory for a template's path);
+      // relative to the working directory for --set.
+      const SourceLocation& where = n->where();
+      std::filesystem::path base = std::filesystem::current_path();
+      if (where.line > 0 && std::filesystem::path(where.file).has_parent_path()) {
+        base = std::filesystem::path(where.file).parent_path();
+      }
+      try {
+        c.host_path = resolve_user_path(*v, base, r.path("host_path")).string();
+      } catch (const ConfigError& e) {
+        // The message already starts with the key path; keep only the reason.
+        const std::string message = e.what();
+        report(*n, r.path("host_path"), d, message.substr(r.path("host_path").size() + 2));
+      }
+    }
   }
   const ConfigNode* latest = r.get("save_trial_latest");
   if (latest != nullptr) {

@@ -60,14 +60,16 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
 }
 
 TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
-  Diagnostics d;
-  const ConfigNode root = load_config_file(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/every_key.yaml", d);
-  ASSERT_TRUE(d.empty()) << d.to_string();
-  parse_experiment_config(root, d);
-  ASSERT_TRUE(d.empty()) << "every_key.yaml must be valid:\n" << d.to_string();
-
   std::set<std::string> schema_keys;
-  collect(root, "", schema_keys);
+  for (const char* name : {"every_key.yaml", "every_key_pbs.yaml"}) {
+    Diagnostics d;
+    const ConfigNode root =
+        load_config_file(std::string(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/") + name, d);
+    ASSERT_TRUE(d.empty()) << d.to_string();
+    parse_experiment_config(root, d);
+    ASSERT_TRUE(d.empty()) << name << " must be valid:\n" << d.to_string();
+    collect(root, "", schema_keys);
+  }
   const std::set<std::string> documented = documented_keys();
   for (const auto& key : schema_keys) {
     EXPECT_EQ(documented.count(key), 1u) << "docs/config-reference.md does not document " << key;
@@ -75,8 +77,23 @@ TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
   for (const auto& key : documented) {
     EXPECT_EQ(schema_keys.count(key), 1u)
         << "docs/config-reference.md documents " << key
-        << ", which tests/unit/core/data/every_key.yaml does not set";
+        << ", which neither tests/unit/core/data/every_key*.yaml sets";
   }
+}
+
+TEST(ConfigReference, TheCompleteExampleIsValid) {
+  const std::string text = read(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
+  const std::size_t section = text.find("## A complete example");
+  ASSERT_NE(section, std::string::npos);
+  const std::size_t start = text.find("```yaml\n", section);
+  ASSERT_NE(start, std::string::npos);
+  const std::size_t end = text.find("```", start + 8);
+  ASSERT_NE(end, std::string::npos);
+  Diagnostics d;
+  const ConfigNode root = parse_config_text(text.substr(start + 8, end - start - 8), "example", d);
+  const ExperimentConfig config = parse_experiment_config(root, d);
+  EXPECT_TRUE(d.empty()) << d.to_string();
+  EXPECT_EQ(config.resources.nodes(), 2);
 }
 
 }  // namespace

@@ -541,6 +541,24 @@ TEST(LoadExperimentConfig, ErrorsInATemplateNameTheTemplateFile) {
   }
 }
 
+TEST(LoadExperimentConfig, HostPathIsRelativeToTheFileThatSaysIt) {
+  TempDir dir;
+  const std::string tmpl = dir.write("site/site.yaml", "checkpoint_storage: {host_path: ckpt}\n");
+  const std::string config = dir.write("exp/exp.yaml", kMinimal);
+  EXPECT_EQ(load_experiment_config({config, "", {"checkpoint_storage.host_path=/abs/../x"}})
+                .checkpoint_storage.host_path,
+            "/x");
+  EXPECT_EQ(load_experiment_config({config, tmpl, {}}).checkpoint_storage.host_path,
+            (dir.path() / "site" / "ckpt").string());
+  const std::string own = dir.write("exp/own.yaml", std::string(kMinimal) +
+                                                        "checkpoint_storage: {host_path: ../c}\n");
+  EXPECT_EQ(load_experiment_config({own, "", {}}).checkpoint_storage.host_path,
+            (dir.path() / "c").string());
+  EXPECT_EQ(one_error(std::string(kMinimal) + "checkpoint_storage: {host_path: ~/c}\n"),
+            "exp.yaml:4:33: checkpoint_storage.host_path: \"~/c\" starts with '~', which hpctrial "
+            "does not expand (there is no shell); write the full path, e.g. /home/you/...");
+}
+
 TEST(LoadExperimentConfig, SetOverridesAreTypedByTheSchema) {
   TempDir dir;
   const std::string config = dir.write("exp.yaml", kMinimal);
