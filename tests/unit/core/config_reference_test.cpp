@@ -81,19 +81,33 @@ TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
   }
 }
 
-TEST(ConfigReference, TheCompleteExampleIsValid) {
-  const std::string text = read(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
-  const std::size_t section = text.find("## A complete example");
-  ASSERT_NE(section, std::string::npos);
+// The first ```yaml block after `heading` in a Markdown file, parsed and validated.
+ExperimentConfig example_config(const std::string& path, const std::string& heading) {
+  const std::string text = read(path);
+  const std::size_t section = text.find(heading);
+  EXPECT_NE(section, std::string::npos) << heading;
   const std::size_t start = text.find("```yaml\n", section);
-  ASSERT_NE(start, std::string::npos);
+  EXPECT_NE(start, std::string::npos);
   const std::size_t end = text.find("```", start + 8);
-  ASSERT_NE(end, std::string::npos);
+  EXPECT_NE(end, std::string::npos);
   Diagnostics d;
-  const ConfigNode root = parse_config_text(text.substr(start + 8, end - start - 8), "example", d);
+  const ConfigNode root = parse_config_text(text.substr(start + 8, end - start - 8), path, d);
   const ExperimentConfig config = parse_experiment_config(root, d);
   EXPECT_TRUE(d.empty()) << d.to_string();
+  return config;
+}
+
+TEST(ConfigReference, TheCompleteExampleIsValid) {
+  const ExperimentConfig config =
+      example_config(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md", "## A complete example");
   EXPECT_EQ(config.resources.nodes(), 2);
+}
+
+TEST(ConfigReference, TheReadmeTourIsValid) {
+  const ExperimentConfig config =
+      example_config(HPCTRIAL_SOURCE_DIR "/README.md", "## A config in 20 lines");
+  EXPECT_EQ(config.resources.nodes(), 2);
+  EXPECT_EQ(config.scheduler.preemption_grace_seconds, 600);
 }
 
 }  // namespace
