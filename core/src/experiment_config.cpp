@@ -46,6 +46,61 @@ bool full_match(const std::string& text, const char* pattern) {
   return std::regex_match(text, std::regex(pattern));
 }
 
+// The names of an enumeration as written in configs: one table per enum drives parsing,
+// messages and to_string().
+template <typename E>
+struct Choice {
+  const char* name;
+  E value;
+};
+
+constexpr Choice<LengthUnit> kLengthUnits[] = {{"batches", LengthUnit::kBatches},
+                                               {"epochs", LengthUnit::kEpochs},
+                                               {"records", LengthUnit::kRecords},
+                                               {"seconds", LengthUnit::kSeconds}};
+constexpr Choice<Hyperparameter::Type> kHyperparameterTypes[] = {
+    {"const", Hyperparameter::Type::kConst},   {"int", Hyperparameter::Type::kInt},
+    {"double", Hyperparameter::Type::kDouble}, {"log", Hyperparameter::Type::kLog},
+    {"categorical", Hyperparameter::Type::kCategorical}};
+constexpr Choice<Searcher::Name> kSearcherNames[] = {{"single", Searcher::Name::kSingle},
+                                                     {"grid", Searcher::Name::kGrid},
+                                                     {"random", Searcher::Name::kRandom}};
+constexpr Choice<SchedulerConfig::Type> kSchedulerTypes[] = {
+    {"local", SchedulerConfig::Type::kLocal},
+    {"slurm", SchedulerConfig::Type::kSlurm},
+    {"pbs", SchedulerConfig::Type::kPbs}};
+enum class StorageType { kSharedFs };
+constexpr Choice<StorageType> kStorageTypes[] = {{"shared_fs", StorageType::kSharedFs}};
+
+template <typename E, std::size_t N>
+std::string_view choice_name(const Choice<E> (&choices)[N], E value) {
+  for (const auto& choice : choices) {
+    if (choice.value == value) return choice.name;
+  }
+  return "unknown";
+}
+
+// Reads one of the names in `choices`; reports "unknown <what> "x"; use one of a, b, c (did
+// you mean 'b'?)" otherwise.
+template <typename E, std::size_t N>
+std::optional<E> read_choice(const ConfigNode& node, const std::string& path, Diagnostics& d,
+                             const std::string& what, const Choice<E> (&choices)[N]) {
+  const auto text = read_string(node, path, d);
+  if (!text) return std::nullopt;
+  std::vector<std::string> names;
+  for (const auto& choice : choices) {
+    if (*text == choice.name) return choice.value;
+    names.emplace_back(choice.name);
+  }
+  std::string message = "unknown " + what + " " + describe(node) + "; use ";
+  message += names.size() == 1 ? names.front() : "one of ";
+  for (std::size_t i = 0; names.size() > 1 && i < names.size(); ++i) message += (i ? ", " : "") + names[i];
+  const std::string suggestion = closest_match(*text, names);
+  if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
+  report(node, path, d, message);
+  return std::nullopt;
+}
+
 std::optional<Length> read_length(const ConfigNode& node, const std::string& path, Diagnostics& d,
                                   const std::vector<LengthUnit>& units) {
   std::string names;
@@ -250,20 +305,17 @@ std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const 
     return hp;
   }
   MapReader r(&node, path, d);
-  const auto type = read_string(*r.get("type"), r.path("type"), d);
+  const auto type = read_choice(*r.get("type"), r.path("type"), d, "hyperparameter type",
+                                kHyperparameterTypes);
   if (!type) return std::nullopt;
+  hp.type = *type;
   std::optional<Hyperparameter> result;
-  const std::vector<std::string> types = {"const", "int", "double", "log", "categorical"};
-  if (*type == "const") {
-    hp.type = Hyperparameter::Type::kConst;
+  if (hp.type == Hyperparameter::Type::kConst) {
     if (const ConfigNode* val = r.require("val", "val: 0.01")) {
       hp.value = *val;
       result = hp;
     }
-  } else if (*type == "int" || *type == "double" || *type == "log") {
-    hp.type = *type == "int" ? Hyperparameter::Type::kInt
-              : *type == "double" ? Hyperparameter::Type::kDouble
-                                  : Hyperparameter::Type::kLog;
+  } else if (hp.type != Hyperparameter::Type::kCategorical) {
     const ConfigNode* min_node = r.require("minval", "minval: 1");
     const ConfigNode* max_node = r.require("maxval", "maxval: 10");
     bool ok = min_node != nullptr && max_node != nullptr;
@@ -304,8 +356,7 @@ std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const 
       ok = false;
     }
     if (ok) result = hp;
-  } else if (*type == "categorical") {
-    hp.type = Hyperparameter::Type::kCategorical;
+  } else {
     if (const ConfigNode* vals = r.require("vals", "vals: [32, 64, 128]")) {
       if (!vals->is_sequence() || vals->items().empty()) {
         report(*vals, r.path("vals"), d,
@@ -315,13 +366,6 @@ std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const 
         result = hp;
       }
     }
-  } else {
-    std::string message = "unknown hyperparameter type " + describe(*r.get("type")) +
-                          "; use one of const, int, double, log, categorical";
-    const std::string suggestion = closest_match(*type, types);
-    if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
-    report(*r.get("type"), r.path("type"), d, message);
-    return std::nullopt;
   }
   r.finish();
   return result;
@@ -330,17 +374,7 @@ std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const 
 void read_searcher(MapReader& r, Searcher& s) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* n = r.require("name", "name: single")) {
-    if (const auto name = read_string(*n, r.path("name"), d)) {
-      if (*name == "single") s.name = Searcher::Name::kSingle;
-      else if (*name == "grid") s.name = Searcher::Name::kGrid;
-      else if (*name == "random") s.name = Searcher::Name::kRandom;
-      else {
-        std::string message = "unknown searcher " + describe(*n) + "; use one of single, grid, random";
-        const std::string suggestion = closest_match(*name, {"single", "grid", "random"});
-        if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
-        report(*n, r.path("name"), d, message);
-      }
-    }
+    if (auto v = read_choice(*n, r.path("name"), d, "searcher", kSearcherNames)) s.name = *v;
   }
   if (const ConfigNode* n = r.require("metric", "metric: validation_loss")) {
     if (auto v = read_string(*n, r.path("metric"), d)) s.metric = *v;
@@ -448,12 +482,7 @@ void read_optimizations(MapReader& r, Optimizations& o) {
 void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* n = r.get("type")) {
-    if (auto v = read_string(*n, r.path("type"), d)) {
-      if (*v != "shared_fs") {
-        report(*n, r.path("type"), d,
-               "unknown storage type " + describe(*n) + "; the known type is shared_fs");
-      }
-    }
+    read_choice(*n, r.path("type"), d, "storage type", kStorageTypes);
   }
   if (const ConfigNode* n = r.get("host_path")) {
     if (auto v = read_string(*n, r.path("host_path"), d)) {
@@ -497,17 +526,7 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
 void read_scheduler(MapReader& r, SchedulerConfig& s) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* n = r.get("type")) {
-    if (auto v = read_string(*n, r.path("type"), d)) {
-      if (*v == "local") s.type = SchedulerConfig::Type::kLocal;
-      else if (*v == "slurm") s.type = SchedulerConfig::Type::kSlurm;
-      else if (*v == "pbs") s.type = SchedulerConfig::Type::kPbs;
-      else {
-        std::string message = "unknown scheduler " + describe(*n) + "; use one of local, slurm, pbs";
-        const std::string suggestion = closest_match(*v, {"local", "slurm", "pbs"});
-        if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
-        report(*n, r.path("type"), d, message);
-      }
-    }
+    if (auto v = read_choice(*n, r.path("type"), d, "scheduler", kSchedulerTypes)) s.type = *v;
   }
   const ConfigNode* partition = r.get("partition");
   const ConfigNode* queue = r.get("queue");
@@ -614,45 +633,16 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
 
 }  // namespace
 
-std::string_view to_string(LengthUnit unit) {
-  switch (unit) {
-    case LengthUnit::kBatches: return "batches";
-    case LengthUnit::kEpochs: return "epochs";
-    case LengthUnit::kRecords: return "records";
-    case LengthUnit::kSeconds: return "seconds";
-  }
-  return "unknown";
-}
+std::string_view to_string(LengthUnit unit) { return choice_name(kLengthUnits, unit); }
 
 std::string_view to_string(Hyperparameter::Type type) {
-  switch (type) {
-    case Hyperparameter::Type::kConst: return "const";
-    case Hyperparameter::Type::kInt: return "int";
-    case Hyperparameter::Type::kDouble: return "double";
-    case Hyperparameter::Type::kLog: return "log";
-    case Hyperparameter::Type::kCategorical: return "categorical";
-    case Hyperparameter::Type::kNested: return "nested";
-  }
-  return "unknown";
+  if (type == Hyperparameter::Type::kNested) return "nested";
+  return choice_name(kHyperparameterTypes, type);
 }
 
-std::string_view to_string(Searcher::Name name) {
-  switch (name) {
-    case Searcher::Name::kSingle: return "single";
-    case Searcher::Name::kGrid: return "grid";
-    case Searcher::Name::kRandom: return "random";
-  }
-  return "unknown";
-}
+std::string_view to_string(Searcher::Name name) { return choice_name(kSearcherNames, name); }
 
-std::string_view to_string(SchedulerConfig::Type type) {
-  switch (type) {
-    case SchedulerConfig::Type::kLocal: return "local";
-    case SchedulerConfig::Type::kSlurm: return "slurm";
-    case SchedulerConfig::Type::kPbs: return "pbs";
-  }
-  return "unknown";
-}
+std::string_view to_string(SchedulerConfig::Type type) { return choice_name(kSchedulerTypes, type); }
 
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
   ExperimentConfig config;

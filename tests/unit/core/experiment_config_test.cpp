@@ -454,8 +454,7 @@ TEST(ConfigErrors, CheckpointStorage) {
             "exp.yaml:4:41: checkpoint_storage.save_trial_latest: must be at least 1: a paused, "
             "preempted or requeued trial resumes from its latest checkpoint");
   EXPECT_EQ(one_error(base + "checkpoint_storage: {type: s3}\n"),
-            "exp.yaml:4:28: checkpoint_storage.type: unknown storage type \"s3\"; the known type "
-            "is shared_fs");
+            "exp.yaml:4:28: checkpoint_storage.type: unknown storage type \"s3\"; use shared_fs");
 }
 
 TEST(ConfigErrors, WholeDocument) {
