@@ -4,9 +4,11 @@ include(GoogleTest)
 # Open MPI refuses to run as root unless told; tests set this themselves, users need not.
 set(HPCTRIAL_MPI_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 
-# hpctrial_unit_test(NAME SOURCES... LIBS ...): a gtest binary, each test its own CTest entry.
+# hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]):
+# a gtest binary, each of its tests its own CTest entry with the label (default: unit) and
+# any further test properties.
 function(hpctrial_unit_test name)
-  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS;PROPERTIES" ${ARGN})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)
   endif()
@@ -15,7 +17,7 @@ function(hpctrial_unit_test name)
   target_compile_definitions(${name} PRIVATE
     HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
   gtest_discover_tests(${name}
-    PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300
+    PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${ARG_PROPERTIES}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

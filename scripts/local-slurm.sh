@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# A real single-node Slurm cluster (munge + slurmctld + slurmd) for hpctrial's `slurm` test
+# tier, on ports away from Slurm's defaults so that it never meets a site's cluster or another
+# test cluster. Needs root (slurmd runs jobs as their users).
+#
+#   scripts/local-slurm.sh start [DIR]   start, wait until the node is idle, print SLURM_CONF=...
+#   scripts/local-slurm.sh stop [DIR]    stop the daemons started from DIR
+#   scripts/local-slurm.sh status [DIR]  exit 0 when the cluster answers
+#   scripts/local-slurm.sh test-setup [DIR]  start when root; otherwise say why not and exit 0
+#                                        (the slurm tests then skip with that reason)
+#
+# DIR (default /tmp/hpctrial-slurm) holds slurm.conf, state, spool, logs and pid files.
+# HPCTRIAL_SLURM_PORT (default 16817) is slurmctld's port; slurmd takes the next one.
+# Client commands find the cluster with `export SLURM_CONF=DIR/slurm.conf`.
+set -euo pipefail
+
+action=${1:-}
+dir=${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}
+port=${HPCTRIAL_SLURM_PORT:-16817}
+conf=$dir/slurm.conf
+
+die() { echo "local-slurm: $*" >&2; exit 1; }
+
+start_munge() {
+  if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
+  [[ -r /etc/munge/munge.key ]] || die "no /etc/munge/munge.key; install munge (scripts/install-deps.sh)"
+  install -d -o munge -g munge -m 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged
+  for _ in $(seq 50); do
+    munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  die "munged did not start; see /var/log/munge/munged.log"
+}
+
+write_conf() {
+  local host cpus memory
+  host=$(hostname -s)
+  cpus=$(( $(nproc) > 4 ? $(nproc) : 4 ))  # declare at least 4 CPUs so 4-rank jobs fit
+  memory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
+  install -d -m 0700 "$dir" "$dir/state" "$dir/spool"
+  cat >"$conf" <<CONF
+# Written by hpctrial's scripts/local-slurm.sh: a single-node test cluster.
+ClusterName=hpctrial-test
+SlurmctldHost=$host
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# A requeued job may start again only after cred_expire + 1 s (default 120 s).
+AuthInfo=cred_expire=10
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=5
+ReturnToService=2
+KillWait=10
+JobRequeue=1
+MpiDefault=none
+MailProg=/bin/true
+NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+}
+
+running() { SLURM_CONF=$conf timeout 5 scontrol ping 2>/dev/null | grep -q "is UP"; }
+
+stop_daemon() {
+  local pidfile=$1 pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
+case $action in
+  start)
+    [[ $(id -u) -eq 0 ]] || die "needs root (slurmd runs jobs as their owners)"
+    command -v slurmctld >/dev/null || die "Slurm is not installed; run scripts/install-deps.sh"
+    start_munge
+    if [[ -f $conf ]] && running; then
+      echo "SLURM_CONF=$conf"
+      exit 0
+    fi
+    stop_daemon "$dir/slurmd.pid"
+    stop_daemon "$dir/slurmctld.pid"
+    write_conf
+    slurmctld -f "$conf" -i || die "slurmctld did not start; see $dir/slurmctld.log"
+    slurmd -f "$conf" || die "slurmd did not start; see $dir/slurmd.log"
+    for _ in $(seq 150); do
+      state=$(SLURM_CONF=$conf sinfo -h -o %t 2>/dev/null | head -n 1 || true)
+      if [[ $state == idle* ]]; then
+        echo "SLURM_CONF=$conf"
+        exit 0
+      fi
+      sleep 0.2
+    done
+    die "the node did not become idle (state '${state:-none}'); see $dir/slurmctld.log and $dir/slurmd.log"
+    ;;
+  test-setup)
+    if [[ $(id -u) -ne 0 ]]; then
+      echo "local-slurm: not root, so no local Slurm cluster; the slurm tests will skip"
+      exit 0
+    fi
+    exec "$0" start "$dir"
+    ;;
+  stop)
+    stop_daemon "$dir/slurmd.pid"
+    stop_daemon "$dir/slurmctld.pid"
+    ;;
+  status)
+    [[ -f $conf ]] && running
+    ;;
+  *)
+    echo "usage: $0 start|stop|status|test-setup [DIR]" >&2
+    exit 2
+    ;;
+esac
