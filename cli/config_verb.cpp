@@ -6,6 +6,7 @@
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/files.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -14,7 +15,7 @@ namespace hpctrial::cli {
 namespace {
 
 constexpr const char* kUsage = R"(usage: hpctrial config validate CONFIG.yaml [CONFIG.yaml ...] [options]
-       hpctrial config show CONFIG.yaml [options]
+       hpctrial config show CONFIG.yaml [--output FILE] [options]
 
   validate  check configs completely: every problem is listed with file, line, column and
             key path; exit code 0 when all are valid, 2 otherwise
@@ -25,6 +26,7 @@ examples:
   hpctrial config validate examples/linear_regression/experiment.yaml
   hpctrial config show exp.yaml --template site.yaml --set resources.slots_per_trial=8
   hpctrial config show exp.yaml --set scheduler.modules=[gcc/12,openmpi/4.1]
+  hpctrial config show exp.yaml --output effective.yaml
 
 options)";
 
@@ -40,6 +42,7 @@ std::string summarize(const core::ExperimentConfig& c) {
 
 int run_config(const std::vector<std::string>& args) {
   std::string template_path;
+  std::string output_path;
   std::vector<std::string> overrides;
   po::options_description options("options");
   options.add_options()
@@ -47,7 +50,9 @@ int run_config(const std::vector<std::string>& args) {
       ("template,t", po::value(&template_path)->value_name("T.yaml"),
        "merge this template under the config (config values win, lists concatenate, maps merge)")
       ("set,s", po::value(&overrides)->value_name("KEY.PATH=VALUE")->composing(),
-       "override one value (repeatable); VALUE is YAML, e.g. 4, true, [a,b]");
+       "override one value (repeatable); VALUE is YAML, e.g. 4, true, [a,b]")
+      ("output,o", po::value(&output_path)->value_name("FILE"),
+       "show: write the effective config to FILE (atomically, mode 0600) instead of stdout");
   po::options_description hidden;
   std::vector<std::string> positional;
   hidden.add_options()("positional", po::value(&positional));
@@ -79,6 +84,10 @@ int run_config(const std::vector<std::string>& args) {
               << action << " experiment.yaml'\n";
     return kExitUsage;
   }
+  if (action == "validate" && !output_path.empty()) {
+    std::cerr << "hpctrial config validate: --output belongs to 'config show'\n";
+    return kExitUsage;
+  }
   if (action == "show" && files.size() > 1) {
     std::cerr << "hpctrial config show: one config at a time (got " << files.size() << ")\n";
     return kExitUsage;
@@ -89,7 +98,10 @@ int run_config(const std::vector<std::string>& args) {
     core::ConfigSources sources{file, template_path, overrides};
     try {
       const core::ExperimentConfig config = core::load_experiment_config(sources);
-      if (action == "show") {
+      if (action == "show" && !output_path.empty()) {
+        core::write_file_atomic(output_path, core::to_yaml(config));
+        std::cout << "wrote the effective config of " << file << " to " << output_path << "\n";
+      } else if (action == "show") {
         std::cout << core::to_yaml(config);
       } else {
         std::cout << file << ": valid (" << summarize(config) << ")\n";

@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -111,6 +113,27 @@ TEST(Cli, ShowPrintsTheEffectiveConfig) {
   const auto again = hpctrial({"config", "show", effective});
   EXPECT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(again.out, r.out);
+}
+
+TEST(Cli, ShowWritesThePrivateEffectiveConfigToAFile) {
+  TempDir dir;
+  const std::string path = dir.write("exp.yaml", kValid);
+  const std::string output = (dir.path() / "effective.yaml").string();
+  const auto r = hpctrial({"config", "show", path, "--output", output});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote the effective config of " + path + " to " + output + "\n");
+  const auto shown = hpctrial({"config", "show", path});
+  const auto again = hpctrial({"config", "show", output});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, shown.out);
+  struct stat info {};
+  ASSERT_EQ(::stat(output.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+
+  const auto unwritable = hpctrial({"config", "show", path, "-o", "/nonexistent/dir/e.yaml"});
+  EXPECT_EQ(unwritable.exit_code, 1);
+  EXPECT_THAT(unwritable.err, HasSubstr("hpctrial config: cannot create a temporary file in "
+                                        "/nonexistent/dir: No such file or directory"));
 }
 
 TEST(Cli, BadOptionsAreUsageErrors) {

@@ -1,0 +1,19 @@
+// Publishing a file so that readers see either the old content or the new, never a mix.
+//
+// write_file_atomic() writes `content` to a temporary file beside `path` (same directory, so
+// the rename cannot cross filesystems), fsyncs it, renames it over `path`, and fsyncs the
+// directory so the rename itself survives a crash. The file gets `mode` (default 0600: files
+// hpctrial writes are private unless said otherwise). On failure the temporary file is removed
+// and IoError names the path and the system's reason. Thread-safe for distinct paths.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+namespace hpctrial::core {
+
+void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600);
+
+}  // namespace hpctrial::core

@@ -1,0 +1,75 @@
+#include "hpctrial/core/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <utility>
+
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::core {
+namespace {
+
+// Closes a descriptor on scope exit unless release()d.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::string_view content, mode_t mode) {
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  std::string temp = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+
+  Fd fd(::mkstemp(temp.data()));
+  if (fd.get() < 0) throw_errno("cannot create a temporary file in " + dir.string(), errno);
+  bool published = false;
+  struct Cleanup {
+    const std::string& temp;
+    const bool& published;
+    ~Cleanup() {
+      if (!published) ::unlink(temp.c_str());
+    }
+  } cleanup{temp, published};
+
+  if (::fchmod(fd.get(), mode) != 0) throw_errno("cannot set the mode of " + temp, errno);
+  const char* data = content.data();
+  std::size_t left = content.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd.get(), data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot write " + temp, errno);
+    }
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) throw_errno("cannot flush " + temp + " to disk", errno);
+  if (::close(fd.release()) != 0) throw_errno("cannot close " + temp, errno);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    throw_errno("cannot rename " + temp + " to " + path, errno);
+  }
+  published = true;
+
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
+    throw_errno("cannot flush directory " + dir.string() + " to disk after writing " + path, errno);
+  }
+}
+
+}  // namespace hpctrial::core
