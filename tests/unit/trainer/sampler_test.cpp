@@ -1,0 +1,156 @@
+#include "hpctrial/trainer/sampler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/trainer/random.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing::ElementsAre;
+using testing::HasSubstr;
+
+// Global batch `k` assembled from every rank's slice, in rank order.
+std::vector<std::int64_t> global_batch(std::uint64_t n, std::uint64_t seed, std::uint64_t g, int world,
+                                       std::uint64_t k) {
+  std::vector<std::int64_t> all;
+  for (int r = 0; r < world; ++r) {
+    TrainingSampler sampler(StreamOrder(n, seed, true), g, r, world, k * g);
+    const auto slice = sampler.next_batch();
+    EXPECT_EQ(slice.size(), g / static_cast<std::uint64_t>(world));
+    all.insert(all.end(), slice.begin(), slice.end());
+  }
+  return all;
+}
+
+TEST(TrainingSampler, GlobalBatchesDoNotDependOnTheNumberOfRanks) {
+  const std::uint64_t n = 1000, g = 24;
+  for (std::uint64_t k : {0, 1, 41, 42, 100}) {  // 41 and 42 straddle the first epoch's end
+    const auto reference = global_batch(n, 7, g, 1, k);
+    for (int world : {2, 3, 4, 6, 8}) {
+      EXPECT_EQ(global_batch(n, 7, g, world, k), reference) << "batch " << k << ", " << world << " ranks";
+    }
+  }
+}
+
+TEST(TrainingSampler, ResumesExactlyAtAnyPosition) {
+  const std::uint64_t n = 97, g = 8;  // epochs end mid-batch
+  TrainingSampler straight(StreamOrder(n, 3, true), g, 1, 2);
+  std::vector<std::vector<std::int64_t>> batches;
+  for (int i = 0; i < 60; ++i) batches.push_back(straight.next_batch());
+  for (std::uint64_t k : {0, 1, 12, 13, 30, 59}) {
+    TrainingSampler resumed(StreamOrder(n, 3, true), g, 1, 2, k * g);
+    for (std::uint64_t i = k; i < 60; ++i) {
+      ASSERT_EQ(resumed.next_batch(), batches[i]) << "resumed at batch " << k << ", batch " << i;
+    }
+  }
+  EXPECT_EQ(straight.position(), 60 * g);
+}
+
+TEST(TrainingSampler, AnEpochSeesEverySampleExactlyOnce) {
+  const std::uint64_t n = 120, g = 12;
+  for (int world : {1, 2, 3, 4}) {
+    std::vector<TrainingSampler> ranks;
+    for (int r = 0; r < world; ++r) ranks.emplace_back(StreamOrder(n, 11, true), g, r, world);
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      std::multiset<std::int64_t> seen;
+      for (std::uint64_t b = 0; b < n / g; ++b) {
+        for (auto& sampler : ranks) {
+          for (auto index : sampler.next_batch()) seen.insert(index);
+        }
+      }
+      ASSERT_EQ(seen.size(), n);
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(n); ++i) {
+        ASSERT_EQ(seen.count(i), 1u) << "sample " << i << ", epoch " << epoch << ", " << world << " ranks";
+      }
+    }
+  }
+}
+
+TEST(StreamOrder, EpochsAreDifferentPermutationsFixedBySeed) {
+  StreamOrder a(50, 1, true), b(50, 1, true), c(50, 2, true);
+  std::vector<std::uint64_t> epoch0, epoch1, other_seed;
+  for (std::uint64_t p = 0; p < 50; ++p) {
+    epoch0.push_back(a.at(p));
+    other_seed.push_back(c.at(p));
+  }
+  for (std::uint64_t p = 50; p < 100; ++p) epoch1.push_back(a.at(p));
+  EXPECT_NE(epoch0, epoch1);
+  EXPECT_NE(epoch0, other_seed);
+  for (std::uint64_t p = 0; p < 50; ++p) EXPECT_EQ(b.at(p), epoch0[p]);
+  // Random access in any order gives the same values.
+  EXPECT_EQ(a.at(3), epoch0[3]);
+  EXPECT_EQ(a.at(77), epoch1[27]);
+}
+
+TEST(StreamOrder, TheOrderIsPinned) {
+  // The data order of existing experiments must never change: these values are fixed.
+  StreamOrder order(10, 42, true);
+  std::vector<std::uint64_t> first;
+  for (std::uint64_t p = 0; p < 10; ++p) first.push_back(order.at(p));
+  EXPECT_THAT(first, ElementsAre(3, 8, 4, 2, 1, 6, 9, 0, 7, 5));
+  EXPECT_EQ(derive_seed(42, 0), 5043374705829640723ULL);
+}
+
+TEST(StreamOrder, WithoutShuffleIsSequentialAndRecordsPerEpochTakesAPrefix) {
+  StreamOrder plain(5, 9, false);
+  for (std::uint64_t p = 0; p < 12; ++p) EXPECT_EQ(plain.at(p), p % 5);
+  StreamOrder prefix(100, 9, true, 10);
+  std::set<std::uint64_t> epoch;
+  for (std::uint64_t p = 0; p < 10; ++p) epoch.insert(prefix.at(p));
+  EXPECT_EQ(epoch.size(), 10u);
+  EXPECT_EQ(prefix.epoch_of(10), 1u);
+}
+
+TEST(TrainingSampler, ImpossibleSizesAreClearErrors) {
+  try {
+    StreamOrder(0, 1, true);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the training dataset is empty"));
+  }
+  try {
+    StreamOrder(10, 1, true, 11);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("records_per_epoch (11) is larger than the training dataset (10 records)"));
+  }
+  try {
+    TrainingSampler(StreamOrder(10, 1, true), 10, 0, 3);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("global batch size (10) must be a positive multiple of the number of ranks (3)"));
+  }
+}
+
+TEST(ValidationBatches, EverySampleOnceAcrossRanksInOrder) {
+  for (int world : {1, 2, 3, 7}) {
+    std::vector<std::int64_t> all;
+    for (int r = 0; r < world; ++r) {
+      for (const auto& batch : validation_batches(23, 4, r, world)) {
+        EXPECT_LE(batch.size(), 4u);
+        all.insert(all.end(), batch.begin(), batch.end());
+      }
+    }
+    std::vector<std::int64_t> expected(23);
+    std::iota(expected.begin(), expected.end(), 0);
+    EXPECT_EQ(all, expected) << world << " ranks";
+  }
+  EXPECT_TRUE(validation_batches(2, 4, 3, 4).empty());
+}
+
+TEST(Rng, BoundedIsUniformEnough) {
+  Rng rng(5);
+  std::vector<int> counts(6, 0);
+  for (int i = 0; i < 60000; ++i) ++counts[rng.bounded(6)];
+  for (int c : counts) EXPECT_NEAR(c, 10000, 500);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer

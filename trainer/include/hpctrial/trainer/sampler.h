@@ -1,0 +1,73 @@
+// Which samples each rank trains on, batch by batch: the order of Determined's
+// ReproducibleShuffle -> Skip -> Repeat -> shard chain.
+//
+// The training stream is the concatenation of epochs; epoch e is a permutation of the dataset
+// that depends only on (seed, e). Global batch k is stream positions [k*G, (k+1)*G) for the
+// global batch size G, so it holds the same samples whatever the number of ranks; rank r of W
+// takes the r-th of W equal slices. A sampler can start at any stream position: a resumed
+// trial continues with exactly the samples it would have seen.
+//
+// Plain values; not thread-safe (one per data loader). Throws ConfigError for impossible
+// sizes (an empty dataset, a batch that does not split over the ranks).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace hpctrial::trainer {
+
+// The order of one training stream: position -> dataset index.
+class StreamOrder {
+ public:
+  // `records_per_epoch` may be below the dataset size (an epoch is then a prefix of each
+  // permutation) but not above it. shuffle=false gives 0, 1, 2, ... in every epoch.
+  StreamOrder(std::uint64_t dataset_size, std::uint64_t seed, bool shuffle,
+              std::uint64_t records_per_epoch = 0);
+
+  std::uint64_t dataset_size() const { return dataset_size_; }
+  std::uint64_t records_per_epoch() const { return records_per_epoch_; }
+  std::uint64_t epoch_of(std::uint64_t position) const { return position / records_per_epoch_; }
+  // The dataset index at stream position `position`.
+  std::uint64_t at(std::uint64_t position);
+
+ private:
+  void load_epoch(std::uint64_t epoch);
+
+  std::uint64_t dataset_size_;
+  std::uint64_t seed_;
+  bool shuffle_;
+  std::uint64_t records_per_epoch_;
+  std::uint64_t loaded_epoch_ = UINT64_MAX;
+  std::vector<std::uint32_t> small_;  // the permutation, when the dataset has < 2^32 samples
+  std::vector<std::uint64_t> large_;
+};
+
+// One rank's share of the training stream, a batch at a time.
+class TrainingSampler {
+ public:
+  TrainingSampler(StreamOrder order, std::uint64_t global_batch_size, int rank, int world_size,
+                  std::uint64_t start_position = 0);
+
+  // This rank's dataset indices for the next global batch, in stream order.
+  std::vector<std::int64_t> next_batch();
+  // The stream position of the next global batch (batches trained × global batch size).
+  std::uint64_t position() const { return position_; }
+  std::uint64_t per_rank_batch_size() const { return per_rank_; }
+  const StreamOrder& order() const { return order_; }
+
+ private:
+  StreamOrder order_;
+  std::uint64_t global_batch_size_;
+  std::uint64_t per_rank_;
+  int rank_;
+  std::uint64_t position_;
+};
+
+// One rank's share of a validation pass: the dataset in order, split into W contiguous parts
+// (the first `size % W` ranks take one sample more), in batches of `batch_size`; the last
+// batch may be short. Every sample is validated exactly once across the ranks.
+std::vector<std::vector<std::int64_t>> validation_batches(std::uint64_t dataset_size,
+                                                          std::uint64_t batch_size, int rank,
+                                                          int world_size);
+
+}  // namespace hpctrial::trainer
