@@ -35,6 +35,11 @@ herr_t close_id(hid_t id) {
 
 }  // namespace
 
+std::mutex& h5_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 void silence_h5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 std::string h5_error_stack() {

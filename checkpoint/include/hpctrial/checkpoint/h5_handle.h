@@ -15,9 +15,14 @@
 
 #include <hdf5.h>
 
+#include <mutex>
 #include <string>
 
 namespace hpctrial::checkpoint {
+
+// Debian's HDF5 is not built thread-safe: every use of the library (checkpoint writers, data
+// readers on prefetch threads) holds this lock.
+std::mutex& h5_mutex();
 
 // Turns off HDF5's automatic printing of error stacks (idempotent).
 void silence_h5_errors();

@@ -1,0 +1,89 @@
+// Metrics a trial reports, and how they are reduced across batches and ranks.
+//
+// train_batch and evaluate_batch return Metrics: names to scalar values, given as tensors
+// (`{"loss", loss}`: kept on their device and summed there, so a step never waits for the GPU
+// to report a number) or as plain numbers (`{"accuracy", 0.93}`).
+//
+// Evaluation metrics are reduced over the batches of every rank by a Reducer (Determined's
+// AVG, SUM, MAX, MIN), chosen for all metrics or per metric by Trial::evaluation_reducer().
+// Anything else is a MetricReducer (Determined's custom reducer), registered with
+// TrialContext::wrap_reducer().
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hpctrial::trainer {
+
+class Metric {
+ public:
+  // A scalar tensor (one element); it is detached from the autograd graph.
+  Metric(torch::Tensor value);  // NOLINT(google-explicit-constructor): {"loss", loss}
+  Metric(double value);         // NOLINT(google-explicit-constructor): {"accuracy", 0.93}
+  Metric(float value) : Metric(static_cast<double>(value)) {}  // NOLINT
+  Metric(int value) : Metric(static_cast<double>(value)) {}    // NOLINT
+  Metric(std::int64_t value) : Metric(static_cast<double>(value)) {}  // NOLINT
+
+  const torch::Tensor& tensor() const { return value_; }
+  // The value as a number (waits for the device).
+  double item() const;
+
+ private:
+  torch::Tensor value_;
+};
+
+using Metrics = std::map<std::string, Metric>;
+
+// Reported metrics, once reduced: plain numbers.
+using MetricValues = std::map<std::string, double>;
+
+enum class Reducer { kAvg, kSum, kMax, kMin };
+
+// Which Reducer applies to which evaluation metric: one for all, or per metric (metrics not
+// named use kAvg). Converts from either, so evaluation_reducer() can return Reducer::kSum or
+// {{"errors", Reducer::kSum}}.
+struct ReducerSpec {
+  ReducerSpec(Reducer all) : all(all) {}  // NOLINT(google-explicit-constructor)
+  ReducerSpec(std::map<std::string, Reducer> per_metric)  // NOLINT(google-explicit-constructor)
+      : per_metric(std::move(per_metric)) {}
+  Reducer reducer_for(const std::string& metric) const;
+
+  Reducer all = Reducer::kAvg;
+  std::map<std::string, Reducer> per_metric;
+};
+
+// A custom metric that needs more than one number per batch (Determined's MetricReducer):
+// accumulate with your own update() calls in evaluate_batch or train_batch, summarise this
+// rank's share in per_slot_reduce(), and combine every rank's summary in cross_slot_reduce().
+class MetricReducer {
+ public:
+  virtual ~MetricReducer() = default;
+  // Called before each validation (or training reporting period).
+  virtual void reset() = 0;
+  // This rank's partial result.
+  virtual std::vector<double> per_slot_reduce() = 0;
+  // The metric from every rank's partial result, in rank order.
+  virtual double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) = 0;
+};
+
+// The reducer wrap_reducer() makes from a function: update() collects values on each rank, and
+// the function gets every rank's values at once (Determined's function form).
+class FunctionReducer final : public MetricReducer {
+ public:
+  using Function = std::function<double(const std::vector<double>& values)>;
+  explicit FunctionReducer(Function function) : function_(std::move(function)) {}
+  void update(double value) { values_.push_back(value); }
+  void reset() override { values_.clear(); }
+  std::vector<double> per_slot_reduce() override { return values_; }
+  double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) override;
+
+ private:
+  Function function_;
+  std::vector<double> values_;
+};
+
+}  // namespace hpctrial::trainer

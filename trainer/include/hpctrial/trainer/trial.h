@@ -1,0 +1,48 @@
+// The Trial API (Determined's PyTorchTrial, in LibTorch C++). Subclass Trial, take a
+// TrialContext& in your constructor, and implement at least train_batch, the two data
+// loaders, and one of evaluate_batch / evaluate_full_dataset.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "hpctrial/trainer/callback.h"
+#include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/trial_context.h"
+
+namespace hpctrial::trainer {
+
+class Trial {
+ public:
+  virtual ~Trial() = default;
+
+  // One training step on this rank's share of the global batch, already on device(). Call
+  // context.backward() and context.step_optimizer() here; return the metrics to report.
+  virtual Metrics train_batch(Batch& batch, std::int64_t epoch_idx, std::int64_t batch_idx) = 0;
+
+  // Validation, batch by batch (metrics reduced by evaluation_reducer()) ...
+  virtual Metrics evaluate_batch(Batch& batch);
+  // ... or over the whole validation set at once (run on the chief, which reports the result).
+  virtual MetricValues evaluate_full_dataset(DataLoader& loader);
+
+  virtual DataLoader build_training_data_loader() = 0;
+  virtual DataLoader build_validation_data_loader() = 0;
+  virtual std::map<std::string, std::shared_ptr<Callback>> build_callbacks() { return {}; }
+  virtual ReducerSpec evaluation_reducer() { return Reducer::kAvg; }
+
+  // Extra state of the trial that must survive a resume (counters, a running statistic).
+  virtual nlohmann::json save_state() { return nullptr; }
+  virtual void load_state(const nlohmann::json& /*state*/) {}
+};
+
+namespace detail {
+// Thrown by the default evaluate_batch / evaluate_full_dataset: the loop then uses the other.
+struct NotOverridden {};
+}  // namespace detail
+
+}  // namespace hpctrial::trainer

@@ -1,0 +1,196 @@
+// What a trial gets in its constructor (Determined's PyTorchTrialContext, in LibTorch C++).
+//
+//   MyTrial(hpctrial::TrialContext& context) : context_(context) {
+//     model_ = context.wrap_model(Net(context.hparam<int>("hidden")));
+//     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
+//         model_->parameters(), torch::optim::SGDOptions(context.hparam<double>("lr"))));
+//   }
+//   Metrics train_batch(Batch& batch, int64_t epoch_idx, int64_t batch_idx) override {
+//     auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+//     context_.backward(loss);
+//     context_.step_optimizer(*optimizer_);
+//     return {{"loss", loss}};
+//   }
+//
+// Wrap every model before creating its optimizer (wrapping moves the model to the device).
+// Several models, optimizers and schedulers may be wrapped, in any order. Used from the
+// training thread only. Mistakes (an unknown hyperparameter, an optimizer stepped that was
+// never wrapped) throw ConfigError or InternalError with what to change.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/metrics.h"
+
+namespace hpctrial::mpi_launcher {
+class Communicator;
+}
+
+namespace hpctrial::trainer {
+
+// When a wrapped LR scheduler steps: after every epoch, after every batch, or only when the
+// trial calls scheduler.step() itself.
+enum class StepMode { EveryEpoch, EveryBatch, Manual };
+
+struct DistributedContext {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int node_count = 1;
+  bool is_chief() const { return rank == 0; }
+};
+
+// Where the context's settings come from (built by the harness from the experiment config).
+struct TrialSettings {
+  nlohmann::json hparams = nlohmann::json::object();
+  nlohmann::json data_config = nlohmann::json::object();
+  std::uint64_t trial_seed = 0;
+  std::int64_t aggregation_frequency = 1;
+  int gpus_per_slot = 0;
+  DistributedContext distributed;
+};
+
+class TrialContext {
+ public:
+  TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator);
+  TrialContext(const TrialContext&) = delete;
+  TrialContext& operator=(const TrialContext&) = delete;
+
+  // --- models, optimizers, schedulers -----------------------------------------------------
+  // Moves the model to device() and registers it for gradient averaging and checkpoints.
+  // Works with module holders (TORCH_MODULE types, torch::nn::Linear...) and shared_ptrs.
+  template <typename Holder>
+  Holder wrap_model(Holder model) {
+    model->to(device());
+    register_model(model.ptr());
+    return model;
+  }
+  template <typename Module>
+  std::shared_ptr<Module> wrap_model(std::shared_ptr<Module> model) {
+    model->to(device());
+    register_model(model);
+    return model;
+  }
+
+  template <typename Optimizer>
+  std::shared_ptr<Optimizer> wrap_optimizer(std::shared_ptr<Optimizer> optimizer) {
+    register_optimizer(optimizer);
+    return optimizer;
+  }
+
+  template <typename Scheduler>
+  std::shared_ptr<Scheduler> wrap_lr_scheduler(std::shared_ptr<Scheduler> scheduler, StepMode mode) {
+    register_lr_scheduler(scheduler, mode);
+    return scheduler;
+  }
+
+  // loss.backward(). Gradients accumulate over aggregation_frequency batches.
+  void backward(const torch::Tensor& loss);
+  // On the last batch of each aggregation group: averages gradients across ranks and batches,
+  // calls clip_grads on the model's parameters (e.g. torch::nn::utils::clip_grad_norm_),
+  // steps, and zeroes the gradients unless auto_zero_grads is false. On other batches it
+  // does nothing, so gradients keep accumulating.
+  using ClipGrads = std::function<void(std::vector<torch::Tensor>& parameters)>;
+  void step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
+                      bool auto_zero_grads = true);
+
+  // --- device -------------------------------------------------------------------------------
+  torch::Device device() const { return device_; }
+  torch::Tensor to_device(const torch::Tensor& tensor) const;
+  Batch to_device(const Batch& batch) const;
+
+  // --- configuration ------------------------------------------------------------------------
+  // The trial's value of hyperparameter `name` as T; ConfigError naming the hyperparameter
+  // when it is missing or of another type.
+  template <typename T>
+  T hparam(const std::string& name) const {
+    const nlohmann::json& value = hparam_value(name);
+    try {
+      return value.get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw_hparam_type(name, value);
+    }
+  }
+  const nlohmann::json& hparams() const { return settings_.hparams; }
+  // The experiment config's `data:` section.
+  const nlohmann::json& data_config() const { return settings_.data_config; }
+  std::int64_t global_batch_size() const { return global_batch_size_; }
+  std::int64_t per_slot_batch_size() const { return global_batch_size_ / settings_.distributed.size; }
+  std::uint64_t trial_seed() const { return settings_.trial_seed; }
+  const DistributedContext& distributed() const { return settings_.distributed; }
+
+  // --- position in the loop (valid inside train_batch) ---------------------------------------
+  bool is_epoch_start() const { return epoch_start_; }
+  bool is_epoch_end() const { return epoch_end_; }
+
+  // --- stopping -----------------------------------------------------------------------------
+  // A request to stop after this batch; the ranks agree on it at the step boundary, then the
+  // trial checkpoints and exits as a pause.
+  void set_stop_requested(bool stop) { stop_requested_ = stop; }
+  bool get_stop_requested() const { return stop_requested_; }
+
+  // --- custom reducers ----------------------------------------------------------------------
+  // Registers a MetricReducer reported as metric `name` in training and/or validation.
+  std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer,
+                                              const std::string& name, bool for_training = true,
+                                              bool for_validation = true);
+  // Determined's function form: update(value) collects, `function` gets every rank's values.
+  std::shared_ptr<FunctionReducer> wrap_reducer(FunctionReducer::Function function,
+                                                const std::string& name, bool for_training = true,
+                                                bool for_validation = true);
+
+  // --- for the harness ----------------------------------------------------------------------
+  struct WrappedScheduler {
+    std::shared_ptr<torch::optim::LRScheduler> scheduler;
+    StepMode mode;
+  };
+  struct WrappedReducer {
+    std::shared_ptr<MetricReducer> reducer;
+    std::string name;
+    bool for_training;
+    bool for_validation;
+  };
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
+  const std::vector<WrappedScheduler>& lr_schedulers() const { return schedulers_; }
+  const std::vector<WrappedReducer>& reducers() const { return reducers_; }
+  mpi_launcher::Communicator& communicator() const { return communicator_; }
+  void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
+  // Makes every rank's parameters and buffers equal to the chief's.
+  void broadcast_model_state();
+
+ private:
+  void register_model(std::shared_ptr<torch::nn::Module> model);
+  void register_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer);
+  void register_lr_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, StepMode mode);
+  const nlohmann::json& hparam_value(const std::string& name) const;
+  [[noreturn]] void throw_hparam_type(const std::string& name, const nlohmann::json& value) const;
+  void average_gradients(torch::optim::Optimizer& optimizer);
+
+  TrialSettings settings_;
+  mpi_launcher::Communicator& communicator_;
+  torch::Device device_;
+  std::int64_t global_batch_size_ = 0;
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<WrappedScheduler> schedulers_;
+  std::vector<WrappedReducer> reducers_;
+  bool epoch_start_ = false;
+  bool epoch_end_ = false;
+  bool stop_requested_ = false;
+  std::int64_t batches_trained_ = 0;
+};
+
+}  // namespace hpctrial::trainer
