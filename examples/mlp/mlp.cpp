@@ -1,0 +1,3 @@
+#include "mlp_trial.h"
+
+HPCTRIAL_MAIN(mlp_example::MlpTrial)

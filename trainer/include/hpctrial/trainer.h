@@ -1,0 +1,25 @@
+// Everything a trial needs: #include <hpctrial/trainer.h>.
+#pragma once
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/trainer/callback.h"
+#include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/main.h"
+#include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/trial.h"
+#include "hpctrial/trainer/trial_context.h"
+
+namespace hpctrial {
+using trainer::Batch;
+using trainer::Callback;
+using trainer::DataLoader;
+using trainer::Dataset;
+using trainer::Hdf5Dataset;
+using trainer::Metrics;
+using trainer::MetricValues;
+using trainer::Reducer;
+using trainer::StepMode;
+using trainer::TensorDataset;
+using trainer::Trial;
+using trainer::TrialContext;
+}  // namespace hpctrial

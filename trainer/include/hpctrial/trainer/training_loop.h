@@ -1,0 +1,50 @@
+// The training loop: a fixed sequence of phases plus callbacks (LBANN's shape), driven by the
+// experiment config. HPCTRIAL_MAIN (main.h) sets it up from the command line; tests and
+// programs that embed hpctrial can run it directly.
+//
+// Per batch: next batch (prefetched) -> to_device -> train_batch -> LR schedulers -> at the
+// step boundary the ranks agree on stop and time triggers, then training metrics, validation
+// and stopping happen on every rank at the same batch.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/trainer/trial.h"
+
+namespace hpctrial::mpi_launcher {
+class Communicator;
+}
+
+namespace hpctrial::trainer {
+
+using TrialFactory = std::function<std::unique_ptr<Trial>(TrialContext&)>;
+
+struct LoopOptions {
+  std::string trial_dir;            // metrics.jsonl goes here (created if missing)
+  int trial_id = 0;
+  std::uint32_t experiment_seed = 0;
+  DistributedContext distributed;
+  double progress_interval_s = 10;  // progress lines on stderr (chief only); <= 0: none
+  std::int64_t report_period_batches = 100;  // training metrics every N batches, and at the end
+  std::size_t prefetch_depth = 2;
+  // Set by signal handlers: a stop request the ranks agree on at the next step boundary.
+  const std::atomic<bool>* external_stop = nullptr;
+};
+
+struct LoopResult {
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  bool stopped_early = false;  // a stop request ended training before max_length
+  MetricValues last_validation;
+  std::string metrics_path;
+};
+
+LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
+                        mpi_launcher::Communicator& communicator, const LoopOptions& options);
+
+}  // namespace hpctrial::trainer

@@ -1,0 +1,179 @@
+#include <signal.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/trainer/main.h"
+
+namespace po = boost::program_options;
+
+namespace hpctrial::trainer {
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+
+// Signal handlers only set a flag: no I/O, no allocation.
+extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT}) sigaction(signal, &action, nullptr);
+}
+
+constexpr int kExitFinished = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitConfig = 2;
+
+struct Arguments {
+  core::ConfigSources sources;
+  std::string trial_dir;
+  int trial_id = 0;
+  double progress_seconds = 10;
+  bool help = false;
+};
+
+Arguments parse_arguments(int argc, char** argv, const core::EnvSource& env) {
+  Arguments args;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "show this help")
+      ("config,c", po::value(&args.sources.config_path)->value_name("EXP.yaml"),
+       "the experiment config (default: $HPCTRIAL_CONFIG)")
+      ("template,t", po::value(&args.sources.template_path)->value_name("T.yaml"),
+       "a template merged under the config")
+      ("set,s", po::value(&args.sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
+       "override one config value (repeatable)")
+      ("trial-dir", po::value(&args.trial_dir)->value_name("DIR"),
+       "where metrics.jsonl and the effective config go (default: $HPCTRIAL_TRIAL_DIR, else "
+       "runs/<name>)")
+      ("progress-seconds", po::value(&args.progress_seconds)->value_name("S"),
+       "seconds between progress lines on stderr; 0 for none (default 10)");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(options).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << "usage: " << argv[0] << " --config EXP.yaml [options]\n\n"
+              << "Trains this trial as the experiment config says. Run it alone, under "
+                 "`mpirun -np N`, or through `hpctrial`.\n\n"
+              << options;
+    args.help = true;
+    return args;
+  }
+  if (args.sources.config_path.empty()) args.sources.config_path = env.get("HPCTRIAL_CONFIG").value_or("");
+  if (args.sources.config_path.empty()) {
+    throw ConfigError(std::string("no experiment config: give --config EXP.yaml (see ") + argv[0] + " --help)");
+  }
+  if (args.trial_dir.empty()) args.trial_dir = env.get("HPCTRIAL_TRIAL_DIR").value_or("");
+  if (const auto id = env.get("HPCTRIAL_TRIAL_ID")) {
+    try {
+      args.trial_id = std::stoi(*id);
+    } catch (const std::exception&) {
+      throw ConfigError("HPCTRIAL_TRIAL_ID must be a number, got \"" + *id + "\"");
+    }
+  }
+  return args;
+}
+
+// The experiment seed every rank uses: the config's, or one the chief picks and shares.
+std::uint32_t agree_on_seed(const core::ExperimentConfig& config, mpi_launcher::Communicator& comm) {
+  if (config.reproducibility.experiment_seed) return *config.reproducibility.experiment_seed;
+  std::string bytes;
+  if (comm.is_chief()) {
+    const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+    bytes = std::to_string(static_cast<std::uint32_t>(now ^ (now >> 32)));
+  }
+  comm.broadcast(bytes, 0);
+  const auto seed = static_cast<std::uint32_t>(std::stoul(bytes));
+  if (comm.is_chief()) {
+    core::log_info("reproducibility.experiment_seed is not set; using {} (recorded in the effective "
+                   "config: set it to repeat this run)", seed);
+  }
+  return seed;
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv, const TrialFactory& factory) {
+  core::ProcessEnv env;
+  core::init_logging(env);
+  std::unique_ptr<mpi_launcher::MpiEnvironment> mpi;
+  try {
+    mpi = std::make_unique<mpi_launcher::MpiEnvironment>(&argc, &argv);
+  } catch (const Error& e) {
+    std::cerr << argv[0] << ": " << e.what() << "\n";
+    return kExitFailure;
+  }
+  const bool chief = mpi->is_chief();
+  const bool alone = mpi->size() == 1;
+  auto fail = [&](int code, const std::string& message) {
+    if (alone) {
+      std::cerr << message << "\n";
+      return code;
+    }
+    mpi->abort(code, message);  // ends every rank
+  };
+
+  try {
+    const Arguments args = parse_arguments(argc, argv, env);
+    if (args.help) return kExitFinished;
+    install_stop_handlers();
+    core::ExperimentConfig config = core::load_experiment_config(args.sources);
+
+    std::unique_ptr<mpi_launcher::Communicator> comm;
+    if (alone) {
+      comm = std::make_unique<mpi_launcher::LocalCommunicator>();
+    } else {
+      comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world());
+    }
+    config.reproducibility.experiment_seed = agree_on_seed(config, *comm);
+
+    LoopOptions options;
+    options.trial_dir = args.trial_dir.empty() ? (std::filesystem::path("runs") / config.name).string()
+                                               : args.trial_dir;
+    options.trial_id = args.trial_id;
+    options.experiment_seed = *config.reproducibility.experiment_seed;
+    options.distributed = {mpi->rank(), mpi->size(), mpi->local_rank(), mpi->local_size(), mpi->node_count()};
+    options.progress_interval_s = args.progress_seconds;
+    options.external_stop = &g_stop_requested;
+    if (chief) {
+      std::filesystem::create_directories(options.trial_dir);
+      core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),
+                              core::to_yaml(config));
+    }
+
+    const LoopResult result = run_training(config, factory, *comm, options);
+    if (result.stopped_early) {
+      return fail(kExitFailure,
+                  "stopped on request after " + std::to_string(result.batches_trained) +
+                      " batches; this build writes no checkpoints, so the trial cannot resume "
+                      "from here and its progress is lost");
+    }
+    if (chief) {
+      core::log_info("finished: {} batches; metrics in {}", result.batches_trained, result.metrics_path);
+    }
+    return kExitFinished;
+  } catch (const ConfigError& e) {
+    return fail(kExitConfig, e.what());
+  } catch (const po::error& e) {
+    return fail(kExitConfig, std::string(argv[0]) + ": " + e.what() + " (see --help)");
+  } catch (const std::exception& e) {
+    return fail(kExitFailure, e.what());
+  }
+}
+
+}  // namespace hpctrial::trainer

@@ -1,0 +1,434 @@
+#include "hpctrial/trainer/training_loop.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <cstring>
+#include <set>
+
+#include "config_json.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/trainer/random.h"
+#include "hpctrial/trainer/sampler.h"
+#include "metrics_log.h"
+#include "prefetcher.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using core::Length;
+using core::LengthUnit;
+using mpi_launcher::Communicator;
+using mpi_launcher::DType;
+using mpi_launcher::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+// Streams of the trial seed, one per consumer, so that adding a consumer changes no other.
+constexpr std::uint64_t kTorchStream = 1;
+constexpr std::uint64_t kDataStream = 2;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// A length in batches of `global_batch` records, with `records_per_epoch` records an epoch.
+std::int64_t to_batches(const Length& length, std::int64_t global_batch, std::int64_t records_per_epoch) {
+  switch (length.unit) {
+    case LengthUnit::kBatches: return length.value;
+    case LengthUnit::kRecords: return ceil_div(length.value, global_batch);
+    case LengthUnit::kEpochs: return ceil_div(length.value * records_per_epoch, global_batch);
+    case LengthUnit::kSeconds: break;
+  }
+  throw InternalError("to_batches: seconds are not a number of batches");
+}
+
+// A period: every N batches, or every N seconds (measured on the chief).
+struct Period {
+  std::int64_t batches = 0;  // 0: not batch-based
+  double seconds = 0;        // 0: not time-based
+  bool enabled() const { return batches > 0 || seconds > 0; }
+};
+
+Period to_period(const std::optional<Length>& length, std::int64_t global_batch, std::int64_t rpe) {
+  Period period;
+  if (!length) return period;
+  if (length->unit == LengthUnit::kSeconds) {
+    period.seconds = static_cast<double>(length->value);
+  } else {
+    period.batches = std::max<std::int64_t>(1, to_batches(*length, global_batch, rpe));
+  }
+  return period;
+}
+
+class Loop {
+ public:
+  Loop(const core::ExperimentConfig& config, const TrialFactory& factory, Communicator& comm,
+       const LoopOptions& options)
+      : config_(config), factory_(factory), comm_(comm), options_(options) {}
+
+  LoopResult run();
+
+ private:
+  void setup();
+  void train_one_batch();
+  void report_training();
+  void validate();
+  MetricValues validate_by_batch();
+  MetricValues reduce_custom(bool training);
+  void call(const std::function<void(Callback&)>& hook) {
+    for (auto& [name, callback] : callbacks_) hook(*callback);
+  }
+  bool chief() const { return comm_.is_chief(); }
+  std::int64_t epoch_of_batch(std::int64_t batch) const {
+    return batch * global_batch_ / records_per_epoch_;
+  }
+
+  const core::ExperimentConfig& config_;
+  const TrialFactory& factory_;
+  Communicator& comm_;
+  LoopOptions options_;
+
+  std::unique_ptr<TrialContext> context_;
+  std::unique_ptr<Trial> trial_;
+  std::unique_ptr<DataLoader> train_loader_;
+  std::unique_ptr<DataLoader> validation_loader_;
+  std::map<std::string, std::shared_ptr<Callback>> callbacks_;
+  std::unique_ptr<TrainingSampler> sampler_;
+  std::unique_ptr<detail::Prefetcher> prefetcher_;
+  std::unique_ptr<detail::MetricsLog> log_;
+  std::unique_ptr<detail::Progress> progress_;
+  detail::PhaseTimings timings_;
+  ReducerSpec reducers_ = Reducer::kAvg;
+
+  std::int64_t global_batch_ = 0;
+  std::int64_t records_per_epoch_ = 0;
+  std::int64_t max_batches_ = 0;
+  Period validation_period_;
+  std::int64_t batches_trained_ = 0;
+  std::int64_t last_validation_batches_ = -1;
+  Clock::time_point last_validation_time_;
+  std::int64_t last_report_batches_ = 0;
+  bool evaluate_by_batch_ = true;
+  bool checked_searcher_metric_ = false;
+
+  // Training metrics of the current reporting period.
+  std::map<std::string, torch::Tensor> sums_;
+  std::int64_t period_batches_ = 0;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+
+  LoopResult result_;
+};
+
+void Loop::setup() {
+  const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
+  torch::manual_seed(derive_seed(trial_seed, kTorchStream));
+
+  TrialSettings settings;
+  settings.hparams = detail::trial_hparams(config_);
+  settings.data_config = detail::to_json(config_.data);
+  settings.trial_seed = trial_seed;
+  settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
+  settings.gpus_per_slot = config_.resources.gpus_per_slot;
+  settings.distributed = options_.distributed;
+  context_ = std::make_unique<TrialContext>(std::move(settings), comm_);
+  trial_ = factory_(*context_);
+  if (!trial_) throw ConfigError("the trial factory returned no trial");
+  train_loader_ = std::make_unique<DataLoader>(trial_->build_training_data_loader());
+  validation_loader_ = std::make_unique<DataLoader>(trial_->build_validation_data_loader());
+  callbacks_ = trial_->build_callbacks();
+  reducers_ = trial_->evaluation_reducer();
+  context_->broadcast_model_state();
+
+  global_batch_ = context_->global_batch_size();
+  if (train_loader_->batch_size() != context_->per_slot_batch_size()) {
+    throw ConfigError("build_training_data_loader: the batch size is " +
+                      std::to_string(train_loader_->batch_size()) + " but per_slot_batch_size() is " +
+                      std::to_string(context_->per_slot_batch_size()) +
+                      " (global_batch_size / slots); use context.per_slot_batch_size()");
+  }
+  const auto dataset_size = static_cast<std::int64_t>(train_loader_->dataset().size());
+  records_per_epoch_ = config_.records_per_epoch > 0 ? config_.records_per_epoch : dataset_size;
+  max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
+  validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
+
+  sampler_ = std::make_unique<TrainingSampler>(
+      StreamOrder(static_cast<std::uint64_t>(dataset_size), derive_seed(trial_seed, kDataStream),
+                  train_loader_->shuffle(), static_cast<std::uint64_t>(records_per_epoch_)),
+      static_cast<std::uint64_t>(global_batch_), comm_.rank(), comm_.size(),
+      static_cast<std::uint64_t>(batches_trained_ * global_batch_));
+  prefetcher_ = std::make_unique<detail::Prefetcher>(
+      train_loader_->dataset(), [this] { return sampler_->next_batch(); }, options_.prefetch_depth);
+
+  if (chief()) {
+    std::filesystem::create_directories(options_.trial_dir);
+    result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
+    log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
+  }
+  progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
+                                                 chief() && options_.progress_interval_s > 0);
+  last_validation_time_ = Clock::now();
+}
+
+void Loop::train_one_batch() {
+  const std::int64_t batch_idx = batches_trained_;
+  const std::int64_t epoch = epoch_of_batch(batch_idx);
+  const bool epoch_start = batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
+  const bool epoch_end = epoch_of_batch(batch_idx + 1) != epoch;
+  if (epoch_start) call([&](Callback& c) { c.on_training_epoch_start(epoch); });
+
+  Batch batch;
+  {
+    detail::PhaseTimings::Scope t(timings_, "dataloader_next");
+    batch = prefetcher_->next();
+  }
+  {
+    detail::PhaseTimings::Scope t(timings_, "to_device");
+    batch = context_->to_device(batch);
+  }
+  context_->set_loop_position(epoch_start, epoch_end, batch_idx);
+  Metrics metrics;
+  {
+    detail::PhaseTimings::Scope t(timings_, "train_batch");
+    metrics = trial_->train_batch(batch, epoch, batch_idx);
+  }
+  for (auto& [name, metric] : metrics) {
+    torch::Tensor value = metric.tensor().to(torch::kFloat64);
+    auto it = sums_.find(name);
+    if (it == sums_.end()) {
+      sums_.emplace(name, value.clone());
+    } else {
+      it->second.add_(value.to(it->second.device()));
+    }
+  }
+  ++period_batches_;
+  ++batches_trained_;
+  {
+    detail::PhaseTimings::Scope t(timings_, "step_lr_schedulers");
+    for (const auto& wrapped : context_->lr_schedulers()) {
+      if (wrapped.mode == StepMode::EveryBatch || (wrapped.mode == StepMode::EveryEpoch && epoch_end)) {
+        wrapped.scheduler->step();
+      }
+    }
+  }
+  if (epoch_end) {
+    call([&](Callback& c) { c.on_training_epoch_end(epoch); });
+    result_.epochs_trained = epoch + 1;
+  }
+}
+
+MetricValues Loop::reduce_custom(bool training) {
+  MetricValues out;
+  for (const auto& wrapped : context_->reducers()) {
+    if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
+    const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
+    const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    std::vector<std::vector<double>> per_slot;
+    for (const auto& part : comm_.allgather(bytes)) {
+      std::vector<double> values(part.size() / sizeof(double));
+      std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
+      per_slot.push_back(std::move(values));
+    }
+    out[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
+    wrapped.reducer->reset();
+  }
+  return out;
+}
+
+void Loop::report_training() {
+  if (period_batches_ == 0) return;
+  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
+  MetricValues values;
+  std::vector<double> means;
+  for (auto& [name, sum] : sums_) means.push_back(sum.item<double>() / static_cast<double>(period_batches_));
+  if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
+    comm_.allreduce(means, ReduceOp::kSum);
+    for (double& m : means) m /= comm_.size();
+  }
+  std::size_t i = 0;
+  for (auto& [name, sum] : sums_) values[name] = means[i++];
+  for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
+  if (values.count("loss")) last_loss_ = values["loss"];
+  if (log_) {
+    log_->write("training", batches_trained_, epoch_of_batch(batches_trained_ - 1),
+                batches_trained_ * global_batch_, values);
+  }
+  sums_.clear();
+  period_batches_ = 0;
+  last_report_batches_ = batches_trained_;
+}
+
+MetricValues Loop::validate_by_batch() {
+  const auto batches = validation_batches(validation_loader_->dataset().size(),
+                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
+                                          comm_.rank(), comm_.size());
+  std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
+  for (const auto& indices : batches) {
+    Batch batch = context_->to_device(validation_loader_->dataset().get_batch(indices));
+    Metrics metrics = trial_->evaluate_batch(batch);
+    for (auto& [name, metric] : metrics) values[name].push_back(metric.item());
+  }
+  // Every rank reduces the same metrics, even one that had no batch.
+  std::string names;
+  for (const auto& [name, list] : values) names += name + '\n';
+  std::set<std::string> all_names;
+  for (const auto& part : comm_.allgather(names)) {
+    std::size_t start = 0, end;
+    while ((end = part.find('\n', start)) != std::string::npos) {
+      all_names.insert(part.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  MetricValues out;
+  for (const auto& name : all_names) {
+    const auto& list = values[name];
+    const Reducer reducer = reducers_.reducer_for(name);
+    switch (reducer) {
+      case Reducer::kAvg: {
+        std::vector<double> sum_count = {0.0, static_cast<double>(list.size())};
+        for (double v : list) sum_count[0] += v;
+        comm_.allreduce(sum_count, ReduceOp::kSum);
+        out[name] = sum_count[1] > 0 ? sum_count[0] / sum_count[1] : std::nan("");
+        break;
+      }
+      case Reducer::kSum: {
+        std::vector<double> sum = {0.0};
+        for (double v : list) sum[0] += v;
+        comm_.allreduce(sum, ReduceOp::kSum);
+        out[name] = sum[0];
+        break;
+      }
+      case Reducer::kMax:
+      case Reducer::kMin: {
+        const bool max = reducer == Reducer::kMax;
+        std::vector<double> extreme = {max ? -std::numeric_limits<double>::infinity()
+                                           : std::numeric_limits<double>::infinity()};
+        for (double v : list) extreme[0] = max ? std::max(extreme[0], v) : std::min(extreme[0], v);
+        comm_.allreduce(extreme, max ? ReduceOp::kMax : ReduceOp::kMin);
+        out[name] = extreme[0];
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+void Loop::validate() {
+  detail::PhaseTimings::Scope t(timings_, "validation");
+  call([](Callback& c) { c.on_validation_start(); });
+  for (const auto& wrapped : context_->reducers()) {
+    if (wrapped.for_validation) wrapped.reducer->reset();
+  }
+  for (auto& model : context_->models()) model->eval();
+  MetricValues metrics;
+  {
+    torch::NoGradGuard no_grad;
+    if (evaluate_by_batch_) {
+      try {
+        metrics = validate_by_batch();
+      } catch (const detail::NotOverridden&) {
+        evaluate_by_batch_ = false;
+      }
+    }
+    if (!evaluate_by_batch_) {
+      // evaluate_full_dataset runs on the chief; every rank gets its result.
+      std::string bytes;
+      if (chief()) {
+        try {
+          nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
+          bytes = values.dump();
+        } catch (const detail::NotOverridden&) {
+          bytes = "missing";
+        }
+      }
+      comm_.broadcast(bytes, 0);
+      if (bytes == "missing") {
+        throw ConfigError("the trial overrides neither evaluate_batch nor evaluate_full_dataset; "
+                          "implement one of them to validate");
+      }
+      metrics = nlohmann::json::parse(bytes).get<MetricValues>();
+    }
+  }
+  for (auto& model : context_->models()) model->train();
+  for (const auto& [name, value] : reduce_custom(false)) metrics[name] = value;
+
+  if (!checked_searcher_metric_) {
+    checked_searcher_metric_ = true;
+    if (metrics.count(config_.searcher.metric) == 0) {
+      std::string names;
+      for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("searcher.metric is '" + config_.searcher.metric +
+                        "' but validation reported only: " + (names.empty() ? "nothing" : names) +
+                        "; return it from evaluate_batch or change searcher.metric");
+    }
+  }
+  if (log_) {
+    log_->write("validation", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
+                batches_trained_ * global_batch_, metrics);
+  }
+  result_.last_validation = metrics;
+  last_validation_batches_ = batches_trained_;
+  last_validation_time_ = Clock::now();
+  call([&](Callback& c) { c.on_validation_end(metrics); });
+}
+
+LoopResult Loop::run() {
+  setup();
+  call([](Callback& c) { c.on_training_start(); });
+  for (auto& model : context_->models()) model->train();
+  while (batches_trained_ < max_batches_) {
+    train_one_batch();
+
+    // The step boundary: batch-count triggers are the same on every rank; a stop request or
+    // a time trigger is agreed on, so that every rank takes the same branch here.
+    const bool time_to_validate =
+        chief() && validation_period_.seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
+    const bool stop_local = context_->get_stop_requested() ||
+                            (options_.external_stop != nullptr && options_.external_stop->load());
+    std::int64_t flags[2] = {stop_local ? 1 : 0, time_to_validate ? 1 : 0};
+    comm_.allreduce(flags, 2, DType::kInt64, ReduceOp::kMax);
+    const bool stop = flags[0] != 0;
+    const bool last = batches_trained_ == max_batches_;
+    const bool validate_now =
+        flags[1] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
+
+    if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last || stop) {
+      report_training();
+    }
+    if (validate_now && !last) validate();
+    progress_->update(batches_trained_, epoch_of_batch(batches_trained_ - 1), last_loss_);
+    if (stop && !last) {
+      result_.stopped_early = true;
+      core::log_info("stop requested: stopping after batch {} of {}", batches_trained_, max_batches_);
+      break;
+    }
+  }
+  if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
+  progress_->update(batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)), last_loss_, true);
+  progress_->finish();
+  call([](Callback& c) { c.on_trial_shutdown(); });
+  prefetcher_.reset();
+
+  if (log_) {
+    log_->write("timings", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
+                batches_trained_ * global_batch_, {}, {{"timings", timings_.summary()}});
+    log_->sync();
+    core::log_info("trained {} batches ({} records); timings:\n{}", batches_trained_,
+                   batches_trained_ * global_batch_, timings_.table());
+  }
+  result_.batches_trained = batches_trained_;
+  return result_;
+}
+
+}  // namespace
+
+LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
+                        Communicator& communicator, const LoopOptions& options) {
+  Loop loop(config, factory, communicator, options);
+  return loop.run();
+}
+
+}  // namespace hpctrial::trainer
