@@ -1,0 +1,156 @@
+// A small trial for the trainer's tests: linear regression on in-memory data, recording what
+// the loop asks of it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/trainer/training_loop.h"
+
+namespace hpctrial::trainer::testing_trial {
+
+// An experiment config from YAML text; fails the test on any config error.
+inline core::ExperimentConfig config_from(const std::string& yaml) {
+  core::Diagnostics d;
+  const core::ConfigNode root = core::parse_config_text(yaml, "test.yaml", d);
+  core::ExperimentConfig config = core::parse_experiment_config(root, d);
+  if (!d.empty()) throw ConfigError(d.to_string());
+  return config;
+}
+
+inline std::string base_yaml(int batches, int global_batch = 8) {
+  return "name: test\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, "
+         "max_length: {batches: " + std::to_string(batches) + "}}\nhyperparameters: "
+         "{global_batch_size: " + std::to_string(global_batch) + ", lr: 0.1}\n";
+}
+
+// Counts the steps of an LR scheduler (and halves nothing: learning rates stay).
+class CountingScheduler : public torch::optim::LRScheduler {
+ public:
+  explicit CountingScheduler(torch::optim::Optimizer& optimizer) : LRScheduler(optimizer) {}
+  int steps = 0;
+
+ protected:
+  std::vector<double> get_lrs() override {
+    ++steps;
+    return get_current_lrs();
+  }
+};
+
+struct Record {
+  std::vector<std::string> events;
+  std::vector<std::pair<bool, bool>> epoch_flags;  // (is_epoch_start, is_epoch_end) per batch
+  std::vector<std::int64_t> epoch_idx;
+  std::vector<std::int64_t> batch_idx;
+};
+
+class LinearTrial : public Trial {
+ public:
+  struct Options {
+    std::int64_t samples = 64;
+    bool evaluate_by_batch = true;
+    bool evaluate_full = false;
+    std::function<void(LinearTrial&)> setup;
+    std::function<Metrics(LinearTrial&, Batch&)> evaluate;
+    std::function<void(LinearTrial&, std::int64_t batch_idx)> after_batch;
+    std::map<std::string, std::shared_ptr<Callback>> callbacks;
+    ReducerSpec reducer = Reducer::kAvg;
+    // Receives copies of the final parameters when the loop is done with the trial.
+    std::vector<torch::Tensor>* parameters_out = nullptr;
+  };
+
+  LinearTrial(TrialContext& context, Options options, Record* record)
+      : context_(context), options_(std::move(options)), record_(record) {
+    torch::manual_seed(0);  // the data, not the weights: the weights follow the trial seed
+    auto x = torch::randn({options_.samples, 3});
+    auto y = x.matmul(torch::tensor({1.0f, -2.0f, 0.5f})).unsqueeze(1) + 0.3;
+    dataset_ = std::make_shared<TensorDataset>(x, y);
+    torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
+    model = context.wrap_model(torch::nn::Linear(3, 1));
+    optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(context.hparam<double>("lr"))));
+    if (options_.setup) options_.setup(*this);
+  }
+
+  ~LinearTrial() override {
+    if (options_.parameters_out != nullptr) {
+      for (const auto& p : model->parameters()) options_.parameters_out->push_back(p.detach().clone());
+    }
+  }
+
+  Metrics train_batch(Batch& batch, std::int64_t epoch_idx, std::int64_t batch_idx) override {
+    if (record_) {
+      record_->epoch_flags.emplace_back(context_.is_epoch_start(), context_.is_epoch_end());
+      record_->epoch_idx.push_back(epoch_idx);
+      record_->batch_idx.push_back(batch_idx);
+    }
+    auto loss = torch::mse_loss(model->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer);
+    if (options_.after_batch) options_.after_batch(*this, batch_idx);
+    return {{"loss", loss}};
+  }
+
+  Metrics evaluate_batch(Batch& batch) override {
+    if (!options_.evaluate_by_batch) return Trial::evaluate_batch(batch);
+    if (options_.evaluate) return options_.evaluate(*this, batch);
+    return {{"validation_loss", torch::mse_loss(model->forward(batch.data), batch.target)}};
+  }
+
+  MetricValues evaluate_full_dataset(DataLoader& loader) override {
+    if (!options_.evaluate_full) return Trial::evaluate_full_dataset(loader);
+    double total = 0;
+    std::int64_t count = 0;
+    for (auto batch : loader) {
+      total += torch::mse_loss(model->forward(batch.data), batch.target, torch::Reduction::Sum).item<double>();
+      count += batch.data.size(0);
+    }
+    return {{"validation_loss", total / static_cast<double>(count)}, {"samples", static_cast<double>(count)}};
+  }
+
+  DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  DataLoader build_validation_data_loader() override {
+    return {dataset_, context_.per_slot_batch_size(), false};
+  }
+  std::map<std::string, std::shared_ptr<Callback>> build_callbacks() override { return options_.callbacks; }
+  ReducerSpec evaluation_reducer() override { return options_.reducer; }
+
+  TrialContext& context_;
+  Options options_;
+  Record* record_;
+  std::shared_ptr<TensorDataset> dataset_;
+  torch::nn::Linear model{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer;
+};
+
+// Runs the loop on one rank with a fresh trial.
+struct Run {
+  LoopResult result;
+  std::vector<torch::Tensor> parameters;
+};
+
+inline Run run(const std::string& yaml, LinearTrial::Options options, const std::string& trial_dir,
+               Record* record = nullptr, std::uint32_t seed = 7) {
+  const core::ExperimentConfig config = config_from(yaml);
+  mpi_launcher::LocalCommunicator comm;
+  LoopOptions loop;
+  loop.trial_dir = trial_dir;
+  loop.experiment_seed = seed;
+  loop.progress_interval_s = 0;
+  Run out;
+  options.parameters_out = &out.parameters;
+  TrialFactory factory = [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, record));
+  };
+  out.result = run_training(config, factory, comm, loop);
+  return out;
+}
+
+}  // namespace hpctrial::trainer::testing_trial

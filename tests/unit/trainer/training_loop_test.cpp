@@ -1,0 +1,296 @@
+#include "hpctrial/trainer/training_loop.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "../../support/temp_dir.h"
+#include "test_trial.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing::ElementsAre;
+using testing::HasSubstr;
+using testing_support::TempDir;
+using namespace testing_trial;
+
+std::vector<nlohmann::json> metric_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+class RecordingCallback : public Callback {
+ public:
+  explicit RecordingCallback(std::vector<std::string>* events) : events_(events) {}
+  void on_training_start() override { events_->push_back("training_start"); }
+  void on_training_epoch_start(std::int64_t e) override { events_->push_back("epoch_start " + std::to_string(e)); }
+  void on_training_epoch_end(std::int64_t e) override { events_->push_back("epoch_end " + std::to_string(e)); }
+  void on_validation_start() override { events_->push_back("validation_start"); }
+  void on_validation_end(const MetricValues& m) override {
+    events_->push_back("validation_end " + std::to_string(m.count("validation_loss")));
+  }
+  void on_trial_shutdown() override { events_->push_back("shutdown"); }
+  nlohmann::json state_dict() const override { return {{"events", events_->size()}}; }
+  void load_state_dict(const nlohmann::json& state) override { loaded = state; }
+  nlohmann::json loaded;
+
+ private:
+  std::vector<std::string>* events_;
+};
+
+TEST(TrainingLoop, CallbacksSeeEveryPhaseInOrder) {
+  TempDir dir;
+  std::vector<std::string> events;
+  LinearTrial::Options options;
+  options.callbacks = {{"recorder", std::make_shared<RecordingCallback>(&events)}};
+  // 64 samples, batches of 16: 4 batches an epoch; 10 batches; validation every 4 batches.
+  run(base_yaml(10, 16) + "min_validation_period: {batches: 4}\n", options, dir.path().string());
+  EXPECT_THAT(events, ElementsAre("training_start", "epoch_start 0", "epoch_end 0", "validation_start",
+                                  "validation_end 1", "epoch_start 1", "epoch_end 1", "validation_start",
+                                  "validation_end 1", "epoch_start 2", "validation_start",
+                                  "validation_end 1", "shutdown"));
+}
+
+TEST(TrainingLoop, CallbackStateRoundTrips) {
+  std::vector<std::string> events = {"a", "b"};
+  RecordingCallback callback(&events);
+  const nlohmann::json state = callback.state_dict();
+  RecordingCallback restored(&events);
+  restored.load_state_dict(state);
+  EXPECT_EQ(restored.loaded, (nlohmann::json{{"events", 2}}));
+  EXPECT_TRUE(Callback().state_dict().is_null());
+}
+
+TEST(TrainingLoop, EpochFlagsAndIndices) {
+  TempDir dir;
+  Record record;
+  run(base_yaml(6, 24), {}, dir.path().string(), &record);  // 64 samples, batches of 24
+  // Batches start at records 0, 24, 48 | 72, 96, 120 (epochs of 64): the epoch of a batch is
+  // that of its first record; the batch whose successor starts a new epoch ends its epoch.
+  EXPECT_THAT(record.epoch_idx, ElementsAre(0, 0, 0, 1, 1, 1));
+  EXPECT_THAT(record.batch_idx, ElementsAre(0, 1, 2, 3, 4, 5));
+  EXPECT_EQ(record.epoch_flags[0], std::make_pair(true, false));
+  EXPECT_EQ(record.epoch_flags[1], std::make_pair(false, false));
+  EXPECT_EQ(record.epoch_flags[2], std::make_pair(false, true));
+  EXPECT_EQ(record.epoch_flags[3], std::make_pair(true, false));
+  EXPECT_EQ(record.epoch_flags[4], std::make_pair(false, false));
+  EXPECT_EQ(record.epoch_flags[5], std::make_pair(false, true));  // 144 is in epoch 2
+}
+
+TEST(TrainingLoop, SchedulersStepByTheirMode) {
+  TempDir dir;
+  std::shared_ptr<CountingScheduler> every_batch, every_epoch, manual;
+  LinearTrial::Options options;
+  options.setup = [&](LinearTrial& t) {
+    every_batch = t.context_.wrap_lr_scheduler(std::make_shared<CountingScheduler>(*t.optimizer), StepMode::EveryBatch);
+    every_epoch = t.context_.wrap_lr_scheduler(std::make_shared<CountingScheduler>(*t.optimizer), StepMode::EveryEpoch);
+    manual = t.context_.wrap_lr_scheduler(std::make_shared<CountingScheduler>(*t.optimizer), StepMode::Manual);
+  };
+  run(base_yaml(10, 16), options, dir.path().string());  // 4 batches an epoch: epochs end at 4, 8
+  EXPECT_EQ(every_batch->steps, 10);
+  EXPECT_EQ(every_epoch->steps, 2);
+  EXPECT_EQ(manual->steps, 0);
+}
+
+TEST(TrainingLoop, LengthsInEpochsAndRecords) {
+  TempDir dir;
+  Record by_epochs, by_records;
+  run("name: t\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {epochs: 2}}\n"
+      "hyperparameters: {global_batch_size: 10, lr: 0.1}\n", {}, dir.path().string(), &by_epochs);
+  EXPECT_EQ(by_epochs.batch_idx.size(), 13u);  // ceil(2 * 64 / 10)
+  run("name: t\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {records: 95}}\n"
+      "hyperparameters: {global_batch_size: 10, lr: 0.1}\nrecords_per_epoch: 32\n", {}, dir.path().string(), &by_records);
+  EXPECT_EQ(by_records.batch_idx.size(), 10u);  // ceil(95 / 10)
+  EXPECT_EQ(by_records.epoch_idx.back(), 2);     // 90 / 32
+}
+
+TEST(TrainingLoop, WritesTrainingValidationAndTimingLines) {
+  TempDir dir;
+  const auto result = run(base_yaml(250, 8) + "min_validation_period: {batches: 100}\n", {}, dir.path().string());
+  const auto lines = metric_lines(result.result.metrics_path);
+  std::vector<std::string> kinds;
+  std::vector<std::int64_t> batches;
+  for (const auto& line : lines) {
+    kinds.push_back(line["kind"]);
+    batches.push_back(line["batches"]);
+  }
+  EXPECT_THAT(kinds, ElementsAre("training", "validation", "training", "validation", "training",
+                                 "validation", "timings"));
+  EXPECT_THAT(batches, ElementsAre(100, 100, 200, 200, 250, 250, 250));
+  EXPECT_EQ(lines[0]["records"], 800);
+  EXPECT_EQ(lines[0]["epoch"], 12);  // batch 99 starts at record 792: epoch 792 / 64
+  EXPECT_TRUE(lines[0]["metrics"]["loss"].is_number());
+  EXPECT_LT(lines[5]["metrics"]["validation_loss"].get<double>(), lines[1]["metrics"]["validation_loss"].get<double>());
+  for (const char* phase : {"dataloader_next", "to_device", "train_batch", "step_lr_schedulers",
+                            "reduce_metrics", "validation"}) {
+    EXPECT_TRUE(lines.back()["timings"].contains(phase)) << phase;
+    EXPECT_GE(lines.back()["timings"][phase]["total_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(lines.back()["timings"]["train_batch"]["count"], 250);
+  EXPECT_EQ(result.result.last_validation.count("validation_loss"), 1u);
+}
+
+TEST(TrainingLoop, TwoRunsAreBitwiseIdenticalAndSeedsMatter) {
+  TempDir a, b, c;
+  const auto first = run(base_yaml(40), {}, a.path().string());
+  const auto second = run(base_yaml(40), {}, b.path().string());
+  const auto other = run(base_yaml(40), {}, c.path().string(), nullptr, /*seed=*/8);
+  ASSERT_EQ(first.parameters.size(), 2u);
+  for (std::size_t i = 0; i < first.parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(first.parameters[i], second.parameters[i])) << i;
+  }
+  EXPECT_FALSE(torch::equal(first.parameters[0], other.parameters[0]));
+}
+
+TEST(TrainingLoop, ReducersPerMetric) {
+  TempDir dir;
+  LinearTrial::Options options;
+  int batch = 0;
+  options.evaluate = [&](LinearTrial&, Batch&) -> Metrics {
+    const double v = ++batch;  // 8 validation batches: 1..8
+    return {{"validation_loss", v}, {"sum", v}, {"max", v}, {"min", v}};
+  };
+  options.reducer = std::map<std::string, Reducer>{{"sum", Reducer::kSum}, {"max", Reducer::kMax}, {"min", Reducer::kMin}};
+  const auto result = run(base_yaml(1, 8), options, dir.path().string());
+  const MetricValues& m = result.result.last_validation;
+  EXPECT_DOUBLE_EQ(m.at("validation_loss"), 4.5);
+  EXPECT_DOUBLE_EQ(m.at("sum"), 36.0);
+  EXPECT_DOUBLE_EQ(m.at("max"), 8.0);
+  EXPECT_DOUBLE_EQ(m.at("min"), 1.0);
+}
+
+// Counts how many values exceeded a threshold, as a (count, total) pair per rank.
+class ExceedanceReducer : public MetricReducer {
+ public:
+  void update(double v) {
+    total_ += 1;
+    count_ += v > 2.0 ? 1 : 0;
+  }
+  void reset() override { count_ = total_ = 0; ++resets; }
+  std::vector<double> per_slot_reduce() override { return {count_, total_}; }
+  double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) override {
+    double c = 0, t = 0;
+    for (const auto& s : per_slot) c += s[0], t += s[1];
+    return c / t;
+  }
+  int resets = 0;
+
+ private:
+  double count_ = 0, total_ = 0;
+};
+
+TEST(TrainingLoop, CustomReducersInValidationAndTraining) {
+  TempDir dir;
+  auto custom = std::make_shared<ExceedanceReducer>();
+  std::shared_ptr<FunctionReducer> median;
+  LinearTrial::Options options;
+  int batch = 0;
+  options.setup = [&](LinearTrial& t) {
+    t.context_.wrap_reducer(custom, "share_above_2", /*for_training=*/false);
+    median = t.context_.wrap_reducer(
+        [](const std::vector<double>& values) {
+          std::vector<double> v(values);
+          std::sort(v.begin(), v.end());
+          return v.empty() ? 0.0 : v[v.size() / 2];
+        },
+        "median_batch");
+  };
+  options.evaluate = [&](LinearTrial&, Batch&) -> Metrics {
+    const double v = ++batch;
+    custom->update(v);
+    median->update(v);
+    return {{"validation_loss", v}};
+  };
+  options.after_batch = [&](LinearTrial&, std::int64_t batch_idx) { median->update(static_cast<double>(batch_idx)); };
+  const auto result = run(base_yaml(5, 8), options, dir.path().string());
+  EXPECT_DOUBLE_EQ(result.result.last_validation.at("share_above_2"), 6.0 / 8.0);
+  EXPECT_DOUBLE_EQ(result.result.last_validation.at("median_batch"), 5.0);  // of 1..8
+  const auto lines = metric_lines(result.result.metrics_path);
+  EXPECT_DOUBLE_EQ(lines[0]["metrics"]["median_batch"].get<double>(), 2.0);  // of batches 0..4
+  EXPECT_FALSE(lines[0]["metrics"].contains("share_above_2"));
+  EXPECT_GE(custom->resets, 1);
+}
+
+TEST(TrainingLoop, EvaluateFullDatasetRunsWhenEvaluateBatchIsNotOverridden) {
+  TempDir dir;
+  LinearTrial::Options options;
+  options.evaluate_by_batch = false;
+  options.evaluate_full = true;
+  const auto result = run(base_yaml(3), options, dir.path().string());
+  EXPECT_EQ(result.result.last_validation.at("samples"), 64.0);
+  EXPECT_GT(result.result.last_validation.at("validation_loss"), 0.0);
+}
+
+TEST(TrainingLoop, NoEvaluationIsAClearError) {
+  TempDir dir;
+  LinearTrial::Options options;
+  options.evaluate_by_batch = false;
+  try {
+    run(base_yaml(3), options, dir.path().string());
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("overrides neither evaluate_batch nor evaluate_full_dataset"));
+  }
+}
+
+TEST(TrainingLoop, AMissingSearcherMetricNamesWhatWasReported) {
+  TempDir dir;
+  try {
+    run("name: t\nentrypoint: ./t\nsearcher: {name: single, metric: accuracy, max_length: {batches: 2}}\n"
+        "hyperparameters: {global_batch_size: 8, lr: 0.1}\n", {}, dir.path().string());
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("searcher.metric is 'accuracy' but validation reported only: validation_loss"));
+  }
+}
+
+TEST(TrainingLoop, AStopRequestEndsTrainingAtTheStepBoundary) {
+  TempDir dir;
+  LinearTrial::Options options;
+  options.after_batch = [](LinearTrial& t, std::int64_t batch_idx) {
+    if (batch_idx == 4) t.context_.set_stop_requested(true);
+  };
+  Record record;
+  const auto result = run(base_yaml(100), options, dir.path().string(), &record);
+  EXPECT_TRUE(result.result.stopped_early);
+  EXPECT_EQ(result.result.batches_trained, 5);
+  EXPECT_EQ(record.batch_idx.size(), 5u);
+}
+
+TEST(TrainingLoop, AnExternalStopFlagIsHonoured) {
+  TempDir dir;
+  std::atomic<bool> stop{true};
+  const core::ExperimentConfig config = config_from(base_yaml(100));
+  mpi_launcher::LocalCommunicator comm;
+  LoopOptions loop;
+  loop.trial_dir = dir.path().string();
+  loop.progress_interval_s = 0;
+  loop.external_stop = &stop;
+  TrialFactory factory = [](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, LinearTrial::Options{}, nullptr));
+  };
+  const LoopResult result = run_training(config, factory, comm, loop);
+  EXPECT_TRUE(result.stopped_early);
+  EXPECT_EQ(result.batches_trained, 1);
+}
+
+TEST(TrainingLoop, AggregationFrequencyStepsEveryNthBatch) {
+  TempDir dir;
+  std::vector<torch::Tensor> weights;
+  LinearTrial::Options options;
+  options.after_batch = [&](LinearTrial& t, std::int64_t) { weights.push_back(t.model->weight.detach().clone()); };
+  run(base_yaml(6) + "optimizations: {aggregation_frequency: 3}\n", options, dir.path().string());
+  ASSERT_EQ(weights.size(), 6u);
+  EXPECT_TRUE(torch::equal(weights[0], weights[1]));   // accumulating
+  EXPECT_FALSE(torch::equal(weights[1], weights[2]));  // stepped after the 3rd batch
+  EXPECT_TRUE(torch::equal(weights[2], weights[4]));
+  EXPECT_FALSE(torch::equal(weights[4], weights[5]));
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer

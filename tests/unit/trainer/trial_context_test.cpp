@@ -1,0 +1,179 @@
+#include "hpctrial/trainer/trial_context.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing::HasSubstr;
+
+TrialSettings settings_with(nlohmann::json hparams, int world = 1) {
+  TrialSettings s;
+  s.hparams = std::move(hparams);
+  s.data_config = {{"path", "/data/x.h5"}, {"shards", 4}};
+  s.trial_seed = 99;
+  s.distributed.size = world;
+  s.distributed.rank = world - 1;
+  return s;
+}
+
+class TrialContextTest : public testing::Test {
+ protected:
+  mpi_launcher::LocalCommunicator comm_;
+};
+
+TEST_F(TrialContextTest, Hyperparameters) {
+  TrialContext context(settings_with({{"global_batch_size", 32}, {"lr", 0.5}, {"name", "adam"}, {"layers", {64, 32}}}), comm_);
+  EXPECT_EQ(context.hparam<double>("lr"), 0.5);
+  EXPECT_EQ(context.hparam<std::string>("name"), "adam");
+  EXPECT_EQ(context.hparam<std::vector<int>>("layers"), (std::vector<int>{64, 32}));
+  EXPECT_EQ(context.hparams().size(), 4u);
+  try {
+    context.hparam<double>("momentum");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "hyperparameter 'momentum' is not in the experiment config (it has: global_batch_size, "
+              "layers, lr, name); add hyperparameters.momentum to it");
+  }
+  try {
+    context.hparam<double>("name");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hyperparameter 'name' is \"adam\" (string), which the trial cannot read"));
+  }
+}
+
+TEST_F(TrialContextTest, BatchSizesSeedsAndDistribution) {
+  TrialContext context(settings_with({{"global_batch_size", 32}}, /*world=*/4), comm_);
+  EXPECT_EQ(context.global_batch_size(), 32);
+  EXPECT_EQ(context.per_slot_batch_size(), 8);
+  EXPECT_EQ(context.trial_seed(), 99u);
+  EXPECT_EQ(context.distributed().size, 4);
+  EXPECT_EQ(context.distributed().rank, 3);
+  EXPECT_FALSE(context.distributed().is_chief());
+  EXPECT_EQ(context.data_config()["shards"], 4);
+}
+
+TEST_F(TrialContextTest, GlobalBatchSizeIsRequiredAndMustSplit) {
+  auto error_of = [&](nlohmann::json hparams, int world) {
+    try {
+      TrialContext context(settings_with(std::move(hparams), world), comm_);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(error_of(nlohmann::json::object(), 1), HasSubstr("hyperparameters.global_batch_size is required"));
+  EXPECT_THAT(error_of({{"global_batch_size", 0}}, 1), HasSubstr("must be a positive integer, got 0"));
+  EXPECT_THAT(error_of({{"global_batch_size", "64"}}, 1), HasSubstr("must be a positive integer, got \"64\""));
+  EXPECT_THAT(error_of({{"global_batch_size", 10}}, 4),
+              HasSubstr("global_batch_size (10) must be a multiple of the number of slots (4)"));
+}
+
+TEST_F(TrialContextTest, DeviceAndToDevice) {
+  TrialContext context(settings_with({{"global_batch_size", 8}}), comm_);
+  EXPECT_EQ(context.device(), torch::Device(torch::kCPU));
+  const Batch moved = context.to_device(Batch{torch::ones({2, 3}), torch::zeros({2})});
+  EXPECT_EQ(moved.data.device(), torch::Device(torch::kCPU));
+  EXPECT_TRUE(torch::equal(moved.data, torch::ones({2, 3})));
+  if (!torch::cuda::is_available()) {
+    TrialSettings gpu = settings_with({{"global_batch_size", 8}});
+    gpu.gpus_per_slot = 1;
+    try {
+      TrialContext context2(gpu, comm_);
+      FAIL();
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("resources.gpus_per_slot is 1 but rank 0 sees no GPU"));
+    }
+  }
+}
+
+TEST_F(TrialContextTest, EpochPositionAndStopRequests) {
+  TrialContext context(settings_with({{"global_batch_size", 8}}), comm_);
+  context.set_loop_position(true, false, 0);
+  EXPECT_TRUE(context.is_epoch_start());
+  EXPECT_FALSE(context.is_epoch_end());
+  context.set_loop_position(false, true, 7);
+  EXPECT_TRUE(context.is_epoch_end());
+  EXPECT_FALSE(context.get_stop_requested());
+  context.set_stop_requested(true);
+  EXPECT_TRUE(context.get_stop_requested());
+}
+
+TEST_F(TrialContextTest, WrapsModelsOptimizersSchedulersAndReducers) {
+  TrialContext context(settings_with({{"global_batch_size", 8}}), comm_);
+  auto a = context.wrap_model(torch::nn::Linear(2, 2));
+  auto b = context.wrap_model(std::make_shared<torch::nn::LinearImpl>(2, 1));
+  auto opt_a = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(a->parameters(), torch::optim::SGDOptions(0.1)));
+  auto opt_b = context.wrap_optimizer(std::make_shared<torch::optim::Adam>(b->parameters()));
+  auto sched = context.wrap_lr_scheduler(std::make_shared<torch::optim::StepLR>(*opt_a, 1), StepMode::Manual);
+  EXPECT_EQ(context.models().size(), 2u);
+  EXPECT_EQ(context.optimizers().size(), 2u);
+  ASSERT_EQ(context.lr_schedulers().size(), 1u);
+  EXPECT_EQ(context.lr_schedulers()[0].mode, StepMode::Manual);
+  context.wrap_reducer([](const std::vector<double>& v) { return static_cast<double>(v.size()); }, "count");
+  EXPECT_THROW(context.wrap_reducer([](const std::vector<double>&) { return 0.0; }, "count"), ConfigError);
+  EXPECT_EQ(context.reducers().size(), 1u);
+}
+
+TEST_F(TrialContextTest, StepOptimizerClipsStepsAndZeroes) {
+  TrialContext context(settings_with({{"global_batch_size", 8}}), comm_);
+  auto model = context.wrap_model(torch::nn::Linear(1, 1));
+  auto optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0)));
+  const auto before = model->weight.detach().clone();
+  auto loss = (model->forward(torch::ones({1, 1})) * 100).sum();
+  context.backward(loss);
+  int clipped = 0;
+  context.step_optimizer(*optimizer, [&](std::vector<torch::Tensor>& params) {
+    ++clipped;
+    EXPECT_EQ(params.size(), 2u);
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
+  });
+  EXPECT_EQ(clipped, 1);
+  // The gradient (100, 100) was clipped to norm 1 before the step of size 1.
+  EXPECT_NEAR((before - model->weight.detach()).item<double>(), 1.0 / std::sqrt(2.0), 1e-5);
+  EXPECT_FALSE(model->weight.grad().defined() && model->weight.grad().abs().sum().item<double>() > 0);
+
+  auto loss2 = model->forward(torch::ones({1, 1})).sum();
+  context.backward(loss2);
+  context.step_optimizer(*optimizer, {}, /*auto_zero_grads=*/false);
+  EXPECT_EQ(model->weight.grad().item<double>(), 1.0);
+}
+
+TEST_F(TrialContextTest, StepOptimizerRefusesAnUnwrappedOptimizer) {
+  TrialContext context(settings_with({{"global_batch_size", 8}}), comm_);
+  auto model = context.wrap_model(torch::nn::Linear(1, 1));
+  torch::optim::SGD stray(model->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    context.step_optimizer(stray);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("step_optimizer: this optimizer was not wrapped"));
+  }
+}
+
+TEST(Metric, TensorsAndNumbers) {
+  Metric from_tensor(torch::tensor({2.5}));
+  EXPECT_EQ(from_tensor.item(), 2.5);
+  EXPECT_EQ(Metric(3).item(), 3.0);
+  EXPECT_EQ(from_tensor.tensor().dim(), 0);
+  try {
+    Metric bad(torch::ones({2, 2}));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a metric must be a single number, got a tensor of shape [2, 2]"));
+  }
+  ReducerSpec spec(std::map<std::string, Reducer>{{"errors", Reducer::kSum}});
+  EXPECT_EQ(spec.reducer_for("errors"), Reducer::kSum);
+  EXPECT_EQ(spec.reducer_for("loss"), Reducer::kAvg);
+  EXPECT_EQ(ReducerSpec(Reducer::kMax).reducer_for("x"), Reducer::kMax);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer
