@@ -23,7 +23,7 @@ constexpr const char* kUsage = R"(usage: hpctrial config validate CONFIG.yaml [C
             filled in) as YAML - what a run of it would use
 
 examples:
-  hpctrial config validate examples/linear_regression/experiment.yaml
+  hpctrial config validate examples/mlp/experiment.yaml
   hpctrial config show exp.yaml --template site.yaml --set resources.slots_per_trial=8
   hpctrial config show exp.yaml --set scheduler.modules=[gcc/12,openmpi/4.1]
   hpctrial config show exp.yaml --output effective.yaml

@@ -7,8 +7,9 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake pkg-config ccache git
-  # LibTorch (CPU), Open MPI, parallel HDF5
-  libtorch-dev openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
+  # LibTorch (CPU), with OpenBLAS as its BLAS (Debian's default, the reference BLAS, is about
+  # ten times slower); Open MPI; parallel HDF5
+  libtorch-dev libopenblas0-pthread openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   # configuration, command line, formatting, JSON
   libyaml-cpp-dev libboost-program-options-dev libfmt-dev nlohmann-json3-dev
   # tests and benchmarks

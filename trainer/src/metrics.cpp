@@ -9,7 +9,7 @@ Metric::Metric(torch::Tensor value) : value_(value.detach()) {
     throw ConfigError("a metric must be a single number, got a tensor of shape " +
                       c10::str(value_.sizes()) + "; reduce it first (e.g. .mean())");
   }
-  value_ = value_.reshape({});
+  if (value_.dim() != 0) value_ = value_.reshape({});
 }
 
 Metric::Metric(double value) : value_(torch::tensor(value, torch::kFloat64)) {}

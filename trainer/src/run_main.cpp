@@ -1,5 +1,8 @@
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <torch/torch.h>
 
 #include <boost/program_options.hpp>
 
@@ -106,6 +109,19 @@ std::uint32_t agree_on_seed(const core::ExperimentConfig& config, mpi_launcher::
   return seed;
 }
 
+// Each rank computes with the cores of its slot: resources.cpus_per_slot threads for LibTorch
+// and for OpenBLAS (when that is the BLAS in use), unless the user chose with OMP_NUM_THREADS
+// or OPENBLAS_NUM_THREADS. Otherwise every rank would start a thread per core of the node.
+void use_slot_cores(int cpus_per_slot, const core::EnvSource& env) {
+  if (env.get("OMP_NUM_THREADS") || env.get("OPENBLAS_NUM_THREADS")) return;
+  torch::set_num_threads(cpus_per_slot);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(cpus_per_slot);
+  }
+  core::log_debug("computing with {} thread(s) per rank (resources.cpus_per_slot)", cpus_per_slot);
+}
+
 }  // namespace
 
 int run_main(int argc, char** argv, const TrialFactory& factory) {
@@ -133,6 +149,7 @@ int run_main(int argc, char** argv, const TrialFactory& factory) {
     if (args.help) return kExitFinished;
     install_stop_handlers();
     core::ExperimentConfig config = core::load_experiment_config(args.sources);
+    use_slot_cores(config.resources.cpus_per_slot, env);
 
     std::unique_ptr<mpi_launcher::Communicator> comm;
     if (alone) {

@@ -115,7 +115,7 @@ class Loop {
   bool checked_searcher_metric_ = false;
 
   // Training metrics of the current reporting period.
-  std::map<std::string, torch::Tensor> sums_;
+  std::map<std::string, std::vector<torch::Tensor>> period_values_;
   std::int64_t period_batches_ = 0;
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
 
@@ -194,15 +194,8 @@ void Loop::train_one_batch() {
     detail::PhaseTimings::Scope t(timings_, "train_batch");
     metrics = trial_->train_batch(batch, epoch, batch_idx);
   }
-  for (auto& [name, metric] : metrics) {
-    torch::Tensor value = metric.tensor().to(torch::kFloat64);
-    auto it = sums_.find(name);
-    if (it == sums_.end()) {
-      sums_.emplace(name, value.clone());
-    } else {
-      it->second.add_(value.to(it->second.device()));
-    }
-  }
+  // No kernel per step: the period's values are kept and summed once per report.
+  for (auto& [name, metric] : metrics) period_values_[name].push_back(metric.tensor());
   ++period_batches_;
   ++batches_trained_;
   {
@@ -242,20 +235,23 @@ void Loop::report_training() {
   detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
   MetricValues values;
   std::vector<double> means;
-  for (auto& [name, sum] : sums_) means.push_back(sum.item<double>() / static_cast<double>(period_batches_));
+  for (auto& [name, list] : period_values_) {
+    for (auto& v : list) v = v.to(torch::kCPU, torch::kFloat64);
+    means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+  }
   if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
     comm_.allreduce(means, ReduceOp::kSum);
     for (double& m : means) m /= comm_.size();
   }
   std::size_t i = 0;
-  for (auto& [name, sum] : sums_) values[name] = means[i++];
+  for (auto& [name, list] : period_values_) values[name] = means[i++];
   for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
   if (values.count("loss")) last_loss_ = values["loss"];
   if (log_) {
     log_->write("training", batches_trained_, epoch_of_batch(batches_trained_ - 1),
                 batches_trained_ * global_batch_, values);
   }
-  sums_.clear();
+  period_values_.clear();
   period_batches_ = 0;
   last_report_batches_ = batches_trained_;
 }

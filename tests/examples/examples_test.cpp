@@ -1,5 +1,5 @@
-// The mlp example, as users run it: trained for a few hundred batches it must classify the
-// synthetic data well, and two runs of it must produce bitwise-identical weights.
+// The examples, as users run them: trained for a few hundred batches they must classify their
+// synthetic data well, and two runs must produce bitwise-identical weights.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,8 +8,10 @@
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/mpi_launcher/communicator.h"
+#include "cnn_trial.h"
 #include "mlp_trial.h"
 #include "synthetic_data.h"
+#include "synthetic_images.h"
 
 namespace hpctrial {
 namespace {
@@ -140,6 +142,30 @@ TEST_F(MlpExample, AWrongDataPathIsAClearErrorFromTheProgram) {
                                    options);
   EXPECT_EQ(r.exit_code, 2) << r.describe();
   EXPECT_THAT(r.err, HasSubstr("data file /nonexistent/train.h5 cannot be opened as HDF5"));
+}
+
+TEST(CnnExample, TheProgramLearnsOnTwoRanks) {
+  TempDir dir;
+  cnn_example::ImageSpec spec;
+  const std::string train = (dir.path() / "train.h5").string();
+  const std::string validation = (dir.path() / "validation.h5").string();
+  cnn_example::write_synthetic_images(train, spec);
+  spec.samples = 1024;
+  spec.seed = 2;
+  cnn_example::write_synthetic_images(validation, spec);
+  const std::string trial_dir = (dir.path() / "run").string();
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(240);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const auto r = core::run_process({HPCTRIAL_MPIRUN, "-np", "2", "--oversubscribe", HPCTRIAL_CNN, "--config",
+                                    HPCTRIAL_SOURCE_DIR "/examples/cnn/experiment.yaml", "--trial-dir", trial_dir,
+                                    "--set", "data.train=" + train, "--set", "data.validation=" + validation,
+                                    "--progress-seconds", "0"},
+                                   options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  const auto v = validations(trial_dir + "/metrics.jsonl");
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), 0.95);  // chance is 1/8
 }
 
 }  // namespace

@@ -1,0 +1,224 @@
+// harness_overhead: what training through hpctrial costs compared with a plain hand-written
+// LibTorch loop - same model, same data, same batch size, same optimizer, in one run.
+//
+// Each side trains `steps` batches; the rate is measured over the steady state (after
+// `warmup` batches), in rounds that alternate which side goes first, so that both sides see the
+// same machine noise and neither always inherits the other's state.
+// The figure of merit is hpctrial's steps/s divided by the plain loop's (goal: >= 0.99).
+//
+//   harness_overhead [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N]
+//                    [--only plain|hpctrial]
+//
+// --only runs one side once and prints its rate: for counting instructions with
+// `valgrind --tool=callgrind`, which is deterministic where wall time on a shared machine is not.
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/trainer/training_loop.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Setup {
+  std::int64_t samples = 16384;
+  std::int64_t features = 128;
+  std::int64_t hidden = 256;
+  std::int64_t classes = 10;
+  std::int64_t batch = 64;
+  std::int64_t steps = 3000;
+  std::int64_t warmup = 300;
+  int rounds = 5;
+  std::int64_t prefetch = 2;
+  std::string only;  // "plain" or "hpctrial": run one side once (for instruction counting)
+};
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(std::int64_t in, std::int64_t hidden, std::int64_t out)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::log_softmax(fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x))))), 1);
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Net);
+
+struct Data {
+  torch::Tensor x, y;
+};
+
+Data make_data(const Setup& s) {
+  torch::manual_seed(0);
+  return {torch::randn({s.samples, s.features}), torch::randint(0, s.classes, {s.samples})};
+}
+
+// The plain loop a LibTorch user writes: shuffle each epoch, slice, step.
+double plain_steps_per_second(const Setup& s, const Data& data) {
+  torch::manual_seed(1);
+  Net net(s.features, s.hidden, s.classes);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::Tensor order;
+  torch::Tensor running = torch::zeros({});
+  Clock::time_point start;
+  for (std::int64_t step = 0; step < s.steps; ++step) {
+    if (step == s.warmup) start = Clock::now();
+    const std::int64_t offset = (step * s.batch) % s.samples;
+    if (offset == 0 || !order.defined()) order = torch::randperm(s.samples);
+    const auto index = order.slice(0, offset, std::min(offset + s.batch, s.samples));
+    const auto x = data.x.index_select(0, index);
+    const auto y = data.y.index_select(0, index);
+    auto loss = torch::nll_loss(net->forward(x), y);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    running += loss.detach();
+    if ((step + 1) % 100 == 0) {
+      volatile double reported = running.item<double>() / 100;  // what the user would print
+      (void)reported;
+      running.zero_();
+    }
+  }
+  return static_cast<double>(s.steps - s.warmup) / std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class BenchTrial : public hpctrial::Trial {
+ public:
+  BenchTrial(hpctrial::TrialContext& context, const Setup& s, const Data& data, double* rate)
+      : context_(context), setup_(s), rate_(rate) {
+    dataset_ = std::make_shared<hpctrial::TensorDataset>(data.x, data.y);
+    torch::manual_seed(1);
+    net_ = context.wrap_model(Net(s.features, s.hidden, s.classes));
+    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
+        net_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
+  }
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    if (batch_idx == setup_.warmup) start_ = Clock::now();
+    auto loss = torch::nll_loss(net_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    if (batch_idx == setup_.steps - 1) {
+      *rate_ = static_cast<double>(setup_.steps - 1 - setup_.warmup) /
+               std::chrono::duration<double>(Clock::now() - start_).count();
+    }
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::nll_loss(net_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override {
+    auto small = std::make_shared<hpctrial::TensorDataset>(
+        dataset_->get_batch({0, 1, 2, 3}).data, dataset_->get_batch({0, 1, 2, 3}).target);
+    return {small, context_.per_slot_batch_size(), false};
+  }
+
+ private:
+  hpctrial::TrialContext& context_;
+  Setup setup_;
+  double* rate_;
+  std::shared_ptr<hpctrial::TensorDataset> dataset_;
+  Net net_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+  Clock::time_point start_;
+};
+
+double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& trial_dir) {
+  hpctrial::core::Diagnostics d;
+  const std::string yaml = "name: harness-overhead\nentrypoint: ./bench\nsearcher: {name: single, metric: "
+                           "validation_loss, max_length: {batches: " + std::to_string(s.steps) +
+                           "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n";
+  const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
+  d.throw_if_any();
+  hpctrial::mpi_launcher::LocalCommunicator comm;
+  hpctrial::trainer::LoopOptions options;
+  options.trial_dir = trial_dir;
+  options.experiment_seed = 1;
+  options.progress_interval_s = 0;
+  options.prefetch_depth = static_cast<std::size_t>(s.prefetch);
+  double rate = 0;
+  hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BenchTrial>(context, s, data, &rate));
+  }, comm, options);
+  return rate;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Setup s;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--only") {
+      s.only = argv[i + 1];
+      continue;
+    }
+    const std::int64_t value = std::stoll(argv[i + 1]);
+    if (flag == "--steps") s.steps = value;
+    else if (flag == "--warmup") s.warmup = value;
+    else if (flag == "--rounds") s.rounds = static_cast<int>(value);
+    else if (flag == "--hidden") s.hidden = value;
+    else if (flag == "--prefetch") s.prefetch = value;
+    else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--only plain|hpctrial]\n", argv[0]);
+      return 2;
+    }
+  }
+  hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  const Data data = make_data(s);
+  char dir_template[] = "/tmp/hpctrial-bench-XXXXXX";
+  const std::string trial_dir = mkdtemp(dir_template);
+
+  if (!s.only.empty()) {
+    const double rate = s.only == "plain" ? plain_steps_per_second(s, data)
+                                          : hpctrial_steps_per_second(s, data, trial_dir);
+    std::printf("%s: %.1f steps/s\n", s.only.c_str(), rate);
+    std::error_code ignored;
+    std::filesystem::remove_all(trial_dir, ignored);
+    return 0;
+  }
+  std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
+              "%d alternating rounds, %d intra-op threads\n",
+              static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
+              static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
+              static_cast<long>(s.steps - s.warmup), s.rounds, torch::get_num_threads());
+  std::vector<double> plain, harness, ratios;
+  for (int round = 0; round < s.rounds; ++round) {
+    // Alternate which side goes first, so neither always inherits the other's state.
+    double p = 0, h = 0;
+    if (round % 2 == 0) {
+      p = plain_steps_per_second(s, data);
+      h = hpctrial_steps_per_second(s, data, trial_dir);
+    } else {
+      h = hpctrial_steps_per_second(s, data, trial_dir);
+      p = plain_steps_per_second(s, data);
+    }
+    plain.push_back(p);
+    harness.push_back(h);
+    ratios.push_back(h / p);
+    std::printf("  round %d: plain %8.1f steps/s   hpctrial %8.1f steps/s   ratio %.4f\n", round + 1, p, h, h / p);
+  }
+  std::printf("median: plain %.1f steps/s, hpctrial %.1f steps/s, ratio %.4f (median of per-round ratios; goal >= 0.99)\n",
+              median(plain), median(harness), median(ratios));
+  std::error_code ignored;
+  std::filesystem::remove_all(trial_dir, ignored);
+  return 0;
+}

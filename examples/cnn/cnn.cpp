@@ -1,0 +1,3 @@
+#include "cnn_trial.h"
+
+HPCTRIAL_MAIN(cnn_example::CnnTrial)
