@@ -144,6 +144,45 @@ TEST_F(MlpExample, AWrongDataPathIsAClearErrorFromTheProgram) {
   EXPECT_THAT(r.err, HasSubstr("data file /nonexistent/train.h5 cannot be opened as HDF5"));
 }
 
+core::RunResult run_worker(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {HPCTRIAL_WORKER};
+  argv.insert(argv.end(), args.begin(), args.end());
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.working_dir = HPCTRIAL_MLP_LIBRARY_DIR;  // where libmlp_trial.so is
+  return core::run_process(argv, options);
+}
+
+TEST_F(MlpExample, TheWorkerRunsTheTrialFromItsLibrary) {
+  const std::string trial_dir = (dir_.path() / "library").string();
+  const auto r = run_worker({"--config", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment-library.yaml", "--set",
+                             "data.train=" + train_, "--set", "data.validation=" + validation_, "--trial-dir",
+                             trial_dir, "--progress-seconds", "0"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  const auto v = validations(trial_dir + "/metrics.jsonl");
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v.back()["batches"], 200);
+  EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), kAccuracyThreshold);
+}
+
+TEST_F(MlpExample, TheWorkerExplainsWhatItCannotRun) {
+  const std::string config = HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment-library.yaml";
+  const std::string dir = (dir_.path() / "bad").string();
+  const auto unknown = run_worker({"--config", config, "--set", "entrypoint=./libmlp_trial.so:Nope", "--trial-dir", dir});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("libmlp_trial.so has no trial 'Nope' (it has: mlp_example::MlpTrial)"));
+  const auto missing = run_worker({"--config", config, "--set", "entrypoint=./libnothere.so:T", "--trial-dir", dir});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("cannot load the trial library "));
+  EXPECT_THAT(missing.err, HasSubstr("libnothere.so: cannot open shared object file"));
+  const auto program = run_worker({"--config", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment.yaml", "--trial-dir", dir});
+  EXPECT_EQ(program.exit_code, 2);
+  EXPECT_THAT(program.err, HasSubstr("entrypoint: './mlp' is a program; run it directly"));
+  const auto plain = run_worker({"--config", config, "--set", "entrypoint=" HPCTRIAL_PLAIN_LIBRARY ":T", "--trial-dir", dir});
+  EXPECT_EQ(plain.exit_code, 2);
+  EXPECT_THAT(plain.err, HasSubstr("exports no trials; add HPCTRIAL_EXPORT_TRIAL(T) to its source"));
+}
+
 TEST(CnnExample, TheProgramLearnsOnTwoRanks) {
   TempDir dir;
   cnn_example::ImageSpec spec;

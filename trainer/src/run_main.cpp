@@ -19,6 +19,7 @@
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/mpi_launcher/mpi_environment.h"
 #include "hpctrial/trainer/main.h"
+#include "hpctrial/trainer/trial_library.h"
 
 namespace po = boost::program_options;
 
@@ -122,9 +123,12 @@ void use_slot_cores(int cpus_per_slot, const core::EnvSource& env) {
   core::log_debug("computing with {} thread(s) per rank (resources.cpus_per_slot)", cpus_per_slot);
 }
 
-}  // namespace
 
-int run_main(int argc, char** argv, const TrialFactory& factory) {
+// The factory, chosen once the config is known (HPCTRIAL_MAIN: fixed; the worker: from the
+// config's entrypoint).
+using FactoryResolver = std::function<TrialFactory(const core::ExperimentConfig&)>;
+
+int run(int argc, char** argv, const FactoryResolver& resolve) {
   core::ProcessEnv env;
   core::init_logging(env);
   std::unique_ptr<mpi_launcher::MpiEnvironment> mpi;
@@ -173,6 +177,7 @@ int run_main(int argc, char** argv, const TrialFactory& factory) {
                               core::to_yaml(config));
     }
 
+    const TrialFactory factory = resolve(config);
     const LoopResult result = run_training(config, factory, *comm, options);
     if (result.stopped_early) {
       return fail(kExitFailure,
@@ -191,6 +196,23 @@ int run_main(int argc, char** argv, const TrialFactory& factory) {
   } catch (const std::exception& e) {
     return fail(kExitFailure, e.what());
   }
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv, const TrialFactory& factory) {
+  return run(argc, argv, [&](const core::ExperimentConfig&) { return factory; });
+}
+
+int run_worker(int argc, char** argv) {
+  return run(argc, argv, [](const core::ExperimentConfig& config) -> TrialFactory {
+    if (config.entrypoint.kind != core::Entrypoint::Kind::kLibrary) {
+      throw ConfigError("entrypoint: '" + config.entrypoint.argv.front() +
+                        "' is a program; run it directly. hpctrial-worker runs trials from "
+                        "libraries: entrypoint: ./libmodel.so:MyTrial");
+    }
+    return load_trial_library(config.entrypoint.library, config.entrypoint.trial_class);
+  });
 }
 
 }  // namespace hpctrial::trainer
