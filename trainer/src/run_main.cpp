@@ -20,24 +20,12 @@
 #include "hpctrial/mpi_launcher/mpi_environment.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
+#include "stop_signals.h"
 
 namespace po = boost::program_options;
 
 namespace hpctrial::trainer {
 namespace {
-
-std::atomic<bool> g_stop_requested{false};
-
-// Signal handlers only set a flag: no I/O, no allocation.
-extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
-
-void install_stop_handlers() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int signal : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT}) sigaction(signal, &action, nullptr);
-}
 
 constexpr int kExitFinished = 0;
 constexpr int kExitFailure = 1;
@@ -151,7 +139,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
   try {
     const Arguments args = parse_arguments(argc, argv, env);
     if (args.help) return kExitFinished;
-    install_stop_handlers();
+    detail::install_stop_handlers();
     core::ExperimentConfig config = core::load_experiment_config(args.sources);
     use_slot_cores(config.resources.cpus_per_slot, env);
 
@@ -170,7 +158,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.experiment_seed = *config.reproducibility.experiment_seed;
     options.distributed = {mpi->rank(), mpi->size(), mpi->local_rank(), mpi->local_size(), mpi->node_count()};
     options.progress_interval_s = args.progress_seconds;
-    options.external_stop = &g_stop_requested;
+    options.external_stop = &detail::stop_signal_received();
     if (chief) {
       std::filesystem::create_directories(options.trial_dir);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),

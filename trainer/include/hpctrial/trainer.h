@@ -3,6 +3,7 @@
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/trainer/callback.h"
+#include "hpctrial/trainer/core_context.h"
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
@@ -12,6 +13,7 @@
 namespace hpctrial {
 using trainer::Batch;
 using trainer::Callback;
+using trainer::CoreContext;
 using trainer::DataLoader;
 using trainer::Dataset;
 using trainer::Hdf5Dataset;

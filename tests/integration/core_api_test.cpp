@@ -1,0 +1,103 @@
+// The core API in a program that is not a trial: ranks stop together, whether one of them asks
+// or a signal arrives, and the chief's metrics land in metrics.jsonl.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "../support/temp_dir.h"
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial {
+namespace {
+
+using testing::HasSubstr;
+using testing_support::TempDir;
+
+core::RunResult run_program(const std::vector<std::string>& launcher, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = launcher;
+  argv.push_back(HPCTRIAL_CORE_API_PROGRAM);
+  argv.insert(argv.end(), args.begin(), args.end());
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  return core::run_process(argv, options);
+}
+
+// The step at which each rank said it stopped.
+std::set<long> stop_steps(const std::string& out, int ranks) {
+  std::set<long> steps;
+  const std::regex line("rank ([0-9]+) stopped at step ([0-9]+)");
+  int seen = 0;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it, ++seen) {
+    steps.insert(std::stol((*it)[2]));
+  }
+  EXPECT_EQ(seen, ranks) << out;
+  return steps;
+}
+
+std::vector<nlohmann::json> lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(CoreApi, AStopRequestedOnOneRankStopsEveryRankAtTheSameStep) {
+  TempDir dir;
+  const std::string trial_dir = (dir.path() / "run").string();
+  const auto r = run_program({HPCTRIAL_MPIRUN, "-np", "2"}, {"--trial-dir", trial_dir, "request", "100"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_EQ(stop_steps(r.out, 2), std::set<long>{5});
+  const auto metrics = lines(trial_dir + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);  // training at 2 and 4, validation at 5, the chief's only
+  EXPECT_EQ(metrics[0]["kind"], "training");
+  EXPECT_EQ(metrics[0]["batches"], 2);
+  EXPECT_EQ(metrics[0]["metrics"]["rank"], 0);
+  EXPECT_EQ(metrics[2]["kind"], "validation");
+  EXPECT_EQ(metrics[2]["metrics"]["steps"], 5);
+}
+
+TEST(CoreApi, ASignalOnOneRankStopsEveryRank) {
+  TempDir dir;
+  const auto r = run_program({HPCTRIAL_MPIRUN, "-np", "2"},
+                             {"--trial-dir", (dir.path() / "run").string(), "signal", "100"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_EQ(stop_steps(r.out, 2), std::set<long>{3});
+}
+
+TEST(CoreApi, SigusrToMpirunStopsEveryRankTogether) {
+  TempDir dir;
+  // timeout sends SIGUSR2 to mpirun after 2 s; mpirun forwards it to the ranks.
+  const auto r = run_program({"timeout", "--preserve-status", "-s", "USR2", "2", HPCTRIAL_MPIRUN, "-np", "2"},
+                             {"--trial-dir", (dir.path() / "run").string(), "wait", "3000"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  const auto steps = stop_steps(r.out, 2);
+  ASSERT_EQ(steps.size(), 1u) << "the ranks stopped at different steps";
+  EXPECT_LT(*steps.begin(), 3000);
+  EXPECT_LT(r.elapsed, std::chrono::seconds(30));
+}
+
+TEST(CoreApi, TheConfigIsReadAndHpctrialOptionsAreTakenOutOfArgv) {
+  TempDir dir;
+  const std::string config = dir.write("exp.yaml",
+      "name: core-program\nentrypoint: ./core_api_program\nsearcher: {name: single, metric: loss, "
+      "max_length: {batches: 10}}\nhyperparameters: {global_batch_size: 4}\n");
+  const std::string trial_dir = (dir.path() / "run").string();
+  const auto r = run_program({}, {"--config", config, "--trial-dir=" + trial_dir, "request", "7"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 0 stopped at step 5"));
+  std::ifstream effective(trial_dir + "/effective-config.yaml");
+  std::stringstream text;
+  text << effective.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("name: \"core-program\""));
+  const auto bad = run_program({}, {"--config", (dir.path() / "missing.yaml").string(), "request", "7"});
+  EXPECT_NE(bad.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace hpctrial

@@ -1,0 +1,84 @@
+// For programs that are not trials (Determined's Core API): any MPI program can learn its place
+// in the job, report metrics where hpctrial reports them, and stop together on a request.
+//
+//   int main(int argc, char** argv) {
+//     hpctrial::CoreContext context(argc, argv);  // MPI, --config, --trial-dir, signals
+//     for (std::int64_t step = 1; step <= steps; ++step) {
+//       double loss = train_one_step();
+//       if (step % 100 == 0) context.report_training_metrics(step, {{"loss", loss}});
+//       if (context.should_stop()) break;         // the same answer on every rank
+//     }
+//   }
+//
+// Construct one CoreContext per process, first thing in main(): it initializes MPI. Collective
+// calls (should_stop) must be made by every rank at the same points. Not thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/trial_context.h"
+
+namespace hpctrial::mpi_launcher {
+class Communicator;
+class MpiEnvironment;
+}  // namespace hpctrial::mpi_launcher
+
+namespace hpctrial::trainer {
+
+namespace detail {
+class MetricsLog;
+}
+
+class CoreContext {
+ public:
+  // Reads --config FILE (or $HPCTRIAL_CONFIG; optional), --set KEY=VALUE, --trial-dir DIR (or
+  // $HPCTRIAL_TRIAL_DIR; default runs/<name> or runs/core), and removes them from argv so the
+  // program sees only its own arguments. Throws ConfigError for a bad config or option.
+  CoreContext(int& argc, char**& argv);
+  ~CoreContext();
+  CoreContext(const CoreContext&) = delete;
+  CoreContext& operator=(const CoreContext&) = delete;
+
+  const DistributedContext& distributed() const { return distributed_; }
+  mpi_launcher::Communicator& communicator() const { return *communicator_; }
+  // The experiment config, when one was given.
+  const core::ExperimentConfig* config() const { return config_ ? &*config_ : nullptr; }
+  // Constant hyperparameters and the data: section (empty without a config).
+  const nlohmann::json& hparams() const { return hparams_; }
+  const nlohmann::json& data_config() const { return data_config_; }
+  const std::string& trial_dir() const { return trial_dir_; }
+
+  // Writes one line to <trial dir>/metrics.jsonl. Only the chief's call writes (reduce across
+  // ranks first if the values differ); other ranks' calls do nothing.
+  void report_training_metrics(std::int64_t batches, const MetricValues& metrics);
+  void report_validation_metrics(std::int64_t batches, const MetricValues& metrics);
+
+  // Asks every rank to stop at the next should_stop().
+  void request_stop() { stop_requested_ = true; }
+  // Collective: true on every rank when any rank asked to stop or received SIGUSR1, SIGUSR2,
+  // SIGTERM or SIGINT.
+  bool should_stop();
+
+  // Logs the message with rank and host and ends every rank of the job with `code`.
+  [[noreturn]] void abort(int code, const std::string& message) const;
+
+ private:
+  std::unique_ptr<mpi_launcher::MpiEnvironment> mpi_;
+  std::unique_ptr<mpi_launcher::Communicator> communicator_;
+  DistributedContext distributed_;
+  std::optional<core::ExperimentConfig> config_;
+  nlohmann::json hparams_ = nlohmann::json::object();
+  nlohmann::json data_config_ = nlohmann::json::object();
+  std::string trial_dir_;
+  std::unique_ptr<detail::MetricsLog> log_;
+  bool stop_requested_ = false;
+};
+
+}  // namespace hpctrial::trainer
