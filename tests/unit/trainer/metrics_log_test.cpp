@@ -1,0 +1,150 @@
+// The trainer's internals that users see: metrics.jsonl lines, progress lines, phase timings,
+// and the prefetcher's order and errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "../../../trainer/src/metrics_log.h"
+#include "../../../trainer/src/prefetcher.h"
+#include "../../support/temp_dir.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using testing::HasSubstr;
+using testing::MatchesRegex;
+using testing_support::TempDir;
+
+TEST(MetricsLog, OnePrivateJsonObjectPerLine) {
+  TempDir dir;
+  const std::string path = (dir.path() / "metrics.jsonl").string();
+  {
+    MetricsLog log(path);
+    log.write("training", 100, 1, 6400, {{"loss", 0.25}});
+    log.write("validation", 100, 1, 6400, {{"accuracy", 0.9}, {"bad", std::nan("")}});
+    log.write("timings", 100, 1, 6400, {}, {{"timings", {{"train_batch", {{"total_s", 1.5}}}}}});
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["kind"], "training");
+  EXPECT_EQ(lines[0]["batches"], 100);
+  EXPECT_EQ(lines[0]["epoch"], 1);
+  EXPECT_EQ(lines[0]["records"], 6400);
+  EXPECT_EQ(lines[0]["metrics"]["loss"], 0.25);
+  EXPECT_THAT(lines[0]["time"].get<std::string>(), MatchesRegex("[0-9-]+T[0-9:.]+Z"));
+  EXPECT_EQ(lines[1]["metrics"]["bad"], "NaN");
+  EXPECT_EQ(lines[2]["timings"]["train_batch"]["total_s"], 1.5);
+  struct stat info {};
+  ASSERT_EQ(::stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  // Appending continues the file.
+  MetricsLog(path).write("training", 200, 2, 12800, {});
+  std::ifstream again(path);
+  int count = 0;
+  while (std::getline(again, line)) ++count;
+  EXPECT_EQ(count, 4);
+}
+
+TEST(MetricsLog, AnUnwritableDirectoryNamesThePath) {
+  try {
+    MetricsLog log("/nonexistent/dir/metrics.jsonl");
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot open the metrics file /nonexistent/dir/metrics.jsonl: No such file"));
+  }
+}
+
+TEST(PhaseTimings, TotalsMeansAndCountsInOrder) {
+  PhaseTimings timings;
+  timings.add("dataloader_next", std::chrono::milliseconds(2));
+  timings.add("train_batch", std::chrono::milliseconds(10));
+  timings.add("dataloader_next", std::chrono::milliseconds(4));
+  const auto summary = timings.summary();
+  EXPECT_NEAR(summary["dataloader_next"]["total_s"].get<double>(), 0.006, 1e-9);
+  EXPECT_NEAR(summary["dataloader_next"]["mean_ms"].get<double>(), 3.0, 1e-9);
+  EXPECT_EQ(summary["dataloader_next"]["count"], 2);
+  const std::string table = timings.table();
+  EXPECT_LT(table.find("dataloader_next"), table.find("train_batch"));
+  { PhaseTimings::Scope scope(timings, "validation"); }
+  EXPECT_EQ(timings.summary()["validation"]["count"], 1);
+}
+
+TEST(Progress, PlainLinesWhenNotATerminal) {
+  // The test's stderr is captured, not a terminal: one line per report, no carriage return.
+  testing::internal::CaptureStderr();
+  Progress progress(400, 64, /*interval_s=*/0, /*enabled=*/true);
+  progress.update(100, 0, 0.5, true);
+  progress.update(200, 1, std::nan(""), true);
+  progress.finish();
+  const std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  EXPECT_THAT(out, HasSubstr("batch 100/400 (25%) | epoch 0 | "));
+  EXPECT_THAT(out, HasSubstr(" samples/s | loss 0.5000 | ETA "));
+  EXPECT_THAT(out, HasSubstr("batch 200/400 (50%) | epoch 1 | "));
+  EXPECT_THAT(out, HasSubstr("loss - |"));
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2);
+}
+
+TEST(Progress, RateLimitedAndSilentWhenDisabled) {
+  testing::internal::CaptureStderr();
+  Progress limited(10, 1, /*interval_s=*/3600, true);
+  Progress silent(10, 1, 0, /*enabled=*/false);
+  limited.update(1, 0, 1.0);
+  limited.update(2, 0, 1.0);
+  silent.update(1, 0, 1.0, true);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+class CountingDataset : public Dataset {
+ public:
+  std::uint64_t size() const override { return 1000; }
+  Batch get_batch(const std::vector<std::int64_t>& indices) override {
+    if (indices.front() == fail_at) throw IoError("the disk went away at " + std::to_string(fail_at));
+    return {torch::tensor(indices), torch::tensor(indices)};
+  }
+  std::int64_t fail_at = -1;
+};
+
+TEST(Prefetcher, DeliversBatchesInOrderAtAnyDepth) {
+  for (std::size_t depth : {0, 1, 4}) {
+    CountingDataset dataset;
+    std::int64_t next = 0;
+    Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, depth);
+    for (std::int64_t i = 0; i < 50; ++i) {
+      ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i) << "depth " << depth;
+    }
+  }
+}
+
+TEST(Prefetcher, AReadErrorReachesTheTrainingThread) {
+  CountingDataset dataset;
+  dataset.fail_at = 3;
+  std::int64_t next = 0;
+  Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, 2);
+  for (int i = 0; i < 3; ++i) prefetcher.next();
+  try {
+    prefetcher.next();
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the disk went away at 3"));
+  }
+}
+
+TEST(Prefetcher, StopsCleanlyWithBatchesStillQueued) {
+  CountingDataset dataset;
+  std::int64_t next = 0;
+  { Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, 8); }
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer::detail
