@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
+#include <set>
 
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
@@ -142,6 +144,32 @@ TEST_F(MlpExample, AWrongDataPathIsAClearErrorFromTheProgram) {
                                    options);
   EXPECT_EQ(r.exit_code, 2) << r.describe();
   EXPECT_THAT(r.err, HasSubstr("data file /nonexistent/train.h5 cannot be opened as HDF5"));
+}
+
+TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
+  std::vector<std::string> argv = {"timeout", "--preserve-status", "-s", "USR2", "3", HPCTRIAL_MPIRUN, "-np", "2",
+                                   HPCTRIAL_MLP, "--config", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment.yaml",
+                                   "--trial-dir", (dir_.path() / "stopped").string(), "--progress-seconds", "0",
+                                   "--set", "searcher.max_length.batches=10000000"};
+  for (const auto& s : sources(2).overrides) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const auto r = core::run_process(argv, options);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.err;
+  const std::regex stopped(R"(\[rank ([01])\] stop requested: stopping after batch ([0-9]+) of 10000000)");
+  std::set<std::string> batches;
+  int ranks = 0;
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), stopped), end; it != end; ++it, ++ranks) {
+    batches.insert((*it)[2]);
+  }
+  EXPECT_EQ(ranks, 2) << r.err;
+  EXPECT_EQ(batches.size(), 1u) << "the ranks stopped after different batches:\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("this build writes no checkpoints, so the trial cannot resume from here"));
 }
 
 core::RunResult run_worker(const std::vector<std::string>& args) {
