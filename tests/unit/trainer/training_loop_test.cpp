@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <thread>
 
 #include "../../support/temp_dir.h"
 #include "test_trial.h"
@@ -54,6 +55,23 @@ TEST(TrainingLoop, CallbacksSeeEveryPhaseInOrder) {
                                   "validation_end 1", "epoch_start 1", "epoch_end 1", "validation_start",
                                   "validation_end 1", "epoch_start 2", "validation_start",
                                   "validation_end 1", "shutdown"));
+}
+
+TEST(TrainingLoop, ValidatesByTimeWhenThePeriodIsInSeconds) {
+  TempDir dir;
+  LinearTrial::Options options;
+  options.after_batch = [](LinearTrial&, std::int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  // 60 batches of >= 20 ms: at least 1.2 s, so a 1-second period validates once mid-run.
+  const auto result = run(base_yaml(60) + "min_validation_period: {seconds: 1}\n", options, dir.path().string());
+  std::vector<std::int64_t> at;
+  for (const auto& line : metric_lines(result.result.metrics_path)) {
+    if (line["kind"] == "validation") at.push_back(line["batches"]);
+  }
+  ASSERT_GE(at.size(), 2u);
+  // Batches take at least 20 ms, so a second has passed by batch 50 at the latest, however
+  // loaded the machine is.
+  EXPECT_LE(at.front(), 50);
+  EXPECT_EQ(at.back(), 60);  // and at the end
 }
 
 TEST(TrainingLoop, CallbackStateRoundTrips) {
