@@ -236,7 +236,9 @@ void Loop::report_training() {
   MetricValues values;
   std::vector<double> means;
   for (auto& [name, list] : period_values_) {
-    for (auto& v : list) v = v.to(torch::kCPU, torch::kFloat64);
+    // Summed where the values live: one device-to-host copy per metric and period.
+    const torch::Device device = list.front().device();
+    for (auto& v : list) v = v.to(device, torch::kFloat64);
     means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
   }
   if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
