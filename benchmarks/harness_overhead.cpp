@@ -7,10 +7,14 @@
 // The figure of merit is hpctrial's steps/s divided by the plain loop's (goal: >= 0.99).
 //
 //   harness_overhead [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N]
-//                    [--only plain|hpctrial]
+//                    [--blas-threads N] [--only plain|hpctrial]
+//
+// Both sides compute with --blas-threads OpenBLAS threads (default 1, what an hpctrial rank
+// with resources.cpus_per_slot: 1 uses).
 //
 // --only runs one side once and prints its rate: for counting instructions with
 // `valgrind --tool=callgrind`, which is deterministic where wall time on a shared machine is not.
+#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -42,6 +46,7 @@ struct Setup {
   std::int64_t warmup = 300;
   int rounds = 5;
   std::int64_t prefetch = 2;
+  std::int64_t blas_threads = 1;  // hpctrial's default per rank (resources.cpus_per_slot: 1)
   std::string only;  // "plain" or "hpctrial": run one side once (for instruction counting)
 };
 
@@ -177,12 +182,17 @@ int main(int argc, char** argv) {
     else if (flag == "--rounds") s.rounds = static_cast<int>(value);
     else if (flag == "--hidden") s.hidden = value;
     else if (flag == "--prefetch") s.prefetch = value;
+    else if (flag == "--blas-threads") s.blas_threads = value;
     else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--only plain|hpctrial]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
       return 2;
     }
   }
   hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(static_cast<int>(s.blas_threads));
+  }
   const Data data = make_data(s);
   char dir_template[] = "/tmp/hpctrial-bench-XXXXXX";
   const std::string trial_dir = mkdtemp(dir_template);
@@ -196,10 +206,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
-              "%d alternating rounds, %d intra-op threads\n",
+              "%d alternating rounds, %ld BLAS thread(s), prefetch depth %ld\n",
               static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
               static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
-              static_cast<long>(s.steps - s.warmup), s.rounds, torch::get_num_threads());
+              static_cast<long>(s.steps - s.warmup), s.rounds, static_cast<long>(s.blas_threads),
+              static_cast<long>(s.prefetch));
   std::vector<double> plain, harness, ratios;
   for (int round = 0; round < s.rounds; ++round) {
     // Alternate which side goes first, so neither always inherits the other's state.
