@@ -1,5 +1,11 @@
 #include "prefetcher.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+
 namespace hpctrial::trainer::detail {
 
 Prefetcher::Prefetcher(Dataset& dataset, NextIndices next_indices, std::size_t depth)
@@ -17,6 +23,13 @@ Prefetcher::~Prefetcher() {
 }
 
 void Prefetcher::run() {
+  // A new thread starts with OpenMP's default team size; take LibTorch's setting instead, as
+  // LibTorch's own threads do, or reading a batch may start a second team of spinning threads.
+  at::init_num_threads();
+  // Reading ahead must not preempt the training threads much: a compute step split over all
+  // cores waits for its slowest thread. At nice 19 the reader takes a small share of a busy
+  // core, yet still issues its reads early enough to overlap I/O with training. Best effort.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
