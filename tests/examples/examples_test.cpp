@@ -172,6 +172,21 @@ TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
   EXPECT_THAT(r.err, HasSubstr("this build writes no checkpoints, so the trial cannot resume from here"));
 }
 
+TEST(TrialProgram, CommandLineHelpAndMistakes) {
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const auto help = core::run_process({HPCTRIAL_MLP, "--help"}, options);
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_THAT(help.out, HasSubstr("--config EXP.yaml"));
+  EXPECT_THAT(help.out, HasSubstr("--trial-dir"));
+  const auto unknown = core::run_process({HPCTRIAL_MLP, "--frobnicate"}, options);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("unrecognised option '--frobnicate' (see --help)"));
+  const auto no_config = core::run_process({HPCTRIAL_MLP}, options);
+  EXPECT_EQ(no_config.exit_code, 2);
+  EXPECT_THAT(no_config.err, HasSubstr("no experiment config: give --config EXP.yaml"));
+}
+
 core::RunResult run_worker(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {HPCTRIAL_WORKER};
   argv.insert(argv.end(), args.begin(), args.end());
