@@ -31,6 +31,17 @@ class Fd {
 
 }  // namespace
 
+void write_fully(int fd, std::string_view data, const std::string& what) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot write " + what, errno);
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
 void write_file_atomic(const std::string& path, std::string_view content, mode_t mode) {
   const std::filesystem::path target(path);
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
@@ -48,17 +59,7 @@ void write_file_atomic(const std::string& path, std::string_view content, mode_t
   } cleanup{temp, published};
 
   if (::fchmod(fd.get(), mode) != 0) throw_errno("cannot set the mode of " + temp, errno);
-  const char* data = content.data();
-  std::size_t left = content.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd.get(), data, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("cannot write " + temp, errno);
-    }
-    data += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  write_fully(fd.get(), content, temp);
   if (::fsync(fd.get()) != 0) throw_errno("cannot flush " + temp + " to disk", errno);
   if (::close(fd.release()) != 0) throw_errno("cannot close " + temp, errno);
   if (::rename(temp.c_str(), path.c_str()) != 0) {

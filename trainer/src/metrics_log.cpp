@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -53,18 +54,7 @@ void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64
   if (!extra.is_null()) {
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
   }
-  const std::string text = line.dump() + "\n";
-  const char* data = text.data();
-  std::size_t left = text.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, data, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      core::throw_errno("cannot write to the metrics file " + path_, errno);
-    }
-    data += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  core::write_fully(fd_, line.dump() + "\n", "to the metrics file " + path_);
 }
 
 void MetricsLog::sync() {

@@ -16,4 +16,8 @@ namespace hpctrial::core {
 
 void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600);
 
+// Writes all of `data` to `fd`, retrying short writes and EINTR; IoError("cannot write
+// <what>: <reason>") otherwise.
+void write_fully(int fd, std::string_view data, const std::string& what);
+
 }  // namespace hpctrial::core
