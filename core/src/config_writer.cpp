@@ -137,7 +137,9 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "aggregation_frequency" << YAML::Value << o.aggregation_frequency;
   out << YAML::Key << "average_training_metrics" << YAML::Value << o.average_training_metrics;
   out << YAML::Key << "bucket_cap_mb" << YAML::Value << number(o.bucket_cap_mb);
-  out << YAML::Key << "gradient_compression" << YAML::Value << o.gradient_compression;
+  out << YAML::Key << "gradient_compression" << YAML::Value << std::string(to_string(o.gradient_compression));
+  out << YAML::Key << "collective_timeout" << YAML::Value << YAML::DoubleQuoted
+      << format_duration(o.collective_timeout_seconds);
   out << YAML::EndMap;
 
   out << YAML::Key << "reproducibility" << YAML::Value;

@@ -40,6 +40,7 @@ constexpr double kMaxBucketCapMb = 65536;
 constexpr std::int64_t kMaxTimeLimit = 366LL * 86400;
 // Slurm's --signal=SIG@TIME takes at most 65535 seconds.
 constexpr std::int64_t kMaxGrace = 65535;
+constexpr std::int64_t kMaxCollectiveTimeout = 7LL * 86400;
 constexpr std::size_t kMaxNameLength = 128;
 
 bool full_match(const std::string& text, const char* pattern) {
@@ -69,6 +70,9 @@ constexpr Choice<SchedulerConfig::Type> kSchedulerTypes[] = {
     {"local", SchedulerConfig::Type::kLocal},
     {"slurm", SchedulerConfig::Type::kSlurm},
     {"pbs", SchedulerConfig::Type::kPbs}};
+constexpr Choice<GradientCompression> kCompressions[] = {{"none", GradientCompression::kNone},
+                                                        {"fp16", GradientCompression::kFloat16},
+                                                        {"bf16", GradientCompression::kBFloat16}};
 enum class StorageType { kSharedFs };
 constexpr Choice<StorageType> kStorageTypes[] = {{"shared_fs", StorageType::kSharedFs}};
 
@@ -474,7 +478,18 @@ void read_optimizations(MapReader& r, Optimizations& o) {
     if (auto v = read_double(*n, r.path("bucket_cap_mb"), d, 0, kMaxBucketCapMb, true)) o.bucket_cap_mb = *v;
   }
   if (const ConfigNode* n = r.get("gradient_compression")) {
-    if (auto v = read_bool(*n, r.path("gradient_compression"), d)) o.gradient_compression = *v;
+    // Determined's boolean form is kept: true is fp16.
+    if (n->is_scalar() && !n->quoted() && (n->text() == "true" || n->text() == "false")) {
+      o.gradient_compression = n->text() == "true" ? GradientCompression::kFloat16 : GradientCompression::kNone;
+    } else if (auto v = read_choice(*n, r.path("gradient_compression"), d, "gradient compression",
+                                    kCompressions)) {
+      o.gradient_compression = *v;
+    }
+  }
+  if (const ConfigNode* n = r.get("collective_timeout")) {
+    if (auto v = read_duration(*n, r.path("collective_timeout"), d, 1, kMaxCollectiveTimeout)) {
+      o.collective_timeout_seconds = *v;
+    }
   }
   r.finish();
 }
@@ -617,15 +632,12 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
       const std::string& text = hp.value.text();
       const auto value = hp.value.is_scalar() && !hp.value.quoted() ? detail::parse_int(text)
                                                                      : std::nullopt;
-      const int slots = config.resources.slots_per_trial;
-      if (!value || *value < 1) {
-        report(hp.value, path, d, "must be a positive integer, got " + describe(hp.value));
-      } else if (*value % slots != 0) {
-        const std::int64_t lower = *value / slots * slots;
+      // Not a multiple of the slots: each slot trains global // slots records a batch, and the
+      // trial says so once when it starts (as Determined does).
+      if (!value || *value < config.resources.slots_per_trial) {
         report(hp.value, path, d,
-               "(" + std::to_string(*value) + ") must be a multiple of resources.slots_per_trial (" +
-                   std::to_string(slots) + ") so every rank trains on the same batch size; use " +
-                   (lower > 0 ? std::to_string(lower) + " or " : "") + std::to_string(lower + slots));
+               "must be an integer of at least resources.slots_per_trial (" +
+                   std::to_string(config.resources.slots_per_trial) + "), got " + describe(hp.value));
       }
     }
   }
@@ -643,6 +655,7 @@ std::string_view to_string(Hyperparameter::Type type) {
 std::string_view to_string(Searcher::Name name) { return choice_name(kSearcherNames, name); }
 
 std::string_view to_string(SchedulerConfig::Type type) { return choice_name(kSchedulerTypes, type); }
+std::string_view to_string(GradientCompression compression) { return choice_name(kCompressions, compression); }
 
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
   ExperimentConfig config;

@@ -1,12 +1,23 @@
+// Every collective of MpiCommunicator on 2 and 4 ranks: each type and reduction, odd and empty
+// sizes, the async handles (several in flight, mixed with synchronous calls), and the same
+// calls on the world of one.
 #include "hpctrial/mpi_launcher/communicator.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <numeric>
+
+#include "../../mpi_launcher/src/float16.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/mpi_launcher/watchdog.h"
 #include "mpi_test_env.h"
 
 namespace hpctrial::mpi_launcher {
 namespace {
 
+using testing::HasSubstr;
 using testing_mpi::env;
 
 TEST(MpiCommunicator, AllreduceEveryTypeAndOp) {
@@ -23,6 +34,85 @@ TEST(MpiCommunicator, AllreduceEveryTypeAndOp) {
   std::vector<std::int64_t> i = {r + 10, (std::int64_t{1} << 40) + r};
   comm.allreduce(i.data(), i.size(), DType::kInt64, ReduceOp::kMin);
   EXPECT_EQ(i, (std::vector<std::int64_t>{10, std::int64_t{1} << 40}));
+
+  std::vector<std::int32_t> i32 = {r, -r};
+  comm.allreduce(i32.data(), i32.size(), DType::kInt32, ReduceOp::kSum);
+  EXPECT_EQ(i32, (std::vector<std::int32_t>{n * (n - 1) / 2, -n * (n - 1) / 2}));
+
+  std::vector<std::uint8_t> u = {static_cast<std::uint8_t>(r), 200};
+  comm.allreduce(u.data(), u.size(), DType::kUInt8, ReduceOp::kMax);
+  EXPECT_EQ(u, (std::vector<std::uint8_t>{static_cast<std::uint8_t>(n - 1), 200}));
+}
+
+TEST(MpiCommunicator, AverageDividesBySizeAndRefusesIntegers) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  std::vector<float> f = {static_cast<float>(2 * r), 3.0f};
+  comm.allreduce(f.data(), f.size(), DType::kFloat32, ReduceOp::kAvg);
+  EXPECT_FLOAT_EQ(f[0], static_cast<float>(n - 1));
+  EXPECT_FLOAT_EQ(f[1], 3.0f);
+  std::vector<double> d = {static_cast<double>(r)};
+  comm.allreduce(d, ReduceOp::kAvg);
+  EXPECT_DOUBLE_EQ(d[0], (n - 1) / 2.0);
+  std::int64_t i = 1;
+  try {
+    comm.allreduce(&i, 1, DType::kInt64, ReduceOp::kAvg);
+    ADD_FAILURE() << "an integer average was accepted";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("an average of int64 values is not defined"));
+  }
+}
+
+TEST(MpiCommunicator, SixteenBitFloatsReduceAndRound) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  // Values exact in 16 bits, and sums that stay exact: the result is exact too.
+  std::vector<std::uint16_t> half = {detail::float_to_half(0.5f * static_cast<float>(r)),
+                                     detail::float_to_half(-1.25f)};
+  comm.allreduce(half.data(), half.size(), DType::kFloat16, ReduceOp::kSum);
+  EXPECT_EQ(detail::half_to_float(half[0]), 0.25f * static_cast<float>(n * (n - 1)));
+  EXPECT_EQ(detail::half_to_float(half[1]), -1.25f * static_cast<float>(n));
+  std::vector<std::uint16_t> bf = {detail::float_to_bfloat16(static_cast<float>(r) * 4.0f)};
+  comm.allreduce(bf.data(), bf.size(), DType::kBFloat16, ReduceOp::kMax);
+  EXPECT_EQ(detail::bfloat16_to_float(bf[0]), 4.0f * static_cast<float>(n - 1));
+  std::vector<std::uint16_t> avg = {detail::float_to_bfloat16(8.0f)};
+  comm.allreduce(avg.data(), avg.size(), DType::kBFloat16, ReduceOp::kAvg);
+  EXPECT_EQ(detail::bfloat16_to_float(avg[0]), 8.0f);
+}
+
+TEST(Float16, ConversionsRoundToNearestEven) {
+  EXPECT_EQ(detail::float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(detail::float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(detail::float_to_half(65520.0f), 0x7c00);  // halfway to infinity rounds up
+  EXPECT_EQ(detail::float_to_half(-0.0f), 0x8000);
+  EXPECT_EQ(detail::float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(detail::float_to_half(std::ldexp(1.0f, -25)), 0x0000);  // halfway, to even
+  EXPECT_EQ(detail::float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // halfway, to even
+  EXPECT_EQ(detail::float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_TRUE(std::isnan(detail::half_to_float(detail::float_to_half(std::nanf("")))));
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half round-trips
+    ASSERT_EQ(detail::float_to_half(detail::half_to_float(static_cast<std::uint16_t>(h))), h);
+  }
+  EXPECT_EQ(detail::float_to_bfloat16(1.0f), 0x3f80);
+  EXPECT_EQ(detail::bfloat16_to_float(detail::float_to_bfloat16(3.140625f)), 3.140625f);
+  EXPECT_EQ(detail::float_to_bfloat16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // halfway, to even
+}
+
+TEST(MpiCommunicator, OddAndEmptySizes) {
+  MpiCommunicator comm(env().world());
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001}}) {
+    std::vector<float> v(count, static_cast<float>(comm.rank() + 1));
+    comm.allreduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+    const float expected = static_cast<float>(comm.size() * (comm.size() + 1) / 2);
+    for (float x : v) ASSERT_EQ(x, expected) << "count " << count;
+    comm.allreduce_async(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+  }
+  std::string empty = comm.rank() == 0 ? "" : "ignored";
+  comm.broadcast(empty, 0);
+  EXPECT_EQ(empty, "");
+  const auto all = comm.allgather("");
+  EXPECT_EQ(all, std::vector<std::string>(static_cast<std::size_t>(comm.size()), ""));
+  comm.broadcast_async(nullptr, 0, 0)->wait();
 }
 
 TEST(MpiCommunicator, AllreduceSplitsLargeMessages) {
@@ -31,9 +121,13 @@ TEST(MpiCommunicator, AllreduceSplitsLargeMessages) {
   comm.allreduce(big.data(), big.size(), DType::kFloat32, ReduceOp::kSum);
   EXPECT_EQ(big.front(), static_cast<float>(comm.size()));
   EXPECT_EQ(big.back(), static_cast<float>(comm.size()));
+  std::vector<char> bytes((std::size_t{33} << 20) + 5, comm.rank() == 1 ? 'b' : 'x');
+  comm.broadcast_async(bytes.data(), bytes.size(), 1)->wait();
+  EXPECT_EQ(bytes.front(), 'b');
+  EXPECT_EQ(bytes.back(), 'b');
 }
 
-TEST(MpiCommunicator, BroadcastAllgatherAndAgreement) {
+TEST(MpiCommunicator, BroadcastAllgatherGatherAndAgreement) {
   MpiCommunicator comm(env().world());
   std::string value = comm.rank() == 1 ? std::string("from rank 1\0 with nul", 21) : "";
   comm.broadcast(value, 1);
@@ -43,9 +137,81 @@ TEST(MpiCommunicator, BroadcastAllgatherAndAgreement) {
   ASSERT_EQ(all.size(), static_cast<std::size_t>(comm.size()));
   for (int i = 0; i < comm.size(); ++i) EXPECT_EQ(all[static_cast<std::size_t>(i)], std::string(static_cast<std::size_t>(i), 'x'));
 
+  const int root = comm.size() - 1;
+  const auto gathered = comm.gather(std::string(static_cast<std::size_t>(comm.rank()) * 3, 'g'), root);
+  if (comm.rank() == root) {
+    ASSERT_EQ(gathered.size(), static_cast<std::size_t>(comm.size()));
+    for (int i = 0; i < comm.size(); ++i) EXPECT_EQ(gathered[static_cast<std::size_t>(i)].size(), static_cast<std::size_t>(3 * i));
+  } else {
+    EXPECT_TRUE(gathered.empty());
+  }
+
   EXPECT_TRUE(comm.any(comm.rank() == comm.size() - 1));
   EXPECT_FALSE(comm.any(false));
   comm.barrier();
+}
+
+TEST(MpiCommunicator, AsyncHandlesRunInOrderBesideSynchronousCalls) {
+  MpiCommunicator comm(env().world());
+  const int n = comm.size();
+  // Several buckets in flight at once, of different types, while the caller runs
+  // synchronous collectives; each wait() returns with its own result.
+  std::vector<std::vector<float>> buckets;
+  std::vector<double> doubles(333, 1.0);
+  std::vector<WorkHandle> handles;
+  for (int b = 0; b < 6; ++b) buckets.emplace_back(static_cast<std::size_t>(1000 * b + 1), static_cast<float>(b));
+  for (auto& bucket : buckets) {
+    handles.push_back(comm.allreduce_async(bucket.data(), bucket.size(), DType::kFloat32, ReduceOp::kSum));
+  }
+  handles.push_back(comm.allreduce_async(doubles.data(), doubles.size(), DType::kFloat64, ReduceOp::kAvg));
+  EXPECT_TRUE(comm.any(comm.rank() == 0));
+  std::string text = comm.rank() == 0 ? "sync while async" : "";
+  comm.broadcast(text, 0);
+  EXPECT_EQ(text, "sync while async");
+  for (auto& h : handles) h->wait();
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    EXPECT_EQ(buckets[b].front(), static_cast<float>(b * static_cast<std::size_t>(n)));
+    EXPECT_EQ(buckets[b].back(), static_cast<float>(b * static_cast<std::size_t>(n)));
+  }
+  EXPECT_EQ(doubles.front(), 1.0);
+  // wait(timeout) returns false while a collective cannot finish, true once it has.
+  std::vector<float> late(10, 1.0f);
+  WorkHandle slow;
+  if (comm.rank() == 0) {
+    slow = comm.allreduce_async(late.data(), late.size(), DType::kFloat32, ReduceOp::kSum);
+    EXPECT_FALSE(slow->wait(std::chrono::milliseconds(50))) << "finished before the other ranks joined";
+  }
+  comm.barrier();  // rank 0 has polled before the others issue theirs
+  if (comm.rank() != 0) slow = comm.allreduce_async(late.data(), late.size(), DType::kFloat32, ReduceOp::kSum);
+  EXPECT_TRUE(slow->wait(std::chrono::seconds(60)));
+  EXPECT_EQ(late[9], static_cast<float>(n));
+}
+
+TEST(MpiCommunicator, MistakesAreClearErrors) {
+  MpiCommunicator comm(env().world());
+  try {
+    std::string s;
+    comm.broadcast(s, comm.size());
+    ADD_FAILURE() << "a root outside the world was accepted";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("broadcast: root rank " + std::to_string(comm.size()) + " is not in 0.."));
+  }
+  EXPECT_THROW(comm.gather("x", -1), CommError);
+}
+
+TEST(MpiCommunicator, ReportsEveryCollectiveToTheWatchdog) {
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1});
+  MpiCommunicator comm(env().world(), &watchdog);
+  comm.set_step(17);
+  EXPECT_EQ(watchdog.step(), 17);
+  std::vector<float> v(5, 1.0f);
+  comm.allreduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+  comm.allreduce_async(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+  comm.barrier();
+  // Two collectives seen so far plus the barrier: the next one is the fourth.
+  const std::uint64_t next = watchdog.enter("probe");
+  watchdog.leave(next);
+  EXPECT_EQ(next, 4u);
 }
 
 TEST(LocalCommunicator, IsAWorldOfOne) {
@@ -53,7 +219,15 @@ TEST(LocalCommunicator, IsAWorldOfOne) {
   std::vector<double> d = {2.0};
   comm.allreduce(d, ReduceOp::kSum);
   EXPECT_EQ(d[0], 2.0);
+  comm.allreduce(d, ReduceOp::kAvg);
+  EXPECT_EQ(d[0], 2.0);
+  EXPECT_TRUE(comm.allreduce_async(d.data(), 1, DType::kFloat64, ReduceOp::kSum)->wait(std::chrono::milliseconds(0)));
+  EXPECT_TRUE(comm.broadcast_async(d.data(), 8, 0)->wait(std::chrono::milliseconds(0)));
   EXPECT_EQ(comm.allgather("a"), std::vector<std::string>{"a"});
+  EXPECT_EQ(comm.gather("a", 0), std::vector<std::string>{"a"});
+  EXPECT_THROW(comm.gather("a", 1), CommError);
+  std::int64_t i = 0;
+  EXPECT_THROW(comm.allreduce(&i, 1, DType::kInt64, ReduceOp::kAvg), CommError);
   EXPECT_TRUE(comm.any(true));
   EXPECT_TRUE(comm.is_chief());
 }

@@ -69,7 +69,8 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.optimizations.aggregation_frequency, 1);
   EXPECT_TRUE(c.optimizations.average_training_metrics);
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 25.0);
-  EXPECT_FALSE(c.optimizations.gradient_compression);
+  EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kNone);
+  EXPECT_EQ(c.optimizations.collective_timeout_seconds, 1800);
   EXPECT_FALSE(c.reproducibility.experiment_seed.has_value());
   EXPECT_EQ(c.checkpoint_storage.type, "shared_fs");
   EXPECT_EQ(c.checkpoint_storage.host_path, "");
@@ -153,7 +154,8 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.optimizations.aggregation_frequency, 4);
   EXPECT_FALSE(c.optimizations.average_training_metrics);
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
-  EXPECT_TRUE(c.optimizations.gradient_compression);
+  EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kBFloat16);
+  EXPECT_EQ(c.optimizations.collective_timeout_seconds, 600);
   EXPECT_EQ(c.reproducibility.experiment_seed, 4294967295u);
 
   EXPECT_EQ(c.checkpoint_storage.host_path, "/scratch/ckpt");
@@ -353,11 +355,33 @@ TEST(ConfigErrors, Hyperparameters) {
               HasSubstr("hyperparameters.a: has no value"));
 }
 
-TEST(ConfigErrors, GlobalBatchSizeMustSplitEvenlyOverSlots) {
+TEST(ConfigErrors, GlobalBatchSizeNeedsARecordPerSlot) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "resources: {slots_per_trial: 3}\n"
-                                              "hyperparameters: {global_batch_size: 100}\n"),
-            "exp.yaml:5:38: hyperparameters.global_batch_size: (100) must be a multiple of "
-            "resources.slots_per_trial (3) so every rank trains on the same batch size; use 99 or 102");
+                                              "hyperparameters: {global_batch_size: 2}\n"),
+            "exp.yaml:5:38: hyperparameters.global_batch_size: must be an integer of at least "
+            "resources.slots_per_trial (3), got \"2\"");
+  // Not a multiple of the slots is allowed: the remainder is dropped with a warning at start.
+  const std::string text = std::string(kMinimal) + "resources: {slots_per_trial: 3}\n"
+                                                   "hyperparameters: {global_batch_size: 100}\n";
+  EXPECT_EQ(parse_ok(text).resources.slots_per_trial, 3);
+}
+
+TEST(ConfigErrors, GradientCompressionAndCollectiveTimeout) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(parse_ok(base + "optimizations: {gradient_compression: true}\n")
+                .optimizations.gradient_compression,
+            GradientCompression::kFloat16);
+  EXPECT_EQ(parse_ok(base + "optimizations: {gradient_compression: false}\n")
+                .optimizations.gradient_compression,
+            GradientCompression::kNone);
+  EXPECT_EQ(parse_ok(base + "optimizations: {gradient_compression: fp16}\n")
+                .optimizations.gradient_compression,
+            GradientCompression::kFloat16);
+  EXPECT_THAT(one_error(base + "optimizations: {gradient_compression: fp8}\n"),
+              HasSubstr("optimizations.gradient_compression: unknown gradient compression \"fp8\"; use "
+                        "one of none, fp16, bf16"));
+  EXPECT_THAT(one_error(base + "optimizations: {collective_timeout: 0s}\n"),
+              HasSubstr("optimizations.collective_timeout: must be between 00:00:01 and"));
 }
 
 TEST(ConfigErrors, Resources) {

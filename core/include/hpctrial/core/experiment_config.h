@@ -70,11 +70,17 @@ struct Resources {
   int nodes() const { return (slots_per_trial + slots_per_node - 1) / slots_per_node; }
 };
 
+// How gradients travel in the all-reduce: as they are, or rounded to a 16-bit float.
+enum class GradientCompression { kNone, kFloat16, kBFloat16 };
+std::string_view to_string(GradientCompression compression);
+
 struct Optimizations {
   std::int64_t aggregation_frequency = 1;
   bool average_training_metrics = true;
   double bucket_cap_mb = 25;
-  bool gradient_compression = false;
+  GradientCompression gradient_compression = GradientCompression::kNone;
+  // A collective that has not finished after this long ends the job (the watchdog).
+  std::int64_t collective_timeout_seconds = 1800;
 };
 
 struct Reproducibility {
