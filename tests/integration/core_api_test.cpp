@@ -72,8 +72,8 @@ TEST(CoreApi, ASignalOnOneRankStopsEveryRank) {
 
 TEST(CoreApi, SigusrToMpirunStopsEveryRankTogether) {
   TempDir dir;
-  // timeout sends SIGUSR2 to mpirun after 2 s; mpirun forwards it to the ranks.
-  const auto r = run_program({"timeout", "--preserve-status", "-s", "USR2", "2", HPCTRIAL_MPIRUN, "-np", "2"},
+  // timeout sends SIGUSR2 to mpirun after 6 s (start-up takes 2-4 s here); mpirun forwards it.
+  const auto r = run_program({"timeout", "--preserve-status", "-s", "USR2", "6", HPCTRIAL_MPIRUN, "-np", "2"},
                              {"--trial-dir", (dir.path() / "run").string(), "wait", "3000"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
   const auto steps = stop_steps(r.out, 2);

@@ -10,19 +10,19 @@ namespace {
 
 using testing::HasSubstr;
 
-core::RunResult run_ranks(int np, int failing_rank, int code) {
+core::RunResult run_ranks(int np, const std::string& mode, int failing_rank, int value) {
   core::RunOptions options;
   options.timeout = std::chrono::seconds(120);
   // Open MPI refuses root without these; CI runs as root.
   options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
   return core::run_process({HPCTRIAL_MPIRUN, "-np", std::to_string(np), "--oversubscribe",
-                            HPCTRIAL_MPI_ABORT_HELPER, std::to_string(failing_rank),
-                            std::to_string(code)},
+                            HPCTRIAL_MPI_ABORT_HELPER, mode, std::to_string(failing_rank),
+                            std::to_string(value)},
                            options);
 }
 
 TEST(MpiAbort, OneFailingRankEndsTheJobWithItsCode) {
-  const auto r = run_ranks(2, 1, 7);
+  const auto r = run_ranks(2, "abort", 1, 7);
   EXPECT_FALSE(r.timed_out) << "the job hung after one rank failed";
   EXPECT_EQ(r.exit_code, 7) << r.describe() << "\n" << r.err;
   EXPECT_THAT(r.err, HasSubstr("[rank 1] fatal on "));
@@ -30,10 +30,31 @@ TEST(MpiAbort, OneFailingRankEndsTheJobWithItsCode) {
 }
 
 TEST(MpiAbort, TheChiefFailingEndsFourRanks) {
-  const auto r = run_ranks(4, 0, 9);
+  const auto r = run_ranks(4, "abort", 0, 9);
   EXPECT_FALSE(r.timed_out) << "the job hung after the chief failed";
   EXPECT_EQ(r.exit_code, 9) << r.describe() << "\n" << r.err;
   EXPECT_THAT(r.err, HasSubstr("[rank 0] fatal on "));
+}
+
+// A rank that stops answering (in user code, not in MPI) leaves the others waiting in a
+// collective: the watchdog ends the job and names the operation, the step and the rank.
+TEST(CollectiveWatchdog, EndsAJobWhoseRankStoppedAnswering) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_ranks(4, "hang", 2, 2);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_LT(took, 30) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watchdog: allreduce (collective #7, step 3) has not finished after "));
+  EXPECT_THAT(r.err, HasSubstr("(optimizations.collective_timeout is 2 s); rank 2 did not arrive: rank 2 is "
+                               "at step 3 and has entered 6 collectives"));
+}
+
+TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
+  const auto r = run_ranks(2, "hang", 0, 2);
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 0 did not arrive: rank 0 is at step 3 and has entered 6 collectives"));
 }
 
 }  // namespace

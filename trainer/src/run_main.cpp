@@ -18,6 +18,8 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/mpi_launcher/nccl_communicator.h"
+#include "hpctrial/mpi_launcher/watchdog.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
 #include "stop_signals.h"
@@ -111,6 +113,18 @@ void use_slot_cores(int cpus_per_slot, const core::EnvSource& env) {
   core::log_debug("computing with {} thread(s) per rank (resources.cpus_per_slot)", cpus_per_slot);
 }
 
+// The communicator for gradients on GPUs: NCCL, bootstrapped over MPI, on this rank's device.
+std::unique_ptr<mpi_launcher::Communicator> make_device_communicator(const core::ExperimentConfig& config,
+                                                                     const mpi_launcher::MpiEnvironment& mpi,
+                                                                     mpi_launcher::Watchdog* watchdog) {
+  if (config.resources.gpus_per_slot == 0 || mpi.size() == 1) return nullptr;
+  if (!mpi_launcher::nccl_available()) {
+    throw ConfigError("resources.gpus_per_slot is " + std::to_string(config.resources.gpus_per_slot) +
+                      " but this build of hpctrial has no NCCL; set resources.gpus_per_slot: 0 or "
+                      "rebuild with CUDA and NCCL");
+  }
+  return mpi_launcher::make_nccl_communicator(mpi.world(), mpi.local_rank(), watchdog);
+}
 
 // The factory, chosen once the config is known (HPCTRIAL_MAIN: fixed; the worker: from the
 // config's entrypoint).
@@ -139,16 +153,26 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
   try {
     const Arguments args = parse_arguments(argc, argv, env);
     if (args.help) return kExitFinished;
+    // As early as MPI allows, so that a stop request at start-up is not lost...
     detail::install_stop_handlers();
     core::ExperimentConfig config = core::load_experiment_config(args.sources);
     use_slot_cores(config.resources.cpus_per_slot, env);
 
+    std::unique_ptr<mpi_launcher::Watchdog> watchdog;
     std::unique_ptr<mpi_launcher::Communicator> comm;
     if (alone) {
       comm = std::make_unique<mpi_launcher::LocalCommunicator>();
     } else {
-      comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world());
+      mpi_launcher::Watchdog::Options watch;
+      watch.timeout = std::chrono::seconds(config.optimizations.collective_timeout_seconds);
+      watch.exit_code = kExitFailure;
+      watchdog = std::make_unique<mpi_launcher::Watchdog>(mpi->world(), watch);
+      comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world(), watchdog.get());
     }
+    std::unique_ptr<mpi_launcher::Communicator> device_comm =
+        make_device_communicator(config, *mpi, watchdog.get());
+    // ...and again once MPI and NCCL are up, so that no handler of theirs replaces ours.
+    detail::install_stop_handlers();
     config.reproducibility.experiment_seed = agree_on_seed(config, *comm);
 
     LoopOptions options;
@@ -159,6 +183,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.distributed = {mpi->rank(), mpi->size(), mpi->local_rank(), mpi->local_size(), mpi->node_count()};
     options.progress_interval_s = args.progress_seconds;
     options.external_stop = &detail::stop_signal_received();
+    options.device_communicator = device_comm.get();
     if (chief) {
       std::filesystem::create_directories(options.trial_dir);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),

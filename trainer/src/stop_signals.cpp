@@ -1,6 +1,7 @@
 #include "stop_signals.h"
 
 #include <signal.h>
+#include <string.h>
 
 #include <initializer_list>
 
@@ -11,6 +12,8 @@ std::atomic<bool> g_stop_requested{false};
 
 extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 
+constexpr int kStopSignals[] = {SIGUSR1, SIGUSR2, SIGTERM, SIGINT};
+
 }  // namespace
 
 void install_stop_handlers() {
@@ -18,7 +21,18 @@ void install_stop_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int signal : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT}) sigaction(signal, &action, nullptr);
+  for (int signal : kStopSignals) sigaction(signal, &action, nullptr);
+}
+
+std::string replaced_stop_handlers() {
+  std::string replaced;
+  for (int signal : kStopSignals) {
+    struct sigaction current {};
+    if (sigaction(signal, nullptr, &current) != 0) continue;
+    if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == on_stop_signal) continue;
+    replaced += (replaced.empty() ? "SIG" : ", SIG") + std::string(sigabbrev_np(signal));
+  }
+  return replaced;
 }
 
 const std::atomic<bool>& stop_signal_received() { return g_stop_requested; }

@@ -1,12 +1,19 @@
 // SIGUSR1, SIGUSR2, SIGTERM and SIGINT as stop requests. Internal to the trainer.
+//
+// Install them after MPI and NCCL are initialised: some NCCL builds and MPI libraries install
+// handlers of their own, and the last one installed wins.
 #pragma once
 
 #include <atomic>
+#include <string>
 
 namespace hpctrial::trainer::detail {
 
 // Installs handlers that only set the flag (no I/O, no allocation); idempotent.
 void install_stop_handlers();
+// The stop signals whose handler is no longer ours (e.g. "SIGUSR1"), comma-separated; empty
+// when all are.
+std::string replaced_stop_handlers();
 // Set once any of the signals arrived.
 const std::atomic<bool>& stop_signal_received();
 

@@ -17,6 +17,7 @@
 #include "hpctrial/trainer/sampler.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
+#include "stop_signals.h"
 
 namespace hpctrial::trainer {
 namespace {
@@ -131,9 +132,11 @@ void Loop::setup() {
   settings.data_config = detail::to_json(config_.data);
   settings.trial_seed = trial_seed;
   settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
+  settings.bucket_cap_mb = config_.optimizations.bucket_cap_mb;
+  settings.gradient_compression = config_.optimizations.gradient_compression;
   settings.gpus_per_slot = config_.resources.gpus_per_slot;
   settings.distributed = options_.distributed;
-  context_ = std::make_unique<TrialContext>(std::move(settings), comm_);
+  context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
   train_loader_ = std::make_unique<DataLoader>(trial_->build_training_data_loader());
@@ -174,6 +177,7 @@ void Loop::setup() {
 
 void Loop::train_one_batch() {
   const std::int64_t batch_idx = batches_trained_;
+  comm_.set_step(batch_idx);
   const std::int64_t epoch = epoch_of_batch(batch_idx);
   const bool epoch_start = batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
   const bool epoch_end = epoch_of_batch(batch_idx + 1) != epoch;
@@ -212,22 +216,30 @@ void Loop::train_one_batch() {
   }
 }
 
+// Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
+// once; every rank gets the results.
 MetricValues Loop::reduce_custom(bool training) {
-  MetricValues out;
+  nlohmann::json results = nlohmann::json::object();
   for (const auto& wrapped : context_->reducers()) {
     if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
     const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
     const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
-    std::vector<std::vector<double>> per_slot;
-    for (const auto& part : comm_.allgather(bytes)) {
-      std::vector<double> values(part.size() / sizeof(double));
-      std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
-      per_slot.push_back(std::move(values));
+    const auto parts = comm_.gather(bytes, 0);
+    if (chief()) {
+      std::vector<std::vector<double>> per_slot;
+      for (const auto& part : parts) {
+        std::vector<double> values(part.size() / sizeof(double));
+        std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
+        per_slot.push_back(std::move(values));
+      }
+      results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
     }
-    out[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
     wrapped.reducer->reset();
   }
-  return out;
+  if (results.empty() && context_->reducers().empty()) return {};
+  std::string text = chief() ? results.dump() : std::string();
+  comm_.broadcast(text, 0);
+  return nlohmann::json::parse(text).get<MetricValues>();
 }
 
 void Loop::report_training() {
@@ -374,6 +386,15 @@ void Loop::validate() {
 
 LoopResult Loop::run() {
   setup();
+  if (options_.external_stop == &detail::stop_signal_received()) {
+    // The trial's constructor may have loaded a library that installs handlers of its own.
+    const std::string replaced = detail::replaced_stop_handlers();
+    if (!replaced.empty()) {
+      core::log_warning("the handler of {} was replaced while the trial was set up; hpctrial installs its "
+                        "own again so that stop requests reach the trial", replaced);
+      detail::install_stop_handlers();
+    }
+  }
   call([](Callback& c) { c.on_training_start(); });
   for (auto& model : context_->models()) model->train();
   while (batches_trained_ < max_batches_) {

@@ -7,6 +7,8 @@
 #include <map>
 
 #include "hpctrial/core/error.h"
+#include "gradient_sync.h"
+#include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 
 namespace hpctrial::trainer {
@@ -33,8 +35,12 @@ std::string names_of(const nlohmann::json& object) {
 
 }  // namespace
 
-TrialContext::TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator)
-    : settings_(std::move(settings)), communicator_(communicator), device_(choose_device(settings_)) {
+TrialContext::TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator,
+                           mpi_launcher::Communicator* device_communicator)
+    : settings_(std::move(settings)),
+      communicator_(communicator),
+      device_communicator_(device_communicator),
+      device_(choose_device(settings_)) {
   const auto it = settings_.hparams.find("global_batch_size");
   if (it == settings_.hparams.end()) {
     throw ConfigError("hyperparameters.global_batch_size is required: the number of records in "
@@ -43,16 +49,29 @@ TrialContext::TrialContext(TrialSettings settings, mpi_launcher::Communicator& c
   if (!it->is_number_integer() || it->get<std::int64_t>() < 1) {
     throw ConfigError("hyperparameters.global_batch_size must be a positive integer, got " + it->dump());
   }
-  global_batch_size_ = it->get<std::int64_t>();
-  if (global_batch_size_ % settings_.distributed.size != 0) {
-    throw ConfigError("hyperparameters.global_batch_size (" + std::to_string(global_batch_size_) +
-                      ") must be a multiple of the number of slots (" +
-                      std::to_string(settings_.distributed.size) + ")");
+  const std::int64_t requested = it->get<std::int64_t>();
+  const std::int64_t ranks = settings_.distributed.size;
+  if (requested < ranks) {
+    throw ConfigError("hyperparameters.global_batch_size (" + std::to_string(requested) +
+                      ") is smaller than the number of ranks (" + std::to_string(ranks) +
+                      "): every rank needs at least one record a batch");
+  }
+  global_batch_size_ = requested / ranks * ranks;
+  if (global_batch_size_ != requested && settings_.distributed.is_chief()) {
+    core::log_warning("hyperparameters.global_batch_size {} is not a multiple of the {} ranks: each trains {} "
+                      "records a batch, {} in all",
+                      requested, ranks, requested / ranks, global_batch_size_);
   }
 }
 
+TrialContext::~TrialContext() = default;
+
 void TrialContext::register_model(std::shared_ptr<torch::nn::Module> model) {
   if (!model) throw ConfigError("wrap_model: the model is null");
+  if (gradient_sync_) {
+    throw ConfigError("wrap_model: a model was wrapped after training started; wrap every model in "
+                      "the trial's constructor");
+  }
   models_.push_back(std::move(model));
 }
 
@@ -67,7 +86,36 @@ void TrialContext::register_lr_scheduler(std::shared_ptr<torch::optim::LRSchedul
   schedulers_.push_back({std::move(scheduler), mode});
 }
 
-void TrialContext::backward(const torch::Tensor& loss) { loss.backward(); }
+detail::GradientSync& TrialContext::gradient_sync() {
+  if (!gradient_sync_) {
+    std::vector<torch::Tensor> parameters;
+    for (const auto& model : models_) {
+      for (const auto& p : model->parameters()) parameters.push_back(p);
+    }
+    detail::GradientSync::Options options;
+    options.bucket_cap_mb = settings_.bucket_cap_mb;
+    options.compression = settings_.gradient_compression;
+    options.aggregation_frequency = settings_.aggregation_frequency;
+    gradient_sync_ = std::make_unique<detail::GradientSync>(parameters, communicator_, device_communicator_, options);
+  }
+  return *gradient_sync_;
+}
+
+void TrialContext::backward(const torch::Tensor& loss) {
+  if (settings_.distributed.size == 1) {
+    loss.backward();
+    return;
+  }
+  detail::GradientSync& sync = gradient_sync();
+  sync.begin_backward(batches_trained_, is_sync_batch());
+  try {
+    loss.backward();
+  } catch (...) {
+    sync.end_backward();
+    throw;
+  }
+  sync.end_backward();
+}
 
 void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads,
                                   bool auto_zero_grads) {
@@ -79,8 +127,26 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
                       "checkpointed");
   }
   // Gradients accumulate until the last batch of each aggregation group.
-  if ((batches_trained_ + 1) % settings_.aggregation_frequency != 0) return;
-  average_gradients(optimizer);
+  if (!is_sync_batch()) return;
+  if (settings_.distributed.size == 1) {
+    // No communication at all: only the mean over the aggregated batches.
+    if (settings_.aggregation_frequency > 1) divide_gradients(optimizer, static_cast<double>(settings_.aggregation_frequency));
+  } else {
+    detail::GradientSync& sync = gradient_sync();
+    if (std::find(checked_optimizers_.begin(), checked_optimizers_.end(), &optimizer) == checked_optimizers_.end()) {
+      for (auto& group : optimizer.param_groups()) {
+        for (auto& p : group.params()) {
+          if (p.requires_grad() && p.numel() > 0 && !sync.covers(p)) {
+            throw ConfigError("step_optimizer: the optimizer has a parameter (shape " + c10::str(p.sizes()) +
+                              ") that belongs to no wrapped model, so its gradient would not be averaged "
+                              "across ranks; wrap the model that owns it with context.wrap_model");
+          }
+        }
+      }
+      checked_optimizers_.push_back(&optimizer);
+    }
+    sync.reduce(batches_trained_);
+  }
   if (clip_grads) {
     std::vector<torch::Tensor> parameters;
     for (auto& group : optimizer.param_groups()) {
@@ -92,48 +158,11 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
   if (auto_zero_grads) optimizer.zero_grad();
 }
 
-void TrialContext::average_gradients(torch::optim::Optimizer& optimizer) {
-  const double divisor =
-      static_cast<double>(settings_.aggregation_frequency) * settings_.distributed.size;
-  std::vector<torch::Tensor> grads;
+void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double divisor) {
+  torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
-      if (p.grad().defined()) grads.push_back(p.mutable_grad());
-    }
-  }
-  if (grads.empty()) return;
-  if (settings_.distributed.size == 1) {
-    if (divisor != 1.0) {
-      torch::NoGradGuard no_grad;
-      for (auto& g : grads) g.div_(divisor);
-    }
-    return;
-  }
-  // One flat host buffer per dtype, reduced in one call each.
-  torch::NoGradGuard no_grad;
-  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
-  for (auto& g : grads) by_type[g.scalar_type()].push_back(g);
-  for (auto& [type, tensors] : by_type) {
-    std::vector<torch::Tensor> flat_parts;
-    for (auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
-    torch::Tensor flat = torch::cat(flat_parts).to(torch::kCPU).contiguous();
-    mpi_launcher::DType dtype;
-    if (type == torch::kFloat32) {
-      dtype = mpi_launcher::DType::kFloat32;
-    } else if (type == torch::kFloat64) {
-      dtype = mpi_launcher::DType::kFloat64;
-    } else {
-      throw NotSupported(std::string("averaging gradients of type ") + c10::toString(type) +
-                         " across ranks on the CPU path; use float32 or float64 parameters");
-    }
-    communicator_.allreduce(flat.data_ptr(), static_cast<std::size_t>(flat.numel()), dtype,
-                            mpi_launcher::ReduceOp::kSum);
-    flat.div_(divisor);
-    std::int64_t offset = 0;
-    for (auto& t : tensors) {
-      const std::int64_t n = t.numel();
-      t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
-      offset += n;
+      if (p.grad().defined()) p.mutable_grad().div_(divisor);
     }
   }
 }
@@ -141,17 +170,30 @@ void TrialContext::average_gradients(torch::optim::Optimizer& optimizer) {
 void TrialContext::broadcast_model_state() {
   if (settings_.distributed.size == 1) return;
   torch::NoGradGuard no_grad;
+  // One buffer per dtype and device, broadcast in one collective each.
+  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
   for (auto& model : models_) {
-    std::vector<torch::Tensor> tensors;
-    for (auto& p : model->parameters()) tensors.push_back(p);
-    for (auto& b : model->buffers()) tensors.push_back(b);
+    for (auto& p : model->parameters()) groups[{static_cast<int>(p.scalar_type()), p.device().str()}].push_back(p);
+    for (auto& b : model->buffers()) groups[{static_cast<int>(b.scalar_type()), b.device().str()}].push_back(b);
+  }
+  for (auto& [key, tensors] : groups) {
+    std::vector<torch::Tensor> parts;
+    for (auto& t : tensors) parts.push_back(t.reshape({-1}));
+    torch::Tensor flat = torch::cat(parts).contiguous();
+    mpi_launcher::Communicator* comm = &communicator_;
+    if (!flat.device().is_cpu()) {
+      if (device_communicator_ != nullptr) {
+        comm = device_communicator_;
+      } else {
+        flat = flat.to(torch::kCPU);
+      }
+    }
+    comm->broadcast_async(flat.data_ptr(), static_cast<std::size_t>(flat.nbytes()), 0)->wait();
+    std::int64_t offset = 0;
     for (auto& t : tensors) {
-      torch::Tensor host = t.to(torch::kCPU).contiguous();
-      std::string bytes(static_cast<const char*>(host.data_ptr()),
-                        static_cast<std::size_t>(host.nbytes()));
-      communicator_.broadcast(bytes, 0);
-      std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
-      t.copy_(host);
+      const std::int64_t n = t.numel();
+      t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
+      offset += n;
     }
   }
 }

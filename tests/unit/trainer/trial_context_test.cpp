@@ -60,7 +60,7 @@ TEST_F(TrialContextTest, BatchSizesSeedsAndDistribution) {
   EXPECT_EQ(context.data_config()["shards"], 4);
 }
 
-TEST_F(TrialContextTest, GlobalBatchSizeIsRequiredAndMustSplit) {
+TEST_F(TrialContextTest, GlobalBatchSizeIsRequiredAndSplitOverRanks) {
   auto error_of = [&](nlohmann::json hparams, int world) {
     try {
       TrialContext context(settings_with(std::move(hparams), world), comm_);
@@ -72,8 +72,12 @@ TEST_F(TrialContextTest, GlobalBatchSizeIsRequiredAndMustSplit) {
   EXPECT_THAT(error_of(nlohmann::json::object(), 1), HasSubstr("hyperparameters.global_batch_size is required"));
   EXPECT_THAT(error_of({{"global_batch_size", 0}}, 1), HasSubstr("must be a positive integer, got 0"));
   EXPECT_THAT(error_of({{"global_batch_size", "64"}}, 1), HasSubstr("must be a positive integer, got \"64\""));
-  EXPECT_THAT(error_of({{"global_batch_size", 10}}, 4),
-              HasSubstr("global_batch_size (10) must be a multiple of the number of slots (4)"));
+  EXPECT_THAT(error_of({{"global_batch_size", 3}}, 4),
+              HasSubstr("global_batch_size (3) is smaller than the number of ranks (4)"));
+  // As in Determined: global // ranks each, the remainder dropped (with a warning).
+  TrialContext context(settings_with({{"global_batch_size", 10}}, 4), comm_);
+  EXPECT_EQ(context.per_slot_batch_size(), 2);
+  EXPECT_EQ(context.global_batch_size(), 8);
 }
 
 TEST_F(TrialContextTest, DeviceAndToDevice) {

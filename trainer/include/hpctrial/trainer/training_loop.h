@@ -34,6 +34,8 @@ struct LoopOptions {
   std::size_t prefetch_depth = 2;
   // Set by signal handlers: a stop request the ranks agree on at the next step boundary.
   const std::atomic<bool>* external_stop = nullptr;
+  // Reduces gradients that live on a GPU (NCCL); null on the CPU path.
+  mpi_launcher::Communicator* device_communicator = nullptr;
 };
 
 struct LoopResult {

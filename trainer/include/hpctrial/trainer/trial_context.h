@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "hpctrial/core/experiment_config.h"
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/metrics.h"
 
@@ -38,6 +39,9 @@ class Communicator;
 }
 
 namespace hpctrial::trainer {
+namespace detail {
+class GradientSync;
+}
 
 // When a wrapped LR scheduler steps: after every epoch, after every batch, or only when the
 // trial calls scheduler.step() itself.
@@ -58,13 +62,18 @@ struct TrialSettings {
   nlohmann::json data_config = nlohmann::json::object();
   std::uint64_t trial_seed = 0;
   std::int64_t aggregation_frequency = 1;
+  double bucket_cap_mb = 25;
+  core::GradientCompression gradient_compression = core::GradientCompression::kNone;
   int gpus_per_slot = 0;
   DistributedContext distributed;
 };
 
 class TrialContext {
  public:
-  TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator);
+  // `communicator` reduces host memory; `device_communicator` (NCCL, may be null) GPU memory.
+  TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator,
+               mpi_launcher::Communicator* device_communicator = nullptr);
+  ~TrialContext();
   TrialContext(const TrialContext&) = delete;
   TrialContext& operator=(const TrialContext&) = delete;
 
@@ -96,12 +105,14 @@ class TrialContext {
     return scheduler;
   }
 
-  // loss.backward(). Gradients accumulate over aggregation_frequency batches.
+  // loss.backward(). Gradients accumulate over aggregation_frequency batches. On more than one
+  // rank, the all-reduce of each bucket of gradients starts as soon as backward has produced
+  // them all, overlapping the rest of backward (use this rather than loss.backward()).
   void backward(const torch::Tensor& loss);
-  // On the last batch of each aggregation group: averages gradients across ranks and batches,
-  // calls clip_grads on the model's parameters (e.g. torch::nn::utils::clip_grad_norm_),
-  // steps, and zeroes the gradients unless auto_zero_grads is false. On other batches it
-  // does nothing, so gradients keep accumulating.
+  // On the last batch of each aggregation group: waits for the gradient all-reduce (averaging
+  // across ranks and batches), calls clip_grads on the model's parameters (e.g.
+  // torch::nn::utils::clip_grad_norm_), steps, and zeroes the gradients unless
+  // auto_zero_grads is false. On other batches it does nothing, so gradients keep accumulating.
   using ClipGrads = std::function<void(std::vector<torch::Tensor>& parameters)>;
   void step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
                       bool auto_zero_grads = true);
@@ -127,6 +138,8 @@ class TrialContext {
   // The experiment config's `data:` section.
   const nlohmann::json& data_config() const { return settings_.data_config; }
   std::int64_t global_batch_size() const { return global_batch_size_; }
+  // global_batch_size // ranks; global_batch_size() is then per_slot_batch_size() * ranks (the
+  // remainder of a global batch that does not split evenly is dropped, with a warning).
   std::int64_t per_slot_batch_size() const { return global_batch_size_ / settings_.distributed.size; }
   std::uint64_t trial_seed() const { return settings_.trial_seed; }
   const DistributedContext& distributed() const { return settings_.distributed; }
@@ -177,10 +190,15 @@ class TrialContext {
   void register_lr_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, StepMode mode);
   const nlohmann::json& hparam_value(const std::string& name) const;
   [[noreturn]] void throw_hparam_type(const std::string& name, const nlohmann::json& value) const;
-  void average_gradients(torch::optim::Optimizer& optimizer);
+  void divide_gradients(torch::optim::Optimizer& optimizer, double divisor);
+  detail::GradientSync& gradient_sync();
+  bool is_sync_batch() const { return (batches_trained_ + 1) % settings_.aggregation_frequency == 0; }
 
   TrialSettings settings_;
   mpi_launcher::Communicator& communicator_;
+  mpi_launcher::Communicator* device_communicator_;
+  std::unique_ptr<detail::GradientSync> gradient_sync_;
+  std::vector<const torch::optim::Optimizer*> checked_optimizers_;
   torch::Device device_;
   std::int64_t global_batch_size_ = 0;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;

@@ -1,0 +1,258 @@
+#include "gradient_sync.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using mpi_launcher::DType;
+using mpi_launcher::ReduceOp;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+// As in DDP, the first bucket is small, so that the first all-reduce starts early in backward.
+constexpr double kFirstBucketMb = 1.0;
+
+DType dtype_of(c10::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32: return DType::kFloat32;
+    case torch::kFloat64: return DType::kFloat64;
+    case torch::kFloat16: return DType::kFloat16;
+    case torch::kBFloat16: return DType::kBFloat16;
+    default:
+      throw NotSupported(std::string("averaging gradients of type ") + c10::toString(type) +
+                         " across ranks; parameters must be float32, float64, float16 or bfloat16");
+  }
+}
+
+}  // namespace
+
+// Runs after autograd has accumulated a parameter's gradient into its .grad.
+class GradientSync::ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(GradientSync* sync, std::size_t index) : sync_(sync), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    sync_->on_gradient_ready(index_);
+    return outputs;
+  }
+
+ private:
+  GradientSync* sync_;
+  std::size_t index_;
+};
+
+GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, mpi_launcher::Communicator& host,
+                           mpi_launcher::Communicator* device, Options options)
+    : options_(options), world_size_(host.size()) {
+  for (const auto& p : parameters) {
+    if (!p.requires_grad() || p.numel() == 0) continue;
+    if (!index_of_.emplace(p.unsafeGetTensorImpl(), parameters_.size()).second) continue;  // shared
+    parameters_.push_back(p);
+  }
+  bucket_of_.assign(parameters_.size(), 0);
+
+  // Fill buckets walking the parameters backwards, one open bucket per (dtype, device).
+  struct Open {
+    std::vector<std::size_t> parameters;
+    double bytes = 0;
+  };
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<std::size_t>> closed;
+  const double cap = options_.bucket_cap_mb * kMiB;
+  for (std::size_t k = parameters_.size(); k-- > 0;) {
+    const torch::Tensor& p = parameters_[k];
+    dtype_of(p.scalar_type());  // refuses types MPI cannot average, before anything is built
+    Open& bucket = open[{static_cast<int>(p.scalar_type()), p.device().str()}];
+    const double limit = closed.empty() ? std::min(cap, kFirstBucketMb * kMiB) : cap;
+    if (!bucket.parameters.empty() && bucket.bytes + static_cast<double>(p.nbytes()) > limit) {
+      closed.push_back(std::move(bucket.parameters));
+      bucket = Open{};
+    }
+    bucket.parameters.push_back(k);
+    bucket.bytes += static_cast<double>(p.nbytes());
+  }
+  for (auto& [key, bucket] : open) {
+    if (!bucket.parameters.empty()) closed.push_back(std::move(bucket.parameters));
+  }
+  // Launch order: the bucket whose first parameter comes earliest in backward goes first.
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.front() > b.front(); });
+
+  for (auto& members : closed) {
+    Bucket bucket;
+    const torch::Tensor& first = parameters_[members.front()];
+    bucket.dtype = dtype_of(first.scalar_type());
+    std::int64_t numel = 0;
+    for (std::size_t k : members) {
+      bucket.offsets.push_back(numel);
+      numel += parameters_[k].numel();
+      bucket_of_[k] = buckets_.size();
+    }
+    bucket.parameters = std::move(members);
+    bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
+    if (first.device().is_cpu()) {
+      bucket.comm = &host;
+    } else if (device != nullptr) {
+      bucket.comm = device;
+    } else {
+      throw NotSupported("gradients on " + first.device().str() +
+                         " need a device communicator (NCCL), and this build has none; train on the "
+                         "CPU (resources.gpus_per_slot: 0) or build hpctrial with CUDA and NCCL");
+    }
+    const bool floating32 = bucket.dtype == DType::kFloat32 || bucket.dtype == DType::kFloat64;
+    if (floating32 && options_.compression != core::GradientCompression::kNone) {
+      const auto type = options_.compression == core::GradientCompression::kFloat16 ? torch::kFloat16 : torch::kBFloat16;
+      bucket.staging = torch::empty({numel}, bucket.flat.options().dtype(type));
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  attach_views();
+  for (std::size_t k = 0; k < parameters_.size(); ++k) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, k)));
+    accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
+  }
+  std::string sizes;
+  for (const auto& b : buckets_) sizes += (sizes.empty() ? "" : ", ") + fmt::format("{:.2f}", b.flat.nbytes() / kMiB);
+  core::log_debug("gradients of {} parameters in {} bucket(s) of {} MiB", parameters_.size(), buckets_.size(), sizes);
+}
+
+GradientSync::~GradientSync() {
+  for (std::size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+  for (auto& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait();
+    } catch (const std::exception& e) {
+      core::log_warning("a gradient all-reduce failed while shutting down: {}", e.what());
+    }
+  }
+}
+
+void GradientSync::attach_views() {
+  for (auto& bucket : buckets_) {
+    for (std::size_t j = 0; j < bucket.parameters.size(); ++j) {
+      torch::Tensor& p = parameters_[bucket.parameters[j]];
+      torch::Tensor& grad = p.mutable_grad();
+      auto* const start = static_cast<char*>(bucket.flat.data_ptr()) + bucket.offsets[j] * bucket.flat.element_size();
+      if (grad.defined() && grad.data_ptr() == start && grad.sizes() == p.sizes() && grad.is_contiguous()) continue;
+      // Shares the bucket's storage without being an autograd view, so that zero_grad's
+      // detach_() works on it.
+      torch::Tensor view = torch::empty({0}, bucket.flat.options())
+                               .set_(bucket.flat.storage(), bucket.offsets[j], p.sizes(), c10::contiguous_strides(p.sizes()));
+      if (grad.defined()) {
+        view.copy_(grad);
+      } else {
+        view.zero_();
+      }
+      grad = view;
+    }
+  }
+}
+
+void GradientSync::start_batch(std::int64_t batch) {
+  if (batch == batch_) return;
+  batch_ = batch;
+  for (auto& bucket : buckets_) {
+    bucket.reductions_in_batch = 0;
+    bucket.divided = false;
+  }
+}
+
+void GradientSync::begin_backward(std::int64_t batch, bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  start_batch(batch);
+  for (auto& bucket : buckets_) complete(bucket);
+  attach_views();
+  armed_ = sync;
+  next_launch_ = 0;
+  for (auto& bucket : buckets_) bucket.pending = sync ? bucket.parameters.size() : 0;
+}
+
+void GradientSync::end_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+  for (auto& bucket : buckets_) complete(bucket);
+}
+
+void GradientSync::on_gradient_ready(std::size_t parameter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Bucket& bucket = buckets_[bucket_of_[parameter]];
+  bucket.clean = false;
+  if (!armed_ || bucket.pending == 0) return;
+  if (--bucket.pending > 0) return;
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(buckets_[next_launch_++]);
+}
+
+void GradientSync::launch(Bucket& bucket) {
+  if (++bucket.reductions_in_batch > 1 && options_.aggregation_frequency > 1) {
+    throw NotSupported("several backward passes in one batch with optimizations.aggregation_frequency > 1; "
+                       "call context.backward once per batch, or set aggregation_frequency: 1");
+  }
+  bucket.clean = true;
+  const auto count = static_cast<std::size_t>(bucket.flat.numel());
+  if (bucket.staging.defined()) {
+    torch::NoGradGuard no_grad;
+    bucket.flat.div_(world_size_);  // before rounding, so that the sum cannot overflow
+    bucket.staging.copy_(bucket.flat);
+    const DType narrow = bucket.staging.scalar_type() == torch::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+    bucket.work = bucket.comm->allreduce_async(bucket.staging.data_ptr(), count, narrow, ReduceOp::kSum);
+  } else {
+    bucket.work = bucket.comm->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kAvg);
+  }
+}
+
+void GradientSync::complete(Bucket& bucket) {
+  if (!bucket.work) return;
+  mpi_launcher::WorkHandle work = std::move(bucket.work);
+  bucket.work.reset();
+  work->wait();
+  if (bucket.staging.defined()) {
+    torch::NoGradGuard no_grad;
+    bucket.flat.copy_(bucket.staging);
+  }
+}
+
+void GradientSync::reduce(std::int64_t batch) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  start_batch(batch);
+  armed_ = false;
+  for (auto& bucket : buckets_) complete(bucket);
+  attach_views();  // picks up gradients that a backward outside the context put elsewhere
+  // Every bucket is reduced once per sync batch on every rank, in index order, whether or not
+  // its gradients arrived here (a parameter unused on one rank must still match the others);
+  // again only if gradients were added after its reduction.
+  for (auto& bucket : buckets_) {
+    if (bucket.reductions_in_batch == 0 || !bucket.clean) launch(bucket);
+  }
+  for (auto& bucket : buckets_) complete(bucket);
+  if (options_.aggregation_frequency > 1) {
+    // Each bucket is reduced once per sync batch (launch() refuses more), so dividing the
+    // buckets reduced in this batch, once, averages over the aggregated batches.
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) {
+      if (bucket.reductions_in_batch == 1 && !bucket.divided) {
+        bucket.flat.div_(static_cast<double>(options_.aggregation_frequency));
+        bucket.divided = true;
+      }
+    }
+  }
+}
+
+bool GradientSync::covers(const torch::Tensor& parameter) const {
+  return index_of_.count(parameter.unsafeGetTensorImpl()) != 0;
+}
+
+std::vector<std::int64_t> GradientSync::bucket_bytes() const {
+  std::vector<std::int64_t> out;
+  for (const auto& bucket : buckets_) out.push_back(static_cast<std::int64_t>(bucket.flat.nbytes()));
+  return out;
+}
+
+}  // namespace hpctrial::trainer::detail

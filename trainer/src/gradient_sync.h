@@ -1,0 +1,98 @@
+// Gradient averaging across ranks, as PyTorch DDP's Reducer does it.
+//
+// The parameters of the wrapped models are laid out, in reverse registration order (roughly
+// the order backward produces their gradients), in buckets of about bucket_cap_mb (the first
+// bucket smaller, so communication starts early). Each parameter's .grad is a view into its
+// bucket, so backward accumulates straight into the buffer that is all-reduced. A post-hook on
+// each parameter's gradient accumulator counts the gradients that are ready; when a bucket is
+// complete its all-reduce starts on the communicator's background thread, while backward goes
+// on with earlier layers. Buckets start in index order on every rank, so the collectives match.
+//
+//   begin_backward(batch, sync)  before loss.backward(): arms the hooks on sync batches
+//   end_backward()               after it: waits for the reductions it started
+//   reduce(batch)                in step_optimizer: reduces what is left (parameters that got
+//                                no gradient, a backward that did not go through the context),
+//                                then divides by aggregation_frequency
+//
+// The mean over ranks is exact however often a bucket is reduced in one batch (averaging is
+// linear and idempotent), so several backward passes per batch (GANs) stay correct.
+// Compression divides a bucket by the world size, rounds it to 16 bits, sums, and widens back.
+//
+// Only constructed for a world of more than one rank: a single rank does no sync work at all.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+
+namespace hpctrial::trainer::detail {
+
+class GradientSync {
+ public:
+  struct Options {
+    double bucket_cap_mb = 25;
+    core::GradientCompression compression = core::GradientCompression::kNone;
+    std::int64_t aggregation_frequency = 1;
+  };
+
+  // `host` reduces buckets in host memory; `device` (may be null) those on a GPU.
+  GradientSync(const std::vector<torch::Tensor>& parameters, mpi_launcher::Communicator& host,
+               mpi_launcher::Communicator* device, Options options);
+  ~GradientSync();
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+
+  void begin_backward(std::int64_t batch, bool sync);
+  void end_backward();
+  void reduce(std::int64_t batch);
+
+  // Whether `parameter` is one of those synchronised (its TensorImpl).
+  bool covers(const torch::Tensor& parameter) const;
+  // Bytes per bucket, in launch order (for tests and the benchmark).
+  std::vector<std::int64_t> bucket_bytes() const;
+
+ private:
+  struct Bucket {
+    torch::Tensor flat;     // the gradients, each parameter's .grad a view into it
+    torch::Tensor staging;  // 16-bit copy when compressing
+    std::vector<std::size_t> parameters;
+    std::vector<std::int64_t> offsets;
+    mpi_launcher::DType dtype = mpi_launcher::DType::kFloat32;
+    mpi_launcher::Communicator* comm = nullptr;
+    std::size_t pending = 0;  // parameters not yet ready in this armed backward
+    bool clean = false;       // reduced, and no gradient added since
+    int reductions_in_batch = 0;
+    bool divided = false;  // by aggregation_frequency, in this batch
+    mpi_launcher::WorkHandle work;
+  };
+  class ReadyHook;
+
+  void on_gradient_ready(std::size_t parameter);
+  void launch(Bucket& bucket);
+  void complete(Bucket& bucket);
+  void attach_views();
+  void start_batch(std::int64_t batch);
+
+  std::vector<torch::Tensor> parameters_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<std::size_t> bucket_of_;
+  std::unordered_map<const void*, std::size_t> index_of_;
+  std::vector<Bucket> buckets_;
+  Options options_;
+  int world_size_ = 1;
+
+  std::mutex mutex_;  // hooks may run on autograd's device threads
+  bool armed_ = false;
+  std::size_t next_launch_ = 0;
+  std::int64_t batch_ = -1;
+};
+
+}  // namespace hpctrial::trainer::detail
