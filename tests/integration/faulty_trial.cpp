@@ -1,0 +1,60 @@
+// A trial program that fails on purpose, for the fault tests: on rank hyperparameters.fail_rank
+// at batch hyperparameters.fail_batch it throws (fail_mode: throw) or stops answering
+// (fail_mode: hang). It prints "injected <mode> at <unix ms>" just before.
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace {
+
+class FaultyTrial : public hpctrial::Trial {
+ public:
+  explicit FaultyTrial(hpctrial::TrialContext& context) : context_(context) {
+    auto x = torch::randn({256, 8});
+    dataset_ = std::make_shared<hpctrial::TensorDataset>(x, x.sum(1, true));
+    model_ = context.wrap_model(torch::nn::Linear(8, 1));
+    optimizer_ = context.wrap_optimizer(
+        std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
+  }
+
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    if (context_.distributed().rank == context_.hparam<int>("fail_rank") &&
+        batch_idx == context_.hparam<std::int64_t>("fail_batch")) {
+      const std::string mode = context_.hparam<std::string>("fail_mode");
+      const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch());
+      std::printf("injected %s at %lld\n", mode.c_str(), static_cast<long long>(now.count()));
+      std::fflush(stdout);
+      if (mode == "throw") throw std::runtime_error("injected failure: the batch could not be decoded");
+      if (mode == "hang") std::this_thread::sleep_for(std::chrono::minutes(10));
+    }
+    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    return {{"loss", loss}};
+  }
+
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override {
+    return {dataset_, context_.per_slot_batch_size(), false};
+  }
+
+ private:
+  hpctrial::TrialContext& context_;
+  std::shared_ptr<hpctrial::TensorDataset> dataset_;
+  torch::nn::Linear model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+};
+
+}  // namespace
+
+HPCTRIAL_MAIN(FaultyTrial)

@@ -1,0 +1,148 @@
+// Data-parallel training is the same training: the mlp example with the same global batch on
+// 2 and 4 ranks (this binary runs under both) ends with the weights of one rank training alone,
+// and aggregation_frequency 2 at half the batch equals the full batch. Every rank also trains
+// the one-rank reference itself, so the comparison needs no files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/mpi_launcher/watchdog.h"
+#include "mlp_trial.h"
+#include "mpi_test_env.h"
+#include "synthetic_data.h"
+
+namespace hpctrial {
+namespace {
+
+using testing_mpi::env;
+
+constexpr std::int64_t kSteps = 60;
+
+class CapturingMlp : public mlp_example::MlpTrial {
+ public:
+  CapturingMlp(TrialContext& context, std::vector<torch::Tensor>* out) : MlpTrial(context), out_(out) {}
+  ~CapturingMlp() override {
+    for (const auto& p : model()->parameters()) out_->push_back(p.detach().clone());
+  }
+
+ private:
+  std::vector<torch::Tensor>* out_;
+};
+
+// The largest difference between two sets of weights, relative to the largest weight of each
+// tensor.
+double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double scale = b[i].abs().max().item<double>();
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+class DdpEquivalence : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    mpi_launcher::MpiCommunicator comm(env().world());
+    std::string dir;
+    if (comm.is_chief()) {
+      char pattern[] = "/tmp/hpctrial-ddp-XXXXXX";
+      dir = ::mkdtemp(pattern);
+      mlp_example::SyntheticSpec spec;
+      mlp_example::write_synthetic_dataset(dir + "/train.h5", spec);
+      spec.samples = 512;
+      spec.seed = 2;
+      mlp_example::write_synthetic_dataset(dir + "/validation.h5", spec);
+    }
+    comm.broadcast(dir, 0);
+    dir_ = dir;
+  }
+  static void TearDownTestSuite() {
+    MPI_Barrier(env().world());
+    if (env().is_chief()) std::filesystem::remove_all(dir_);
+  }
+
+  std::vector<torch::Tensor> train(mpi_launcher::Communicator& comm, std::vector<std::string> overrides,
+                                   const std::string& name) {
+    overrides.push_back("data.train=" + dir_ + "/train.h5");
+    overrides.push_back("data.validation=" + dir_ + "/validation.h5");
+    overrides.push_back("resources.slots_per_trial=" + std::to_string(comm.size()));
+    const core::ExperimentConfig config =
+        core::load_experiment_config({HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment.yaml", "", overrides});
+    trainer::LoopOptions options;
+    options.trial_dir = dir_ + "/" + name + "-rank" + std::to_string(env().rank());
+    options.experiment_seed = *config.reproducibility.experiment_seed;
+    options.progress_interval_s = 0;
+    options.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+    std::vector<torch::Tensor> weights;
+    trainer::run_training(config, [&](TrialContext& context) {
+      return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, &weights));
+    }, comm, options);
+    return weights;
+  }
+
+  std::vector<torch::Tensor> one_rank(std::vector<std::string> overrides, const std::string& name) {
+    mpi_launcher::LocalCommunicator local;
+    return train(local, std::move(overrides), name);
+  }
+
+  static std::string dir_;
+};
+
+std::string DdpEquivalence::dir_;
+
+TEST_F(DdpEquivalence, EveryWorldSizeEndsWithTheWeightsOfOneRank) {
+  const std::vector<std::string> overrides = {"searcher.max_length.batches=" + std::to_string(kSteps)};
+  const auto reference = one_rank(overrides, "one");
+  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1});
+  mpi_launcher::MpiCommunicator world(env().world(), &watchdog);
+  const auto distributed = train(world, overrides, "world");
+  const double difference = max_relative_difference(distributed, reference);
+  if (world.is_chief()) {
+    std::printf("[ measured ] %d ranks vs 1 after %lld steps: max relative weight difference %.3g\n",
+                world.size(), static_cast<long long>(kSteps), difference);
+  }
+  EXPECT_LE(difference, 1e-5);
+  EXPECT_GT(max_relative_difference(reference, one_rank({"searcher.max_length.batches=1"}, "short")), 1e-2)
+      << "the comparison cannot tell trained weights apart";
+}
+
+TEST_F(DdpEquivalence, AggregatingTwoHalfBatchesEqualsTheFullBatch) {
+  const auto reference = one_rank({"searcher.max_length.batches=" + std::to_string(kSteps)}, "full");
+  mpi_launcher::MpiCommunicator world(env().world());
+  const auto aggregated = train(world,
+                                {"searcher.max_length.batches=" + std::to_string(2 * kSteps),
+                                 "hyperparameters.global_batch_size=32", "optimizations.aggregation_frequency=2"},
+                                "aggregated");
+  const double difference = max_relative_difference(aggregated, reference);
+  if (world.is_chief()) {
+    std::printf("[ measured ] %d ranks, batch 32 x aggregation 2 vs batch 64: max relative weight difference %.3g\n",
+                world.size(), difference);
+  }
+  EXPECT_LE(difference, 1e-5);
+}
+
+TEST_F(DdpEquivalence, SmallBucketsAndCompressionStillTrainTheSameModel) {
+  const std::vector<std::string> base = {"searcher.max_length.batches=" + std::to_string(kSteps)};
+  const auto reference = one_rank(base, "reference");
+  mpi_launcher::MpiCommunicator world(env().world());
+  auto small = base;
+  small.push_back("optimizations.bucket_cap_mb=0.001");  // one bucket per parameter
+  EXPECT_LE(max_relative_difference(train(world, small, "small"), reference), 1e-5);
+  for (const char* compression : {"fp16", "bf16"}) {
+    auto compressed = base;
+    compressed.push_back(std::string("optimizations.gradient_compression=") + compression);
+    const double difference = max_relative_difference(train(world, compressed, compression), reference);
+    if (world.is_chief()) std::printf("[ measured ] %s compression: max relative weight difference %.3g\n", compression, difference);
+    // 16-bit gradients round, so the weights drift a little - but only a little.
+    EXPECT_GT(difference, 0.0) << compression << " changed nothing: was it applied?";
+    EXPECT_LT(difference, 5e-2) << compression;
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial
