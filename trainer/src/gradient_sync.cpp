@@ -112,6 +112,8 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, mpi_lau
     }
     buckets_.push_back(std::move(bucket));
   }
+  // Gradients that exist already came from a backward we did not scale.
+  unscaled_seen_ = std::any_of(parameters_.begin(), parameters_.end(), [](const torch::Tensor& p) { return p.grad().defined(); });
   attach_views();
   for (std::size_t k = 0; k < parameters_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
@@ -161,15 +163,20 @@ void GradientSync::start_batch(std::int64_t batch) {
   batch_ = batch;
   for (auto& bucket : buckets_) {
     bucket.reductions_in_batch = 0;
-    bucket.divided = false;
   }
 }
 
 void GradientSync::begin_backward(std::int64_t batch, bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
   start_batch(batch);
-  for (auto& bucket : buckets_) complete(bucket);
+  for (auto& bucket : buckets_) {
+    complete(bucket);
+    // Still holding a mean (a second backward in the batch, as in GANs, or gradients the trial
+    // does not zero): keep it aside, so that only what this backward adds is reduced.
+    if (bucket.holds_mean && !bucket.snapshot.defined()) bucket.snapshot = bucket.flat.clone();
+  }
   attach_views();
+  in_context_ = true;
   armed_ = sync;
   next_launch_ = 0;
   for (auto& bucket : buckets_) bucket.pending = sync ? bucket.parameters.size() : 0;
@@ -178,11 +185,13 @@ void GradientSync::begin_backward(std::int64_t batch, bool sync) {
 void GradientSync::end_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;
+  in_context_ = false;
   for (auto& bucket : buckets_) complete(bucket);
 }
 
 void GradientSync::on_gradient_ready(std::size_t parameter) {
   std::lock_guard<std::mutex> lock(mutex_);
+  (in_context_ ? scaled_seen_ : unscaled_seen_) = true;
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   bucket.clean = false;
   if (!armed_ || bucket.pending == 0) return;
@@ -191,20 +200,32 @@ void GradientSync::on_gradient_ready(std::size_t parameter) {
 }
 
 void GradientSync::launch(Bucket& bucket) {
+  torch::NoGradGuard no_grad;
   if (++bucket.reductions_in_batch > 1 && options_.aggregation_frequency > 1) {
     throw NotSupported("several backward passes in one batch with optimizations.aggregation_frequency > 1; "
                        "call context.backward once per batch, or set aggregation_frequency: 1");
   }
+  if (bucket.holds_mean) {
+    if (!bucket.snapshot.defined()) {
+      throw ConfigError("gradients were added to averaged ones that were not zeroed, by a backward pass "
+                        "outside context.backward(loss); call context.backward for every backward pass");
+    }
+    bucket.flat.sub_(bucket.snapshot);  // only what was added since the last reduction
+  }
+  if (unscaled_seen_) {
+    // loss.backward() called directly: the loss was not divided, so the gradients are.
+    bucket.flat.div_(static_cast<double>(world_size_ * options_.aggregation_frequency));
+  }
   bucket.clean = true;
   const auto count = static_cast<std::size_t>(bucket.flat.numel());
+  // The gradients are already divided by the number of ranks (and aggregated batches), so a
+  // sum is their mean - with no pass over the buffer - and 16-bit rounding cannot overflow.
   if (bucket.staging.defined()) {
-    torch::NoGradGuard no_grad;
-    bucket.flat.div_(world_size_);  // before rounding, so that the sum cannot overflow
     bucket.staging.copy_(bucket.flat);
     const DType narrow = bucket.staging.scalar_type() == torch::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
     bucket.work = bucket.comm->allreduce_async(bucket.staging.data_ptr(), count, narrow, ReduceOp::kSum);
   } else {
-    bucket.work = bucket.comm->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kAvg);
+    bucket.work = bucket.comm->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kSum);
   }
 }
 
@@ -213,9 +234,26 @@ void GradientSync::complete(Bucket& bucket) {
   mpi_launcher::WorkHandle work = std::move(bucket.work);
   bucket.work.reset();
   work->wait();
-  if (bucket.staging.defined()) {
-    torch::NoGradGuard no_grad;
-    bucket.flat.copy_(bucket.staging);
+  torch::NoGradGuard no_grad;
+  if (bucket.staging.defined()) bucket.flat.copy_(bucket.staging);
+  if (bucket.snapshot.defined()) {
+    bucket.flat.add_(bucket.snapshot);
+    bucket.snapshot = torch::Tensor();
+  }
+  bucket.holds_mean = true;
+}
+
+void GradientSync::zeroed(const std::vector<torch::Tensor>& parameters) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<bool> zero(parameters_.size(), false);
+  for (const auto& p : parameters) {
+    const auto it = index_of_.find(p.unsafeGetTensorImpl());
+    if (it != index_of_.end()) zero[it->second] = true;
+  }
+  for (auto& bucket : buckets_) {
+    if (std::all_of(bucket.parameters.begin(), bucket.parameters.end(), [&](std::size_t k) { return zero[k]; })) {
+      bucket.holds_mean = false;
+    }
   }
 }
 
@@ -224,6 +262,10 @@ void GradientSync::reduce(std::int64_t batch) {
   start_batch(batch);
   armed_ = false;
   for (auto& bucket : buckets_) complete(bucket);
+  if (scaled_seen_ && unscaled_seen_) {
+    throw ConfigError("gradients came both from context.backward(loss) and from loss.backward() since the "
+                      "last optimizer step; call context.backward for every backward pass");
+  }
   attach_views();  // picks up gradients that a backward outside the context put elsewhere
   // Every bucket is reduced once per sync batch on every rank, in index order, whether or not
   // its gradients arrived here (a parameter unused on one rank must still match the others);
@@ -232,17 +274,11 @@ void GradientSync::reduce(std::int64_t batch) {
     if (bucket.reductions_in_batch == 0 || !bucket.clean) launch(bucket);
   }
   for (auto& bucket : buckets_) complete(bucket);
-  if (options_.aggregation_frequency > 1) {
-    // Each bucket is reduced once per sync batch (launch() refuses more), so dividing the
-    // buckets reduced in this batch, once, averages over the aggregated batches.
-    torch::NoGradGuard no_grad;
-    for (auto& bucket : buckets_) {
-      if (bucket.reductions_in_batch == 1 && !bucket.divided) {
-        bucket.flat.div_(static_cast<double>(options_.aggregation_frequency));
-        bucket.divided = true;
-      }
-    }
-  }
+  scaled_seen_ = unscaled_seen_ = false;
+}
+
+double GradientSync::loss_scale() const {
+  return 1.0 / static_cast<double>(world_size_ * options_.aggregation_frequency);
 }
 
 bool GradientSync::covers(const torch::Tensor& parameter) const {

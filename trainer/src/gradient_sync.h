@@ -14,9 +14,13 @@
 //                                no gradient, a backward that did not go through the context),
 //                                then divides by aggregation_frequency
 //
-// The mean over ranks is exact however often a bucket is reduced in one batch (averaging is
-// linear and idempotent), so several backward passes per batch (GANs) stay correct.
-// Compression divides a bucket by the world size, rounds it to 16 bits, sums, and widens back.
+// The mean costs no pass over the gradients: context.backward divides the loss by ranks x
+// aggregation_frequency, so the all-reduce is a plain sum (like Horovod's prescaling). Should
+// the trial call loss.backward() itself, the bucket is divided before its reduction instead.
+// Gradients that are not zeroed after a step (a second backward in the same batch, as in GANs,
+// or auto_zero_grads = false) still hold the mean: it is kept aside, only what the new backward
+// added is reduced, and the mean is added back. Compression rounds the (already divided) bucket to 16 bits, sums,
+// and widens back.
 //
 // Only constructed for a world of more than one rank: a single rank does no sync work at all.
 #pragma once
@@ -49,9 +53,13 @@ class GradientSync {
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
 
+  // context.backward multiplies the loss by this: 1 / (ranks x aggregation_frequency).
+  double loss_scale() const;
   void begin_backward(std::int64_t batch, bool sync);
   void end_backward();
   void reduce(std::int64_t batch);
+  // The optimizer zeroed these parameters' gradients: their buckets hold no mean any more.
+  void zeroed(const std::vector<torch::Tensor>& parameters);
 
   // Whether `parameter` is one of those synchronised (its TensorImpl).
   bool covers(const torch::Tensor& parameter) const;
@@ -69,7 +77,8 @@ class GradientSync {
     std::size_t pending = 0;  // parameters not yet ready in this armed backward
     bool clean = false;       // reduced, and no gradient added since
     int reductions_in_batch = 0;
-    bool divided = false;  // by aggregation_frequency, in this batch
+    bool holds_mean = false;  // reduced, and not zeroed since
+    torch::Tensor snapshot;   // that mean, kept aside while new gradients are added
     mpi_launcher::WorkHandle work;
   };
   class ReadyHook;
@@ -91,6 +100,9 @@ class GradientSync {
 
   std::mutex mutex_;  // hooks may run on autograd's device threads
   bool armed_ = false;
+  bool in_context_ = false;     // inside context.backward: the loss was scaled
+  bool scaled_seen_ = false;    // since the last reduce(): gradients from context.backward
+  bool unscaled_seen_ = false;  // ... and from loss.backward() called directly
   std::size_t next_launch_ = 0;
   std::int64_t batch_ = -1;
 };

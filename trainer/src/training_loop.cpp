@@ -143,7 +143,7 @@ void Loop::setup() {
   validation_loader_ = std::make_unique<DataLoader>(trial_->build_validation_data_loader());
   callbacks_ = trial_->build_callbacks();
   reducers_ = trial_->evaluation_reducer();
-  context_->broadcast_model_state();
+  context_->start_training();
 
   global_batch_ = context_->global_batch_size();
   if (train_loader_->batch_size() != context_->per_slot_batch_size()) {

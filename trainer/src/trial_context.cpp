@@ -109,7 +109,7 @@ void TrialContext::backward(const torch::Tensor& loss) {
   detail::GradientSync& sync = gradient_sync();
   sync.begin_backward(batches_trained_, is_sync_batch());
   try {
-    loss.backward();
+    (loss * sync.loss_scale()).backward();
   } catch (...) {
     sync.end_backward();
     throw;
@@ -155,7 +155,16 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
     clip_grads(parameters);
   }
   optimizer.step();
-  if (auto_zero_grads) optimizer.zero_grad();
+  if (auto_zero_grads) {
+    optimizer.zero_grad();
+    if (gradient_sync_) {
+      std::vector<torch::Tensor> parameters;
+      for (auto& group : optimizer.param_groups()) {
+        for (auto& p : group.params()) parameters.push_back(p);
+      }
+      gradient_sync_->zeroed(parameters);
+    }
+  }
 }
 
 void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double divisor) {
@@ -165,6 +174,11 @@ void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double d
       if (p.grad().defined()) p.mutable_grad().div_(divisor);
     }
   }
+}
+
+void TrialContext::start_training() {
+  broadcast_model_state();
+  if (settings_.distributed.size > 1) gradient_sync();
 }
 
 void TrialContext::broadcast_model_state() {

@@ -183,6 +183,9 @@ class TrialContext {
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
   // Makes every rank's parameters and buffers equal to the chief's.
   void broadcast_model_state();
+  // Once the trial is built: broadcast_model_state(), and on more than one rank the gradient
+  // buckets and their hooks.
+  void start_training();
 
  private:
   void register_model(std::shared_ptr<torch::nn::Module> model);

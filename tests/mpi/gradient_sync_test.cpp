@@ -1,0 +1,167 @@
+// Gradient averaging through the TrialContext on 2 and 4 ranks: the mean after one backward,
+// after loss.backward() called directly, after two backward passes in one batch (with and
+// without zeroing between), across batches when gradients are not zeroed; buckets start while
+// backward still runs; and mixing the two kinds of backward is a clear error.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/trainer.h"
+#include "mpi_test_env.h"
+
+namespace hpctrial {
+namespace {
+
+using testing::HasSubstr;
+using testing_mpi::env;
+
+// Counts the async all-reduces that pass through it.
+class CountingCommunicator final : public mpi_launcher::Communicator {
+ public:
+  explicit CountingCommunicator(mpi_launcher::Communicator& inner) : inner_(inner) {}
+  using Communicator::allreduce;
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  mpi_launcher::WorkHandle allreduce_async(void* data, std::size_t count, mpi_launcher::DType dtype,
+                                           mpi_launcher::ReduceOp op) override {
+    ++launched;
+    return inner_.allreduce_async(data, count, dtype, op);
+  }
+  mpi_launcher::WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override {
+    return inner_.broadcast_async(data, bytes, root);
+  }
+  void broadcast(std::string& bytes, int root) override { inner_.broadcast(bytes, root); }
+  std::vector<std::string> allgather(const std::string& bytes) override { return inner_.allgather(bytes); }
+  std::vector<std::string> gather(const std::string& bytes, int root) override { return inner_.gather(bytes, root); }
+  void barrier() override { inner_.barrier(); }
+  std::atomic<int> launched{0};
+
+ private:
+  mpi_launcher::Communicator& inner_;
+};
+
+class GradientSyncTest : public testing::Test {
+ protected:
+  GradientSyncTest() : world_(env().world()), comm_(world_) {}
+
+  std::unique_ptr<TrialContext> make_context(double bucket_cap_mb = 25) {
+    trainer::TrialSettings settings;
+    settings.hparams = {{"global_batch_size", 2 * world_.size()}};
+    settings.bucket_cap_mb = bucket_cap_mb;
+    settings.distributed = {world_.rank(), world_.size(), world_.rank(), world_.size(), 1};
+    auto context = std::make_unique<TrialContext>(settings, comm_);
+    model_ = context->wrap_model(torch::nn::Linear(3, 2));
+    optimizer_ = context->wrap_optimizer(
+        std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.0)));
+    context->start_training();
+    return context;
+  }
+
+  // This rank's loss: a sum over a batch of two rows of (rank + 1): the weight gradient is
+  // 2 (rank + 1) everywhere, the bias gradient 2.
+  torch::Tensor loss() {
+    return model_->forward(torch::full({2, 3}, static_cast<float>(world_.rank() + 1))).sum();
+  }
+  // The mean over ranks of that weight gradient.
+  double mean_weight_gradient() const { return static_cast<double>(world_.size() + 1); }
+
+  // Steps and returns the weight gradient the optimizer saw (captured after averaging).
+  double step(TrialContext& context, bool zero = true) {
+    double seen = -1;
+    context.step_optimizer(*optimizer_, [&](std::vector<torch::Tensor>& parameters) {
+      seen = parameters.front().grad().mean().item<double>();
+    }, zero);
+    return seen;
+  }
+
+  mpi_launcher::MpiCommunicator world_;
+  CountingCommunicator comm_;
+  torch::nn::Linear model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+};
+
+TEST_F(GradientSyncTest, OneBackwardGivesTheMeanOverRanks) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  context->backward(loss());
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+  EXPECT_DOUBLE_EQ(model_->bias.grad().sum().item<double>(), 0.0) << "not zeroed after the step";
+  context->set_loop_position(false, false, 1);
+  context->backward(loss());
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, LossBackwardCalledDirectlyIsAveragedToo) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  loss().backward();
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, TwoBackwardPassesInOneBatch) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  context->backward(loss());
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+  context->backward(loss());  // zeroed in between: the mean of the second pass alone
+  EXPECT_DOUBLE_EQ(step(*context, /*zero=*/false), mean_weight_gradient());
+  context->backward(2 * loss());  // not zeroed: the earlier mean plus this one's
+  EXPECT_DOUBLE_EQ(step(*context), 3 * mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, GradientsKeptAcrossBatchesAccumulateMeans) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  context->backward(loss());
+  EXPECT_DOUBLE_EQ(step(*context, /*zero=*/false), mean_weight_gradient());
+  context->set_loop_position(false, false, 1);
+  context->backward(loss());
+  EXPECT_DOUBLE_EQ(step(*context), 2 * mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, MixingBothKindsOfBackwardIsAClearError) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  context->backward(loss());
+  loss().backward();
+  try {
+    step(*context);
+    ADD_FAILURE() << "mixed backward passes were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("call context.backward for every backward pass"));
+  }
+}
+
+TEST_F(GradientSyncTest, BucketsStartWhileBackwardStillRuns) {
+  // Two layers, a bucket per parameter: the second layer's gradients come first in backward,
+  // and their all-reduce must have started before backward reaches the first layer.
+  trainer::TrialSettings settings;
+  settings.hparams = {{"global_batch_size", 2 * world_.size()}};
+  settings.bucket_cap_mb = 1e-6;
+  settings.distributed = {world_.rank(), world_.size(), world_.rank(), world_.size(), 1};
+  TrialContext context(settings, comm_);
+  auto first = context.wrap_model(torch::nn::Linear(3, 4));
+  auto second = context.wrap_model(torch::nn::Linear(4, 1));
+  auto optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
+      std::vector<torch::Tensor>{first->weight, first->bias, second->weight, second->bias}, torch::optim::SGDOptions(0.1)));
+  context.start_training();
+  int launched_when_first_layer_reached = -1;
+  first->weight.register_hook([&](const torch::Tensor& grad) {
+    launched_when_first_layer_reached = comm_.launched.load();
+    return grad;
+  });
+  context.set_loop_position(true, false, 0);
+  const int before = comm_.launched.load();
+  context.backward(second->forward(torch::relu(first->forward(torch::ones({2, 3})))).sum());
+  EXPECT_GE(launched_when_first_layer_reached - before, 2) << "no bucket started before backward finished";
+  EXPECT_EQ(comm_.launched.load() - before, 4);  // one per parameter
+  context.step_optimizer(*optimizer);
+}
+
+}  // namespace
+}  // namespace hpctrial
