@@ -49,10 +49,12 @@ class GradientSyncTest : public testing::Test {
  protected:
   GradientSyncTest() : world_(env().world()), comm_(world_) {}
 
-  std::unique_ptr<TrialContext> make_context(double bucket_cap_mb = 25) {
+  std::unique_ptr<TrialContext> make_context(double bucket_cap_mb = 25,
+                                             core::GradientCompression compression = core::GradientCompression::kNone) {
     trainer::TrialSettings settings;
     settings.hparams = {{"global_batch_size", 2 * world_.size()}};
     settings.bucket_cap_mb = bucket_cap_mb;
+    settings.gradient_compression = compression;
     settings.distributed = {world_.rank(), world_.size(), world_.rank(), world_.size(), 1};
     auto context = std::make_unique<TrialContext>(settings, comm_);
     model_ = context->wrap_model(torch::nn::Linear(3, 2));
@@ -62,10 +64,10 @@ class GradientSyncTest : public testing::Test {
     return context;
   }
 
-  // This rank's loss: a sum over a batch of two rows of (rank + 1): the weight gradient is
-  // 2 (rank + 1) everywhere, the bias gradient 2.
-  torch::Tensor loss() {
-    return model_->forward(torch::full({2, 3}, static_cast<float>(world_.rank() + 1))).sum();
+  // This rank's loss: a sum over a batch of two rows of (rank + 1) x scale: the weight gradient
+  // is 2 (rank + 1) x scale everywhere, the bias gradient 2.
+  torch::Tensor loss(float scale = 1.0f) {
+    return model_->forward(torch::full({2, 3}, static_cast<float>(world_.rank() + 1) * scale)).sum();
   }
   // The mean over ranks of that weight gradient.
   double mean_weight_gradient() const { return static_cast<double>(world_.size() + 1); }
@@ -122,6 +124,25 @@ TEST_F(GradientSyncTest, GradientsKeptAcrossBatchesAccumulateMeans) {
   context->set_loop_position(false, false, 1);
   context->backward(loss());
   EXPECT_DOUBLE_EQ(step(*context), 2 * mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, CompressionRoundsToItsSixteenBits) {
+  // 1 + 2^-10 is a float16 but not a bfloat16: float16 keeps it to within its precision,
+  // bfloat16 rounds it away - both within a few roundings (one per rank and partial sum) of the
+  // exact mean.
+  const float value = 1.0f + 1.0f / 1024;
+  const double exact = mean_weight_gradient() * value;
+  for (auto [compression, precision] : {std::pair{core::GradientCompression::kFloat16, 1.0 / 1024},
+                                        std::pair{core::GradientCompression::kBFloat16, 1.0 / 128}}) {
+    auto context = make_context(25, compression);
+    context->set_loop_position(true, false, 0);
+    context->backward(loss(value));
+    const double seen = step(*context);
+    EXPECT_LE(std::abs(seen - exact) / exact, precision) << core::to_string(compression);
+    if (compression == core::GradientCompression::kBFloat16) {
+      EXPECT_NE(seen, exact) << "bf16 rounded nothing";
+    }
+  }
 }
 
 TEST_F(GradientSyncTest, MixingBothKindsOfBackwardIsAClearError) {

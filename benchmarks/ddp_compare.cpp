@@ -1,0 +1,216 @@
+// ddp_compare: samples/s of the same MLP and global batch trained by hpctrial (under mpirun) and
+// by PyTorch DDP (Debian's python3-torch, gloo backend, started by torch.multiprocessing), at
+// each world size, in one run, with the same thread settings (OMP_NUM_THREADS and
+// OPENBLAS_NUM_THREADS = --threads for both; hpctrial's resources.cpus_per_slot likewise).
+//
+//   ddp_compare [--world-sizes 1,2] [--rounds 3] [--steps 300] [--warmup 50]
+//               [--features 32] [--hidden 64] [--classes 10] [--global-batch 64] [--threads 1]
+//
+// The defaults are the mlp example's model and batch. Each side is timed from batch --warmup
+// to the last batch; rounds alternate which side runs first; the median round is reported.
+// Goal: hpctrial >= 1.2 x DDP at every world size. (--worker is the hpctrial side itself.)
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/subprocess.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Setup {
+  std::vector<int> world_sizes = {1, 2};
+  int rounds = 3;
+  std::int64_t steps = 300, warmup = 50;
+  std::int64_t samples = 8192, features = 32, hidden = 64, classes = 10, global_batch = 64;
+  int threads = 1;
+};
+
+// The hpctrial side: the mlp example's network on in-memory data.
+struct NetImpl : torch::nn::Module {
+  NetImpl(std::int64_t features, std::int64_t hidden, std::int64_t classes)
+      : fc1(register_module("fc1", torch::nn::Linear(features, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        out(register_module("out", torch::nn::Linear(hidden, classes))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1->forward(x));
+    x = torch::relu(fc2->forward(x));
+    return torch::log_softmax(out->forward(x), 1);
+  }
+  torch::nn::Linear fc1, fc2, out;
+};
+TORCH_MODULE(Net);
+
+class TimedMlp : public hpctrial::Trial {
+ public:
+  explicit TimedMlp(hpctrial::TrialContext& context) : context_(context) {
+    const auto samples = context.hparam<std::int64_t>("samples");
+    const auto features = context.hparam<std::int64_t>("features");
+    const auto classes = context.hparam<std::int64_t>("classes");
+    torch::manual_seed(1);
+    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({samples, features}),
+                                                      torch::randint(0, classes, {samples}));
+    validation_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({context.global_batch_size(), features}),
+                                                            torch::randint(0, classes, {context.global_batch_size()}));
+    model_ = context.wrap_model(Net(features, context.hparam<std::int64_t>("hidden"), classes));
+    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
+        model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
+    warmup_ = context.hparam<std::int64_t>("warmup");
+    last_ = context.hparam<std::int64_t>("steps") - 1;
+  }
+  ~TimedMlp() override {
+    if (!context_.distributed().is_chief()) return;
+    const double seconds = std::chrono::duration<double>(end_ - start_).count();
+    std::printf("samples/s: %.1f\n", static_cast<double>((last_ - warmup_) * context_.global_batch_size()) / seconds);
+    std::fflush(stdout);
+  }
+
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    if (batch_idx == warmup_) start_ = Clock::now();
+    if (batch_idx == last_) end_ = Clock::now();
+    auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::nll_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override {
+    return {validation_, context_.per_slot_batch_size(), false};
+  }
+
+ private:
+  hpctrial::TrialContext& context_;
+  std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
+  Net model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+  std::int64_t warmup_ = 0, last_ = 0;
+  Clock::time_point start_, end_;
+};
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
+
+Setup parse(int argc, char** argv) {
+  Setup s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "usage: %s [--world-sizes 1,2] [--rounds N] [--steps N] [--warmup N] [--features N] "
+                   "[--hidden N] [--classes N] [--global-batch N] [--threads N]\n", argv[0]);
+      std::exit(2);
+    }
+    const std::string value = argv[++i];
+    if (arg == "--world-sizes") s.world_sizes = parse_list(value);
+    else if (arg == "--rounds") s.rounds = std::stoi(value);
+    else if (arg == "--steps") s.steps = std::stoll(value);
+    else if (arg == "--warmup") s.warmup = std::stoll(value);
+    else if (arg == "--features") s.features = std::stoll(value);
+    else if (arg == "--hidden") s.hidden = std::stoll(value);
+    else if (arg == "--classes") s.classes = std::stoll(value);
+    else if (arg == "--global-batch") s.global_batch = std::stoll(value);
+    else if (arg == "--threads") s.threads = std::stoi(value);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", arg.c_str());
+      std::exit(2);
+    }
+  }
+  return s;
+}
+
+double samples_per_second(const hpctrial::core::RunResult& r, const char* side) {
+  std::smatch match;
+  if (!r.ok() || !std::regex_search(r.out, match, std::regex("samples/s: ([0-9.]+)"))) {
+    std::fprintf(stderr, "the %s side failed: %s\n%s\n%s\n", side, r.describe().c_str(), r.out.c_str(), r.err.c_str());
+    std::exit(1);
+  }
+  return std::stod(match[1]);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int orchestrate(const Setup& s, const std::string& self) {
+  const auto dir = std::filesystem::temp_directory_path() / ("hpctrial-ddp-compare-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  hpctrial::core::RunOptions options;
+  options.timeout = std::chrono::minutes(10);
+  const std::string threads = std::to_string(s.threads);
+  options.env_set = {{"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads},
+                     {"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                     {"HPCTRIAL_LOG_LEVEL", "warning"}};
+  std::printf("MLP %lld-%lld-%lld-%lld, global batch %lld, %lld steps (timed after %lld), %d thread(s) per rank\n",
+              static_cast<long long>(s.features), static_cast<long long>(s.hidden), static_cast<long long>(s.hidden),
+              static_cast<long long>(s.classes), static_cast<long long>(s.global_batch),
+              static_cast<long long>(s.steps), static_cast<long long>(s.warmup), s.threads);
+  std::printf("%-6s %16s %16s %8s\n", "ranks", "hpctrial (s/s)", "DDP gloo (s/s)", "ratio");
+  std::fflush(stdout);
+  double worst = 1e9;
+  for (int world : s.world_sizes) {
+    const std::string config = (dir / ("exp-" + std::to_string(world) + ".yaml")).string();
+    std::ofstream(config) << "name: ddp-compare\nentrypoint: ./ddp_compare\n"
+                          << "hyperparameters: {global_batch_size: " << s.global_batch << ", samples: " << s.samples
+                          << ", features: " << s.features << ", hidden: " << s.hidden << ", classes: " << s.classes
+                          << ", warmup: " << s.warmup << ", steps: " << s.steps << "}\n"
+                          << "searcher: {name: single, metric: validation_loss, max_length: {batches: " << s.steps << "}}\n"
+                          << "resources: {slots_per_trial: " << world << ", cpus_per_slot: " << s.threads << "}\n"
+                          << "reproducibility: {experiment_seed: 1}\n";
+    const std::vector<std::string> ours = {HPCTRIAL_MPIRUN, "-np", std::to_string(world), "--oversubscribe",
+                                           "--bind-to", "none", self, "--worker", "--config", config,
+                                           "--trial-dir", (dir / "run").string(), "--progress-seconds", "0"};
+    const std::vector<std::string> theirs = {
+        HPCTRIAL_PYTHON, HPCTRIAL_DDP_SCRIPT, "--nproc", std::to_string(world), "--samples", std::to_string(s.samples), "--features", std::to_string(s.features),
+        "--hidden", std::to_string(s.hidden), "--classes", std::to_string(s.classes), "--global-batch",
+        std::to_string(s.global_batch), "--steps", std::to_string(s.steps), "--warmup", std::to_string(s.warmup),
+        "--threads", threads};
+    std::vector<double> a, b;
+    for (int round = 0; round < s.rounds; ++round) {
+      if (round % 2 == 0) {
+        a.push_back(samples_per_second(hpctrial::core::run_process(ours, options), "hpctrial"));
+        b.push_back(samples_per_second(hpctrial::core::run_process(theirs, options), "DDP"));
+      } else {
+        b.push_back(samples_per_second(hpctrial::core::run_process(theirs, options), "DDP"));
+        a.push_back(samples_per_second(hpctrial::core::run_process(ours, options), "hpctrial"));
+      }
+    }
+    const double ratio = median(a) / median(b);
+    worst = std::min(worst, ratio);
+    std::printf("%-6d %16.0f %16.0f %8.2f\n", world, median(a), median(b), ratio);
+    std::fflush(stdout);
+  }
+  std::printf("worst ratio hpctrial / DDP: %.2f (goal >= 1.2)\n", worst);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--worker") == 0) {
+    argv[1] = argv[0];  // run_main sees: program --config ...
+    return hpctrial::trainer::run_main(argc - 1, argv + 1, [](hpctrial::TrialContext& context) {
+      return std::unique_ptr<hpctrial::Trial>(std::make_unique<TimedMlp>(context));
+    });
+  }
+  return orchestrate(parse(argc, argv), std::filesystem::canonical("/proc/self/exe").string());
+}
