@@ -65,3 +65,43 @@ TEST(Nccl, SingleGpuAllReduce) {
 
 }  // namespace
 }  // namespace hpctrial
+
+// hpctrial's NcclCommunicator, bootstrapped over MPI (a singleton world of one rank here: NCCL
+// refuses two ranks on one GPU).
+#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/mpi_launcher/nccl_communicator.h"
+
+namespace hpctrial {
+namespace {
+
+mpi_launcher::MpiEnvironment& mpi() {
+  static mpi_launcher::MpiEnvironment environment;
+  return environment;
+}
+
+TEST(NcclCommunicator, ReducesAndBroadcastsDeviceMemory) {
+  REQUIRE_GPU();
+  ASSERT_TRUE(mpi_launcher::nccl_available());
+  auto comm = mpi_launcher::make_nccl_communicator(mpi().world(), mpi().local_rank(), nullptr);
+  ASSERT_EQ(comm->size(), 1);
+  const std::size_t n = 1000003;  // odd
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 977);
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  auto work = comm->allreduce_async(device, n, mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kAvg);
+  EXPECT_TRUE(work->wait(std::chrono::seconds(30)));
+  comm->broadcast_async(device, n * sizeof(float), 0)->wait();
+  comm->allreduce_async(device, 0, mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kSum)->wait();  // empty
+  std::vector<float> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);  // one rank: the mean is the value itself
+  std::string text = "over MPI";
+  comm->broadcast(text, 0);
+  EXPECT_EQ(text, "over MPI");
+  cudaFree(device);
+}
+
+}  // namespace
+}  // namespace hpctrial
