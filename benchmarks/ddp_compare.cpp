@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "hpctrial/core/subprocess.h"
+#include "mlp_trial.h"
 
 namespace {
 
@@ -38,21 +39,7 @@ struct Setup {
   int threads = 1;
 };
 
-// The hpctrial side: the mlp example's network on in-memory data.
-struct NetImpl : torch::nn::Module {
-  NetImpl(std::int64_t features, std::int64_t hidden, std::int64_t classes)
-      : fc1(register_module("fc1", torch::nn::Linear(features, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
-        out(register_module("out", torch::nn::Linear(hidden, classes))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc1->forward(x));
-    x = torch::relu(fc2->forward(x));
-    return torch::log_softmax(out->forward(x), 1);
-  }
-  torch::nn::Linear fc1, fc2, out;
-};
-TORCH_MODULE(Net);
-
+// The hpctrial side: the mlp example's network, on in-memory data.
 class TimedMlp : public hpctrial::Trial {
  public:
   explicit TimedMlp(hpctrial::TrialContext& context) : context_(context) {
@@ -64,7 +51,7 @@ class TimedMlp : public hpctrial::Trial {
                                                       torch::randint(0, classes, {samples}));
     validation_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({context.global_batch_size(), features}),
                                                             torch::randint(0, classes, {context.global_batch_size()}));
-    model_ = context.wrap_model(Net(features, context.hparam<std::int64_t>("hidden"), classes));
+    model_ = context.wrap_model(mlp_example::Mlp(features, context.hparam<std::int64_t>("hidden"), classes));
     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
         model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
     warmup_ = context.hparam<std::int64_t>("warmup");
@@ -96,7 +83,7 @@ class TimedMlp : public hpctrial::Trial {
  private:
   hpctrial::TrialContext& context_;
   std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
-  Net model_{nullptr};
+  mlp_example::Mlp model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   std::int64_t warmup_ = 0, last_ = 0;
   Clock::time_point start_, end_;

@@ -11,6 +11,7 @@
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "cnn_trial.h"
+#include "../support/capturing_mlp.h"
 #include "mlp_trial.h"
 #include "synthetic_data.h"
 #include "synthetic_images.h"
@@ -23,17 +24,7 @@ using testing_support::TempDir;
 
 constexpr double kAccuracyThreshold = 0.90;  // chance is 0.10; the run reaches about 0.93
 
-// The example's trial, keeping its final weights.
-class CapturingMlp : public mlp_example::MlpTrial {
- public:
-  CapturingMlp(TrialContext& context, std::vector<torch::Tensor>* out) : MlpTrial(context), out_(out) {}
-  ~CapturingMlp() override {
-    for (const auto& p : model()->parameters()) out_->push_back(p.detach().clone());
-  }
-
- private:
-  std::vector<torch::Tensor>* out_;
-};
+using testing_support::CapturingMlp;
 
 class MlpExample : public testing::Test {
  protected:

@@ -10,6 +10,7 @@
 
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/mpi_launcher/watchdog.h"
+#include "../support/capturing_mlp.h"
 #include "mlp_trial.h"
 #include "mpi_test_env.h"
 #include "synthetic_data.h"
@@ -21,16 +22,7 @@ using testing_mpi::env;
 
 constexpr std::int64_t kSteps = 60;
 
-class CapturingMlp : public mlp_example::MlpTrial {
- public:
-  CapturingMlp(TrialContext& context, std::vector<torch::Tensor>* out) : MlpTrial(context), out_(out) {}
-  ~CapturingMlp() override {
-    for (const auto& p : model()->parameters()) out_->push_back(p.detach().clone());
-  }
-
- private:
-  std::vector<torch::Tensor>* out_;
-};
+using testing_support::CapturingMlp;
 
 // The largest difference between two sets of weights, relative to the largest weight of each
 // tensor.
