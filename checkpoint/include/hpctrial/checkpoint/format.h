@@ -1,0 +1,133 @@
+// The checkpoint file format (docs/checkpoint-format.md), without LibTorch: buffers, dtypes and
+// shapes.
+//
+// A checkpoint is one HDF5 file of contiguous datasets. Every piece of state is a dataset - a
+// tensor in its own dtype, or a text (JSON) as a 1-D uint8 dataset - under a slash-separated
+// name ("model/0/fc1.weight", "meta/config"). A manifest (JSON in the dataset "manifest") lists
+// every dataset's name, dtype, shape, byte size and CRC-32C; the root attributes carry the
+// format name and version and the manifest's own CRC. Readers check the manifest before they
+// trust any dataset, and every dataset's CRC when they read it.
+//
+// write_checkpoint() lays the file's structure out with HDF5 (early allocation, no fill values,
+// large datasets aligned to 4 KiB), then writes the raw bytes at each dataset's offset with
+// O_DIRECT, fsyncs, and renames the file into place (see store.h for the `latest` pointer).
+// read_checkpoint() validates sizes before allocating: a crafted file cannot make it allocate
+// more than the file holds.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hpctrial::checkpoint {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "hpctrial-checkpoint";
+
+enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool };
+std::size_t dtype_size(DType dtype);
+const char* to_string(DType dtype);
+std::optional<DType> dtype_from_string(std::string_view name);
+
+// Host memory aligned for direct I/O (4 KiB), owned. The usable size is `size()`; the
+// allocation is rounded up to whole 4 KiB blocks.
+class Buffer {
+ public:
+  static constexpr std::size_t kAlignment = 4096;
+  explicit Buffer(std::size_t size);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+struct Dataset {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  std::vector<std::int64_t> shape;  // empty: a scalar
+  std::shared_ptr<const Buffer> data;
+  std::uint32_t crc32c = 0;  // computed by write_checkpoint, checked by read_checkpoint
+
+  std::size_t nbytes() const { return data ? data->size() : 0; }
+  // The bytes as text (for uint8 datasets holding JSON or other text).
+  std::string text() const;
+};
+
+struct Contents {
+  std::vector<Dataset> datasets;
+  // Small facts (batches, the searcher metric, versions): kept in the manifest, and as root
+  // string attributes for other readers. Names: lower-case letters, digits and '_'.
+  std::map<std::string, std::string> attributes;
+
+  // Adds `bytes` of `dtype` with `shape` (copied into an aligned buffer).
+  void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* bytes);
+  // Adds an existing buffer without copying.
+  void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
+           std::shared_ptr<const Buffer> data);
+  void add_text(const std::string& name, std::string_view text);
+  const Dataset* find(const std::string& name) const;
+  // The dataset `name`, or CheckpointError naming the file and the dataset.
+  const Dataset& at(const std::string& name, const std::string& file) const;
+};
+
+// Where bytes go: the seam through which the writer's raw data, syncs and renames pass, so that
+// tests can inject ENOSPC, EACCES or a crash at any point. HDF5's own metadata writes go
+// through HDF5. Calls return what the POSIX call would (-1 and errno on failure).
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  virtual int open(const std::string& path, int flags, mode_t mode);
+  virtual ssize_t pwrite(int fd, const void* data, std::size_t size, off_t offset);
+  virtual int fsync(int fd);
+  virtual int close(int fd);
+  virtual int rename(const std::string& from, const std::string& to);
+  virtual int unlink(const std::string& path);
+};
+FileSystem& posix_file_system();
+
+struct WriteOptions {
+  mode_t mode = 0600;
+  bool direct_io = true;  // O_DIRECT for large datasets, where the filesystem supports it
+  FileSystem* fs = nullptr;  // null: posix_file_system()
+};
+
+// Writes `contents` to `path` atomically: a temporary ".<name>.tmp" beside it, fsynced, renamed
+// into place, the directory fsynced. CheckpointError or IoError (naming the path and errno) on
+// failure, with the temporary removed.
+void write_checkpoint(const std::string& path, const Contents& contents, const WriteOptions& options = {});
+
+// The temporary name write_checkpoint() uses for `path`.
+std::string temporary_path(const std::string& path);
+
+struct ReadOptions {
+  bool direct_io = true;
+};
+
+// Reads and verifies the whole file: format, manifest, every dataset's shape, size and CRC.
+// CheckpointError naming the path and the reason on any problem.
+Contents read_checkpoint(const std::string& path, const ReadOptions& options = {});
+
+// Root attributes and the manifest only (no tensor data is read): for listings.
+struct Summary {
+  int format_version = 0;
+  std::string manifest_json;
+  std::map<std::string, std::string> attributes;
+};
+Summary read_summary(const std::string& path);
+
+std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
+
+}  // namespace hpctrial::checkpoint

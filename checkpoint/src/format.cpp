@@ -1,0 +1,106 @@
+#include "hpctrial/checkpoint/format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::checkpoint {
+namespace {
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+  std::size_t size;
+};
+constexpr DTypeName kDTypes[] = {
+    {DType::kFloat32, "float32", 4}, {DType::kFloat64, "float64", 8}, {DType::kFloat16, "float16", 2},
+    {DType::kBFloat16, "bfloat16", 2}, {DType::kInt64, "int64", 8},   {DType::kInt32, "int32", 4},
+    {DType::kInt16, "int16", 2},     {DType::kInt8, "int8", 1},       {DType::kUInt8, "uint8", 1},
+    {DType::kBool, "bool", 1}};
+
+}  // namespace
+
+std::size_t dtype_size(DType dtype) {
+  for (const auto& d : kDTypes) {
+    if (d.dtype == dtype) return d.size;
+  }
+  return 0;
+}
+
+const char* to_string(DType dtype) {
+  for (const auto& d : kDTypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return "unknown";
+}
+
+std::optional<DType> dtype_from_string(std::string_view name) {
+  for (const auto& d : kDTypes) {
+    if (name == d.name) return d.dtype;
+  }
+  return std::nullopt;
+}
+
+Buffer::Buffer(std::size_t size) : size_(size) {
+  const std::size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  data_ = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (data_ == nullptr) throw std::bad_alloc();
+}
+
+Buffer::~Buffer() { std::free(data_); }
+
+std::string Dataset::text() const {
+  return data ? std::string(static_cast<const char*>(data->data()), data->size()) : std::string();
+}
+
+void Contents::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* bytes) {
+  std::size_t count = 1;
+  for (std::int64_t d : shape) count *= static_cast<std::size_t>(d);
+  auto buffer = std::make_shared<Buffer>(count * dtype_size(dtype));
+  if (buffer->size() > 0) std::memcpy(buffer->data(), bytes, buffer->size());
+  add(name, dtype, std::move(shape), std::move(buffer));
+}
+
+void Contents::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
+                   std::shared_ptr<const Buffer> data) {
+  if (find(name) != nullptr) throw InternalError("checkpoint contents: dataset '" + name + "' added twice");
+  datasets.push_back({name, dtype, std::move(shape), std::move(data), 0});
+}
+
+void Contents::add_text(const std::string& name, std::string_view text) {
+  add(name, DType::kUInt8, {static_cast<std::int64_t>(text.size())}, text.data());
+}
+
+const Dataset* Contents::find(const std::string& name) const {
+  for (const auto& d : datasets) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+const Dataset& Contents::at(const std::string& name, const std::string& file) const {
+  const Dataset* d = find(name);
+  if (d == nullptr) throw CheckpointError(file + ": the checkpoint has no dataset '" + name + "'");
+  return *d;
+}
+
+int FileSystem::open(const std::string& path, int flags, mode_t mode) { return ::open(path.c_str(), flags, mode); }
+ssize_t FileSystem::pwrite(int fd, const void* data, std::size_t size, off_t offset) {
+  return ::pwrite(fd, data, size, offset);
+}
+int FileSystem::fsync(int fd) { return ::fsync(fd); }
+int FileSystem::close(int fd) { return ::close(fd); }
+int FileSystem::rename(const std::string& from, const std::string& to) { return ::rename(from.c_str(), to.c_str()); }
+int FileSystem::unlink(const std::string& path) { return ::unlink(path.c_str()); }
+
+FileSystem& posix_file_system() {
+  static FileSystem fs;
+  return fs;
+}
+
+}  // namespace hpctrial::checkpoint

@@ -1,0 +1,214 @@
+#include "hpctrial/checkpoint/store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+
+namespace hpctrial::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLatest = "latest";
+
+std::optional<double> metric_of(const std::map<std::string, std::string>& attributes) {
+  const auto it = attributes.find(kMetricAttribute);
+  if (it == attributes.end()) return std::nullopt;
+  try {
+    return std::stod(it->second);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<std::int64_t> checkpoint_batches(const std::string& name) {
+  static const std::regex pattern("ckpt-([0-9]{1,18})\\.h5");
+  std::smatch match;
+  if (!std::regex_match(name, match, pattern)) return std::nullopt;
+  return std::stoll(match[1]);
+}
+
+CheckpointStore::CheckpointStore(std::string dir, StoreOptions options) : dir_(std::move(dir)), options_(options) {
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) {
+    // Each missing level is made private, whatever the umask.
+    std::vector<fs::path> missing;
+    for (fs::path p = fs::absolute(dir_); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      missing.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      if (::mkdir(it->c_str(), options_.dir_mode) != 0 && errno != EEXIST) {
+        core::throw_errno("cannot create the checkpoint directory " + it->string(), errno);
+      }
+      if (::chmod(it->c_str(), options_.dir_mode) != 0) core::throw_errno("cannot set the mode of " + it->string(), errno);
+    }
+  }
+  if (!fs::is_directory(dir_, ec)) throw IoError("the checkpoint directory " + dir_ + " is not a directory");
+}
+
+FileSystem& CheckpointStore::fs() const { return options_.fs != nullptr ? *options_.fs : posix_file_system(); }
+
+std::string CheckpointStore::path_for(std::int64_t batches) const {
+  return (fs::path(dir_) / ("ckpt-" + std::to_string(batches) + ".h5")).string();
+}
+
+std::optional<std::string> CheckpointStore::latest_file() const {
+  std::ifstream in(fs::path(dir_) / kLatest);
+  std::string name;
+  if (!in || !std::getline(in, name) || !checkpoint_batches(name)) return std::nullopt;
+  return name;
+}
+
+void CheckpointStore::publish(const Contents& contents) {
+  const auto batches_it = contents.attributes.find(kBatchesAttribute);
+  if (batches_it == contents.attributes.end()) throw InternalError("publish: the contents carry no 'batches'");
+  const std::int64_t batches = std::stoll(batches_it->second);
+  const std::string path = path_for(batches);
+  WriteOptions write;
+  write.mode = options_.file_mode;
+  write.direct_io = options_.direct_io;
+  write.fs = options_.fs;
+  write_checkpoint(path, contents, write);
+
+  // The pointer, through the same seam: temporary, fsync, rename, directory fsync.
+  const std::string name = fs::path(path).filename().string();
+  const std::string pointer = (fs::path(dir_) / kLatest).string();
+  const std::string temp = (fs::path(dir_) / ".latest.tmp").string();
+  FileSystem& seam = fs();
+  seam.unlink(temp);
+  const int fd = seam.open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options_.file_mode);
+  if (fd < 0) core::throw_errno("cannot create " + temp, errno);
+  const std::string line = name + "\n";
+  const bool written = seam.pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size()) &&
+                       seam.fsync(fd) == 0;
+  const int write_errno = errno;
+  seam.close(fd);
+  if (!written) {
+    seam.unlink(temp);
+    core::throw_errno("cannot write " + temp + " (the checkpoint " + path + " is complete, but `latest` still names the previous one)",
+                write_errno);
+  }
+  if (seam.rename(temp, pointer) != 0) {
+    const int e = errno;
+    seam.unlink(temp);
+    core::throw_errno("cannot rename " + temp + " to " + pointer, e);
+  }
+  const int dir_fd = seam.open(dir_, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  const bool synced = dir_fd >= 0 && seam.fsync(dir_fd) == 0;
+  const int sync_errno = errno;
+  if (dir_fd >= 0) seam.close(dir_fd);
+  if (!synced) core::throw_errno("cannot flush directory " + dir_ + " to disk", sync_errno);
+  apply_retention(name);
+}
+
+void CheckpointStore::apply_retention(const std::string& keep) {
+  std::vector<CheckpointInfo> all = list(/*verify=*/false);
+  std::set<std::string> kept = {keep};
+  int newest = 0;
+  for (const auto& info : all) {  // newest first
+    if (!info.valid) continue;
+    if (newest++ < options_.keep_latest) kept.insert(info.file);
+  }
+  std::vector<const CheckpointInfo*> scored;
+  for (const auto& info : all) {
+    if (info.valid && info.metric) scored.push_back(&info);
+  }
+  std::stable_sort(scored.begin(), scored.end(), [&](const CheckpointInfo* a, const CheckpointInfo* b) {
+    return options_.smaller_is_better ? *a->metric < *b->metric : *a->metric > *b->metric;
+  });
+  for (int i = 0; i < options_.keep_best && i < static_cast<int>(scored.size()); ++i) kept.insert(scored[static_cast<std::size_t>(i)]->file);
+  for (const auto& info : all) {
+    if (kept.count(info.file) != 0) continue;
+    if (!info.valid) continue;  // not ours to judge: left for the user (`hpctrial checkpoint list`)
+    const std::string path = (fs::path(dir_) / info.file).string();
+    if (fs().unlink(path) != 0) core::log_warning("cannot delete the old checkpoint {}: {}", path, std::strerror(errno));
+  }
+}
+
+std::vector<CheckpointInfo> CheckpointStore::list(bool verify) const {
+  std::vector<CheckpointInfo> out;
+  const auto latest = latest_file();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto batches = checkpoint_batches(name);
+    if (!batches) continue;
+    CheckpointInfo info;
+    info.file = name;
+    info.batches = *batches;
+    info.latest = latest && *latest == name;
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) == 0) {
+      info.size = static_cast<std::uint64_t>(st.st_size);
+      info.modified = st.st_mtime;
+    }
+    try {
+      if (verify) {
+        info.metric = metric_of(read_checkpoint(entry.path().string()).attributes);
+      } else {
+        info.metric = metric_of(read_summary(entry.path().string()).attributes);
+      }
+      info.valid = true;
+    } catch (const Error& e) {
+      info.problem = e.what();
+    }
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.batches > b.batches; });
+  return out;
+}
+
+std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<std::string>* problems) const {
+  std::vector<std::string> candidates;
+  if (const auto latest = latest_file()) {
+    candidates.push_back(*latest);
+  } else if (fs::exists(fs::path(dir_) / kLatest)) {
+    problems->push_back((fs::path(dir_) / kLatest).string() + ": does not name a checkpoint file");
+  }
+  std::vector<std::pair<std::int64_t, std::string>> others;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto batches = checkpoint_batches(name);
+    if (batches && (candidates.empty() || name != candidates.front())) others.emplace_back(*batches, name);
+  }
+  std::sort(others.rbegin(), others.rend());
+  for (const auto& [batches, name] : others) candidates.push_back(name);
+  for (const auto& name : candidates) {
+    const std::string path = (fs::path(dir_) / name).string();
+    try {
+      Loaded loaded{path, *checkpoint_batches(name), read_checkpoint(path)};
+      return loaded;
+    } catch (const Error& e) {
+      problems->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+void CheckpointStore::remove_temporaries() const {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 5 && name.front() == '.' && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      core::log_info("removing {}, left by a save that did not finish", entry.path().string());
+      fs().unlink(entry.path().string());
+    }
+  }
+}
+
+}  // namespace hpctrial::checkpoint
