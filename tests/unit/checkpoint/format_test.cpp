@@ -1,0 +1,237 @@
+// The checkpoint file: every dtype round-trips, files are private, damage of any kind is found
+// and reported with the path and the dataset, and crafted files cannot make the reader allocate
+// what the file does not hold.
+#include <sys/stat.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <hdf5.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "../../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/checkpoint/h5_handle.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::checkpoint {
+namespace {
+
+using testing::HasSubstr;
+using testing_support::TempDir;
+
+Contents sample() {
+  Contents c;
+  std::vector<float> big(300001);  // > 4 KiB and not a whole number of blocks
+  std::iota(big.begin(), big.end(), 0.5f);
+  c.add("model/0/fc1.weight", DType::kFloat32, {300001}, big.data());
+  const double d[] = {1.5, -2.25};
+  c.add("model/0/scale", DType::kFloat64, {2}, d);
+  const std::uint16_t h[] = {0x3c00, 0xc000, 0x7bff};
+  c.add("model/0/half", DType::kFloat16, {3}, h);
+  c.add("model/0/bf", DType::kBFloat16, {3}, h);
+  const std::int64_t i64 = -7;
+  c.add("optimizer/0/step", DType::kInt64, {}, &i64);  // a scalar
+  const std::int32_t i32[] = {1, 2, 3, 4, 5, 6};
+  c.add("x/i32", DType::kInt32, {2, 3}, i32);
+  const std::int16_t i16 = 3;
+  c.add("x/i16", DType::kInt16, {1}, &i16);
+  const std::int8_t i8 = -3;
+  c.add("x/i8", DType::kInt8, {1}, &i8);
+  const bool flags[] = {true, false};
+  c.add("x/bool", DType::kBool, {2}, flags);
+  c.add("x/empty", DType::kFloat32, {0, 4}, nullptr);
+  c.add_text("meta/config", "name: test\n");
+  c.attributes["batches"] = "120";
+  c.attributes["searcher_metric"] = "0.25";
+  return c;
+}
+
+TEST(CheckpointFormat, EveryDtypeAndShapeRoundTrips) {
+  TempDir dir;
+  const std::string path = (dir.path() / "ckpt-120.h5").string();
+  const Contents written = sample();
+  write_checkpoint(path, written);
+  EXPECT_FALSE(std::filesystem::exists(temporary_path(path)));
+  const Contents read = read_checkpoint(path);
+  ASSERT_EQ(read.datasets.size(), written.datasets.size());
+  for (const auto& w : written.datasets) {
+    const Dataset& r = read.at(w.name, path);
+    EXPECT_EQ(r.dtype, w.dtype) << w.name;
+    EXPECT_EQ(r.shape, w.shape) << w.name;
+    ASSERT_EQ(r.nbytes(), w.nbytes()) << w.name;
+    EXPECT_EQ(std::memcmp(r.data->data(), w.data->data(), w.nbytes()), 0) << w.name;
+  }
+  EXPECT_EQ(read.at("meta/config", path).text(), "name: test\n");
+  EXPECT_EQ(read.attributes, written.attributes);
+  const Summary summary = read_summary(path);
+  EXPECT_EQ(summary.format_version, kFormatVersion);
+  EXPECT_EQ(summary.attributes.at("batches"), "120");
+  EXPECT_THAT(summary.manifest_json, HasSubstr("\"name\":\"model/0/fc1.weight\""));
+}
+
+TEST(CheckpointFormat, BufferedWritesAndReadsGiveTheSameFile) {
+  TempDir dir;
+  const std::string direct = (dir.path() / "direct.h5").string(), buffered = (dir.path() / "buffered.h5").string();
+  write_checkpoint(direct, sample());
+  WriteOptions options;
+  options.direct_io = false;
+  write_checkpoint(buffered, sample(), options);
+  ReadOptions read;
+  read.direct_io = false;
+  const Contents a = read_checkpoint(direct, read), b = read_checkpoint(buffered);
+  EXPECT_EQ(std::memcmp(a.at("model/0/fc1.weight", direct).data->data(), b.at("model/0/fc1.weight", buffered).data->data(),
+                        300001 * 4),
+            0);
+}
+
+TEST(CheckpointFormat, FilesArePrivateWhateverTheUmask) {
+  TempDir dir;
+  const mode_t old = ::umask(0);
+  const std::string path = (dir.path() / "ckpt-1.h5").string();
+  write_checkpoint(path, sample());
+  ::umask(old);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  WriteOptions group;
+  group.mode = 0640;
+  write_checkpoint(path, sample(), group);
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+}
+
+// Flips one byte at `offset` (from the end when negative).
+void flip_byte(const std::string& path, long offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const long size = static_cast<long>(f.tellg());
+  const long at = offset < 0 ? size + offset : offset;
+  f.seekg(at);
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+// Where the raw bytes of dataset `name` start in the file.
+long offset_of(const std::string& path, const std::string& name) {
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path);
+  H5Handle set(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), name);
+  return static_cast<long>(H5Dget_offset(set.get()));
+}
+
+std::string error_reading(const std::string& path) {
+  try {
+    read_checkpoint(path);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "read without error";
+}
+
+TEST(CheckpointFormat, AFlippedByteInDataIsFoundAndNamed) {
+  TempDir dir;
+  const std::string path = (dir.path() / "ckpt-5.h5").string();
+  write_checkpoint(path, sample());
+  flip_byte(path, offset_of(path, "model/0/fc1.weight") + 1000);
+  EXPECT_THAT(error_reading(path), HasSubstr(path + ": dataset model/0/fc1.weight is corrupt: its CRC-32C is"));
+  write_checkpoint(path, sample());
+  flip_byte(path, offset_of(path, "model/0/scale") + 3);  // a small dataset, read through HDF5
+  EXPECT_THAT(error_reading(path), HasSubstr("dataset model/0/scale is corrupt"));
+  write_checkpoint(path, sample());
+  flip_byte(path, offset_of(path, "manifest") + 10);
+  EXPECT_THAT(error_reading(path), HasSubstr("the manifest is corrupt"));
+}
+
+TEST(CheckpointFormat, TruncatedAndForeignFilesAreReported) {
+  TempDir dir;
+  const std::string path = (dir.path() / "ckpt-5.h5").string();
+  write_checkpoint(path, sample());
+  const auto size = std::filesystem::file_size(path);
+  for (auto keep : {size / 2, size - 10, std::uintmax_t{100}, std::uintmax_t{0}}) {
+    write_checkpoint(path, sample());
+    std::filesystem::resize_file(path, keep);
+    const std::string error = error_reading(path);
+    EXPECT_THAT(error, HasSubstr(path + ": ")) << keep;
+    EXPECT_NE(error, "read without error") << keep;
+  }
+  EXPECT_THAT(error_reading(dir.write("text.h5", "not hdf5 at all")), HasSubstr("not a readable HDF5 file"));
+  EXPECT_THAT(error_reading((dir.path() / "missing.h5").string()), HasSubstr("cannot read it: No such file"));
+  // An HDF5 file that is not a checkpoint.
+  const std::string other = (dir.path() / "other.h5").string();
+  H5Fclose(H5Fcreate(other.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  EXPECT_THAT(error_reading(other), HasSubstr("attribute 'format' is missing"));
+}
+
+// A file with the given manifest text (its CRC correct) and one real dataset "a" of 4 floats.
+std::string crafted(const TempDir& dir, const std::string& manifest, const std::string& format = kFormatName,
+                    std::uint64_t version = kFormatVersion) {
+  const std::string path = (dir.path() / "crafted.h5").string();
+  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path);
+  const hsize_t four = 4, n = manifest.size();
+  H5Handle space(H5Screate_simple(1, &four, nullptr), "space");
+  H5Handle set(H5Dcreate2(file.get(), "a", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "a");
+  const float values[4] = {1, 2, 3, 4};
+  H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+  H5Handle mspace(H5Screate_simple(1, &n, nullptr), "space");
+  H5Handle mset(H5Dcreate2(file.get(), "manifest", H5T_STD_U8LE, mspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "m");
+  H5Dwrite(mset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, manifest.data());
+  auto attribute = [&](const char* name, hid_t type, const void* value) {
+    H5Handle s(H5Screate(H5S_SCALAR), "s");
+    H5Handle a(H5Acreate2(file.get(), name, type, s.get(), H5P_DEFAULT, H5P_DEFAULT), name);
+    H5Awrite(a.get(), type, value);
+  };
+  H5Handle string_type(H5Tcopy(H5T_C_S1), "t");
+  H5Tset_size(string_type.get(), format.size());
+  attribute("format", string_type.get(), format.data());
+  attribute("format_version", H5T_NATIVE_UINT64, &version);
+  const std::uint64_t crc = crc32c(manifest.data(), manifest.size());
+  attribute("manifest_crc32c", H5T_NATIVE_UINT64, &crc);
+  return path;
+}
+
+std::string entry(const std::string& shape, const std::string& dtype = "float32", const std::string& nbytes = "16",
+                  const std::string& name = "a") {
+  return R"({"format":"hpctrial-checkpoint","format_version":1,"datasets":[{"name":")" + name + R"(","dtype":")" +
+         dtype + R"(","shape":)" + shape + R"(,"nbytes":)" + nbytes + R"(,"crc32c":0}]})";
+}
+
+TEST(CheckpointFormat, CraftedManifestsAreRefusedBeforeAnyAllocation) {
+  TempDir dir;
+  EXPECT_THAT(error_reading(crafted(dir, entry("[1099511627776,1099511627776]", "float32", "0"))),
+              HasSubstr("dataset a: its size overflows"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[-4]"))), HasSubstr("dataset a: a dimension is negative or absurd"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[268435456]", "float32", "1073741824"))),
+              HasSubstr("the datasets declare more bytes (1073741824) than the file holds"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]", "complex128"))), HasSubstr("dataset a: unknown dtype 'complex128'"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]", "float32", "17"))),
+              HasSubstr("dataset a: its byte size does not match its shape"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[2,2]"))), HasSubstr("its shape in the file differs from the manifest"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[2]", "float64"))), HasSubstr("differs from the manifest"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]", "float32", "16", "b"))),
+              HasSubstr("dataset b: listed in the manifest but missing"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]", "float32", "16", "../etc/passwd"))),
+              HasSubstr("the manifest names an invalid dataset"));
+  EXPECT_THAT(error_reading(crafted(dir, "{not json")), HasSubstr("the manifest is not valid JSON"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]"), "something-else")), HasSubstr("not an hpctrial checkpoint"));
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]"), kFormatName, 99)),
+              HasSubstr("written in checkpoint format 99, newer than this hpctrial reads"));
+  // The real dataset with a wrong checksum: found when read.
+  EXPECT_THAT(error_reading(crafted(dir, entry("[4]"))), HasSubstr("dataset a is corrupt"));
+}
+
+TEST(Crc32c, MatchesTheStandardCheckValue) {
+  const char* text = "123456789";
+  EXPECT_EQ(crc32c(text, 9), 0xe3069283u);
+  EXPECT_EQ(crc32c(text + 4, 5, crc32c(text, 4)), 0xe3069283u);  // incremental
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+}
+
+}  // namespace
+}  // namespace hpctrial::checkpoint
