@@ -1,0 +1,43 @@
+// LibTorch state to and from checkpoint datasets: tensors, optimizers, LR schedulers, the RNG.
+// Internal to the trainer (the checkpoint library itself knows no LibTorch).
+//
+// Optimizers of the six LibTorch types keep their state as datasets, readable without our code:
+//   optimizer/<i>/type            text: sgd, adam, adamw, adagrad, rmsprop or lbfgs
+//   optimizer/<i>/param_groups    JSON: [{"params": [indices], "options": {"lr": ..., ...}}]
+//   optimizer/<i>/state/<p>/<f>   a tensor field f of parameter p (p: its index over all groups)
+//   optimizer/<i>/state/<p>/scalars  JSON of the scalar fields (step, ...)
+// Other optimizer classes are stored as LibTorch's own archive (optimizer/<i>/torch_archive).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "hpctrial/checkpoint/format.h"
+
+namespace hpctrial::trainer::detail {
+
+checkpoint::DType checkpoint_dtype(c10::ScalarType type);
+c10::ScalarType torch_dtype(checkpoint::DType dtype);
+
+// A host copy of `tensor` (the stall of an async checkpoint).
+void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor);
+// A CPU tensor over the dataset's buffer (kept alive by the tensor).
+torch::Tensor tensor_of(const checkpoint::Dataset& dataset);
+// Copies dataset `name` into `target`, refusing another shape or dtype with a message naming
+// the tensor, the file and both shapes.
+void load_into(const checkpoint::Contents& contents, const std::string& name, torch::Tensor& target,
+               const std::string& file);
+
+void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer);
+void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
+                    torch::optim::Optimizer& optimizer, const std::string& file);
+
+// The number of steps an LR scheduler has taken (its only state; the learning rates live in
+// the optimizer's param groups).
+unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler);
+
+torch::Tensor cpu_rng_state();
+void set_cpu_rng_state(const torch::Tensor& state);
+
+}  // namespace hpctrial::trainer::detail
