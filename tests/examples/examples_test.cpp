@@ -151,7 +151,7 @@ TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
   options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
   const auto r = core::run_process(argv, options);
   EXPECT_FALSE(r.timed_out);
-  EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.err;
+  EXPECT_EQ(r.exit_code, 75) << r.describe() << "\n" << r.err;
   const std::regex stopped(R"(\[rank ([01])\] stop requested: stopping after batch ([0-9]+) of 10000000)");
   std::set<std::string> batches;
   int ranks = 0;
@@ -160,7 +160,8 @@ TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
   }
   EXPECT_EQ(ranks, 2) << r.err;
   EXPECT_EQ(batches.size(), 1u) << "the ranks stopped after different batches:\n" << r.err;
-  EXPECT_THAT(r.err, HasSubstr("this build writes no checkpoints, so the trial cannot resume from here"));
+  EXPECT_THAT(r.err, HasSubstr("[rank 0] paused after " + *batches.begin() + " batches; checkpoint "));
+  EXPECT_THAT(r.err, HasSubstr("/stopped/checkpoints/ckpt-" + *batches.begin() + ".h5 is durable"));
 }
 
 TEST(TrialProgram, CommandLineHelpAndMistakes) {

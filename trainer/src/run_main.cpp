@@ -32,12 +32,15 @@ namespace {
 constexpr int kExitFinished = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitConfig = 2;
+constexpr int kExitPaused = 75;  // EX_TEMPFAIL: checkpointed on request; run again to resume
 
 struct Arguments {
   core::ConfigSources sources;
   std::string trial_dir;
   int trial_id = 0;
   double progress_seconds = 10;
+  bool allow_fresh_start = false;
+  bool allow_config_change = false;
   bool help = false;
 };
 
@@ -56,7 +59,11 @@ Arguments parse_arguments(int argc, char** argv, const core::EnvSource& env) {
        "where metrics.jsonl and the effective config go (default: $HPCTRIAL_TRIAL_DIR, else "
        "runs/<name>)")
       ("progress-seconds", po::value(&args.progress_seconds)->value_name("S"),
-       "seconds between progress lines on stderr; 0 for none (default 10)");
+       "seconds between progress lines on stderr; 0 for none (default 10)")
+      ("allow-fresh-start", po::bool_switch(&args.allow_fresh_start),
+       "when checkpoints exist but none is usable, train from the start instead of refusing")
+      ("allow-config-change", po::bool_switch(&args.allow_config_change),
+       "resume a checkpoint written with other hyperparameters");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(options).run(), vm);
   po::notify(vm);
@@ -184,6 +191,8 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.progress_interval_s = args.progress_seconds;
     options.external_stop = &detail::stop_signal_received();
     options.device_communicator = device_comm.get();
+    options.allow_fresh_start = args.allow_fresh_start;
+    options.allow_config_change = args.allow_config_change;
     if (chief) {
       std::filesystem::create_directories(options.trial_dir);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),
@@ -193,10 +202,11 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     const TrialFactory factory = resolve(config);
     const LoopResult result = run_training(config, factory, *comm, options);
     if (result.stopped_early) {
-      return fail(kExitFailure,
-                  "stopped on request after " + std::to_string(result.batches_trained) +
-                      " batches; this build writes no checkpoints, so the trial cannot resume "
-                      "from here and its progress is lost");
+      if (chief) {
+        core::log_info("paused after {} batches; checkpoint {} is durable; run the same command again to resume",
+                       result.batches_trained, result.checkpoint_path);
+      }
+      return kExitPaused;
     }
     if (chief) {
       core::log_info("finished: {} batches; metrics in {}", result.batches_trained, result.metrics_path);

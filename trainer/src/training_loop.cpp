@@ -9,7 +9,9 @@
 #include <cstring>
 #include <set>
 
+#include "checkpointing.h"
 #include "config_json.h"
+#include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/communicator.h"
@@ -74,6 +76,12 @@ class Loop {
 
  private:
   void setup();
+  void resume();
+  std::string checkpoint_dir() const;
+  void save_checkpoint(bool wait);
+  void finish_checkpoint();
+  detail::LoopState loop_state() const;
+  void apply(const detail::LoopState& state);
   void train_one_batch();
   void report_training();
   void validate();
@@ -115,6 +123,17 @@ class Loop {
   bool evaluate_by_batch_ = true;
   bool checked_searcher_metric_ = false;
 
+  // Checkpoints (the chief writes them; every rank restores).
+  std::unique_ptr<checkpoint::CheckpointStore> store_;
+  std::unique_ptr<detail::AsyncCheckpointWriter> writer_;
+  detail::TrialIdentity identity_;
+  nlohmann::json settings_hparams_;
+  Period checkpoint_period_;
+  Clock::time_point last_checkpoint_time_;
+  std::int64_t last_checkpoint_batches_ = -1;
+  std::int64_t restart_count_ = 0;
+  std::optional<double> best_metric_;
+
   // Training metrics of the current reporting period.
   std::map<std::string, std::vector<torch::Tensor>> period_values_;
   std::int64_t period_batches_ = 0;
@@ -129,6 +148,7 @@ void Loop::setup() {
 
   TrialSettings settings;
   settings.hparams = detail::trial_hparams(config_);
+  settings_hparams_ = settings.hparams;
   settings.data_config = detail::to_json(config_.data);
   settings.trial_seed = trial_seed;
   settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
@@ -156,6 +176,14 @@ void Loop::setup() {
   records_per_epoch_ = config_.records_per_epoch > 0 ? config_.records_per_epoch : dataset_size;
   max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
   validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
+  checkpoint_period_ = to_period(config_.min_checkpoint_period, global_batch_, records_per_epoch_);
+  identity_.config_yaml = core::to_yaml(config_);
+  identity_.hparams = settings_hparams_;
+  identity_.trial_id = options_.trial_id;
+  identity_.world_size = comm_.size();
+  identity_.searcher_metric = config_.searcher.metric;
+  identity_.global_batch = global_batch_;
+  resume();
 
   sampler_ = std::make_unique<TrainingSampler>(
       StreamOrder(static_cast<std::uint64_t>(dataset_size), derive_seed(trial_seed, kDataStream),
@@ -173,6 +201,115 @@ void Loop::setup() {
   progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
                                                  chief() && options_.progress_interval_s > 0);
   last_validation_time_ = Clock::now();
+  last_checkpoint_time_ = Clock::now();
+}
+
+std::string Loop::checkpoint_dir() const {
+  if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
+  if (!config_.checkpoint_storage.host_path.empty()) {
+    std::filesystem::path base(config_.checkpoint_storage.host_path);
+    if (base.is_relative() && !config_.source_path.empty()) {
+      base = std::filesystem::path(config_.source_path).parent_path() / base;
+    }
+    return (base / ("trial-" + std::to_string(options_.trial_id))).string();
+  }
+  return (std::filesystem::path(options_.trial_dir) / "checkpoints").string();
+}
+
+detail::LoopState Loop::loop_state() const {
+  detail::LoopState s;
+  s.batches_trained = batches_trained_;
+  s.epochs_trained = result_.epochs_trained;
+  s.restart_count = restart_count_;
+  s.last_validation_batches = last_validation_batches_;
+  s.last_report_batches = last_report_batches_;
+  s.last_validation = result_.last_validation;
+  s.best_metric = best_metric_;
+  s.period_batches = period_batches_;
+  for (const auto& [name, list] : period_values_) {
+    auto& values = s.period_values[name];
+    for (const auto& v : list) values.push_back(v.item<double>());
+  }
+  return s;
+}
+
+void Loop::apply(const detail::LoopState& s) {
+  batches_trained_ = s.batches_trained;
+  result_.epochs_trained = s.epochs_trained;
+  restart_count_ = s.restart_count;
+  last_validation_batches_ = s.last_validation_batches;
+  last_report_batches_ = s.last_report_batches;
+  result_.last_validation = s.last_validation;
+  best_metric_ = s.best_metric;
+  period_batches_ = s.period_batches;
+  period_values_.clear();
+  for (const auto& [name, values] : s.period_values) {
+    for (double v : values) period_values_[name].push_back(torch::tensor(v, torch::kFloat64));
+  }
+}
+
+// Every rank restores from the checkpoint the chief chose, so that all take the same one.
+void Loop::resume() {
+  const std::string dir = checkpoint_dir();
+  std::string chosen;  // empty: start fresh; "!" + reason: refuse to start
+  checkpoint::Contents contents;
+  if (chief()) {
+    checkpoint::StoreOptions store_options;
+    store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
+    store_options.keep_best = config_.checkpoint_storage.save_trial_best;
+    store_options.smaller_is_better = config_.searcher.smaller_is_better;
+    store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
+    store_->remove_temporaries();
+    std::vector<std::string> problems;
+    auto loaded = store_->load_latest(&problems);
+    for (const auto& problem : problems) core::log_warning("checkpoint not usable: {}", problem);
+    if (loaded) {
+      if (!problems.empty()) core::log_warning("resuming from the previous good checkpoint, {}", loaded->path);
+      chosen = loaded->path;
+      contents = std::move(loaded->contents);
+    } else if (!problems.empty() && !options_.allow_fresh_start) {
+      chosen = "!" + dir + " holds checkpoints but none is usable (see the warnings above); fix or remove them, or "
+               "pass --allow-fresh-start to train this trial again from the start";
+    } else if (!problems.empty()) {
+      core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
+    }
+    writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
+  }
+  comm_.broadcast(chosen, 0);
+  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
+  if (chosen.empty()) return;
+  if (!chief()) contents = checkpoint::read_checkpoint(chosen);
+  detail::LoopState state = loop_state();
+  detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change);
+  ++state.restart_count;
+  apply(state);
+  last_checkpoint_batches_ = batches_trained_;
+  context_->broadcast_model_state();
+  if (chief()) {
+    core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
+  }
+}
+
+// Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
+// once the checkpoint is durable on every rank's view.
+void Loop::save_checkpoint(bool wait) {
+  detail::PhaseTimings::Scope t(timings_, "checkpoint");
+  last_checkpoint_batches_ = batches_trained_;
+  last_checkpoint_time_ = Clock::now();
+  if (chief()) {
+    writer_->submit(detail::capture(*context_, *trial_, callbacks_, loop_state(), identity_));
+    if (wait) finish_checkpoint();
+  }
+  if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable
+}
+
+void Loop::finish_checkpoint() {
+  if (!writer_) return;
+  if (auto path = writer_->wait()) {
+    result_.checkpoint_path = *path;
+    core::log_debug("checkpoint {} is durable", *path);
+    call([&](Callback& c) { c.on_checkpoint_end(*path); });
+  }
 }
 
 void Loop::train_one_batch() {
@@ -380,6 +517,11 @@ void Loop::validate() {
   }
   result_.last_validation = metrics;
   last_validation_batches_ = batches_trained_;
+  if (const auto it = metrics.find(config_.searcher.metric); it != metrics.end()) {
+    const bool better = !best_metric_ || (config_.searcher.smaller_is_better ? it->second < *best_metric_
+                                                                             : it->second > *best_metric_);
+    if (better) best_metric_ = it->second;
+  }
   last_validation_time_ = Clock::now();
   call([&](Callback& c) { c.on_validation_end(metrics); });
 }
@@ -407,25 +549,41 @@ LoopResult Loop::run() {
         std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
     const bool stop_local = context_->get_stop_requested() ||
                             (options_.external_stop != nullptr && options_.external_stop->load());
-    std::int64_t flags[2] = {stop_local ? 1 : 0, time_to_validate ? 1 : 0};
-    comm_.allreduce(flags, 2, DType::kInt64, ReduceOp::kMax);
+    const bool time_to_checkpoint =
+        chief() && checkpoint_period_.seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
+    std::int64_t flags[3] = {stop_local ? 1 : 0, time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0};
+    comm_.allreduce(flags, 3, DType::kInt64, ReduceOp::kMax);
     const bool stop = flags[0] != 0;
     const bool last = batches_trained_ == max_batches_;
     const bool validate_now =
         flags[1] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
 
-    if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last || stop) {
+    // Not at a stop: the period's values travel in the checkpoint, so that a resumed run reports
+    // exactly what an uninterrupted one would.
+    if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last) {
       report_training();
     }
     if (validate_now && !last) validate();
+    const bool checkpoint_now =
+        flags[2] != 0 || (checkpoint_period_.batches > 0 && batches_trained_ % checkpoint_period_.batches == 0);
+    if (stop && !last) {
+      save_checkpoint(/*wait=*/true);
+    } else if (checkpoint_now && !last) {
+      finish_checkpoint();  // the previous one, if still being written
+      save_checkpoint(/*wait=*/false);
+    }
     progress_->update(batches_trained_, epoch_of_batch(batches_trained_ - 1), last_loss_);
     if (stop && !last) {
       result_.stopped_early = true;
-      core::log_info("stop requested: stopping after batch {} of {}", batches_trained_, max_batches_);
+      core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
+                     result_.checkpoint_path.empty() ? "written by the chief" : result_.checkpoint_path);
       break;
     }
   }
   if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
+  if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
+  finish_checkpoint();
   progress_->update(batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)), last_loss_, true);
   progress_->finish();
   call([](Callback& c) { c.on_trial_shutdown(); });

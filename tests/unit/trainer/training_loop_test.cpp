@@ -119,11 +119,12 @@ TEST(TrainingLoop, LengthsInEpochsAndRecords) {
   TempDir dir;
   Record by_epochs, by_records;
   run("name: t\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {epochs: 2}}\n"
-      "hyperparameters: {global_batch_size: 10, lr: 0.1}\n", {}, dir.path().string(), &by_epochs);
+      "hyperparameters: {global_batch_size: 10, lr: 0.1}\n", {}, (dir.path() / "epochs").string(), &by_epochs);
   EXPECT_EQ(by_epochs.batch_idx.size(), 13u);  // ceil(2 * 64 / 10)
   run("name: t\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {records: 95}}\n"
-      "hyperparameters: {global_batch_size: 10, lr: 0.1}\nrecords_per_epoch: 32\n", {}, dir.path().string(), &by_records);
-  EXPECT_EQ(by_records.batch_idx.size(), 10u);  // ceil(95 / 10)
+      "hyperparameters: {global_batch_size: 10, lr: 0.1}\nrecords_per_epoch: 32\n", {}, (dir.path() / "records").string(),
+      &by_records);
+  ASSERT_EQ(by_records.batch_idx.size(), 10u);  // ceil(95 / 10)
   EXPECT_EQ(by_records.epoch_idx.back(), 2);     // 90 / 32
 }
 

@@ -8,8 +8,9 @@
 // HPCTRIAL_TRIAL_DIR, HPCTRIAL_TRIAL_ID. SIGUSR1, SIGUSR2, SIGTERM and SIGINT are stop requests,
 // honoured at the next step boundary by every rank together.
 //
-// Exit codes: 0 the trial finished; 2 the config or command line is wrong; 1 any other
-// failure (one rank failing ends every rank through MPI_Abort).
+// Exit codes: 0 the trial finished; 75 it stopped on request (a signal, set_stop_requested)
+// after a durable checkpoint, and running it again resumes it; 2 the config or command line is
+// wrong; 1 any other failure (one rank failing ends every rank through MPI_Abort).
 #pragma once
 
 #include <memory>

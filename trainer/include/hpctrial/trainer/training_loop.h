@@ -36,12 +36,20 @@ struct LoopOptions {
   const std::atomic<bool>* external_stop = nullptr;
   // Reduces gradients that live on a GPU (NCCL); null on the CPU path.
   mpi_launcher::Communicator* device_communicator = nullptr;
+  // Where checkpoints go; empty: checkpoint_storage.host_path/trial-<id>, else
+  // <trial_dir>/checkpoints. A run resumes from the latest good checkpoint there.
+  std::string checkpoint_dir;
+  // With checkpoints present but none usable: start over rather than refuse.
+  bool allow_fresh_start = false;
+  // Resume a checkpoint written with other hyperparameters.
+  bool allow_config_change = false;
 };
 
 struct LoopResult {
   std::int64_t batches_trained = 0;
   std::int64_t epochs_trained = 0;
-  bool stopped_early = false;  // a stop request ended training before max_length
+  bool stopped_early = false;  // a stop request ended training before max_length (checkpointed)
+  std::string checkpoint_path;  // the last checkpoint written (chief)
   MetricValues last_validation;
   std::string metrics_path;
 };

@@ -1,0 +1,242 @@
+#include "checkpointing.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <set>
+
+#include "hpctrial/build_config.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "state_io.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using json = nlohmann::json;
+
+std::string now_utc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string hex(std::uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%08x", value);
+  return text;
+}
+
+json parse(const checkpoint::Contents& contents, const std::string& name, const std::string& path) {
+  try {
+    return json::parse(contents.at(name, path).text());
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": " + name + " is not valid JSON: " + e.what());
+  }
+}
+
+// The hyperparameters that differ, as "name: old -> new" lines.
+std::string differences(const json& before, const json& now) {
+  std::string out;
+  std::set<std::string> names;
+  for (auto it = before.begin(); it != before.end(); ++it) names.insert(it.key());
+  for (auto it = now.begin(); it != now.end(); ++it) names.insert(it.key());
+  for (const auto& name : names) {
+    const json a = before.contains(name) ? before.at(name) : json("(none)");
+    const json b = now.contains(name) ? now.at(name) : json("(none)");
+    if (a != b) out += (out.empty() ? "" : ", ") + name + ": " + a.dump() + " -> " + b.dump();
+  }
+  return out;
+}
+
+}  // namespace
+
+checkpoint::Contents capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                             const TrialIdentity& identity) {
+  checkpoint::Contents c;
+  const auto& models = context.models();
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = "model/" + std::to_string(i) + "/";
+    for (const auto& item : models[i]->named_parameters()) add_tensor(c, prefix + item.key(), item.value());
+    for (const auto& item : models[i]->named_buffers()) add_tensor(c, prefix + item.key(), item.value());
+  }
+  const auto& optimizers = context.optimizers();
+  for (std::size_t i = 0; i < optimizers.size(); ++i) save_optimizer(c, "optimizer/" + std::to_string(i), *optimizers[i]);
+  const auto& schedulers = context.lr_schedulers();
+  for (std::size_t i = 0; i < schedulers.size(); ++i) {
+    const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
+    c.add("scheduler/" + std::to_string(i) + "/step_count", checkpoint::DType::kInt64, {}, &count);
+  }
+  add_tensor(c, "rng/cpu", cpu_rng_state());
+
+  json progress = {{"batches", loop.batches_trained},
+                   {"epochs", loop.epochs_trained},
+                   {"records", loop.batches_trained * identity.global_batch},
+                   {"global_batch_size", identity.global_batch},
+                   {"restart_count", loop.restart_count},
+                   {"last_validation_batches", loop.last_validation_batches},
+                   {"last_report_batches", loop.last_report_batches},
+                   {"period_batches", loop.period_batches},
+                   {"period_values", loop.period_values},
+                   {"best_metric", loop.best_metric ? json(*loop.best_metric) : json(nullptr)}};
+  c.add_text("progress", progress.dump());
+  c.add_text("meta/config", identity.config_yaml);
+  c.add_text("meta/hparams", identity.hparams.dump());
+  c.add_text("meta/validation", json(loop.last_validation).dump());
+  json callback_states = json::object();
+  for (const auto& [name, callback] : callbacks) callback_states[name] = callback->state_dict();
+  c.add_text("callbacks", callback_states.dump());
+  c.add_text("trial_state", trial.save_state().dump());
+
+  c.attributes[checkpoint::kBatchesAttribute] = std::to_string(loop.batches_trained);
+  const auto metric = loop.last_validation.find(identity.searcher_metric);
+  if (loop.last_validation_batches == loop.batches_trained && metric != loop.last_validation.end()) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.17g", metric->second);
+    c.attributes[checkpoint::kMetricAttribute] = text;
+  }
+  c.attributes["epochs"] = std::to_string(loop.epochs_trained);
+  c.attributes["records"] = std::to_string(loop.batches_trained * identity.global_batch);
+  c.attributes["restart_count"] = std::to_string(loop.restart_count);
+  c.attributes["hpctrial_version"] = HPCTRIAL_VERSION;
+  c.attributes["created"] = now_utc();
+  c.attributes["world_size"] = std::to_string(identity.world_size);
+  c.attributes["trial_id"] = std::to_string(identity.trial_id);
+  c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));
+  return c;
+}
+
+void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
+             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change) {
+  const json hparams = parse(contents, "meta/hparams", path);
+  if (hparams != identity.hparams) {
+    const std::string changed = differences(hparams, identity.hparams);
+    if (!allow_config_change) {
+      throw ConfigError(path + " was written with other hyperparameters (" + changed +
+                        "); resume with the config that wrote it, or pass --allow-config-change");
+    }
+    core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
+                      changed);
+  }
+  const auto& models = context.models();
+  std::set<std::string> expected;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = "model/" + std::to_string(i) + "/";
+    for (auto& item : models[i]->named_parameters()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+    for (auto& item : models[i]->named_buffers()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+  }
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("model/", 0) == 0 && expected.count(d.name) == 0) {
+      throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
+                        "checkpoint (a different architecture or hyperparameters)");
+    }
+  }
+  const auto& optimizers = context.optimizers();
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    const std::string prefix = "optimizer/" + std::to_string(i);
+    if (contents.find(prefix + "/type") == nullptr) {
+      throw ConfigError(path + " has no " + prefix + ": the trial wraps more optimizers than when it was saved");
+    }
+    load_optimizer(contents, prefix, *optimizers[i], path);
+  }
+  const auto& schedulers = context.lr_schedulers();
+  for (std::size_t i = 0; i < schedulers.size(); ++i) {
+    const auto& d = contents.at("scheduler/" + std::to_string(i) + "/step_count", path);
+    if (d.dtype != checkpoint::DType::kInt64 || d.nbytes() != 8) throw CheckpointError(path + ": a scheduler's step count is malformed");
+    std::int64_t count = 0;
+    std::memcpy(&count, d.data->data(), 8);
+    scheduler_step_count(*schedulers[i].scheduler) = static_cast<unsigned>(count);
+  }
+  set_cpu_rng_state(tensor_of(contents.at("rng/cpu", path)).clone());
+
+  const json progress = parse(contents, "progress", path);
+  try {
+    loop.batches_trained = progress.at("batches").get<std::int64_t>();
+    loop.epochs_trained = progress.at("epochs").get<std::int64_t>();
+    loop.restart_count = progress.at("restart_count").get<std::int64_t>();
+    loop.last_validation_batches = progress.at("last_validation_batches").get<std::int64_t>();
+    loop.last_report_batches = progress.at("last_report_batches").get<std::int64_t>();
+    loop.period_batches = progress.at("period_batches").get<std::int64_t>();
+    loop.period_values = progress.at("period_values").get<std::map<std::string, std::vector<double>>>();
+    loop.best_metric = progress.at("best_metric").is_null() ? std::nullopt
+                                                            : std::optional<double>(progress.at("best_metric").get<double>());
+    loop.last_validation = parse(contents, "meta/validation", path).get<MetricValues>();
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": progress is malformed: " + e.what());
+  }
+  if (loop.batches_trained < 0) throw CheckpointError(path + ": progress has a negative batch count");
+
+  const json callback_states = parse(contents, "callbacks", path);
+  for (const auto& [name, callback] : callbacks) {
+    if (callback_states.contains(name)) callback->load_state_dict(callback_states.at(name));
+  }
+  const json trial_state = parse(contents, "trial_state", path);
+  if (!trial_state.is_null()) trial.load_state(trial_state);
+}
+
+AsyncCheckpointWriter::AsyncCheckpointWriter(checkpoint::CheckpointStore& store)
+    : store_(store), thread_([this] { run(); }) {}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void AsyncCheckpointWriter::submit(checkpoint::Contents contents) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  pending_ = std::move(contents);
+  changed_.notify_all();
+}
+
+std::optional<std::string> AsyncCheckpointWriter::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return std::exchange(done_, std::nullopt);
+}
+
+void AsyncCheckpointWriter::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
+    if (!pending_) return;
+    checkpoint::Contents contents = std::move(*pending_);
+    pending_.reset();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    std::string path;
+    try {
+      path = store_.path_for(std::stoll(contents.attributes.at(checkpoint::kBatchesAttribute)));
+      store_.publish(contents);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    if (error) {
+      error_ = error;
+    } else {
+      done_ = path;
+    }
+    changed_.notify_all();
+  }
+}
+
+}  // namespace hpctrial::trainer::detail

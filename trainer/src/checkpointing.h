@@ -1,0 +1,96 @@
+// A whole trial's state as checkpoint contents, and back; and the thread that writes them.
+// Internal to the trainer (the layout is in docs/checkpoint-format.md).
+//
+//   model/<i>/<name>        parameters and buffers of wrapped model i, by their LibTorch names
+//   optimizer/<i>/...       see state_io.h
+//   scheduler/<i>/step_count, rng/cpu, sampler/records
+//   progress                JSON: batches, epochs, records, restart count, the loop's counters,
+//                           the unreported training metrics of the current period
+//   meta/config, meta/hparams, meta/validation, callbacks, trial_state   texts (JSON, YAML)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/trainer/callback.h"
+#include "hpctrial/trainer/trial.h"
+#include "hpctrial/trainer/trial_context.h"
+
+namespace hpctrial::trainer::detail {
+
+// What the loop itself carries across a resume.
+struct LoopState {
+  std::int64_t batches_trained = 0;
+  std::int64_t epochs_trained = 0;
+  std::int64_t restart_count = 0;
+  std::int64_t last_validation_batches = -1;
+  std::int64_t last_report_batches = 0;
+  MetricValues last_validation;
+  std::optional<double> best_metric;
+  // Training metrics of the period not yet reported: one value per batch.
+  std::map<std::string, std::vector<double>> period_values;
+  std::int64_t period_batches = 0;
+};
+
+struct TrialIdentity {
+  std::string config_yaml;
+  nlohmann::json hparams;
+  int trial_id = 0;
+  int world_size = 1;
+  std::string searcher_metric;
+  std::int64_t global_batch = 0;
+};
+
+using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
+
+// Host copies of everything (the stall of an async checkpoint).
+checkpoint::Contents capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                             const TrialIdentity& identity);
+
+// Puts everything back. Refuses a checkpoint of another model (naming the tensor) and, unless
+// `allow_config_change`, one written with other hyperparameters.
+void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
+             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change);
+
+// Writes and publishes checkpoints on a thread of its own, one at a time: submit() waits for
+// the previous one first; wait() returns once the last is durable (rethrowing its error).
+class AsyncCheckpointWriter {
+ public:
+  explicit AsyncCheckpointWriter(checkpoint::CheckpointStore& store);
+  ~AsyncCheckpointWriter();
+  AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+  AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+
+  void submit(checkpoint::Contents contents);
+  // The path of the last checkpoint made durable since the previous call, if any.
+  std::optional<std::string> wait();
+
+ private:
+  void run();
+
+  checkpoint::CheckpointStore& store_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<checkpoint::Contents> pending_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::optional<std::string> done_;
+  std::thread thread_;
+};
+
+}  // namespace hpctrial::trainer::detail
