@@ -74,6 +74,121 @@ TEST_F(MlpExample, LearnsAndIsBitwiseReproducible) {
   EXPECT_EQ(a.last_validation, b.last_validation);
 }
 
+// The mlp trial that asks to stop after the batches listed (each one once).
+class StoppingMlp : public CapturingMlp {
+ public:
+  StoppingMlp(TrialContext& context, std::vector<torch::Tensor>* out, std::int64_t stop_after,
+              std::vector<std::int64_t>* batches_seen)
+      : CapturingMlp(context, out), context_(context), stop_after_(stop_after), seen_(batches_seen) {}
+  Metrics train_batch(Batch& batch, std::int64_t epoch, std::int64_t batch_idx) override {
+    seen_->push_back(batch_idx);
+    Metrics metrics = CapturingMlp::train_batch(batch, epoch, batch_idx);
+    if (batch_idx + 1 == stop_after_) context_.set_stop_requested(true);
+    return metrics;
+  }
+
+ private:
+  TrialContext& context_;
+  std::int64_t stop_after_;
+  std::vector<std::int64_t>* seen_;
+};
+
+// Every metrics line but the timings, as text.
+std::vector<std::string> metric_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "timings") continue;
+    j.erase("time");
+    out.push_back(j.dump());
+  }
+  return out;
+}
+
+class ExactResume : public MlpExample {
+ protected:
+  // Trains in `dir`, stopping after each of `stops` and resuming, to the end.
+  std::vector<torch::Tensor> train_with_stops(const std::string& dir, const std::vector<std::int64_t>& stops) {
+    const core::ExperimentConfig config = core::load_experiment_config(sources(1));
+    std::vector<torch::Tensor> weights;
+    std::vector<std::int64_t> plan = stops;
+    plan.push_back(-1);  // the last run goes to the end
+    std::int64_t start = 0;
+    for (std::int64_t stop : plan) {
+      weights.clear();
+      std::vector<std::int64_t> seen;
+      mpi_launcher::LocalCommunicator comm;
+      trainer::LoopOptions options;
+      options.trial_dir = dir;
+      options.experiment_seed = *config.reproducibility.experiment_seed;
+      options.progress_interval_s = 0;
+      const auto result = trainer::run_training(config, [&](TrialContext& context) {
+        return std::unique_ptr<Trial>(std::make_unique<StoppingMlp>(context, &weights, stop, &seen));
+      }, comm, options);
+      EXPECT_EQ(result.stopped_early, stop >= 0);
+      // Each run resumes where the previous one stopped.
+      EXPECT_FALSE(seen.empty());
+      if (seen.empty()) return weights;
+      EXPECT_EQ(seen.front(), start) << "a run did not resume from the checkpoint";
+      start = stop;
+      if (stop >= 0) {
+        EXPECT_EQ(result.batches_trained, stop);
+        EXPECT_EQ(result.checkpoint_path, dir + "/checkpoints/ckpt-" + std::to_string(stop) + ".h5");
+      }
+    }
+    return weights;
+  }
+};
+
+TEST_F(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
+  const std::string straight = (dir_.path() / "straight").string();
+  const auto reference = train_with_stops(straight, {});
+  // 128 batches an epoch: mid-epoch, at an epoch boundary, and three times in one epoch.
+  for (const auto& stops : std::vector<std::vector<std::int64_t>>{{150}, {128}, {140, 170, 230}}) {
+    std::string name = "stops";
+    for (auto k : stops) name += "-" + std::to_string(k);
+    const std::string dir = (dir_.path() / name).string();
+    const auto resumed = train_with_stops(dir, stops);
+    ASSERT_EQ(resumed.size(), reference.size());
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << name << ": parameter " << i << " differs";
+    }
+    EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << name;
+  }
+}
+
+TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
+  const std::string dir = (dir_.path() / "changed").string();
+  train_with_stops(dir, {50});  // leaves a checkpoint at 50 and finishes
+  auto run_with = [&](const std::string& override, bool allow) {
+    auto src = sources(1);
+    src.overrides.push_back(override);
+    const core::ExperimentConfig config = core::load_experiment_config(src);
+    mpi_launcher::LocalCommunicator comm;
+    trainer::LoopOptions options;
+    options.trial_dir = dir;
+    options.experiment_seed = 1234;
+    options.progress_interval_s = 0;
+    options.allow_config_change = allow;
+    std::vector<torch::Tensor> weights;
+    try {
+      trainer::run_training(config, [&](TrialContext& context) {
+        return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, &weights));
+      }, comm, options);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(run_with("hyperparameters.learning_rate=0.1", false),
+              HasSubstr("was written with other hyperparameters (learning_rate: 0.05 -> 0.1); resume with the config "
+                        "that wrote it, or pass --allow-config-change"));
+  EXPECT_EQ(run_with("hyperparameters.learning_rate=0.1", true), "accepted");
+  EXPECT_THAT(run_with("hyperparameters.hidden=32", true),
+              HasSubstr("model/0/fc1.weight is float32 [64, 32] in the checkpoint but float32 [32, 32] in the model"));
+}
+
 std::vector<nlohmann::json> validations(const std::string& path) {
   std::ifstream in(path);
   std::vector<nlohmann::json> out;

@@ -303,9 +303,9 @@ void load_into(const checkpoint::Contents& contents, const std::string& name, to
                       "config that wrote it");
   }
   if (d->shape != target.sizes().vec() || torch_dtype(d->dtype) != target.scalar_type()) {
-    throw ConfigError(file + ": " + name + " is " + c10::toString(torch_dtype(d->dtype)) + " " +
+    throw ConfigError(file + ": " + name + " is " + checkpoint::to_string(d->dtype) + " " +
                       c10::str(c10::IntArrayRef(d->shape)) + " in the checkpoint but " +
-                      c10::toString(target.scalar_type()) + " " + c10::str(target.sizes()) +
+                      checkpoint::to_string(checkpoint_dtype(target.scalar_type())) + " " + c10::str(target.sizes()) +
                       " in the model: the config changed the model since the checkpoint");
   }
   torch::NoGradGuard no_grad;
