@@ -5,6 +5,7 @@ namespace hpctrial::cli {
 std::vector<Verb> builtin_verbs() {
   return {
       config_verb(),
+      checkpoint_verb(),
   };
 }
 
