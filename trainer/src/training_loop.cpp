@@ -571,7 +571,7 @@ LoopResult Loop::run() {
       save_checkpoint(/*wait=*/true);
     } else if (checkpoint_now && !last) {
       finish_checkpoint();  // the previous one, if still being written
-      save_checkpoint(/*wait=*/false);
+      save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
     }
     progress_->update(batches_trained_, epoch_of_batch(batches_trained_ - 1), last_loss_);
     if (stop && !last) {
