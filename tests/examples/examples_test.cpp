@@ -189,6 +189,34 @@ TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
               HasSubstr("model/0/fc1.weight is float32 [64, 32] in the checkpoint but float32 [32, 32] in the model"));
 }
 
+// The checkpoint read from Python (h5py, no hpctrial) into the same network defined in
+// PyTorch gives the C++ model's outputs.
+TEST_F(ExactResume, PythonReadsTheCheckpointIntoTheSameModel) {
+  const std::string dir = (dir_.path() / "python").string();
+  const auto weights = train_with_stops(dir, {});
+  mlp_example::Mlp net(32, 64, 10);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = net->parameters();
+    ASSERT_EQ(params.size(), weights.size());
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(weights[i]);
+  }
+  const torch::Tensor outputs = net->forward(torch::linspace(-1, 1, 4 * 32).reshape({4, 32})).flatten();
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const auto r = core::run_process({"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/tests/python/mlp_outputs.py",
+                                    HPCTRIAL_SOURCE_DIR "/scripts", dir + "/checkpoints/ckpt-400.h5"},
+                                   options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  std::istringstream lines(r.out);
+  std::vector<double> python;
+  for (std::string line; std::getline(lines, line);) python.push_back(std::stod(line));
+  ASSERT_EQ(python.size(), static_cast<std::size_t>(outputs.numel()));
+  for (std::size_t i = 0; i < python.size(); ++i) {
+    EXPECT_NEAR(python[i], outputs[static_cast<std::int64_t>(i)].item<double>(), 1e-5) << "output " << i;
+  }
+}
+
 std::vector<nlohmann::json> validations(const std::string& path) {
   std::ifstream in(path);
   std::vector<nlohmann::json> out;
