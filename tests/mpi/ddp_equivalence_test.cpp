@@ -59,7 +59,7 @@ class DdpEquivalence : public testing::Test {
   }
 
   std::vector<torch::Tensor> train(mpi_launcher::Communicator& comm, std::vector<std::string> overrides,
-                                   const std::string& name) {
+                                   const std::string& name, const std::string& checkpoint_dir = "") {
     overrides.push_back("data.train=" + dir_ + "/train.h5");
     overrides.push_back("data.validation=" + dir_ + "/validation.h5");
     overrides.push_back("resources.slots_per_trial=" + std::to_string(comm.size()));
@@ -70,6 +70,7 @@ class DdpEquivalence : public testing::Test {
     options.experiment_seed = *config.reproducibility.experiment_seed;
     options.progress_interval_s = 0;
     options.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+    options.checkpoint_dir = checkpoint_dir;
     std::vector<torch::Tensor> weights;
     trainer::run_training(config, [&](TrialContext& context) {
       return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, &weights));
@@ -77,9 +78,10 @@ class DdpEquivalence : public testing::Test {
     return weights;
   }
 
-  std::vector<torch::Tensor> one_rank(std::vector<std::string> overrides, const std::string& name) {
+  std::vector<torch::Tensor> one_rank(std::vector<std::string> overrides, const std::string& name,
+                                      const std::string& checkpoint_dir = "") {
     mpi_launcher::LocalCommunicator local;
-    return train(local, std::move(overrides), name);
+    return train(local, std::move(overrides), name, checkpoint_dir);
   }
 
   static std::string dir_;
@@ -114,6 +116,32 @@ TEST_F(DdpEquivalence, AggregatingTwoHalfBatchesEqualsTheFullBatch) {
   if (world.is_chief()) {
     std::printf("[ measured ] %d ranks, batch 32 x aggregation 2 vs batch 64: max relative weight difference %.3g\n",
                 world.size(), difference);
+  }
+  EXPECT_LE(difference, 1e-5);
+}
+
+// A checkpoint does not depend on the number of ranks: saved by all ranks and resumed by one,
+// or saved by one and resumed by all, training ends where one rank alone would.
+TEST_F(DdpEquivalence, ResumesOnAnotherNumberOfRanks) {
+  const auto batches = [](int n) { return "searcher.max_length.batches=" + std::to_string(n); };
+  const auto reference = one_rank({batches(kSteps)}, "straight");
+  mpi_launcher::MpiCommunicator world(env().world());
+  const std::string from_world = dir_ + "/from-world", from_one = dir_ + "/from-one";
+  train(world, {batches(25)}, "world-first", from_world);  // ends with a checkpoint at 25
+  if (world.is_chief()) {
+    one_rank({batches(12)}, "one-first", from_one);  // a checkpoint at 12
+    const auto resumed = one_rank({batches(kSteps)}, "one-second", from_world);
+    const double difference = max_relative_difference(resumed, reference);
+    std::printf("[ measured ] saved by %d ranks, resumed by 1: max relative weight difference %.3g\n", world.size(),
+                difference);
+    EXPECT_LE(difference, 1e-5);
+  }
+  world.barrier();
+  const auto resumed = train(world, {batches(kSteps)}, "world-second", from_one);
+  const double difference = max_relative_difference(resumed, reference);
+  if (world.is_chief()) {
+    std::printf("[ measured ] saved by 1 rank, resumed by %d: max relative weight difference %.3g\n", world.size(),
+                difference);
   }
   EXPECT_LE(difference, 1e-5);
 }
