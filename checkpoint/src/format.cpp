@@ -1,6 +1,7 @@
 #include "hpctrial/checkpoint/format.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -47,9 +48,14 @@ std::optional<DType> dtype_from_string(std::string_view name) {
 }
 
 Buffer::Buffer(std::size_t size) : size_(size) {
-  const std::size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  // Large buffers take transparent huge pages where the kernel offers them on request: first
+  // touching fresh 4 KiB pages costs more than the copy into them (about 1.5 against 10 GB/s).
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t alignment = size >= kHugePage ? kHugePage : kAlignment;
+  const std::size_t rounded = (size + alignment - 1) / alignment * alignment;
+  data_ = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
   if (data_ == nullptr) throw std::bad_alloc();
+  if (alignment == kHugePage) ::madvise(data_, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 }
 
 Buffer::~Buffer() { std::free(data_); }
