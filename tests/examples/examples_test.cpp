@@ -109,12 +109,16 @@ std::vector<std::string> metric_lines(const std::string& path) {
 class ExactResume : public MlpExample {
  protected:
   // Trains in `dir`, stopping after each of `stops` and resuming, to the end.
-  std::vector<torch::Tensor> train_with_stops(const std::string& dir, const std::vector<std::int64_t>& stops) {
-    const core::ExperimentConfig config = core::load_experiment_config(sources(1));
+  std::vector<torch::Tensor> train_with_stops(const std::string& dir, const std::vector<std::int64_t>& stops,
+                                              const std::vector<std::string>& overrides = {},
+                                              std::int64_t first_batch = 0) {
+    auto src = sources(1);
+    src.overrides.insert(src.overrides.end(), overrides.begin(), overrides.end());
+    const core::ExperimentConfig config = core::load_experiment_config(src);
     std::vector<torch::Tensor> weights;
     std::vector<std::int64_t> plan = stops;
     plan.push_back(-1);  // the last run goes to the end
-    std::int64_t start = 0;
+    std::int64_t start = first_batch;
     for (std::int64_t stop : plan) {
       weights.clear();
       std::vector<std::int64_t> seen;
@@ -155,6 +159,31 @@ TEST_F(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
       EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << name << ": parameter " << i << " differs";
     }
     EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << name;
+  }
+}
+
+// Periodic checkpoints are written while training goes on, their parameters and optimizer
+// state copied by the writer thread: each must hold exactly the state of its own batch.
+TEST_F(ExactResume, PeriodicAsyncCheckpointsHoldTheStateOfTheirBatch) {
+  const auto reference = train_with_stops((dir_.path() / "reference").string(), {});
+  const std::string dir = (dir_.path() / "periodic").string();
+  const std::vector<std::string> periodic = {"min_checkpoint_period.batches=50",
+                                             "checkpoint_storage.save_trial_latest=20"};
+  const auto straight = train_with_stops(dir, {}, periodic);
+  for (std::size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(torch::equal(straight[i], reference[i])) << i;
+  const std::string checkpoints = dir + "/checkpoints";
+  for (int batches = 50; batches <= 400; batches += 50) {
+    EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-" + std::to_string(batches) + ".h5")) << batches;
+  }
+  // Resume from the one at 150, as if the run had crashed just after it.
+  for (int batches = 200; batches <= 400; batches += 50) {
+    std::filesystem::remove(checkpoints + "/ckpt-" + std::to_string(batches) + ".h5");
+  }
+  std::ofstream(checkpoints + "/latest") << "ckpt-150.h5\n";
+  const auto resumed = train_with_stops(dir, {}, periodic, /*first_batch=*/150);
+  ASSERT_EQ(resumed.size(), reference.size());
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << "parameter " << i << " differs after resuming at 150";
   }
 }
 

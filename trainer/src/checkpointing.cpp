@@ -55,17 +55,21 @@ std::string differences(const json& before, const json& now) {
 
 }  // namespace
 
-checkpoint::Contents capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
-                             const TrialIdentity& identity) {
-  checkpoint::Contents c;
+Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                 const TrialIdentity& identity, bool defer) {
+  Snapshot snapshot;
+  checkpoint::Contents& c = snapshot.contents;
+  Deferred* deferred = defer ? &snapshot.deferred : nullptr;
   const auto& models = context.models();
   for (std::size_t i = 0; i < models.size(); ++i) {
     const std::string prefix = "model/" + std::to_string(i) + "/";
-    for (const auto& item : models[i]->named_parameters()) add_tensor(c, prefix + item.key(), item.value());
+    for (const auto& item : models[i]->named_parameters()) add_or_defer(c, deferred, prefix + item.key(), item.value());
     for (const auto& item : models[i]->named_buffers()) add_tensor(c, prefix + item.key(), item.value());
   }
   const auto& optimizers = context.optimizers();
-  for (std::size_t i = 0; i < optimizers.size(); ++i) save_optimizer(c, "optimizer/" + std::to_string(i), *optimizers[i]);
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    save_optimizer(c, "optimizer/" + std::to_string(i), *optimizers[i], deferred);
+  }
   const auto& schedulers = context.lr_schedulers();
   for (std::size_t i = 0; i < schedulers.size(); ++i) {
     const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
@@ -107,7 +111,7 @@ checkpoint::Contents capture(TrialContext& context, Trial& trial, const Callback
   c.attributes["world_size"] = std::to_string(identity.world_size);
   c.attributes["trial_id"] = std::to_string(identity.trial_id);
   c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));
-  return c;
+  return snapshot;
 }
 
 void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
@@ -196,12 +200,18 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   thread_.join();
 }
 
-void AsyncCheckpointWriter::submit(checkpoint::Contents contents) {
+void AsyncCheckpointWriter::submit(Snapshot snapshot) {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !busy_ && !pending_; });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  pending_ = std::move(contents);
+  copying_ = !snapshot.deferred.empty();
+  pending_ = std::move(snapshot);
   changed_.notify_all();
+}
+
+void AsyncCheckpointWriter::wait_for_copies() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !copying_; });
 }
 
 std::optional<std::string> AsyncCheckpointWriter::wait() {
@@ -216,19 +226,54 @@ void AsyncCheckpointWriter::run() {
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
     if (!pending_) return;
-    checkpoint::Contents contents = std::move(*pending_);
+    Snapshot snapshot = std::move(*pending_);
     pending_.reset();
     busy_ = true;
+    // Buffers for the deferred tensors, from the pool where a size matches.
+    std::vector<std::shared_ptr<checkpoint::Buffer>> buffers;
+    for (const auto& d : snapshot.deferred) {
+      const auto bytes = static_cast<std::size_t>(d.tensor.nbytes());
+      const auto it = pool_.find(bytes);
+      if (it != pool_.end()) {
+        buffers.push_back(std::move(it->second));
+        pool_.erase(it);
+      } else {
+        buffers.push_back(nullptr);
+      }
+    }
     lock.unlock();
     std::exception_ptr error;
     std::string path;
     try {
-      path = store_.path_for(std::stoll(contents.attributes.at(checkpoint::kBatchesAttribute)));
-      store_.publish(contents);
+      // Copy the live tensors first: training waits for this before its next optimizer step.
+      for (std::size_t k = 0; k < snapshot.deferred.size(); ++k) {
+        const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
+        if (!buffers[k]) buffers[k] = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(source.nbytes()));
+        if (source.nbytes() > 0) std::memcpy(buffers[k]->data(), source.data_ptr(), static_cast<std::size_t>(source.nbytes()));
+        snapshot.contents.add(snapshot.deferred[k].name, checkpoint_dtype(source.scalar_type()), source.sizes().vec(),
+                              buffers[k]);
+      }
     } catch (...) {
       error = std::current_exception();
     }
+    snapshot.deferred.clear();  // the live tensors are no longer needed
     lock.lock();
+    copying_ = false;
+    changed_.notify_all();
+    lock.unlock();
+    if (!error) {
+      try {
+        path = store_.path_for(std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute)));
+        store_.publish(snapshot.contents);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    snapshot.contents = checkpoint::Contents();  // releases the buffers' other owners
+    lock.lock();
+    for (auto& buffer : buffers) {
+      if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));
+    }
     busy_ = false;
     if (error) {
       error_ = error;

@@ -29,6 +29,7 @@
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
+#include "state_io.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -57,9 +58,16 @@ struct TrialIdentity {
 
 using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
 
-// Host copies of everything (the stall of an async checkpoint).
-checkpoint::Contents capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
-                             const TrialIdentity& identity);
+// The state at this step boundary. With `defer`, parameters and optimizer state on the CPU are
+// not copied here but by the writer's thread (AsyncCheckpointWriter); until it has, the
+// optimizer must not step (the loop holds step_optimizer). Everything else - buffers, which a
+// forward pass changes, RNG, progress - is copied now.
+struct Snapshot {
+  checkpoint::Contents contents;
+  Deferred deferred;
+};
+Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                 const TrialIdentity& identity, bool defer = false);
 
 // Puts everything back. Refuses a checkpoint of another model (naming the tensor) and, unless
 // `allow_config_change`, one written with other hyperparameters.
@@ -75,7 +83,9 @@ class AsyncCheckpointWriter {
   AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
-  void submit(checkpoint::Contents contents);
+  void submit(Snapshot snapshot);
+  // Returns once the deferred tensors of the last snapshot are copied (training may step).
+  void wait_for_copies();
   // The path of the last checkpoint made durable since the previous call, if any.
   std::optional<std::string> wait();
 
@@ -85,8 +95,11 @@ class AsyncCheckpointWriter {
   checkpoint::CheckpointStore& store_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::optional<checkpoint::Contents> pending_;
+  std::optional<Snapshot> pending_;
   bool busy_ = false;
+  bool copying_ = false;  // deferred tensors of the current snapshot not yet copied
+  // Host buffers of the last checkpoint's deferred tensors, reused by the next (no page faults).
+  std::multimap<std::size_t, std::shared_ptr<checkpoint::Buffer>> pool_;
   bool stopping_ = false;
   std::exception_ptr error_;
   std::optional<std::string> done_;

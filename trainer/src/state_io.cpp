@@ -19,9 +19,10 @@ using json = nlohmann::json;
 struct Writer {
   checkpoint::Contents& contents;
   std::string prefix;
+  Deferred* deferred = nullptr;
   json scalars = json::object();
   void tensor(const std::string& name, const torch::Tensor& t) {
-    if (t.defined()) add_tensor(contents, prefix + "/" + name, t);
+    if (t.defined()) add_or_defer(contents, deferred, prefix + "/" + name, t);
   }
   void tensors(const std::string& name, const std::deque<torch::Tensor>& list) {
     scalars[name + "_count"] = list.size();
@@ -288,6 +289,15 @@ void add_tensor(checkpoint::Contents& contents, const std::string& name, const t
   contents.add(name, checkpoint_dtype(host.scalar_type()), host.sizes().vec(), std::move(buffer));
 }
 
+void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std::string& name,
+                  const torch::Tensor& tensor) {
+  if (deferred != nullptr && tensor.device().is_cpu()) {
+    deferred->push_back({name, tensor.detach()});
+  } else {
+    add_tensor(contents, name, tensor);
+  }
+}
+
 torch::Tensor tensor_of(const checkpoint::Dataset& dataset) {
   auto keep = dataset.data;
   return torch::from_blob(const_cast<void*>(keep->data()), dataset.shape, [keep](void*) {},
@@ -312,7 +322,8 @@ void load_into(const checkpoint::Contents& contents, const std::string& name, to
   target.copy_(tensor_of(*d));
 }
 
-void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer) {
+void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                    Deferred* deferred) {
   const OptimizerCodec* codec = codec_for(optimizer);
   if (codec == nullptr) {
     // Another optimizer class: LibTorch's own serialization keeps it whole.
@@ -332,7 +343,7 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
     for (auto& p : group.params()) {
       const auto it = optimizer.state().find(state_key(p));
       if (it != optimizer.state().end()) {
-        Writer w{contents, prefix + "/state/" + std::to_string(index)};
+        Writer w{contents, prefix + "/state/" + std::to_string(index), deferred};
         codec->save_state(*it->second, w);
         contents.add_text(w.prefix + "/scalars", w.scalars.dump());
       }

@@ -22,6 +22,17 @@ c10::ScalarType torch_dtype(checkpoint::DType dtype);
 
 // A host copy of `tensor` (the stall of an async checkpoint).
 void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor);
+
+// Tensors whose copy is left to the checkpoint writer's thread (CPU tensors that only the
+// optimizer step changes: parameters and optimizer state). Null: copy now.
+struct DeferredTensor {
+  std::string name;
+  torch::Tensor tensor;  // shares the live storage until copied
+};
+using Deferred = std::vector<DeferredTensor>;
+// Copies now, or defers when `deferred` is given and the tensor is on the CPU.
+void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std::string& name,
+                  const torch::Tensor& tensor);
 // A CPU tensor over the dataset's buffer (kept alive by the tensor).
 torch::Tensor tensor_of(const checkpoint::Dataset& dataset);
 // Copies dataset `name` into `target`, refusing another shape or dtype with a message naming
@@ -29,7 +40,8 @@ torch::Tensor tensor_of(const checkpoint::Dataset& dataset);
 void load_into(const checkpoint::Contents& contents, const std::string& name, torch::Tensor& target,
                const std::string& file);
 
-void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer);
+void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                    Deferred* deferred = nullptr);
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
                     torch::optim::Optimizer& optimizer, const std::string& file);
 

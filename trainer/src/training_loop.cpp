@@ -274,6 +274,7 @@ void Loop::resume() {
       core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
     }
     writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
+    context_->set_before_optimizer_step([this] { writer_->wait_for_copies(); });
   }
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
@@ -297,7 +298,9 @@ void Loop::save_checkpoint(bool wait) {
   last_checkpoint_batches_ = batches_trained_;
   last_checkpoint_time_ = Clock::now();
   if (chief()) {
-    writer_->submit(detail::capture(*context_, *trial_, callbacks_, loop_state(), identity_));
+    // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
+    // which the next optimizer step waits for; a stop or the end copies them here.
+    writer_->submit(detail::capture(*context_, *trial_, callbacks_, loop_state(), identity_, /*defer=*/!wait));
     if (wait) finish_checkpoint();
   }
   if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable

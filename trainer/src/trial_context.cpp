@@ -154,6 +154,7 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
     }
     clip_grads(parameters);
   }
+  if (before_optimizer_step_) before_optimizer_step_();
   optimizer.step();
   if (auto_zero_grads) {
     optimizer.zero_grad();

@@ -186,6 +186,9 @@ class TrialContext {
   // Once the trial is built: broadcast_model_state(), and on more than one rank the gradient
   // buckets and their hooks.
   void start_training();
+  // Run by step_optimizer right before optimizer.step() (the checkpoint writer's copy of the
+  // parameters must be done before they change).
+  void set_before_optimizer_step(std::function<void()> hook) { before_optimizer_step_ = std::move(hook); }
 
  private:
   void register_model(std::shared_ptr<torch::nn::Module> model);
@@ -202,6 +205,7 @@ class TrialContext {
   mpi_launcher::Communicator* device_communicator_;
   std::unique_ptr<detail::GradientSync> gradient_sync_;
   std::vector<const torch::optim::Optimizer*> checked_optimizers_;
+  std::function<void()> before_optimizer_step_;
   torch::Device device_;
   std::int64_t global_batch_size_ = 0;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
