@@ -4,8 +4,12 @@
 //   checkpoint_io [--dir DIR] [--sizes 256,1024] [--rounds 3]
 //
 // For each size (MiB of float32 state in 16 MiB tensors):
-//   stall       the training thread's share of an async checkpoint: copying the tensors to host
-//               buffers (what the loop does before handing them to the writer thread)
+//   stall       what an async checkpoint costs a real training loop: a model of that size (SGD,
+//               batch 4) trained by hpctrial with a checkpoint every 4 batches. The stall is the
+//               time the training thread is blocked (it copies buffers and progress; the writer
+//               thread copies the parameters, which the next optimizer step waits for). Also
+//               printed: how much longer the batches around a checkpoint took than the median
+//               batch, which adds the writer's competition for the cores and memory.
 //   save        write_checkpoint: HDF5 layout, raw bytes with O_DIRECT, fsync, rename, dir fsync
 //   load        read_checkpoint with every dataset's CRC-32C checked (page cache dropped first)
 //   dd write    dd if=/dev/zero bs=16M oflag=direct conv=fsync: sequential write, the limit
@@ -22,14 +26,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <hpctrial/trainer.h>
+
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/subprocess.h"
+#include "hpctrial/mpi_launcher/communicator.h"
 #include "state_io.h"
 
 namespace {
@@ -73,6 +82,86 @@ void run_or_die(const std::vector<std::string>& argv) {
   }
 }
 
+// A stack of 4096 x 4096 linear layers (64 MiB each) trained on random data; records when each
+// batch starts.
+class BigTrial : public hpctrial::Trial {
+ public:
+  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<Clock::time_point>* starts)
+      : context_(context), starts_(starts) {
+    torch::nn::Sequential net;
+    for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
+    model_ = context.wrap_model(net);
+    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-6)));
+    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
+  }
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t) override {
+    starts_->push_back(Clock::now());
+    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+
+ private:
+  hpctrial::TrialContext& context_;
+  std::vector<Clock::time_point>* starts_;
+  torch::nn::Sequential model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+  std::shared_ptr<hpctrial::TensorDataset> data_;
+};
+
+struct Stall {
+  double blocked_s;   // the training thread waiting: copying buffers and progress, then for the writer's copy
+  double slowdown_s;  // the batches around a checkpoint beyond the median batch (contention included)
+};
+
+// What each async checkpoint cost training, per checkpoint.
+Stall training_stall(const std::string& dir, int mib) {
+  constexpr int kEvery = 4, kBatches = 17;
+  const std::string yaml = "name: stall\nentrypoint: ./x\nsearcher: {name: single, metric: validation_loss, "
+                           "max_length: {batches: " + std::to_string(kBatches) + "}}\nhyperparameters: "
+                           "{global_batch_size: 4}\nmin_checkpoint_period: {batches: " + std::to_string(kEvery) + "}\n";
+  hpctrial::core::Diagnostics diagnostics;
+  const auto root = hpctrial::core::parse_config_text(yaml, "stall.yaml", diagnostics);
+  const auto config = hpctrial::core::parse_experiment_config(root, diagnostics);
+  if (!diagnostics.empty()) throw hpctrial::ConfigError(diagnostics.to_string());
+  std::vector<Clock::time_point> starts;
+  hpctrial::mpi_launcher::LocalCommunicator comm;
+  hpctrial::trainer::LoopOptions options;
+  options.trial_dir = dir + "/stall-run";
+  options.progress_interval_s = 0;
+  const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64, &starts));
+  }, comm, options);
+  fs::remove_all(options.trial_dir);
+  std::vector<double> interval;  // interval[i]: from the start of batch i to the start of batch i + 1
+  for (std::size_t i = 0; i + 1 < starts.size(); ++i) interval.push_back(std::chrono::duration<double>(starts[i + 1] - starts[i]).count());
+  // A checkpoint after batch k (k = 4, 8, 12) falls in interval k - 1 (the copy of buffers and
+  // progress) and k (the optimizer step that waits for the writer's copy).
+  std::vector<double> quiet, stalls;
+  for (std::size_t i = 1; i < interval.size(); ++i) {
+    if ((i + 1) % kEvery != 0 && i % kEvery != 0) quiet.push_back(interval[i]);
+  }
+  const double base = median(quiet);
+  if (std::getenv("CHECKPOINT_IO_DEBUG") != nullptr) {
+    for (double d : interval) std::fprintf(stderr, "%.1f ", d * 1e3);
+    std::fprintf(stderr, "(ms per batch; base %.1f)\n", base * 1e3);
+  }
+  for (std::size_t k = kEvery; k + 1 < interval.size(); k += kEvery) {
+    stalls.push_back(std::max(0.0, interval[k - 1] - base) + std::max(0.0, interval[k] - base));
+  }
+  const auto& t = result.timings;
+  const double copies = t.at("checkpoint").at("count").get<double>();
+  const double blocked = t.at("checkpoint").at("total_s").get<double>() +
+                         (t.contains("checkpoint_copy_wait") ? t.at("checkpoint_copy_wait").at("total_s").get<double>() : 0.0);
+  return {blocked / copies, median(stalls)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,14 +193,15 @@ int main(int argc, char** argv) {
     std::vector<torch::Tensor> tensors;
     for (int i = 0; i < count; ++i) tensors.push_back(torch::rand({4 * 1024 * 1024}));
     const std::string ours = dir + "/ckpt-1.h5", raw = dir + "/raw.bin", theirs = dir + "/torch.pt";
-    std::vector<double> stall, save, load, dd_write, dd_read, torch_save, torch_load;
+    std::vector<double> stall, slowdown, save, load, dd_write, dd_read, torch_save, torch_load;
     for (int round = 0; round < rounds; ++round) {
       hpctrial::checkpoint::Contents contents;
-      stall.push_back(seconds_of([&] {
-        for (int i = 0; i < count; ++i) {
-          hpctrial::trainer::detail::add_tensor(contents, "model/0/t" + std::to_string(i), tensors[static_cast<std::size_t>(i)]);
-        }
-      }));
+      for (int i = 0; i < count; ++i) {
+        hpctrial::trainer::detail::add_tensor(contents, "model/0/t" + std::to_string(i), tensors[static_cast<std::size_t>(i)]);
+      }
+      const Stall measured = training_stall(dir, mib);
+      stall.push_back(measured.blocked_s);
+      slowdown.push_back(measured.slowdown_s);
       save.push_back(seconds_of([&] { hpctrial::checkpoint::write_checkpoint(ours, contents); }));
       drop_cache(ours);
       load.push_back(seconds_of([&] { hpctrial::checkpoint::read_checkpoint(ours); }));
@@ -140,7 +230,8 @@ int main(int argc, char** argv) {
     std::printf("%-6d %9.1f %9.1f %9.0f %9.0f %9.0f %11.0f %11.0f %8.2f %8.2f %8.2f %9.3f\n", mib, s_stall * 1e3,
                 s_save * 1e3, r_save, r_load, r_ddw, r_ts, r_tl, r_save / r_ddw, r_load / r_ddr, r_save / r_ts,
                 s_stall / s_save);
-    std::printf("%-6s %9s %9s %9s %9s %9.0f  (dd read)\n", "", "", "", "", "", r_ddr);
+    std::printf("%-6s %9s %9s %9s %9s %9.0f  (dd read); batches around a checkpoint took %.1f ms longer "
+                "(%.3f of the save)\n", "", "", "", "", "", r_ddr, median(slowdown) * 1e3, median(slowdown) / s_save);
     std::fflush(stdout);
     for (const auto& f : {ours, raw, theirs}) fs::remove(f);
   }

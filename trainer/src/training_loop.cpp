@@ -274,7 +274,10 @@ void Loop::resume() {
       core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
     }
     writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
-    context_->set_before_optimizer_step([this] { writer_->wait_for_copies(); });
+    context_->set_before_optimizer_step([this] {
+      detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
+      writer_->wait_for_copies();
+    });
   }
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
@@ -294,7 +297,7 @@ void Loop::resume() {
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
 // once the checkpoint is durable on every rank's view.
 void Loop::save_checkpoint(bool wait) {
-  detail::PhaseTimings::Scope t(timings_, "checkpoint");
+  detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
   last_checkpoint_time_ = Clock::now();
   if (chief()) {
@@ -600,6 +603,7 @@ LoopResult Loop::run() {
                    batches_trained_ * global_batch_, timings_.table());
   }
   result_.batches_trained = batches_trained_;
+  result_.timings = timings_.summary();
   return result_;
 }
 

@@ -7,6 +7,8 @@
 // and stopping happen on every rank at the same batch.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -50,6 +52,8 @@ struct LoopResult {
   std::int64_t epochs_trained = 0;
   bool stopped_early = false;  // a stop request ended training before max_length (checkpointed)
   std::string checkpoint_path;  // the last checkpoint written (chief)
+  // Per phase of the loop: {"train_batch": {"total_s", "mean_ms", "count"}, ...}
+  nlohmann::json timings;
   MetricValues last_validation;
   std::string metrics_path;
 };
