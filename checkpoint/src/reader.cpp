@@ -225,19 +225,29 @@ Contents read_checkpoint(const std::string& path, const ReadOptions& options) {
     std::mutex mutex;
     std::condition_variable arrived;
     std::size_t done = 0;
+    std::size_t prefaulted = 0;  // the reader reads dataset i only once its pages are touched
     bool stop = false;
     std::exception_ptr error;
     // Touching a buffer's pages (the kernel zeroes them) costs as much as reading into it: this
-    // thread does it one dataset ahead of the reader.
+    // thread does it one dataset ahead of the reader, which waits for it (the touch writes).
     auto prefault = [&](std::size_t i) {
       if (i >= raw.size()) return;
       auto* bytes = static_cast<volatile char*>(const_cast<void*>(out.datasets[raw[i].index].data->data()));
       const std::size_t size = out.datasets[raw[i].index].nbytes();
       for (std::size_t at = 0; at < size; at += Buffer::kAlignment) bytes[at] = 0;
+      std::lock_guard<std::mutex> lock(mutex);
+      prefaulted = i + 1;
+      arrived.notify_all();
     };
     prefault(0);
     std::thread reader([&] {
-      for (const auto& p : raw) {
+      for (std::size_t i = 0; i < raw.size(); ++i) {
+        const Planned& p = raw[i];
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          arrived.wait(lock, [&] { return prefaulted > i || stop; });
+          if (stop) return;
+        }
         try {
           Dataset& d = out.datasets[p.index];
           auto* bytes = static_cast<char*>(const_cast<void*>(d.data->data()));
