@@ -15,6 +15,7 @@
 #include "h5_types.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 
 namespace hpctrial::checkpoint {
 namespace {
@@ -25,19 +26,7 @@ using detail::kRawThreshold;
 constexpr std::int64_t kMaxDimension = std::int64_t{1} << 48;
 constexpr std::size_t kMaxManifestBytes = std::size_t{64} << 20;
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using Fd = core::UniqueFd;
 
 [[noreturn]] void bad(const std::string& path, const std::string& why) { throw CheckpointError(path + ": " + why); }
 

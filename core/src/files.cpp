@@ -11,25 +11,17 @@
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::core {
-namespace {
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
-// Closes a descriptor on scope exit unless release()d.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
   }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-}  // namespace
+  return *this;
+}
 
 void write_fully(int fd, std::string_view data, const std::string& what) {
   while (!data.empty()) {
@@ -47,7 +39,7 @@ void write_file_atomic(const std::string& path, std::string_view content, mode_t
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
   std::string temp = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
 
-  Fd fd(::mkstemp(temp.data()));
+  UniqueFd fd(::mkstemp(temp.data()));
   if (fd.get() < 0) throw_errno("cannot create a temporary file in " + dir.string(), errno);
   bool published = false;
   struct Cleanup {
@@ -67,7 +59,7 @@ void write_file_atomic(const std::string& path, std::string_view content, mode_t
   }
   published = true;
 
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
     throw_errno("cannot flush directory " + dir.string() + " to disk after writing " + path, errno);
   }

@@ -78,6 +78,35 @@ Options& options_as(torch::optim::OptimizerOptions& options) {
 
 std::tuple<double, double> betas_of(const json& j) { return {j.at(0).get<double>(), j.at(1).get<double>()}; }
 
+// Adam and AdamW share their options and state fields.
+template <typename Opt, typename Options, typename State>
+OptimizerCodec adam_codec(const char* name) {
+  return {name, &is<Opt>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<Options>(o);
+            return {{"lr", s.lr()}, {"betas", {std::get<0>(s.betas()), std::get<1>(s.betas())}}, {"eps", s.eps()},
+                    {"weight_decay", s.weight_decay()}, {"amsgrad", s.amsgrad()}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<Options>(o);
+            s.lr(j.at("lr")).betas(betas_of(j.at("betas"))).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
+            s.amsgrad(j.at("amsgrad"));
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            auto& s = static_cast<State&>(p);
+            w.scalars["step"] = s.step();
+            w.tensor("exp_avg", s.exp_avg());
+            w.tensor("exp_avg_sq", s.exp_avg_sq());
+            w.tensor("max_exp_avg_sq", s.max_exp_avg_sq());
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<State>();
+            s->step(r.scalar<std::int64_t>("step")).exp_avg(r.tensor("exp_avg")).exp_avg_sq(r.tensor("exp_avg_sq"));
+            s->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
+            return s;
+          }};
+}
+
 const OptimizerCodec kCodecs[] = {
     {"sgd", &is<torch::optim::SGD>,
      [](torch::optim::OptimizerOptions& o) -> json {
@@ -97,52 +126,8 @@ const OptimizerCodec kCodecs[] = {
        s->momentum_buffer(r.tensor("momentum_buffer"));
        return s;
      }},
-    {"adam", &is<torch::optim::Adam>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::AdamOptions>(o);
-       return {{"lr", s.lr()}, {"betas", {std::get<0>(s.betas()), std::get<1>(s.betas())}}, {"eps", s.eps()},
-               {"weight_decay", s.weight_decay()}, {"amsgrad", s.amsgrad()}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::AdamOptions>(o);
-       s.lr(j.at("lr")).betas(betas_of(j.at("betas"))).eps(j.at("eps")).weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       auto& s = static_cast<torch::optim::AdamParamState&>(p);
-       w.scalars["step"] = s.step();
-       w.tensor("exp_avg", s.exp_avg());
-       w.tensor("exp_avg_sq", s.exp_avg_sq());
-       w.tensor("max_exp_avg_sq", s.max_exp_avg_sq());
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::AdamParamState>();
-       s->step(r.scalar<std::int64_t>("step")).exp_avg(r.tensor("exp_avg")).exp_avg_sq(r.tensor("exp_avg_sq"));
-       s->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
-       return s;
-     }},
-    {"adamw", &is<torch::optim::AdamW>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::AdamWOptions>(o);
-       return {{"lr", s.lr()}, {"betas", {std::get<0>(s.betas()), std::get<1>(s.betas())}}, {"eps", s.eps()},
-               {"weight_decay", s.weight_decay()}, {"amsgrad", s.amsgrad()}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::AdamWOptions>(o);
-       s.lr(j.at("lr")).betas(betas_of(j.at("betas"))).eps(j.at("eps")).weight_decay(j.at("weight_decay")).amsgrad(j.at("amsgrad"));
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       auto& s = static_cast<torch::optim::AdamWParamState&>(p);
-       w.scalars["step"] = s.step();
-       w.tensor("exp_avg", s.exp_avg());
-       w.tensor("exp_avg_sq", s.exp_avg_sq());
-       w.tensor("max_exp_avg_sq", s.max_exp_avg_sq());
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::AdamWParamState>();
-       s->step(r.scalar<std::int64_t>("step")).exp_avg(r.tensor("exp_avg")).exp_avg_sq(r.tensor("exp_avg_sq"));
-       s->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
-       return s;
-     }},
+    adam_codec<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>("adam"),
+    adam_codec<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>("adamw"),
     {"adagrad", &is<torch::optim::Adagrad>,
      [](torch::optim::OptimizerOptions& o) -> json {
        auto& s = options_as<torch::optim::AdagradOptions>(o);

@@ -14,6 +14,26 @@
 
 namespace hpctrial::core {
 
+// A file descriptor closed on scope exit unless release()d. Move-only.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
 void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600);
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR; IoError("cannot write
