@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <cstring>
 #include <set>
@@ -13,6 +14,7 @@
 #include "config_json.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/trainer/random.h"
@@ -77,6 +79,7 @@ class Loop {
  private:
   void setup();
   void resume();
+  void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;
   void save_checkpoint(bool wait);
   void finish_checkpoint();
@@ -290,8 +293,36 @@ void Loop::resume() {
   last_checkpoint_batches_ = batches_trained_;
   context_->broadcast_model_state();
   if (chief()) {
+    trim_metrics(batches_trained_);
     core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
   }
+}
+
+// Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
+// by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
+void Loop::trim_metrics(std::int64_t batches) {
+  const std::filesystem::path path = std::filesystem::path(options_.trial_dir) / "metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  std::int64_t dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    bool keep = true;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      keep = j.value("batches", std::int64_t{0}) <= batches;
+    } catch (const nlohmann::json::exception&) {
+      keep = false;  // a line cut short by the crash
+    }
+    if (keep) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped == 0) return;
+  core::write_file_atomic(path.string(), kept);
+  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path.string(), batches);
 }
 
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
