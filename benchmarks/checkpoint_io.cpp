@@ -16,6 +16,7 @@
 //   dd read     dd bs=16M iflag=direct: sequential read, the limit
 //   torch save  torch::save of the same tensors, then fsync (the same durability)
 //   torch load  torch::load (page cache dropped first)
+// With CHECKPOINT_IO_DEBUG set in the environment, the stall run also prints every batch's time.
 // Rates are MiB/s, medians of the rounds. Goals: save and load >= 0.9 of dd; save >= 3x
 // torch::save; stall <= 0.05 of the synchronous save.
 #include <fcntl.h>
