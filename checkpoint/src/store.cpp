@@ -13,6 +13,7 @@
 #include <set>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 
 namespace hpctrial::checkpoint {
@@ -42,22 +43,7 @@ std::optional<std::int64_t> checkpoint_batches(const std::string& name) {
 }
 
 CheckpointStore::CheckpointStore(std::string dir, StoreOptions options) : dir_(std::move(dir)), options_(options) {
-  std::error_code ec;
-  if (!fs::exists(dir_, ec)) {
-    // Each missing level is made private, whatever the umask.
-    std::vector<fs::path> missing;
-    for (fs::path p = fs::absolute(dir_); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-      missing.push_back(p);
-      if (p == p.parent_path()) break;
-    }
-    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-      if (::mkdir(it->c_str(), options_.dir_mode) != 0 && errno != EEXIST) {
-        core::throw_errno("cannot create the checkpoint directory " + it->string(), errno);
-      }
-      if (::chmod(it->c_str(), options_.dir_mode) != 0) core::throw_errno("cannot set the mode of " + it->string(), errno);
-    }
-  }
-  if (!fs::is_directory(dir_, ec)) throw IoError("the checkpoint directory " + dir_ + " is not a directory");
+  core::create_directories(dir_, options_.dir_mode);
 }
 
 FileSystem& CheckpointStore::fs() const { return options_.fs != nullptr ? *options_.fs : posix_file_system(); }
@@ -92,6 +78,12 @@ void CheckpointStore::publish(const Contents& contents) {
   seam.unlink(temp);
   const int fd = seam.open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options_.file_mode);
   if (fd < 0) core::throw_errno("cannot create " + temp, errno);
+  if (::fchmod(fd, options_.file_mode) != 0) {  // whatever the umask
+    const int e = errno;
+    seam.close(fd);
+    seam.unlink(temp);
+    core::throw_errno("cannot set the mode of " + temp, e);
+  }
   const std::string line = name + "\n";
   const bool written = seam.pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size()) &&
                        seam.fsync(fd) == 0;

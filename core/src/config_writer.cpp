@@ -159,6 +159,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "save_trial_latest" << YAML::Value << s.save_trial_latest;
   out << YAML::Key << "save_trial_best" << YAML::Value << s.save_trial_best;
   out << YAML::Key << "async" << YAML::Value << s.async;
+  out << YAML::Key << "group_readable" << YAML::Value << s.group_readable;
   out << YAML::EndMap;
 
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;

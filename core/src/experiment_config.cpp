@@ -535,6 +535,9 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   if (const ConfigNode* n = r.get("async")) {
     if (auto v = read_bool(*n, r.path("async"), d)) c.async = *v;
   }
+  if (const ConfigNode* n = r.get("group_readable")) {
+    if (auto v = read_bool(*n, r.path("group_readable"), d)) c.group_readable = *v;
+  }
   r.finish();
 }
 

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "hpctrial/core/error.h"
 
@@ -32,6 +33,24 @@ void write_fully(int fd, std::string_view data, const std::string& what) {
     }
     data.remove_prefix(static_cast<std::size_t>(n));
   }
+}
+
+void create_directories(const std::string& path, mode_t mode) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> missing;
+  for (fs::path p = fs::absolute(path); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), mode) != 0) {
+      if (errno == EEXIST) continue;  // made by another process meanwhile: its mode is its own
+      throw_errno("cannot create the directory " + it->string(), errno);
+    }
+    if (::chmod(it->c_str(), mode) != 0) throw_errno("cannot set the mode of " + it->string(), errno);
+  }
+  if (!fs::is_directory(path, ec)) throw IoError(path + " exists but is not a directory");
 }
 
 void write_file_atomic(const std::string& path, std::string_view content, mode_t mode) {

@@ -1,5 +1,7 @@
 // The examples, as users run them: trained for a few hundred batches they must classify their
 // synthetic data well, and two runs must produce bitwise-identical weights.
+#include <sys/stat.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -218,6 +220,35 @@ TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
   EXPECT_EQ(run_with("hyperparameters.learning_rate=0.1", true), "accepted");
   EXPECT_THAT(run_with("hyperparameters.hidden=32", true),
               HasSubstr("model/0/fc1.weight is float32 [64, 32] in the checkpoint but float32 [32, 32] in the model"));
+}
+
+// Whatever the umask, the trial's files are private unless the config makes the checkpoints
+// group-readable.
+TEST_F(ExactResume, CheckpointModesFollowTheConfigWhateverTheUmask) {
+  auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  const mode_t old_umask = ::umask(0);
+  const std::string private_dir = (dir_.path() / "private" / "trial").string();
+  train_with_stops(private_dir, {50});
+  const std::string shared_dir = (dir_.path() / "shared" / "trial").string();
+  train_with_stops(shared_dir, {50}, {"checkpoint_storage.group_readable=true"});
+  ::umask(old_umask);
+
+  EXPECT_EQ(mode_of(dir_.path() / "private"), 0700u) << "a parent the harness made";
+  EXPECT_EQ(mode_of(private_dir), 0700u);
+  EXPECT_EQ(mode_of(private_dir + "/checkpoints"), 0700u);
+  EXPECT_EQ(mode_of(private_dir + "/checkpoints/ckpt-400.h5"), 0600u);
+  EXPECT_EQ(mode_of(private_dir + "/checkpoints/latest"), 0600u);
+  EXPECT_EQ(mode_of(private_dir + "/metrics.jsonl"), 0600u);
+
+  EXPECT_EQ(mode_of(shared_dir), 0750u);
+  EXPECT_EQ(mode_of(shared_dir + "/checkpoints"), 0750u);
+  EXPECT_EQ(mode_of(shared_dir + "/checkpoints/ckpt-400.h5"), 0640u);
+  EXPECT_EQ(mode_of(shared_dir + "/checkpoints/latest"), 0640u);
+  EXPECT_EQ(mode_of(shared_dir + "/metrics.jsonl"), 0600u) << "only checkpoints are shared";
 }
 
 // The checkpoint read from Python (h5py, no hpctrial) into the same network defined in

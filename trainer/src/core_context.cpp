@@ -72,7 +72,7 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   if (trial_dir_.empty()) trial_dir_ = env.get("HPCTRIAL_TRIAL_DIR").value_or("");
   if (trial_dir_.empty()) trial_dir_ = (std::filesystem::path("runs") / (config_ ? config_->name : "core")).string();
   if (distributed_.is_chief()) {
-    std::filesystem::create_directories(trial_dir_);
+    core::create_directories(trial_dir_);
     log_ = std::make_unique<detail::MetricsLog>((std::filesystem::path(trial_dir_) / "metrics.jsonl").string());
     if (config_) {
       core::write_file_atomic((std::filesystem::path(trial_dir_) / "effective-config.yaml").string(),

@@ -194,7 +194,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.allow_fresh_start = args.allow_fresh_start;
     options.allow_config_change = args.allow_config_change;
     if (chief) {
-      std::filesystem::create_directories(options.trial_dir);
+      core::create_directories(options.trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),
                               core::to_yaml(config));
     }

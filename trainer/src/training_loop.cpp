@@ -197,7 +197,7 @@ void Loop::setup() {
       train_loader_->dataset(), [this] { return sampler_->next_batch(); }, options_.prefetch_depth);
 
   if (chief()) {
-    std::filesystem::create_directories(options_.trial_dir);
+    core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
     result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
     log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
   }
@@ -261,6 +261,10 @@ void Loop::resume() {
     store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
     store_options.keep_best = config_.checkpoint_storage.save_trial_best;
     store_options.smaller_is_better = config_.searcher.smaller_is_better;
+    if (config_.checkpoint_storage.group_readable) {
+      store_options.file_mode = 0640;
+      store_options.dir_mode = 0750;
+    }
     store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
     store_->remove_temporaries();
     std::vector<std::string> problems;

@@ -77,6 +77,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.checkpoint_storage.save_trial_latest, 1);
   EXPECT_EQ(c.checkpoint_storage.save_trial_best, 1);
   EXPECT_TRUE(c.checkpoint_storage.async);
+  EXPECT_FALSE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 5);
   EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kLocal);
   EXPECT_FALSE(c.scheduler.time_limit_seconds.has_value());
@@ -162,6 +163,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.checkpoint_storage.save_trial_latest, 3);
   EXPECT_EQ(c.checkpoint_storage.save_trial_best, 0);
   EXPECT_FALSE(c.checkpoint_storage.async);
+  EXPECT_TRUE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 0);
 
   EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kSlurm);

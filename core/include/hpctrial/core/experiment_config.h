@@ -95,6 +95,9 @@ struct CheckpointStorage {
   int save_trial_latest = 1;
   int save_trial_best = 1;
   bool async = true;
+  // Checkpoint files 0640 and directories 0750 (members of the owner's group may read them, to
+  // share a trained model) instead of the private 0600/0700.
+  bool group_readable = false;
 };
 
 // NAME=value for the ranks or the batch job. `value` may hold ${env:NAME} references to the

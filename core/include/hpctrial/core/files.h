@@ -36,6 +36,11 @@ class UniqueFd {
 
 void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600);
 
+// Creates `path` and any missing parent directories, each new one with exactly `mode` (default
+// 0700: private), whatever the umask. Directories that already exist keep their mode. IoError
+// names the directory that could not be made, and why.
+void create_directories(const std::string& path, mode_t mode = 0700);
+
 // Writes all of `data` to `fd`, retrying short writes and EINTR; IoError("cannot write
 // <what>: <reason>") otherwise.
 void write_fully(int fd, std::string_view data, const std::string& what);
