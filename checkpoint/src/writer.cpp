@@ -168,7 +168,7 @@ void write_checkpoint(const std::string& path, const Contents& contents, const W
     if (count * dtype_size(d.dtype) != d.nbytes()) {
       throw InternalError("checkpoint dataset '" + d.name + "': its buffer does not match its shape and dtype");
     }
-    const std::uint32_t crc = d.nbytes() > 0 ? crc32c(d.data->data(), d.nbytes()) : 0;
+    const std::uint32_t crc = d.crc32c_known ? d.crc32c : d.nbytes() > 0 ? crc32c(d.data->data(), d.nbytes()) : 0;
     entries.push_back({{"name", d.name}, {"dtype", to_string(d.dtype)}, {"shape", d.shape},
                        {"nbytes", d.nbytes()}, {"crc32c", crc}});
   }

@@ -76,6 +76,30 @@ TEST(CheckpointFormat, EveryDtypeAndShapeRoundTrips) {
 
 // The reader thread and the thread that prepares buffers ahead of it must never touch the same
 // dataset at once: many small datasets, read again and again, always verify.
+
+// A checksum the producer computed while filling the buffer is stored as given: right, the file
+// reads back; wrong (the buffer changed after it was computed), the damage is found on reading.
+TEST(CheckpointFormat, AChecksumComputedWhileCopyingIsStoredAsGiven) {
+  TempDir dir;
+  Contents c = sample();
+  Dataset& big = c.datasets.front();
+  big.crc32c = crc32c(big.data->data(), big.nbytes());
+  big.crc32c_known = true;
+  const std::string good = (dir.path() / "ckpt-1.h5").string();
+  write_checkpoint(good, c);
+  EXPECT_EQ(read_checkpoint(good).at("model/0/fc1.weight", good).crc32c, big.crc32c);
+
+  big.crc32c ^= 1;
+  const std::string bad = (dir.path() / "ckpt-2.h5").string();
+  write_checkpoint(bad, c);
+  try {
+    read_checkpoint(bad);
+    ADD_FAILURE() << "a stale checksum went unnoticed";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model/0/fc1.weight"));
+  }
+}
+
 TEST(CheckpointFormat, ManySmallDatasetsReadBackIntactEveryTime) {
   TempDir dir;
   Contents c;

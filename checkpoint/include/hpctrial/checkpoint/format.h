@@ -60,6 +60,9 @@ struct Dataset {
   std::vector<std::int64_t> shape;  // empty: a scalar
   std::shared_ptr<const Buffer> data;
   std::uint32_t crc32c = 0;  // computed by write_checkpoint, checked by read_checkpoint
+  // Set by a producer that computed crc32c of `data` as it filled it (saving the writer a
+  // second pass over memory); write_checkpoint then stores crc32c as given.
+  bool crc32c_known = false;
 
   std::size_t nbytes() const { return data ? data->size() : 0; }
   // The bytes as text (for uint8 datasets holding JSON or other text).
