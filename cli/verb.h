@@ -27,6 +27,8 @@ std::vector<Verb> builtin_verbs();
 // The verbs, one per file.
 Verb config_verb();
 Verb checkpoint_verb();
+Verb run_verb();
+Verb launch_verb();
 
 // "hpctrial 0.1.0 (git abc123)" and what it was built with.
 std::string version_text();

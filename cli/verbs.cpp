@@ -5,6 +5,8 @@ namespace hpctrial::cli {
 std::vector<Verb> builtin_verbs() {
   return {
       config_verb(),
+      run_verb(),
+      launch_verb(),
       checkpoint_verb(),
   };
 }

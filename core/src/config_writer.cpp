@@ -164,6 +164,15 @@ std::string to_yaml(const ExperimentConfig& c) {
 
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
 
+  out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;
+  emit_strings(out, c.launcher.prefix);
+  out << YAML::Key << "mpirun_args" << YAML::Value << YAML::Flow;
+  emit_strings(out, c.launcher.mpirun_args);
+  out << YAML::Key << "hang_timeout" << YAML::Value << YAML::DoubleQuoted
+      << format_duration(c.launcher.hang_timeout_seconds);
+  out << YAML::EndMap;
+
   const SchedulerConfig& sc = c.scheduler;
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << std::string(to_string(sc.type));

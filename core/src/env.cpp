@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "hpctrial/core/error.h"
+
 namespace hpctrial::core {
 
 std::optional<std::string> ProcessEnv::get(const std::string& name) const {
@@ -25,6 +27,28 @@ bool is_valid_env_name(const std::string& name) {
     if (!(alpha || (digit && i > 0))) return false;
   }
   return true;
+}
+
+std::string expand_env_references(const std::string& value, const EnvSource& env, const std::string& key) {
+  std::string out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t start = value.find("${env:", at);
+    const std::size_t end = start == std::string::npos ? std::string::npos : value.find('}', start);
+    if (end == std::string::npos) {
+      out += value.substr(at);
+      return out;
+    }
+    out += value.substr(at, start - at);
+    const std::string name = value.substr(start + 6, end - start - 6);
+    const auto found = env.get(name);
+    if (!found) {
+      throw ConfigError(key + ": ${env:" + name + "} is not set in this environment; export " + name +
+                        " before running, or change the value");
+    }
+    out += *found;
+    at = end + 1;
+  }
 }
 
 }  // namespace hpctrial::core

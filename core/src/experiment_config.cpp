@@ -541,6 +541,28 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   r.finish();
 }
 
+void read_launcher(MapReader& r, LauncherConfig& l) {
+  Diagnostics& d = r.diagnostics();
+  for (auto [key, target] : {std::pair{"prefix", &l.prefix}, std::pair{"mpirun_args", &l.mpirun_args}}) {
+    const ConfigNode* n = r.get(key);
+    if (n == nullptr) continue;
+    if (auto list = read_string_list(*n, r.path(key), d)) {
+      for (std::size_t i = 0; i < list->size(); ++i) {
+        if ((*list)[i].empty() || (*list)[i].find_first_of(std::string("\0\n", 2)) != std::string::npos) {
+          report(n->items()[i], r.path(key) + "[" + std::to_string(i) + "]", d,
+                 "must be a non-empty argument without newlines, got " + describe(n->items()[i]));
+        } else {
+          target->push_back((*list)[i]);
+        }
+      }
+    }
+  }
+  if (const ConfigNode* n = r.get("hang_timeout")) {
+    if (auto v = read_duration(*n, r.path("hang_timeout"), d, 1, kMaxCollectiveTimeout)) l.hang_timeout_seconds = *v;
+  }
+  r.finish();
+}
+
 void read_scheduler(MapReader& r, SchedulerConfig& s) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* n = r.get("type")) {
@@ -735,6 +757,8 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
        }},
       {"checkpoint_storage", "checkpoint_storage: {host_path: /scratch/me/checkpoints}",
        [&](MapReader& r) { read_checkpoint_storage(r, config.checkpoint_storage); }},
+      {"launcher", "launcher: {prefix: [numactl, --interleave=all]}",
+       [&](MapReader& r) { read_launcher(r, config.launcher); }},
       {"scheduler", "scheduler: {type: slurm, partition: gpu, time_limit: 4h}",
        [&](MapReader& r) { read_scheduler(r, config.scheduler); }},
   };

@@ -193,6 +193,16 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.device_communicator = device_comm.get();
     options.allow_fresh_start = args.allow_fresh_start;
     options.allow_config_change = args.allow_config_change;
+    options.stop_file = env.get("HPCTRIAL_STOP_FILE").value_or("");
+    options.heartbeat_dir = env.get("HPCTRIAL_HEARTBEAT_DIR").value_or("");
+    options.fault = env.get("HPCTRIAL_FAULT").value_or("");
+    if (const auto restarts = env.get("HPCTRIAL_RESTART_COUNT")) {
+      try {
+        options.restart_count = std::stoi(*restarts);
+      } catch (const std::exception&) {
+        throw ConfigError("HPCTRIAL_RESTART_COUNT must be a number, got \"" + *restarts + "\"");
+      }
+    }
     if (chief) {
       core::create_directories(options.trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),

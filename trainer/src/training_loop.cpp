@@ -19,6 +19,7 @@
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
+#include "launch_contract.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
 #include "stop_signals.h"
@@ -112,6 +113,9 @@ class Loop {
   std::unique_ptr<detail::Prefetcher> prefetcher_;
   std::unique_ptr<detail::MetricsLog> log_;
   std::unique_ptr<detail::Progress> progress_;
+  std::unique_ptr<detail::StopFile> stop_file_;
+  std::unique_ptr<detail::Heartbeat> heartbeat_;
+  std::unique_ptr<detail::FaultPlan> faults_;
   detail::PhaseTimings timings_;
   ReducerSpec reducers_ = Reducer::kAvg;
 
@@ -146,6 +150,9 @@ class Loop {
 };
 
 void Loop::setup() {
+  faults_ = std::make_unique<detail::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
+  if (chief() && !options_.stop_file.empty()) stop_file_ = std::make_unique<detail::StopFile>(options_.stop_file);
+  if (!options_.heartbeat_dir.empty()) heartbeat_ = std::make_unique<detail::Heartbeat>(options_.heartbeat_dir, comm_.rank());
   const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
   torch::manual_seed(derive_seed(trial_seed, kTorchStream));
 
@@ -332,6 +339,7 @@ void Loop::trim_metrics(std::int64_t batches) {
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
 // once the checkpoint is durable on every rank's view.
 void Loop::save_checkpoint(bool wait) {
+  faults_->at(detail::FaultPhase::kCheckpoint, batches_trained_);
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
   last_checkpoint_time_ = Clock::now();
@@ -355,6 +363,7 @@ void Loop::finish_checkpoint() {
 
 void Loop::train_one_batch() {
   const std::int64_t batch_idx = batches_trained_;
+  faults_->at(detail::FaultPhase::kBatch, batch_idx);
   comm_.set_step(batch_idx);
   const std::int64_t epoch = epoch_of_batch(batch_idx);
   const bool epoch_start = batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
@@ -504,6 +513,7 @@ MetricValues Loop::validate_by_batch() {
 }
 
 void Loop::validate() {
+  faults_->at(detail::FaultPhase::kValidation, batches_trained_);
   detail::PhaseTimings::Scope t(timings_, "validation");
   call([](Callback& c) { c.on_validation_start(); });
   for (const auto& wrapped : context_->reducers()) {
@@ -588,8 +598,10 @@ LoopResult Loop::run() {
     const bool time_to_validate =
         chief() && validation_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
+    if (heartbeat_) heartbeat_->beat(batches_trained_);
     const bool stop_local = context_->get_stop_requested() ||
-                            (options_.external_stop != nullptr && options_.external_stop->load());
+                            (options_.external_stop != nullptr && options_.external_stop->load()) ||
+                            (stop_file_ && stop_file_->requested());
     const bool time_to_checkpoint =
         chief() && checkpoint_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;

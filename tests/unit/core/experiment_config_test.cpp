@@ -79,6 +79,8 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_TRUE(c.checkpoint_storage.async);
   EXPECT_FALSE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 5);
+  EXPECT_TRUE(c.launcher.prefix.empty());
+  EXPECT_EQ(c.launcher.hang_timeout_seconds, 3600);
   EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kLocal);
   EXPECT_FALSE(c.scheduler.time_limit_seconds.has_value());
   EXPECT_EQ(c.scheduler.preemption_grace_seconds, 180);
@@ -165,6 +167,9 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_FALSE(c.checkpoint_storage.async);
   EXPECT_TRUE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 0);
+  EXPECT_EQ(c.launcher.prefix, (std::vector<std::string>{"numactl", "--interleave=all"}));
+  EXPECT_EQ(c.launcher.mpirun_args, (std::vector<std::string>{"--mca", "btl", "^openib"}));
+  EXPECT_EQ(c.launcher.hang_timeout_seconds, 1200);
 
   EXPECT_EQ(c.scheduler.type, SchedulerConfig::Type::kSlurm);
   EXPECT_EQ(c.scheduler.partition, "gpu-long");

@@ -37,4 +37,9 @@ class MapEnv final : public EnvSource {
 // True when `name` is a valid POSIX environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_valid_env_name(const std::string& name);
 
+// `value` with every ${env:NAME} replaced by NAME from `env` (other text, $ included, taken as
+// it is). ConfigError("<key>: ${env:NAME} is not set ...") when a NAME is missing. The config
+// reader has already checked the references' syntax.
+std::string expand_env_references(const std::string& value, const EnvSource& env, const std::string& key);
+
 }  // namespace hpctrial::core

@@ -107,6 +107,16 @@ struct EnvVar {
   std::string value;
 };
 
+// How `hpctrial launch` and `hpctrial run` start the ranks.
+struct LauncherConfig {
+  // Put before the entrypoint on every rank, e.g. [numactl, --interleave=all] or [nsys, profile].
+  std::vector<std::string> prefix;
+  // Added to the mpirun command line as they are (site MCA parameters, e.g. [--mca, btl, ^openib]).
+  std::vector<std::string> mpirun_args;
+  // No rank finishing a step for this long ends the attempt as a failure (the hang watchdog).
+  std::int64_t hang_timeout_seconds = 3600;
+};
+
 struct SchedulerConfig {
   enum class Type { kLocal, kSlurm, kPbs };
   Type type = Type::kLocal;
@@ -136,6 +146,7 @@ struct ExperimentConfig {
   Reproducibility reproducibility;
   CheckpointStorage checkpoint_storage;
   int max_restarts = 5;
+  LauncherConfig launcher;
   SchedulerConfig scheduler;
   ConfigNode data = ConfigNode::map();
   std::vector<EnvVar> environment;

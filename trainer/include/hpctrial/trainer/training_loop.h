@@ -45,6 +45,13 @@ struct LoopOptions {
   bool allow_fresh_start = false;
   // Resume a checkpoint written with other hyperparameters.
   bool allow_config_change = false;
+  // The launcher's contract (see docs/trial-api.md): a stop-request file the chief watches, a
+  // directory for per-rank heartbeats, the restart count, and the fault-injection spec of the
+  // tests (HPCTRIAL_FAULT). Empty: none.
+  std::string stop_file;
+  std::string heartbeat_dir;
+  int restart_count = 0;
+  std::string fault;
 };
 
 struct LoopResult {

@@ -1,0 +1,65 @@
+// hpctrial launch: inside a batch job, start the trial's ranks in the job's allocation.
+#include <boost/program_options.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/mpi_launcher/launcher.h"
+#include "launch_options.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+
+namespace hpctrial::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: hpctrial launch --experiment DIR [options]
+
+Run by the batch script that `hpctrial submit` generates: reads DIR/experiment.yaml, finds
+the job's nodes and slots (Slurm or PBS), and starts the ranks with mpirun. Exit 0: the trial
+finished; 75: it stopped after a checkpoint and resumes when the job runs again; other: it
+failed more than max_restarts times (see DIR/trial-<id>/failures.jsonl).
+
+options)";
+
+int run_launch(const std::vector<std::string>& args) {
+  mpi_launcher::LaunchOptions launch;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "show this help")
+      ("experiment,e", po::value(&launch.experiment_dir)->value_name("DIR"), "the experiment directory")
+      ("trial", po::value(&launch.trial_id)->value_name("ID"), "the trial to run (default 0)")
+      ("np,n", po::value(&launch.np)->value_name("N"), "number of ranks (default resources.slots_per_trial)")
+      ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
+      ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << ":\n" << options;
+    return kExitOk;
+  }
+  if (launch.experiment_dir.empty()) {
+    std::cerr << "hpctrial launch: give the experiment directory with --experiment DIR\n";
+    return kExitUsage;
+  }
+  if (launch.trial_id < 0 || (vm.count("np") && launch.np < 1)) {
+    std::cerr << "hpctrial launch: --trial must be 0 or more and --np at least 1\n";
+    return kExitUsage;
+  }
+  core::ProcessEnv env;
+  core::init_logging(env);
+  launch.experiment_dir = std::filesystem::absolute(launch.experiment_dir).lexically_normal().string();
+  launch.worker = find_worker();
+  return mpi_launcher::launch(launch, env, core::real_command_runner());
+}
+
+}  // namespace
+
+Verb launch_verb() {
+  return {"launch", "start a trial's ranks inside a batch job (used by generated scripts)", run_launch};
+}
+
+}  // namespace hpctrial::cli

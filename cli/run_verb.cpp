@@ -1,0 +1,105 @@
+// hpctrial run: an experiment on this machine (or inside an allocation), resumed when run again.
+#include <boost/program_options.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/mpi_launcher/launcher.h"
+#include "launch_options.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace hpctrial::cli {
+
+std::string find_worker() {
+  if (const auto set = core::ProcessEnv().get("HPCTRIAL_WORKER")) return *set;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const fs::path& candidate : {self.parent_path() / "hpctrial-worker",
+                                   self.parent_path().parent_path() / "trainer" / "hpctrial-worker"}) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: hpctrial run EXP.yaml [options]
+
+Runs the experiment's trial with mpirun on this machine (or in the allocation it runs in):
+makes the experiment directory (default runs/<name>), writes the effective config there, and
+starts resources.slots_per_trial ranks. Running the same command again resumes from the
+latest checkpoint. Ctrl-C: checkpoint at the next step and stop (exit 75); Ctrl-C again:
+abort at once. A failed run restarts from its latest checkpoint up to max_restarts times.
+
+examples:
+  hpctrial run examples/mlp/experiment.yaml
+  hpctrial run exp.yaml --np 4 --oversubscribe --set hyperparameters.learning_rate=0.01
+  hpctrial run exp.yaml --dry-run
+
+options)";
+
+int run_run(const std::vector<std::string>& args) {
+  core::ConfigSources sources;
+  std::string experiment_dir;
+  mpi_launcher::LaunchOptions launch;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "show this help")
+      ("template,t", po::value(&sources.template_path)->value_name("T.yaml"), "merge this template under the config")
+      ("set,s", po::value(&sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
+       "override one config value (repeatable)")
+      ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
+      ("np,n", po::value(&launch.np)->value_name("N"), "number of ranks (default resources.slots_per_trial)")
+      ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
+      ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value(&sources.config_path));
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << ":\n" << options;
+    return kExitOk;
+  }
+  if (sources.config_path.empty()) {
+    std::cerr << "hpctrial run: give the experiment config, e.g. 'hpctrial run experiment.yaml'\n";
+    return kExitUsage;
+  }
+  if (vm.count("np") && launch.np < 1) {
+    std::cerr << "hpctrial run: --np must be at least 1\n";
+    return kExitUsage;
+  }
+  core::ProcessEnv env;
+  core::init_logging(env);
+  const core::ExperimentConfig config = core::load_experiment_config(sources);
+  if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
+  launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
+  launch.worker = find_worker();
+  launch.reset_failures = true;
+  if (!launch.dry_run) mpi_launcher::prepare_experiment(config, launch.experiment_dir);
+  else if (!fs::exists(mpi_launcher::ExperimentLayout{launch.experiment_dir}.config())) {
+    mpi_launcher::prepare_experiment(config, launch.experiment_dir);
+  }
+  return mpi_launcher::launch(launch, env, core::real_command_runner());
+}
+
+}  // namespace
+
+Verb run_verb() {
+  return {"run", "run an experiment here with mpirun; run again to resume", run_run};
+}
+
+}  // namespace hpctrial::cli

@@ -1,0 +1,43 @@
+// What a batch scheduler gave a job, in terms every part of hpctrial understands.
+//
+// The launcher asks each scheduler's job environment (slurm/, pbs/) whether it runs inside one
+// of its jobs; the answer is an Allocation: the scheduler's name, the job id, the hosts with
+// their slots, how often the job was started before, and when its time runs out. Outside any
+// job, the allocation is this machine ("none"). Plain values.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial::core {
+
+struct Host {
+  std::string name;
+  int slots = 1;
+};
+
+struct Allocation {
+  std::string scheduler = "none";  // "slurm", "pbs" or "none"
+  std::string job_id;              // empty outside a job
+  std::vector<Host> hosts;         // empty: this machine only
+  int restart_count = 0;           // how many times the scheduler started this job before
+  // When the scheduler ends the job (its time limit), if known.
+  std::optional<std::chrono::system_clock::time_point> end_time;
+
+  bool in_job() const { return scheduler != "none"; }
+  int total_slots() const;
+};
+
+// Runs a scheduler command (scontrol, squeue, qstat) by argv. Tests hand in a fake.
+using CommandRunner = std::function<RunResult(const std::vector<std::string>& argv)>;
+CommandRunner real_command_runner();
+
+// Host names as schedulers print them: letters, digits, '-', '.', '_'; at most 253 characters.
+bool is_valid_host_name(const std::string& name);
+
+}  // namespace hpctrial::core

@@ -1,0 +1,82 @@
+// Host side of the launcher: `hpctrial run` on a workstation, `hpctrial launch` inside a batch
+// job. It finds out where it runs (Slurm, PBS or neither), starts the ranks with one mpirun,
+// tags and files their output per rank, turns signals and the job's deadline into stop
+// requests, watches for hangs, and applies the exit protocol:
+//   all ranks 0   -> the trial is done: exit 0;
+//   all ranks 75  -> stopped after a durable checkpoint: exit 75 (resume by running again, or
+//                    let the scheduler requeue);
+//   anything else -> every rank is made sure gone, a failure record is appended to
+//                    <trial dir>/failures.jsonl, and the trial restarts from its latest
+//                    checkpoint, up to max_restarts failures; then exit non-zero.
+//
+// The experiment directory holds experiment.yaml (the effective config), experiment.json (what
+// the launcher needs besides: where the ranks run) and one trial-<id>/ per trial with the
+// trial's metrics, checkpoints, logs/rank-<N>.log, failures.jsonl and launcher-state.json.
+//
+// No LibTorch here; the CLI uses it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/allocation.h"
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/experiment_config.h"
+
+namespace hpctrial::mpi_launcher {
+
+inline constexpr int kExitFinished = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitStopped = 75;  // EX_TEMPFAIL: checkpointed on request; resume me
+inline constexpr int kExitAborted = 130;
+
+// The files of one experiment directory.
+struct ExperimentLayout {
+  std::string dir;
+
+  std::string config() const { return dir + "/experiment.yaml"; }
+  std::string state() const { return dir + "/experiment.json"; }
+  std::string trial_dir(int trial_id) const { return dir + "/trial-" + std::to_string(trial_id); }
+};
+
+// Makes `dir` (0700) and writes the effective config into it. The entrypoint's program or
+// library is made absolute against the config file's directory, and that directory is recorded
+// as where the ranks run, so that the experiment directory is all a batch job needs. A seed left
+// unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running again
+// resumes with the same data order), else chosen now. Returns the config as written.
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir);
+
+struct LaunchOptions {
+  std::string experiment_dir;
+  int trial_id = 0;
+  int np = 0;                  // 0: resources.slots_per_trial
+  bool oversubscribe = false;  // more ranks than cores, on a workstation
+  bool dry_run = false;        // print the mpirun command and the hostfile; start nothing
+  bool reset_failures = false; // a user's explicit run: failures of earlier runs are forgiven
+  std::string mpirun;          // empty: $HPCTRIAL_MPIRUN, else "mpirun" on PATH
+  std::string worker;          // hpctrial-worker, for library entrypoints
+};
+
+// Where the launcher runs: the first scheduler whose job environment is present, else none.
+core::Allocation detect_allocation(const core::EnvSource& env, const core::CommandRunner& run);
+
+// One attempt's mpirun command. `env` is set in mpirun's own environment and exported to the
+// ranks by name (-x NAME), so that no value, secret or not, appears in any argv.
+struct MpirunCommand {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string hostfile_path;  // empty: none (this machine)
+  std::string hostfile;       // its content
+  int np = 0;
+  std::string working_dir;
+};
+
+MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env);
+
+// Runs the trial to its end as the exit protocol above says; returns the exit code.
+int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
+
+}  // namespace hpctrial::mpi_launcher

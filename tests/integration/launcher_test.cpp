@@ -1,0 +1,289 @@
+// `hpctrial run` with real mpirun and the fault hook of the trainer (HPCTRIAL_FAULT): every way a
+// rank can fail ends the attempt quickly, with a failure record and no process left behind;
+// failures restart from the latest checkpoint up to max_restarts; a stop request checkpoints
+// and exits 75, and running again ends with the weights of an uninterrupted run.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+
+#include "../support/background_process.h"
+#include "../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
+
+namespace hpctrial {
+namespace {
+
+using testing::HasSubstr;
+using testing_support::BackgroundProcess;
+using testing_support::processes_running;
+using testing_support::TempDir;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+class Launcher : public testing::Test {
+ protected:
+  // An experiment of the faulty trial (which only fails through HPCTRIAL_FAULT here).
+  std::string config(const std::string& extra, std::int64_t batches = 100000, int ranks = 2) {
+    return dir_.write("exp.yaml",
+        "name: launched\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none}\n"
+        "resources: {slots_per_trial: " + std::to_string(ranks) + "}\n"
+        "reproducibility: {experiment_seed: 7}\n" + extra);
+  }
+  std::string experiment() const { return (dir_.path() / "exp").string(); }
+  std::string trial() const { return experiment() + "/trial-0"; }
+
+  std::vector<std::pair<std::string, std::string>> env(const std::string& fault = "") const {
+    std::vector<std::pair<std::string, std::string>> e = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                          {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+    if (!fault.empty()) e.emplace_back("HPCTRIAL_FAULT", fault);
+    return e;
+  }
+
+  std::unique_ptr<BackgroundProcess> start(const std::string& config_path, const std::string& fault = "",
+                                           std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {HPCTRIAL_CLI, "run", config_path, "--oversubscribe"};
+    if (std::find(extra.begin(), extra.end(), "--experiment") == extra.end()) {
+      argv.insert(argv.end(), {"--experiment", experiment()});
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<BackgroundProcess>(argv, env(fault),
+                                               (dir_.path() / ("out-" + std::to_string(++runs_) + ".txt")).string());
+  }
+
+  // Runs to the end (at most `limit`) and returns the process.
+  std::unique_ptr<BackgroundProcess> run(const std::string& config_path, const std::string& fault = "",
+                                         std::vector<std::string> extra = {}, std::chrono::seconds limit = 120s) {
+    auto p = start(config_path, fault, std::move(extra));
+    EXPECT_TRUE(p->wait(limit).has_value()) << "hpctrial run did not end within " << limit.count() << " s:\n"
+                                            << p->output();
+    return p;
+  }
+
+  std::vector<json> failures() const {
+    std::vector<json> out;
+    std::ifstream in(trial() + "/failures.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  }
+
+  // The last step a rank reported, or -1.
+  long long heartbeat(int rank) const {
+    std::ifstream in(trial() + "/launch/heartbeat/rank-" + std::to_string(rank));
+    std::string word;
+    long long step = -1;
+    if (in >> word >> step) return step;
+    return -1;
+  }
+  void wait_for_step(long long step, int rank = 0) const {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (heartbeat(rank) < step && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    ASSERT_GE(heartbeat(rank), step) << "the ranks never reached step " << step;
+  }
+
+  // No rank of the trial may outlive the launcher.
+  void expect_no_rank_left() const {
+    const auto until = std::chrono::steady_clock::now() + 1s;
+    while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL).empty()) << "a rank outlived the launcher";
+  }
+
+  TempDir dir_;
+  int runs_ = 0;
+};
+
+struct FaultCase {
+  const char* name;
+  const char* fault;
+  int ranks;
+  int exit_code;
+  const char* reason;  // in the failure record and the launcher's message
+};
+
+class EachFault : public Launcher, public testing::WithParamInterface<FaultCase> {};
+
+// max_restarts 0: the first failure ends the run, with the rank, how it failed and its log tail.
+TEST_P(EachFault, EndsTheRunWithARecordAndNoRankLeft) {
+  const FaultCase& c = GetParam();
+  const std::string exp = config("max_restarts: 0\noptimizations: {collective_timeout: 1h}\n"
+                                 "launcher: {hang_timeout: 3s}\n", 100000, c.ranks);
+  auto p = run(exp, c.fault);
+  const std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), c.exit_code) << out;
+  std::printf("[ measured ] %s on %d ranks: hpctrial run ended after %.1f s\n", c.name, c.ranks, p->seconds());
+  EXPECT_LT(p->seconds(), 45) << out;
+  EXPECT_THAT(out, HasSubstr("trial 0 failed: "));
+  EXPECT_THAT(out, HasSubstr(c.reason));
+  EXPECT_THAT(out, HasSubstr("It has failed 1 time(s) and max_restarts is 0, so it is not restarted"));
+  const auto records = failures();
+  ASSERT_EQ(records.size(), 1u) << out;
+  EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr(c.reason));
+  EXPECT_TRUE(records[0]["last_steps"].is_object());
+  if (std::string(c.name) != "hang") {
+    const int rank = c.fault[4] - '0';
+    EXPECT_EQ(records[0]["rank"], rank);
+    EXPECT_THAT(out, HasSubstr("trial 0 failed: rank " + std::to_string(rank) + " "));
+    EXPECT_THAT(records[0]["log_tail"].dump(), HasSubstr("injected fault")) << records[0].dump(1);
+  }
+  expect_no_rank_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Launcher, EachFault,
+    testing::Values(
+        FaultCase{"exit", "rank1:step12:exit3", 2, 3, "exited with code 3"},
+        FaultCase{"sigkill", "rank2:step12:sigkill", 4, 1, "ended without an exit code (killed by a signal, or crashed)"},
+        FaultCase{"segfault", "rank1:step12:segv", 2, 1, "ended without an exit code (killed by a signal, or crashed)"},
+        FaultCase{"exit0", "rank1:step12:exit0", 2, 1, "exited with code 0 while the others still ran"},
+        FaultCase{"throw", "rank1:step12:throw", 2, 1, "with code 1"},  // MPI_Abort, or its exit
+        FaultCase{"hang", "rank1:step12:hang", 2, 1,
+                  "no rank finished a training step for 3 s (launcher.hang_timeout)"}),
+    [](const testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
+
+TEST_F(Launcher, AFailureRestartsFromTheLatestCheckpoint) {
+  const std::string exp = config("max_restarts: 2\nmin_checkpoint_period: {batches: 20}\n", 200);
+  auto p = run(exp, "rank1:step30:restart0:sigkill");
+  const std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("restarting from its latest checkpoint (restart 1 of max_restarts 2)"));
+  EXPECT_THAT(out, HasSubstr("resumed from " + trial() + "/checkpoints/ckpt-20.h5 after 20 batches"));
+  EXPECT_THAT(out, HasSubstr("trial 0 finished"));
+  const auto records = failures();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["rank"], 1);
+  EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr("ended without an exit code"));
+  EXPECT_GE(records[0]["last_steps"]["0"].get<long long>(), 20);
+  expect_no_rank_left();
+}
+
+TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {
+  const std::string exp = config("max_restarts: 2\n", 200);
+  auto p = run(exp, "rank0:step5:exit3");
+  const std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), 3) << out;
+  EXPECT_THAT(out, HasSubstr("(restart 1 of max_restarts 2)"));
+  EXPECT_THAT(out, HasSubstr("(restart 2 of max_restarts 2)"));
+  EXPECT_THAT(out, HasSubstr("It has failed 3 time(s) and max_restarts is 2, so it is not restarted; the failures are "
+                             "recorded in " + trial() + "/failures.jsonl"));
+  EXPECT_EQ(failures().size(), 3u);
+  expect_no_rank_left();
+}
+
+// SIGUSR2 (the scheduler's warning, as the batch shell gets it) -> every rank checkpoints after
+// the same step and exits 75; running again ends exactly where an uninterrupted run does.
+// Disabled until a known defect is fixed (issue #6): with every core busy, the launcher at times
+// acts on the signal seconds late, after the ranks have finished.
+TEST_F(Launcher, DISABLED_AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
+  constexpr std::int64_t kBatches = 60000;
+  const std::string straight_config = config("", kBatches);
+  auto straight = run(straight_config, "", {"--experiment", (dir_.path() / "straight").string()});
+  ASSERT_EQ(straight->exit_code(), 0) << straight->output();
+
+  auto first = start(config("", kBatches));
+  wait_for_step(50);
+  const long long at_signal = heartbeat(0);
+  first->signal(SIGUSR2);
+  ASSERT_TRUE(first->wait(60s).has_value());
+  const std::string out = first->output();
+  EXPECT_EQ(first->exit_code(), 75) << out << "\nstop request: " << std::filesystem::exists(trial() + "/stop-request")
+                                    << "\nheartbeat at the signal: " << at_signal;
+  EXPECT_THAT(out, HasSubstr("trial 0 stopped (preemption) after a durable checkpoint"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("stopping after batch ([0-9]+) of 60000"))) << out;
+  const std::string stopped_at = m[1];
+  EXPECT_TRUE(std::filesystem::exists(trial() + "/checkpoints/ckpt-" + stopped_at + ".h5"));
+  EXPECT_THAT(out, testing::Not(HasSubstr("Exit code:"))) << "mpirun's report of the 75s is held back";
+  expect_no_rank_left();
+
+  auto second = run(config("", kBatches));
+  EXPECT_EQ(second->exit_code(), 0) << second->output();
+  EXPECT_THAT(second->output(), HasSubstr("resumed from " + trial() + "/checkpoints/ckpt-" + stopped_at + ".h5"));
+
+  const std::string end = "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
+  const auto a = checkpoint::read_checkpoint((dir_.path() / "straight").string() + end);
+  const auto b = checkpoint::read_checkpoint(experiment() + end);
+  int compared = 0;
+  for (const auto& d : a.datasets) {
+    if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
+    const auto& other = b.at(d.name, experiment() + end);
+    ASSERT_EQ(d.nbytes(), other.nbytes()) << d.name;
+    EXPECT_EQ(std::memcmp(d.data->data(), other.data->data(), d.nbytes()), 0) << d.name << " differs";
+    ++compared;
+  }
+  EXPECT_GE(compared, 2);
+}
+
+TEST_F(Launcher, CtrlCStopsWithACheckpointAndASecondCtrlCAbortsAtOnce) {
+  auto p = start(config(""), "rank1:step40:hang");
+  wait_for_step(5);
+  p->signal(SIGINT);
+  std::this_thread::sleep_for(1s);
+  EXPECT_FALSE(p->wait(0ms).has_value()) << "rank 1 hangs, so the stop cannot complete";
+  p->signal(SIGINT);
+  ASSERT_TRUE(p->wait(20s).has_value()) << p->output();
+  EXPECT_EQ(p->exit_code(), 130) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("press Ctrl-C again to abort now"));
+  EXPECT_THAT(p->output(), HasSubstr("second Ctrl-C: aborting now"));
+  expect_no_rank_left();
+}
+
+TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
+  const std::string exp = config("min_checkpoint_period: {batches: 2000}\n", 60000);
+  auto p = start(exp);
+  wait_for_step(2500);
+  ASSERT_FALSE(p->wait(0ms).has_value()) << "the run ended before it could be killed";
+  p->signal(SIGKILL);
+  p->wait(5s);
+  const auto killed = std::chrono::steady_clock::now();
+  while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() - killed < 20s) {
+    std::this_thread::sleep_for(50ms);
+  }
+  const double gone = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  std::printf("[ measured ] ranks gone %.1f s after the launcher was killed\n", gone);
+  EXPECT_LT(gone, 10);
+  expect_no_rank_left();
+
+  auto again = run(exp);
+  EXPECT_EQ(again->exit_code(), 0) << again->output();
+  EXPECT_THAT(again->output(), testing::ContainsRegex("resumed from .*/ckpt-[0-9]+\\.h5 after [0-9]+ batches"));
+}
+
+TEST_F(Launcher, MistakesAreClearErrorsWithinSeconds) {
+  // A bad entrypoint.
+  const std::string bad = dir_.write("bad.yaml", "name: bad\nentrypoint: ./no-such-trial\n"
+                                                 "searcher: {name: single, metric: m, max_length: {batches: 5}}\n"
+                                                 "hyperparameters: {global_batch_size: 4}\n");
+  auto p = run(bad, "", {}, 30s);
+  EXPECT_EQ(p->exit_code(), 2);
+  EXPECT_THAT(p->output(), HasSubstr("entrypoint: " + (dir_.path() / "no-such-trial").string() +
+                                     " does not exist; build it, or fix entrypoint in the config"));
+  EXPECT_LT(p->seconds(), 10);
+  EXPECT_FALSE(std::filesystem::exists(trial() + "/checkpoints"));
+
+  // Too many ranks for this machine, without --oversubscribe.
+  auto many = std::make_unique<BackgroundProcess>(
+      std::vector<std::string>{HPCTRIAL_CLI, "run", config(""), "--experiment", experiment(), "--np", "64"}, env(),
+      (dir_.path() / "many.txt").string());
+  ASSERT_TRUE(many->wait(30s).has_value());
+  EXPECT_EQ(many->exit_code(), 2);
+  EXPECT_THAT(many->output(), testing::ContainsRegex("64 ranks were asked for but this machine has [0-9]+ cores; pass "
+                                                     "--oversubscribe"));
+  EXPECT_FALSE(std::filesystem::exists(trial() + "/checkpoints"));
+
+  // A config that cannot be read.
+  auto missing = run((dir_.path() / "nope.yaml").string(), "", {}, 30s);
+  EXPECT_EQ(missing->exit_code(), 2);
+  EXPECT_THAT(missing->output(), HasSubstr("nope.yaml"));
+  EXPECT_THAT(missing->output(), HasSubstr("cannot read"));
+}
+
+}  // namespace
+}  // namespace hpctrial
