@@ -516,7 +516,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, reproducibility, "
-                         "checkpoint_storage, scheduler, max_restarts, data, environment");
+                         "checkpoint_storage, launcher, scheduler, max_restarts, data, environment");
   }
 }
 
