@@ -23,6 +23,7 @@
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/shell_quote.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "launcher_internal.h"
 
@@ -37,15 +38,6 @@ using nlohmann::json;
 
 constexpr auto kKillGrace = std::chrono::seconds(5);  // SIGTERM to mpirun, then SIGKILL to all
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
-
-std::string now_iso() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 std::string describe_seconds(std::int64_t seconds) {
   return seconds < 120 ? std::to_string(seconds) + " s" : core::format_duration(seconds);
@@ -375,7 +367,7 @@ class Supervisor {
     attempt_->stop_reason = reason;
     try {
       core::write_file_atomic(detail::stop_file(trial_dir_),
-                              json{{"reason", reason}, {"time", now_iso()}}.dump() + "\n");
+                              json{{"reason", reason}, {"time", core::utc_now_iso()}}.dump() + "\n");
     } catch (const Error& e) {
       core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
     }
@@ -605,7 +597,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     state["failures"] = failures;
     detail::write_json_file(state_path, state);
     const auto& f = supervisor.failure();
-    json record = {{"time", now_iso()}, {"trial_id", options.trial_id}, {"start", starts},
+    json record = {{"time", core::utc_now_iso()}, {"trial_id", options.trial_id}, {"start", starts},
                    {"failure", failures}, {"mpirun", describe_status(a.status)}};
     std::string what;
     if (!a.hang.empty()) {

@@ -7,15 +7,10 @@
 #include <sstream>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/text.h"
 
 namespace hpctrial::pbs {
 namespace {
-
-std::string trim(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
-}
 
 constexpr std::size_t kMaxNodeFileBytes = 64u << 20;
 
@@ -33,7 +28,7 @@ std::vector<core::Host> parse_node_file(const std::string& text, const std::stri
   int number = 0;
   for (std::string line; std::getline(in, line);) {
     ++number;
-    line = trim(line);
+    line = core::trim(line);
     if (line.empty()) continue;
     if (!core::is_valid_host_name(line)) {
       throw SchedulerError(path + ":" + std::to_string(number) + ": \"" + line + "\" is not a host name");
@@ -55,7 +50,7 @@ void apply_qstat(const std::string& qstat_output, core::Allocation& a) {
   for (std::string line; std::getline(in, line);) {
     const auto eq = line.find(" = ");
     if (eq == std::string::npos) continue;
-    fields[trim(line.substr(0, eq))] = trim(line.substr(eq + 3));
+    fields[core::trim(line.substr(0, eq))] = core::trim(line.substr(eq + 3));
   }
   if (const auto it = fields.find("run_count"); it != fields.end()) {
     if (it->second.empty() || it->second.size() > 6 || it->second.find_first_not_of("0123456789") != std::string::npos) {

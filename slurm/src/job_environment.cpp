@@ -5,15 +5,10 @@
 #include <sstream>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/text.h"
 
 namespace hpctrial::slurm {
 namespace {
-
-std::string trim(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
-}
 
 int parse_count(const std::string& text, const std::string& what) {
   if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos) {
@@ -50,7 +45,7 @@ std::vector<int> parse_tasks_per_node(const std::string& text) {
 }
 
 std::optional<std::chrono::system_clock::time_point> parse_end_time(const std::string& text) {
-  const std::string t = trim(text);
+  const std::string t = core::trim(text);
   if (t.empty() || t == "N/A" || t == "Unknown" || t == "NONE" || t == "None") return std::nullopt;
   std::tm tm{};
   const char* end = ::strptime(t.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
@@ -80,7 +75,7 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
   if (!hostnames.ok()) throw SchedulerError("cannot expand the node list of job " + a.job_id + ": " + hostnames.describe());
   std::stringstream lines(hostnames.out);
   for (std::string line; std::getline(lines, line);) {
-    line = trim(line);
+    line = core::trim(line);
     if (line.empty()) continue;
     if (!core::is_valid_host_name(line)) throw SchedulerError("scontrol printed the host name \"" + line + "\", which is not valid");
     a.hosts.push_back({line, 1});

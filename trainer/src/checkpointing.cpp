@@ -9,6 +9,7 @@
 #include "hpctrial/build_config.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/text.h"
 #include "state_io.h"
 
 namespace hpctrial::trainer::detail {
@@ -18,15 +19,6 @@ namespace {
 constexpr std::size_t kCopyPiece = std::size_t{256} << 10;
 
 using json = nlohmann::json;
-
-std::string now_utc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 std::string hex(std::uint32_t value) {
   char text[16];
@@ -110,7 +102,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   c.attributes["records"] = std::to_string(loop.batches_trained * identity.global_batch);
   c.attributes["restart_count"] = std::to_string(loop.restart_count);
   c.attributes["hpctrial_version"] = HPCTRIAL_VERSION;
-  c.attributes["created"] = now_utc();
+  c.attributes["created"] = core::utc_now_iso();
   c.attributes["world_size"] = std::to_string(identity.world_size);
   c.attributes["trial_id"] = std::to_string(identity.trial_id);
   c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));
