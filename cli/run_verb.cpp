@@ -89,10 +89,14 @@ int run_run(const std::vector<std::string>& args) {
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
   launch.reset_failures = true;
-  if (!launch.dry_run) mpi_launcher::prepare_experiment(config, launch.experiment_dir);
-  else if (!fs::exists(mpi_launcher::ExperimentLayout{launch.experiment_dir}.config())) {
-    mpi_launcher::prepare_experiment(config, launch.experiment_dir);
+  if (launch.dry_run) {
+    // This config as it would run, with nothing written.
+    launch.working_dir = mpi_launcher::experiment_workdir(config);
+    mpi_launcher::print_launch_plan(mpi_launcher::resolve_experiment(config, launch.experiment_dir), launch, env,
+                                    core::real_command_runner());
+    return kExitOk;
   }
+  mpi_launcher::prepare_experiment(config, launch.experiment_dir);
   return mpi_launcher::launch(launch, env, core::real_command_runner());
 }
 

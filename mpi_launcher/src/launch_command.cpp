@@ -39,10 +39,13 @@ void write_json_file(const std::string& path, const json& value) {
 
 }  // namespace detail
 
-core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir) {
+std::string experiment_workdir(const core::ExperimentConfig& config) {
+  return (config.source_path.empty() ? fs::current_path() : fs::absolute(config.source_path).parent_path()).string();
+}
+
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir) {
   const ExperimentLayout layout{dir};
-  const fs::path source_dir = config.source_path.empty() ? fs::current_path()
-                                                         : fs::absolute(config.source_path).parent_path();
+  const fs::path source_dir = experiment_workdir(config);
   // The program or library, absolute: the batch job may start anywhere.
   auto absolute = [&](const std::string& path) {
     if (path.find('/') == std::string::npos) return path;  // looked up on PATH
@@ -53,8 +56,6 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
   } else {
     config.entrypoint.argv.front() = absolute(config.entrypoint.argv.front());
   }
-
-  core::create_directories(dir);
   if (!config.reproducibility.experiment_seed) {
     if (fs::exists(layout.config())) {
       const auto earlier = core::load_experiment_config({layout.config(), "", {}});
@@ -64,9 +65,17 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
       config.reproducibility.experiment_seed = std::random_device{}();
     }
   }
+  return config;
+}
+
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir) {
+  const ExperimentLayout layout{dir};
+  const std::string workdir = experiment_workdir(config);
+  config = resolve_experiment(std::move(config), dir);
+  core::create_directories(dir);
   core::write_file_atomic(layout.config(), core::to_yaml(config));
   json state = detail::read_json_file(layout.state());
-  state["workdir"] = source_dir.string();
+  state["workdir"] = workdir;
   detail::write_json_file(layout.state(), state);
   config.source_path = layout.config();
   return config;
@@ -84,8 +93,9 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   const std::string trial_dir = layout.trial_dir(options.trial_id);
   MpirunCommand c;
   c.np = options.np > 0 ? options.np : config.resources.slots_per_trial;
-  const json state = detail::read_json_file(layout.state());
-  c.working_dir = state.value("workdir", std::string());
+  c.working_dir = options.working_dir.empty()
+                      ? detail::read_json_file(layout.state()).value("workdir", std::string())
+                      : options.working_dir;
 
   std::string mpirun = options.mpirun;
   if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");

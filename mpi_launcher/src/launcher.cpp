@@ -91,13 +91,13 @@ std::vector<pid_t> descendants() {
   }
   ::closedir(d);
   std::vector<pid_t> out;
-  std::vector<pid_t> todo = {::getpid()};
-  while (!todo.empty()) {
-    const pid_t p = todo.back();
-    todo.pop_back();
+  std::vector<pid_t> unvisited = {::getpid()};
+  while (!unvisited.empty()) {
+    const pid_t p = unvisited.back();
+    unvisited.pop_back();
     for (pid_t c : children[p]) {
       out.push_back(c);
-      todo.push_back(c);
+      unvisited.push_back(c);
     }
   }
   return out;
@@ -520,6 +520,22 @@ std::string describe_status(int status) {
 
 }  // namespace
 
+void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
+                       const core::CommandRunner& run) {
+  const core::Allocation allocation = detect_allocation(env, run);
+  const MpirunCommand command = build_mpirun_command(config, allocation, options, 0, env);
+  std::string line;
+  for (const auto& arg : command.argv) line += (line.empty() ? "" : " ") + core::shell_quote(arg, "argument");
+  std::cout << "# in " << command.working_dir << " (" << allocation.scheduler
+            << (allocation.job_id.empty() ? "" : " job " + allocation.job_id) << ")\n";
+  for (const auto& [name, value] : command.env) {
+    // Only the contract's own values: the config's environment may hold secrets.
+    if (name.rfind("HPCTRIAL_", 0) == 0) std::cout << name << "=" << core::shell_quote(value, name) << " \\\n";
+  }
+  std::cout << line << "\n";
+  if (!command.hostfile.empty()) std::cout << "# hostfile " << command.hostfile_path << ":\n" << command.hostfile;
+}
+
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   const ExperimentLayout layout{options.experiment_dir};
   if (!fs::exists(layout.config())) {
@@ -532,17 +548,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   const std::string state_path = trial_dir + "/launcher-state.json";
 
   if (options.dry_run) {
-    const MpirunCommand command = build_mpirun_command(config, allocation, options, 0, env);
-    std::string line;
-    for (const auto& arg : command.argv) line += (line.empty() ? "" : " ") + core::shell_quote(arg, "argument");
-    std::cout << "# in " << command.working_dir << " (" << allocation.scheduler
-              << (allocation.job_id.empty() ? "" : " job " + allocation.job_id) << ")\n";
-    for (const auto& [name, value] : command.env) {
-      // Only the contract's own values: the config's environment may hold secrets.
-      if (name.rfind("HPCTRIAL_", 0) == 0) std::cout << name << "=" << core::shell_quote(value, name) << " \\\n";
-    }
-    std::cout << line << "\n";
-    if (!command.hostfile.empty()) std::cout << "# hostfile " << command.hostfile_path << ":\n" << command.hostfile;
+    print_launch_plan(config, options, env, run);
     return kExitFinished;
   }
 

@@ -256,6 +256,28 @@ TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
   EXPECT_THAT(again->output(), testing::ContainsRegex("resumed from .*/ckpt-[0-9]+\\.h5 after [0-9]+ batches"));
 }
 
+// --dry-run prints the command of this config as it would run, exports secrets by name only,
+// and writes nothing.
+TEST_F(Launcher, DryRunPrintsTheCommandAndWritesNothing) {
+  const std::string exp = config("environment: {TOKEN: \"${env:SECRET_TOKEN}\"}\n"
+                                 "launcher: {prefix: [nice, -n, \"1\"]}\n");
+  auto e = env();
+  e.emplace_back("SECRET_TOKEN", "hunter2");
+  BackgroundProcess p({HPCTRIAL_CLI, "run", exp, "--experiment", experiment(), "--np", "2", "--dry-run",
+                       "--set", "max_restarts=1"},
+                      e, (dir_.path() / "dry.txt").string());
+  ASSERT_TRUE(p.wait(30s).has_value());
+  const std::string out = p.output();
+  EXPECT_EQ(p.exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("# in " + dir_.path().string() + " (none)"));
+  EXPECT_THAT(out, HasSubstr("HPCTRIAL_TRIAL_DIR=" + trial()));
+  EXPECT_THAT(out, testing::ContainsRegex("mpirun -np 2 --map-by slot --bind-to none --tag-output "));
+  EXPECT_THAT(out, HasSubstr(" -x TOKEN "));
+  EXPECT_THAT(out, HasSubstr(" nice -n 1 " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"));
+  EXPECT_THAT(out, testing::Not(HasSubstr("hunter2"))) << "a secret reached the command line";
+  EXPECT_FALSE(std::filesystem::exists(experiment())) << "a dry run wrote the experiment directory";
+}
+
 TEST_F(Launcher, MistakesAreClearErrorsWithinSeconds) {
   // A bad entrypoint.
   const std::string bad = dir_.write("bad.yaml", "name: bad\nentrypoint: ./no-such-trial\n"

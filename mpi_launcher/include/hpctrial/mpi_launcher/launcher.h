@@ -47,6 +47,10 @@ struct ExperimentLayout {
 // unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running again
 // resumes with the same data order), else chosen now. Returns the config as written.
 core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir);
+// What prepare_experiment() would write, without writing anything.
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir);
+// Where the ranks of an experiment made from `config` run: its config file's directory.
+std::string experiment_workdir(const core::ExperimentConfig& config);
 
 struct LaunchOptions {
   std::string experiment_dir;
@@ -57,6 +61,7 @@ struct LaunchOptions {
   bool reset_failures = false; // a user's explicit run: failures of earlier runs are forgiven
   std::string mpirun;          // empty: $HPCTRIAL_MPIRUN, else "mpirun" on PATH
   std::string worker;          // hpctrial-worker, for library entrypoints
+  std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
 };
 
 // Where the launcher runs: the first scheduler whose job environment is present, else none.
@@ -75,6 +80,11 @@ struct MpirunCommand {
 
 MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
                                    const LaunchOptions& options, int restart_count, const core::EnvSource& env);
+
+// Prints the mpirun command of a first attempt of `config` (the HPCTRIAL_* values, never the
+// config's environment values) and the hostfile; starts and writes nothing.
+void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
+                       const core::CommandRunner& run);
 
 // Runs the trial to its end as the exit protocol above says; returns the exit code.
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
