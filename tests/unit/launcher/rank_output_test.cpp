@@ -1,0 +1,193 @@
+// How the launcher reads mpirun: its --tag-output stream split per rank, its boxed reports held
+// back, and its words about the first rank that failed (texts as Open MPI 4.1 prints them).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "../../support/temp_dir.h"
+#include "launcher_internal.h"
+
+namespace hpctrial::mpi_launcher::detail {
+namespace {
+
+using testing::ElementsAre;
+using testing::HasSubstr;
+using testing::Not;
+using testing_support::TempDir;
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class RankOutputTest : public testing::Test {
+ protected:
+  RankOutputTest()
+      : out_path_((dir_.path() / "out").string()),
+        err_path_((dir_.path() / "err").string()),
+        out_(::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600)),
+        err_(::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600)) {}
+  ~RankOutputTest() override {
+    ::close(out_);
+    ::close(err_);
+  }
+  void feed(RankOutput& output, const std::string& text, bool from_stderr = false) {
+    output.feed(text.data(), text.size(), from_stderr);
+  }
+  std::string logs() const { return (dir_.path() / "logs").string(); }
+
+  TempDir dir_;
+  std::string out_path_, err_path_;
+  int out_, err_;
+};
+
+TEST_F(RankOutputTest, TaggedLinesAreShownWithTheirRankAndFiledPerRank) {
+  {
+    RankOutput output(logs(), out_, err_);
+    feed(output, "[1,0]<stdout>:loss 0.5\n[1,1]<stdout>:loss 0.6\n");
+    feed(output, "[1,1]<stderr>:warning: slow\n");
+    // A line cut across two reads, and one whose text already names its rank.
+    feed(output, "[1,0]<stdout>:epo");
+    feed(output, "ch 2\n[1,1]<stdout>:[rank 1] INFO ready\n");
+    EXPECT_THAT(output.tail(1), ElementsAre("loss 0.6", "warning: slow", "[rank 1] INFO ready"));
+    EXPECT_THAT(output.tail(0), ElementsAre("loss 0.5", "epoch 2"));
+    EXPECT_TRUE(output.mpirun_text().empty());
+  }
+  EXPECT_EQ(read(out_path_), "[rank 0] loss 0.5\n[rank 1] loss 0.6\n[rank 0] epoch 2\n[rank 1] INFO ready\n");
+  EXPECT_EQ(read(err_path_), "[rank 1] warning: slow\n") << "a rank's stderr stays stderr";
+  EXPECT_EQ(read(logs() + "/rank-0.log"), "loss 0.5\nepoch 2\n");
+  EXPECT_EQ(read(logs() + "/rank-1.log"), "loss 0.6\nwarning: slow\n[rank 1] INFO ready\n");
+  struct stat st {};
+  ASSERT_EQ(::stat((logs() + "/rank-0.log").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "logs are private";
+}
+
+TEST_F(RankOutputTest, MpirunsBoxesAreHeldUntilAFailureShowsThem) {
+  const std::string box =
+      "--------------------------------------------------------------------------\n"
+      "mpirun detected that one or more processes exited with non-zero status\n"
+      "--------------------------------------------------------------------------\n";
+  RankOutput output(logs(), out_, err_);
+  feed(output, "plain words from mpirun\n", true);
+  feed(output, box, true);
+  feed(output, "[1,0]<stdout>:after the box\n");
+  EXPECT_EQ(read(err_path_), "plain words from mpirun\n");
+  EXPECT_EQ(read(out_path_), "[rank 0] after the box\n") << "the box does not swallow what follows it";
+  EXPECT_THAT(output.mpirun_text(), HasSubstr("exited with non-zero status"));
+  EXPECT_THAT(read(logs() + "/mpirun.log"), HasSubstr("exited with non-zero status")) << "always filed";
+  output.show_held();
+  EXPECT_EQ(read(err_path_), "plain words from mpirun\n" + box);
+}
+
+TEST_F(RankOutputTest, APartialLastLineIsWrittenOnFlushAndTheTailIsBounded) {
+  RankOutput output(logs(), out_, err_);
+  for (int i = 0; i < 100; ++i) feed(output, "[1,2]<stdout>:line " + std::to_string(i) + "\n");
+  feed(output, "[1,2]<stdout>:no newline");
+  output.flush();
+  const auto tail = output.tail(2);
+  ASSERT_EQ(tail.size(), 30u);
+  EXPECT_EQ(tail.back(), "no newline");
+  EXPECT_EQ(tail.front(), "line 71");
+  EXPECT_THAT(read(out_path_), HasSubstr("[rank 2] no newline\n"));
+}
+
+TEST_F(RankOutputTest, AVeryLongLineIsCutNotKeptWhole) {
+  RankOutput output(logs(), out_, err_);
+  feed(output, std::string(200 * 1024, 'x'));
+  EXPECT_EQ(read(logs() + "/mpirun.log").size(), 3u * (64 * 1024 + 1)) << "three full pieces so far";
+}
+
+TEST(ParseMpirunFailure, ANonZeroExit) {
+  const auto f = parse_mpirun_failure(
+      "mpirun detected that one or more processes exited with non-zero status, thus causing\n"
+      "the job to be terminated. The first process to do so was:\n\n"
+      "  Process name: [[40177,1],1]\n"
+      "  Exit code:    3\n");
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.exit_code, 3);
+  EXPECT_FALSE(f.signal.has_value());
+  EXPECT_EQ(f.how, "exited with code 3");
+}
+
+TEST(ParseMpirunFailure, ASignal) {
+  const auto f = parse_mpirun_failure(
+      "mpirun noticed that process rank 2 with PID 0 on node cn042 exited on signal 9 (Killed).\n");
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_EQ(f.host, "cn042");
+  EXPECT_EQ(f.signal, 9);
+  EXPECT_EQ(f.how, "was killed by signal 9 (Killed)");
+}
+
+TEST(ParseMpirunFailure, ASignalWithoutItsNameAcrossLines) {
+  const auto f = parse_mpirun_failure("mpirun noticed that process rank 3 with PID 1234 on\nnode cn7 exited on signal 11.\n");
+  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(f.host, "cn7");
+  EXPECT_EQ(f.signal, 11);
+  EXPECT_THAT(f.how, HasSubstr("signal 11 ("));
+}
+
+TEST(ParseMpirunFailure, MpiAbort) {
+  const auto f = parse_mpirun_failure(
+      "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\nwith errorcode 7.\n\n"
+      "NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n");
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.exit_code, 7);
+  EXPECT_EQ(f.how, "called MPI_Abort with code 7");
+}
+
+TEST(ParseMpirunFailure, AnEarlyCleanExit) {
+  const auto f = parse_mpirun_failure(
+      "mpirun has exited due to process rank 1 with PID 0 on\nnode ws01 exiting improperly. There are three reasons "
+      "this could occur:\n");
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.host, "ws01");
+  EXPECT_EQ(f.exit_code, 0);
+  EXPECT_THAT(f.how, HasSubstr("exited before the others"));
+}
+
+TEST(ParseMpirunFailure, NothingKnownMeansNoRank) {
+  EXPECT_EQ(parse_mpirun_failure("").rank, -1);
+  EXPECT_EQ(parse_mpirun_failure("Warning: Permanently added 'cn1' to the list of known hosts.\n").rank, -1);
+}
+
+TEST(Heartbeats, EachRanksLastStepPidHostAndExit) {
+  TempDir dir;
+  dir.write("rank-0", "step 41 pid 100 host cn1\n");
+  dir.write("rank-1", "step 40 pid 101 host cn1 exit 75\n");
+  dir.write("rank-2", "garbage");
+  dir.write("notes.txt", "step 1 pid 1 host x\n");
+  const auto beats = read_heartbeats(dir.path().string());
+  ASSERT_EQ(beats.size(), 2u);
+  EXPECT_EQ(beats.at(0).step, 41);
+  EXPECT_EQ(beats.at(0).pid, 100);
+  EXPECT_EQ(beats.at(0).host, "cn1");
+  EXPECT_FALSE(beats.at(0).exit_code.has_value());
+  EXPECT_EQ(beats.at(1).exit_code, 75);
+  EXPECT_TRUE(read_heartbeats((dir.path() / "missing").string()).empty());
+}
+
+TEST(ZombieStatus, AChildThatEndedButWasNotReaped) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(42);
+  std::optional<int> status;
+  for (int i = 0; i < 500 && !(status = zombie_status(child)); ++i) ::usleep(2000);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 42);
+  int reaped = 0;
+  ::waitpid(child, &reaped, 0);
+  EXPECT_FALSE(zombie_status(child).has_value()) << "gone once reaped";
+  EXPECT_FALSE(zombie_status(::getpid()).has_value()) << "running";
+}
+
+}  // namespace
+}  // namespace hpctrial::mpi_launcher::detail

@@ -1,0 +1,107 @@
+// The rank side of the launcher's contract: the stop file, the heartbeat, and the fault hook.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../../../trainer/src/launch_contract.h"
+#include "../../support/temp_dir.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using testing::HasSubstr;
+using testing_support::TempDir;
+using namespace std::chrono_literals;
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string message_of(const std::string& spec) {
+  try {
+    FaultPlan(spec, 0, 0);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FaultPlan, KeepsOnlyTheFaultsOfThisRankAndRestart) {
+  EXPECT_TRUE(FaultPlan("", 0, 0).empty());
+  EXPECT_FALSE(FaultPlan("rank1:step7:sigkill", 1, 0).empty());
+  EXPECT_TRUE(FaultPlan("rank1:step7:sigkill", 0, 0).empty());
+  EXPECT_TRUE(FaultPlan("rank1:restart0:step7:sigkill", 1, 1).empty()) << "the restarted run goes on";
+  EXPECT_FALSE(FaultPlan("step7:exit3", 5, 2).empty()) << "no rank or restart: every one";
+  EXPECT_FALSE(FaultPlan("rank0:exit3,rank2:hang", 2, 0).empty());
+}
+
+TEST(FaultPlan, ActsAtItsPhaseAndStepOnly) {
+  const FaultPlan plan("rank0:step7:validation:throw", 0, 0);
+  EXPECT_NO_THROW(plan.at(FaultPhase::kBatch, 7));
+  EXPECT_NO_THROW(plan.at(FaultPhase::kValidation, 6));
+  EXPECT_THROW(plan.at(FaultPhase::kValidation, 7), std::runtime_error);
+  const FaultPlan any_step("throw", 0, 0);
+  EXPECT_THROW(any_step.at(FaultPhase::kBatch, 123), std::runtime_error) << "batch is the default phase";
+  EXPECT_NO_THROW(any_step.at(FaultPhase::kCheckpoint, 123));
+}
+
+TEST(FaultPlan, ExitAndSignalActionsEndTheProcessAsAsked) {
+  EXPECT_EXIT(FaultPlan("step2:exit3", 0, 0).at(FaultPhase::kBatch, 2), testing::ExitedWithCode(3),
+              "injected fault step2:exit3 on rank 0 at step 2");
+  EXPECT_EXIT(FaultPlan("checkpoint:sigkill", 0, 0).at(FaultPhase::kCheckpoint, 1), testing::KilledBySignal(SIGKILL),
+              "");
+  EXPECT_EXIT(FaultPlan("segv", 0, 0).at(FaultPhase::kBatch, 1), testing::KilledBySignal(SIGSEGV), "");
+  EXPECT_EXIT(FaultPlan("abort", 0, 0).at(FaultPhase::kBatch, 1), testing::KilledBySignal(SIGABRT), "");
+}
+
+TEST(FaultPlan, AnUnknownWordOrNoActionIsAnErrorNamingIt) {
+  EXPECT_THAT(message_of("rank1:step7:explode"), HasSubstr("HPCTRIAL_FAULT: \"explode\" in \"rank1:step7:explode\""));
+  EXPECT_THAT(message_of("rankone:exit1"), HasSubstr("\"rankone\""));
+  EXPECT_THAT(message_of("rank1:step7"), HasSubstr("names no action"));
+  EXPECT_THAT(message_of("exit1,bogus"), HasSubstr("\"bogus\""));
+}
+
+TEST(StopFile, SeenOnceItExistsAndRemembered) {
+  TempDir dir;
+  const std::string path = (dir.path() / "stop-request").string();
+  StopFile stop(path);
+  EXPECT_FALSE(stop.requested());
+  dir.write("stop-request", "{}\n");
+  EXPECT_FALSE(stop.requested()) << "looked at most once a second";
+  std::this_thread::sleep_for(1100ms);
+  EXPECT_TRUE(stop.requested());
+  std::remove(path.c_str());
+  EXPECT_TRUE(stop.requested()) << "a request is not taken back";
+}
+
+TEST(Heartbeat, WritesWhoAndWhereAtOnceThenTheLastStep) {
+  TempDir dir;
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  const std::string path = (dir.path() / "rank-3").string();
+  {
+    Heartbeat beat(dir.path().string(), 3);
+    EXPECT_EQ(read(path).substr(0, 8), "step -1 ");
+    std::istringstream words(read(path));
+    std::string step, step_value, pid, pid_value, host_word, host_value;
+    words >> step >> step_value >> pid >> pid_value >> host_word >> host_value;
+    EXPECT_EQ(pid + " " + pid_value + " " + host_word + " " + host_value,
+              "pid " + std::to_string(::getpid()) + " host " + host);
+    beat.beat(17);
+    for (int i = 0; i < 30 && read(path).rfind("step 17 ", 0) != 0; ++i) std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(read(path).substr(0, 8), "step 17 ");
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer::detail
