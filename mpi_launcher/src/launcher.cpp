@@ -38,6 +38,7 @@ using nlohmann::json;
 
 constexpr auto kKillGrace = std::chrono::seconds(5);  // SIGTERM to mpirun, then SIGKILL to all
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
+constexpr auto kHeartbeatCheckStopping = std::chrono::milliseconds(50);
 
 std::string describe_seconds(std::int64_t seconds) {
   return seconds < 120 ? std::to_string(seconds) + " s" : core::format_duration(seconds);
@@ -250,7 +251,9 @@ class Supervisor {
     while (out_open || err_open || !exited) {
       pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {out_open ? child.out_fd : -1, POLLIN, 0},
                        {err_open ? child.err_fd : -1, POLLIN, 0}};
-      ::poll(fds, 3, 250);
+      // While the ranks stop, look closely: their exits end the attempt.
+      const bool stopping = a.stop_requested || stopped_at_ != Clock::time_point{};
+      ::poll(fds, 3, stopping ? 50 : 250);
       for (int i = 1; i <= 2; ++i) {
         if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
         const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
@@ -305,7 +308,10 @@ class Supervisor {
       }
       // Ranks stopped on request: mpirun would give the stragglers the whole grace before it
       // kills them, though they only finish; end them after a moment.
-      if (stopped_at_ != Clock::time_point{} && now - stopped_at_ > std::chrono::seconds(2) && !stop_finished_) {
+      // Every rank has ended with 75, though mpirun, which saw a non-zero exit, would hold on to
+      // them until its SIGKILL timeout; nothing is left to wait for.
+      if (stopped_at_ != Clock::time_point{} && !stop_finished_ &&
+          (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_stopped(command.np))) {
         stop_finished_ = true;
         kill_everything(child.pid, &mpirun_status_);
       }
@@ -329,7 +335,7 @@ class Supervisor {
         kill_at = kNever;
         term_at = kNever;
       }
-      if (now - last_heartbeat_check_ >= kHeartbeatCheck && a.hang.empty()) {
+      if (now - last_heartbeat_check_ >= (stopping ? kHeartbeatCheckStopping : kHeartbeatCheck) && a.hang.empty()) {
         last_heartbeat_check_ = now;
         check_progress(now, command.np, child.pid);
       }
@@ -426,6 +432,22 @@ class Supervisor {
       if (!found) found = f;
     }
     return found;
+  }
+
+  // True when each of the `np` ranks has ended with 75: those of this host seen ended (a zombie
+  // of mpirun's, or reaped), the others by the exit their heartbeat recorded.
+  bool all_ranks_stopped(int np) const {
+    if (static_cast<int>(beats_.size()) < np) return false;
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    for (const auto& [rank, beat] : beats_) {
+      if (!beat.exit_code || *beat.exit_code != kExitStopped) return false;
+      if (beat.host != host) continue;
+      const auto status = detail::zombie_status(beat.pid);
+      const bool gone = !status && ::kill(beat.pid, 0) != 0 && errno == ESRCH;
+      if (!gone && !(status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped)) return false;
+    }
+    return true;
   }
 
   void check_progress(Clock::time_point now, int np, pid_t child) {

@@ -181,7 +181,7 @@ TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {
 // the same step and exits 75; running again ends exactly where an uninterrupted run does.
 // Disabled until a known defect is fixed (issue #6): with every core busy, the launcher at times
 // acts on the signal seconds late, after the ranks have finished.
-TEST_F(Launcher, DISABLED_AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
+TEST_F(Launcher, AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
   constexpr std::int64_t kBatches = 60000;
   const std::string straight_config = config("", kBatches);
   auto straight = run(straight_config, "", {"--experiment", (dir_.path() / "straight").string()});
