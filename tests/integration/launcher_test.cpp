@@ -271,7 +271,7 @@ TEST_F(Launcher, DryRunPrintsTheCommandAndWritesNothing) {
   EXPECT_EQ(p.exit_code(), 0) << out;
   EXPECT_THAT(out, HasSubstr("# in " + dir_.path().string() + " (none)"));
   EXPECT_THAT(out, HasSubstr("HPCTRIAL_TRIAL_DIR=" + trial()));
-  EXPECT_THAT(out, testing::ContainsRegex("mpirun -np 2 --map-by slot --bind-to none --tag-output "));
+  EXPECT_THAT(out, testing::ContainsRegex("mpirun -np 2 --map-by slot --bind-to none --mca pml ob1 --tag-output "));
   EXPECT_THAT(out, HasSubstr(" -x TOKEN "));
   EXPECT_THAT(out, HasSubstr(" nice -n 1 " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"));
   EXPECT_THAT(out, testing::Not(HasSubstr("hunter2"))) << "a secret reached the command line";

@@ -80,6 +80,27 @@ TEST(MpirunCommand, OnAWorkstationMapsBySlotWithoutBindingOrHostfile) {
   EXPECT_THAT(std::vector<std::string>(c.argv.end() - 2, c.argv.end()), ElementsAre("/opt/trial", "--fast"));
 }
 
+// The transport layer after `--mca` (empty when not chosen).
+std::string pml(const std::vector<std::string>& argv) {
+  for (std::size_t i = 0; i + 2 < argv.size(); ++i) {
+    if (argv[i] == "--mca" && argv[i + 1] == "pml") return argv[i + 2];
+  }
+  return "";
+}
+
+TEST(MpirunCommand, OnAWorkstationTheSharedMemoryLayerIsChosenUnlessTheUserChoseOne) {
+  EXPECT_EQ(pml(build_mpirun_command(parse(""), {}, options("/exp"), 0, core::MapEnv{}).argv), "ob1");
+  const auto chosen = build_mpirun_command(parse("launcher: {mpirun_args: [--mca, pml, ucx]}\n"), {}, options("/exp"),
+                                           0, core::MapEnv{});
+  EXPECT_EQ(std::count(chosen.argv.begin(), chosen.argv.end(), "pml"), 1) << joined(chosen.argv);
+  EXPECT_EQ(pml(chosen.argv), "ucx");
+  core::MapEnv env;
+  env.set("OMPI_MCA_pml", "ucx");
+  EXPECT_EQ(pml(build_mpirun_command(parse(""), {}, options("/exp"), 0, env).argv), "");
+  EXPECT_EQ(pml(build_mpirun_command(parse(""), slurm_job(), options("/exp"), 0, core::MapEnv{}).argv), "")
+      << "in a job, the site's MPI chooses for its network";
+}
+
 TEST(MpirunCommand, MoreRanksThanCoresNeedOversubscribeOnAWorkstation) {
   const int too_many = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) + 1;
   auto o = options("/exp");
