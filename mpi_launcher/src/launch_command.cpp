@@ -151,6 +151,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
       {"HPCTRIAL_JOB_ID", allocation.job_id},
       {"HPCTRIAL_STOP_FILE", detail::stop_file(trial_dir)},
       {"HPCTRIAL_HEARTBEAT_DIR", detail::heartbeat_dir(trial_dir)},
+      {"HPCTRIAL_ABORT_FILE", detail::abort_file(trial_dir, restart_count)},
   };
   for (const char* passed : {"HPCTRIAL_FAULT", "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) c.env.emplace_back(passed, *value);

@@ -230,6 +230,11 @@ class Supervisor {
     const Spawned child = spawn_mpirun(command);
     child_ = child.pid;
     mpirun_status_.reset();
+    abort_file_.clear();
+    abort_written_ = false;
+    for (const auto& [name, value] : command.env) {
+      if (name == "HPCTRIAL_ABORT_FILE") abort_file_ = value;
+    }
     const auto started = Clock::now();
     last_progress_ = started;
     last_heartbeat_check_ = started;
@@ -268,6 +273,7 @@ class Supervisor {
         if (signal == SIGINT && a.stop_requested && a.stop_reason == "interrupt") {
           core::log_warning("second Ctrl-C: aborting now, without a checkpoint");
           a.aborted = true;
+          abort_attempt();
           kill_everything(child.pid, &mpirun_status_);
         } else if (signal == SIGINT) {
           request_stop("interrupt");
@@ -303,6 +309,7 @@ class Supervisor {
       // mpirun, if it does not end by itself.
       if (!rank_failure_ && (rank_failure_ = find_failed_rank(now, output.mpirun_text()))) {
         core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
+        abort_attempt();
         kill_ranks(child.pid);
         mpirun_kill_at = now + std::chrono::seconds(1);
       }
@@ -313,6 +320,7 @@ class Supervisor {
       if (stopped_at_ != Clock::time_point{} && !stop_finished_ &&
           (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_stopped(command.np))) {
         stop_finished_ = true;
+        abort_attempt();  // every checkpoint is durable: the stragglers only finish
         kill_everything(child.pid, &mpirun_status_);
       }
       if (now >= mpirun_kill_at) {
@@ -327,6 +335,7 @@ class Supervisor {
       if (now >= term_at && kill_at == kNever) {
         core::log_warning("the ranks did not stop within scheduler.preemption_grace; ending them");
         a.grace_expired = true;
+        abort_attempt();
         ::kill(child.pid, SIGTERM);
         kill_at = now + kKillGrace;
       }
@@ -344,7 +353,10 @@ class Supervisor {
     kill_everything(child.pid, &mpirun_status_);  // nothing outlives the attempt
     const bool good_end = a.hang.empty() && (stop_finished_ || (WIFEXITED(a.status) && (WEXITSTATUS(a.status) == kExitFinished ||
                                                                                         WEXITSTATUS(a.status) == kExitStopped)));
-    if (!good_end) output.show_held();
+    if (!good_end) {
+      abort_attempt();
+      output.show_held();
+    }
     ::close(child.out_fd);
     ::close(child.err_fd);
     failure_ = detail::parse_mpirun_failure(output.mpirun_text());
@@ -434,6 +446,19 @@ class Supervisor {
     return found;
   }
 
+  // Ranks on other hosts, which only mpirun can signal (and mpirun gives them the whole grace),
+  // end themselves on seeing this file.
+  void abort_attempt() {
+    if (abort_written_ || abort_file_.empty()) return;
+    abort_written_ = true;
+    try {
+      core::write_file_atomic(abort_file_, core::utc_now_iso() + "\n");
+    } catch (const Error& e) {
+      core::log_warning("cannot write {} ({}); ranks on other hosts end only when mpirun ends them", abort_file_,
+                        e.what());
+    }
+  }
+
   // True when each of the `np` ranks has ended with 75: those of this host seen ended (a zombie
   // of mpirun's, or reaped), the others by the exit their heartbeat recorded.
   bool all_ranks_stopped(int np) const {
@@ -487,6 +512,7 @@ class Supervisor {
     message += "; ending the attempt";
     core::log_error("{}", message);
     attempt_->hang = message;
+    abort_attempt();
     ::kill(child, SIGTERM);
     kill_everything(child, &mpirun_status_);
   }
@@ -504,17 +530,25 @@ class Supervisor {
   std::optional<detail::RankFailure> rank_failure_;
   Clock::time_point stopped_at_{};  // when a rank was first seen to have exited 75
   bool stop_finished_ = false;     // the stragglers of a stop were ended by the launcher
+  std::string abort_file_;         // $HPCTRIAL_ABORT_FILE of the attempt
+  bool abort_written_ = false;
   detail::RankFailure failure_;
   std::vector<std::string> failure_tail_, mpirun_tail_;
 };
 
 // The entrypoint must exist before any rank is started.
-void check_entrypoint(const core::ExperimentConfig& config, const std::string& working_dir) {
+// A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
+// else on the launcher's own.
+void check_entrypoint(const core::ExperimentConfig& config, const std::string& working_dir,
+                      const core::EnvSource& env) {
   const bool library = config.entrypoint.kind == core::Entrypoint::Kind::kLibrary;
   const std::string program = library ? config.entrypoint.library : config.entrypoint.argv.front();
   if (program.find('/') == std::string::npos) {
     if (library) return;
-    const std::string path = core::ProcessEnv().get("PATH").value_or("");
+    std::string path = env.get("PATH").value_or("");
+    for (const auto& var : config.environment) {
+      if (var.name == "PATH") path = core::expand_env_references(var.value, env, "environment.PATH");
+    }
     std::stringstream dirs(path);
     for (std::string dir; std::getline(dirs, dir, ':');) {
       if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return;
@@ -579,8 +613,12 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   int starts = state.value("starts", 0);
   int failures = options.reset_failures ? 0 : state.value("failures", 0);
   const std::string working_dir = detail::read_json_file(layout.state()).value("workdir", std::string());
-  check_entrypoint(config, working_dir);
+  check_entrypoint(config, working_dir, env);
   ::unlink(detail::stop_file(trial_dir).c_str());  // a request from an earlier run is spent
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(trial_dir + "/launch", ignored)) {
+    if (entry.path().filename().string().rfind("abort-", 0) == 0) fs::remove(entry.path(), ignored);
+  }
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalFd signals;
 

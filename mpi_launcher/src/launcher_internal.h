@@ -13,6 +13,11 @@ namespace hpctrial::mpi_launcher::detail {
 
 inline std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
 inline std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }
+// Written when the launcher ends the attempt of a trial started with this restart count; every
+// rank of that attempt that sees it kills itself.
+inline std::string abort_file(const std::string& trial_dir, int restart_count) {
+  return trial_dir + "/launch/abort-" + std::to_string(restart_count);
+}
 
 nlohmann::json read_json_file(const std::string& path);
 void write_json_file(const std::string& path, const nlohmann::json& value);

@@ -127,6 +127,8 @@ TEST_P(EachFault, EndsTheRunWithARecordAndNoRankLeft) {
   ASSERT_EQ(records.size(), 1u) << out;
   EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr(c.reason));
   EXPECT_TRUE(records[0]["last_steps"].is_object());
+  EXPECT_TRUE(std::filesystem::exists(trial() + "/launch/abort-0"))
+      << "the signal for ranks on other hosts, which the launcher cannot reach";
   if (std::string(c.name) != "hang") {
     const int rank = c.fault[4] - '0';
     EXPECT_EQ(records[0]["rank"], rank);

@@ -97,6 +97,31 @@ void Heartbeat::write(long long step) {
   (void)!::pwrite(fd_, line, std::strlen(line), 0);
 }
 
+AbortWatch::AbortWatch(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      stop_.wait_for(lock, std::chrono::milliseconds(500));
+      if (stopping_ || ::access(path_.c_str(), F_OK) != 0) continue;
+      // No handler, no exit() and no MPI_Finalize: a peer is gone, and any of them could wait.
+      static const char kMessage[] = "the launcher ended this attempt (another rank failed); exiting now\n";
+      (void)!::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+      ::raise(SIGKILL);
+    }
+  });
+}
+
+AbortWatch::~AbortWatch() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  thread_.join();
+}
+
 FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : rank_(rank) {
   std::stringstream faults(spec);
   for (std::string text; std::getline(faults, text, ',');) {

@@ -3,6 +3,10 @@
 //   `hpctrial pause`) writes where a signal may not reach the ranks ($HPCTRIAL_STOP_FILE).
 // - Heartbeat: each rank writes the last step it finished to $HPCTRIAL_HEARTBEAT_DIR/rank-<N>,
 //   once a second, for the launcher's hang watchdog.
+// - AbortWatch: every rank looks, twice a second, for the file the launcher writes when it ends
+//   an attempt ($HPCTRIAL_ABORT_FILE, on the shared filesystem), and kills itself when it
+//   appears: ranks on other nodes, which the launcher cannot signal, do not wait in a collective
+//   with a dead peer until mpirun's SIGKILL timeout.
 // - FaultPlan: $HPCTRIAL_FAULT, the fault-injection hook of the tests: faults keyed by rank,
 //   step, phase and restart count, e.g. "rank1:step7:sigkill" or "rank0:restart0:validation:exit3";
 //   several separated by commas. Actions: exit<N>, sigkill, segv, abort, throw, hang.
@@ -45,6 +49,21 @@ class Heartbeat {
 
   int fd_ = -1;
   std::atomic<long long> step_{-1};
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class AbortWatch {
+ public:
+  explicit AbortWatch(std::string path);  // an empty path watches nothing
+  ~AbortWatch();
+  AbortWatch(const AbortWatch&) = delete;
+  AbortWatch& operator=(const AbortWatch&) = delete;
+
+ private:
+  std::string path_;
   std::mutex mutex_;
   std::condition_variable stop_;
   bool stopping_ = false;

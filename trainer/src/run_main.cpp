@@ -22,6 +22,7 @@
 #include "hpctrial/mpi_launcher/watchdog.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
+#include "launch_contract.h"
 #include "stop_signals.h"
 
 namespace po = boost::program_options;
@@ -140,6 +141,8 @@ using FactoryResolver = std::function<TrialFactory(const core::ExperimentConfig&
 int run(int argc, char** argv, const FactoryResolver& resolve) {
   core::ProcessEnv env;
   core::init_logging(env);
+  // Before MPI_Init, which can wait for peers too.
+  const detail::AbortWatch abort_watch(env.get("HPCTRIAL_ABORT_FILE").value_or(""));
   std::unique_ptr<mpi_launcher::MpiEnvironment> mpi;
   try {
     mpi = std::make_unique<mpi_launcher::MpiEnvironment>(&argc, &argv);

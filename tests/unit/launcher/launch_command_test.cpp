@@ -164,6 +164,7 @@ TEST(MpirunCommand, TheContractAndTheConfigEnvironmentTravelByNameOnly) {
   EXPECT_EQ(values["HPCTRIAL_JOB_ID"], "4242");
   EXPECT_EQ(values["HPCTRIAL_STOP_FILE"], "/exp/trial-0/stop-request");
   EXPECT_EQ(values["HPCTRIAL_HEARTBEAT_DIR"], "/exp/trial-0/launch/heartbeat");
+  EXPECT_EQ(values["HPCTRIAL_ABORT_FILE"], "/exp/trial-0/launch/abort-3") << "one per attempt";
   EXPECT_EQ(values["HPCTRIAL_FAULT"], "rank1:step7:sigkill");
   EXPECT_EQ(values["TOKEN"], "s3cr3t-value");
   EXPECT_EQ(values["OMP_NUM_THREADS"], "6");

@@ -71,6 +71,26 @@ TEST(FaultPlan, AnUnknownWordOrNoActionIsAnErrorNamingIt) {
   EXPECT_THAT(message_of("exit1,bogus"), HasSubstr("\"bogus\""));
 }
 
+TEST(AbortWatch, ARankKillsItselfWhenTheLaunchersAbortFileAppears) {
+  TempDir dir;
+  const std::string path = (dir.path() / "abort-0").string();
+  EXPECT_EXIT(
+      {
+        AbortWatch watch(path);
+        std::ofstream(path) << "now\n";
+        std::this_thread::sleep_for(5s);
+        std::exit(0);
+      },
+      testing::KilledBySignal(SIGKILL), "the launcher ended this attempt");
+  std::remove(path.c_str());
+  {
+    AbortWatch watch(path);
+    AbortWatch nothing("");
+    std::this_thread::sleep_for(700ms);
+  }
+  SUCCEED() << "no file, no exit; and the watch ends with its owner";
+}
+
 TEST(StopFile, SeenOnceItExistsAndRemembered) {
   TempDir dir;
   const std::string path = (dir.path() / "stop-request").string();
