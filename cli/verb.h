@@ -29,6 +29,10 @@ Verb config_verb();
 Verb checkpoint_verb();
 Verb run_verb();
 Verb launch_verb();
+Verb submit_verb();
+Verb pause_verb();
+Verb activate_verb();
+Verb kill_verb();
 
 // "hpctrial 0.1.0 (git abc123)" and what it was built with.
 std::string version_text();

@@ -6,6 +6,10 @@ std::vector<Verb> builtin_verbs() {
   return {
       config_verb(),
       run_verb(),
+      submit_verb(),
+      pause_verb(),
+      activate_verb(),
+      kill_verb(),
       launch_verb(),
       checkpoint_verb(),
   };

@@ -12,6 +12,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/paths.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "hpctrial/pbs/job_environment.h"
 #include "hpctrial/slurm/job_environment.h"
@@ -36,6 +37,21 @@ json read_json_file(const std::string& path) {
 
 void write_json_file(const std::string& path, const json& value) {
   core::write_file_atomic(path, value.dump(2) + "\n");
+}
+
+std::string stop_reason(const std::string& trial_dir) {
+  std::ifstream in(stop_file(trial_dir));
+  if (!in) return "";
+  try {
+    const json j = json::parse(in);
+    return j.is_object() ? j.value("reason", std::string("requested")) : std::string("requested");
+  } catch (const json::exception&) {
+    return "requested";  // a stop request all the same
+  }
+}
+
+void write_stop_request(const std::string& trial_dir, const std::string& reason) {
+  core::write_file_atomic(stop_file(trial_dir), json{{"reason", reason}, {"time", core::utc_now_iso()}}.dump() + "\n");
 }
 
 }  // namespace detail
@@ -80,6 +96,10 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
   detail::write_json_file(layout.state(), state);
   config.source_path = layout.config();
   return config;
+}
+
+void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason) {
+  detail::write_stop_request(layout.trial_dir(trial_id), reason);
 }
 
 core::Allocation detect_allocation(const core::EnvSource& env, const core::CommandRunner& run) {

@@ -25,6 +25,7 @@
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/slurm/client.h"
 #include "launcher_internal.h"
 
 extern char** environ;
@@ -281,7 +282,7 @@ class Supervisor {
         } else if (signal == SIGTERM) {
           // Not forwarded: the scheduler signals every process of the job itself, and a second
           // TERM makes mpirun kill the ranks at once. A stop request reaches them if it did not.
-          request_stop("preemption");
+          request_stop("terminate");
           if (term_at == kNever) {
             term_at = Clock::now() + std::chrono::seconds(config_.scheduler.preemption_grace_seconds);
             core::log_info("SIGTERM: waiting up to {} for the ranks' checkpoint",
@@ -379,13 +380,20 @@ class Supervisor {
   }
 
  private:
-  void request_stop(const std::string& reason) {
+  void request_stop(std::string reason) {
     if (attempt_->stop_requested) return;
+    // `hpctrial pause` writes its request before it signals: its reason stands.
+    const std::string recorded = detail::stop_reason(trial_dir_);
+    if (!recorded.empty()) reason = recorded;
     attempt_->stop_requested = true;
     attempt_->stop_reason = reason;
+    if (!recorded.empty()) {
+      ::kill(child_, SIGUSR2);
+      core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
+      return;
+    }
     try {
-      core::write_file_atomic(detail::stop_file(trial_dir_),
-                              json{{"reason", reason}, {"time", core::utc_now_iso()}}.dump() + "\n");
+      detail::write_stop_request(trial_dir_, reason);
     } catch (const Error& e) {
       core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
     }
@@ -592,6 +600,24 @@ void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions
   if (!command.hostfile.empty()) std::cout << "# hostfile " << command.hostfile_path << ":\n" << command.hostfile;
 }
 
+// Every rank stopped after a durable checkpoint inside a job: the job goes back to the queue to
+// resume (held when the user paused it). A SIGTERM without warning is the scheduler's own doing
+// (a cancel, an admin's requeue, a preemption): it decides what follows.
+void hand_over(const core::Allocation& allocation, const std::string& reason, const core::CommandRunner& run) {
+  if (allocation.scheduler != "slurm" || reason == "terminate" || reason == "interrupt") return;
+  const bool hold = reason == "pause";
+  const slurm::Client client([&run](const std::vector<std::string>& argv, const core::RunOptions&) { return run(argv); });
+  try {
+    client.requeue(allocation.job_id, hold);
+    core::log_info("slurm job {} requeued{} (start {} of this job)", allocation.job_id,
+                   hold ? " and held: `hpctrial activate " + allocation.job_id + "` resumes it" : "",
+                   allocation.restart_count + 1);
+  } catch (const Error& e) {
+    core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
+                    "resume", allocation.job_id, e.what());
+  }
+}
+
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   const ExperimentLayout layout{options.experiment_dir};
   if (!fs::exists(layout.config())) {
@@ -647,10 +673,12 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
       return kExitFinished;
     }
     if (a.hang.empty() && code == kExitStopped) {
-      core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id,
-                     a.stop_requested ? a.stop_reason : "requested by the trial",
+      std::string reason = detail::stop_reason(trial_dir);  // `hpctrial pause` may have asked without a signal
+      if (reason.empty()) reason = a.stop_requested ? a.stop_reason : "requested by the trial";
+      core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
                      allocation.in_job() ? "it resumes when the job runs again"
                                          : "run the same command again to resume");
+      hand_over(allocation, reason, run);
       return kExitStopped;
     }
     if (a.grace_expired) {

@@ -13,6 +13,12 @@ namespace hpctrial::mpi_launcher::detail {
 
 inline std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
 inline std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }
+// The reason recorded in the trial's stop request ("pause", "preemption", ...); empty when
+// there is none.
+std::string stop_reason(const std::string& trial_dir);
+// Writes a stop request with `reason` (what `hpctrial pause` does before it signals).
+void write_stop_request(const std::string& trial_dir, const std::string& reason);
+
 // Written when the launcher ends the attempt of a trial started with this restart count; every
 // rank of that attempt that sees it kills itself.
 inline std::string abort_file(const std::string& trial_dir, int restart_count) {

@@ -64,6 +64,10 @@ struct LaunchOptions {
   std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
 };
 
+// Records a stop request for a trial (its reason: "pause", say) where the chief and the launcher
+// look for one; the signal that follows only makes them look sooner.
+void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason);
+
 // Where the launcher runs: the first scheduler whose job environment is present, else none.
 core::Allocation detect_allocation(const core::EnvSource& env, const core::CommandRunner& run);
 

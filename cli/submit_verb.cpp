@@ -1,0 +1,138 @@
+// hpctrial submit: an experiment as a Slurm batch job (the generated sbatch script, saved in the
+// experiment directory), resumed when submitted again.
+#include <boost/program_options.hpp>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/slurm/batch_script.h"
+#include "hpctrial/slurm/client.h"
+#include "job_verbs.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace hpctrial::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: hpctrial submit EXP.yaml [options]
+
+Submits the experiment as a batch job: makes the experiment directory (default runs/<name>),
+writes the effective config and the batch script there (job.sbatch, readable), and submits it
+with sbatch. Prints the job id. The job checkpoints and requeues itself on Slurm's warning
+before its time limit or a preemption, and on `hpctrial pause`; submitting the same experiment
+again resumes it from its latest checkpoint.
+
+examples:
+  hpctrial submit experiment.yaml
+  hpctrial submit experiment.yaml --set scheduler.time_limit=4h --set resources.slots_per_trial=8
+  hpctrial submit experiment.yaml --dry-run       # print the script; submit nothing
+
+options)";
+
+std::string self_program() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("hpctrial") : self.string();
+}
+
+int run_submit(const std::vector<std::string>& args) {
+  core::ConfigSources sources;
+  std::string experiment_dir, scheduler;
+  bool dry_run = false;
+  po::options_description options("options");
+  options.add_options()
+      ("help,h", "show this help")
+      ("template,t", po::value(&sources.template_path)->value_name("T.yaml"), "merge this template under the config")
+      ("set,s", po::value(&sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
+       "override one config value (repeatable)")
+      ("scheduler", po::value(&scheduler)->value_name("slurm"), "the scheduler (default scheduler.type)")
+      ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
+      ("dry-run", po::bool_switch(&dry_run), "print the batch script; write and submit nothing");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value(&sources.config_path));
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << ":\n" << options;
+    return kExitOk;
+  }
+  if (sources.config_path.empty()) {
+    std::cerr << "hpctrial submit: give the experiment config, e.g. 'hpctrial submit experiment.yaml'\n";
+    return kExitUsage;
+  }
+  if (!scheduler.empty()) sources.overrides.push_back("scheduler.type=" + scheduler);
+  core::ProcessEnv env;
+  const core::ExperimentConfig config = core::load_experiment_config(sources);
+  if (config.scheduler.type == core::SchedulerConfig::Type::kLocal) {
+    throw ConfigError(sources.config_path + ": scheduler.type is local, so there is nothing to submit; run it here "
+                      "with `hpctrial run " + sources.config_path + "`, or submit with --scheduler slurm");
+  }
+  if (config.scheduler.type == core::SchedulerConfig::Type::kPbs) {
+    throw ConfigError(sources.config_path + ": scheduler.type pbs: this hpctrial submits to Slurm only; set "
+                      "scheduler.type: slurm, or start `hpctrial launch --experiment DIR` from your own qsub script");
+  }
+  if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
+  experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
+  const mpi_launcher::ExperimentLayout layout{experiment_dir};
+  slurm::BatchScriptOptions script_options{experiment_dir, self_program()};
+
+  if (dry_run) {
+    const auto resolved = mpi_launcher::resolve_experiment(config, experiment_dir);
+    std::cout << slurm::render_batch_script(resolved, script_options);
+    for (const auto& [name, value] : slurm::exported_environment(resolved, env)) {
+      std::cout << "# passed by sbatch from your environment, not written: " << name << "\n";
+    }
+    return kExitOk;
+  }
+
+  const slurm::Client client;
+  // One job per experiment at a time: a second would train the same trial twice.
+  const std::string earlier = job_of_experiment(layout);
+  if (!earlier.empty()) {
+    if (const auto job = client.job(earlier); job && (job->state == "PENDING" || job->state == "RUNNING" ||
+                                                      job->state == "REQUEUED" || job->state == "SUSPENDED" ||
+                                                      job->state == "CONFIGURING" || job->state == "COMPLETING")) {
+      throw ConfigError(experiment_dir + " already has slurm job " + earlier + " (" + job->state +
+                        (job->held() ? ", held" : "") + "); `hpctrial activate " + earlier +
+                        "` resumes a paused job, `hpctrial kill " + earlier + "` ends it");
+    }
+  }
+  const auto prepared = mpi_launcher::prepare_experiment(config, experiment_dir);
+  const std::string script = experiment_dir + "/job.sbatch";
+  const auto exported = slurm::exported_environment(prepared, env);
+  core::write_file_atomic(script, slurm::render_batch_script(prepared, script_options));
+  // Slurm creates the job's output files with the submitter's umask: private, like the rest.
+  ::umask(077);
+  const std::string id = client.submit(script, exported);
+  record_job(layout, "slurm", id);
+  std::cout << "submitted slurm job " << id << "\nexperiment: " << experiment_dir << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+Verb submit_verb() {
+  return {"submit", "submit an experiment as a Slurm batch job; submit again to resume", run_submit};
+}
+
+}  // namespace hpctrial::cli

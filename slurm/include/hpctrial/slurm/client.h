@@ -1,0 +1,56 @@
+// Slurm's own commands (sbatch, scontrol, scancel), run by argv through a runner, never a shell.
+// Every method throws SchedulerError naming the command and what Slurm said when it fails.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial::slurm {
+
+// What `scontrol show job` says of a job.
+struct JobInfo {
+  std::string id;
+  std::string name;
+  std::string state;   // PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+  std::string reason;  // why it is pending or held ("JobHeldUser", "None", ...)
+  int restarts = 0;
+  std::string run_time;  // "00:01:23"
+  std::string std_out;   // the output file
+  bool held() const;
+};
+
+// Parses one line of `scontrol -o show job` (KEY=VALUE fields, separated by blanks).
+JobInfo parse_job_line(const std::string& line);
+
+class Client {
+ public:
+  using Runner = std::function<core::RunResult(const std::vector<std::string>& argv, const core::RunOptions& options)>;
+  // The default runner runs the real commands with a one-minute timeout.
+  Client();
+  explicit Client(Runner run) : run_(std::move(run)) {}
+
+  // sbatch --parsable --export=ALL SCRIPT with `env` added to sbatch's environment (never to its
+  // argv); `hold`: submitted held (--hold). Returns the job id.
+  std::string submit(const std::string& script, const std::vector<std::pair<std::string, std::string>>& env,
+                     bool hold = false) const;
+  // scontrol requeue / requeuehold: a running job goes back to the queue (held).
+  void requeue(const std::string& job, bool hold) const;
+  void hold(const std::string& job) const;     // scontrol hold: a pending job waits for release
+  void release(const std::string& job) const;  // scontrol release
+  void cancel(const std::string& job) const;   // scancel
+  // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only.
+  void signal_batch(const std::string& job, const std::string& signal) const;
+  // nullopt once Slurm no longer knows the job (MinJobAge after it ended).
+  std::optional<JobInfo> job(const std::string& id) const;
+
+ private:
+  core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
+  Runner run_;
+};
+
+}  // namespace hpctrial::slurm

@@ -1,0 +1,146 @@
+#include "hpctrial/slurm/batch_script.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/shell_quote.h"
+#include "hpctrial/core/text.h"
+
+namespace hpctrial::slurm {
+namespace {
+
+// Options hpctrial sets itself: an extra directive may not change them, or pause, requeue and
+// logs stop working.
+const char* const kOwnOptions[] = {"--requeue", "--no-requeue", "--open-mode", "--signal", "--output", "-o",
+                                   "--error", "-e", "--export", "--export-file", "--array", "-a", "--parsable",
+                                   "--wrap", "--hold", "-H"};
+
+bool plain_word(const std::string& value) {
+  return !value.empty() && std::all_of(value.begin(), value.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::string_view("_@%+=:,./-").find(static_cast<char>(c)) != std::string_view::npos;
+  });
+}
+
+// What Slurm's filename patterns would expand ('%j' and the like), escaped.
+std::string literal_filename(const std::string& path) {
+  std::string out;
+  for (char c : path) out += c == '%' ? std::string("%%") : std::string(1, c);
+  return out;
+}
+
+bool refers_to_env(const std::string& value) { return value.find("${env:") != std::string::npos; }
+
+}  // namespace
+
+std::string directive_value(const std::string& value, const std::string& key) {
+  for (char c : value) {
+    if (c == '\n' || c == '\r' || c == '\0') {
+      throw ConfigError(key + ": holds a line break or a NUL byte, which cannot go into an #SBATCH line");
+    }
+    if (c == '"' || c == '\'' || c == '\\') {
+      throw ConfigError(key + ": holds " + (c == '\\' ? std::string("a backslash") : "a quote (" + std::string(1, c) + ")") +
+                        ", which Slurm's #SBATCH parser would take as quoting; leave it out");
+    }
+  }
+  if (value.empty()) throw ConfigError(key + ": is empty, which cannot go into an #SBATCH line");
+  if (plain_word(value)) return value;
+  return "\"" + value + "\"";  // blanks and '#' stay literal inside double quotes
+}
+
+std::string format_time_limit(std::int64_t seconds) {
+  const std::int64_t minutes = std::max<std::int64_t>(1, (seconds + 59) / 60);
+  const std::int64_t days = minutes / (24 * 60);
+  char text[64];
+  std::snprintf(text, sizeof text, "%lld-%02lld:%02lld:00", static_cast<long long>(days),
+                static_cast<long long>(minutes / 60 % 24), static_cast<long long>(minutes % 60));
+  return text;
+}
+
+std::vector<std::pair<std::string, std::string>> exported_environment(const core::ExperimentConfig& config,
+                                                                      const core::EnvSource& env) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& var : config.scheduler.environment) {
+    if (!refers_to_env(var.value)) continue;
+    out.emplace_back(var.name, core::expand_env_references(var.value, env, "scheduler.environment." + var.name));
+  }
+  return out;
+}
+
+std::string render_batch_script(const core::ExperimentConfig& config, const BatchScriptOptions& options) {
+  const core::Resources& r = config.resources;
+  const core::SchedulerConfig& s = config.scheduler;
+  std::ostringstream out;
+  out << (s.modules.empty() ? "#!/bin/bash\n" : "#!/bin/bash -l\n");
+  // No config value goes into a comment: a line break there would end it.
+  out << "# The batch job of an hpctrial experiment, written by `hpctrial submit` at\n"
+      << "# " << core::utc_now_iso() << ". It runs `hpctrial launch` on the\n"
+      << "# experiment directory; the launcher starts the ranks with mpirun, turns Slurm's USR2\n"
+      << "# warning into a checkpoint, and requeues the job to resume. Submitting it again with\n"
+      << "# sbatch also resumes.\n";
+  auto directive = [&](const std::string& option, const std::string& value, const std::string& key) {
+    out << "#SBATCH " << option << "=" << directive_value(value, key) << "\n";
+  };
+  directive("--job-name", config.name, "name");
+  directive("--nodes", std::to_string(r.nodes()), "resources.slots_per_trial");
+  directive("--ntasks-per-node", std::to_string(std::min(r.slots_per_node, r.slots_per_trial)),
+            "resources.slots_per_node");
+  directive("--cpus-per-task", std::to_string(r.cpus_per_slot), "resources.cpus_per_slot");
+  if (r.gpus_per_slot > 0) {
+    directive("--gpus-per-node", std::to_string(r.gpus_per_slot * std::min(r.slots_per_node, r.slots_per_trial)),
+              "resources.gpus_per_slot");
+  }
+  if (r.memory_per_node_bytes) {
+    const std::uint64_t mib = (*r.memory_per_node_bytes + (1u << 20) - 1) >> 20;
+    directive("--mem", std::to_string(mib) + "M", "resources.memory_per_node");
+  }
+  if (s.time_limit_seconds) directive("--time", format_time_limit(*s.time_limit_seconds), "scheduler.time_limit");
+  if (!s.partition.empty()) directive("--partition", s.partition, "scheduler.partition");
+  if (!s.account.empty()) directive("--account", s.account, "scheduler.account");
+  if (!s.qos.empty()) directive("--qos", s.qos, "scheduler.qos");
+  out << "# Requeued on preemption, pause and time limit; output appended across runs.\n";
+  out << "#SBATCH --requeue\n#SBATCH --open-mode=append\n";
+  directive("--signal", "B:USR2@" + std::to_string(s.preemption_grace_seconds), "scheduler.preemption_grace");
+  directive("--output", literal_filename(options.experiment_dir) + "/slurm-%j.out", "experiment directory");
+  directive("--error", literal_filename(options.experiment_dir) + "/slurm-%j.err", "experiment directory");
+  for (std::size_t i = 0; i < s.extra_directives.size(); ++i) {
+    const std::string& extra = s.extra_directives[i];
+    const std::string key = "scheduler.extra_directives[" + std::to_string(i) + "]";
+    const std::string option = extra.substr(0, extra.find_first_of("= "));
+    for (const char* own : kOwnOptions) {
+      if (option == own) {
+        throw ConfigError(key + ": " + option + " is set by hpctrial itself (requeue, signals and output files "
+                          "depend on it); remove it");
+      }
+    }
+    if (extra.find('#') != std::string::npos || extra.find_first_of(" \t") != std::string::npos) {
+      throw ConfigError(key + ": \"" + extra + "\" must be one option without blanks or '#', e.g. "
+                        "--constraint=a100 rather than -C a100");
+    }
+    out << "#SBATCH " << directive_value(extra, key) << "\n";
+  }
+  out << "\numask 077  # what the job writes is private\n";
+  if (!s.modules.empty()) {
+    out << "# Modules (scheduler.modules)\n";
+    for (std::size_t i = 0; i < s.modules.size(); ++i) {
+      const std::string word = core::shell_quote(s.modules[i], "scheduler.modules[" + std::to_string(i) + "]");
+      out << "module load " << word << " || { echo \"hpctrial: module load " << word
+          << " failed (scheduler.modules)\" >&2; exit 1; }\n";
+    }
+  }
+  bool any_export = false;
+  for (const auto& var : s.environment) {
+    if (refers_to_env(var.value)) continue;  // passed by sbatch, never written
+    if (!any_export) out << "# Environment (scheduler.environment)\n";
+    any_export = true;
+    out << "export " << var.name << "="
+        << core::shell_quote(var.value, "scheduler.environment." + var.name) << "\n";
+  }
+  out << "\nexec " << core::shell_join({options.hpctrial, "launch", "--experiment", options.experiment_dir},
+                                        "experiment directory")
+      << "\n";
+  return out.str();
+}
+
+}  // namespace hpctrial::slurm

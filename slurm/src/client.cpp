@@ -1,0 +1,106 @@
+#include "hpctrial/slurm/client.h"
+
+#include <cctype>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/slurm/job_environment.h"
+
+namespace hpctrial::slurm {
+
+bool JobInfo::held() const {
+  return state == "PENDING" && (reason.rfind("JobHeld", 0) == 0 || reason == "job_requeued_in_held_state");
+}
+
+JobInfo parse_job_line(const std::string& line) {
+  // Fields are KEY=VALUE separated by blanks; a value may itself hold blanks (a job name), so a
+  // field ends only where the next " KEY=" begins.
+  auto field = [&](const std::string& key) -> std::string {
+    std::size_t at = 0;
+    while ((at = line.find(key + "=", at)) != std::string::npos) {
+      if (at == 0 || std::isspace(static_cast<unsigned char>(line[at - 1]))) break;
+      at += key.size();
+    }
+    if (at == std::string::npos) return "";
+    const std::size_t start = at + key.size() + 1;
+    std::size_t end = start;
+    while (end < line.size()) {
+      const std::size_t blank = line.find(' ', end);
+      if (blank == std::string::npos) return core::trim(line.substr(start));
+      std::size_t k = blank + 1;
+      while (k < line.size() && (std::isalnum(static_cast<unsigned char>(line[k])) || line[k] == '/' || line[k] == ':')) {
+        ++k;
+      }
+      if (k < line.size() && line[k] == '=' && k > blank + 1) return line.substr(start, blank - start);
+      end = blank + 1;
+    }
+    return core::trim(line.substr(start));
+  };
+  JobInfo j;
+  j.id = field("JobId");
+  j.name = field("JobName");
+  j.state = field("JobState");
+  j.reason = field("Reason");
+  j.run_time = field("RunTime");
+  j.std_out = field("StdOut");
+  try {
+    j.restarts = std::stoi(field("Restarts"));
+  } catch (const std::exception&) {
+    j.restarts = 0;
+  }
+  return j;
+}
+
+Client::Client()
+    : run_([](const std::vector<std::string>& argv, const core::RunOptions& options) {
+        core::RunOptions o = options;
+        if (!o.timeout) o.timeout = std::chrono::minutes(1);
+        return core::run_process(argv, o);
+      }) {}
+
+core::RunResult Client::checked(const std::vector<std::string>& argv, const core::RunOptions& options) const {
+  core::RunResult r = run_(argv, options);
+  if (!r.ok()) throw SchedulerError(r.describe());
+  return r;
+}
+
+std::string Client::submit(const std::string& script, const std::vector<std::pair<std::string, std::string>>& env,
+                           bool hold) const {
+  core::RunOptions options;
+  options.env_set = env;
+  std::vector<std::string> argv = {"sbatch", "--parsable", "--export=ALL"};
+  if (hold) argv.push_back("--hold");
+  argv.push_back(script);
+  const core::RunResult r = checked(argv, options);
+  // "1234" or "1234;cluster"
+  const std::string id = core::trim(r.out.substr(0, r.out.find(';')));
+  if (!is_valid_job_id(id)) throw SchedulerError("sbatch answered \"" + core::trim(r.out) + "\", not a job id");
+  return id;
+}
+
+void Client::requeue(const std::string& job, bool hold) const {
+  checked({"scontrol", hold ? "requeuehold" : "requeue", job});
+}
+
+void Client::hold(const std::string& job) const { checked({"scontrol", "hold", job}); }
+
+void Client::release(const std::string& job) const { checked({"scontrol", "release", job}); }
+
+void Client::cancel(const std::string& job) const { checked({"scancel", job}); }
+
+void Client::signal_batch(const std::string& job, const std::string& signal) const {
+  checked({"scancel", "--batch", "--signal=" + signal, job});
+}
+
+std::optional<JobInfo> Client::job(const std::string& id) const {
+  const core::RunResult r = run_({"scontrol", "-o", "show", "job", id}, {});
+  if (!r.ok()) {
+    if (r.err.find("Invalid job id") != std::string::npos) return std::nullopt;
+    throw SchedulerError(r.describe());
+  }
+  JobInfo j = parse_job_line(r.out.substr(0, r.out.find('\n')));
+  if (j.id.empty()) throw SchedulerError("cannot read `scontrol -o show job " + id + "`: " + core::trim(r.out));
+  return j;
+}
+
+}  // namespace hpctrial::slurm
