@@ -1,6 +1,8 @@
 // A trial program that fails on purpose, for the fault tests: on rank hyperparameters.fail_rank
 // at batch hyperparameters.fail_batch it throws (fail_mode: throw) or stops answering
-// (fail_mode: hang). It prints "injected <mode> at <unix ms>" just before.
+// (fail_mode: hang). It prints "injected <mode> at <unix ms>" just before. With
+// hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device), so
+// that the ranks leave the CPU to the scheduler's daemons in the Slurm tests.
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -21,6 +23,7 @@ class FaultyTrial : public hpctrial::Trial {
     model_ = context.wrap_model(torch::nn::Linear(8, 1));
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
+    if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
@@ -34,6 +37,7 @@ class FaultyTrial : public hpctrial::Trial {
       if (mode == "throw") throw std::runtime_error("injected failure: the batch could not be decoded");
       if (mode == "hang") std::this_thread::sleep_for(std::chrono::minutes(10));
     }
+    if (batch_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(batch_ms_));
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
@@ -53,6 +57,7 @@ class FaultyTrial : public hpctrial::Trial {
   std::shared_ptr<hpctrial::TensorDataset> dataset_;
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
+  int batch_ms_ = 0;
 };
 
 }  // namespace

@@ -1,0 +1,214 @@
+// hpctrial submit, pause, activate and kill against the real local Slurm cluster of the test
+// tier (scripts/local-slurm.sh), with the faulty trial program (which fails only when asked).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../support/background_process.h"
+#include "../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::HasSubstr;
+using testing_support::processes_running;
+using testing_support::TempDir;
+
+const std::vector<std::pair<std::string, std::string>> kRootMpi = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                                    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+
+core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 60s) {
+  core::RunOptions options;
+  options.timeout = limit;
+  options.env_set = kRootMpi;
+  return core::run_process(argv, options);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string job_field(const std::string& job, const std::string& field) {
+  const auto r = run({"scontrol", "-o", "show", "job", job});
+  const std::size_t at = r.out.find(" " + field + "=");
+  if (at == std::string::npos) return "";
+  const std::size_t start = at + field.size() + 2;
+  return r.out.substr(start, r.out.find(' ', start) - start);
+}
+
+bool wait_for(const std::string& job, const std::string& state, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (job_field(job, "JobState") == state) return true;
+    std::this_thread::sleep_for(300ms);
+  }
+  return false;
+}
+
+class SlurmExperiment : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto ping = run({"scontrol", "ping"});
+    if (!ping.ok() || ping.out.find("is UP") == std::string::npos) {
+      GTEST_SKIP() << "no local Slurm cluster answers (scripts/local-slurm.sh needs root): " << ping.describe();
+    }
+  }
+  std::string config(std::int64_t batches, int batch_ms) {
+    return dir_.write("exp.yaml",
+        "name: slurm-exp\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: " +
+        std::to_string(batch_ms) + "}\n"
+        "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
+        "min_checkpoint_period: {batches: 100}\n"
+        "reproducibility: {experiment_seed: 11}\n"
+        "scheduler: {type: slurm, time_limit: 30m, preemption_grace: 20s}\n");
+  }
+  std::string experiment() const { return (dir_.path() / "exp").string(); }
+  std::string submit(const std::string& config_path) {
+    const auto r = run({HPCTRIAL_CLI, "submit", config_path, "--experiment", experiment()});
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+    const auto at = r.out.find("submitted slurm job ");
+    if (at == std::string::npos) return "";
+    const std::size_t start = at + std::strlen("submitted slurm job ");
+    return r.out.substr(start, r.out.find('\n', start) - start);
+  }
+  long long heartbeat() const {
+    std::ifstream in(experiment() + "/trial-0/launch/heartbeat/rank-0");
+    std::string word;
+    long long step = -1;
+    in >> word >> step;
+    return step;
+  }
+  void expect_no_rank_left() const {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL).empty()) << "a rank outlived its job";
+  }
+  // Final model and optimizer of two checkpoints, byte for byte.
+  void expect_same_weights(const std::string& a_path, const std::string& b_path) const {
+    const auto a = checkpoint::read_checkpoint(a_path);
+    const auto b = checkpoint::read_checkpoint(b_path);
+    int compared = 0;
+    for (const auto& d : a.datasets) {
+      if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
+      const auto& other = b.at(d.name, b_path);
+      ASSERT_EQ(d.nbytes(), other.nbytes()) << d.name;
+      EXPECT_EQ(std::memcmp(d.data->data(), other.data->data(), d.nbytes()), 0) << d.name << " differs";
+      ++compared;
+    }
+    EXPECT_GE(compared, 2);
+  }
+  TempDir dir_;
+};
+
+TEST_F(SlurmExperiment, ASubmittedExperimentRunsToCompletionWithPrivateFiles) {
+  const std::string job = submit(config(300, 0));
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 120s)) << "state " << job_field(job, "JobState") << "\n"
+                                                << read_file(experiment() + "/slurm-" + job + ".err");
+  EXPECT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-300.h5"));
+  EXPECT_THAT(read_file(experiment() + "/trial-0/metrics.jsonl"), HasSubstr("\"batches\":300"));
+  EXPECT_THAT(read_file(experiment() + "/slurm-" + job + ".err"), HasSubstr("trial 0 finished"));
+  const auto state = nlohmann::json::parse(read_file(experiment() + "/experiment.json"));
+  EXPECT_EQ(state["job_id"], job);
+  EXPECT_EQ(state["scheduler"], "slurm");
+  for (const std::string& file : std::vector<std::string>{"job.sbatch", "experiment.yaml", "slurm-" + job + ".err",
+                                                         "slurm-" + job + ".out"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((experiment() + "/" + file).c_str(), &st), 0) << file;
+    EXPECT_EQ(st.st_mode & 0077, 0u) << file << " is readable by others";
+  }
+  // The script as submitted passes shellcheck.
+  const auto lint = run({"shellcheck", experiment() + "/job.sbatch"});
+  EXPECT_TRUE(lint.ok()) << lint.out << lint.err;
+}
+
+TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
+  constexpr int kBatches = 3000;
+  const std::string exp = config(kBatches, 2);
+  // The same experiment, uninterrupted, on this machine.
+  const auto straight = run({HPCTRIAL_CLI, "run", exp, "--set", "scheduler.type=local", "--experiment",
+                             (dir_.path() / "straight").string()}, 180s);
+  ASSERT_TRUE(straight.ok()) << straight.describe() << straight.err;
+
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 300) << "the job never reached its first checkpoint";
+
+  const auto pause = run({HPCTRIAL_CLI, "pause", job});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.err;
+  ASSERT_TRUE(wait_for(job, "PENDING", 60s)) << "state " << job_field(job, "JobState");
+  EXPECT_EQ(job_field(job, "Reason"), "job_requeued_in_held_state");
+  expect_no_rank_left();
+  const std::string log = read_file(experiment() + "/slurm-" + job + ".err");
+  EXPECT_THAT(log, HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
+  EXPECT_THAT(log, HasSubstr("requeued and held"));
+  ASSERT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/latest"));
+  EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"))
+      << "paused before the end";
+
+  const auto activate = run({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  EXPECT_THAT(activate.out, HasSubstr("released"));
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 180s)) << "state " << job_field(job, "JobState") << "\n"
+                                                << read_file(experiment() + "/slurm-" + job + ".err");
+  const std::string all = read_file(experiment() + "/slurm-" + job + ".err");
+  EXPECT_THAT(all, HasSubstr("resumed from ")) << "the output file keeps every run (append)";
+  EXPECT_THAT(all, HasSubstr("trial 0 stopped (pause)")) << "the first run's output is still there";
+  const std::string end = "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
+  expect_same_weights((dir_.path() / "straight").string() + end, experiment() + end);
+}
+
+TEST_F(SlurmExperiment, KillCancelsAndLeavesNoRankAndAValidCheckpoint) {
+  const std::string job = submit(config(100000, 2));
+  ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 150 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  const auto kill = run({HPCTRIAL_CLI, "kill", experiment()});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  ASSERT_TRUE(wait_for(job, "CANCELLED", 60s)) << "state " << job_field(job, "JobState");
+  expect_no_rank_left();
+  const auto verify = run({HPCTRIAL_CLI, "checkpoint", "verify", experiment() + "/trial-0/checkpoints"});
+  EXPECT_TRUE(verify.ok()) << verify.out << verify.err;
+}
+
+TEST_F(SlurmExperiment, MistakesAreClearErrors) {
+  auto r = run({HPCTRIAL_CLI, "pause", "999999"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("slurm no longer knows job 999999"));
+  r = run({HPCTRIAL_CLI, "activate", (dir_.path() / "nowhere").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("is neither a job id nor an experiment directory"));
+  const std::string exp = dir_.write("bad.yaml",
+      "name: bad\nentrypoint: /bin/true\nsearcher: {name: single, metric: m, max_length: {batches: 1}}\n"
+      "scheduler: {type: slurm, extra_directives: [--output=/tmp/elsewhere]}\n");
+  r = run({HPCTRIAL_CLI, "submit", exp, "--experiment", experiment()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("scheduler.extra_directives[0]: --output is set by hpctrial itself"));
+  EXPECT_FALSE(std::filesystem::exists(experiment() + "/job.sbatch"));
+}
+
+}  // namespace
+}  // namespace hpctrial
