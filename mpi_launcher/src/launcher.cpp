@@ -609,9 +609,8 @@ void hand_over(const core::Allocation& allocation, const std::string& reason, co
   const slurm::Client client([&run](const std::vector<std::string>& argv, const core::RunOptions&) { return run(argv); });
   try {
     client.requeue(allocation.job_id, hold);
-    core::log_info("slurm job {} requeued{} (start {} of this job)", allocation.job_id,
-                   hold ? " and held: `hpctrial activate " + allocation.job_id + "` resumes it" : "",
-                   allocation.restart_count + 1);
+    core::log_info("slurm job {} requeued after run {} of this job{}", allocation.job_id, allocation.restart_count + 1,
+                   hold ? " and held: `hpctrial activate " + allocation.job_id + "` resumes it" : "");
   } catch (const Error& e) {
     core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
                     "resume", allocation.job_id, e.what());

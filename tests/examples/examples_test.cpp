@@ -365,7 +365,7 @@ TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
   }
   EXPECT_EQ(ranks, 2) << r.err;
   EXPECT_EQ(batches.size(), 1u) << "the ranks stopped after different batches:\n" << r.err;
-  EXPECT_THAT(r.err, HasSubstr("[rank 0] paused after " + *batches.begin() + " batches; checkpoint "));
+  EXPECT_THAT(r.err, HasSubstr("[rank 0] stopped after " + *batches.begin() + " batches; checkpoint "));
   EXPECT_THAT(r.err, HasSubstr("/stopped/checkpoints/ckpt-" + *batches.begin() + ".h5 is durable"));
 }
 

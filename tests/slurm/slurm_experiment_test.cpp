@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -69,16 +70,46 @@ class SlurmExperiment : public testing::Test {
       GTEST_SKIP() << "no local Slurm cluster answers (scripts/local-slurm.sh needs root): " << ping.describe();
     }
   }
-  std::string config(std::int64_t batches, int batch_ms) {
+  std::string config(std::int64_t batches, int batch_ms,
+                     const std::string& scheduler = "time_limit: 30m, preemption_grace: 20s",
+                     const std::string& fault = "fail_rank: -1, fail_batch: 0, fail_mode: none",
+                     const std::string& extra = "min_checkpoint_period: {batches: 100}\n") {
     return dir_.write("exp.yaml",
         "name: slurm-exp\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
         "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
-        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: " +
-        std::to_string(batch_ms) + "}\n"
-        "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
-        "min_checkpoint_period: {batches: 100}\n"
+        "hyperparameters: {global_batch_size: 16, " + fault + ", batch_ms: " + std::to_string(batch_ms) + "}\n"
+        "resources: {slots_per_trial: 2, slots_per_node: 2}\n" + extra +
         "reproducibility: {experiment_seed: 11}\n"
-        "scheduler: {type: slurm, time_limit: 30m, preemption_grace: 20s}\n");
+        "scheduler: {type: slurm, " + scheduler + "}\n");
+  }
+  // The same experiment run uninterrupted on this machine, without the per-batch sleep (which
+  // changes no number); returns its final checkpoint.
+  std::string straight_run(const std::string& config_path, std::int64_t batches) {
+    const std::string dir = (dir_.path() / "straight").string();
+    const auto r = run({HPCTRIAL_CLI, "run", config_path, "--set", "scheduler.type=local", "--set",
+                        "hyperparameters.batch_ms=0", "--experiment", dir}, 180s);
+    EXPECT_TRUE(r.ok()) << r.describe() << r.err;
+    return dir + "/trial-0/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
+  }
+  std::string final_checkpoint(std::int64_t batches) const {
+    return experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
+  }
+  std::string job_log(const std::string& job) const { return read_file(experiment() + "/slurm-" + job + ".err"); }
+  // metrics.jsonl reads as one run: every training report once, in order.
+  void expect_each_step_counted_once(std::int64_t batches) const {
+    std::ifstream in(experiment() + "/trial-0/metrics.jsonl");
+    std::int64_t previous = 0;
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] != "training") continue;
+      const std::int64_t at = j["batches"];
+      EXPECT_GT(at, previous) << "batch " << at << " reported again after " << previous;
+      previous = at;
+      ++lines;
+    }
+    EXPECT_EQ(previous, batches);
+    EXPECT_GT(lines, 0);
   }
   std::string experiment() const { return (dir_.path() / "exp").string(); }
   std::string submit(const std::string& config_path) {
@@ -164,7 +195,7 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
   expect_no_rank_left();
   const std::string log = read_file(experiment() + "/slurm-" + job + ".err");
   EXPECT_THAT(log, HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
-  EXPECT_THAT(log, HasSubstr("requeued and held"));
+  EXPECT_THAT(log, HasSubstr("requeued after run 1 of this job and held"));
   ASSERT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/latest"));
   EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"))
       << "paused before the end";
@@ -179,6 +210,100 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
   EXPECT_THAT(all, HasSubstr("trial 0 stopped (pause)")) << "the first run's output is still there";
   const std::string end = "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
   expect_same_weights((dir_.path() / "straight").string() + end, experiment() + end);
+}
+
+// The time limit, with Slurm's warning (--signal=B:USR2@grace, which may come up to a minute
+// early) or the launcher's own deadline: every run ends with a checkpoint and a requeue of the
+// same job, the next run resumes exactly there, and the end is the uninterrupted run's.
+TEST_F(SlurmExperiment, TheTimeLimitRequeuesAndEachRunResumesWhereTheLastStopped) {
+  constexpr int kBatches = 18000;  // ~45 s of 2.5 ms steps: at least two runs of a 1-minute job
+  const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 30s", 
+                                 "fail_rank: -1, fail_batch: 0, fail_mode: none",
+                                 "min_checkpoint_period: {batches: 1000}\n");
+  const std::string straight = straight_run(exp, kBatches);
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 300s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
+  const std::string log = job_log(job);
+  const int restarts = std::stoi(job_field(job, "Restarts"));
+  EXPECT_GE(restarts, 1) << log;
+  // Each stop's step is the next run's starting step.
+  const std::regex stopped(R"(\[rank 0\] stop requested: stopping after batch (\d+) of)");
+  const std::regex resumed(R"(resumed from \S+/ckpt-(\d+)\.h5 after (\d+) batches \(restart (\d+)\))");
+  std::vector<std::string> stops, starts;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), stopped); it != std::sregex_iterator(); ++it) {
+    stops.push_back((*it)[1]);
+  }
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), resumed); it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ((*it)[1], (*it)[2]);
+    starts.push_back((*it)[1]);
+  }
+  EXPECT_EQ(stops, starts) << log;
+  EXPECT_EQ(static_cast<int>(starts.size()), restarts) << log;
+  EXPECT_THAT(log, testing::ContainsRegex("trial 0 stopped \\((preemption|deadline)\\) after a durable checkpoint"));
+  EXPECT_THAT(log, HasSubstr("slurm job " + job + " requeued after run 1 of this job"));
+  EXPECT_THAT(log, HasSubstr("trial 0 finished"));
+  expect_each_step_counted_once(kBatches);
+  expect_same_weights(straight, final_checkpoint(kBatches));
+}
+
+// An admin's `scontrol requeue` (or a preemption without warning): SIGTERM to every process of
+// the job, Slurm requeues it itself; the next run resumes from the last published checkpoint (the
+// ranks' emergency one when it was written in time) and no step is counted twice.
+TEST_F(SlurmExperiment, ARequeueWithoutWarningResumesFromTheLastPublishedCheckpoint) {
+  constexpr int kBatches = 8000;
+  const std::string exp = config(kBatches, 2, "time_limit: 30m, preemption_grace: 20s",
+                                 "fail_rank: -1, fail_batch: 0, fail_mode: none",
+                                 "min_checkpoint_period: {batches: 500}\n");
+  const std::string straight = straight_run(exp, kBatches);
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 1200 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 1200);
+  const auto requeue = run({"scontrol", "requeue", job});
+  ASSERT_TRUE(requeue.ok()) << requeue.describe() << requeue.err;
+  ASSERT_TRUE(wait_for(job, "PENDING", 60s)) << "state " << job_field(job, "JobState");
+  const std::string published = read_file(experiment() + "/trial-0/checkpoints/latest");
+  std::smatch m;
+  const std::regex step(R"(ckpt-(\d+)\.h5)");
+  ASSERT_TRUE(std::regex_search(published, m, step)) << published;
+  const std::string at = m[1];
+  EXPECT_GE(std::stoll(at), 1000);
+  expect_no_rank_left();
+
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 180s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
+  EXPECT_EQ(job_field(job, "Restarts"), "1");
+  const std::string log = job_log(job);
+  EXPECT_THAT(log, HasSubstr("stop requested (terminate)"));
+  EXPECT_THAT(log, HasSubstr("/ckpt-" + at + ".h5 after " + at + " batches (restart 1)")) << log;
+  EXPECT_THAT(log, testing::Not(HasSubstr("requeued after run"))) << "Slurm requeues it, not the launcher";
+  expect_each_step_counted_once(kBatches);
+  expect_same_weights(straight, final_checkpoint(kBatches));
+}
+
+// Slurm never stops a job that requeues itself: failures are capped by max_restarts inside the
+// job, and the job then ends FAILED with the rank's code, not requeued.
+TEST_F(SlurmExperiment, ATrialThatAlwaysFailsEndsTheJobAfterMaxRestarts) {
+  const std::string exp = config(1000, 2, "time_limit: 30m, preemption_grace: 20s",
+                                 "fail_rank: 1, fail_batch: 50, fail_mode: throw", "max_restarts: 2\n");
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "FAILED", 120s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
+  EXPECT_EQ(job_field(job, "Restarts"), "0");
+  EXPECT_NE(job_field(job, "ExitCode"), "0:0");
+  const std::string log = job_log(job);
+  EXPECT_THAT(log, HasSubstr("(restart 2 of max_restarts 2)"));
+  EXPECT_THAT(log, HasSubstr("It has failed 3 time(s) and max_restarts is 2, so it is not restarted"));
+  EXPECT_THAT(log, testing::Not(HasSubstr("requeued")));
+  std::ifstream records(experiment() + "/trial-0/failures.jsonl");
+  int failures = 0;
+  for (std::string line; std::getline(records, line);) ++failures;
+  EXPECT_EQ(failures, 3);
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(job_field(job, "JobState"), "FAILED") << "the job went back to the queue";
+  expect_no_rank_left();
 }
 
 TEST_F(SlurmExperiment, KillCancelsAndLeavesNoRankAndAValidCheckpoint) {

@@ -216,7 +216,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     const LoopResult result = run_training(config, factory, *comm, options);
     if (result.stopped_early) {
       if (chief) {
-        core::log_info("paused after {} batches; checkpoint {} is durable; run the same command again to resume",
+        core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
                        result.batches_trained, result.checkpoint_path);
       }
       return kExitPaused;
