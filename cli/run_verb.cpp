@@ -3,12 +3,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "launch_options.h"
 #include "verb.h"
@@ -36,8 +38,9 @@ constexpr const char* kUsage = R"(usage: hpctrial run EXP.yaml [options]
 
 Runs the experiment's trial with mpirun on this machine (or in the allocation it runs in):
 makes the experiment directory (default runs/<name>), writes the effective config there, and
-starts resources.slots_per_trial ranks. Running the same command again resumes from the
-latest checkpoint. Ctrl-C: checkpoint at the next step and stop (exit 75); Ctrl-C again:
+starts resources.slots_per_trial ranks. A grid or random search runs its trials one after
+the other (trial-0, trial-1, ...), or only the one --trial names. Running the same command
+again resumes from the latest checkpoint. Ctrl-C: checkpoint at the next step and stop (exit 75); Ctrl-C again:
 abort at once. A failed run restarts from its latest checkpoint up to max_restarts times.
 
 examples:
@@ -50,6 +53,7 @@ options)";
 int run_run(const std::vector<std::string>& args) {
   core::ConfigSources sources;
   std::string experiment_dir;
+  int only_trial = -1;
   mpi_launcher::LaunchOptions launch;
   po::options_description options("options");
   options.add_options()
@@ -59,6 +63,7 @@ int run_run(const std::vector<std::string>& args) {
        "override one config value (repeatable)")
       ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
       ("np,n", po::value(&launch.np)->value_name("N"), "number of ranks (default resources.slots_per_trial)")
+      ("trial", po::value(&only_trial)->value_name("ID"), "run only this trial of a search (default: each in turn)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
       ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
   po::options_description hidden;
@@ -78,6 +83,10 @@ int run_run(const std::vector<std::string>& args) {
     std::cerr << "hpctrial run: give the experiment config, e.g. 'hpctrial run experiment.yaml'\n";
     return kExitUsage;
   }
+  if (vm.count("trial") && only_trial < 0) {
+    std::cerr << "hpctrial run: --trial must be 0 or more\n";
+    return kExitUsage;
+  }
   if (vm.count("np") && launch.np < 1) {
     std::cerr << "hpctrial run: --np must be at least 1\n";
     return kExitUsage;
@@ -89,6 +98,7 @@ int run_run(const std::vector<std::string>& args) {
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
   launch.reset_failures = true;
+  launch.trial_id = std::max(only_trial, 0);
   if (launch.dry_run) {
     // This config as it would run, with nothing written.
     launch.working_dir = mpi_launcher::experiment_workdir(config);
@@ -96,8 +106,20 @@ int run_run(const std::vector<std::string>& args) {
                                     core::real_command_runner());
     return kExitOk;
   }
-  mpi_launcher::prepare_experiment(config, launch.experiment_dir);
-  return mpi_launcher::launch(launch, env, core::real_command_runner());
+  const core::ExperimentConfig prepared = mpi_launcher::prepare_experiment(config, launch.experiment_dir);
+  const int trials = core::trial_count(prepared);
+  if (only_trial >= trials) {
+    std::cerr << "hpctrial run: --trial " << only_trial << " does not exist: the "
+              << core::to_string(prepared.searcher.name) << " searcher makes " << trials << " trial(s), 0 to "
+              << trials - 1 << "\n";
+    return kExitUsage;
+  }
+  for (int trial = std::max(only_trial, 0); trial < trials; ++trial) {
+    launch.trial_id = trial;
+    const int code = mpi_launcher::launch(launch, env, core::real_command_runner());
+    if (code != kExitOk || only_trial >= 0) return code;
+  }
+  return kExitOk;
 }
 
 }  // namespace

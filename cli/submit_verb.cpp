@@ -15,10 +15,12 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "hpctrial/slurm/batch_script.h"
 #include "hpctrial/slurm/client.h"
+#include "hpctrial/slurm/job_environment.h"
 #include "job_verbs.h"
 #include "verb.h"
 
@@ -107,14 +109,12 @@ int run_submit(const std::vector<std::string>& args) {
 
   const slurm::Client client;
   // One job per experiment at a time: a second would train the same trial twice.
-  const std::string earlier = job_of_experiment(layout);
-  if (!earlier.empty()) {
-    if (const auto job = client.job(earlier); job && (job->state == "PENDING" || job->state == "RUNNING" ||
-                                                      job->state == "REQUEUED" || job->state == "SUSPENDED" ||
-                                                      job->state == "CONFIGURING" || job->state == "COMPLETING")) {
-      throw ConfigError(experiment_dir + " already has slurm job " + earlier + " (" + job->state +
-                        (job->held() ? ", held" : "") + "); `hpctrial activate " + earlier +
-                        "` resumes a paused job, `hpctrial kill " + earlier + "` ends it");
+  if (const auto earlier = mpi_launcher::latest_job(layout); earlier && slurm::is_valid_job_id(earlier->id)) {
+    for (const auto& job : client.job_tasks(earlier->id)) {
+      if (!is_active(job)) continue;
+      throw ConfigError(experiment_dir + " already has slurm job " + job.display_id() + " (" + job.state +
+                        (job.held() ? ", held" : "") + "); `hpctrial activate " + earlier->id +
+                        "` resumes a paused job, `hpctrial kill " + earlier->id + "` ends it");
     }
   }
   const auto prepared = mpi_launcher::prepare_experiment(config, experiment_dir);
@@ -124,8 +124,13 @@ int run_submit(const std::vector<std::string>& args) {
   // Slurm creates the job's output files with the submitter's umask: private, like the rest.
   ::umask(077);
   const std::string id = client.submit(script, exported);
-  record_job(layout, "slurm", id);
-  std::cout << "submitted slurm job " << id << "\nexperiment: " << experiment_dir << "\n";
+  mpi_launcher::record_job(layout, "slurm", id);
+  std::cout << "submitted slurm job " << id << "\n";
+  if (const int trials = core::trial_count(prepared); trials > 1) {
+    std::cout << "a job array of " << trials << " trials (task N runs trial N, at most "
+              << std::min<std::int64_t>(trials, prepared.searcher.max_concurrent_trials) << " at a time)\n";
+  }
+  std::cout << "experiment: " << experiment_dir << "\n";
   return kExitOk;
 }
 

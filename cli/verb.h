@@ -33,6 +33,9 @@ Verb submit_verb();
 Verb pause_verb();
 Verb activate_verb();
 Verb kill_verb();
+Verb jobs_verb();
+Verb logs_verb();
+Verb describe_verb();
 
 // "hpctrial 0.1.0 (git abc123)" and what it was built with.
 std::string version_text();

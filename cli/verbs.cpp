@@ -10,6 +10,9 @@ std::vector<Verb> builtin_verbs() {
       pause_verb(),
       activate_verb(),
       kill_verb(),
+      jobs_verb(),
+      logs_verb(),
+      describe_verb(),
       launch_verb(),
       checkpoint_verb(),
   };

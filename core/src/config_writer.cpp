@@ -107,6 +107,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   if (c.searcher.name != Searcher::Name::kGrid) {
     out << YAML::Key << "max_trials" << YAML::Value << c.searcher.max_trials;
   }
+  out << YAML::Key << "max_concurrent_trials" << YAML::Value << c.searcher.max_concurrent_trials;
   out << YAML::EndMap;
 
   if (c.records_per_epoch > 0) {

@@ -411,6 +411,9 @@ void read_searcher(MapReader& r, Searcher& s) {
                           "required key is missing for the random searcher; add it, e.g. "
                           "`max_trials: 16`");
   }
+  if (const ConfigNode* n = r.get("max_concurrent_trials")) {
+    if (auto v = read_int(*n, r.path("max_concurrent_trials"), d, 1, kMaxTrials)) s.max_concurrent_trials = *v;
+  }
   r.finish();
 }
 

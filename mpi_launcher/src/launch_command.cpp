@@ -98,6 +98,57 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
   return config;
 }
 
+std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
+  const json state = detail::read_json_file(layout.state());
+  std::vector<RecordedJob> jobs;
+  if (!state.contains("jobs") || !state["jobs"].is_array()) return jobs;
+  for (const auto& j : state["jobs"]) {
+    if (!j.is_object()) continue;
+    jobs.push_back({j.value("id", std::string()), j.value("scheduler", std::string()),
+                    j.value("submitted", std::string())});
+  }
+  return jobs;
+}
+
+std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
+  const json state = detail::read_json_file(layout.state());
+  const std::string id = state.value("job_id", std::string());
+  if (id.empty()) return std::nullopt;
+  RecordedJob job{id, state.value("scheduler", std::string()), ""};
+  for (const auto& recorded : recorded_jobs(layout)) {
+    if (recorded.id == id) job.submitted = recorded.submitted;
+  }
+  return job;
+}
+
+void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id) {
+  json state = detail::read_json_file(layout.state());
+  state["scheduler"] = scheduler;
+  state["job_id"] = id;
+  if (!state["jobs"].is_array()) state["jobs"] = json::array();
+  state["jobs"].push_back({{"id", id}, {"scheduler", scheduler}, {"submitted", core::utc_now_iso()}});
+  detail::write_json_file(layout.state(), state);
+}
+
+TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
+  const std::string trial_dir = layout.trial_dir(trial_id);
+  TrialProgress p;
+  const auto beats = detail::read_heartbeats(detail::heartbeat_dir(trial_dir));
+  if (const auto it = beats.find(0); it != beats.end()) p.reported_step = it->second.step;
+  const json state = detail::read_json_file(trial_dir + "/launcher-state.json");
+  p.starts = state.value("starts", 0);
+  p.failures = state.value("failures", 0);
+  std::ifstream records(trial_dir + "/failures.jsonl");
+  for (std::string line; std::getline(records, line);) {
+    try {
+      p.last_failure = json::parse(line).value("reason", std::string());
+    } catch (const json::exception&) {
+      // a record cut short by a crash: the one before stands
+    }
+  }
+  return p;
+}
+
 void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason) {
   detail::write_stop_request(layout.trial_dir(trial_id), reason);
 }

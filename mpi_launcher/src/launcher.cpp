@@ -22,6 +22,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
@@ -623,7 +624,9 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     throw ConfigError(layout.dir + " holds no experiment.yaml; create the experiment with `hpctrial run EXP.yaml` "
                       "or `hpctrial submit EXP.yaml`");
   }
-  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  // The trial's own values of the search's ranges (and a clear error for a trial that does not exist).
+  const core::ExperimentConfig config =
+      core::trial_config(core::load_experiment_config({layout.config(), "", {}}), options.trial_id);
   const core::Allocation allocation = detect_allocation(env, run);
   const std::string trial_dir = layout.trial_dir(options.trial_id);
   const std::string state_path = trial_dir + "/launcher-state.json";

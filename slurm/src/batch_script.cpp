@@ -5,6 +5,7 @@
 
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/text.h"
 
@@ -102,8 +103,19 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   out << "# Requeued on preemption, pause and time limit; output appended across runs.\n";
   out << "#SBATCH --requeue\n#SBATCH --open-mode=append\n";
   directive("--signal", "B:USR2@" + std::to_string(s.preemption_grace_seconds), "scheduler.preemption_grace");
-  directive("--output", literal_filename(options.experiment_dir) + "/slurm-%j.out", "experiment directory");
-  directive("--error", literal_filename(options.experiment_dir) + "/slurm-%j.err", "experiment directory");
+  // A search is one job array: task N runs trial N.
+  const int trials = core::trial_count(config);
+  if (trials > 1) {
+    out << "# One array task per trial of the " << core::to_string(config.searcher.name) << " searcher.\n";
+    std::string range = "0-" + std::to_string(trials - 1);
+    if (config.searcher.max_concurrent_trials < trials) {
+      range += "%" + std::to_string(config.searcher.max_concurrent_trials);
+    }
+    directive("--array", range, "searcher");
+  }
+  const std::string name = trials > 1 ? "slurm-%A_%a" : "slurm-%j";
+  directive("--output", literal_filename(options.experiment_dir) + "/" + name + ".out", "experiment directory");
+  directive("--error", literal_filename(options.experiment_dir) + "/" + name + ".err", "experiment directory");
   for (std::size_t i = 0; i < s.extra_directives.size(); ++i) {
     const std::string& extra = s.extra_directives[i];
     const std::string key = "scheduler.extra_directives[" + std::to_string(i) + "]";
@@ -139,7 +151,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   }
   out << "\nexec " << core::shell_join({options.hpctrial, "launch", "--experiment", options.experiment_dir},
                                         "experiment directory")
-      << "\n";
+      << (trials > 1 ? " --trial \"$SLURM_ARRAY_TASK_ID\"" : "") << "\n";
   return out.str();
 }
 

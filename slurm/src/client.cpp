@@ -1,6 +1,9 @@
 #include "hpctrial/slurm/client.h"
 
+#include <unistd.h>
+
 #include <cctype>
+#include <sstream>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/text.h"
@@ -10,6 +13,15 @@ namespace hpctrial::slurm {
 
 bool JobInfo::held() const {
   return state == "PENDING" && (reason.rfind("JobHeld", 0) == 0 || reason == "job_requeued_in_held_state");
+}
+
+std::string JobInfo::display_id() const {
+  if (array_job_id.empty() || array_task.empty()) return id;
+  if (array_task.find_first_not_of("0123456789") == std::string::npos) return array_job_id + "_" + array_task;
+  // Tasks not started yet, "2-5" or "[2-5%2]": Slurm's own form for a set of tasks, 1234_[2-5].
+  std::string set = array_task;
+  if (!set.empty() && set.front() == '[') set = set.substr(1, set.find(']') - 1);
+  return array_job_id + "_[" + set.substr(0, set.find('%')) + "]";
 }
 
 JobInfo parse_job_line(const std::string& line) {
@@ -43,6 +55,18 @@ JobInfo parse_job_line(const std::string& line) {
   j.reason = field("Reason");
   j.run_time = field("RunTime");
   j.std_out = field("StdOut");
+  j.std_err = field("StdErr");
+  j.exit_code = field("ExitCode");
+  j.submit_time = field("SubmitTime");
+  j.start_time = field("StartTime");
+  j.node_list = field("NodeList");
+  j.work_dir = field("WorkDir");
+  j.array_job_id = field("ArrayJobId");
+  j.array_task = field("ArrayTaskId");
+  // "UserId=alice(1000)": the number
+  const std::string user = field("UserId");
+  const std::size_t open = user.find('(');
+  if (open != std::string::npos) j.user_id = user.substr(open + 1, user.find(')', open) - open - 1);
   try {
     j.restarts = std::stoi(field("Restarts"));
   } catch (const std::exception&) {
@@ -92,15 +116,48 @@ void Client::signal_batch(const std::string& job, const std::string& signal) con
   checked({"scancel", "--batch", "--signal=" + signal, job});
 }
 
-std::optional<JobInfo> Client::job(const std::string& id) const {
+namespace {
+
+std::vector<JobInfo> parse_job_lines(const std::string& text, const std::string& command) {
+  std::vector<JobInfo> jobs;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (core::trim(line).empty()) continue;
+    JobInfo j = parse_job_line(line);
+    if (j.id.empty()) throw SchedulerError("cannot read `" + command + "`: " + core::trim(line));
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+}  // namespace
+
+std::vector<JobInfo> Client::job_tasks(const std::string& id) const {
   const core::RunResult r = run_({"scontrol", "-o", "show", "job", id}, {});
   if (!r.ok()) {
-    if (r.err.find("Invalid job id") != std::string::npos) return std::nullopt;
+    if (r.err.find("Invalid job id") != std::string::npos) return {};
     throw SchedulerError(r.describe());
   }
-  JobInfo j = parse_job_line(r.out.substr(0, r.out.find('\n')));
-  if (j.id.empty()) throw SchedulerError("cannot read `scontrol -o show job " + id + "`: " + core::trim(r.out));
-  return j;
+  std::vector<JobInfo> tasks = parse_job_lines(r.out, "scontrol -o show job " + id);
+  if (tasks.empty()) throw SchedulerError("`scontrol -o show job " + id + "` printed nothing");
+  return tasks;
+}
+
+std::optional<JobInfo> Client::job(const std::string& id) const {
+  std::vector<JobInfo> tasks = job_tasks(id);
+  if (tasks.empty()) return std::nullopt;
+  return std::move(tasks.front());
+}
+
+std::vector<JobInfo> Client::user_jobs() const {
+  // `scontrol show job` lists every job the controller still holds; keep this user's.
+  const core::RunResult r = checked({"scontrol", "-o", "show", "job"});
+  std::vector<JobInfo> jobs;
+  const std::string uid = std::to_string(::getuid());
+  for (JobInfo& j : parse_job_lines(r.out, "scontrol -o show job")) {
+    if (j.user_id == uid) jobs.push_back(std::move(j));
+  }
+  return jobs;
 }
 
 }  // namespace hpctrial::slurm

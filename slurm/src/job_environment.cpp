@@ -63,6 +63,16 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
   core::Allocation a;
   a.scheduler = "slurm";
   a.job_id = *job_id;
+  // A task of a job array is named ARRAY_TASK: the last task to start has the array's own id as
+  // SLURM_JOB_ID, and `scontrol requeue` or `squeue --jobs` of that id mean every task.
+  const auto array_job = env.get("SLURM_ARRAY_JOB_ID"), array_task = env.get("SLURM_ARRAY_TASK_ID");
+  if (array_job && array_task) {
+    a.job_id = *array_job + "_" + *array_task;
+    if (!is_valid_job_id(a.job_id)) {
+      throw SchedulerError("SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID make \"" + a.job_id +
+                           "\", which is not a Slurm job id");
+    }
+  }
   if (const auto count = env.get("SLURM_RESTART_COUNT")) a.restart_count = parse_count(*count, "SLURM_RESTART_COUNT");
 
   const auto nodelist = env.get("SLURM_JOB_NODELIST");

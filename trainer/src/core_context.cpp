@@ -8,6 +8,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/mpi_launcher/mpi_environment.h"
 #include "metrics_log.h"
@@ -63,7 +64,8 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   }
   if (sources.config_path.empty()) sources.config_path = env.get("HPCTRIAL_CONFIG").value_or("");
   if (!sources.config_path.empty()) {
-    config_ = core::load_experiment_config(sources);
+    config_ = core::trial_config(core::load_experiment_config(sources),
+                                 core::trial_id_from_env(env.get("HPCTRIAL_TRIAL_ID")));
     hparams_ = detail::trial_hparams(*config_);
     data_config_ = detail::to_json(config_->data);
   } else if (!sources.overrides.empty()) {

@@ -16,6 +16,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/mpi_launcher/communicator.h"
 #include "hpctrial/mpi_launcher/mpi_environment.h"
 #include "hpctrial/mpi_launcher/nccl_communicator.h"
@@ -81,13 +82,7 @@ Arguments parse_arguments(int argc, char** argv, const core::EnvSource& env) {
     throw ConfigError(std::string("no experiment config: give --config EXP.yaml (see ") + argv[0] + " --help)");
   }
   if (args.trial_dir.empty()) args.trial_dir = env.get("HPCTRIAL_TRIAL_DIR").value_or("");
-  if (const auto id = env.get("HPCTRIAL_TRIAL_ID")) {
-    try {
-      args.trial_id = std::stoi(*id);
-    } catch (const std::exception&) {
-      throw ConfigError("HPCTRIAL_TRIAL_ID must be a number, got \"" + *id + "\"");
-    }
-  }
+  if (const auto id = env.get("HPCTRIAL_TRIAL_ID")) args.trial_id = core::trial_id_from_env(id);
   return args;
 }
 
@@ -165,7 +160,8 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     if (args.help) return kExitFinished;
     // As early as MPI allows, so that a stop request at start-up is not lost...
     detail::install_stop_handlers();
-    core::ExperimentConfig config = core::load_experiment_config(args.sources);
+    // This trial's values of the searcher's ranges.
+    core::ExperimentConfig config = core::trial_config(core::load_experiment_config(args.sources), args.trial_id);
     use_slot_cores(config.resources.cpus_per_slot, env);
 
     std::unique_ptr<mpi_launcher::Watchdog> watchdog;

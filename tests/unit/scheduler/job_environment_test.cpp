@@ -75,6 +75,26 @@ TEST(SlurmJobEnvironment, ReadsHostsSlotsRestartsAndEndTime) {
   EXPECT_EQ(fake.asked[0], (std::vector<std::string>{"scontrol", "show", "hostnames", "node[01-03]"}));
 }
 
+// The last task of an array to start has the array's own id as SLURM_JOB_ID: requeueing or
+// asking squeue about that id would mean every task, so a task is named ARRAY_TASK.
+TEST(SlurmJobEnvironment, ATaskOfAJobArrayIsNamedByArrayAndTask) {
+  FakeRunner fake;
+  fake.answers["scontrol"] = "node01\n";
+  fake.answers["squeue"] = "2026-11-21T05:00:00\n";
+  const core::MapEnv env({{"SLURM_JOB_ID", "18"}, {"SLURM_JOB_NODELIST", "node01"},
+                          {"SLURM_ARRAY_JOB_ID", "18"}, {"SLURM_ARRAY_TASK_ID", "2"}});
+  const auto a = slurm::job_allocation(env, fake.runner());
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->job_id, "18_2");
+  EXPECT_EQ(fake.asked[1], (std::vector<std::string>{"squeue", "--noheader", "--jobs", "18_2", "--format", "%e"}));
+  EXPECT_THAT(error_of([&] {
+                slurm::job_allocation(core::MapEnv({{"SLURM_JOB_ID", "18"}, {"SLURM_JOB_NODELIST", "node01"},
+                                                    {"SLURM_ARRAY_JOB_ID", "18"}, {"SLURM_ARRAY_TASK_ID", "2;x"}}),
+                                      fake.runner());
+              }),
+              HasSubstr("SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID make \"18_2;x\", which is not a Slurm job id"));
+}
+
 TEST(SlurmJobEnvironment, BadValuesAreRefusedNamingTheVariable) {
   FakeRunner fake;
   fake.answers["scontrol"] = "node01\n";

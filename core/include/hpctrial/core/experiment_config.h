@@ -57,6 +57,8 @@ struct Searcher {
   bool smaller_is_better = true;
   Length max_length;
   std::int64_t max_trials = 1;
+  // How many trials of a search run at once (a job array's `%k`), as Determined's default.
+  std::int64_t max_concurrent_trials = 16;
 };
 std::string_view to_string(Searcher::Name name);
 

@@ -64,6 +64,28 @@ struct LaunchOptions {
   std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
 };
 
+// The batch jobs of an experiment, recorded in experiment.json by `hpctrial submit`.
+struct RecordedJob {
+  std::string id;
+  std::string scheduler;
+  std::string submitted;  // UTC, ISO 8601
+};
+// The experiment's latest batch job; nullopt when it has none.
+std::optional<RecordedJob> latest_job(const ExperimentLayout& layout);
+// Every job recorded for the experiment, oldest first.
+std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout);
+// Records a newly submitted job as the experiment's latest.
+void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id);
+
+// How far a trial got, from what its launcher and chief left in the trial directory.
+struct TrialProgress {
+  std::int64_t reported_step = -1;   // the last step rank 0 reported (heartbeat); -1: none
+  int starts = 0;                    // runs of the launcher, over every job
+  int failures = 0;                  // failures that counted against max_restarts
+  std::string last_failure;          // the reason of the newest failure record
+};
+TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
+
 // Records a stop request for a trial (its reason: "pause", say) where the chief and the launcher
 // look for one; the signal that follows only makes them look sooner.
 void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason);

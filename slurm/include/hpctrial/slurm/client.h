@@ -21,7 +21,20 @@ struct JobInfo {
   int restarts = 0;
   std::string run_time;  // "00:01:23"
   std::string std_out;   // the output file
+  std::string std_err;
+  std::string exit_code;    // "0:0": the batch script's code and the signal that ended it
+  std::string submit_time;  // as Slurm prints it, e.g. 2026-11-22T15:36:20
+  std::string start_time;
+  std::string node_list;
+  std::string work_dir;
+  std::string user_id;  // numeric
+  // A task of a job array: the array's id and this task's index ("3"), or the indices of tasks
+  // not started yet, which Slurm shows as one line ("2-5", "[2-5%2]"). Empty otherwise.
+  std::string array_job_id;
+  std::string array_task;
   bool held() const;
+  // The name users know: "1234", or "1234_3" for a task of an array.
+  std::string display_id() const;
 };
 
 // Parses one line of `scontrol -o show job` (KEY=VALUE fields, separated by blanks).
@@ -45,8 +58,14 @@ class Client {
   void cancel(const std::string& job) const;   // scancel
   // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only.
   void signal_batch(const std::string& job, const std::string& signal) const;
-  // nullopt once Slurm no longer knows the job (MinJobAge after it ended).
+  // nullopt once Slurm no longer knows the job (MinJobAge after it ended). For a job array, its
+  // first task.
   std::optional<JobInfo> job(const std::string& id) const;
+  // Every task of a job array (one element for a plain job); empty once Slurm forgot the job.
+  std::vector<JobInfo> job_tasks(const std::string& id) const;
+  // This user's jobs that Slurm still knows (squeue's view: pending, running, just ended),
+  // each with its `scontrol show job` fields.
+  std::vector<JobInfo> user_jobs() const;
 
  private:
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;

@@ -1,0 +1,307 @@
+// hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, read from
+// Slurm (scontrol) and joined with what the launcher and the chief left in each experiment
+// directory.
+#include <boost/program_options.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/search.h"
+#include "hpctrial/slurm/job_environment.h"
+#include "job_verbs.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace hpctrial::cli {
+namespace {
+
+// The file `latest` names in a trial's checkpoint directory, and its batch count.
+struct LatestCheckpoint {
+  std::string file;
+  std::int64_t batches = 0;
+};
+std::optional<LatestCheckpoint> latest_checkpoint(const mpi_launcher::ExperimentLayout& layout, int trial) {
+  const std::string dir = layout.trial_dir(trial) + "/checkpoints";
+  if (!fs::is_directory(dir)) return std::nullopt;
+  const checkpoint::CheckpointStore store(dir, {});
+  const auto file = store.latest_file();
+  if (!file) return std::nullopt;
+  const std::string name = fs::path(*file).filename().string();
+  return LatestCheckpoint{name, checkpoint::checkpoint_batches(name).value_or(0)};
+}
+
+// Batches trained: what rank 0 last reported while running, else the latest checkpoint's.
+std::string batches_text(const mpi_launcher::ExperimentLayout& layout, int trial, bool running) {
+  if (trial < 0) return "-";
+  const auto progress = mpi_launcher::trial_progress(layout, trial);
+  const auto ckpt = latest_checkpoint(layout, trial);
+  std::int64_t batches = ckpt ? ckpt->batches : 0;
+  if (running && progress.reported_step > batches) batches = progress.reported_step;
+  if (!ckpt && progress.reported_step < 0) return "-";
+  return std::to_string(batches);
+}
+
+std::string experiment_of(const slurm::JobInfo& job) {
+  if (job.std_out.empty()) return "";
+  const fs::path dir = fs::path(job.std_out).parent_path();
+  return fs::exists(dir / "experiment.json") && fs::exists(dir / "experiment.yaml") ? dir.string() : "";
+}
+
+void print_row(std::ostream& out, const std::vector<std::string>& cells, const std::vector<std::size_t>& widths) {
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    out << cells[i];
+    if (i + 1 < cells.size()) out << std::string(widths[i] - cells[i].size() + 2, ' ');
+  }
+  out << "\n";
+}
+
+int run_jobs(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  bool all = false;
+  options.add_options()("help,h", "show this help")("all,a", po::bool_switch(&all),
+                                                    "also list this user's jobs that are not hpctrial's");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(options).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << R"(usage: hpctrial jobs [--all]
+
+Lists your hpctrial batch jobs that Slurm still knows (pending, running, or recently ended),
+one line per task of a job array, with what their experiment directories say: batches trained
+and the latest checkpoint.
+)" << "\n" << options;
+    return kExitOk;
+  }
+  const slurm::Client client;
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
+  for (const slurm::JobInfo& job : client.user_jobs()) {
+    const std::string dir = experiment_of(job);
+    if (dir.empty() && !all) continue;
+    const int trial = trial_of(job);
+    std::string state = job.state + (job.held() ? " (held)" : "");
+    std::string batches = "-", ckpt = "-";
+    if (!dir.empty() && trial >= 0) {
+      const mpi_launcher::ExperimentLayout layout{dir};
+      batches = batches_text(layout, trial, job.state == "RUNNING");
+      if (const auto latest = latest_checkpoint(layout, trial)) ckpt = latest->file;
+    }
+    rows.push_back({job.display_id(), job.name, state, std::to_string(job.restarts), job.run_time,
+                    trial >= 0 ? std::to_string(trial) : job.array_task, batches, ckpt, dir.empty() ? "-" : dir});
+  }
+  if (rows.size() == 1) {
+    std::cout << "no hpctrial jobs (Slurm forgets a job a few minutes after it ends; `hpctrial describe EXPDIR` "
+                 "still tells its story)\n";
+    return kExitOk;
+  }
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) print_row(std::cout, row, widths);
+  return kExitOk;
+}
+
+// The output file of one trial's job in the experiment directory (the launcher's log and every
+// rank's lines): slurm-<job>.err, or slurm-<array>_<trial>.err.
+std::string job_output(const mpi_launcher::ExperimentLayout& layout, const std::string& job, int trial, int trials) {
+  const std::string base = job.substr(0, job.find('_'));
+  return layout.dir + "/slurm-" + (trials > 1 ? base + "_" + std::to_string(trial) : base) + ".err";
+}
+
+// Copies what `path` holds from `offset` on to stdout; returns the new offset.
+std::uintmax_t copy_from(const std::string& path, std::uintmax_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return offset;
+  in.seekg(static_cast<std::streamoff>(offset));
+  char buffer[65536];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    std::cout.write(buffer, in.gcount());
+    offset += static_cast<std::uintmax_t>(in.gcount());
+  }
+  std::cout.flush();
+  return offset;
+}
+
+int run_logs(const std::vector<std::string>& args) {
+  po::options_description options("options");
+  int rank = -1, trial = -1;
+  bool follow = false;
+  options.add_options()
+      ("help,h", "show this help")
+      ("rank,r", po::value(&rank)->value_name("N"), "only rank N's lines (trial-T/logs/rank-N.log)")
+      ("trial", po::value(&trial)->value_name("T"), "the trial of a search (default: task 0)")
+      ("follow,f", po::bool_switch(&follow), "keep printing what is added, until the job ends");
+  po::options_description hidden;
+  std::string what;
+  hidden.add_options()("target", po::value(&what));
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("target", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--follow]
+
+Prints the output of a job: the launcher's log and every rank's lines, from every run of the
+job (requeued runs append). --rank N prints rank N's own log; --follow keeps printing until
+the job ends. An experiment run with `hpctrial run` has no job: give --rank.
+)" << "\n" << options;
+    return kExitOk;
+  }
+  if (what.empty()) throw ConfigError("hpctrial logs: give a job id or an experiment directory");
+  if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0)) {
+    throw ConfigError("hpctrial logs: --rank and --trial are 0 or more");
+  }
+  const slurm::Client client;
+  Target t;
+  if (fs::is_directory(what)) {
+    t.experiment_dir = fs::absolute(what).lexically_normal().string();
+    if (const auto job = mpi_launcher::latest_job({t.experiment_dir})) t.job = job->id;
+  } else {
+    t = resolve_target(what, client);
+  }
+  if (t.experiment_dir.empty()) {
+    throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + "; give the directory");
+  }
+  const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
+  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  const int trials = core::trial_count(config);
+  if (trial < 0) {
+    const std::size_t underscore = t.job.find('_');
+    trial = underscore == std::string::npos ? 0 : std::stoi(t.job.substr(underscore + 1));
+  }
+  if (trial >= trials) {
+    throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
+                      std::to_string(trial) + " does not exist");
+  }
+  std::string path;
+  if (rank >= 0) {
+    path = layout.trial_dir(trial) + "/logs/rank-" + std::to_string(rank) + ".log";
+  } else if (!t.job.empty()) {
+    path = job_output(layout, t.job, trial, trials);
+  } else {
+    throw ConfigError(layout.dir + " has no batch job; give --rank N for a rank's log");
+  }
+  if (!fs::exists(path) && !follow) {
+    throw IoError(path + " does not exist (yet): the job has not started, or rank " + std::to_string(rank) +
+                  " is not a rank of this trial");
+  }
+  std::uintmax_t offset = copy_from(path, 0);
+  if (!follow) return kExitOk;
+  // The job's task for this trial: follow while it may still write.
+  const std::string base = t.job.substr(0, t.job.find('_'));
+  const std::string task = t.job.empty() ? "" : trials > 1 ? base + "_" + std::to_string(trial) : base;
+  int checks = 0;
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    offset = copy_from(path, offset);
+    if (task.empty() || ++checks % 4 != 0) continue;
+    const auto job = client.job(task);
+    if (!job || !is_active(*job)) {
+      copy_from(path, offset);
+      return kExitOk;
+    }
+  }
+}
+
+int run_describe(const std::vector<std::string>& args) {
+  const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR
+
+Tells an experiment's story: its config, its batch jobs and their state in Slurm, and for each
+trial the batches trained, the latest checkpoint, the runs and the failures.
+)");
+  if (what.empty()) return kExitOk;
+  const slurm::Client client;
+  Target t;
+  if (fs::is_directory(what)) {
+    t.experiment_dir = fs::absolute(what).lexically_normal().string();
+  } else {
+    t = resolve_target(what, client);
+    if (t.experiment_dir.empty()) {
+      throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + "; give the directory");
+    }
+  }
+  const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
+  if (!fs::exists(layout.config())) {
+    throw ConfigError(layout.dir + " holds no experiment.yaml: it is not an experiment directory");
+  }
+  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  const int trials = core::trial_count(config);
+  std::cout << "experiment:  " << config.name << "\n"
+            << "directory:   " << layout.dir << "\n"
+            << "searcher:    " << core::to_string(config.searcher.name) << ", " << trials << " trial(s), metric "
+            << config.searcher.metric << "\n"
+            << "resources:   " << config.resources.slots_per_trial << " slot(s) per trial on "
+            << config.resources.nodes() << " node(s)\n";
+  // Slurm's view of each trial's task of the latest job.
+  std::map<int, slurm::JobInfo> tasks;
+  const auto jobs = mpi_launcher::recorded_jobs(layout);
+  for (const auto& job : jobs) {
+    std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
+  }
+  if (const auto latest = mpi_launcher::latest_job(layout); latest && slurm::is_valid_job_id(latest->id)) {
+    for (auto& task : client.job_tasks(latest->id)) {
+      if (trial_of(task) >= 0) tasks[trial_of(task)] = task;
+    }
+    if (tasks.empty()) std::cout << "             (Slurm no longer knows job " << latest->id << ")\n";
+  }
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto progress = mpi_launcher::trial_progress(layout, trial);
+    const auto ckpt = latest_checkpoint(layout, trial);
+    const auto task = tasks.find(trial);
+    const bool running = task != tasks.end() && task->second.state == "RUNNING";
+    std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
+    if (trials > 1) {
+      const core::ExperimentConfig resolved = core::trial_config(config, trial);
+      std::cout << "  hparams:     ";
+      bool first = true;
+      for (const auto& [name, hp] : resolved.hyperparameters) {
+        if (hp.type != core::Hyperparameter::Type::kConst) continue;
+        std::cout << (first ? "" : ", ") << name << "=" << hp.value.text();
+        first = false;
+      }
+      std::cout << "\n";
+    }
+    if (task != tasks.end()) {
+      std::cout << "  slurm:       " << task->second.display_id() << " " << task->second.state
+                << (task->second.held() ? " (held)" : "") << ", " << task->second.restarts << " restart(s), elapsed "
+                << task->second.run_time << ", exit " << task->second.exit_code << "\n";
+    }
+    std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
+              << " " << core::to_string(config.searcher.max_length.unit) << "\n"
+              << "  checkpoint:  " << (ckpt ? layout.trial_dir(trial) + "/checkpoints/" + ckpt->file : "none yet")
+              << "\n"
+              << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
+              << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
+    if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
+    if (!jobs.empty()) {
+      std::cout << "  output:      " << job_output(layout, jobs.back().id, trial, trials) << "\n";
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Verb jobs_verb() { return {"jobs", "list your hpctrial batch jobs, with batches trained and checkpoints", run_jobs}; }
+Verb logs_verb() { return {"logs", "print (or follow) a job's output, or one rank's", run_logs}; }
+Verb describe_verb() { return {"describe", "an experiment's jobs, trials, checkpoints and failures", run_describe}; }
+
+}  // namespace hpctrial::cli
