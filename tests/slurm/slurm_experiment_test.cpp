@@ -306,6 +306,87 @@ TEST_F(SlurmExperiment, ATrialThatAlwaysFailsEndsTheJobAfterMaxRestarts) {
   expect_no_rank_left();
 }
 
+// A grid of 3 trials is one job array; an admin's requeue of one task restarts that task alone,
+// which resumes from its checkpoint, and each trial ends with the weights of its own
+// uninterrupted run. jobs, logs and describe see every task.
+TEST_F(SlurmExperiment, AGridIsOneJobArrayAndARequeueOfOneTaskLeavesTheOthersAlone) {
+  constexpr int kBatches = 4000;
+  const std::string exp = dir_.write("grid.yaml",
+      "name: grid-exp\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+      "searcher: {name: grid, metric: validation_loss, max_length: {batches: " + std::to_string(kBatches) + "}}\n"
+      "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: 2,\n"
+      "                  lr: {type: log, minval: -3, maxval: -1, count: 3}}\n"
+      "resources: {slots_per_trial: 1}\n"
+      "min_checkpoint_period: {batches: 500}\n"
+      "reproducibility: {experiment_seed: 5}\n"
+      "scheduler: {type: slurm, time_limit: 30m, preemption_grace: 20s}\n");
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  EXPECT_THAT(read_file(experiment() + "/job.sbatch"), HasSubstr("#SBATCH --array=0-2\n"));
+  const std::string task1 = job + "_1";
+  ASSERT_TRUE(wait_for(task1, "RUNNING", 60s));
+  auto step = [&](int trial) {
+    std::ifstream in(experiment() + "/trial-" + std::to_string(trial) + "/launch/heartbeat/rank-0");
+    std::string word;
+    long long at = -1;
+    in >> word >> at;
+    return at;
+  };
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (step(1) < 1100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(step(1), 1100);
+  const auto listed = run({HPCTRIAL_CLI, "jobs"});
+  ASSERT_TRUE(listed.ok()) << listed.describe() << listed.err;
+  for (const std::string& task : {job + "_0", task1, job + "_2"}) {
+    EXPECT_THAT(listed.out, testing::ContainsRegex(task + " +grid-exp +(RUNNING|PENDING|COMPLETED)")) << listed.out;
+  }
+  EXPECT_THAT(listed.out, HasSubstr(experiment()));
+
+  const auto requeue = run({"scontrol", "requeue", task1});
+  ASSERT_TRUE(requeue.ok()) << requeue.describe() << requeue.err;
+  for (const std::string& task : {job + "_0", task1, job + "_2"}) {
+    ASSERT_TRUE(wait_for(task, "COMPLETED", 240s)) << task << " is " << job_field(task, "JobState");
+  }
+  EXPECT_EQ(job_field(task1, "Restarts"), "1");
+  EXPECT_EQ(job_field(job + "_0", "Restarts"), "0") << "requeueing task 1 touched task 0";
+  EXPECT_EQ(job_field(job + "_2", "Restarts"), "0") << "requeueing task 1 touched task 2";
+  const std::string log1 = read_file(experiment() + "/slurm-" + job + "_1.err");
+  EXPECT_THAT(log1, HasSubstr("(restart 1)"));
+  for (const char* other : {"_0", "_2"}) {
+    const std::string log = read_file(experiment() + "/slurm-" + job + other + ".err");
+    EXPECT_THAT(log, testing::Not(HasSubstr("resumed from"))) << other;
+    EXPECT_THAT(log, HasSubstr("trial " + std::string(1, other[1]) + " finished"));
+  }
+  // Each trial its own values of the grid, and its uninterrupted weights.
+  const std::vector<std::string> lrs = {"0.001", "0.01", "0.1"};
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::string t = std::to_string(trial);
+    EXPECT_THAT(read_file(experiment() + "/trial-" + t + "/effective-config.yaml"), HasSubstr("lr: " + lrs[trial]));
+  }
+  const std::string straight = (dir_.path() / "straight").string();
+  const auto r = run({HPCTRIAL_CLI, "run", exp, "--trial", "1", "--set", "scheduler.type=local", "--set",
+                      "hyperparameters.batch_ms=0", "--experiment", straight}, 180s);
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_FALSE(std::filesystem::exists(straight + "/trial-0")) << "--trial 1 runs trial 1 alone";
+  const std::string end = "/trial-1/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
+  expect_same_weights(straight + end, experiment() + end);
+
+  const auto described = run({HPCTRIAL_CLI, "describe", experiment()});
+  ASSERT_TRUE(described.ok()) << described.describe() << described.err;
+  EXPECT_THAT(described.out, HasSubstr("searcher:    grid, 3 trial(s)"));
+  EXPECT_THAT(described.out, HasSubstr(task1 + " COMPLETED, 1 restart(s)"));
+  EXPECT_THAT(described.out, HasSubstr("batches:     " + std::to_string(kBatches) + " of " +
+                                       std::to_string(kBatches) + " batches"));
+  const auto logs = run({HPCTRIAL_CLI, "logs", task1});
+  ASSERT_TRUE(logs.ok()) << logs.describe() << logs.err;
+  EXPECT_EQ(logs.out, log1);
+  const auto rank_log = run({HPCTRIAL_CLI, "logs", experiment(), "--trial", "2", "--rank", "0"});
+  ASSERT_TRUE(rank_log.ok()) << rank_log.describe() << rank_log.err;
+  EXPECT_THAT(rank_log.out, HasSubstr("finished: " + std::to_string(kBatches) + " batches"));
+  const auto follow = run({HPCTRIAL_CLI, "logs", job + "_0", "--follow"}, 30s);
+  EXPECT_TRUE(follow.ok()) << "--follow of an ended job returns: " << follow.describe();
+}
+
 TEST_F(SlurmExperiment, KillCancelsAndLeavesNoRankAndAValidCheckpoint) {
   const std::string job = submit(config(100000, 2));
   ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
