@@ -90,6 +90,29 @@ TEST(BatchScript, DefaultsLeaveTheClusterToChoose) {
   expect_clean(s);
 }
 
+// A search is one job array; each task runs the trial of its index, with its own output files.
+TEST(BatchScript, ASearchIsAJobArrayThrottledByMaxConcurrentTrials) {
+  core::Diagnostics d;
+  const std::string yaml = "name: g\nentrypoint: /opt/trial\n"
+                           "searcher: {name: grid, metric: loss, max_length: {batches: 10}, max_concurrent_trials: 2}\n"
+                           "hyperparameters: {lr: {type: log, minval: -3, maxval: -1, count: 3}, "
+                           "bs: {type: categorical, vals: [16, 32]}}\n";
+  const auto config = core::parse_experiment_config(core::parse_config_text(yaml, "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  const std::string s = render_batch_script(config, kOptions);
+  for (const char* line : {"#SBATCH --array=0-5%2\n", "#SBATCH --output=/scratch/me/runs/exp/slurm-%A_%a.out\n",
+                           "#SBATCH --error=/scratch/me/runs/exp/slurm-%A_%a.err\n",
+                           "exec /opt/hpctrial/bin/hpctrial launch --experiment /scratch/me/runs/exp --trial "
+                           "\"$SLURM_ARRAY_TASK_ID\"\n"}) {
+    EXPECT_THAT(s, HasSubstr(line));
+  }
+  expect_clean(s);
+  auto unthrottled = config;
+  unthrottled.searcher.max_concurrent_trials = 16;
+  EXPECT_THAT(render_batch_script(unthrottled, kOptions), HasSubstr("#SBATCH --array=0-5\n"));
+  EXPECT_THAT(render_batch_script(parse(""), kOptions), Not(HasSubstr("--array")));
+}
+
 TEST(BatchScript, ExportedEnvironmentResolvesReferencesFromTheSubmitter) {
   core::MapEnv env;
   env.set("MY_TOKEN", "s3cr3t");
