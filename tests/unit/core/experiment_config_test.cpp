@@ -135,6 +135,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
 
   EXPECT_EQ(c.searcher.name, Searcher::Name::kRandom);
   EXPECT_EQ(c.searcher.max_trials, 8);
+  EXPECT_EQ(c.searcher.max_concurrent_trials, 4);
   EXPECT_EQ(c.searcher.metric, "val_acc");
   EXPECT_FALSE(c.searcher.smaller_is_better);
   EXPECT_EQ(c.searcher.max_length.unit, LengthUnit::kEpochs);
