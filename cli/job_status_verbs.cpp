@@ -138,34 +138,21 @@ std::uintmax_t copy_from(const std::string& path, std::uintmax_t offset) {
 }
 
 int run_logs(const std::vector<std::string>& args) {
-  po::options_description options("options");
+  po::options_description options;
   int rank = -1, trial = -1;
   bool follow = false;
   options.add_options()
-      ("help,h", "show this help")
       ("rank,r", po::value(&rank)->value_name("N"), "only rank N's lines (trial-T/logs/rank-N.log)")
       ("trial", po::value(&trial)->value_name("T"), "the trial of a search (default: task 0)")
       ("follow,f", po::bool_switch(&follow), "keep printing what is added, until the job ends");
-  po::options_description hidden;
-  std::string what;
-  hidden.add_options()("target", po::value(&what));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("target", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--follow]
+  const std::string what = target_argument(args, "logs", R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--follow]
 
 Prints the output of a job: the launcher's log and every rank's lines, from every run of the
 job (requeued runs append). --rank N prints rank N's own log; --follow keeps printing until
 the job ends. An experiment run with `hpctrial run` has no job: give --rank.
-)" << "\n" << options;
-    return kExitOk;
-  }
-  if (what.empty()) throw ConfigError("hpctrial logs: give a job id or an experiment directory");
+)", &options, &vm);
+  if (what.empty()) return kExitOk;
   if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0)) {
     throw ConfigError("hpctrial logs: --rank and --trial are 0 or more");
   }

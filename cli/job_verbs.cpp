@@ -63,9 +63,11 @@ bool is_active(const slurm::JobInfo& job) {
   return false;
 }
 
-std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage) {
+std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage,
+                            const po::options_description* own, po::variables_map* vm_out) {
   po::options_description options("options");
   options.add_options()("help,h", "show this help");
+  if (own != nullptr) options.add(*own);
   po::options_description hidden;
   std::string target;
   hidden.add_options()("target", po::value(&target));
@@ -73,7 +75,8 @@ std::string target_argument(const std::vector<std::string>& args, const char* ve
   all.add(options).add(hidden);
   po::positional_options_description pos;
   pos.add("target", 1);
-  po::variables_map vm;
+  po::variables_map local;
+  po::variables_map& vm = vm_out != nullptr ? *vm_out : local;
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {

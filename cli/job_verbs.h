@@ -2,6 +2,8 @@
 // by its id or by its experiment directory, and the state of its tasks.
 #pragma once
 
+#include <boost/program_options.hpp>
+
 #include <string>
 #include <vector>
 
@@ -28,7 +30,10 @@ int trial_of(const slurm::JobInfo& task);
 // Whether Slurm still counts the job as live (it could still run or is running).
 bool is_active(const slurm::JobInfo& job);
 
-// The one positional argument of a verb, JOB|EXPDIR; empty after --help.
-std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage);
+// The one positional argument of a verb, JOB|EXPDIR, with the verb's own `options` (read
+// into `vm`) if it has any; empty after --help.
+std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage,
+                            const boost::program_options::options_description* options = nullptr,
+                            boost::program_options::variables_map* vm = nullptr);
 
 }  // namespace hpctrial::cli
