@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/search.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/slurm/job_environment.h"
 #include "job_verbs.h"
 #include "verb.h"
@@ -67,6 +69,26 @@ void print_row(std::ostream& out, const std::vector<std::string>& cells, const s
     if (i + 1 < cells.size()) out << std::string(widths[i] - cells[i].size() + 2, ' ');
   }
   out << "\n";
+}
+
+// JOB|EXPDIR for the verbs that read the experiment directory: a directory needs no job (an
+// experiment of `hpctrial run` has none), a job needs its directory to be found.
+Target experiment_target(const std::string& what, const slurm::Client& client) {
+  Target t;
+  if (fs::is_directory(what)) {
+    t.experiment_dir = fs::absolute(what).lexically_normal().string();
+    if (const auto job = mpi_launcher::latest_job({t.experiment_dir})) t.job = job->id;
+  } else {
+    t = resolve_target(what, client);
+  }
+  if (t.experiment_dir.empty()) {
+    throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + " (its output file is not "
+                         "in one); give the experiment directory instead");
+  }
+  if (!fs::exists(mpi_launcher::ExperimentLayout{t.experiment_dir}.config())) {
+    throw ConfigError(t.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
+  }
+  return t;
 }
 
 int run_jobs(const std::vector<std::string>& args) {
@@ -150,23 +172,15 @@ int run_logs(const std::vector<std::string>& args) {
 
 Prints the output of a job: the launcher's log and every rank's lines, from every run of the
 job (requeued runs append). --rank N prints rank N's own log; --follow keeps printing until
-the job ends. An experiment run with `hpctrial run` has no job: give --rank.
+the job ends (until Ctrl-C when there is no job). An experiment run with `hpctrial run` has no
+job: give --rank.
 )", &options, &vm);
   if (what.empty()) return kExitOk;
   if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0)) {
     throw ConfigError("hpctrial logs: --rank and --trial are 0 or more");
   }
   const slurm::Client client;
-  Target t;
-  if (fs::is_directory(what)) {
-    t.experiment_dir = fs::absolute(what).lexically_normal().string();
-    if (const auto job = mpi_launcher::latest_job({t.experiment_dir})) t.job = job->id;
-  } else {
-    t = resolve_target(what, client);
-  }
-  if (t.experiment_dir.empty()) {
-    throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + "; give the directory");
-  }
+  const Target t = experiment_target(what, client);
   const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   const int trials = core::trial_count(config);
@@ -187,8 +201,9 @@ the job ends. An experiment run with `hpctrial run` has no job: give --rank.
     throw ConfigError(layout.dir + " has no batch job; give --rank N for a rank's log");
   }
   if (!fs::exists(path) && !follow) {
-    throw IoError(path + " does not exist (yet): the job has not started, or rank " + std::to_string(rank) +
-                  " is not a rank of this trial");
+    throw IoError(path + " does not exist (yet): " +
+                  (rank >= 0 ? "trial " + std::to_string(trial) + " has not run, or has no rank " + std::to_string(rank)
+                             : "the job has not started; --follow waits for it"));
   }
   std::uintmax_t offset = copy_from(path, 0);
   if (!follow) return kExitOk;
@@ -216,19 +231,8 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
 )");
   if (what.empty()) return kExitOk;
   const slurm::Client client;
-  Target t;
-  if (fs::is_directory(what)) {
-    t.experiment_dir = fs::absolute(what).lexically_normal().string();
-  } else {
-    t = resolve_target(what, client);
-    if (t.experiment_dir.empty()) {
-      throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + "; give the directory");
-    }
-  }
+  const Target t = experiment_target(what, client);
   const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
-  if (!fs::exists(layout.config())) {
-    throw ConfigError(layout.dir + " holds no experiment.yaml: it is not an experiment directory");
-  }
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   const int trials = core::trial_count(config);
   std::cout << "experiment:  " << config.name << "\n"
@@ -258,13 +262,21 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
     if (trials > 1) {
       const core::ExperimentConfig resolved = core::trial_config(config, trial);
       std::cout << "  hparams:     ";
-      bool first = true;
-      for (const auto& [name, hp] : resolved.hyperparameters) {
-        if (hp.type != core::Hyperparameter::Type::kConst) continue;
-        std::cout << (first ? "" : ", ") << name << "=" << hp.value.text();
-        first = false;
-      }
-      std::cout << "\n";
+      std::string values;
+      // Nested hyperparameters as dotted names; a constant list or map as its YAML.
+      std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
+          [&](const auto& hps, const std::string& prefix) {
+            for (const auto& [name, hp] : hps) {
+              if (hp.type == core::Hyperparameter::Type::kNested) {
+                list(hp.nested, prefix + name + ".");
+              } else {
+                values += (values.empty() ? "" : ", ") + prefix + name + "=" +
+                          (hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
+              }
+            }
+          };
+      list(resolved.hyperparameters, "");
+      std::cout << values << "\n";
     }
     if (task != tasks.end()) {
       std::cout << "  slurm:       " << task->second.display_id() << " " << task->second.state

@@ -98,6 +98,14 @@ int run_run(const std::vector<std::string>& args) {
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
   launch.reset_failures = true;
+  // Checked before anything is written: a mistyped --trial leaves the experiment as it was.
+  const int trials = core::trial_count(config);
+  if (only_trial >= trials) {
+    std::cerr << "hpctrial run: --trial " << only_trial << " does not exist: the "
+              << core::to_string(config.searcher.name) << " searcher makes " << trials << " trial(s), 0 to "
+              << trials - 1 << "\n";
+    return kExitUsage;
+  }
   launch.trial_id = std::max(only_trial, 0);
   if (launch.dry_run) {
     // This config as it would run, with nothing written.
@@ -106,14 +114,7 @@ int run_run(const std::vector<std::string>& args) {
                                     core::real_command_runner());
     return kExitOk;
   }
-  const core::ExperimentConfig prepared = mpi_launcher::prepare_experiment(config, launch.experiment_dir);
-  const int trials = core::trial_count(prepared);
-  if (only_trial >= trials) {
-    std::cerr << "hpctrial run: --trial " << only_trial << " does not exist: the "
-              << core::to_string(prepared.searcher.name) << " searcher makes " << trials << " trial(s), 0 to "
-              << trials - 1 << "\n";
-    return kExitUsage;
-  }
+  mpi_launcher::prepare_experiment(config, launch.experiment_dir);
   for (int trial = std::max(only_trial, 0); trial < trials; ++trial) {
     launch.trial_id = trial;
     const int code = mpi_launcher::launch(launch, env, core::real_command_runner());

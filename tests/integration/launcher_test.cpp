@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "../support/background_process.h"
@@ -164,6 +165,36 @@ INSTANTIATE_TEST_SUITE_P(
         FaultCase{"hang", "rank1:step12:hang", 2, 1,
                   "no rank finished a training step for 3 s (launcher.hang_timeout)"}),
     [](const testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
+
+// A grid on a workstation: `hpctrial run` runs its trials one after the other, each with its own
+// values; --trial N runs one; a trial that does not exist is refused before anything is written.
+TEST_F(Launcher, AGridRunsEachTrialInTurnOrTheOneNamed) {
+  const std::string grid = dir_.write("grid.yaml",
+      "name: grid\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+      "searcher: {name: grid, metric: validation_loss, max_length: {batches: 50}}\n"
+      "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none,\n"
+      "                  lr: {type: categorical, vals: [0.5, 0.25]}}\n"
+      "resources: {slots_per_trial: 1}\nreproducibility: {experiment_seed: 7}\n");
+  auto text = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto bad = run(grid, "", {"--trial", "2"});
+  EXPECT_EQ(bad->exit_code(), 2);
+  EXPECT_THAT(bad->output(), HasSubstr("--trial 2 does not exist: the grid searcher makes 2 trial(s), 0 to 1"));
+  EXPECT_FALSE(std::filesystem::exists(experiment())) << "a refused --trial wrote the experiment";
+  auto p = run(grid);
+  ASSERT_EQ(p->exit_code(), 0) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("trial 0 finished"));
+  EXPECT_THAT(p->output(), HasSubstr("trial 1 finished"));
+  EXPECT_THAT(text(experiment() + "/trial-0/effective-config.yaml"), HasSubstr("lr: 0.5"));
+  EXPECT_THAT(text(experiment() + "/trial-1/effective-config.yaml"), HasSubstr("lr: 0.25"));
+  const std::string other = (dir_.path() / "one").string();
+  auto one = run(grid, "", {"--trial", "1", "--experiment", other});
+  ASSERT_EQ(one->exit_code(), 0) << one->output();
+  EXPECT_TRUE(std::filesystem::exists(other + "/trial-1/checkpoints/ckpt-50.h5"));
+  EXPECT_FALSE(std::filesystem::exists(other + "/trial-0"));
+}
 
 TEST_F(Launcher, AFailureRestartsFromTheLatestCheckpoint) {
   const std::string exp = config("max_restarts: 2\nmin_checkpoint_period: {batches: 20}\n", 200);
