@@ -9,6 +9,8 @@
 // The defaults are the mlp example's model and batch. Each side is timed from batch --warmup
 // to the last batch; rounds alternate which side runs first; the median round is reported.
 // Goal: hpctrial >= 1.2 x DDP at every world size. (--worker is the hpctrial side itself.)
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>

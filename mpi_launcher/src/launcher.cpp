@@ -183,12 +183,12 @@ Spawned spawn_mpirun(const MpirunCommand& command) {
     ::dup2(err[1], STDERR_FILENO);
     if (!command.working_dir.empty() && ::chdir(command.working_dir.c_str()) != 0) {
       const int e = errno;
-      ::write(report[1], &e, sizeof e);
+      (void)!::write(report[1], &e, sizeof e);  // the parent reads it; nothing to do if it cannot
       ::_exit(127);
     }
     ::execvpe(argv[0], argv.data(), envp.data());
     const int e = errno;
-    ::write(report[1], &e, sizeof e);
+    (void)!::write(report[1], &e, sizeof e);
     ::_exit(127);
   }
   ::setpgid(pid, pid);

@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "hpctrial/core/error.h"
 
@@ -226,7 +228,19 @@ const OptimizerCodec* codec_for(torch::optim::Optimizer& optimizer) {
   return nullptr;
 }
 
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// LibTorch keys an optimizer's per-parameter state by the parameter's TensorImpl: by the text of
+// its address up to 1.x, by the address itself since 2.x.
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <typename Key = StateKey>
+Key state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // what c10::guts::to_string wrote
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 struct SchedulerAccess : torch::optim::LRScheduler {
   static unsigned& count(torch::optim::LRScheduler& scheduler) { return scheduler.*(&SchedulerAccess::step_count_); }

@@ -41,6 +41,10 @@ TrialContext::TrialContext(TrialSettings settings, mpi_launcher::Communicator& c
       communicator_(communicator),
       device_communicator_(device_communicator),
       device_(choose_device(settings_)) {
+  if (device_.is_cuda()) {
+    core::log_info("trains on {}{}", device_.str(),
+                   device_communicator_ != nullptr ? " (gradients all-reduced by NCCL)" : "");
+  }
   const auto it = settings_.hparams.find("global_batch_size");
   if (it == settings_.hparams.end()) {
     throw ConfigError("hyperparameters.global_batch_size is required: the number of records in "
@@ -157,14 +161,20 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
   if (before_optimizer_step_) before_optimizer_step_();
   optimizer.step();
   if (auto_zero_grads) {
-    optimizer.zero_grad();
-    if (gradient_sync_) {
-      std::vector<torch::Tensor> parameters;
-      for (auto& group : optimizer.param_groups()) {
-        for (auto& p : group.params()) parameters.push_back(p);
+    // Zeroed in place, as LibTorch 1.x's zero_grad() does, rather than set to none as 2.x's
+    // does by default: the gradients stay views of the all-reduce buckets, whatever the version.
+    std::vector<torch::Tensor> parameters;
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& p : group.params()) {
+        torch::Tensor& grad = p.mutable_grad();
+        if (grad.defined()) {
+          grad.detach_();
+          grad.zero_();
+        }
+        parameters.push_back(p);
       }
-      gradient_sync_->zeroed(parameters);
     }
+    if (gradient_sync_) gradient_sync_->zeroed(parameters);
   }
 }
 

@@ -111,8 +111,8 @@ class TrialContext {
   void backward(const torch::Tensor& loss);
   // On the last batch of each aggregation group: waits for the gradient all-reduce (averaging
   // across ranks and batches), calls clip_grads on the model's parameters (e.g.
-  // torch::nn::utils::clip_grad_norm_), steps, and zeroes the gradients unless
-  // auto_zero_grads is false. On other batches it does nothing, so gradients keep accumulating.
+  // torch::nn::utils::clip_grad_norm_), steps, and zeroes the gradients in place (they are
+  // never set to none, with any LibTorch version) unless auto_zero_grads is false. On other batches it does nothing, so gradients keep accumulating.
   using ClipGrads = std::function<void(std::vector<torch::Tensor>& parameters)>;
   void step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
                       bool auto_zero_grads = true);
