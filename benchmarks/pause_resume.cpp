@@ -18,8 +18,8 @@
 //   activate  from starting `hpctrial activate JOB` to the end of the first resumed step (the
 //             trial prints its wall-clock time); Slurm's scheduling of the released job counts.
 //             Slurm makes a requeued job eligible to start only some seconds after its requeue
-//             (EligibleTime; KillWait + 1 s on the test cluster): activate is run once that has
-//             passed, as a user resuming later would, and the hold-off is printed apart
+//             (EligibleTime; 11 s on the test cluster, whose KillWait is 10 s): activate is run
+//             once that has passed, as a user resuming later would; the hold-off is printed apart
 //   the split of activate: until Slurm starts the job, and from then to the first step (the
 //   launcher, mpirun, the ranks' start and the checkpoint read)
 // Figures are medians over the rounds. Goal: pause <= write + 5 s.
@@ -189,7 +189,7 @@ Figures measure(const std::string& dir, int mib, int rounds, int ranks) {
     for (const auto& d : contents.datasets) bytes += d.nbytes();
     if (bytes < static_cast<std::size_t>(mib) << 20) die(*latest + " holds " + std::to_string(bytes) + " bytes");
 
-    // Slurm makes a requeued job eligible only some seconds after the requeue (KillWait + 1 here);
+    // Slurm makes a requeued job eligible only some seconds after the requeue (11 s here);
     // a user resumes later than that, so activate waits for it and the wait is printed apart.
     const std::time_t eligible = parse_slurm_time(job_field(job, "EligibleTime"));
     const std::time_t requeued = parse_slurm_time(job_field(job, "SubmitTime"));

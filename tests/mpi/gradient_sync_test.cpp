@@ -60,6 +60,7 @@ class GradientSyncTest : public testing::Test {
     model_ = context->wrap_model(torch::nn::Linear(3, 2));
     optimizer_ = context->wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.0)));
+    context->broadcast_model_state();  // as the loop does on a fresh start
     context->start_training();
     return context;
   }
@@ -170,6 +171,7 @@ TEST_F(GradientSyncTest, BucketsStartWhileBackwardStillRuns) {
   auto second = context.wrap_model(torch::nn::Linear(4, 1));
   auto optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
       std::vector<torch::Tensor>{first->weight, first->bias, second->weight, second->bias}, torch::optim::SGDOptions(0.1)));
+  context.broadcast_model_state();
   context.start_training();
   int launched_when_first_layer_reached = -1;
   first->weight.register_hook([&](const torch::Tensor& grad) {

@@ -295,14 +295,17 @@ void Loop::resume() {
   }
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
-  if (chosen.empty()) return;
+  if (chosen.empty()) {
+    context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
+    return;
+  }
   if (!chief()) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change);
   ++state.restart_count;
   apply(state);
   last_checkpoint_batches_ = batches_trained_;
-  context_->broadcast_model_state();
+  // Every rank restored the same file: the weights are equal without a broadcast.
   if (chief()) {
     trim_metrics(batches_trained_);
     core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);

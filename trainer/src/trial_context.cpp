@@ -188,7 +188,6 @@ void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double d
 }
 
 void TrialContext::start_training() {
-  broadcast_model_state();
   if (settings_.distributed.size > 1) gradient_sync();
 }
 

@@ -183,8 +183,8 @@ class TrialContext {
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
   // Makes every rank's parameters and buffers equal to the chief's.
   void broadcast_model_state();
-  // Once the trial is built: broadcast_model_state(), and on more than one rank the gradient
-  // buckets and their hooks.
+  // Once the trial is built, on more than one rank: the gradient buckets and their hooks. (The
+  // loop then restores every rank from one checkpoint, or broadcasts the chief's initial state.)
   void start_training();
   // Run by step_optimizer right before optimizer.step() (the checkpoint writer's copy of the
   // parameters must be done before they change).
