@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
@@ -101,7 +102,7 @@ int run_submit(const std::vector<std::string>& args) {
   if (dry_run) {
     const auto resolved = mpi_launcher::resolve_experiment(config, experiment_dir);
     std::cout << slurm::render_batch_script(resolved, script_options);
-    for (const auto& [name, value] : slurm::exported_environment(resolved, env)) {
+    for (const auto& [name, value] : core::exported_environment(resolved, env)) {
       std::cout << "# passed by sbatch from your environment, not written: " << name << "\n";
     }
     return kExitOk;
@@ -119,7 +120,7 @@ int run_submit(const std::vector<std::string>& args) {
   }
   const auto prepared = mpi_launcher::prepare_experiment(config, experiment_dir);
   const std::string script = experiment_dir + "/job.sbatch";
-  const auto exported = slurm::exported_environment(prepared, env);
+  const auto exported = core::exported_environment(prepared, env);
   core::write_file_atomic(script, slurm::render_batch_script(prepared, script_options));
   // Slurm creates the job's output files with the submitter's umask: private, like the rest.
   ::umask(077);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/search.h"
@@ -18,20 +19,12 @@ const char* const kOwnOptions[] = {"--requeue", "--no-requeue", "--open-mode", "
                                    "--error", "-e", "--export", "--export-file", "--array", "-a", "--parsable",
                                    "--wrap", "--hold", "-H"};
 
-bool plain_word(const std::string& value) {
-  return !value.empty() && std::all_of(value.begin(), value.end(), [](unsigned char c) {
-    return std::isalnum(c) || std::string_view("_@%+=:,./-").find(static_cast<char>(c)) != std::string_view::npos;
-  });
-}
-
 // What Slurm's filename patterns would expand ('%j' and the like), escaped.
 std::string literal_filename(const std::string& path) {
   std::string out;
   for (char c : path) out += c == '%' ? std::string("%%") : std::string(1, c);
   return out;
 }
-
-bool refers_to_env(const std::string& value) { return value.find("${env:") != std::string::npos; }
 
 }  // namespace
 
@@ -46,7 +39,7 @@ std::string directive_value(const std::string& value, const std::string& key) {
     }
   }
   if (value.empty()) throw ConfigError(key + ": is empty, which cannot go into an #SBATCH line");
-  if (plain_word(value)) return value;
+  if (core::is_plain_word(value)) return value;
   return "\"" + value + "\"";  // blanks and '#' stay literal inside double quotes
 }
 
@@ -57,16 +50,6 @@ std::string format_time_limit(std::int64_t seconds) {
   std::snprintf(text, sizeof text, "%lld-%02lld:%02lld:00", static_cast<long long>(days),
                 static_cast<long long>(minutes / 60 % 24), static_cast<long long>(minutes % 60));
   return text;
-}
-
-std::vector<std::pair<std::string, std::string>> exported_environment(const core::ExperimentConfig& config,
-                                                                      const core::EnvSource& env) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& var : config.scheduler.environment) {
-    if (!refers_to_env(var.value)) continue;
-    out.emplace_back(var.name, core::expand_env_references(var.value, env, "scheduler.environment." + var.name));
-  }
-  return out;
 }
 
 std::string render_batch_script(const core::ExperimentConfig& config, const BatchScriptOptions& options) {
@@ -132,26 +115,8 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     }
     out << "#SBATCH " << directive_value(extra, key) << "\n";
   }
-  out << "\numask 077  # what the job writes is private\n";
-  if (!s.modules.empty()) {
-    out << "# Modules (scheduler.modules)\n";
-    for (std::size_t i = 0; i < s.modules.size(); ++i) {
-      const std::string word = core::shell_quote(s.modules[i], "scheduler.modules[" + std::to_string(i) + "]");
-      out << "module load " << word << " || { echo \"hpctrial: module load " << word
-          << " failed (scheduler.modules)\" >&2; exit 1; }\n";
-    }
-  }
-  bool any_export = false;
-  for (const auto& var : s.environment) {
-    if (refers_to_env(var.value)) continue;  // passed by sbatch, never written
-    if (!any_export) out << "# Environment (scheduler.environment)\n";
-    any_export = true;
-    out << "export " << var.name << "="
-        << core::shell_quote(var.value, "scheduler.environment." + var.name) << "\n";
-  }
-  out << "\nexec " << core::shell_join({options.hpctrial, "launch", "--experiment", options.experiment_dir},
-                                        "experiment directory")
-      << (trials > 1 ? " --trial \"$SLURM_ARRAY_TASK_ID\"" : "") << "\n";
+  out << core::render_job_body(config, {options.experiment_dir, options.hpctrial,
+                                        trials > 1 ? "SLURM_ARRAY_TASK_ID" : ""});
   return out.str();
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/error.h"
@@ -117,12 +118,12 @@ TEST(BatchScript, ExportedEnvironmentResolvesReferencesFromTheSubmitter) {
   core::MapEnv env;
   env.set("MY_TOKEN", "s3cr3t");
   const auto config = parse("scheduler: {type: slurm, environment: {A: plain, TOKEN: 'Bearer ${env:MY_TOKEN}'}}\n");
-  const auto exported = exported_environment(config, env);
+  const auto exported = core::exported_environment(config, env);
   ASSERT_EQ(exported.size(), 1u);
   EXPECT_EQ(exported[0].first, "TOKEN");
   EXPECT_EQ(exported[0].second, "Bearer s3cr3t");
   EXPECT_THAT(render_batch_script(config, kOptions), Not(HasSubstr("s3cr3t")));
-  EXPECT_THROW(exported_environment(config, core::MapEnv{}), ConfigError) << "MY_TOKEN unset";
+  EXPECT_THROW(core::exported_environment(config, core::MapEnv{}), ConfigError) << "MY_TOKEN unset";
 }
 
 TEST(BatchScript, HostileNamesStayLiteralOrAreRefusedWithTheirKey) {

@@ -13,8 +13,9 @@
 //   are; others are double-quoted; a value holding a newline, a NUL, a quote or a backslash
 //   could be misread and is refused with ConfigError naming its key.
 // - bash reads the rest: every word goes through core::shell_quote.
-// scheduler.environment values that refer to the submitting environment (${env:NAME}) are
-// never written: they are passed to sbatch in its environment (see exported_environment()).
+// The body after the directives is core::render_job_body(); scheduler.environment values that
+// refer to the submitting environment are passed to sbatch in its environment
+// (core::exported_environment(); sbatch --export=ALL passes them on), never written.
 #pragma once
 
 #include <string>
@@ -32,12 +33,6 @@ struct BatchScriptOptions {
 };
 
 std::string render_batch_script(const core::ExperimentConfig& config, const BatchScriptOptions& options);
-
-// The scheduler.environment variables whose values refer to the submitting environment, as
-// NAME=value with the references resolved from `env`: sbatch gets them in its own environment
-// (and --export=ALL passes them on), so that no value lands in the script, a log or an argv.
-std::vector<std::pair<std::string, std::string>> exported_environment(const core::ExperimentConfig& config,
-                                                                      const core::EnvSource& env);
 
 // One value of an #SBATCH line, as Slurm's directive parser will read it back; ConfigError
 // naming `key` when it cannot be written safely.

@@ -1,0 +1,83 @@
+// PBS Professional / OpenPBS commands (qsub, qsig, qhold, qrls, qdel, qstat), run by argv
+// through a runner, never a shell. Every method throws SchedulerError naming the command and
+// what PBS said when it fails.
+//
+// Job status comes from `qstat -f -F json -x` (PBS Pro 19 and later, OpenPBS), which prints
+//   {"timestamp":..., "pbs_version":"...", "pbs_server":"...",
+//    "Jobs":{"1234.srv":{"Job_Name":"...", "Job_Owner":"alice@login1", "job_state":"R",
+//                        "run_count":1, "Exit_status":0, "Output_Path":"login1:/path", ...}}}
+// and leaves "Jobs" out when no job matches. Where -F json is unknown (older PBS), the text of
+// `qstat -f -x` is read instead: "Job Id: 1234.srv" then "    key = value" lines, long values
+// continued on lines that start with a tab. -x asks for finished jobs too (the server's job
+// history); without history a finished job is simply unknown.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial::pbs {
+
+// What `qstat -f` says of a job.
+struct JobInfo {
+  std::string id;     // "1234.srv"; an array job "1234[].srv"; one of its subjobs "1234[3].srv"
+  std::string name;   // Job_Name
+  std::string owner;  // Job_Owner, "alice@login1"
+  // job_state: Q queued, H held, W waiting (for its start time), R running, E exiting,
+  // F finished, X a finished subjob, B an array job with subjobs started, S/U suspended,
+  // T/M being moved.
+  std::string state;
+  int run_count = 0;
+  std::optional<int> exit_status;  // once it ended
+  std::string output_path;         // Output_Path without its "host:"
+  std::string start_time;          // stime, as PBS prints it
+  std::string exec_host;           // where it runs, "node1/0*4+node2/0*4"
+  bool held() const { return state == "H"; }
+  bool active() const;  // queued, held, waiting, running, exiting, begun or suspended
+};
+
+// Every job in `qstat -f -F json` output (none when "Jobs" is absent).
+std::vector<JobInfo> parse_qstat_json(const std::string& text, const std::string& command);
+// Every job in `qstat -f` text output.
+std::vector<JobInfo> parse_qstat_text(const std::string& text, const std::string& command);
+
+class Client {
+ public:
+  using Runner = std::function<core::RunResult(const std::vector<std::string>& argv, const core::RunOptions& options)>;
+  // The default runner runs the real commands with a one-minute timeout.
+  Client();
+  explicit Client(Runner run) : run_(std::move(run)) {}
+
+  struct Submit {
+    std::string script;
+    // Variables qsub passes to the job by name (-v NAME,...), their values in qsub's own
+    // environment, never in its argv.
+    std::vector<std::pair<std::string, std::string>> env;
+    bool hold = false;        // qsub -h: waits for qrls
+    std::string after;        // -W depend=afterany:JOB: starts once JOB ended, however it ended
+  };
+  // Returns the job id qsub printed.
+  std::string submit(const Submit& submit) const;
+  void signal(const std::string& job, const std::string& signal) const;  // qsig -s SIG: the job's shell
+  void hold(const std::string& job) const;     // qhold: a queued job waits for qrls
+  void release(const std::string& job) const;  // qrls
+  void cancel(const std::string& job) const;   // qdel
+  // nullopt once PBS no longer knows the job.
+  std::optional<JobInfo> job(const std::string& id) const;
+  // An array job's subjobs (qstat -t), or the job alone; empty once PBS forgot it.
+  std::vector<JobInfo> job_tasks(const std::string& id) const;
+  // This user's jobs that PBS still knows, finished ones too where the server keeps history.
+  std::vector<JobInfo> user_jobs(const std::string& user) const;
+
+ private:
+  core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
+  // qstat -f -x with `args`, as JSON where this PBS can, else as text; nullopt: unknown job.
+  std::optional<std::vector<JobInfo>> qstat(const std::vector<std::string>& args) const;
+  Runner run_;
+};
+
+}  // namespace hpctrial::pbs

@@ -1,0 +1,220 @@
+#include "hpctrial/pbs/client.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/pbs/job_environment.h"
+
+namespace hpctrial::pbs {
+namespace {
+
+using json = nlohmann::json;
+
+std::string command_line(const std::vector<std::string>& argv) {
+  std::string line;
+  for (const auto& word : argv) line += (line.empty() ? "" : " ") + word;
+  return line;
+}
+
+// "host:/path" -> "/path"
+std::string without_host(const std::string& path) {
+  const std::size_t colon = path.find(':');
+  return colon == std::string::npos ? path : path.substr(colon + 1);
+}
+
+std::optional<int> to_int(const std::string& text) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("-0123456789") != std::string::npos) return std::nullopt;
+  try {
+    return std::stoi(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// A value of the JSON, which PBS prints as a number or a string depending on the attribute.
+std::string text_of(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_integer()) return std::to_string(value.get<long long>());
+  return value.dump();
+}
+
+JobInfo from_fields(const std::string& id, const std::function<std::optional<std::string>(const std::string&)>& field) {
+  JobInfo j;
+  j.id = id;
+  j.name = field("Job_Name").value_or("");
+  j.owner = field("Job_Owner").value_or("");
+  j.state = field("job_state").value_or("");
+  j.run_count = to_int(field("run_count").value_or("")).value_or(0);
+  if (const auto status = field("Exit_status")) j.exit_status = to_int(*status);
+  j.output_path = without_host(field("Output_Path").value_or(""));
+  j.start_time = field("stime").value_or("");
+  j.exec_host = field("exec_host").value_or("");
+  return j;
+}
+
+bool unknown_job(const core::RunResult& r) {
+  return r.err.find("Unknown Job Id") != std::string::npos || r.err.find("Unknown job id") != std::string::npos;
+}
+
+}  // namespace
+
+bool JobInfo::active() const {
+  return state == "Q" || state == "H" || state == "W" || state == "R" || state == "E" || state == "B" ||
+         state == "S" || state == "U" || state == "T" || state == "M";
+}
+
+std::vector<JobInfo> parse_qstat_json(const std::string& text, const std::string& command) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    throw SchedulerError("cannot read the JSON of `" + command + "`: " + e.what());
+  }
+  std::vector<JobInfo> jobs;
+  if (!root.is_object() || !root.contains("Jobs")) return jobs;  // no job matched
+  const json& all = root["Jobs"];
+  if (!all.is_object()) throw SchedulerError("`" + command + "` printed \"Jobs\" that is not an object");
+  for (auto it = all.begin(); it != all.end(); ++it) {
+    const json& fields = it.value();
+    if (!fields.is_object()) throw SchedulerError("`" + command + "`: job " + it.key() + " is not an object");
+    jobs.push_back(from_fields(it.key(), [&](const std::string& key) -> std::optional<std::string> {
+      const auto f = fields.find(key);
+      if (f == fields.end()) return std::nullopt;
+      return text_of(*f);
+    }));
+  }
+  return jobs;
+}
+
+std::vector<JobInfo> parse_qstat_text(const std::string& text, const std::string& command) {
+  std::vector<JobInfo> jobs;
+  std::string id;
+  std::map<std::string, std::string> fields;
+  std::string last_key;
+  auto finish = [&] {
+    if (id.empty()) return;
+    jobs.push_back(from_fields(id, [&](const std::string& key) -> std::optional<std::string> {
+      const auto f = fields.find(key);
+      if (f == fields.end()) return std::nullopt;
+      return f->second;
+    }));
+    fields.clear();
+    last_key.clear();
+  };
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("Job Id:", 0) == 0) {
+      finish();
+      id = core::trim(line.substr(7));
+      continue;
+    }
+    if (!line.empty() && line[0] == '\t' && !last_key.empty()) {  // a long value, continued
+      fields[last_key] += core::trim(line);
+      continue;
+    }
+    const std::size_t eq = line.find(" = ");
+    if (eq == std::string::npos || id.empty()) continue;
+    last_key = core::trim(line.substr(0, eq));
+    fields[last_key] = core::trim(line.substr(eq + 3));
+  }
+  finish();
+  if (jobs.empty() && !core::trim(text).empty()) {
+    throw SchedulerError("cannot read `" + command + "`: no \"Job Id:\" line in " + core::trim(text).substr(0, 200));
+  }
+  return jobs;
+}
+
+Client::Client()
+    : run_([](const std::vector<std::string>& argv, const core::RunOptions& options) {
+        core::RunOptions o = options;
+        if (!o.timeout) o.timeout = std::chrono::minutes(1);
+        return core::run_process(argv, o);
+      }) {}
+
+core::RunResult Client::checked(const std::vector<std::string>& argv, const core::RunOptions& options) const {
+  core::RunResult r = run_(argv, options);
+  if (!r.ok()) throw SchedulerError(r.describe());
+  return r;
+}
+
+std::string Client::submit(const Submit& s) const {
+  core::RunOptions options;
+  options.env_set = s.env;
+  std::vector<std::string> argv = {"qsub"};
+  if (s.hold) argv.push_back("-h");
+  if (!s.after.empty()) {
+    if (!is_valid_job_id(s.after)) throw SchedulerError("\"" + s.after + "\" is not a PBS job id to depend on");
+    argv.insert(argv.end(), {"-W", "depend=afterany:" + s.after});
+  }
+  if (!s.env.empty()) {
+    std::string names;
+    for (const auto& [name, value] : s.env) names += (names.empty() ? "" : ",") + name;
+    argv.insert(argv.end(), {"-v", names});
+  }
+  argv.push_back(s.script);
+  const core::RunResult r = checked(argv, options);
+  const std::string id = core::trim(r.out);
+  if (!is_valid_job_id(id)) throw SchedulerError("qsub answered \"" + id + "\", not a job id");
+  return id;
+}
+
+void Client::signal(const std::string& job, const std::string& signal) const { checked({"qsig", "-s", signal, job}); }
+
+void Client::hold(const std::string& job) const { checked({"qhold", job}); }
+
+void Client::release(const std::string& job) const { checked({"qrls", job}); }
+
+void Client::cancel(const std::string& job) const { checked({"qdel", job}); }
+
+std::optional<std::vector<JobInfo>> Client::qstat(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {"qstat", "-f", "-F", "json", "-x"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string command = command_line(argv);
+  core::RunResult r = run_(argv, {});
+  if (r.ok()) return parse_qstat_json(r.out, command);
+  if (unknown_job(r)) return std::nullopt;
+  // Any other refusal: an older PBS without -F json, or a real failure, which the text form
+  // then reports.
+  argv = {"qstat", "-f", "-x"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  command = command_line(argv);
+  r = run_(argv, {});
+  if (!r.ok()) {
+    if (unknown_job(r)) return std::nullopt;
+    throw SchedulerError(r.describe());
+  }
+  return parse_qstat_text(r.out, command);
+}
+
+std::vector<JobInfo> Client::job_tasks(const std::string& id) const {
+  const bool array = id.find("[]") != std::string::npos;
+  std::vector<std::string> args;
+  if (array) args.push_back("-t");
+  args.push_back(id);
+  auto jobs = qstat(args);
+  if (!jobs) return {};
+  if (array && jobs->size() > 1) {
+    // The array job itself comes first; its subjobs are what runs.
+    jobs->erase(std::remove_if(jobs->begin(), jobs->end(), [](const JobInfo& j) { return j.id.find("[]") != std::string::npos; }),
+                jobs->end());
+  }
+  return *jobs;
+}
+
+std::optional<JobInfo> Client::job(const std::string& id) const {
+  auto jobs = qstat({id});
+  if (!jobs || jobs->empty()) return std::nullopt;
+  return jobs->front();
+}
+
+std::vector<JobInfo> Client::user_jobs(const std::string& user) const {
+  return qstat({"-u", user}).value_or(std::vector<JobInfo>{});
+}
+
+}  // namespace hpctrial::pbs
