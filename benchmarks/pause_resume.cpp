@@ -18,7 +18,7 @@
 //   activate  from starting `hpctrial activate JOB` to the end of the first resumed step (the
 //             trial prints its wall-clock time); Slurm's scheduling of the released job counts.
 //             Slurm makes a requeued job eligible to start only some seconds after its requeue
-//             (EligibleTime; 11 s on the test cluster, whose KillWait is 10 s): activate is run
+//             (EligibleTime: cred_expire + 1 s, 11 s on the test cluster): activate is run
 //             once that has passed, as a user resuming later would; the hold-off is printed apart
 //   the split of activate: until Slurm starts the job, and from then to the first step (the
 //   launcher, mpirun, the ranks' start and the checkpoint read)

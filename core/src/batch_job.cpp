@@ -47,7 +47,10 @@ std::string render_job_body(const ExperimentConfig& config, const JobBodyOptions
   }
   out << "\nexec " << shell_join({options.hpctrial, "launch", "--experiment", options.experiment_dir},
                                  "experiment directory")
-      << (options.trial_variable.empty() ? "" : " --trial \"$" + options.trial_variable + "\"") << "\n";
+      << (!options.trial_variable.empty() ? " --trial \"$" + options.trial_variable + "\""
+          : options.trial >= 0         ? " --trial " + std::to_string(options.trial)
+                                       : std::string())
+      << "\n";
   return out.str();
 }
 

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "hpctrial/core/error.h"
@@ -285,6 +286,12 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
     result.signal = WTERMSIG(status);
   }
   return result;
+}
+
+std::string self_program(const std::string& fallback) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? fallback : self.string();
 }
 
 }  // namespace hpctrial::core

@@ -1,4 +1,6 @@
 // The experiment directory, where the launcher runs, and the mpirun command of one attempt.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -122,6 +124,9 @@ std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
 }
 
 void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id) {
+  // The subjobs of an array job may each record their successor at the same moment.
+  const core::UniqueFd lock(::open((layout.dir + "/.experiment.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (lock.get() >= 0) ::flock(lock.get(), LOCK_EX);  // released when closed
   json state = detail::read_json_file(layout.state());
   state["scheduler"] = scheduler;
   state["job_id"] = id;

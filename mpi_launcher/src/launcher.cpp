@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
@@ -26,6 +27,8 @@
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/pbs/batch_script.h"
+#include "hpctrial/pbs/client.h"
 #include "hpctrial/slurm/client.h"
 #include "launcher_internal.h"
 
@@ -601,22 +604,56 @@ void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions
   if (!command.hostfile.empty()) std::cout << "# hostfile " << command.hostfile_path << ":\n" << command.hostfile;
 }
 
-// Every rank stopped after a durable checkpoint inside a job: the job goes back to the queue to
-// resume (held when the user paused it). A SIGTERM without warning is the scheduler's own doing
-// (a cancel, an admin's requeue, a preemption): it decides what follows.
-void hand_over(const core::Allocation& allocation, const std::string& reason, const core::CommandRunner& run) {
-  if (allocation.scheduler != "slurm" || reason == "terminate" || reason == "interrupt") return;
+namespace {
+
+// Every rank stopped after a durable checkpoint inside a job: the trial goes back to the queue to
+// resume (held when the user paused it). On Slurm the job requeues itself. PBS lets no ordinary
+// user requeue a job: the job that resumes the trial is submitted instead, to start once this one
+// has ended. A SIGTERM without warning is the scheduler's own doing (a cancel, an admin's requeue
+// or rerun, a preemption): it decides what follows.
+void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
+               const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
   const bool hold = reason == "pause";
-  const slurm::Client client([&run](const std::vector<std::string>& argv, const core::RunOptions&) { return run(argv); });
+  const auto runner = [&run](const std::vector<std::string>& argv, const core::RunOptions&) { return run(argv); };
+  if (allocation.scheduler == "slurm") {
+    try {
+      slurm::Client(runner).requeue(allocation.job_id, hold);
+      core::log_info("slurm job {} requeued after run {} of this job{}", allocation.job_id,
+                     allocation.restart_count + 1,
+                     hold ? " and held: `hpctrial activate " + allocation.job_id + "` resumes it" : "");
+    } catch (const Error& e) {
+      core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
+                      "resume", allocation.job_id, e.what());
+    }
+    return;
+  }
+  if (allocation.scheduler != "pbs") return;
+  const ExperimentLayout layout{options.experiment_dir};
   try {
-    client.requeue(allocation.job_id, hold);
-    core::log_info("slurm job {} requeued after run {} of this job{}", allocation.job_id, allocation.restart_count + 1,
-                   hold ? " and held: `hpctrial activate " + allocation.job_id + "` resumes it" : "");
+    // A job of this trial alone (a search's array job is not submitted again); the values from
+    // the submitter's environment are in this job's own, passed on by name.
+    const std::string script = layout.trial_dir(options.trial_id) + "/resume.pbs";
+    core::write_file_atomic(script, pbs::render_batch_script(config, {layout.dir, core::self_program(), options.trial_id}));
+    pbs::Client::Submit submit;
+    submit.script = script;
+    submit.hold = hold;
+    submit.after = allocation.job_id;
+    for (const auto& var : config.scheduler.environment) {
+      if (!core::refers_to_submitter(var.value)) continue;
+      if (const auto value = env.get(var.name)) submit.env.emplace_back(var.name, *value);
+    }
+    const std::string id = pbs::Client(runner).submit(submit);
+    record_job(layout, "pbs", id);
+    core::log_info("pbs job {} submitted to resume trial {} once job {} has ended{}", id, options.trial_id,
+                   allocation.job_id, hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
   } catch (const Error& e) {
-    core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
-                    "resume", allocation.job_id, e.what());
+    core::log_error("cannot submit the pbs job that resumes trial {} ({}); the checkpoint is durable: submit the "
+                    "experiment again to resume", options.trial_id, e.what());
   }
 }
+
+}  // namespace
 
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   const ExperimentLayout layout{options.experiment_dir};
@@ -680,7 +717,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
                      allocation.in_job() ? "it resumes when the job runs again"
                                          : "run the same command again to resume");
-      hand_over(allocation, reason, run);
+      hand_over(allocation, reason, config, options, env, run);
       return kExitStopped;
     }
     if (a.grace_expired) {

@@ -130,7 +130,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
       << "#PBS -r y\n#PBS -j oe\n";
   directive("-o", options.experiment_dir + "/pbs-scheduler.out", "experiment directory");
   out << "#PBS -W umask=077\n";
-  const int trials = core::trial_count(config);
+  const int trials = options.trial >= 0 ? 1 : core::trial_count(config);
   if (trials > 1) {
     out << "# One subjob per trial of the " << core::to_string(config.searcher.name) << " searcher.\n";
     out << "#PBS -J 0-" << trials - 1 << "\n";
@@ -146,7 +146,8 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   out << "\n# Every run's output, appended (PBS would copy its own file back only at the end).\n"
       << "exec >>" << core::shell_quote(options.experiment_dir + "/pbs-", "experiment directory")
       << "\"${PBS_JOBID}.out\" 2>&1\n";
-  out << core::render_job_body(config, {options.experiment_dir, options.hpctrial, trials > 1 ? "PBS_ARRAY_INDEX" : ""});
+  out << core::render_job_body(
+      config, {options.experiment_dir, options.hpctrial, trials > 1 ? "PBS_ARRAY_INDEX" : "", options.trial});
   return out.str();
 }
 

@@ -116,7 +116,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     out << "#SBATCH " << directive_value(extra, key) << "\n";
   }
   out << core::render_job_body(config, {options.experiment_dir, options.hpctrial,
-                                        trials > 1 ? "SLURM_ARRAY_TASK_ID" : ""});
+                                        trials > 1 ? "SLURM_ARRAY_TASK_ID" : "", -1});
   return out.str();
 }
 

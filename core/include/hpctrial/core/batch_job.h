@@ -23,6 +23,8 @@ struct JobBodyOptions {
   // For a search (one array task per trial): the variable holding the task's index, e.g.
   // SLURM_ARRAY_TASK_ID. Empty for a single trial.
   std::string trial_variable;
+  // Without a trial_variable: the one trial this job runs (-1: trial 0, no --trial given).
+  int trial = -1;
 };
 
 // From `umask 077` to the `exec hpctrial launch` line, every word quoted by shell_quote.

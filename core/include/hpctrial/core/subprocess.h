@@ -52,4 +52,8 @@ struct RunResult {
 
 RunResult run_process(const std::vector<std::string>& argv, const RunOptions& options = {});
 
+// The absolute path of the running program (/proc/self/exe), or `fallback` where it cannot be
+// read.
+std::string self_program(const std::string& fallback = "hpctrial");
+
 }  // namespace hpctrial::core

@@ -27,6 +27,9 @@ namespace hpctrial::pbs {
 struct BatchScriptOptions {
   std::string experiment_dir;  // absolute
   std::string hpctrial;        // the hpctrial program the job runs (absolute)
+  // -1: the whole experiment (an array job for a search). N: a job for trial N alone, as the
+  // launcher submits to resume one trial of a search.
+  int trial = -1;
 };
 
 std::string render_batch_script(const core::ExperimentConfig& config, const BatchScriptOptions& options);

@@ -1,0 +1,194 @@
+// hpctrial on PBS, end to end, without a PBS server (none exists on these machines): the qsub
+// script that `hpctrial submit` writes is run by bash under the environment PBS gives a job
+// (PBS_JOBID, PBS_NODEFILE, PBS_O_WORKDIR, PBS_ENVIRONMENT), so the real launcher, mpirun and
+// trainer run; qsub, qstat, qsig, qhold, qrls and qdel are the stand-ins in tests/support/fake-pbs,
+// which record every command line and answer as PBS does.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::HasSubstr;
+using testing_support::TempDir;
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class PbsExperiment : public testing::Test {
+ protected:
+  void SetUp() override { fs::create_directories(pbs_dir()); }
+
+  std::string pbs_dir() const { return (dir_.path() / "pbs").string(); }
+  std::string experiment() const { return (dir_.path() / "exp").string(); }
+  std::vector<std::pair<std::string, std::string>> env() const {
+    return {{"PATH", std::string(HPCTRIAL_FAKE_PBS) + ":" + (std::getenv("PATH") ? std::getenv("PATH") : "")},
+            {"FAKE_PBS_DIR", pbs_dir()},
+            {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+            {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  }
+  core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 120s) const {
+    core::RunOptions options;
+    options.timeout = limit;
+    options.env_set = env();
+    return core::run_process(argv, options);
+  }
+  std::string config(std::int64_t batches, const std::string& scheduler, const std::string& fault = "fail_rank: -1") {
+    return dir_.write("exp.yaml",
+        "name: pbs-exp\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, " + fault + ", fail_batch: 50, fail_mode: throw, batch_ms: 2}\n"
+        "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
+        "min_checkpoint_period: {batches: 200}\nmax_restarts: 2\n"
+        "reproducibility: {experiment_seed: 11}\n"
+        "scheduler: {type: pbs, queue: workq, " + scheduler + "}\n");
+  }
+  std::string submit(const std::string& config_path) {
+    const auto r = run({HPCTRIAL_CLI, "submit", config_path, "--experiment", experiment()});
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+    std::smatch m;
+    return std::regex_search(r.out, m, std::regex(R"(submitted pbs job (\S+))")) ? m[1].str() : "";
+  }
+  // Runs job `id` as PBS would: its script (as qsub got it) under PBS's variables, on a node
+  // file of this host twice; returns the script's exit code.
+  int run_job(const std::string& id) {
+    const std::string state = pbs_dir() + "/" + id + ".state";
+    EXPECT_EQ(read_file(state), "Q\n") << id << " is not queued";
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string nodes = dir_.write("nodes-" + id, std::string(host) + "\n" + host + "\n");
+    const std::time_t now = std::time(nullptr);
+    char stime[64];
+    std::strftime(stime, sizeof stime, "%a %b %d %H:%M:%S %Y", std::localtime(&now));
+    std::ofstream(pbs_dir() + "/" + id + ".stime") << stime << "\n";
+    std::ofstream(state) << "R\n";
+    core::RunOptions options;
+    options.timeout = 300s;
+    options.env_set = env();
+    options.env_set.insert(options.env_set.end(), {{"PBS_JOBID", id}, {"PBS_NODEFILE", nodes},
+                                                    {"PBS_O_WORKDIR", dir_.path().string()},
+                                                    {"PBS_ENVIRONMENT", "PBS_BATCH"}, {"PBS_JOBNAME", "pbs-exp"}});
+    options.working_dir = dir_.path().string();
+    const auto r = core::run_process({"bash", "-c", "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; exec bash \"$0\"",
+                                      pbs_dir() + "/" + id + ".script"}, options);
+    std::ofstream(state) << "F\n";
+    EXPECT_FALSE(r.timed_out) << id;
+    return r.exit_code;
+  }
+  std::string latest_job() const {
+    const auto state = nlohmann::json::parse(read_file(experiment() + "/experiment.json"));
+    return state.value("job_id", std::string());
+  }
+  std::vector<std::string> calls(const std::string& command) const {
+    std::vector<std::string> out;
+    std::istringstream in(read_file(pbs_dir() + "/calls"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(command + " ", 0) == 0) out.push_back(line);
+    }
+    return out;
+  }
+  std::string job_output(const std::string& id) const { return read_file(experiment() + "/pbs-" + id + ".out"); }
+  std::string straight_run(const std::string& config_path, std::int64_t batches) {
+    const std::string dir = (dir_.path() / "straight").string();
+    const auto r = run({HPCTRIAL_CLI, "run", config_path, "--set", "scheduler.type=local", "--set",
+                        "hyperparameters.batch_ms=0", "--experiment", dir}, 180s);
+    EXPECT_TRUE(r.ok()) << r.describe() << r.err;
+    return dir + "/trial-0/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
+  }
+  void expect_same_weights(const std::string& a_path, const std::string& b_path) const {
+    const auto a = checkpoint::read_checkpoint(a_path);
+    const auto b = checkpoint::read_checkpoint(b_path);
+    int compared = 0;
+    for (const auto& d : a.datasets) {
+      if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
+      const auto& other = b.at(d.name, b_path);
+      ASSERT_EQ(d.nbytes(), other.nbytes()) << d.name;
+      EXPECT_EQ(std::memcmp(d.data->data(), other.data->data(), d.nbytes()), 0) << d.name << " differs";
+      ++compared;
+    }
+    EXPECT_GE(compared, 2);
+  }
+
+  TempDir dir_;
+};
+
+// The walltime runs out: the launcher's deadline stops the ranks with a checkpoint before it,
+// submits the job that resumes the trial (afterany: this job), and exits; each successor resumes
+// where the last stopped, until the end, with the weights of an uninterrupted run.
+TEST_F(PbsExperiment, EachJobBeforeItsWalltimeSubmitsTheOneThatResumes) {
+  constexpr int kBatches = 6000;  // ~18 s of 3 ms steps; each job trains for ~6 s of its minute
+  const std::string exp = config(kBatches, "time_limit: 1m, preemption_grace: 52s");
+  const std::string straight = straight_run(exp, kBatches);
+  std::string job = submit(exp);
+  ASSERT_EQ(job, "1.fakepbs");
+  const std::string script = read_file(experiment() + "/job.pbs");
+  EXPECT_THAT(script, HasSubstr("#PBS -l walltime=00:01:00\n"));
+  EXPECT_THAT(calls("qsub"), testing::ElementsAre("qsub " + experiment() + "/job.pbs"));
+
+  std::vector<std::string> jobs;
+  for (int run = 0; run < 12 && !job.empty(); ++run) {
+    jobs.push_back(job);
+    const int code = run_job(job);
+    const std::string next = latest_job();
+    if (next == job) {
+      EXPECT_EQ(code, 0) << job_output(job);
+      break;
+    }
+    EXPECT_EQ(code, 75) << "a stopped run exits 75\n" << job_output(job);
+    EXPECT_THAT(job_output(job), HasSubstr("trial 0 stopped (deadline) after a durable checkpoint"));
+    EXPECT_THAT(job_output(job), HasSubstr("pbs job " + next + " submitted to resume trial 0 once job " + job +
+                                           " has ended"));
+    job = next;
+  }
+  ASSERT_GE(jobs.size(), 2u) << "the walltime never ran out";
+  EXPECT_THAT(job_output(jobs.back()), HasSubstr("trial 0 finished"));
+  // Every successor depends on the job before it, and runs the trial's own script.
+  const auto submitted = calls("qsub");
+  ASSERT_EQ(submitted.size(), jobs.size());
+  for (std::size_t i = 1; i < jobs.size(); ++i) {
+    EXPECT_EQ(submitted[i], "qsub -W depend=afterany:" + jobs[i - 1] + " " + experiment() + "/trial-0/resume.pbs");
+    const std::regex resumed(R"(resumed from \S+/ckpt-(\d+)\.h5 after (\d+) batches)");
+    EXPECT_TRUE(std::regex_search(job_output(jobs[i]), resumed)) << job_output(jobs[i]);
+  }
+  const auto recorded = nlohmann::json::parse(read_file(experiment() + "/experiment.json"))["jobs"];
+  EXPECT_EQ(recorded.size(), jobs.size());
+  expect_same_weights(straight, experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
+}
+
+// A trial that always fails stops after max_restarts inside its job and submits nothing.
+TEST_F(PbsExperiment, AFailingTrialStopsAfterMaxRestartsAndSubmitsNoSuccessor) {
+  const std::string job = submit(config(2500, "time_limit: 1h", "fail_rank: 1"));
+  ASSERT_FALSE(job.empty());
+  EXPECT_NE(run_job(job), 0);
+  EXPECT_EQ(latest_job(), job);
+  EXPECT_EQ(calls("qsub").size(), 1u) << "no successor for a failing trial";
+  std::ifstream failures(experiment() + "/trial-0/failures.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(failures, line);) ++records;
+  EXPECT_EQ(records, 3) << "the first run and max_restarts: 2 restarts";
+}
+
+}  // namespace
+}  // namespace hpctrial
