@@ -1,5 +1,5 @@
 // hpctrial pause / activate / kill: a Slurm job of an experiment (or every task of its job
-// array), named by its id or by the experiment directory.
+// array), or every live PBS job of an experiment, named by its id or by the experiment directory.
 #include "job_verbs.h"
 
 #include <boost/program_options.hpp>
@@ -8,6 +8,8 @@
 #include <iostream>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/pbs/client.h"
+#include "hpctrial/pbs/job_environment.h"
 #include "hpctrial/slurm/job_environment.h"
 #include "verb.h"
 
@@ -89,15 +91,136 @@ std::string target_argument(const std::vector<std::string>& args, const char* ve
 
 namespace {
 
+// --- PBS ------------------------------------------------------------------------------------
+// PBS job ids carry their server ("1234.pbs1") or an array index ("1234[]"); a bare number is
+// taken for Slurm's.
+bool is_pbs_job_id(const std::string& what) {
+  return pbs::is_valid_job_id(what) && what.find_first_of(".[") != std::string::npos && !fs::is_directory(what);
+}
+
+// A live PBS job of an experiment and the trial it runs.
+struct PbsTask {
+  pbs::JobInfo job;
+  int trial = 0;
+};
+
+// The trial of "1234[3].srv" (3), else `fallback`.
+int pbs_trial(const std::string& id, int fallback) {
+  const std::size_t open = id.find('['), close = id.find(']');
+  if (open == std::string::npos || close == std::string::npos || close <= open + 1) return fallback;
+  return std::stoi(id.substr(open + 1, close - open - 1));
+}
+
+// The experiment a PBS target names, and its live jobs: every job recorded for the experiment
+// directory, or the one job named (and its subjobs).
+struct PbsTarget {
+  std::string experiment_dir;
+  std::vector<PbsTask> live;
+};
+
+PbsTarget resolve_pbs(const std::string& what, const pbs::Client& client) {
+  PbsTarget t;
+  std::vector<mpi_launcher::RecordedJob> jobs;
+  if (is_pbs_job_id(what)) {
+    const auto tasks = client.job_tasks(what);
+    if (tasks.empty()) throw SchedulerError("pbs no longer knows job " + what + "; see its experiment directory");
+    const fs::path dir = fs::path(tasks.front().output_path).parent_path();
+    if (fs::exists(dir / "experiment.json")) t.experiment_dir = dir.string();
+    int trial = -1;
+    if (!t.experiment_dir.empty()) {
+      for (const auto& r : mpi_launcher::recorded_jobs({t.experiment_dir})) {
+        if (r.id == what) trial = r.trial;
+      }
+    }
+    jobs.push_back({what, "pbs", "", trial});
+  } else {
+    t.experiment_dir = fs::absolute(what).lexically_normal().string();
+    jobs = mpi_launcher::recorded_jobs({t.experiment_dir});
+  }
+  for (const auto& recorded : jobs) {
+    if (recorded.scheduler != "pbs" || !pbs::is_valid_job_id(recorded.id)) continue;
+    for (auto& job : client.job_tasks(recorded.id)) {
+      if (!job.active()) continue;
+      const int trial = pbs_trial(job.id, std::max(0, recorded.trial));
+      t.live.push_back({std::move(job), trial});
+    }
+  }
+  return t;
+}
+
+// Whether `what` names a PBS job or an experiment whose latest job is PBS's.
+bool targets_pbs(const std::string& what) {
+  if (is_pbs_job_id(what)) return true;
+  if (!fs::is_directory(what)) return false;
+  const auto job = mpi_launcher::latest_job({fs::absolute(what).lexically_normal().string()});
+  return job && job->scheduler == "pbs";
+}
+
+int pause_pbs(const std::string& what) {
+  const pbs::Client client;
+  const PbsTarget t = resolve_pbs(what, client);
+  int paused = 0, held = 0, already = 0;
+  for (const PbsTask& task : t.live) {
+    if (task.job.state == "Q" || task.job.state == "W") {
+      client.hold(task.job.id);
+      ++held;
+    } else if (task.job.held()) {
+      ++already;
+    } else if (task.job.state == "R") {
+      if (t.experiment_dir.empty()) {
+        throw SchedulerError("cannot find the experiment directory of pbs job " + task.job.id + " (its output goes to " +
+                             task.job.output_path + "); pause it by its experiment directory instead");
+      }
+      mpi_launcher::request_stop({t.experiment_dir}, task.trial, "pause");
+      client.signal(task.job.id, "USR2");
+      std::cout << "pausing pbs job " << task.job.id << ": the ranks checkpoint after their current step, then it "
+                << "submits the job that resumes trial " << task.trial << ", held\n";
+      ++paused;
+    }
+  }
+  if (paused + held + already == 0) throw SchedulerError(what + " has no queued or running pbs job to pause");
+  if (held > 0) std::cout << held << " queued pbs job(s) held\n";
+  if (paused == 0 && held == 0) std::cout << what << " is already held\n";
+  std::cout << "`hpctrial activate " << (t.experiment_dir.empty() ? what : t.experiment_dir) << "` resumes it\n";
+  return kExitOk;
+}
+
+int activate_pbs(const std::string& what) {
+  const pbs::Client client;
+  int released = 0;
+  for (const PbsTask& task : resolve_pbs(what, client).live) {
+    if (!task.job.held()) continue;
+    client.release(task.job.id);
+    std::cout << "pbs job " << task.job.id << " released; trial " << task.trial
+              << " resumes from its latest checkpoint when it runs\n";
+    ++released;
+  }
+  if (released == 0) std::cout << what << " has no held pbs job; nothing to activate\n";
+  return kExitOk;
+}
+
+int kill_pbs(const std::string& what) {
+  const pbs::Client client;
+  const PbsTarget t = resolve_pbs(what, client);
+  if (t.live.empty()) throw SchedulerError(what + " has no queued or running pbs job to kill");
+  for (const PbsTask& task : t.live) {
+    client.cancel(task.job.id);
+    std::cout << "pbs job " << task.job.id << " deleted\n";
+  }
+  return kExitOk;
+}
+
 int run_pause(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "pause", R"(usage: hpctrial pause JOB|EXPDIR
 
 Pauses a running job: the ranks checkpoint after their current step, and the job goes back to
 the queue, held (its allocation is freed). `hpctrial activate` resumes it from the checkpoint.
 A job that has not started yet is simply held. For a job array (a search), every task is
-paused; JOB_N pauses task N alone.
+paused; JOB_N pauses task N alone. On PBS, which lets no user requeue a job, the paused job
+submits the job that resumes it, held, before it ends.
 )");
   if (what.empty()) return kExitOk;
+  if (targets_pbs(what)) return pause_pbs(what);
   const slurm::Client client;
   const Target t = resolve_target(what, client);
   int paused = 0, held = 0, already = 0;
@@ -135,9 +258,11 @@ int run_activate(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "activate", R"(usage: hpctrial activate JOB|EXPDIR
 
 Releases a paused (held) job, or every held task of a job array: it runs again when Slurm
-schedules it, and resumes from its latest checkpoint.
+schedules it, and resumes from its latest checkpoint. On PBS: every held job of the experiment
+(qrls).
 )");
   if (what.empty()) return kExitOk;
+  if (targets_pbs(what)) return activate_pbs(what);
   const slurm::Client client;
   const Target t = resolve_target(what, client);
   int released = 0;
@@ -159,9 +284,11 @@ int run_kill(const std::vector<std::string>& args) {
 
 Cancels the job, or every task of a job array (scancel). The ranks get Slurm's SIGTERM and
 checkpoint if they can within the grace; the last published checkpoint stays valid either way,
-and submitting the experiment again resumes from it.
+and submitting the experiment again resumes from it. On PBS: every queued or running job of the
+experiment (qdel).
 )");
   if (what.empty()) return kExitOk;
+  if (targets_pbs(what)) return kill_pbs(what);
   const slurm::Client client;
   const Target t = resolve_target(what, client);
   client.cancel(t.job);

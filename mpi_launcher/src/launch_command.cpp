@@ -107,7 +107,7 @@ std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
   for (const auto& j : state["jobs"]) {
     if (!j.is_object()) continue;
     jobs.push_back({j.value("id", std::string()), j.value("scheduler", std::string()),
-                    j.value("submitted", std::string())});
+                    j.value("submitted", std::string()), j.value("trial", -1)});
   }
   return jobs;
 }
@@ -123,7 +123,7 @@ std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
   return job;
 }
 
-void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id) {
+void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial) {
   // The subjobs of an array job may each record their successor at the same moment.
   const core::UniqueFd lock(::open((layout.dir + "/.experiment.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (lock.get() >= 0) ::flock(lock.get(), LOCK_EX);  // released when closed
@@ -131,7 +131,9 @@ void record_job(const ExperimentLayout& layout, const std::string& scheduler, co
   state["scheduler"] = scheduler;
   state["job_id"] = id;
   if (!state["jobs"].is_array()) state["jobs"] = json::array();
-  state["jobs"].push_back({{"id", id}, {"scheduler", scheduler}, {"submitted", core::utc_now_iso()}});
+  json record = {{"id", id}, {"scheduler", scheduler}, {"submitted", core::utc_now_iso()}};
+  if (trial >= 0) record["trial"] = trial;
+  state["jobs"].push_back(record);
   detail::write_json_file(layout.state(), state);
 }
 

@@ -644,7 +644,7 @@ void hand_over(const core::Allocation& allocation, const std::string& reason, co
       if (const auto value = env.get(var.name)) submit.env.emplace_back(var.name, *value);
     }
     const std::string id = pbs::Client(runner).submit(submit);
-    record_job(layout, "pbs", id);
+    record_job(layout, "pbs", id, options.trial_id);
     core::log_info("pbs job {} submitted to resume trial {} once job {} has ended{}", id, options.trial_id,
                    allocation.job_id, hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
   } catch (const Error& e) {

@@ -13,14 +13,18 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <memory>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "../support/background_process.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
+#include "hpctrial/core/text.h"
 
 namespace hpctrial {
 namespace {
@@ -96,6 +100,32 @@ class PbsExperiment : public testing::Test {
     std::ofstream(state) << "F\n";
     EXPECT_FALSE(r.timed_out) << id;
     return r.exit_code;
+  }
+  // run_job in the background: the job's shell, for a test that signals it through the verbs.
+  std::unique_ptr<testing_support::BackgroundProcess> start_job(const std::string& id) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string nodes = dir_.write("nodes-" + id, std::string(host) + "\n" + host + "\n");
+    const std::time_t now = std::time(nullptr);
+    char stime[64];
+    std::strftime(stime, sizeof stime, "%a %b %d %H:%M:%S %Y", std::localtime(&now));
+    std::ofstream(pbs_dir() + "/" + id + ".stime") << stime << "\n";
+    std::ofstream(pbs_dir() + "/" + id + ".state") << "R\n";
+    auto variables = env();
+    variables.insert(variables.end(), {{"PBS_JOBID", id}, {"PBS_NODEFILE", nodes},
+                                       {"PBS_O_WORKDIR", dir_.path().string()}, {"PBS_ENVIRONMENT", "PBS_BATCH"}});
+    return std::make_unique<testing_support::BackgroundProcess>(
+        std::vector<std::string>{"bash", "-c", "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; exec bash \"$0\"",
+                                 pbs_dir() + "/" + id + ".script"},
+        variables, (dir_.path() / ("shell-" + id)).string());
+  }
+  std::string state_of(const std::string& id) const { return core::trim(read_file(pbs_dir() + "/" + id + ".state")); }
+  long long heartbeat() const {
+    std::ifstream in(experiment() + "/trial-0/launch/heartbeat/rank-0");
+    std::string word;
+    long long step = -1;
+    in >> word >> step;
+    return step;
   }
   std::string latest_job() const {
     const auto state = nlohmann::json::parse(read_file(experiment() + "/experiment.json"));
@@ -188,6 +218,70 @@ TEST_F(PbsExperiment, AFailingTrialStopsAfterMaxRestartsAndSubmitsNoSuccessor) {
   int records = 0;
   for (std::string line; std::getline(failures, line);) ++records;
   EXPECT_EQ(records, 3) << "the first run and max_restarts: 2 restarts";
+}
+
+// hpctrial pause on a running PBS job: the stop request and qsig -s USR2; the ranks checkpoint,
+// the job submits its successor held (-h, afterany) and ends; activate releases it (qrls), and
+// the successor ends with the weights of an uninterrupted run.
+TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
+  constexpr int kBatches = 3000;
+  const std::string exp = config(kBatches, "time_limit: 1h");
+  const std::string straight = straight_run(exp, kBatches);
+  const std::string first = submit(exp);
+  ASSERT_EQ(first, "1.fakepbs");
+  auto shell = start_job(first);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 300) << read_file(experiment() + "/pbs-" + first + ".out");
+
+  const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.out << pause.err;
+  EXPECT_THAT(pause.out, HasSubstr("pausing pbs job 1.fakepbs"));
+  const auto status = shell->wait(120s);
+  ASSERT_TRUE(status.has_value()) << "the paused job did not end";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << job_output(first);
+  std::ofstream(pbs_dir() + "/" + first + ".state") << "F\n";
+  EXPECT_THAT(calls("qsig"), testing::ElementsAre("qsig -s USR2 1.fakepbs"));
+  const std::string second = latest_job();
+  ASSERT_EQ(second, "2.fakepbs");
+  EXPECT_EQ(state_of(second), "H") << "the successor of a paused job waits for activate";
+  EXPECT_EQ(calls("qsub").back(), "qsub -h -W depend=afterany:1.fakepbs " + experiment() + "/trial-0/resume.pbs");
+  EXPECT_THAT(job_output(first), HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
+  EXPECT_THAT(job_output(first), HasSubstr("it is held: `hpctrial activate 2.fakepbs` releases it"));
+
+  // Pausing again holds nothing new; activate releases the held successor.
+  const auto again = run({HPCTRIAL_CLI, "pause", experiment()});
+  EXPECT_TRUE(again.ok()) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("already held"));
+  const auto activate = run({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  EXPECT_THAT(activate.out, HasSubstr("pbs job 2.fakepbs released"));
+  EXPECT_THAT(calls("qrls"), testing::ElementsAre("qrls 2.fakepbs"));
+  EXPECT_EQ(state_of(second), "Q");
+  EXPECT_EQ(run_job(second), 0) << job_output(second);
+  EXPECT_THAT(job_output(second), HasSubstr("resumed from "));
+  expect_same_weights(straight, experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
+}
+
+// pause holds a job that has not started; kill deletes every live job of the experiment; the
+// verbs take the job's id as well as the directory.
+TEST_F(PbsExperiment, PauseHoldsAQueuedJobAndKillDeletesIt) {
+  const std::string job = submit(config(100, "time_limit: 1h"));
+  ASSERT_EQ(job, "1.fakepbs");
+  const auto pause = run({HPCTRIAL_CLI, "pause", job});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.err;
+  EXPECT_THAT(calls("qhold"), testing::ElementsAre("qhold 1.fakepbs"));
+  EXPECT_EQ(state_of(job), "H");
+  const auto second = run({HPCTRIAL_CLI, "submit", experiment() + "/experiment.yaml", "--experiment", experiment()});
+  EXPECT_FALSE(second.ok()) << "a second job for the same experiment";
+  EXPECT_THAT(second.err, HasSubstr("already has pbs job 1.fakepbs (state H, held)"));
+  const auto kill = run({HPCTRIAL_CLI, "kill", experiment()});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel 1.fakepbs"));
+  EXPECT_EQ(state_of(job), "F");
+  const auto nothing = run({HPCTRIAL_CLI, "kill", experiment()});
+  EXPECT_FALSE(nothing.ok());
+  EXPECT_THAT(nothing.err, HasSubstr("has no queued or running pbs job to kill"));
 }
 
 }  // namespace

@@ -69,13 +69,15 @@ struct RecordedJob {
   std::string id;
   std::string scheduler;
   std::string submitted;  // UTC, ISO 8601
+  int trial = -1;         // the one trial the job runs; -1: the whole experiment
 };
 // The experiment's latest batch job; nullopt when it has none.
 std::optional<RecordedJob> latest_job(const ExperimentLayout& layout);
 // Every job recorded for the experiment, oldest first.
 std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout);
-// Records a newly submitted job as the experiment's latest.
-void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id);
+// Records a newly submitted job as the experiment's latest (`trial`: the one trial it runs, as
+// a PBS job that resumes one trial of a search does).
+void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial = -1);
 
 // How far a trial got, from what its launcher and chief left in the trial directory.
 struct TrialProgress {
