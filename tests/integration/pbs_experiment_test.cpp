@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <cstring>
 #include <ctime>
 #include <memory>
 #include <thread>
@@ -21,8 +20,8 @@
 #include <sstream>
 
 #include "../support/background_process.h"
+#include "../support/same_weights.h"
 #include "../support/temp_dir.h"
-#include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/core/text.h"
 
@@ -31,6 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing_support::expect_same_weights;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
 
@@ -75,33 +75,17 @@ class PbsExperiment : public testing::Test {
     std::smatch m;
     return std::regex_search(r.out, m, std::regex(R"(submitted pbs job (\S+))")) ? m[1].str() : "";
   }
-  // Runs job `id` as PBS would: its script (as qsub got it) under PBS's variables, on a node
-  // file of this host twice; returns the script's exit code.
+  // Runs job `id` as PBS would (see start_job) to its end; returns the script's exit code.
   int run_job(const std::string& id) {
-    const std::string state = pbs_dir() + "/" + id + ".state";
-    EXPECT_EQ(read_file(state), "Q\n") << id << " is not queued";
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    const std::string nodes = dir_.write("nodes-" + id, std::string(host) + "\n" + host + "\n");
-    const std::time_t now = std::time(nullptr);
-    char stime[64];
-    std::strftime(stime, sizeof stime, "%a %b %d %H:%M:%S %Y", std::localtime(&now));
-    std::ofstream(pbs_dir() + "/" + id + ".stime") << stime << "\n";
-    std::ofstream(state) << "R\n";
-    core::RunOptions options;
-    options.timeout = 300s;
-    options.env_set = env();
-    options.env_set.insert(options.env_set.end(), {{"PBS_JOBID", id}, {"PBS_NODEFILE", nodes},
-                                                    {"PBS_O_WORKDIR", dir_.path().string()},
-                                                    {"PBS_ENVIRONMENT", "PBS_BATCH"}, {"PBS_JOBNAME", "pbs-exp"}});
-    options.working_dir = dir_.path().string();
-    const auto r = core::run_process({"bash", "-c", "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; exec bash \"$0\"",
-                                      pbs_dir() + "/" + id + ".script"}, options);
-    std::ofstream(state) << "F\n";
-    EXPECT_FALSE(r.timed_out) << id;
-    return r.exit_code;
+    EXPECT_EQ(state_of(id), "Q") << id << " is not queued";
+    auto shell = start_job(id);
+    const auto status = shell->wait(300s);
+    std::ofstream(pbs_dir() + "/" + id + ".state") << "F\n";
+    EXPECT_TRUE(status.has_value()) << id << " did not end";
+    return shell->exit_code();
   }
-  // run_job in the background: the job's shell, for a test that signals it through the verbs.
+  // Starts job `id` as PBS would: its script (as qsub got it) run by bash under PBS's variables,
+  // on a node file naming this host twice, its shell's pid where qsig finds it.
   std::unique_ptr<testing_support::BackgroundProcess> start_job(const std::string& id) {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
@@ -113,7 +97,8 @@ class PbsExperiment : public testing::Test {
     std::ofstream(pbs_dir() + "/" + id + ".state") << "R\n";
     auto variables = env();
     variables.insert(variables.end(), {{"PBS_JOBID", id}, {"PBS_NODEFILE", nodes},
-                                       {"PBS_O_WORKDIR", dir_.path().string()}, {"PBS_ENVIRONMENT", "PBS_BATCH"}});
+                                       {"PBS_O_WORKDIR", dir_.path().string()}, {"PBS_ENVIRONMENT", "PBS_BATCH"},
+                                       {"PBS_JOBNAME", "pbs-exp"}});
     return std::make_unique<testing_support::BackgroundProcess>(
         std::vector<std::string>{"bash", "-c", "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; exec bash \"$0\"",
                                  pbs_dir() + "/" + id + ".script"},
@@ -147,20 +132,6 @@ class PbsExperiment : public testing::Test {
     EXPECT_TRUE(r.ok()) << r.describe() << r.err;
     return dir + "/trial-0/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
   }
-  void expect_same_weights(const std::string& a_path, const std::string& b_path) const {
-    const auto a = checkpoint::read_checkpoint(a_path);
-    const auto b = checkpoint::read_checkpoint(b_path);
-    int compared = 0;
-    for (const auto& d : a.datasets) {
-      if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
-      const auto& other = b.at(d.name, b_path);
-      ASSERT_EQ(d.nbytes(), other.nbytes()) << d.name;
-      EXPECT_EQ(std::memcmp(d.data->data(), other.data->data(), d.nbytes()), 0) << d.name << " differs";
-      ++compared;
-    }
-    EXPECT_GE(compared, 2);
-  }
-
   TempDir dir_;
 };
 

@@ -1,0 +1,29 @@
+// The final model and optimizer of two checkpoints, compared byte for byte: what "resumed
+// exactly where it stopped" means in the tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "hpctrial/checkpoint/format.h"
+
+namespace hpctrial::testing_support {
+
+inline void expect_same_weights(const std::string& a_path, const std::string& b_path) {
+  const auto a = checkpoint::read_checkpoint(a_path);
+  const auto b = checkpoint::read_checkpoint(b_path);
+  int compared = 0;
+  for (const auto& d : a.datasets) {
+    if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
+    const auto* other = b.find(d.name);
+    ASSERT_NE(other, nullptr) << d.name << " is missing from " << b_path;
+    ASSERT_EQ(d.nbytes(), other->nbytes()) << d.name;
+    EXPECT_EQ(std::memcmp(d.data->data(), other->data->data(), d.nbytes()), 0) << d.name << " differs";
+    ++compared;
+  }
+  EXPECT_GE(compared, 2) << "no model and optimizer datasets in " << a_path;
+}
+
+}  // namespace hpctrial::testing_support
