@@ -1,11 +1,12 @@
 // hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, read from
-// Slurm (scontrol) and joined with what the launcher and the chief left in each experiment
-// directory.
+// Slurm (scontrol) or PBS (qstat) and joined with what the launcher and the chief left in each
+// experiment directory.
 #include <boost/program_options.hpp>
 
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -21,6 +22,8 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
+#include "hpctrial/pbs/client.h"
+#include "hpctrial/pbs/job_environment.h"
 #include "hpctrial/slurm/job_environment.h"
 #include "job_verbs.h"
 #include "verb.h"
@@ -63,6 +66,61 @@ std::string experiment_of(const slurm::JobInfo& job) {
   return fs::exists(dir / "experiment.json") && fs::exists(dir / "experiment.yaml") ? dir.string() : "";
 }
 
+// --- PBS: an experiment's jobs are several (the job that resumes a trial is a new job) ----------
+std::string user_name() {
+  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
+  const char* login = ::getlogin();
+  return login != nullptr ? login : std::to_string(::getuid());
+}
+
+bool on_path(const std::string& program) {
+  std::stringstream dirs(std::getenv("PATH") != nullptr ? std::getenv("PATH") : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+bool is_pbs_experiment(const mpi_launcher::ExperimentLayout& layout) {
+  const auto latest = mpi_launcher::latest_job(layout);
+  return latest && latest->scheduler == "pbs";
+}
+
+// The PBS jobs that ran or run trial `trial`, oldest first: the array job's subjob for it
+// ("1234[T].srv"), and the jobs submitted to resume it.
+std::vector<std::string> pbs_trial_jobs(const mpi_launcher::ExperimentLayout& layout, int trial, int trials) {
+  std::vector<std::string> ids;
+  for (const auto& job : mpi_launcher::recorded_jobs(layout)) {
+    if (job.scheduler != "pbs" || (job.trial >= 0 && job.trial != trial)) continue;
+    const std::size_t array = job.id.find("[]");
+    if (job.trial < 0 && trials > 1) {
+      if (array != std::string::npos) ids.push_back(job.id.substr(0, array + 1) + std::to_string(trial) + job.id.substr(array + 1));
+    } else {
+      ids.push_back(job.id);
+    }
+  }
+  return ids;
+}
+
+// The trial a PBS job of the experiment runs: its array index, or the trial it was recorded for.
+int pbs_trial_of(const pbs::JobInfo& job, const std::string& experiment_dir) {
+  const std::size_t open = job.id.find('['), close = job.id.find(']');
+  if (open != std::string::npos && close != std::string::npos && close > open + 1) {
+    return std::stoi(job.id.substr(open + 1, close - open - 1));
+  }
+  if (experiment_dir.empty()) return -1;
+  for (const auto& recorded : mpi_launcher::recorded_jobs({experiment_dir})) {
+    if (recorded.id == job.id) return std::max(0, recorded.trial);
+  }
+  return -1;
+}
+
+std::string pbs_experiment_of(const pbs::JobInfo& job) {
+  if (job.output_path.empty()) return "";
+  const fs::path dir = fs::path(job.output_path).parent_path();
+  return fs::exists(dir / "experiment.json") && fs::exists(dir / "experiment.yaml") ? dir.string() : "";
+}
+
 void print_row(std::ostream& out, const std::vector<std::string>& cells, const std::vector<std::size_t>& widths) {
   for (std::size_t i = 0; i < cells.size(); ++i) {
     out << cells[i];
@@ -78,11 +136,15 @@ Target experiment_target(const std::string& what, const slurm::Client& client) {
   if (fs::is_directory(what)) {
     t.experiment_dir = fs::absolute(what).lexically_normal().string();
     if (const auto job = mpi_launcher::latest_job({t.experiment_dir})) t.job = job->id;
+  } else if (pbs::is_valid_job_id(what) && what.find_first_of(".[") != std::string::npos) {
+    const auto job = pbs::Client().job(what);
+    if (!job) throw SchedulerError("pbs no longer knows job " + what + "; give the experiment directory instead");
+    t = {what, pbs_experiment_of(*job)};
   } else {
     t = resolve_target(what, client);
   }
   if (t.experiment_dir.empty()) {
-    throw SchedulerError("cannot find the experiment directory of slurm job " + t.job + " (its output file is not "
+    throw SchedulerError("cannot find the experiment directory of job " + t.job + " (its output file is not "
                          "in one); give the experiment directory instead");
   }
   if (!fs::exists(mpi_launcher::ExperimentLayout{t.experiment_dir}.config())) {
@@ -102,32 +164,61 @@ int run_jobs(const std::vector<std::string>& args) {
   if (vm.count("help")) {
     std::cout << R"(usage: hpctrial jobs [--all]
 
-Lists your hpctrial batch jobs that Slurm still knows (pending, running, or recently ended),
-one line per task of a job array, with what their experiment directories say: batches trained
-and the latest checkpoint.
+Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
+ended), one line per task of a job array, with what their experiment directories say: batches
+trained and the latest checkpoint.
 )" << "\n" << options;
     return kExitOk;
   }
-  const slurm::Client client;
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
-  for (const slurm::JobInfo& job : client.user_jobs()) {
-    const std::string dir = experiment_of(job);
-    if (dir.empty() && !all) continue;
-    const int trial = trial_of(job);
-    std::string state = job.state + (job.held() ? " (held)" : "");
-    std::string batches = "-", ckpt = "-";
-    if (!dir.empty() && trial >= 0) {
-      const mpi_launcher::ExperimentLayout layout{dir};
-      batches = batches_text(layout, trial, job.state == "RUNNING");
-      if (const auto latest = latest_checkpoint(layout, trial)) ckpt = latest->file;
+  const auto progress_cells = [](const std::string& dir, int trial, bool running) {
+    std::pair<std::string, std::string> cells{"-", "-"};
+    if (dir.empty() || trial < 0) return cells;
+    const mpi_launcher::ExperimentLayout layout{dir};
+    cells.first = batches_text(layout, trial, running);
+    if (const auto latest = latest_checkpoint(layout, trial)) cells.second = latest->file;
+    return cells;
+  };
+  // The schedulers this machine has; one that fails is reported, the other still listed.
+  const bool slurm_here = on_path("scontrol"), pbs_here = on_path("qstat");
+  if (!slurm_here && !pbs_here) throw SchedulerError("neither Slurm (scontrol) nor PBS (qstat) is on PATH");
+  if (slurm_here) {
+    try {
+      for (const slurm::JobInfo& job : slurm::Client().user_jobs()) {
+        const std::string dir = experiment_of(job);
+        if (dir.empty() && !all) continue;
+        const int trial = trial_of(job);
+        const auto [batches, ckpt] = progress_cells(dir, trial, job.state == "RUNNING");
+        rows.push_back({job.display_id(), job.name, job.state + (job.held() ? " (held)" : ""),
+                        std::to_string(job.restarts), job.run_time, trial >= 0 ? std::to_string(trial) : job.array_task,
+                        batches, ckpt, dir.empty() ? "-" : dir});
+      }
+    } catch (const SchedulerError& e) {
+      if (!pbs_here) throw;
+      std::cerr << "hpctrial jobs: slurm: " << e.what() << "\n";
     }
-    rows.push_back({job.display_id(), job.name, state, std::to_string(job.restarts), job.run_time,
-                    trial >= 0 ? std::to_string(trial) : job.array_task, batches, ckpt, dir.empty() ? "-" : dir});
+  }
+  if (pbs_here) {
+    try {
+      for (const pbs::JobInfo& job : pbs::Client().user_jobs(user_name())) {
+        if (!job.active() && job.state != "F" && job.state != "X") continue;
+        const std::string dir = pbs_experiment_of(job);
+        if (dir.empty() && !all) continue;
+        const int trial = pbs_trial_of(job, dir);
+        const auto [batches, ckpt] = progress_cells(dir, trial, job.state == "R");
+        rows.push_back({job.id, job.name, job.state + (job.held() ? " (held)" : ""),
+                        std::to_string(std::max(0, job.run_count - 1)), "-", trial >= 0 ? std::to_string(trial) : "-",
+                        batches, ckpt, dir.empty() ? "-" : dir});
+      }
+    } catch (const SchedulerError& e) {
+      if (!slurm_here) throw;
+      std::cerr << "hpctrial jobs: pbs: " << e.what() << "\n";
+    }
   }
   if (rows.size() == 1) {
-    std::cout << "no hpctrial jobs (Slurm forgets a job a few minutes after it ends; `hpctrial describe EXPDIR` "
-                 "still tells its story)\n";
+    std::cout << "no hpctrial jobs (the scheduler forgets a job some time after it ends; `hpctrial describe "
+                 "EXPDIR` still tells its story)\n";
     return kExitOk;
   }
   std::vector<std::size_t> widths(rows.front().size(), 0);
@@ -192,9 +283,23 @@ job: give --rank.
     throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
                       std::to_string(trial) + " does not exist");
   }
+  const bool on_pbs = is_pbs_experiment(layout);
   std::string path;
+  std::vector<std::string> pbs_jobs;  // PBS: the trial's jobs, oldest first, each with its own output file
+  const auto pbs_output = [&](const std::string& id) { return layout.dir + "/pbs-" + id + ".out"; };
   if (rank >= 0) {
     path = layout.trial_dir(trial) + "/logs/rank-" + std::to_string(rank) + ".log";
+  } else if (on_pbs) {
+    pbs_jobs = pbs_trial_jobs(layout, trial, trials);
+    if (pbs_jobs.empty()) throw ConfigError(layout.dir + " records no pbs job of trial " + std::to_string(trial));
+    // The runs before the last, each job's file in turn.
+    for (std::size_t i = 0; i + 1 < pbs_jobs.size(); ++i) {
+      if (!fs::exists(pbs_output(pbs_jobs[i]))) continue;
+      std::cout << "==> pbs job " << pbs_jobs[i] << " <==\n";
+      copy_from(pbs_output(pbs_jobs[i]), 0);
+    }
+    if (pbs_jobs.size() > 1) std::cout << "==> pbs job " << pbs_jobs.back() << " <==\n";
+    path = pbs_output(pbs_jobs.back());
   } else if (!t.job.empty()) {
     path = job_output(layout, t.job, trial, trials);
   } else {
@@ -207,27 +312,39 @@ job: give --rank.
   }
   std::uintmax_t offset = copy_from(path, 0);
   if (!follow) return kExitOk;
-  // The job's task for this trial: follow while it may still write.
+  // The job that runs this trial: follow while it may still write (on PBS, on into the job that
+  // resumes it).
   const std::string base = t.job.substr(0, t.job.find('_'));
-  const std::string task = t.job.empty() ? "" : trials > 1 ? base + "_" + std::to_string(trial) : base;
+  std::string task = t.job.empty() ? "" : on_pbs ? pbs_jobs.back() : trials > 1 ? base + "_" + std::to_string(trial) : base;
+  const pbs::Client pbs_client;
   int checks = 0;
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     offset = copy_from(path, offset);
     if (task.empty() || ++checks % 4 != 0) continue;
-    const auto job = client.job(task);
-    if (!job || !is_active(*job)) {
-      copy_from(path, offset);
-      return kExitOk;
+    const bool active = on_pbs ? [&] { const auto job = pbs_client.job(task); return job && job->active(); }()
+                               : [&] { const auto job = client.job(task); return job && is_active(*job); }();
+    if (active) continue;
+    copy_from(path, offset);
+    if (on_pbs && rank < 0) {
+      const auto now = pbs_trial_jobs(layout, trial, trials);
+      if (!now.empty() && now.back() != task) {
+        task = now.back();
+        path = pbs_output(task);
+        offset = 0;
+        std::cout << "==> pbs job " << task << " <==\n";
+        continue;
+      }
     }
+    return kExitOk;
   }
 }
 
 int run_describe(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR
 
-Tells an experiment's story: its config, its batch jobs and their state in Slurm, and for each
-trial the batches trained, the latest checkpoint, the runs and the failures.
+Tells an experiment's story: its config, its batch jobs and their state in Slurm or PBS, and for
+each trial the batches trained, the latest checkpoint, the runs and the failures.
 )");
   if (what.empty()) return kExitOk;
   const slurm::Client client;
@@ -247,7 +364,20 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
   for (const auto& job : jobs) {
     std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
   }
-  if (const auto latest = mpi_launcher::latest_job(layout); latest && slurm::is_valid_job_id(latest->id)) {
+  const bool on_pbs = is_pbs_experiment(layout);
+  std::map<int, pbs::JobInfo> pbs_jobs;  // PBS: each trial's latest job
+  if (on_pbs) {
+    const pbs::Client pbs_client;
+    for (int trial = 0; trial < trials; ++trial) {
+      const auto ids = pbs_trial_jobs(layout, trial, trials);
+      if (ids.empty()) continue;
+      if (auto job = pbs_client.job(ids.back())) {
+        pbs_jobs[trial] = *job;
+      } else {
+        std::cout << "             (PBS no longer knows job " << ids.back() << ")\n";
+      }
+    }
+  } else if (const auto latest = mpi_launcher::latest_job(layout); latest && slurm::is_valid_job_id(latest->id)) {
     for (auto& task : client.job_tasks(latest->id)) {
       if (trial_of(task) >= 0) tasks[trial_of(task)] = task;
     }
@@ -257,7 +387,9 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
     const auto progress = mpi_launcher::trial_progress(layout, trial);
     const auto ckpt = latest_checkpoint(layout, trial);
     const auto task = tasks.find(trial);
-    const bool running = task != tasks.end() && task->second.state == "RUNNING";
+    const auto pbs_job = pbs_jobs.find(trial);
+    const bool running = (task != tasks.end() && task->second.state == "RUNNING") ||
+                         (pbs_job != pbs_jobs.end() && pbs_job->second.state == "R");
     std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
     if (trials > 1) {
       const core::ExperimentConfig resolved = core::trial_config(config, trial);
@@ -283,6 +415,11 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
                 << (task->second.held() ? " (held)" : "") << ", " << task->second.restarts << " restart(s), elapsed "
                 << task->second.run_time << ", exit " << task->second.exit_code << "\n";
     }
+    if (pbs_job != pbs_jobs.end()) {
+      const pbs::JobInfo& j = pbs_job->second;
+      std::cout << "  pbs:         " << j.id << " " << j.state << (j.held() ? " (held)" : "") << ", run count "
+                << j.run_count << (j.exit_status ? ", exit " + std::to_string(*j.exit_status) : "") << "\n";
+    }
     std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
               << " " << core::to_string(config.searcher.max_length.unit) << "\n"
               << "  checkpoint:  " << (ckpt ? layout.trial_dir(trial) + "/checkpoints/" + ckpt->file : "none yet")
@@ -290,7 +427,10 @@ trial the batches trained, the latest checkpoint, the runs and the failures.
               << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
               << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
     if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
-    if (!jobs.empty()) {
+    if (on_pbs) {
+      const auto ids = pbs_trial_jobs(layout, trial, trials);
+      if (!ids.empty()) std::cout << "  output:      " << layout.dir << "/pbs-" << ids.back() << ".out\n";
+    } else if (!jobs.empty()) {
       std::cout << "  output:      " << job_output(layout, jobs.back().id, trial, trials) << "\n";
     }
   }

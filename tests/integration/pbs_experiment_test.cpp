@@ -81,6 +81,7 @@ class PbsExperiment : public testing::Test {
     auto shell = start_job(id);
     const auto status = shell->wait(300s);
     std::ofstream(pbs_dir() + "/" + id + ".state") << "F\n";
+    std::ofstream(pbs_dir() + "/" + id + ".exit") << shell->exit_code() << "\n";
     EXPECT_TRUE(status.has_value()) << id << " did not end";
     return shell->exit_code();
   }
@@ -175,6 +176,18 @@ TEST_F(PbsExperiment, EachJobBeforeItsWalltimeSubmitsTheOneThatResumes) {
   }
   const auto recorded = nlohmann::json::parse(read_file(experiment() + "/experiment.json"))["jobs"];
   EXPECT_EQ(recorded.size(), jobs.size());
+  // logs prints every job's output in turn; describe tells the story from the directory.
+  const auto logs = run({HPCTRIAL_CLI, "logs", experiment()});
+  ASSERT_TRUE(logs.ok()) << logs.describe() << logs.err;
+  for (const auto& id : jobs) EXPECT_THAT(logs.out, HasSubstr("==> pbs job " + id + " <==\n"));
+  EXPECT_THAT(logs.out, HasSubstr("resumed from "));
+  EXPECT_THAT(logs.out, HasSubstr("trial 0 finished"));
+  const auto describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  ASSERT_TRUE(describe.ok()) << describe.describe() << describe.err;
+  for (const auto& id : jobs) EXPECT_THAT(describe.out, HasSubstr("job:         pbs " + id + ", submitted "));
+  EXPECT_THAT(describe.out, HasSubstr("pbs:         " + jobs.back() + " F, run count 1, exit 0\n"));
+  EXPECT_THAT(describe.out, HasSubstr("output:      " + experiment() + "/pbs-" + jobs.back() + ".out\n"));
+  EXPECT_THAT(describe.out, HasSubstr("batches:     " + std::to_string(kBatches) + " of "));
   expect_same_weights(straight, experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
 }
 
@@ -220,6 +233,12 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   EXPECT_THAT(job_output(first), HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
   EXPECT_THAT(job_output(first), HasSubstr("it is held: `hpctrial activate 2.fakepbs` releases it"));
 
+  // jobs lists the held successor with its experiment; describe names it for trial 0.
+  const auto listed = run({HPCTRIAL_CLI, "jobs"});
+  ASSERT_TRUE(listed.ok()) << listed.describe() << listed.err;
+  EXPECT_THAT(listed.out, testing::ContainsRegex("2\\.fakepbs +pbs-exp +H \\(held\\) +0 +- +0 +[0-9]+ +ckpt-[0-9]+\\.h5 +" +
+                                                 experiment()));
+  EXPECT_THAT(run({HPCTRIAL_CLI, "describe", second}).out, HasSubstr("pbs:         2.fakepbs H (held), run count 0"));
   // Pausing again holds nothing new; activate releases the held successor.
   const auto again = run({HPCTRIAL_CLI, "pause", experiment()});
   EXPECT_TRUE(again.ok()) << again.err;
