@@ -30,6 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing::Not;
 using testing_support::expect_same_weights;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
@@ -97,6 +98,9 @@ class PbsExperiment : public testing::Test {
     std::ofstream(pbs_dir() + "/" + id + ".stime") << stime << "\n";
     std::ofstream(pbs_dir() + "/" + id + ".state") << "R\n";
     auto variables = env();
+    if (const auto open = id.find('['); open != std::string::npos) {  // a subjob of an array job
+      variables.emplace_back("PBS_ARRAY_INDEX", id.substr(open + 1, id.find(']') - open - 1));
+    }
     variables.insert(variables.end(), {{"PBS_JOBID", id}, {"PBS_NODEFILE", nodes},
                                        {"PBS_O_WORKDIR", dir_.path().string()}, {"PBS_ENVIRONMENT", "PBS_BATCH"},
                                        {"PBS_JOBNAME", "pbs-exp"}});
@@ -272,6 +276,73 @@ TEST_F(PbsExperiment, PauseHoldsAQueuedJobAndKillDeletesIt) {
   const auto nothing = run({HPCTRIAL_CLI, "kill", experiment()});
   EXPECT_FALSE(nothing.ok());
   EXPECT_THAT(nothing.err, HasSubstr("has no queued or running pbs job to kill"));
+}
+
+// A delete without warning (qdel, or the walltime reached without the grace): SIGTERM to the
+// job; the ranks checkpoint within the grace, and no successor is submitted.
+TEST_F(PbsExperiment, ADeleteWithoutWarningCheckpointsAndSubmitsNothing) {
+  const std::string job = submit(config(100000, "time_limit: 1h, preemption_grace: 20s"));
+  ASSERT_EQ(job, "1.fakepbs");
+  auto shell = start_job(job);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 300) << job_output(job);
+  const auto kill = run({HPCTRIAL_CLI, "kill", job});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  EXPECT_THAT(kill.out, HasSubstr("pbs job 1.fakepbs deleted"));
+  ASSERT_TRUE(shell->wait(60s).has_value()) << "the job outlived its SIGTERM";
+  EXPECT_THAT(job_output(job), HasSubstr("trial 0 stopped (terminate) after a durable checkpoint"));
+  EXPECT_EQ(calls("qsub").size(), 1u) << "a deleted job submits no successor";
+  EXPECT_EQ(latest_job(), job);
+  EXPECT_TRUE(fs::exists(experiment() + "/trial-0/checkpoints/latest"));
+}
+
+// A search is one array job; a subjob stopped by its walltime submits a job for its own trial
+// alone, which resumes it; the other subjob is never touched.
+TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
+  constexpr int kBatches = 4000;
+  const std::string exp = dir_.write("grid.yaml",
+      "name: pbs-grid\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+      "searcher: {name: grid, metric: validation_loss, max_length: {batches: " + std::to_string(kBatches) + "}}\n"
+      "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: 2,\n"
+      "  variant: {type: categorical, vals: [a, b]}}\n"
+      "resources: {slots_per_trial: 2, slots_per_node: 2}\nmin_checkpoint_period: {batches: 200}\n"
+      "reproducibility: {experiment_seed: 11}\n"
+      "scheduler: {type: pbs, time_limit: 1m, preemption_grace: 52s}\n");
+  const std::string array = submit(exp);
+  ASSERT_EQ(array, "1[].fakepbs");
+  EXPECT_THAT(read_file(experiment() + "/job.pbs"), HasSubstr("#PBS -J 0-1\n"));
+  std::string job = "1[1].fakepbs";
+  std::vector<std::string> jobs;
+  for (int run = 0; run < 12; ++run) {
+    jobs.push_back(job);
+    const int code = run_job(job);
+    const std::string next = latest_job();
+    if (next == job || next == array) {
+      EXPECT_EQ(code, 0) << job_output(job);
+      break;
+    }
+    EXPECT_EQ(code, 75) << job_output(job);
+    job = next;
+  }
+  ASSERT_GE(jobs.size(), 2u) << "the walltime never ran out";
+  const auto submitted = calls("qsub");
+  ASSERT_EQ(submitted.size(), jobs.size());
+  EXPECT_EQ(submitted[1], "qsub -W depend=afterany:1[1].fakepbs " + experiment() + "/trial-1/resume.pbs");
+  const std::string resume = read_file(experiment() + "/trial-1/resume.pbs");
+  EXPECT_THAT(resume, Not(HasSubstr("#PBS -J"))) << "the job that resumes one trial is not an array";
+  EXPECT_THAT(resume, HasSubstr("launch --experiment " + experiment() + " --trial 1\n"));
+  const auto recorded = nlohmann::json::parse(read_file(experiment() + "/experiment.json"))["jobs"];
+  EXPECT_EQ(recorded.back().value("trial", -1), 1);
+  EXPECT_THAT(job_output(jobs.back()), HasSubstr("trial 1 finished"));
+  EXPECT_TRUE(fs::exists(experiment() + "/trial-1/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"));
+  // Trial 0's subjob is still queued and never ran.
+  EXPECT_EQ(state_of("1[0].fakepbs"), "Q");
+  EXPECT_FALSE(fs::exists(experiment() + "/trial-0/checkpoints"));
+  const auto logs = run({HPCTRIAL_CLI, "logs", experiment(), "--trial", "1"});
+  ASSERT_TRUE(logs.ok()) << logs.describe() << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("==> pbs job 1[1].fakepbs <==\n"));
+  EXPECT_THAT(logs.out, HasSubstr("trial 1 finished"));
 }
 
 }  // namespace
