@@ -664,7 +664,14 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   // The trial's own values of the search's ranges (and a clear error for a trial that does not exist).
   const core::ExperimentConfig config =
       core::trial_config(core::load_experiment_config({layout.config(), "", {}}), options.trial_id);
-  const core::Allocation allocation = detect_allocation(env, run);
+  core::Allocation allocation = detect_allocation(env, run);
+  if (allocation.scheduler == "pbs" && !allocation.end_time && config.scheduler.time_limit_seconds && !options.dry_run) {
+    // qstat did not say when the job started (a compute node that cannot reach the server): the
+    // job started moments ago, and the config says how long it may run.
+    allocation.end_time = std::chrono::system_clock::now() + std::chrono::seconds(*config.scheduler.time_limit_seconds);
+    core::log_warning("qstat -f {} gave no start time and walltime; assuming the job ends scheduler.time_limit ({}) "
+                      "from now", allocation.job_id, describe_seconds(*config.scheduler.time_limit_seconds));
+  }
   const std::string trial_dir = layout.trial_dir(options.trial_id);
   const std::string state_path = trial_dir + "/launcher-state.json";
 

@@ -345,5 +345,18 @@ TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
   EXPECT_THAT(logs.out, HasSubstr("trial 1 finished"));
 }
 
+// A compute node that cannot reach the server: qstat fails in the job, and the launcher takes
+// the walltime from the config, counted from its own start.
+TEST_F(PbsExperiment, WithoutQstatTheConfigsTimeLimitSetsTheDeadline) {
+  const std::string job = submit(config(100000, "time_limit: 1m, preemption_grace: 52s"));
+  ASSERT_EQ(job, "1.fakepbs");
+  std::ofstream(pbs_dir() + "/server-down") << "";
+  EXPECT_EQ(run_job(job), 75) << job_output(job);
+  EXPECT_THAT(job_output(job), HasSubstr("qstat -f 1.fakepbs gave no start time and walltime; assuming the job "
+                                         "ends scheduler.time_limit (60 s) from now"));
+  EXPECT_THAT(job_output(job), HasSubstr("trial 0 stopped (deadline) after a durable checkpoint"));
+  EXPECT_EQ(latest_job(), "2.fakepbs");
+}
+
 }  // namespace
 }  // namespace hpctrial
