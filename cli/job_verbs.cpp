@@ -98,10 +98,14 @@ bool is_pbs_job_id(const std::string& what) {
   return pbs::is_valid_job_id(what) && what.find_first_of(".[") != std::string::npos && !fs::is_directory(what);
 }
 
-// A live PBS job of an experiment and the trial it runs.
-struct PbsTask {
-  pbs::JobInfo job;
-  int trial = 0;
+// The PBS jobs of an experiment that PBS still counts as live. PBS holds, releases and deletes
+// an array job as a whole (its subjobs cannot be held one by one), so a search's array job is
+// one unit; the subjobs that run are signalled one by one, each for its own trial.
+struct PbsUnit {
+  pbs::JobInfo job;                 // a plain job, or an array job ("1234[].srv")
+  int trial = 0;                    // a plain job's trial
+  std::vector<pbs::JobInfo> subjobs;  // an array job's live subjobs
+  bool array() const { return job.id.find("[]") != std::string::npos; }
 };
 
 // The trial of "1234[3].srv" (3), else `fallback`.
@@ -111,20 +115,20 @@ int pbs_trial(const std::string& id, int fallback) {
   return std::stoi(id.substr(open + 1, close - open - 1));
 }
 
-// The experiment a PBS target names, and its live jobs: every job recorded for the experiment
-// directory, or the one job named (and its subjobs).
+// The experiment a PBS target names and its live jobs: every job recorded for the experiment
+// directory, or the one job named.
 struct PbsTarget {
   std::string experiment_dir;
-  std::vector<PbsTask> live;
+  std::vector<PbsUnit> live;
 };
 
 PbsTarget resolve_pbs(const std::string& what, const pbs::Client& client) {
   PbsTarget t;
   std::vector<mpi_launcher::RecordedJob> jobs;
   if (is_pbs_job_id(what)) {
-    const auto tasks = client.job_tasks(what);
-    if (tasks.empty()) throw SchedulerError("pbs no longer knows job " + what + "; see its experiment directory");
-    const fs::path dir = fs::path(tasks.front().output_path).parent_path();
+    const auto job = client.job(what);
+    if (!job) throw SchedulerError("pbs no longer knows job " + what + "; see its experiment directory");
+    const fs::path dir = fs::path(job->output_path).parent_path();
     if (fs::exists(dir / "experiment.json")) t.experiment_dir = dir.string();
     int trial = -1;
     if (!t.experiment_dir.empty()) {
@@ -139,11 +143,15 @@ PbsTarget resolve_pbs(const std::string& what, const pbs::Client& client) {
   }
   for (const auto& recorded : jobs) {
     if (recorded.scheduler != "pbs" || !pbs::is_valid_job_id(recorded.id)) continue;
-    for (auto& job : client.job_tasks(recorded.id)) {
-      if (!job.active()) continue;
-      const int trial = pbs_trial(job.id, std::max(0, recorded.trial));
-      t.live.push_back({std::move(job), trial});
+    auto job = client.job(recorded.id);
+    if (!job || !job->active()) continue;
+    PbsUnit unit{*job, pbs_trial(recorded.id, std::max(0, recorded.trial)), {}};
+    if (unit.array()) {
+      for (auto& sub : client.job_tasks(recorded.id)) {
+        if (sub.active() && sub.id != recorded.id) unit.subjobs.push_back(std::move(sub));
+      }
     }
+    t.live.push_back(std::move(unit));
   }
   return t;
 }
@@ -160,22 +168,33 @@ int pause_pbs(const std::string& what) {
   const pbs::Client client;
   const PbsTarget t = resolve_pbs(what, client);
   int paused = 0, held = 0, already = 0;
-  for (const PbsTask& task : t.live) {
-    if (task.job.state == "Q" || task.job.state == "W") {
-      client.hold(task.job.id);
-      ++held;
-    } else if (task.job.held()) {
-      ++already;
-    } else if (task.job.state == "R") {
-      if (t.experiment_dir.empty()) {
-        throw SchedulerError("cannot find the experiment directory of pbs job " + task.job.id + " (its output goes to " +
-                             task.job.output_path + "); pause it by its experiment directory instead");
+  const auto stop = [&](const pbs::JobInfo& job, int trial) {
+    if (t.experiment_dir.empty()) {
+      throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
+                           job.output_path + "); pause it by its experiment directory instead");
+    }
+    mpi_launcher::request_stop({t.experiment_dir}, trial, "pause");
+    client.signal(job.id, "USR2");
+    std::cout << "pausing pbs job " << job.id << ": the ranks checkpoint after their current step, then it "
+              << "submits the job that resumes trial " << trial << ", held\n";
+    ++paused;
+  };
+  for (const PbsUnit& unit : t.live) {
+    bool queued = unit.job.state == "Q" || unit.job.state == "W";
+    if (unit.array()) {
+      queued = false;
+      for (const auto& sub : unit.subjobs) {
+        if (sub.state == "R") stop(sub, pbs_trial(sub.id, 0));
+        if (sub.state == "Q" || sub.state == "W") queued = true;
       }
-      mpi_launcher::request_stop({t.experiment_dir}, task.trial, "pause");
-      client.signal(task.job.id, "USR2");
-      std::cout << "pausing pbs job " << task.job.id << ": the ranks checkpoint after their current step, then it "
-                << "submits the job that resumes trial " << task.trial << ", held\n";
-      ++paused;
+    } else if (unit.job.state == "R") {
+      stop(unit.job, unit.trial);
+    }
+    if (unit.job.held()) {
+      ++already;
+    } else if (queued) {
+      client.hold(unit.job.id);  // an array job: its queued subjobs wait with it
+      ++held;
     }
   }
   if (paused + held + already == 0) throw SchedulerError(what + " has no queued or running pbs job to pause");
@@ -188,11 +207,12 @@ int pause_pbs(const std::string& what) {
 int activate_pbs(const std::string& what) {
   const pbs::Client client;
   int released = 0;
-  for (const PbsTask& task : resolve_pbs(what, client).live) {
-    if (!task.job.held()) continue;
-    client.release(task.job.id);
-    std::cout << "pbs job " << task.job.id << " released; trial " << task.trial
-              << " resumes from its latest checkpoint when it runs\n";
+  for (const PbsUnit& unit : resolve_pbs(what, client).live) {
+    if (!unit.job.held()) continue;
+    client.release(unit.job.id);
+    std::cout << "pbs job " << unit.job.id << " released; "
+              << (unit.array() ? std::string("its subjobs resume") : "trial " + std::to_string(unit.trial) + " resumes")
+              << " from the latest checkpoint when it runs\n";
     ++released;
   }
   if (released == 0) std::cout << what << " has no held pbs job; nothing to activate\n";
@@ -203,9 +223,9 @@ int kill_pbs(const std::string& what) {
   const pbs::Client client;
   const PbsTarget t = resolve_pbs(what, client);
   if (t.live.empty()) throw SchedulerError(what + " has no queued or running pbs job to kill");
-  for (const PbsTask& task : t.live) {
-    client.cancel(task.job.id);
-    std::cout << "pbs job " << task.job.id << " deleted\n";
+  for (const PbsUnit& unit : t.live) {
+    client.cancel(unit.job.id);  // an array job with all its subjobs
+    std::cout << "pbs job " << unit.job.id << " deleted\n";
   }
   return kExitOk;
 }

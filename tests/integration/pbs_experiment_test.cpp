@@ -312,6 +312,15 @@ TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
   const std::string array = submit(exp);
   ASSERT_EQ(array, "1[].fakepbs");
   EXPECT_THAT(read_file(experiment() + "/job.pbs"), HasSubstr("#PBS -J 0-1\n"));
+  // PBS holds and releases an array job as a whole.
+  const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.err;
+  EXPECT_THAT(calls("qhold"), testing::ElementsAre("qhold 1[].fakepbs"));
+  EXPECT_EQ(state_of(array), "H");
+  const auto activate = run({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  EXPECT_THAT(activate.out, HasSubstr("pbs job 1[].fakepbs released; its subjobs resume"));
+  EXPECT_THAT(calls("qrls"), testing::ElementsAre("qrls 1[].fakepbs"));
   std::string job = "1[1].fakepbs";
   std::vector<std::string> jobs;
   for (int run = 0; run < 12; ++run) {
@@ -343,6 +352,11 @@ TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
   ASSERT_TRUE(logs.ok()) << logs.describe() << logs.err;
   EXPECT_THAT(logs.out, HasSubstr("==> pbs job 1[1].fakepbs <==\n"));
   EXPECT_THAT(logs.out, HasSubstr("trial 1 finished"));
+  // kill deletes the array job, and with it the subjob still queued.
+  const auto kill = run({HPCTRIAL_CLI, "kill", experiment()});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel 1[].fakepbs"));
+  EXPECT_EQ(state_of("1[0].fakepbs"), "F");
 }
 
 // A compute node that cannot reach the server: qstat fails in the job, and the launcher takes
