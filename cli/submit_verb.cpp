@@ -129,6 +129,7 @@ int run_submit(const std::vector<std::string>& args) {
                         "` resumes a paused job, `hpctrial kill " + earlier->id + "` ends it");
     }
   }
+  render(mpi_launcher::resolve_experiment(config, experiment_dir));  // a value the script refuses: nothing written
   const auto prepared = mpi_launcher::prepare_experiment(config, experiment_dir);
   const std::string script = experiment_dir + (pbs ? "/job.pbs" : "/job.sbatch");
   const auto exported = core::exported_environment(prepared, env);

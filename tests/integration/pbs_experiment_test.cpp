@@ -372,5 +372,15 @@ TEST_F(PbsExperiment, WithoutQstatTheConfigsTimeLimitSetsTheDeadline) {
   EXPECT_EQ(latest_job(), "2.fakepbs");
 }
 
+// A directory PBS cannot name in an #PBS -o line is refused before anything is written.
+TEST_F(PbsExperiment, AnExperimentDirectoryPbsCannotNameIsRefusedBeforeAnythingIsWritten) {
+  const std::string odd = (dir_.path() / "my runs" / "exp").string();
+  const auto r = run({HPCTRIAL_CLI, "submit", config(100, "time_limit: 1h"), "--experiment", odd});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("experiment directory " + odd + ": PBS reads the output path"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "my runs")) << "nothing is written for a refused submission";
+  EXPECT_TRUE(calls("qsub").empty());
+}
+
 }  // namespace
 }  // namespace hpctrial
