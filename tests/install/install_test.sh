@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The installed tree: `cmake --install` into a temporary prefix, then, with nothing set but a
+# plain PATH, the installed hpctrial runs and a project of one's own configures against the
+# exported CMake package; the same after the prefix has moved. No build path may remain in what
+# was installed.
+#   install_test.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+fail() { echo "install_test: $*" >&2; exit 1; }
+clean() { env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$@"; }
+
+check_prefix() {
+  local prefix=$1
+  for f in bin/hpctrial bin/hpctrial-worker include/hpctrial/trainer.h include/hpctrial/build_config.h \
+           lib/cmake/hpctrial/hpctrialConfig.cmake lib/cmake/hpctrial/hpctrialTargets.cmake; do
+    [[ -e $prefix/$f ]] || fail "$prefix/$f was not installed"
+  done
+  local version
+  version=$(clean "$prefix/bin/hpctrial" --version) || fail "the installed hpctrial --version failed"
+  grep -q '^hpctrial [0-9]' <<<"$version" || fail "unexpected --version output: $version"
+  # Every installed program and library finds hpctrial's libraries relative to itself.
+  local elf
+  for elf in "$prefix"/bin/* "$prefix"/lib/libhpctrial_*.so.*; do
+    [[ -L $elf ]] && continue
+    if readelf -d "$elf" | grep -E 'R(UN)?PATH' | grep -qF "$build"; then
+      fail "$elf keeps the build directory in its RPATH"
+    fi
+  done
+  if grep -rqF "$build" "$prefix/lib/cmake/hpctrial"; then fail "the CMake package names the build directory"; fi
+  # A project of one's own finds the package.
+  mkdir -p "$tmp/project"
+  cat >"$tmp/project/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(user_project CXX)
+find_package(hpctrial 0.1 CONFIG REQUIRED)
+foreach(t trainer core checkpoint mpi_launcher slurm pbs)
+  if(NOT TARGET hpctrial::${t})
+    message(FATAL_ERROR "no hpctrial::${t}")
+  endif()
+endforeach()
+message(STATUS "hpctrial found in ${hpctrial_DIR}")
+CMAKE
+  rm -rf "$tmp/project/build"
+  clean cmake -S "$tmp/project" -B "$tmp/project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" 2>&1 ||
+    { cat "$tmp/configure.log"; fail "find_package(hpctrial) failed against $prefix"; }
+  grep -qF "hpctrial found in $prefix/lib/cmake/hpctrial" "$tmp/configure.log" ||
+    { cat "$tmp/configure.log"; fail "the package was found elsewhere than $prefix"; }
+}
+
+# The installed stand-alone example builds against the prefix and trains 2 ranks, with the
+# prefix's bin on PATH as `module load hpctrial` puts it.
+build_and_run_example() {
+  local prefix=$1 project=$tmp/standalone
+  rm -rf "$project"
+  cp -r "$prefix/share/hpctrial/examples/standalone" "$project"
+  if ! clean cmake -S "$project" -B "$project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/example.log" 2>&1 ||
+     ! clean cmake --build "$project/build" >>"$tmp/example.log" 2>&1; then
+    cat "$tmp/example.log"
+    fail "the stand-alone example did not build against $prefix"
+  fi
+  (cd "$project" && clean env PATH="$prefix/bin:/usr/local/bin:/usr/bin:/bin" hpctrial run experiment.yaml) \
+    >"$tmp/run.log" 2>&1 || { cat "$tmp/run.log"; fail "the stand-alone example did not run"; }
+  [[ -f $project/runs/my-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$tmp/run.log"; fail "the stand-alone example left no final checkpoint"; }
+  grep -q "starting 2 rank(s)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example did not run 2 ranks"; }
+}
+
+cmake --install "$build" --prefix "$tmp/first" >/dev/null
+check_prefix "$tmp/first"
+mv "$tmp/first" "$tmp/moved"
+check_prefix "$tmp/moved"
+build_and_run_example "$tmp/moved"
+echo "install_test: installed, run and found by CMake in place and after a move; the stand-alone example built and trained"
