@@ -16,6 +16,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev shellcheck
   # the integration tier: a real local Slurm cluster
   slurmctld slurmd slurm-client munge
+  # the install tier: modulefiles loaded by a real Lmod (Environment Modules conflicts with it in
+  # Debian; its Tcl modulefile is loaded by Lmod and read by tclsh)
+  lmod tcl
   # reference comparisons (PyTorch DDP baseline, reading checkpoints from Python)
   python3 python3-torch python3-h5py
 )

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The installed tree: `cmake --install` into a temporary prefix, then, with nothing set but a
-# plain PATH, the installed hpctrial runs and a project of one's own configures against the
-# exported CMake package; the same after the prefix has moved. No build path may remain in what
-# was installed.
+# plain PATH, the installed hpctrial runs, a project of one's own configures against the
+# exported CMake package, and the modulefiles load in a real Lmod (the Lua one, and the Tcl one
+# for Environment Modules); the same after the prefix has moved, where the stand-alone example,
+# with nothing but `module load hpctrial`, builds and trains 2 ranks. No build path may remain
+# in what was installed.
 #   install_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -30,6 +32,22 @@ check_prefix() {
     fi
   done
   if grep -rqF "$build" "$prefix/lib/cmake/hpctrial"; then fail "the CMake package names the build directory"; fi
+  # The modulefiles, each loaded by Lmod in a clean shell; the Tcl one alone as well.
+  local lmod=/usr/share/lmod/lmod/init/bash modules=$prefix/share/modulefiles/hpctrial version
+  [[ -r $lmod ]] || fail "no Lmod at $lmod (scripts/install-deps.sh installs it)"
+  version=$(basename "$(ls "$modules"/*.lua)" .lua)
+  [[ -f $modules/$version ]] || fail "no Tcl modulefile $modules/$version"
+  [[ $(echo "puts [info complete [read [open {$modules/$version}]]]" | tclsh) == 1 ]] || fail "the Tcl modulefile is not complete Tcl"
+  local flavour loaded
+  for flavour in lua tcl; do
+    [[ $flavour == tcl ]] && mv "$modules/$version.lua" "$tmp/hidden.lua"
+    loaded=$(clean bash -c "source $lmod; module use '$prefix/share/modulefiles' && module load hpctrial &&
+                            echo \"root=\$HPCTRIAL_ROOT cmake=\$CMAKE_PREFIX_PATH\" && hpctrial --version" 2>&1) ||
+      fail "module load hpctrial ($flavour) failed: $loaded"
+    [[ $flavour == tcl ]] && mv "$tmp/hidden.lua" "$modules/$version.lua"
+    grep -qxF "root=$prefix cmake=$prefix" <<<"$loaded" || fail "the $flavour modulefile set: $loaded"
+    grep -q '^hpctrial [0-9]' <<<"$loaded" || fail "hpctrial did not run after module load ($flavour): $loaded"
+  done
   # A project of one's own finds the package.
   mkdir -p "$tmp/project"
   cat >"$tmp/project/CMakeLists.txt" <<'CMAKE'
@@ -50,19 +68,20 @@ CMAKE
     { cat "$tmp/configure.log"; fail "the package was found elsewhere than $prefix"; }
 }
 
-# The installed stand-alone example builds against the prefix and trains 2 ranks, with the
-# prefix's bin on PATH as `module load hpctrial` puts it.
+# The installed stand-alone example, with nothing set but `module load hpctrial`, builds against
+# the prefix and trains 2 ranks.
 build_and_run_example() {
   local prefix=$1 project=$tmp/standalone
   rm -rf "$project"
   cp -r "$prefix/share/hpctrial/examples/standalone" "$project"
-  if ! clean cmake -S "$project" -B "$project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/example.log" 2>&1 ||
-     ! clean cmake --build "$project/build" >>"$tmp/example.log" 2>&1; then
+  local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
+  if ! clean bash -c "$steps && cmake -S '$project' -B '$project/build' && cmake --build '$project/build'" \
+       >"$tmp/example.log" 2>&1; then
     cat "$tmp/example.log"
     fail "the stand-alone example did not build against $prefix"
   fi
-  (cd "$project" && clean env PATH="$prefix/bin:/usr/local/bin:/usr/bin:/bin" hpctrial run experiment.yaml) \
-    >"$tmp/run.log" 2>&1 || { cat "$tmp/run.log"; fail "the stand-alone example did not run"; }
+  clean bash -c "$steps && cd '$project' && hpctrial run experiment.yaml" >"$tmp/run.log" 2>&1 ||
+    { cat "$tmp/run.log"; fail "the stand-alone example did not run"; }
   [[ -f $project/runs/my-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
     { cat "$tmp/run.log"; fail "the stand-alone example left no final checkpoint"; }
   grep -q "starting 2 rank(s)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example did not run 2 ranks"; }
