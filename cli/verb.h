@@ -36,6 +36,7 @@ Verb kill_verb();
 Verb jobs_verb();
 Verb logs_verb();
 Verb describe_verb();
+Verb new_trial_verb();
 
 // "hpctrial 0.1.0 (git abc123)" and what it was built with.
 std::string version_text();

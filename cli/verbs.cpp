@@ -15,6 +15,7 @@ std::vector<Verb> builtin_verbs() {
       describe_verb(),
       launch_verb(),
       checkpoint_verb(),
+      new_trial_verb(),
   };
 }
 

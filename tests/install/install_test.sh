@@ -85,6 +85,15 @@ build_and_run_example() {
   [[ -f $project/runs/my-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
     { cat "$tmp/run.log"; fail "the stand-alone example left no final checkpoint"; }
   grep -q "starting 2 rank(s)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example did not run 2 ranks"; }
+  # What `hpctrial new-trial` writes builds and trains the same way.
+  rm -rf "$tmp/demo"
+  if ! clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo' && cd '$tmp/demo' &&
+                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/new.log" 2>&1; then
+    cat "$tmp/new.log"
+    fail "the project of hpctrial new-trial did not build and run"
+  fi
+  [[ -f $tmp/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$tmp/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
 }
 
 cmake --install "$build" --prefix "$tmp/first" >/dev/null
@@ -92,4 +101,4 @@ check_prefix "$tmp/first"
 mv "$tmp/first" "$tmp/moved"
 check_prefix "$tmp/moved"
 build_and_run_example "$tmp/moved"
-echo "install_test: installed, run and found by CMake in place and after a move; the stand-alone example built and trained"
+echo "install_test: installed, run and found by CMake in place and after a move; the stand-alone example and a new-trial project built and trained"

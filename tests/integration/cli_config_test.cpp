@@ -4,6 +4,10 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -36,6 +40,29 @@ TEST(Cli, HelpListsVerbsWithExamples) {
   const auto bare = hpctrial({});
   EXPECT_EQ(bare.exit_code, 2);
   EXPECT_THAT(bare.out, HasSubstr("usage: hpctrial"));
+}
+
+TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
+  testing_support::TempDir dir;
+  const std::string project = (dir.path() / "p").string();
+  const auto r = hpctrial({"new-trial", "seg_model", "--dir", project});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* file : {"CMakeLists.txt", "seg_model.cpp", "experiment.yaml", "README.md"}) {
+    EXPECT_TRUE(std::filesystem::exists(project + "/" + file)) << file;
+  }
+  std::ifstream source(project + "/seg_model.cpp");
+  const std::string text((std::istreambuf_iterator<char>(source)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("class SegModel : public hpctrial::Trial"));
+  EXPECT_THAT(text, HasSubstr("HPCTRIAL_MAIN(SegModel)"));
+  const auto again = hpctrial({"new-trial", "seg_model", "--dir", project});
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_THAT(again.err, HasSubstr("already exists and is not an empty directory"));
+  for (const char* bad : {"Seg", "9lives", "a-b", "x y"}) {
+    const auto refused = hpctrial({"new-trial", bad, "--dir", (dir.path() / "q").string()});
+    EXPECT_EQ(refused.exit_code, 2) << bad;
+    EXPECT_THAT(refused.err, HasSubstr("is not a trial name")) << bad;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "q"));
 }
 
 TEST(Cli, VersionSaysWhatItWasBuiltWith) {

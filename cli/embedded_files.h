@@ -1,0 +1,18 @@
+// Files compiled into the hpctrial command (cmake/EmbedFiles.cmake), such as the stand-alone
+// trial project that `hpctrial new-trial` writes.
+#pragma once
+
+#include <cstddef>
+
+namespace hpctrial::cli {
+
+struct EmbeddedFile {
+  const char* name;  // relative path
+  const char* text;
+};
+
+// examples/standalone: CMakeLists.txt, my_trial.cpp, experiment.yaml, README.md.
+extern const EmbeddedFile kStandaloneProject[];
+extern const std::size_t kStandaloneProject_count;
+
+}  // namespace hpctrial::cli

@@ -1,0 +1,107 @@
+// hpctrial new-trial NAME: a trial project of one's own, written from the stand-alone example
+// (examples/standalone) with its names made NAME's.
+#include <boost/program_options.hpp>
+
+#include <cctype>
+#include <filesystem>
+#include <iostream>
+
+#include "embedded_files.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace hpctrial::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: hpctrial new-trial NAME [--dir DIR]
+
+Writes a trial project into DIR (default ./NAME): NAME.cpp (a complete trial to make your own),
+CMakeLists.txt (it finds the installed hpctrial with find_package), experiment.yaml and a
+README. NAME is a C++-friendly name: a lower-case letter, then lower-case letters, digits and _.
+
+examples:
+  hpctrial new-trial segmenter
+  cd segmenter && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml
+
+options)";
+
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+}
+
+// segment_model -> SegmentModel
+std::string camel_case(const std::string& name) {
+  std::string out;
+  bool upper = true;
+  for (char c : name) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  return out;
+}
+
+int run_new_trial(const std::vector<std::string>& args) {
+  std::string name, dir;
+  po::options_description options("options");
+  options.add_options()("help,h", "show this help")("dir,d", po::value(&dir)->value_name("DIR"),
+                                                     "where to write the project (default ./NAME)");
+  po::options_description hidden;
+  hidden.add_options()("name", po::value(&name));
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::positional_options_description pos;
+  pos.add("name", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << ":\n" << options;
+    return kExitOk;
+  }
+  if (name.empty()) throw ConfigError("hpctrial new-trial: give the trial's name, e.g. `hpctrial new-trial segmenter`");
+  const bool valid = std::islower(static_cast<unsigned char>(name[0])) && name.size() <= 64 &&
+                     name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+  if (!valid) {
+    throw ConfigError("hpctrial new-trial: \"" + name + "\" is not a trial name: a lower-case letter, then lower-case "
+                      "letters, digits and _ (at most 64), e.g. my_model");
+  }
+  if (dir.empty()) dir = name;
+  std::error_code ec;
+  if (fs::exists(dir) && !(fs::is_directory(dir) && fs::is_empty(dir, ec))) {
+    throw ConfigError("hpctrial new-trial: " + dir + " already exists and is not an empty directory; choose "
+                      "another with --dir");
+  }
+  core::create_directories(dir, 0755);
+  std::string dashed = name;
+  replace_all(dashed, "_", "-");
+  for (std::size_t i = 0; i < kStandaloneProject_count; ++i) {
+    std::string file = kStandaloneProject[i].name, text = kStandaloneProject[i].text;
+    replace_all(file, "my_trial", name);
+    replace_all(text, "my_trial", name);
+    replace_all(text, "MyTrial", camel_case(name));
+    replace_all(text, "my-trial", dashed);
+    core::write_file_atomic((fs::path(dir) / file).string(), text, 0644);
+    std::cout << "wrote " << (fs::path(dir) / file).string() << "\n";
+  }
+  std::cout << "build and run it:\n  cd " << dir << " && cmake -S . -B build && cmake --build build"
+            << " && hpctrial run experiment.yaml\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+Verb new_trial_verb() {
+  return {"new-trial", "write a trial project of your own (trial, CMakeLists.txt, experiment.yaml)", run_new_trial};
+}
+
+}  // namespace hpctrial::cli
