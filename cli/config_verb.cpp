@@ -7,6 +7,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/files.h"
+#include "site_defaults.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -97,7 +98,7 @@ int run_config(const std::vector<std::string>& args) {
   for (const auto& file : files) {
     core::ConfigSources sources{file, template_path, overrides};
     try {
-      const core::ExperimentConfig config = core::load_experiment_config(sources);
+      const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
       if (action == "show" && !output_path.empty()) {
         core::write_file_atomic(output_path, core::to_yaml(config));
         std::cout << "wrote the effective config of " << file << " to " << output_path << "\n";

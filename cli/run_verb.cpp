@@ -13,6 +13,7 @@
 #include "hpctrial/core/search.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "launch_options.h"
+#include "site_defaults.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -93,7 +94,7 @@ int run_run(const std::vector<std::string>& args) {
   }
   core::ProcessEnv env;
   core::init_logging(env);
-  const core::ExperimentConfig config = core::load_experiment_config(sources);
+  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
   if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();

@@ -27,6 +27,7 @@
 #include "hpctrial/slurm/client.h"
 #include "hpctrial/slurm/job_environment.h"
 #include "job_verbs.h"
+#include "site_defaults.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -85,7 +86,7 @@ int run_submit(const std::vector<std::string>& args) {
   }
   if (!scheduler.empty()) sources.overrides.push_back("scheduler.type=" + scheduler);
   core::ProcessEnv env;
-  const core::ExperimentConfig config = core::load_experiment_config(sources);
+  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
   if (config.scheduler.type == core::SchedulerConfig::Type::kLocal) {
     throw ConfigError(sources.config_path + ": scheduler.type is local, so there is nothing to submit; run it here "
                       "with `hpctrial run " + sources.config_path + "`, or submit with --scheduler slurm (or pbs)");

@@ -790,15 +790,20 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
   return config;
 }
 
-ExperimentConfig load_experiment_config(const ConfigSources& sources) {
+ExperimentConfig load_experiment_config(const ConfigSources& sources) { return load_experiment_config(sources, ""); }
+
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path) {
   Diagnostics d;
   ConfigNode root = load_config_file(sources.config_path, d);
-  if (!sources.template_path.empty()) {
-    ConfigNode template_root = load_config_file(sources.template_path, d);
-    if (!template_root.is_null() && !template_root.is_map()) {
-      d.error(template_root.where(), "", "a template must be a map of keys, got " + template_root.kind_name());
+  // Under the config: the template, then the site's defaults under both.
+  for (const auto& [path, what] : {std::pair<std::string, const char*>{sources.template_path, "a template"},
+                                   std::pair<std::string, const char*>{site_path, "a site's defaults file"}}) {
+    if (path.empty()) continue;
+    ConfigNode layer = load_config_file(path, d);
+    if (!layer.is_null() && !layer.is_map()) {
+      d.error(layer.where(), "", std::string(what) + " must be a map of keys, got " + layer.kind_name());
     }
-    if (d.empty()) root = merge_template(template_root, root);
+    if (d.empty()) root = merge_template(layer, root);
   }
   for (const auto& assignment : sources.overrides) apply_override(root, assignment, d);
   // Problems with the YAML itself come first; the schema is only checked on a readable tree.

@@ -94,6 +94,15 @@ build_and_run_example() {
   fi
   [[ -f $tmp/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
     { cat "$tmp/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
+  # The centre's defaults in PREFIX/etc/hpctrial/site.yaml reach every config the command reads.
+  mkdir -p "$prefix/etc/hpctrial"
+  printf 'scheduler: {type: slurm, partition: centre-gpu, account: centre-acct}\n' >"$prefix/etc/hpctrial/site.yaml"
+  local shown
+  shown=$(clean bash -c "$steps && hpctrial submit '$project/experiment.yaml' --dry-run" 2>&1) ||
+    fail "hpctrial submit --dry-run with the site's defaults failed: $shown"
+  grep -q '^#SBATCH --partition=centre-gpu$' <<<"$shown" || fail "the site's defaults did not reach the script: $shown"
+  grep -q '^#SBATCH --account=centre-acct$' <<<"$shown" || fail "the site's account did not reach the script: $shown"
+  rm "$prefix/etc/hpctrial/site.yaml"
 }
 
 cmake --install "$build" --prefix "$tmp/first" >/dev/null

@@ -18,10 +18,11 @@ using testing::HasSubstr;
 using testing::StartsWith;
 using testing_support::TempDir;
 
-core::RunResult hpctrial(std::vector<std::string> args) {
+core::RunResult hpctrial(std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> env = {}) {
   args.insert(args.begin(), HPCTRIAL_CLI);
   core::RunOptions options;
   options.timeout = std::chrono::seconds(60);
+  options.env_set = std::move(env);
   return core::run_process(args, options);
 }
 
@@ -63,6 +64,34 @@ TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
     EXPECT_THAT(refused.err, HasSubstr("is not a trial name")) << bad;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "q"));
+}
+
+// A site's defaults lie under everything else: site < template < config < --set.
+TEST(Cli, SiteDefaultsLieUnderTheTemplateTheConfigAndSet) {
+  TempDir dir;
+  const std::string site = dir.write("site.yaml", "scheduler: {type: slurm, partition: site-p, account: site-a, "
+                                                  "qos: site-q, modules: [site/1]}\n");
+  const std::string tmpl = dir.write("t.yaml", "scheduler: {account: template-a}\n");
+  const std::string config = dir.write("c.yaml", std::string(kValid) + "scheduler: {qos: config-q}\n");
+  const auto r = hpctrial({"config", "show", config, "--template", tmpl, "--set", "scheduler.partition=set-p"},
+                          {{"HPCTRIAL_SITE_CONFIG", site}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("partition: set-p"));
+  EXPECT_THAT(r.out, HasSubstr("account: template-a"));
+  EXPECT_THAT(r.out, HasSubstr("qos: config-q"));
+  EXPECT_THAT(r.out, HasSubstr("site/1"));
+  // Set and empty: no site defaults.
+  const auto none = hpctrial({"config", "show", config}, {{"HPCTRIAL_SITE_CONFIG", ""}});
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_THAT(none.out, testing::Not(HasSubstr("site/1")));
+  // Naming no file, or not a map: a clear error.
+  const auto missing = hpctrial({"config", "validate", config}, {{"HPCTRIAL_SITE_CONFIG", dir.path().string() + "/nope.yaml"}});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.out + missing.err, HasSubstr("HPCTRIAL_SITE_CONFIG names " + dir.path().string() + "/nope.yaml"));
+  const std::string list = dir.write("list.yaml", "- a\n- b\n");
+  const auto not_map = hpctrial({"config", "validate", config}, {{"HPCTRIAL_SITE_CONFIG", list}});
+  EXPECT_EQ(not_map.exit_code, 2);
+  EXPECT_THAT(not_map.out + not_map.err, HasSubstr("a site's defaults file must be a map of keys"));
 }
 
 TEST(Cli, VersionSaysWhatItWasBuiltWith) {

@@ -166,6 +166,9 @@ struct ConfigSources {
 
 // Reads, merges, overrides and validates. Throws ConfigError listing every problem.
 ExperimentConfig load_experiment_config(const ConfigSources& sources);
+// The same, with a site's defaults (a YAML map like a template; empty path: none) merged under
+// the template: site < template < config < --set.
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path);
 
 // Validates a tree (already merged and overridden). Problems go to `diagnostics`.
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics);
