@@ -2,9 +2,9 @@
 # The installed tree: `cmake --install` into a temporary prefix, then, with nothing set but a
 # plain PATH, the installed hpctrial runs, a project of one's own configures against the
 # exported CMake package, and the modulefiles load in a real Lmod (the Lua one, and the Tcl one
-# for Environment Modules); the same after the prefix has moved, where the stand-alone example,
-# with nothing but `module load hpctrial`, builds and trains 2 ranks. No build path may remain
-# in what was installed.
+# for Environment Modules), and, with nothing but `module load hpctrial`, the stand-alone
+# example and a `hpctrial new-trial` project build and train 2 ranks; all of it again after the
+# prefix has moved. No build path may remain in what was installed.
 #   install_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -107,7 +107,8 @@ build_and_run_example() {
 
 cmake --install "$build" --prefix "$tmp/first" >/dev/null
 check_prefix "$tmp/first"
+build_and_run_example "$tmp/first"
 mv "$tmp/first" "$tmp/moved"
 check_prefix "$tmp/moved"
 build_and_run_example "$tmp/moved"
-echo "install_test: installed, run and found by CMake in place and after a move; the stand-alone example and a new-trial project built and trained"
+echo "install_test: in place and after a move: installed, run, found by CMake and Lmod; the stand-alone example and a new-trial project built and trained"
