@@ -42,7 +42,7 @@ void write_json_file(const std::string& path, const json& value) {
 }
 
 std::string stop_reason(const std::string& trial_dir) {
-  std::ifstream in(stop_file(trial_dir));
+  std::ifstream in(core::stop_file(trial_dir));
   if (!in) return "";
   try {
     const json j = json::parse(in);
@@ -53,7 +53,7 @@ std::string stop_reason(const std::string& trial_dir) {
 }
 
 void write_stop_request(const std::string& trial_dir, const std::string& reason) {
-  core::write_file_atomic(stop_file(trial_dir), json{{"reason", reason}, {"time", core::utc_now_iso()}}.dump() + "\n");
+  core::write_file_atomic(core::stop_file(trial_dir), json{{"reason", reason}, {"time", core::utc_now_iso()}}.dump() + "\n");
 }
 
 }  // namespace detail
@@ -140,8 +140,9 @@ void record_job(const ExperimentLayout& layout, const std::string& scheduler, co
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const std::string trial_dir = layout.trial_dir(trial_id);
   TrialProgress p;
-  const auto beats = detail::read_heartbeats(detail::heartbeat_dir(trial_dir));
-  if (const auto it = beats.find(0); it != beats.end()) p.reported_step = it->second.step;
+  for (const auto& [rank, record] : core::read_heartbeats(core::heartbeat_dir(trial_dir))) {
+    if (rank == 0) p.reported_step = record.step;
+  }
   const json state = detail::read_json_file(trial_dir + "/launcher-state.json");
   p.starts = state.value("starts", 0);
   p.failures = state.value("failures", 0);
@@ -220,18 +221,19 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
 
   // The contract with the ranks.
   c.env = {
-      {"HPCTRIAL_EXPERIMENT_DIR", layout.dir},
-      {"HPCTRIAL_CONFIG", layout.config()},
-      {"HPCTRIAL_TRIAL_ID", std::to_string(options.trial_id)},
-      {"HPCTRIAL_TRIAL_DIR", trial_dir},
-      {"HPCTRIAL_RESTART_COUNT", std::to_string(restart_count)},
-      {"HPCTRIAL_SCHEDULER", allocation.scheduler},
-      {"HPCTRIAL_JOB_ID", allocation.job_id},
-      {"HPCTRIAL_STOP_FILE", detail::stop_file(trial_dir)},
-      {"HPCTRIAL_HEARTBEAT_DIR", detail::heartbeat_dir(trial_dir)},
-      {"HPCTRIAL_ABORT_FILE", detail::abort_file(trial_dir, restart_count)},
+      {core::kEnvExperimentDir, layout.dir},
+      {core::kEnvConfig, layout.config()},
+      {core::kEnvTrialId, std::to_string(options.trial_id)},
+      {core::kEnvTrialDir, trial_dir},
+      {core::kEnvRestartCount, std::to_string(restart_count)},
+      {core::kEnvScheduler, allocation.scheduler},
+      {core::kEnvJobId, allocation.job_id},
+      {core::kEnvStopFile, core::stop_file(trial_dir)},
+      {core::kEnvHeartbeatDir, core::heartbeat_dir(trial_dir)},
+      {core::kEnvAbortFile, core::abort_file(trial_dir, restart_count)},
+      {core::kEnvVerdictFile, core::verdict_file(trial_dir, restart_count)},
   };
-  for (const char* passed : {"HPCTRIAL_FAULT", "HPCTRIAL_LOG_LEVEL"}) {
+  for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) c.env.emplace_back(passed, *value);
   }
   for (const auto& var : config.environment) {

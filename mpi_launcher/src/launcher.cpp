@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <iostream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
@@ -236,9 +238,12 @@ class Supervisor {
     child_ = child.pid;
     mpirun_status_.reset();
     abort_file_.clear();
+    verdict_file_.clear();
     abort_written_ = false;
+    failure_ = {};
     for (const auto& [name, value] : command.env) {
-      if (name == "HPCTRIAL_ABORT_FILE") abort_file_ = value;
+      if (name == core::kEnvAbortFile) abort_file_ = value;
+      if (name == core::kEnvVerdictFile) verdict_file_ = value;
     }
     const auto started = Clock::now();
     last_progress_ = started;
@@ -364,8 +369,19 @@ class Supervisor {
     }
     ::close(child.out_fd);
     ::close(child.err_fd);
-    failure_ = detail::parse_mpirun_failure(output.mpirun_text());
-    if (failure_.rank < 0 && rank_failure_) failure_ = *rank_failure_;
+    if (!good_end) {
+      // Read now, with every rank ended: a record read during the attempt may predate its end.
+      const auto records = core::read_heartbeats(core::heartbeat_dir(trial_dir_));
+      for (const auto& [rank, record] : records) beats_[rank] = record;
+      std::ifstream verdict_in(verdict_file_);
+      const std::string verdict_text((std::istreambuf_iterator<char>(verdict_in)), {});
+      // After the launcher's own hang watch ended the attempt, what mpirun reports are the ranks
+      // it killed: only the ranks' records and the watchdog's verdict name a culprit.
+      const bool hung = !a.hang.empty();
+      failure_ = detail::attribute_failure(records, core::decode_verdict(verdict_text),
+                                           hung ? std::string() : output.mpirun_text(),
+                                           hung ? std::nullopt : rank_failure_);
+    }
     if (failure_.rank >= 0) failure_tail_ = output.tail(failure_.rank);
     mpirun_tail_ = output.tail(-1);
     output_ = nullptr;
@@ -379,7 +395,7 @@ class Supervisor {
   const std::vector<std::string>& mpirun_tail() const { return mpirun_tail_; }
   std::map<int, long long> steps() const {
     std::map<int, long long> out;
-    for (const auto& [rank, beat] : beats_) out[rank] = beat.step;
+    for (const auto& [rank, record] : beats_) out[rank] = record.step;
     return out;
   }
 
@@ -405,52 +421,58 @@ class Supervisor {
     core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
   }
 
-  // A rank of this host that ended while mpirun still runs (its zombie waits for mpirun): a
-  // failure, unless it stopped on request (75), or finished (0) and mpirun is about to reap it.
-  // Ranks on other hosts: mpirun's own report ("MPI_ABORT was invoked", "exited on signal").
+  // A rank that failed while mpirun still runs: one that recorded a failed end (its exit code,
+  // fatal signal or abort: exact, on any host), one mpirun reported, or one of this host seen
+  // ended without a record (killed by SIGKILL, say) - after a moment for mpirun's report, which
+  // says which signal. A rank that stopped on request (75) means the others are only finishing.
   std::optional<detail::RankFailure> find_failed_rank(Clock::time_point now, const std::string& mpirun_text) {
+    for (const auto& [rank, record] : beats_) {
+      if (record.end && record.end->kind == core::RankEnd::Kind::kExit && record.end->code == kExitStopped) {
+        if (stopped_at_ == Clock::time_point{}) stopped_at_ = now;
+        return std::nullopt;
+      }
+    }
+    detail::RankFailure f;
+    for (const auto& [rank, record] : beats_) {
+      if (record.end && record.end->failed() && (f.rank < 0 || record.end->unix_ms < beats_[f.rank].end->unix_ms)) {
+        f.rank = rank;
+      }
+    }
+    if (f.rank >= 0) {
+      f.how = beats_[f.rank].end->describe();
+      return f;
+    }
     if (mpirun_text.find("MPI_ABORT was invoked") != std::string::npos ||
         mpirun_text.find("mpirun noticed that process rank") != std::string::npos) {
-      detail::RankFailure f = detail::parse_mpirun_failure(mpirun_text);
+      f = detail::parse_mpirun_failure(mpirun_text);
       if (f.rank >= 0) return f;
     }
     char host[256] = "";
     ::gethostname(host, sizeof host - 1);
     std::optional<detail::RankFailure> found;
-    // A rank that stopped on request: every checkpoint is durable (the ranks passed a barrier
-    // before any of them exits), so the others are only finishing; none of them has failed.
-    for (const auto& [rank, beat] : beats_) {
-      const auto status = beat.host == host ? detail::zombie_status(beat.pid) : std::nullopt;
-      if ((beat.exit_code && *beat.exit_code == kExitStopped) ||
-          (status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped)) {
-        if (stopped_at_ == Clock::time_point{}) stopped_at_ = now;
-        return std::nullopt;
-      }
-    }
-    for (const auto& [rank, beat] : beats_) {
-      if (beat.host != host) continue;
-      const auto status = detail::zombie_status(beat.pid);
-      const bool gone = !status && ::kill(beat.pid, 0) != 0 && errno == ESRCH;
+    for (const auto& [rank, record] : beats_) {
+      if (record.host != host) continue;
+      const auto status = detail::zombie_status(record.pid);
+      const bool gone = !status && ::kill(record.pid, 0) != 0 && errno == ESRCH;
       if (!status && !gone) continue;
       const auto first_seen = zombies_.emplace(rank, now).first->second;
-      detail::RankFailure f;
+      f = {};
       f.rank = rank;
-      f.host = beat.host;
+      f.host = record.host;
+      if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped) continue;
       if (status && WIFSIGNALED(*status)) {
         f.signal = WTERMSIG(*status);
         f.how = "was killed by signal " + std::to_string(*f.signal) + " (" + ::strsignal(*f.signal) + ")";
-      } else if (status || beat.exit_code) {
-        f.exit_code = status ? WEXITSTATUS(*status) : *beat.exit_code;
-        if (*f.exit_code == kExitStopped) continue;
-        if (*f.exit_code == 0) {
-          if (now - first_seen < std::chrono::seconds(1)) continue;  // finishing: mpirun reaps it now
-          f.how = "exited with code 0 while the others still ran (before MPI_Finalize, or after it while others "
-                  "still needed it)";
-        } else {
-          f.how = "exited with code " + std::to_string(*f.exit_code);
-        }
+      } else if (status && WEXITSTATUS(*status) != 0) {
+        f.exit_code = WEXITSTATUS(*status);
+        f.how = "exited with code " + std::to_string(*f.exit_code);
+      } else if (status || (record.end && record.end->kind == core::RankEnd::Kind::kExit)) {
+        if (now - first_seen < std::chrono::seconds(1)) continue;  // finishing: mpirun reaps it now
+        f.exit_code = 0;
+        f.how = core::RankEnd{core::RankEnd::Kind::kExit, 0, 0}.describe();
       } else {
-        if (now - first_seen < std::chrono::seconds(1)) continue;
+        // Gone without a record of its end: SIGKILL, or the record was lost. mpirun says more.
+        if (now - first_seen < std::chrono::seconds(3)) continue;
         f.how = "ended without an exit code (killed by a signal, or crashed)";
       }
       if (!found) found = f;
@@ -471,30 +493,31 @@ class Supervisor {
     }
   }
 
-  // True when each of the `np` ranks has ended with 75: those of this host seen ended (a zombie
-  // of mpirun's, or reaped), the others by the exit their heartbeat recorded.
+  // True when each of the `np` ranks has ended with 75: by its record, and those of this host
+  // also seen ended (a zombie of mpirun's, or reaped).
   bool all_ranks_stopped(int np) const {
     if (static_cast<int>(beats_.size()) < np) return false;
     char host[256] = "";
     ::gethostname(host, sizeof host - 1);
-    for (const auto& [rank, beat] : beats_) {
-      if (!beat.exit_code || *beat.exit_code != kExitStopped) return false;
-      if (beat.host != host) continue;
-      const auto status = detail::zombie_status(beat.pid);
-      const bool gone = !status && ::kill(beat.pid, 0) != 0 && errno == ESRCH;
+    for (const auto& [rank, record] : beats_) {
+      if (!record.end || record.end->kind != core::RankEnd::Kind::kExit || record.end->code != kExitStopped) {
+        return false;
+      }
+      if (record.host != host) continue;
+      const auto status = detail::zombie_status(record.pid);
+      const bool gone = !status && ::kill(record.pid, 0) != 0 && errno == ESRCH;
       if (!gone && !(status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped)) return false;
     }
     return true;
   }
 
   void check_progress(Clock::time_point now, int np, pid_t child) {
-    const auto beats = detail::read_heartbeats(detail::heartbeat_dir(trial_dir_));
     bool progressed = false;
-    for (const auto& [rank, beat] : beats) {
+    for (auto& [rank, record] : core::read_heartbeats(core::heartbeat_dir(trial_dir_))) {
       const auto it = beats_.find(rank);
-      if (it == beats_.end() || it->second.step != beat.step || beat.exit_code) progressed = true;
+      if (it == beats_.end() || it->second.step != record.step || record.end) progressed = true;
+      beats_[rank] = std::move(record);
     }
-    beats_ = beats;
     if (progressed) {
       last_progress_ = now;
       return;
@@ -508,8 +531,9 @@ class Supervisor {
       if (it == beats_.end() || it->second.step < 0) {
         silent.push_back(rank);
       } else {
-        where += (where.empty() ? "" : ", ") +
-                 ("rank " + std::to_string(rank) + " at step " + std::to_string(it->second.step));
+        where += (where.empty() ? "" : ", ") + ("rank " + std::to_string(rank) + " at step " +
+                                                std::to_string(it->second.step) + " (" +
+                                                core::phase_name(it->second.phase) + ")");
       }
     }
     std::string message = "no rank finished a training step for " +
@@ -537,12 +561,13 @@ class Supervisor {
   pid_t child_ = -1;
   std::optional<int> mpirun_status_;
   Clock::time_point last_progress_, last_heartbeat_check_;
-  std::map<int, detail::Heartbeat> beats_;
+  std::map<int, core::HeartbeatRecord> beats_;
   std::map<int, Clock::time_point> zombies_;  // ranks seen ended, and since when
   std::optional<detail::RankFailure> rank_failure_;
   Clock::time_point stopped_at_{};  // when a rank was first seen to have exited 75
   bool stop_finished_ = false;     // the stragglers of a stop were ended by the launcher
   std::string abort_file_;         // $HPCTRIAL_ABORT_FILE of the attempt
+  std::string verdict_file_;       // $HPCTRIAL_VERDICT_FILE of the attempt
   bool abort_written_ = false;
   detail::RankFailure failure_;
   std::vector<std::string> failure_tail_, mpirun_tail_;
@@ -686,10 +711,11 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   int failures = options.reset_failures ? 0 : state.value("failures", 0);
   const std::string working_dir = detail::read_json_file(layout.state()).value("workdir", std::string());
   check_entrypoint(config, working_dir, env);
-  ::unlink(detail::stop_file(trial_dir).c_str());  // a request from an earlier run is spent
+  ::unlink(core::stop_file(trial_dir).c_str());  // a request from an earlier run is spent
   std::error_code ignored;
   for (const auto& entry : fs::directory_iterator(trial_dir + "/launch", ignored)) {
-    if (entry.path().filename().string().rfind("abort-", 0) == 0) fs::remove(entry.path(), ignored);
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("abort-", 0) == 0 || name.rfind("verdict-", 0) == 0) fs::remove(entry.path(), ignored);
   }
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalFd signals;
@@ -700,7 +726,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
       core::create_directories(fs::path(command.hostfile_path).parent_path().string());
       core::write_file_atomic(command.hostfile_path, command.hostfile);
     }
-    const std::string beats = detail::heartbeat_dir(trial_dir);
+    const std::string beats = core::heartbeat_dir(trial_dir);
     fs::remove_all(beats);
     core::create_directories(beats);
     state["starts"] = ++starts;
@@ -714,7 +740,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
     if (a.hang.empty() && code == kExitFinished) {
-      ::unlink(detail::stop_file(trial_dir).c_str());
+      ::unlink(core::stop_file(trial_dir).c_str());
       core::log_info("trial {} finished", options.trial_id);
       return kExitFinished;
     }
@@ -740,14 +766,20 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     json record = {{"time", core::utc_now_iso()}, {"trial_id", options.trial_id}, {"start", starts},
                    {"failure", failures}, {"mpirun", describe_status(a.status)}};
     std::string what;
-    if (!a.hang.empty()) {
+    if (!a.hang.empty() && f.rank < 0) {
       record["reason"] = what = a.hang;
     } else if (f.rank >= 0) {
       record["rank"] = f.rank;
       if (f.exit_code) record["exit_code"] = *f.exit_code;
       if (f.signal) record["signal"] = *f.signal;
       if (!f.host.empty()) record["host"] = f.host;
-      what = "rank " + std::to_string(f.rank) + (f.host.empty() ? "" : " on " + f.host) + " " + f.how;
+      if (!f.phase.empty()) record["phase"] = f.phase;
+      if (f.step >= 0) record["step"] = f.step;
+      if (!f.message.empty()) record["message"] = f.message;
+      what = "rank " + std::to_string(f.rank) + (f.host.empty() ? "" : " on " + f.host) + " " + f.how +
+             (f.phase.empty() ? "" : " in its " + f.phase + " phase") +
+             (f.step >= 0 ? " after step " + std::to_string(f.step) : "") +
+             (f.message.empty() ? "" : ": " + f.message);
       record["reason"] = what;
       record["log_tail"] = supervisor.failure_tail();
     } else {
@@ -765,11 +797,11 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     }
     // The failing rank's own code where known (as mpirun itself reports it), else mpirun's.
     int exit_code = kExitFailed;
-    if (a.hang.empty() && f.exit_code && *f.exit_code != 0) {
+    if (f.exit_code && *f.exit_code != 0 && *f.exit_code != kExitStopped) {
       exit_code = *f.exit_code;
-    } else if (a.hang.empty() && f.signal) {
+    } else if (f.signal) {
       exit_code = 128 + *f.signal;
-    } else if (a.hang.empty() && code > 0 && code != kExitStopped) {
+    } else if (a.hang.empty() && f.rank < 0 && code > 0 && code != kExitStopped) {
       exit_code = code;
     }
     if (a.stop_requested) {

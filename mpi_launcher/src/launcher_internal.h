@@ -9,21 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "hpctrial/core/launch_contract.h"
+
 namespace hpctrial::mpi_launcher::detail {
 
-inline std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
-inline std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }
 // The reason recorded in the trial's stop request ("pause", "preemption", ...); empty when
 // there is none.
 std::string stop_reason(const std::string& trial_dir);
 // Writes a stop request with `reason` (what `hpctrial pause` does before it signals).
 void write_stop_request(const std::string& trial_dir, const std::string& reason);
-
-// Written when the launcher ends the attempt of a trial started with this restart count; every
-// rank of that attempt that sees it kills itself.
-inline std::string abort_file(const std::string& trial_dir, int restart_count) {
-  return trial_dir + "/launch/abort-" + std::to_string(restart_count);
-}
 
 nlohmann::json read_json_file(const std::string& path);
 void write_json_file(const std::string& path, const nlohmann::json& value);
@@ -65,25 +59,28 @@ class RankOutput {
   bool in_box_ = false;
 };
 
-// What mpirun said about the first rank that failed.
+// The rank whose failure ended an attempt, and how it failed.
 struct RankFailure {
   int rank = -1;
   std::optional<int> exit_code;
   std::optional<int> signal;
   std::string host;
-  std::string how;  // "exited with code 3", "was killed by signal 9 (Killed)", ...
+  std::string how;      // "exited with code 3", "was killed by signal 9 (Killed)", ...
+  std::string phase;    // where it was (core::RankPhase's name); empty: unknown
+  long long step = -1;  // the last step it finished
+  std::string message;  // its own words, when it recorded an error
 };
+// What mpirun said about the first rank that failed.
 RankFailure parse_mpirun_failure(const std::string& mpirun_text);
 
-// What each rank last wrote to the heartbeat directory: "step S pid P host H [exit C]" (S is
-// -1 until it finished its first step; "exit C" once it ended through exit()).
-struct Heartbeat {
-  long long step = -1;
-  int pid = 0;
-  std::string host;
-  std::optional<int> exit_code;
-};
-std::map<int, Heartbeat> read_heartbeats(const std::string& dir);
+// Which rank's failure ended an attempt, from the most exact witness to the least: the
+// watchdog's verdict (the rank it found stuck), else the earliest failure a rank recorded itself
+// (core::HeartbeatRecord: its exit code, fatal signal or abort, and its phase), else what mpirun
+// reported, else `observed` (the launcher's own sight of a rank that ended). The phase and step
+// come from the failing rank's record where it has one.
+RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRecord>>& records,
+                              const std::optional<core::Verdict>& verdict, const std::string& mpirun_text,
+                              const std::optional<RankFailure>& observed);
 
 // The wait status of a process that has ended but was not reaped by its parent yet (mpirun's
 // ranks on this host, read from /proc/PID/stat); nullopt while it runs or once it is gone.

@@ -144,28 +144,50 @@ RankFailure parse_mpirun_failure(const std::string& text) {
   return f;
 }
 
-std::map<int, Heartbeat> read_heartbeats(const std::string& dir) {
-  std::map<int, Heartbeat> beats;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return beats;
-  static const std::regex name(R"(rank-([0-9]{1,9}))");
-  while (const dirent* entry = ::readdir(d)) {
-    std::smatch m;
-    const std::string file = entry->d_name;
-    if (!std::regex_match(file, m, name)) continue;
-    std::ifstream in(dir + "/" + file);
-    std::string step_word, pid_word, host_word;
-    Heartbeat beat;
-    if (in >> step_word >> beat.step >> pid_word >> beat.pid >> host_word >> beat.host && step_word == "step" &&
-        pid_word == "pid" && host_word == "host") {
-      std::string exit_word;
-      int code = 0;
-      if (in >> exit_word >> code && exit_word == "exit") beat.exit_code = code;
-      beats[std::stoi(m[1])] = beat;
+RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRecord>>& records,
+                              const std::optional<core::Verdict>& verdict, const std::string& mpirun_text,
+                              const std::optional<RankFailure>& observed) {
+  const auto record_of = [&](int rank) -> const core::HeartbeatRecord* {
+    for (const auto& [r, record] : records) {
+      if (r == rank) return &record;
+    }
+    return nullptr;
+  };
+  RankFailure f;
+  if (verdict && !verdict->culprits.empty()) {
+    f.rank = verdict->culprits.front();
+    std::string ranks;
+    for (int r : verdict->culprits) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    f.how = "stopped answering (the collective watchdog found rank" + std::string(verdict->culprits.size() > 1 ? "s " : " ") +
+            ranks + " missing and ended the job)";
+    f.message = verdict->message;
+  } else {
+    const core::HeartbeatRecord* first = nullptr;
+    for (const auto& [rank, record] : records) {
+      if (!record.end || !record.end->failed()) continue;
+      if (first == nullptr || record.end->unix_ms < first->end->unix_ms) {
+        first = &record;
+        f.rank = rank;
+      }
+    }
+    if (first != nullptr) {
+      const core::RankEnd& end = *first->end;
+      (end.kind == core::RankEnd::Kind::kSignal ? f.signal : f.exit_code) = end.code;
+      f.how = end.describe();
+      f.message = first->message;
+    } else if (observed && (observed->signal || observed->exit_code)) {
+      f = *observed;  // a status the launcher read itself: exact
+    } else {
+      f = parse_mpirun_failure(mpirun_text);
+      if (f.rank < 0 && observed) f = *observed;
     }
   }
-  ::closedir(d);
-  return beats;
+  if (const core::HeartbeatRecord* record = f.rank >= 0 ? record_of(f.rank) : nullptr) {
+    f.phase = core::phase_name(record->phase);
+    f.step = record->step;
+    if (f.host.empty()) f.host = record->host;
+  }
+  return f;
 }
 
 std::optional<int> zombie_status(int pid) {

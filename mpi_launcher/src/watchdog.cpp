@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/mpi_check.h"
 
@@ -46,15 +48,25 @@ Watchdog::Watchdog(MPI_Comm world, Options options) : options_(options), started
 }
 
 Watchdog::~Watchdog() {
+  stop_thread();
+  if (comm_ != MPI_COMM_NULL && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
+    core::log_warning("MPI_Comm_free of the watchdog's communicator failed");
+  }
+}
+
+void Watchdog::stop_thread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (comm_ != MPI_COMM_NULL && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
-    core::log_warning("MPI_Comm_free of the watchdog's communicator failed");
-  }
+}
+
+void Watchdog::finish() {
+  if (size_ == 1 || !thread_.joinable()) return;
+  stop_thread();
+  shut_down();
 }
 
 std::uint64_t Watchdog::enter(const char* operation) {
@@ -109,7 +121,6 @@ void Watchdog::run() {
         check_alone(mine);
       }
     }
-    shut_down();
   } catch (const std::exception& e) {
     core::log_warning("the collective watchdog stopped: {}", e.what());
   }
@@ -164,15 +175,18 @@ void Watchdog::check_as_chief(Clock::time_point now) {
   const Heartbeat stuck = peers_[static_cast<std::size_t>(waiter)].last;
 
   std::vector<std::string> absent, details, waiting;
+  std::vector<int> culprits;
   for (int r = 0; r < size_; ++r) {
     const PeerState& peer = peers_[static_cast<std::size_t>(r)];
     const double silent = seconds(now - (peer.heard_ever ? peer.heard : started_));
     if (!peer.heard_ever || silent > timeout) {
       absent.push_back(std::to_string(r));
+      culprits.push_back(r);
       details.push_back(fmt::format("rank {} has sent no heartbeat for {:.1f} s (stopped, or its node is gone)",
                                     r, silent));
     } else if (peer.last.entered < stuck.pending_id) {
       absent.push_back(std::to_string(r));
+      culprits.push_back(r);
       details.push_back(fmt::format("rank {} is at step {} and has entered {} collectives", r, peer.last.step,
                                     peer.last.entered));
     } else if (peer.last.pending_id != 0 && peer.last.pending_id <= stuck.pending_id) {
@@ -190,7 +204,7 @@ void Watchdog::check_as_chief(Clock::time_point now) {
     message += fmt::format("every rank entered it, so the transport between ranks {} is stuck",
                            join(waiting, ", "));
   }
-  abort_job(message);
+  abort_job(message, culprits);
 }
 
 void Watchdog::check_alone(const Heartbeat& mine) {
@@ -203,7 +217,7 @@ void Watchdog::check_alone(const Heartbeat& mine) {
       "watchdog: {} (collective #{}, step {}) has not finished after {:.0f} s "
       "(optimizations.collective_timeout is {:.0f} s) and the chief has not ended the job: rank 0 "
       "probably did not arrive (stopped, or its node is gone)",
-      mine.operation, mine.pending_id, mine.pending_step, mine.pending_age_s, timeout));
+      mine.operation, mine.pending_id, mine.pending_step, mine.pending_age_s, timeout), {0});
 }
 
 void Watchdog::shut_down() {
@@ -222,17 +236,28 @@ void Watchdog::shut_down() {
     if (all_gone) return;
     if (now - start > options_.timeout) {
       std::vector<std::string> missing;
+      std::vector<int> culprits;
       for (int r = 1; r < size_; ++r) {
-        if (!peers_[static_cast<std::size_t>(r)].gone) missing.push_back(std::to_string(r));
+        if (!peers_[static_cast<std::size_t>(r)].gone) {
+          missing.push_back(std::to_string(r));
+          culprits.push_back(r);
+        }
       }
       abort_job("watchdog: the chief has finished but rank(s) " + join(missing, ", ") +
-                " did not finish with it within optimizations.collective_timeout");
+                " did not finish with it within optimizations.collective_timeout", culprits);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
-void Watchdog::abort_job(const std::string& message) {
+void Watchdog::abort_job(const std::string& message, const std::vector<int>& culprits) {
+  if (!options_.verdict_path.empty()) {
+    try {
+      core::write_file_atomic(options_.verdict_path, core::encode_verdict({culprits, message}));
+    } catch (const std::exception& e) {
+      core::log_warning("watchdog: cannot write its verdict: {}", e.what());
+    }
+  }
   std::vector<std::function<void()>> hooks;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -18,7 +18,7 @@ namespace {
 using namespace hpctrial::mpi_launcher;
 
 int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
-  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1});
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
   MpiCommunicator comm(environment.world(), &watchdog);
   std::vector<float> gradients(1000, 1.0f);
   for (int step = 0; step < 10; ++step) {
@@ -27,6 +27,7 @@ int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
     comm.allreduce_async(gradients.data(), gradients.size(), DType::kFloat32, ReduceOp::kSum)->wait();
     comm.any(false);
   }
+  watchdog.finish();
   return 0;
 }
 

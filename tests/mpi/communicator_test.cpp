@@ -200,7 +200,7 @@ TEST(MpiCommunicator, MistakesAreClearErrors) {
 }
 
 TEST(MpiCommunicator, ReportsEveryCollectiveToTheWatchdog) {
-  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1});
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
   MpiCommunicator comm(env().world(), &watchdog);
   comm.set_step(17);
   EXPECT_EQ(watchdog.step(), 17);
@@ -212,6 +212,7 @@ TEST(MpiCommunicator, ReportsEveryCollectiveToTheWatchdog) {
   const std::uint64_t next = watchdog.enter("probe");
   watchdog.leave(next);
   EXPECT_EQ(next, 4u);
+  watchdog.finish();
 }
 
 TEST(LocalCommunicator, IsAWorldOfOne) {

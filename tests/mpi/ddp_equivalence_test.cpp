@@ -92,9 +92,10 @@ std::string DdpEquivalence::dir_;
 TEST_F(DdpEquivalence, EveryWorldSizeEndsWithTheWeightsOfOneRank) {
   const std::vector<std::string> overrides = {"searcher.max_length.batches=" + std::to_string(kSteps)};
   const auto reference = one_rank(overrides, "one");
-  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1});
+  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1, {}});
   mpi_launcher::MpiCommunicator world(env().world(), &watchdog);
   const auto distributed = train(world, overrides, "world");
+  watchdog.finish();
   const double difference = max_relative_difference(distributed, reference);
   if (world.is_chief()) {
     std::printf("[ measured ] %d ranks vs 1 after %lld steps: max relative weight difference %.3g\n",

@@ -19,7 +19,7 @@ namespace {
 using testing_mpi::env;
 
 TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
-  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1});
+  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
   mpi_launcher::MpiCommunicator comm(env().world(), &watchdog);
   std::vector<float> v(4, 1.0f);
   comm.allreduce_async(v.data(), v.size(), mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kSum)->wait();
@@ -36,6 +36,7 @@ TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
   ::raise(SIGUSR2);
   EXPECT_TRUE(trainer::detail::stop_signal_received().load());
   comm.barrier();
+  watchdog.finish();
 }
 
 TEST(StopSignals, AReplacedHandlerIsNoticed) {

@@ -1,18 +1,22 @@
 #include "launch_contract.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -27,74 +31,146 @@ bool StopFile::requested() {
 
 namespace {
 
-// What on_exit() needs: the heartbeat file stays open for the life of the process, so that the
-// exit status can be added whichever way the process ends through exit().
-std::atomic<int> g_exit_fd{-1};
-std::atomic<long long> g_last_step{-1};
+// The process's record (see RankRecord): mapped (or, where the filesystem cannot map it
+// shared, a buffer written out with pwrite), kept for the life of the process.
+std::atomic<char*> g_page{nullptr};
+std::atomic<int> g_fd{-1};
+std::atomic<bool> g_mapped{false};
+std::atomic<int> g_phase{static_cast<int>(core::RankPhase::kStartup)};
+std::atomic<bool> g_ended{false};
+std::atomic<const RankRecord*> g_record{nullptr};
 
-void format_line(char* line, std::size_t size, long long step, const char* exit_part) {
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
-  // Fixed width, so that a shorter line leaves nothing of a longer one behind.
-  std::snprintf(line, size, "step %-20lld pid %-10d host %-64.64s%s\n", step, static_cast<int>(::getpid()), host,
-                exit_part);
+constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+struct sigaction g_previous[std::size(kFatalSignals)];
+
+long long unix_ms() noexcept {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<long long>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
 }
 
-void report_exit(int status, void*) {
-  const int fd = g_exit_fd.load();
-  if (fd < 0) return;
-  char exit_part[32];
-  std::snprintf(exit_part, sizeof exit_part, " exit %d", status & 0xff);
-  char line[400];
-  format_line(line, sizeof line, g_last_step.load(), exit_part);
-  (void)!::pwrite(fd, line, std::strlen(line), 0);
+// Async-signal-safe. Returns 0 or the errno of the failed write.
+int flush_record() noexcept {
+  char* page = g_page.load();
+  const int fd = g_fd.load();
+  if (page == nullptr || fd < 0) return 0;
+  if (g_mapped.load()) return ::msync(page, core::kHeartbeatSize, MS_SYNC) == 0 ? 0 : errno;
+  const ssize_t n = ::pwrite(fd, page, core::kHeartbeatSize, 0);
+  return n == static_cast<ssize_t>(core::kHeartbeatSize) ? 0 : n < 0 ? errno : EIO;
+}
+
+// The first end wins: an abort recorded before MPI_Abort is not overwritten by the exit that
+// follows it, nor a fatal signal by the exit of a handler it chains to.
+void record_end(core::RankEnd::Kind kind, int code) noexcept {
+  char* page = g_page.load();
+  if (page == nullptr || g_ended.exchange(true)) return;
+  core::heartbeat_put_end(page, {kind, code, unix_ms()});
+  (void)flush_record();
+}
+
+void on_exit_record(int status, void*) { record_end(core::RankEnd::Kind::kExit, status & 0xff); }
+
+extern "C" void on_fatal_signal(int signal, siginfo_t* info, void* context) {
+  record_end(core::RankEnd::Kind::kSignal, signal);
+  for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {
+    if (kFatalSignals[i] != signal) continue;
+    const struct sigaction& previous = g_previous[i];
+    if ((previous.sa_flags & SA_SIGINFO) != 0 && previous.sa_sigaction != nullptr) {
+      previous.sa_sigaction(signal, info, context);  // MPI's backtrace, say; it ends the process
+    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN && previous.sa_handler != nullptr) {
+      previous.sa_handler(signal);
+    }
+  }
+  // Then as if we had never been here: the default action ends the process with this signal.
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+std::string hostname() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  return host;
 }
 
 }  // namespace
 
-Heartbeat::Heartbeat(const std::string& dir, int rank) {
-  if (dir.empty()) return;
-  const std::string path = dir + "/rank-" + std::to_string(rank);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd_ < 0) return;
-  const int exit_fd = ::dup(fd_);
-  if (exit_fd >= 0 && g_exit_fd.exchange(exit_fd) < 0) ::on_exit(report_exit, nullptr);
-  write(-1);  // who and where, before the first step
+RankRecord::RankRecord(const std::string& dir, int rank) : path_(core::heartbeat_file(dir, rank)) {
+  if (g_record.load() != nullptr) throw InternalError("a RankRecord exists already in this process");
+  core::UniqueFd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (fd.get() < 0) core::throw_errno("cannot create the heartbeat file " + path_, errno);
+  char initial[core::kHeartbeatSize];
+  core::heartbeat_init(initial, -1, current_phase(), static_cast<int>(::getpid()), hostname());
+  // Written out whole, so that its blocks exist: a mapped page without them would end the
+  // process with SIGBUS on a full disk instead of this error.
+  core::write_fully(fd.get(), std::string_view(initial, sizeof initial), "the heartbeat file " + path_);
+  void* mapped = ::mmap(nullptr, core::kHeartbeatSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  char* page = nullptr;
+  if (mapped != MAP_FAILED) {
+    page = static_cast<char*>(mapped);
+    g_mapped.store(true);
+  } else {
+    page = new char[core::kHeartbeatSize];  // kept for the life of the process, like a mapping
+    std::memcpy(page, initial, sizeof initial);
+  }
+  const int old_fd = g_fd.exchange(fd.release());
+  g_page.store(page);  // an earlier record's page (a program that trains twice) stays as it was
+  g_ended.store(false);
+  if (old_fd >= 0) {
+    ::close(old_fd);
+  } else {
+    ::on_exit(on_exit_record, nullptr);
+  }
+  for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {
+    struct sigaction action {};
+    action.sa_sigaction = on_fatal_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_SIGINFO;
+    ::sigaction(kFatalSignals[i], &action, &g_previous[i]);
+  }
+  g_record.store(this);
   thread_ = std::thread([this] {
-    long long written = -1;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
       stop_.wait_for(lock, std::chrono::seconds(1));
-      const long long step = step_.load(std::memory_order_relaxed);
-      if (step != written) {
-        write(step);
-        written = step;
-      }
+      if (const int e = flush_record(); e != 0 && error_.load() == 0) error_.store(e);
     }
   });
 }
 
-Heartbeat::~Heartbeat() {
-  if (thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    stop_.notify_all();
-    thread_.join();
+RankRecord::~RankRecord() {
+  g_record.store(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
   }
-  if (fd_ >= 0) ::close(fd_);
+  stop_.notify_all();
+  thread_.join();
 }
 
-void Heartbeat::beat(long long step) {
-  step_.store(step, std::memory_order_relaxed);
-  g_last_step.store(step, std::memory_order_relaxed);
+void RankRecord::check() const {
+  if (const int e = error_.load(); e != 0) {
+    core::throw_errno("cannot write the heartbeat file " + path_ + " (the launcher follows this rank through it)", e);
+  }
 }
 
-void Heartbeat::write(long long step) {
-  char line[400];
-  format_line(line, sizeof line, step, "");
-  (void)!::pwrite(fd_, line, std::strlen(line), 0);
+const RankRecord* RankRecord::current() { return g_record.load(); }
+
+void record_step(long long step) noexcept {
+  if (char* page = g_page.load(std::memory_order_relaxed)) core::heartbeat_put_step(page, step);
+}
+
+void record_phase(core::RankPhase phase) noexcept {
+  g_phase.store(static_cast<int>(phase), std::memory_order_relaxed);
+  if (char* page = g_page.load(std::memory_order_relaxed)) core::heartbeat_put_phase(page, phase);
+}
+
+core::RankPhase current_phase() noexcept { return static_cast<core::RankPhase>(g_phase.load(std::memory_order_relaxed)); }
+
+void record_abort(int code, const std::string& message) noexcept {
+  char* page = g_page.load();
+  if (page == nullptr || g_ended.load()) return;
+  core::heartbeat_put_message(page, message.c_str());
+  record_end(core::RankEnd::Kind::kAbort, code);
 }
 
 AbortWatch::AbortWatch(std::string path) : path_(std::move(path)) {
@@ -139,9 +215,8 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
         if (m[1] == "rank") for_rank = static_cast<int>(n);
         if (m[1] == "step") f.step = n;
         if (m[1] == "restart") for_restart = static_cast<int>(n);
-      } else if (word == "batch" || word == "validation" || word == "checkpoint") {
-        f.phase = word == "batch" ? FaultPhase::kBatch : word == "validation" ? FaultPhase::kValidation
-                                                                              : FaultPhase::kCheckpoint;
+      } else if (const auto phase = core::parse_phase(word); phase && *phase != FaultPhase::kShutdown) {
+        f.phase = *phase;
       } else if (std::regex_match(word, action)) {
         f.action = word;
       } else {
@@ -160,10 +235,7 @@ void FaultPlan::at(FaultPhase phase, long long step) const {
     std::fprintf(stderr, "injected fault %s on rank %d at step %lld\n", f.text.c_str(), rank_, step);
     std::fflush(stderr);
     if (f.action == "sigkill") ::raise(SIGKILL);
-    if (f.action == "segv") {
-      ::signal(SIGSEGV, SIG_DFL);
-      ::raise(SIGSEGV);
-    }
+    if (f.action == "segv") ::raise(SIGSEGV);  // as a bad access would: through the handlers installed
     if (f.action == "abort") std::abort();
     if (f.action == "throw") throw std::runtime_error("injected fault " + f.text);
     if (f.action == "hang") {

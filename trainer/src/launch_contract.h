@@ -1,25 +1,30 @@
 // The rank side of the launcher's contract, besides signals and exit codes (internal):
 // - StopFile: the chief looks, at most once a second, for the stop request the launcher (or
 //   `hpctrial pause`) writes where a signal may not reach the ranks ($HPCTRIAL_STOP_FILE).
-// - Heartbeat: each rank writes the last step it finished to $HPCTRIAL_HEARTBEAT_DIR/rank-<N>,
-//   once a second, for the launcher's hang watchdog.
+// - RankRecord: each rank's step, phase and end in $HPCTRIAL_HEARTBEAT_DIR/rank-<N>, for the
+//   launcher's hang watch and its failure records.
 // - AbortWatch: every rank looks, twice a second, for the file the launcher writes when it ends
 //   an attempt ($HPCTRIAL_ABORT_FILE, on the shared filesystem), and kills itself when it
 //   appears: ranks on other nodes, which the launcher cannot signal, do not wait in a collective
 //   with a dead peer until mpirun's SIGKILL timeout.
 // - FaultPlan: $HPCTRIAL_FAULT, the fault-injection hook of the tests: faults keyed by rank,
 //   step, phase and restart count, e.g. "rank1:step7:sigkill" or "rank0:restart0:validation:exit3";
-//   several separated by commas. Actions: exit<N>, sigkill, segv, abort, throw, hang.
+//   several separated by commas. Phases: startup (once set up, before the first step), batch
+//   (the default), agreement (the step boundary's collective), validation, evaluate
+//   (evaluate_full_dataset), checkpoint. Actions: exit<N>, sigkill, segv, abort, throw, hang.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "hpctrial/core/launch_contract.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -35,25 +40,62 @@ class StopFile {
   bool seen_ = false;
 };
 
-class Heartbeat {
+// The rank's record for the launcher (core/launch_contract.h): where it is (step, phase) and,
+// once it has ended, how. The record is a page of $HPCTRIAL_HEARTBEAT_DIR/rank-<N> mapped into
+// memory, so that a step or phase change is a store of a few bytes and survives even a SIGKILL;
+// a thread of its own flushes it to the file once a second, for launchers on other hosts. How
+// the rank ends is recorded by an on_exit() handler (exit codes), a handler of the fatal
+// signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT; chained to the handler they had), and
+// record_abort() before MPI_Abort. One per process; construct it once MPI knows the rank.
+// The record itself stays mapped until the process ends, so that its end can be recorded.
+class RankRecord {
  public:
-  Heartbeat(const std::string& dir, int rank);
-  ~Heartbeat();
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-  // Records the last finished step; a thread of its own writes it out once a second.
-  void beat(long long step);
+  // Creates and maps the file. IoError naming the path when it cannot be written (a full disk).
+  RankRecord(const std::string& dir, int rank);
+  ~RankRecord();  // stops the flushing thread
+  RankRecord(const RankRecord&) = delete;
+  RankRecord& operator=(const RankRecord&) = delete;
+  // IoError naming the file once flushing it has failed (ENOSPC on a filesystem that allocates
+  // on rewrite, EIO): the launcher could no longer follow this rank.
+  void check() const;
+  // The process's record, or null.
+  static const RankRecord* current();
 
  private:
-  void write(long long step);
-
-  int fd_ = -1;
-  std::atomic<long long> step_{-1};
+  std::string path_;
+  std::atomic<int> error_{0};
   std::mutex mutex_;
   std::condition_variable stop_;
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// Cheap (a store into the mapped record); no-ops before a RankRecord exists.
+void record_step(long long step) noexcept;
+void record_phase(core::RankPhase phase) noexcept;
+core::RankPhase current_phase() noexcept;
+// Records `phase` while it lives, then the phase before it; not while an exception unwinds it,
+// so that a failure is recorded in the phase where it happened.
+class PhaseRecord {
+ public:
+  explicit PhaseRecord(core::RankPhase phase) noexcept
+      : previous_(current_phase()), exceptions_(std::uncaught_exceptions()) {
+    record_phase(phase);
+  }
+  ~PhaseRecord() {
+    if (std::uncaught_exceptions() == exceptions_) record_phase(previous_);
+  }
+  PhaseRecord(const PhaseRecord&) = delete;
+  PhaseRecord& operator=(const PhaseRecord&) = delete;
+
+ private:
+  core::RankPhase previous_;
+  int exceptions_;
+};
+
+// Records that this rank fails with `code` and why, and writes the record out: call it just
+// before MPI_Abort.
+void record_abort(int code, const std::string& message) noexcept;
 
 class AbortWatch {
  public:
@@ -70,7 +112,7 @@ class AbortWatch {
   std::thread thread_;
 };
 
-enum class FaultPhase { kBatch, kValidation, kCheckpoint };
+using FaultPhase = core::RankPhase;
 
 class FaultPlan {
  public:

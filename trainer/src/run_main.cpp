@@ -15,6 +15,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/mpi_launcher/communicator.h"
@@ -31,10 +32,10 @@ namespace po = boost::program_options;
 namespace hpctrial::trainer {
 namespace {
 
-constexpr int kExitFinished = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitConfig = 2;
-constexpr int kExitPaused = 75;  // EX_TEMPFAIL: checkpointed on request; run again to resume
+using core::kExitConfig;
+using core::kExitFailed;
+using core::kExitFinished;
+using core::kExitStopped;
 
 struct Arguments {
   core::ConfigSources sources;
@@ -137,25 +138,37 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
   core::ProcessEnv env;
   core::init_logging(env);
   // Before MPI_Init, which can wait for peers too.
-  const detail::AbortWatch abort_watch(env.get("HPCTRIAL_ABORT_FILE").value_or(""));
+  const detail::AbortWatch abort_watch(env.get(core::kEnvAbortFile).value_or(""));
   std::unique_ptr<mpi_launcher::MpiEnvironment> mpi;
   try {
     mpi = std::make_unique<mpi_launcher::MpiEnvironment>(&argc, &argv);
   } catch (const Error& e) {
     std::cerr << argv[0] << ": " << e.what() << "\n";
-    return kExitFailure;
+    return kExitFailed;
   }
   const bool chief = mpi->is_chief();
   const bool alone = mpi->size() == 1;
+  // A rank that fails records why and ends the job at once: it never waits for its peers, which
+  // may be waiting for it in a collective. The objects below own collectives (the watchdog's
+  // goodbye, communicators): they live outside the try, so that a failure is handled while
+  // they exist and none of their destructors runs on the way.
   auto fail = [&](int code, const std::string& message) {
+    detail::record_abort(code, message);
     if (alone) {
       std::cerr << message << "\n";
       return code;
     }
     mpi->abort(code, message);  // ends every rank
   };
+  std::unique_ptr<detail::RankRecord> record;
+  std::unique_ptr<mpi_launcher::Watchdog> watchdog;
+  std::unique_ptr<mpi_launcher::Communicator> comm;
+  std::unique_ptr<mpi_launcher::Communicator> device_comm;
 
   try {
+    if (const auto dir = env.get(core::kEnvHeartbeatDir); dir && !dir->empty()) {
+      record = std::make_unique<detail::RankRecord>(*dir, mpi->rank());
+    }
     const Arguments args = parse_arguments(argc, argv, env);
     if (args.help) return kExitFinished;
     // As early as MPI allows, so that a stop request at start-up is not lost...
@@ -164,19 +177,17 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     core::ExperimentConfig config = core::trial_config(core::load_experiment_config(args.sources), args.trial_id);
     use_slot_cores(config.resources.cpus_per_slot, env);
 
-    std::unique_ptr<mpi_launcher::Watchdog> watchdog;
-    std::unique_ptr<mpi_launcher::Communicator> comm;
     if (alone) {
       comm = std::make_unique<mpi_launcher::LocalCommunicator>();
     } else {
       mpi_launcher::Watchdog::Options watch;
       watch.timeout = std::chrono::seconds(config.optimizations.collective_timeout_seconds);
-      watch.exit_code = kExitFailure;
+      watch.exit_code = kExitFailed;
+      watch.verdict_path = env.get(core::kEnvVerdictFile).value_or("");
       watchdog = std::make_unique<mpi_launcher::Watchdog>(mpi->world(), watch);
       comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world(), watchdog.get());
     }
-    std::unique_ptr<mpi_launcher::Communicator> device_comm =
-        make_device_communicator(config, *mpi, watchdog.get());
+    device_comm = make_device_communicator(config, *mpi, watchdog.get());
     // ...and again once MPI and NCCL are up, so that no handler of theirs replaces ours.
     detail::install_stop_handlers();
     config.reproducibility.experiment_seed = agree_on_seed(config, *comm);
@@ -192,10 +203,10 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.device_communicator = device_comm.get();
     options.allow_fresh_start = args.allow_fresh_start;
     options.allow_config_change = args.allow_config_change;
-    options.stop_file = env.get("HPCTRIAL_STOP_FILE").value_or("");
-    options.heartbeat_dir = env.get("HPCTRIAL_HEARTBEAT_DIR").value_or("");
-    options.fault = env.get("HPCTRIAL_FAULT").value_or("");
-    if (const auto restarts = env.get("HPCTRIAL_RESTART_COUNT")) {
+    options.stop_file = env.get(core::kEnvStopFile).value_or("");
+    options.fault = env.get(core::kEnvFault).value_or("");
+    if (!alone) options.on_failure = [&](int code, const std::string& message) { fail(code, message); };
+    if (const auto restarts = env.get(core::kEnvRestartCount)) {
       try {
         options.restart_count = std::stoi(*restarts);
       } catch (const std::exception&) {
@@ -210,12 +221,13 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
 
     const TrialFactory factory = resolve(config);
     const LoopResult result = run_training(config, factory, *comm, options);
+    if (watchdog) watchdog->finish();  // every rank got here: the goodbyes of a good end
     if (result.stopped_early) {
       if (chief) {
         core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
                        result.batches_trained, result.checkpoint_path);
       }
-      return kExitPaused;
+      return kExitStopped;
     }
     if (chief) {
       core::log_info("finished: {} batches; metrics in {}", result.batches_trained, result.metrics_path);
@@ -226,7 +238,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
   } catch (const po::error& e) {
     return fail(kExitConfig, std::string(argv[0]) + ": " + e.what() + " (see --help)");
   } catch (const std::exception& e) {
-    return fail(kExitFailure, e.what());
+    return fail(kExitFailed, e.what());
   }
 }
 

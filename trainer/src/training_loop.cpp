@@ -114,7 +114,6 @@ class Loop {
   std::unique_ptr<detail::MetricsLog> log_;
   std::unique_ptr<detail::Progress> progress_;
   std::unique_ptr<detail::StopFile> stop_file_;
-  std::unique_ptr<detail::Heartbeat> heartbeat_;
   std::unique_ptr<detail::FaultPlan> faults_;
   detail::PhaseTimings timings_;
   ReducerSpec reducers_ = Reducer::kAvg;
@@ -152,7 +151,6 @@ class Loop {
 void Loop::setup() {
   faults_ = std::make_unique<detail::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
   if (chief() && !options_.stop_file.empty()) stop_file_ = std::make_unique<detail::StopFile>(options_.stop_file);
-  if (!options_.heartbeat_dir.empty()) heartbeat_ = std::make_unique<detail::Heartbeat>(options_.heartbeat_dir, comm_.rank());
   const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
   torch::manual_seed(derive_seed(trial_seed, kTorchStream));
 
@@ -342,6 +340,7 @@ void Loop::trim_metrics(std::int64_t batches) {
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
 // once the checkpoint is durable on every rank's view.
 void Loop::save_checkpoint(bool wait) {
+  const detail::PhaseRecord phase(core::RankPhase::kCheckpoint);
   faults_->at(detail::FaultPhase::kCheckpoint, batches_trained_);
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
@@ -366,6 +365,7 @@ void Loop::finish_checkpoint() {
 
 void Loop::train_one_batch() {
   const std::int64_t batch_idx = batches_trained_;
+  detail::record_phase(core::RankPhase::kBatch);
   faults_->at(detail::FaultPhase::kBatch, batch_idx);
   comm_.set_step(batch_idx);
   const std::int64_t epoch = epoch_of_batch(batch_idx);
@@ -516,6 +516,7 @@ MetricValues Loop::validate_by_batch() {
 }
 
 void Loop::validate() {
+  const detail::PhaseRecord phase(core::RankPhase::kValidation);
   faults_->at(detail::FaultPhase::kValidation, batches_trained_);
   detail::PhaseTimings::Scope t(timings_, "validation");
   call([](Callback& c) { c.on_validation_start(); });
@@ -535,6 +536,8 @@ void Loop::validate() {
     }
     if (!evaluate_by_batch_) {
       // evaluate_full_dataset runs on the chief; every rank gets its result.
+      const detail::PhaseRecord evaluating(core::RankPhase::kEvaluate);
+      faults_->at(detail::FaultPhase::kEvaluate, batches_trained_);
       std::string bytes;
       if (chief()) {
         try {
@@ -581,6 +584,7 @@ void Loop::validate() {
 }
 
 LoopResult Loop::run() {
+  detail::record_phase(core::RankPhase::kStartup);
   setup();
   if (options_.external_stop == &detail::stop_signal_received()) {
     // The trial's constructor may have loaded a library that installs handlers of its own.
@@ -591,6 +595,7 @@ LoopResult Loop::run() {
       detail::install_stop_handlers();
     }
   }
+  faults_->at(detail::FaultPhase::kStartup, batches_trained_);
   call([](Callback& c) { c.on_training_start(); });
   for (auto& model : context_->models()) model->train();
   while (batches_trained_ < max_batches_) {
@@ -601,7 +606,8 @@ LoopResult Loop::run() {
     const bool time_to_validate =
         chief() && validation_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
-    if (heartbeat_) heartbeat_->beat(batches_trained_);
+    detail::record_step(batches_trained_);
+    if (const auto* record = detail::RankRecord::current()) record->check();
     const bool stop_local = context_->get_stop_requested() ||
                             (options_.external_stop != nullptr && options_.external_stop->load()) ||
                             (stop_file_ && stop_file_->requested());
@@ -609,6 +615,8 @@ LoopResult Loop::run() {
         chief() && checkpoint_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
     std::int64_t flags[3] = {stop_local ? 1 : 0, time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0};
+    detail::record_phase(core::RankPhase::kAgreement);
+    faults_->at(detail::FaultPhase::kAgreement, batches_trained_);
     comm_.allreduce(flags, 3, DType::kInt64, ReduceOp::kMax);
     const bool stop = flags[0] != 0;
     const bool last = batches_trained_ == max_batches_;
@@ -637,6 +645,7 @@ LoopResult Loop::run() {
       break;
     }
   }
+  detail::record_phase(core::RankPhase::kShutdown);
   if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
   if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
   finish_checkpoint();
@@ -662,7 +671,16 @@ LoopResult Loop::run() {
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
                         Communicator& communicator, const LoopOptions& options) {
   Loop loop(config, factory, communicator, options);
-  return loop.run();
+  if (!options.on_failure) return loop.run();
+  try {
+    return loop.run();
+  } catch (const ConfigError& e) {
+    options.on_failure(core::kExitConfig, e.what());  // here, while every object of the loop lives
+    throw;
+  } catch (const std::exception& e) {
+    options.on_failure(core::kExitFailed, e.what());
+    throw;
+  }
 }
 
 }  // namespace hpctrial::trainer

@@ -159,20 +159,88 @@ TEST(ParseMpirunFailure, NothingKnownMeansNoRank) {
   EXPECT_EQ(parse_mpirun_failure("Warning: Permanently added 'cn1' to the list of known hosts.\n").rank, -1);
 }
 
-TEST(Heartbeats, EachRanksLastStepPidHostAndExit) {
-  TempDir dir;
-  dir.write("rank-0", "step 41 pid 100 host cn1\n");
-  dir.write("rank-1", "step 40 pid 101 host cn1 exit 75\n");
-  dir.write("rank-2", "garbage");
-  dir.write("notes.txt", "step 1 pid 1 host x\n");
-  const auto beats = read_heartbeats(dir.path().string());
-  ASSERT_EQ(beats.size(), 2u);
-  EXPECT_EQ(beats.at(0).step, 41);
-  EXPECT_EQ(beats.at(0).pid, 100);
-  EXPECT_EQ(beats.at(0).host, "cn1");
-  EXPECT_FALSE(beats.at(0).exit_code.has_value());
-  EXPECT_EQ(beats.at(1).exit_code, 75);
-  EXPECT_TRUE(read_heartbeats((dir.path() / "missing").string()).empty());
+core::HeartbeatRecord rank_record(long long step, core::RankPhase phase, std::optional<core::RankEnd> end = {}) {
+  core::HeartbeatRecord r;
+  r.step = step;
+  r.phase = phase;
+  r.pid = 100;
+  r.host = "cn1";
+  r.end = end;
+  return r;
+}
+
+const char kMpirunSawRank0Killed[] =
+    "mpirun noticed that process rank 0 with PID 0 on node cn1 exited on signal 9 (Killed).\n";
+
+// The rank's own record wins over mpirun's report, whatever order they were seen in: mpirun
+// reports whichever rank it noticed first, which may be one the launcher killed.
+TEST(AttributeFailure, TheRanksOwnRecordWinsOverMpirun) {
+  using core::RankEnd;
+  using core::RankPhase;
+  const std::vector<std::pair<int, core::HeartbeatRecord>> records = {
+      {0, rank_record(12, RankPhase::kAgreement)},
+      {1, rank_record(12, RankPhase::kBatch, RankEnd{RankEnd::Kind::kExit, 3, 1000})}};
+  const RankFailure f = attribute_failure(records, std::nullopt, kMpirunSawRank0Killed, std::nullopt);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.exit_code, 3);
+  EXPECT_FALSE(f.signal.has_value());
+  EXPECT_EQ(f.how, "exited with code 3");
+  EXPECT_EQ(f.phase, "batch");
+  EXPECT_EQ(f.step, 12);
+  EXPECT_EQ(f.host, "cn1");
+}
+
+TEST(AttributeFailure, TheEarliestFailedEndIsTheCause) {
+  using core::RankEnd;
+  using core::RankPhase;
+  auto abort = rank_record(5, RankPhase::kCheckpoint, RankEnd{RankEnd::Kind::kAbort, 1, 2000});
+  abort.message = "cannot write /x: No space left on device";
+  const std::vector<std::pair<int, core::HeartbeatRecord>> records = {
+      {0, abort},
+      {1, rank_record(5, RankPhase::kAgreement, RankEnd{RankEnd::Kind::kSignal, 6, 2500})},
+      {2, rank_record(5, RankPhase::kAgreement, RankEnd{RankEnd::Kind::kExit, 75, 100})}};
+  const RankFailure f = attribute_failure(records, std::nullopt, "", std::nullopt);
+  EXPECT_EQ(f.rank, 0) << "a 75 is no failure, and rank 1's abort came later";
+  EXPECT_EQ(f.exit_code, 1);
+  EXPECT_EQ(f.phase, "checkpoint");
+  EXPECT_EQ(f.message, "cannot write /x: No space left on device");
+}
+
+TEST(AttributeFailure, TheWatchdogsVerdictNamesTheStuckRank) {
+  const std::vector<std::pair<int, core::HeartbeatRecord>> records = {
+      {0, rank_record(20, core::RankPhase::kAgreement)}, {1, rank_record(19, core::RankPhase::kEvaluate)}};
+  const RankFailure f = attribute_failure(records, core::Verdict{{1}, "watchdog: allgather ..."},
+                                          "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n"
+                                          "with errorcode 1.\n",
+                                          std::nullopt);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_THAT(f.how, HasSubstr("stopped answering"));
+  EXPECT_EQ(f.phase, "evaluate");
+  EXPECT_EQ(f.step, 19);
+  EXPECT_FALSE(f.exit_code.has_value());
+}
+
+TEST(AttributeFailure, WithoutRecordsMpirunThenTheLaunchersOwnSight) {
+  const std::vector<std::pair<int, core::HeartbeatRecord>> records = {
+      {0, rank_record(7, core::RankPhase::kBatch)}, {1, rank_record(7, core::RankPhase::kValidation)}};
+  RankFailure observed;
+  observed.rank = 1;
+  observed.how = "ended without an exit code (killed by a signal, or crashed)";
+  RankFailure f = attribute_failure(records, std::nullopt,
+                                    "mpirun noticed that process rank 1 with PID 0 on node cn1 exited on signal 9 "
+                                    "(Killed).\n",
+                                    observed);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.signal, 9) << "mpirun knows the signal that the launcher did not see";
+  EXPECT_EQ(f.phase, "validation");
+  f = attribute_failure(records, std::nullopt, "", observed);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_FALSE(f.signal.has_value());
+  observed.signal = 9;  // the launcher read the zombie's status itself: exact
+  observed.rank = 0;
+  f = attribute_failure(records, std::nullopt, kMpirunSawRank0Killed, observed);
+  EXPECT_EQ(f.rank, 0);
+  EXPECT_EQ(attribute_failure({}, std::nullopt, "", std::nullopt).rank, -1);
 }
 
 TEST(ZombieStatus, AChildThatEndedButWasNotReaped) {

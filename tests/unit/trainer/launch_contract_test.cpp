@@ -1,4 +1,4 @@
-// The rank side of the launcher's contract: the stop file, the heartbeat, and the fault hook.
+// The rank side of the launcher's contract: the stop file, the rank record, and the fault hook.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -104,22 +104,104 @@ TEST(StopFile, SeenOnceItExistsAndRemembered) {
   EXPECT_TRUE(stop.requested()) << "a request is not taken back";
 }
 
-TEST(Heartbeat, WritesWhoAndWhereAtOnceThenTheLastStep) {
+core::HeartbeatRecord decoded(const std::string& path) {
+  const auto r = core::heartbeat_decode(read(path));
+  EXPECT_TRUE(r.has_value()) << read(path);
+  return r.value_or(core::HeartbeatRecord{});
+}
+
+TEST(RankRecord, SaysWhoAndWhereAtOnceAndEachStepAndPhaseAsTheyHappen) {
   TempDir dir;
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
   const std::string path = (dir.path() / "rank-3").string();
   {
-    Heartbeat beat(dir.path().string(), 3);
-    EXPECT_EQ(read(path).substr(0, 8), "step -1 ");
-    std::istringstream words(read(path));
-    std::string step, step_value, pid, pid_value, host_word, host_value;
-    words >> step >> step_value >> pid >> pid_value >> host_word >> host_value;
-    EXPECT_EQ(pid + " " + pid_value + " " + host_word + " " + host_value,
-              "pid " + std::to_string(::getpid()) + " host " + host);
-    beat.beat(17);
-    for (int i = 0; i < 30 && read(path).rfind("step 17 ", 0) != 0; ++i) std::this_thread::sleep_for(100ms);
-    EXPECT_EQ(read(path).substr(0, 8), "step 17 ");
+    RankRecord record(dir.path().string(), 3);
+    EXPECT_EQ(RankRecord::current(), &record);
+    auto r = decoded(path);
+    EXPECT_EQ(r.step, -1);
+    EXPECT_EQ(r.pid, ::getpid());
+    EXPECT_EQ(r.host, host);
+    EXPECT_FALSE(r.end.has_value());
+    record_step(17);
+    record_phase(core::RankPhase::kCheckpoint);
+    r = decoded(path);  // no wait: the file is the mapped record
+    EXPECT_EQ(r.step, 17);
+    EXPECT_EQ(r.phase, core::RankPhase::kCheckpoint);
+    {
+      PhaseRecord validating(core::RankPhase::kValidation);
+      EXPECT_EQ(decoded(path).phase, core::RankPhase::kValidation);
+    }
+    EXPECT_EQ(decoded(path).phase, core::RankPhase::kCheckpoint) << "the phase before comes back";
+    EXPECT_NO_THROW(record.check());
+  }
+  EXPECT_EQ(RankRecord::current(), nullptr);
+}
+
+TEST(RankRecord, APhaseLeftByAnExceptionStaysRecorded) {
+  TempDir dir;
+  RankRecord record(dir.path().string(), 0);
+  record_phase(core::RankPhase::kBatch);
+  try {
+    PhaseRecord checkpointing(core::RankPhase::kCheckpoint);
+    throw std::runtime_error("disk full");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(current_phase(), core::RankPhase::kCheckpoint) << "where the failure happened";
+}
+
+TEST(RankRecord, RecordsHowTheRankEnded) {
+  TempDir dir;
+  const std::string path = (dir.path() / "rank-1").string();
+  EXPECT_EXIT(
+      {
+        RankRecord record(dir.path().string(), 1);
+        record_phase(core::RankPhase::kEvaluate);
+        std::exit(3);
+      },
+      testing::ExitedWithCode(3), "");
+  auto r = decoded(path);
+  ASSERT_TRUE(r.end.has_value());
+  EXPECT_EQ(r.end->kind, core::RankEnd::Kind::kExit);
+  EXPECT_EQ(r.end->code, 3);
+  EXPECT_EQ(r.phase, core::RankPhase::kEvaluate);
+
+  EXPECT_EXIT(
+      {
+        RankRecord record(dir.path().string(), 1);
+        record_phase(core::RankPhase::kAgreement);
+        ::raise(SIGSEGV);
+      },
+      testing::KilledBySignal(SIGSEGV), "");
+  r = decoded(path);
+  ASSERT_TRUE(r.end.has_value());
+  EXPECT_EQ(r.end->kind, core::RankEnd::Kind::kSignal);
+  EXPECT_EQ(r.end->code, SIGSEGV);
+  EXPECT_EQ(r.phase, core::RankPhase::kAgreement);
+
+  EXPECT_EXIT(
+      {
+        RankRecord record(dir.path().string(), 1);
+        record_abort(1, "cannot write /exp/metrics.jsonl: No space left on device");
+        std::exit(1);  // as MPI_Abort ends it: the exit does not overwrite the abort
+      },
+      testing::ExitedWithCode(1), "");
+  r = decoded(path);
+  ASSERT_TRUE(r.end.has_value());
+  EXPECT_EQ(r.end->kind, core::RankEnd::Kind::kAbort);
+  EXPECT_EQ(r.message, "cannot write /exp/metrics.jsonl: No space left on device");
+}
+
+TEST(RankRecord, AFullDiskIsAnErrorNamingTheFile) {
+  TempDir dir;
+  const std::string path = (dir.path() / "rank-0").string();
+  ASSERT_EQ(::symlink("/dev/full", path.c_str()), 0);  // every write: ENOSPC
+  try {
+    RankRecord record(dir.path().string(), 0);
+    FAIL() << "a record on a full disk";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the heartbeat file " + path));
+    EXPECT_THAT(e.what(), HasSubstr("No space left on device"));
   }
 }
 

@@ -24,13 +24,14 @@
 #include "hpctrial/core/allocation.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/launch_contract.h"
 
 namespace hpctrial::mpi_launcher {
 
-inline constexpr int kExitFinished = 0;
-inline constexpr int kExitFailed = 1;
-inline constexpr int kExitStopped = 75;  // EX_TEMPFAIL: checkpointed on request; resume me
-inline constexpr int kExitAborted = 130;
+using core::kExitAborted;
+using core::kExitFailed;
+using core::kExitFinished;
+using core::kExitStopped;
 
 // The files of one experiment directory.
 struct ExperimentLayout {

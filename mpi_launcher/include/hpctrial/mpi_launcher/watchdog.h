@@ -14,7 +14,12 @@
 //
 // Collectives must be entered in the same order on every rank (they are, or MPI would
 // deadlock anyway), so the n-th collective of one rank is the n-th of every other.
-// enter/leave/set_step are thread-safe. Destruction is collective too: call it on every rank.
+// enter/leave/set_step are thread-safe. finish() is collective: every rank calls it once
+// training has ended well, and the chief takes every rank's goodbye. The destructor never waits
+// for a peer: a rank that fails destroys its watchdog (or aborts) without finish().
+//
+// Before it aborts the job, the watchdog writes its verdict (the ranks it found stuck, and its
+// message; core/launch_contract.h) to Options::verdict_path, for the launcher's failure record.
 #pragma once
 
 #include <mpi.h>
@@ -39,10 +44,14 @@ class Watchdog {
     // Between heartbeats; zero picks min(timeout / 4, 1 s).
     std::chrono::milliseconds interval{0};
     int exit_code = 1;
+    std::string verdict_path;  // empty: none written
   };
 
   Watchdog(MPI_Comm world, Options options);
   ~Watchdog();
+  // The collective end of a good run: the goodbyes, so that no message is left unmatched when
+  // MPI finalizes. Ends the job if a rank does not say goodbye within the timeout.
+  void finish();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
@@ -102,8 +111,9 @@ class Watchdog {
   void receive_heartbeats(Clock::time_point now);
   void check_as_chief(Clock::time_point now);
   void check_alone(const Heartbeat& mine);
+  void stop_thread();
   void shut_down();
-  [[noreturn]] void abort_job(const std::string& message);
+  [[noreturn]] void abort_job(const std::string& message, const std::vector<int>& culprits);
 
   Options options_;
   MPI_Comm comm_ = MPI_COMM_NULL;

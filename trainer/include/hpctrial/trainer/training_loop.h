@@ -45,13 +45,16 @@ struct LoopOptions {
   bool allow_fresh_start = false;
   // Resume a checkpoint written with other hyperparameters.
   bool allow_config_change = false;
-  // The launcher's contract (see docs/trial-api.md): a stop-request file the chief watches, a
-  // directory for per-rank heartbeats, the restart count, and the fault-injection spec of the
-  // tests (HPCTRIAL_FAULT). Empty: none.
+  // The launcher's contract (see docs/trial-api.md): a stop-request file the chief watches, the
+  // restart count, and the fault-injection spec of the tests (HPCTRIAL_FAULT). Empty: none.
   std::string stop_file;
-  std::string heartbeat_dir;
   int restart_count = 0;
   std::string fault;
+  // Called when training fails on this rank, with the exit code (2 for a ConfigError, else 1)
+  // and the error's message, before anything of the loop is destroyed: the objects of a failed
+  // rank must not wait for its peers in their destructors. A multi-rank program aborts the job
+  // here (MPI_Abort) and does not return; if it returns, the error propagates.
+  std::function<void(int code, const std::string& message)> on_failure;
 };
 
 struct LoopResult {

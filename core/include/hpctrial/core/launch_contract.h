@@ -1,0 +1,103 @@
+// The contract between the launcher (host side: `hpctrial run`/`launch`) and the ranks it starts,
+// owned here once so that both sides read and write the same names, codes and encodings.
+//
+// - Exit codes: 0 finished; 75 (EX_TEMPFAIL) stopped on request after a durable checkpoint, to be
+//   resumed; 2 a mistake in the config or the command line; anything else a failure.
+// - Files in a trial directory: the stop request (written by `hpctrial pause` and the launcher,
+//   watched by the chief), one heartbeat per rank, the abort file of an attempt (written by the
+//   launcher when it ends the attempt; every rank that sees it kills itself), and the verdict of
+//   an attempt (written by the collective watchdog before it aborts the job: which ranks it found
+//   stuck, and why).
+// - The heartbeat record: a small fixed-layout text file per rank, updated in place, that says
+//   where the rank is (step, phase) and, once it has ended, how (exit code, fatal signal, or an
+//   abort with its message). The field writers are async-signal-safe: a fatal-signal handler and
+//   an on_exit() handler use them.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hpctrial::core {
+
+inline constexpr int kExitFinished = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitConfig = 2;
+inline constexpr int kExitStopped = 75;   // EX_TEMPFAIL: checkpointed on request; resume me
+inline constexpr int kExitAborted = 130;  // a second Ctrl-C: ended without a checkpoint
+
+// The environment the launcher gives every rank.
+inline constexpr const char* kEnvExperimentDir = "HPCTRIAL_EXPERIMENT_DIR";
+inline constexpr const char* kEnvConfig = "HPCTRIAL_CONFIG";
+inline constexpr const char* kEnvTrialId = "HPCTRIAL_TRIAL_ID";
+inline constexpr const char* kEnvTrialDir = "HPCTRIAL_TRIAL_DIR";
+inline constexpr const char* kEnvRestartCount = "HPCTRIAL_RESTART_COUNT";
+inline constexpr const char* kEnvScheduler = "HPCTRIAL_SCHEDULER";
+inline constexpr const char* kEnvJobId = "HPCTRIAL_JOB_ID";
+inline constexpr const char* kEnvStopFile = "HPCTRIAL_STOP_FILE";
+inline constexpr const char* kEnvHeartbeatDir = "HPCTRIAL_HEARTBEAT_DIR";
+inline constexpr const char* kEnvAbortFile = "HPCTRIAL_ABORT_FILE";
+inline constexpr const char* kEnvVerdictFile = "HPCTRIAL_VERDICT_FILE";
+inline constexpr const char* kEnvFault = "HPCTRIAL_FAULT";
+
+// Paths inside a trial directory.
+std::string stop_file(const std::string& trial_dir);
+std::string heartbeat_dir(const std::string& trial_dir);
+std::string heartbeat_file(const std::string& heartbeat_dir, int rank);
+std::string abort_file(const std::string& trial_dir, int restart_count);
+std::string verdict_file(const std::string& trial_dir, int restart_count);
+
+// Where a rank is. kAgreement is the step boundary's collective (stop, validation and
+// checkpoint triggers); kEvaluate is evaluate_full_dataset.
+enum class RankPhase { kStartup, kBatch, kAgreement, kValidation, kEvaluate, kCheckpoint, kShutdown };
+const char* phase_name(RankPhase phase);  // "startup", "batch", "agreement", ...
+std::optional<RankPhase> parse_phase(std::string_view name);
+
+// How a rank ended: exit() with a code, a fatal signal, or MPI_Abort with a code after an error
+// (whose message the record carries).
+struct RankEnd {
+  enum class Kind { kExit, kSignal, kAbort };
+  Kind kind = Kind::kExit;
+  int code = 0;            // the exit or abort code, or the signal number
+  long long unix_ms = 0;   // when (wall clock), to order the ends of several ranks
+  bool failed() const { return kind != Kind::kExit || (code != kExitFinished && code != kExitStopped); }
+  std::string describe() const;  // "exited with code 3", "was killed by signal 11 (...)", ...
+};
+
+struct HeartbeatRecord {
+  long long step = -1;  // the last step the rank finished; -1 before its first
+  RankPhase phase = RankPhase::kStartup;
+  int pid = 0;
+  std::string host;
+  std::optional<RankEnd> end;
+  std::string message;  // with an abort: the error, cut to what the record holds
+};
+
+// The record's layout: one line of fixed-width fields, then a message line, padded to
+// kHeartbeatSize bytes. Updating a field rewrites its bytes in place, so that a reader sees the
+// record whole at any time (a field being rewritten may read torn; decode() then fails and the
+// reader keeps what it had).
+inline constexpr std::size_t kHeartbeatSize = 512;
+
+// Fills `page` (kHeartbeatSize bytes) with a record of a rank that has not ended.
+void heartbeat_init(char* page, long long step, RankPhase phase, int pid, std::string_view host) noexcept;
+void heartbeat_put_step(char* page, long long step) noexcept;
+void heartbeat_put_phase(char* page, RankPhase phase) noexcept;
+void heartbeat_put_end(char* page, RankEnd end) noexcept;
+void heartbeat_put_message(char* page, const char* message) noexcept;
+std::optional<HeartbeatRecord> heartbeat_decode(std::string_view text);
+// The records of every rank-<N> file in a heartbeat directory, by rank.
+std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& dir);
+
+// The watchdog's verdict: the ranks it found stuck (that did not arrive in a collective the
+// others waited in) and its message.
+struct Verdict {
+  std::vector<int> culprits;
+  std::string message;
+};
+std::string encode_verdict(const Verdict& verdict);
+std::optional<Verdict> decode_verdict(std::string_view text);
+
+}  // namespace hpctrial::core

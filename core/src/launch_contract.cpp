@@ -1,0 +1,226 @@
+#include "hpctrial/core/launch_contract.h"
+
+#include <dirent.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "hpctrial/core/text.h"
+
+namespace hpctrial::core {
+namespace {
+
+// Field offsets and widths of the heartbeat record (see heartbeat_init for the whole line).
+constexpr std::size_t kStepAt = 5, kStepWidth = 20;
+constexpr std::size_t kPhaseAt = 32, kPhaseWidth = 12;
+constexpr std::size_t kPidAt = 49, kPidWidth = 10;
+constexpr std::size_t kHostAt = 65, kHostWidth = 64;
+constexpr std::size_t kEndAt = 134, kEndWidth = 50;
+constexpr std::size_t kLineEnd = 184;
+constexpr std::size_t kMessageAt = 193, kMessageWidth = kHeartbeatSize - 1 - kMessageAt;
+
+constexpr const char* kPhaseNames[] = {"startup", "batch", "agreement", "validation", "evaluate", "checkpoint",
+                                       "shutdown"};
+
+// Async-signal-safe: no allocation, no locale.
+std::size_t put_number(char* out, long long value) noexcept {
+  char digits[24];
+  std::size_t n = 0;
+  const bool negative = value < 0;
+  unsigned long long v = negative ? 0ULL - static_cast<unsigned long long>(value) : static_cast<unsigned long long>(value);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  std::size_t i = 0;
+  if (negative) out[i++] = '-';
+  while (n > 0) out[i++] = digits[--n];
+  return i;
+}
+
+// Writes `text` (at most `width` bytes) into the field and pads it with blanks.
+void put_field(char* page, std::size_t at, std::size_t width, const char* text, std::size_t length) noexcept {
+  const std::size_t n = std::min(length, width);
+  std::memcpy(page + at, text, n);
+  std::memset(page + at + n, ' ', width - n);
+}
+
+void put_text(char* page, std::size_t at, const char* literal) noexcept {
+  std::memcpy(page + at, literal, std::strlen(literal));
+}
+
+std::string field(std::string_view text, std::size_t at, std::size_t width) {
+  return trim(std::string(text.substr(at, width)));
+}
+
+}  // namespace
+
+std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
+std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }
+std::string heartbeat_file(const std::string& heartbeat_dir, int rank) {
+  return heartbeat_dir + "/rank-" + std::to_string(rank);
+}
+std::string abort_file(const std::string& trial_dir, int restart_count) {
+  return trial_dir + "/launch/abort-" + std::to_string(restart_count);
+}
+std::string verdict_file(const std::string& trial_dir, int restart_count) {
+  return trial_dir + "/launch/verdict-" + std::to_string(restart_count);
+}
+
+const char* phase_name(RankPhase phase) { return kPhaseNames[static_cast<int>(phase)]; }
+
+std::optional<RankPhase> parse_phase(std::string_view name) {
+  for (int i = 0; i < static_cast<int>(std::size(kPhaseNames)); ++i) {
+    if (name == kPhaseNames[i]) return static_cast<RankPhase>(i);
+  }
+  return std::nullopt;
+}
+
+std::string RankEnd::describe() const {
+  switch (kind) {
+    case Kind::kSignal: return "was killed by signal " + std::to_string(code) + " (" + ::strsignal(code) + ")";
+    case Kind::kAbort: return "failed and aborted the job with code " + std::to_string(code);
+    case Kind::kExit: break;
+  }
+  if (code == kExitFinished) {
+    return "exited with code 0 while the others still ran (before MPI_Finalize, or after it while others still "
+           "needed it)";
+  }
+  return "exited with code " + std::to_string(code);
+}
+
+void heartbeat_init(char* page, long long step, RankPhase phase, int pid, std::string_view host) noexcept {
+  std::memset(page, ' ', kHeartbeatSize);
+  put_text(page, 0, "step ");
+  put_text(page, kStepAt + kStepWidth, " phase ");
+  put_text(page, kPhaseAt + kPhaseWidth, " pid ");
+  put_text(page, kPidAt + kPidWidth, " host ");
+  put_text(page, kHostAt + kHostWidth, " end ");
+  page[kLineEnd] = '\n';
+  put_text(page, kLineEnd + 1, "message ");
+  page[kHeartbeatSize - 1] = '\n';
+  heartbeat_put_step(page, step);
+  heartbeat_put_phase(page, phase);
+  char number[24];
+  put_field(page, kPidAt, kPidWidth, number, put_number(number, pid));
+  put_field(page, kHostAt, kHostWidth, host.data(), host.size());
+  put_field(page, kEndAt, kEndWidth, "running", 7);
+}
+
+void heartbeat_put_step(char* page, long long step) noexcept {
+  char number[24];
+  put_field(page, kStepAt, kStepWidth, number, put_number(number, step));
+}
+
+void heartbeat_put_phase(char* page, RankPhase phase) noexcept {
+  const char* name = phase_name(phase);
+  put_field(page, kPhaseAt, kPhaseWidth, name, std::strlen(name));
+}
+
+void heartbeat_put_end(char* page, RankEnd end) noexcept {
+  char text[kEndWidth];
+  const char* kind = end.kind == RankEnd::Kind::kExit ? "exit " : end.kind == RankEnd::Kind::kSignal ? "signal " : "abort ";
+  std::size_t n = std::strlen(kind);
+  std::memcpy(text, kind, n);
+  n += put_number(text + n, end.code);
+  std::memcpy(text + n, " at ", 4);
+  n += 4;
+  n += put_number(text + n, end.unix_ms);
+  put_field(page, kEndAt, kEndWidth, text, n);
+}
+
+void heartbeat_put_message(char* page, const char* message) noexcept {
+  // One line: newlines of the message become blanks.
+  const std::size_t n = std::min(std::strlen(message), kMessageWidth);
+  put_field(page, kMessageAt, kMessageWidth, message, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (page[kMessageAt + i] == '\n' || page[kMessageAt + i] == '\r') page[kMessageAt + i] = ' ';
+  }
+}
+
+std::optional<HeartbeatRecord> heartbeat_decode(std::string_view text) {
+  if (text.size() < kHeartbeatSize || text.substr(0, 5) != "step " || text[kLineEnd] != '\n') return std::nullopt;
+  HeartbeatRecord r;
+  try {
+    std::size_t used = 0;
+    const std::string step = field(text, kStepAt, kStepWidth);
+    r.step = std::stoll(step, &used);
+    if (used != step.size()) return std::nullopt;
+    const auto phase = parse_phase(field(text, kPhaseAt, kPhaseWidth));
+    if (!phase) return std::nullopt;
+    r.phase = *phase;
+    r.pid = std::stoi(field(text, kPidAt, kPidWidth));
+    r.host = field(text, kHostAt, kHostWidth);
+    const std::string end = field(text, kEndAt, kEndWidth);
+    if (end != "running") {
+      std::istringstream words(end);
+      std::string kind, at;
+      RankEnd e;
+      if (!(words >> kind >> e.code >> at >> e.unix_ms) || at != "at") return std::nullopt;
+      if (kind == "exit") {
+        e.kind = RankEnd::Kind::kExit;
+      } else if (kind == "signal") {
+        e.kind = RankEnd::Kind::kSignal;
+      } else if (kind == "abort") {
+        e.kind = RankEnd::Kind::kAbort;
+      } else {
+        return std::nullopt;
+      }
+      r.end = e;
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  r.message = field(text, kMessageAt, kMessageWidth);
+  return r;
+}
+
+std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& dir) {
+  std::vector<std::pair<int, HeartbeatRecord>> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("rank-", 0) != 0 || name.size() > 14 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() == 5) {
+      continue;
+    }
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (auto record = heartbeat_decode(text)) out.emplace_back(std::stoi(name.substr(5)), std::move(*record));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+std::string encode_verdict(const Verdict& verdict) {
+  std::string ranks;
+  for (int r : verdict.culprits) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  std::string message = verdict.message;
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  return "culprits " + ranks + "\nmessage " + message + "\n";
+}
+
+std::optional<Verdict> decode_verdict(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  std::string line;
+  Verdict v;
+  if (!std::getline(in, line) || line.rfind("culprits ", 0) != 0) return std::nullopt;
+  std::istringstream ranks(line.substr(9));
+  for (std::string r; std::getline(ranks, r, ',');) {
+    try {
+      v.culprits.push_back(std::stoi(r));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  if (std::getline(in, line) && line.rfind("message ", 0) == 0) v.message = line.substr(8);
+  return v;
+}
+
+}  // namespace hpctrial::core

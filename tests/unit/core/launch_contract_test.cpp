@@ -1,0 +1,134 @@
+// The launcher-rank contract's encodings: the heartbeat record read back field by field, updated
+// in place, with every kind of end; torn or foreign files refused; the watchdog's verdict.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <string>
+
+#include "../../support/temp_dir.h"
+#include "hpctrial/core/launch_contract.h"
+
+namespace hpctrial::core {
+namespace {
+
+using testing_support::TempDir;
+
+std::string record(long long step, RankPhase phase) {
+  std::string page(kHeartbeatSize, '\0');
+  heartbeat_init(page.data(), step, phase, 4242, "cn17");
+  return page;
+}
+
+TEST(Heartbeat, ReadsBackWhatWasWritten) {
+  std::string page = record(-1, RankPhase::kStartup);
+  ASSERT_EQ(page.size(), kHeartbeatSize);
+  EXPECT_EQ(page.rfind("step -1 ", 0), 0u) << "starts with the step, for a reader of the text";
+  auto r = heartbeat_decode(page);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step, -1);
+  EXPECT_EQ(r->phase, RankPhase::kStartup);
+  EXPECT_EQ(r->pid, 4242);
+  EXPECT_EQ(r->host, "cn17");
+  EXPECT_FALSE(r->end.has_value());
+
+  heartbeat_put_step(page.data(), 1234567890123LL);
+  heartbeat_put_phase(page.data(), RankPhase::kCheckpoint);
+  r = heartbeat_decode(page);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step, 1234567890123LL);
+  EXPECT_EQ(r->phase, RankPhase::kCheckpoint);
+  heartbeat_put_step(page.data(), 7);  // shorter: nothing of the longer number is left
+  EXPECT_EQ(heartbeat_decode(page)->step, 7);
+}
+
+TEST(Heartbeat, RecordsEachKindOfEnd) {
+  std::string page = record(50, RankPhase::kBatch);
+  heartbeat_put_end(page.data(), {RankEnd::Kind::kSignal, SIGSEGV, 1732400000123LL});
+  auto r = heartbeat_decode(page);
+  ASSERT_TRUE(r && r->end);
+  EXPECT_EQ(r->end->kind, RankEnd::Kind::kSignal);
+  EXPECT_EQ(r->end->code, SIGSEGV);
+  EXPECT_EQ(r->end->unix_ms, 1732400000123LL);
+  EXPECT_TRUE(r->end->failed());
+  EXPECT_THAT(r->end->describe(), testing::StartsWith("was killed by signal 11 ("));
+
+  heartbeat_put_end(page.data(), {RankEnd::Kind::kAbort, 1, 5});
+  heartbeat_put_message(page.data(), "cannot write /exp/trial-0/metrics.jsonl:\nNo space left on device");
+  r = heartbeat_decode(page);
+  EXPECT_EQ(r->end->kind, RankEnd::Kind::kAbort);
+  EXPECT_EQ(r->message, "cannot write /exp/trial-0/metrics.jsonl: No space left on device") << "one line";
+
+  for (int code : {0, 75}) {
+    heartbeat_put_end(page.data(), {RankEnd::Kind::kExit, code, 5});
+    EXPECT_FALSE(heartbeat_decode(page)->end->failed()) << code;
+  }
+  heartbeat_put_end(page.data(), {RankEnd::Kind::kExit, 3, 5});
+  EXPECT_TRUE(heartbeat_decode(page)->end->failed());
+  EXPECT_EQ(heartbeat_decode(page)->end->describe(), "exited with code 3");
+}
+
+TEST(Heartbeat, ALongMessageIsCutToTheRecord) {
+  std::string page = record(1, RankPhase::kBatch);
+  heartbeat_put_message(page.data(), std::string(5000, 'x').c_str());
+  EXPECT_EQ(page.size(), kHeartbeatSize);
+  EXPECT_EQ(page.back(), '\n');
+  EXPECT_GT(heartbeat_decode(page)->message.size(), 250u);
+}
+
+TEST(Heartbeat, TornOrForeignTextIsNotARecord) {
+  std::string page = record(10, RankPhase::kBatch);
+  EXPECT_FALSE(heartbeat_decode(page.substr(0, 100)).has_value());
+  std::string torn = page;
+  torn.replace(8, 3, "x?z");  // inside the step field
+  EXPECT_FALSE(heartbeat_decode(torn).has_value());
+  std::string bad_phase = page;
+  bad_phase.replace(bad_phase.find("batch"), 5, "batcX");
+  EXPECT_FALSE(heartbeat_decode(bad_phase).has_value());
+  EXPECT_FALSE(heartbeat_decode(std::string(kHeartbeatSize, ' ')).has_value());
+}
+
+TEST(Heartbeat, ReadsEveryRankFileOfADirectory) {
+  TempDir dir;
+  dir.write("rank-0", record(41, RankPhase::kAgreement));
+  dir.write("rank-12", record(40, RankPhase::kBatch));
+  dir.write("rank-2", "garbage");
+  dir.write("rank-", record(1, RankPhase::kBatch));
+  dir.write("notes.txt", record(1, RankPhase::kBatch));
+  const auto records = read_heartbeats(dir.path().string());
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].first, 0);
+  EXPECT_EQ(records[0].second.step, 41);
+  EXPECT_EQ(records[1].first, 12);
+  EXPECT_TRUE(read_heartbeats((dir.path() / "missing").string()).empty());
+}
+
+TEST(Phases, NamesRoundTrip) {
+  for (RankPhase p : {RankPhase::kStartup, RankPhase::kBatch, RankPhase::kAgreement, RankPhase::kValidation,
+                      RankPhase::kEvaluate, RankPhase::kCheckpoint, RankPhase::kShutdown}) {
+    EXPECT_EQ(parse_phase(phase_name(p)), p);
+  }
+  EXPECT_FALSE(parse_phase("lunch").has_value());
+}
+
+TEST(Verdict, RoundTrips) {
+  const auto v = decode_verdict(encode_verdict({{1, 3}, "watchdog: allreduce\nstuck"}));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->culprits, (std::vector<int>{1, 3}));
+  EXPECT_EQ(v->message, "watchdog: allreduce stuck");
+  const auto none = decode_verdict(encode_verdict({{}, "transport stuck"}));
+  ASSERT_TRUE(none.has_value());
+  EXPECT_TRUE(none->culprits.empty());
+  EXPECT_FALSE(decode_verdict("").has_value());
+  EXPECT_FALSE(decode_verdict("culprits x\n").has_value());
+}
+
+TEST(Paths, InTheTrialDirectory) {
+  EXPECT_EQ(stop_file("/e/trial-0"), "/e/trial-0/stop-request");
+  EXPECT_EQ(heartbeat_file(heartbeat_dir("/e/trial-0"), 3), "/e/trial-0/launch/heartbeat/rank-3");
+  EXPECT_EQ(abort_file("/e/trial-0", 2), "/e/trial-0/launch/abort-2");
+  EXPECT_EQ(verdict_file("/e/trial-0", 2), "/e/trial-0/launch/verdict-2");
+}
+
+}  // namespace
+}  // namespace hpctrial::core
