@@ -53,6 +53,7 @@ int run_launch(const std::vector<std::string>& args) {
   core::init_logging(env);
   launch.experiment_dir = std::filesystem::absolute(launch.experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
+  launch.rank_parent = rank_parent_command();
   return mpi_launcher::launch(launch, env, core::real_command_runner());
 }
 

@@ -18,6 +18,7 @@ void print_help(const std::vector<hpctrial::cli::Verb>& verbs) {
                "Run LibTorch trials on HPC batch schedulers: configs, checkpoints, pause and "
                "resume.\n\nverbs:\n";
   for (const auto& verb : verbs) {
+    if (verb.name.front() == '_') continue;  // internal: started by hpctrial itself
     std::cout << "  " << verb.name << std::string(verb.name.size() < 10 ? 10 - verb.name.size() : 1, ' ')
               << verb.summary << "\n";
   }

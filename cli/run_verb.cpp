@@ -11,6 +11,7 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
+#include "hpctrial/core/subprocess.h"
 #include "hpctrial/mpi_launcher/launcher.h"
 #include "launch_options.h"
 #include "site_defaults.h"
@@ -20,6 +21,8 @@ namespace po = boost::program_options;
 namespace fs = std::filesystem;
 
 namespace hpctrial::cli {
+
+std::vector<std::string> rank_parent_command() { return {core::self_program(), "_rank", "--"}; }
 
 std::string find_worker() {
   if (const auto set = core::ProcessEnv().get("HPCTRIAL_WORKER")) return *set;
@@ -98,6 +101,7 @@ int run_run(const std::vector<std::string>& args) {
   if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
+  launch.rank_parent = rank_parent_command();
   launch.reset_failures = true;
   // Checked before anything is written: a mistyped --trial leaves the experiment as it was.
   const int trials = core::trial_count(config);

@@ -37,6 +37,7 @@ Verb jobs_verb();
 Verb logs_verb();
 Verb describe_verb();
 Verb new_trial_verb();
+Verb rank_verb();  // internal: the parent of each rank, which mpirun starts
 
 // "hpctrial 0.1.0 (git abc123)" and what it was built with.
 std::string version_text();

@@ -16,6 +16,7 @@ std::vector<Verb> builtin_verbs() {
       launch_verb(),
       checkpoint_verb(),
       new_trial_verb(),
+      rank_verb(),
   };
 }
 

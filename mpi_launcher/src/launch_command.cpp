@@ -242,6 +242,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
   c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
 
+  c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
   c.argv.insert(c.argv.end(), config.launcher.prefix.begin(), config.launcher.prefix.end());
   if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
     if (options.worker.empty()) {

@@ -133,6 +133,31 @@ void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status) {
   reap(mpirun, mpirun_status);
 }
 
+// mpirun's children on this host (each the parent of one rank) by rank, from the rank number
+// Open MPI gives them in their environment.
+std::map<int, pid_t> rank_processes(pid_t mpirun) {
+  std::map<int, pid_t> out;
+  for (pid_t pid : descendants()) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    if (!std::getline(stat, text) || text.rfind(')') == std::string::npos) continue;
+    std::istringstream rest(text.substr(text.rfind(')') + 2));
+    char state;
+    pid_t ppid = 0;
+    if (!(rest >> state >> ppid) || ppid != mpirun) continue;
+    std::ifstream environ_file("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+    for (std::string entry; std::getline(environ_file, entry, '\0');) {
+      if (entry.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) {
+        try {
+          out[std::stoi(entry.substr(21))] = pid;
+        } catch (const std::exception&) {
+        }
+      }
+    }
+  }
+  return out;
+}
+
 // SIGKILL to every process below the launcher except mpirun: once a rank has failed, the
 // others are stuck in collectives, and mpirun would give them the whole grace
 // (odls_base_sigkill_timeout) before it kills them. mpirun then reports the failure and exits.
@@ -249,6 +274,7 @@ class Supervisor {
     last_progress_ = started;
     last_heartbeat_check_ = started;
     beats_.clear();
+    rank_processes_.clear();
     zombies_.clear();
     rank_failure_.reset();
     stopped_at_ = {};
@@ -261,7 +287,7 @@ class Supervisor {
       deadline = started + std::chrono::duration_cast<Clock::duration>(left);
     }
     bool out_open = true, err_open = true, exited = false;
-    Clock::time_point exited_at = kNever, mpirun_kill_at = kNever;
+    Clock::time_point exited_at = kNever, mpirun_kill_at = kNever, ranks_kill_at = kNever;
     char buffer[65536];
     while (out_open || err_open || !exited) {
       pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {out_open ? child.out_fd : -1, POLLIN, 0},
@@ -318,10 +344,20 @@ class Supervisor {
       // A rank that failed: end the others now (mpirun would give them the whole grace), then
       // mpirun, if it does not end by itself.
       if (!rank_failure_ && (rank_failure_ = find_failed_rank(now, output.mpirun_text()))) {
-        core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
-        abort_attempt();
-        kill_ranks(child.pid);
-        mpirun_kill_at = now + std::chrono::seconds(1);
+        // Without the rank's own code, mpirun's words are the only other witness, and ranks the
+        // launcher killed first would muddle them: a moment for mpirun's report first. (mpirun
+        // itself would wait odls_base_sigkill_timeout, the preemption grace, before it ends the
+        // others.)
+        const bool exact = rank_failure_->exit_code || rank_failure_->signal;
+        if (exact) {
+          core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
+          abort_attempt();
+          kill_ranks(child.pid);
+          mpirun_kill_at = now + std::chrono::seconds(1);
+        } else {
+          core::log_warning("rank {} {}: the job ends", rank_failure_->rank, rank_failure_->how);
+          ranks_kill_at = now + std::chrono::seconds(1);
+        }
       }
       // Ranks stopped on request: mpirun would give the stragglers the whole grace before it
       // kills them, though they only finish; end them after a moment.
@@ -332,6 +368,12 @@ class Supervisor {
         stop_finished_ = true;
         abort_attempt();  // every checkpoint is durable: the stragglers only finish
         kill_everything(child.pid, &mpirun_status_);
+      }
+      if (now >= ranks_kill_at) {
+        abort_attempt();
+        kill_ranks(child.pid);
+        ranks_kill_at = kNever;
+        mpirun_kill_at = now + std::chrono::seconds(1);
       }
       if (now >= mpirun_kill_at) {
         kill_everything(child.pid, &mpirun_status_);
@@ -439,13 +481,26 @@ class Supervisor {
       }
     }
     if (f.rank >= 0) {
-      f.how = beats_[f.rank].end->describe();
+      const core::RankEnd& end = *beats_[f.rank].end;
+      (end.kind == core::RankEnd::Kind::kSignal ? f.signal : f.exit_code) = end.code;
+      f.how = end.describe();
       return f;
     }
     if (mpirun_text.find("MPI_ABORT was invoked") != std::string::npos ||
         mpirun_text.find("mpirun noticed that process rank") != std::string::npos) {
       f = detail::parse_mpirun_failure(mpirun_text);
       if (f.rank >= 0) return f;
+    }
+    // A rank of this host that ended before it could write its record (MPI_Init failed, a full
+    // disk): only its process says so.
+    for (const auto& [rank, pid] : rank_processes_) {
+      if (beats_.count(rank) != 0 || detail::zombie_status(pid) || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      const auto first_seen = zombies_.emplace(rank, now).first->second;
+      if (now - first_seen < std::chrono::milliseconds(500)) continue;
+      f = {};
+      f.rank = rank;
+      f.how = "ended before it wrote its heartbeat record (see its output)";
+      return f;
     }
     char host[256] = "";
     ::gethostname(host, sizeof host - 1);
@@ -471,8 +526,17 @@ class Supervisor {
         f.exit_code = 0;
         f.how = core::RankEnd{core::RankEnd::Kind::kExit, 0, 0}.describe();
       } else {
-        // Gone without a record of its end: SIGKILL, or the record was lost. mpirun says more.
-        if (now - first_seen < std::chrono::seconds(3)) continue;
+        // Its parent (hpctrial _rank) records the end just after it; the record read a moment
+        // ago may predate that: read it again.
+        if (now - first_seen < std::chrono::milliseconds(500)) continue;
+        std::ifstream in(core::heartbeat_file(core::heartbeat_dir(trial_dir_), rank), std::ios::binary);
+        const auto fresh = core::heartbeat_decode(std::string((std::istreambuf_iterator<char>(in)), {}));
+        if (fresh && fresh->end) {
+          beats_[rank] = *fresh;
+          return find_failed_rank(now, mpirun_text);
+        }
+        // Gone without a record of its end: SIGKILL (the OOM killer, say). mpirun knows which
+        // signal, and says so once the other ranks have ended.
         f.how = "ended without an exit code (killed by a signal, or crashed)";
       }
       if (!found) found = f;
@@ -512,6 +576,7 @@ class Supervisor {
   }
 
   void check_progress(Clock::time_point now, int np, pid_t child) {
+    for (const auto& [rank, pid] : rank_processes(child)) rank_processes_.emplace(rank, pid);
     bool progressed = false;
     for (auto& [rank, record] : core::read_heartbeats(core::heartbeat_dir(trial_dir_))) {
       const auto it = beats_.find(rank);
@@ -562,6 +627,7 @@ class Supervisor {
   std::optional<int> mpirun_status_;
   Clock::time_point last_progress_, last_heartbeat_check_;
   std::map<int, core::HeartbeatRecord> beats_;
+  std::map<int, pid_t> rank_processes_;  // mpirun's children on this host, by rank
   std::map<int, Clock::time_point> zombies_;  // ranks seen ended, and since when
   std::optional<detail::RankFailure> rank_failure_;
   Clock::time_point stopped_at_{};  // when a rank was first seen to have exited 75

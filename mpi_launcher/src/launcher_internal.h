@@ -73,10 +73,10 @@ struct RankFailure {
 // What mpirun said about the first rank that failed.
 RankFailure parse_mpirun_failure(const std::string& mpirun_text);
 
-// Which rank's failure ended an attempt, from the most exact witness to the least: the
-// watchdog's verdict (the rank it found stuck), else the earliest failure a rank recorded itself
-// (core::HeartbeatRecord: its exit code, fatal signal or abort, and its phase), else what mpirun
-// reported, else `observed` (the launcher's own sight of a rank that ended). The phase and step
+// Which rank's failure ended an attempt, from the most exact witness to the least: the earliest
+// failure a rank recorded (core::HeartbeatRecord: its exit code, fatal signal or abort, written by
+// the rank or its parent), else the watchdog's verdict (the rank it found stuck), else the
+// launcher's own reading of a rank's status, else what mpirun reported, else `observed`. The phase and step
 // come from the failing rank's record where it has one.
 RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRecord>>& records,
                               const std::optional<core::Verdict>& verdict, const std::string& mpirun_text,

@@ -154,33 +154,33 @@ RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRe
     return nullptr;
   };
   RankFailure f;
-  if (verdict && !verdict->culprits.empty()) {
+  // A rank that recorded its own failure is the cause; a watchdog that then found it missing
+  // only saw the consequence.
+  const core::HeartbeatRecord* first = nullptr;
+  for (const auto& [rank, record] : records) {
+    if (!record.end || !record.end->failed()) continue;
+    if (first == nullptr || record.end->unix_ms < first->end->unix_ms) {
+      first = &record;
+      f.rank = rank;
+    }
+  }
+  if (first != nullptr) {
+    const core::RankEnd& end = *first->end;
+    (end.kind == core::RankEnd::Kind::kSignal ? f.signal : f.exit_code) = end.code;
+    f.how = end.describe();
+    f.message = first->message;
+  } else if (verdict && !verdict->culprits.empty()) {
     f.rank = verdict->culprits.front();
     std::string ranks;
     for (int r : verdict->culprits) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     f.how = "stopped answering (the collective watchdog found rank" + std::string(verdict->culprits.size() > 1 ? "s " : " ") +
             ranks + " missing and ended the job)";
     f.message = verdict->message;
+  } else if (observed && (observed->signal || observed->exit_code)) {
+    f = *observed;  // a status the launcher read itself: exact
   } else {
-    const core::HeartbeatRecord* first = nullptr;
-    for (const auto& [rank, record] : records) {
-      if (!record.end || !record.end->failed()) continue;
-      if (first == nullptr || record.end->unix_ms < first->end->unix_ms) {
-        first = &record;
-        f.rank = rank;
-      }
-    }
-    if (first != nullptr) {
-      const core::RankEnd& end = *first->end;
-      (end.kind == core::RankEnd::Kind::kSignal ? f.signal : f.exit_code) = end.code;
-      f.how = end.describe();
-      f.message = first->message;
-    } else if (observed && (observed->signal || observed->exit_code)) {
-      f = *observed;  // a status the launcher read itself: exact
-    } else {
-      f = parse_mpirun_failure(mpirun_text);
-      if (f.rank < 0 && observed) f = *observed;
-    }
+    f = parse_mpirun_failure(mpirun_text);
+    if (f.rank < 0 && observed) f = *observed;
   }
   if (const core::HeartbeatRecord* record = f.rank >= 0 ? record_of(f.rank) : nullptr) {
     f.phase = core::phase_name(record->phase);

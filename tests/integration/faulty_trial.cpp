@@ -2,7 +2,8 @@
 // at batch hyperparameters.fail_batch it throws (fail_mode: throw) or stops answering
 // (fail_mode: hang). It prints "injected <mode> at <unix ms>" just before. With
 // hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device), so
-// that the ranks leave the CPU to the scheduler's daemons in the Slurm tests.
+// that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
+// hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief).
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -24,6 +25,7 @@ class FaultyTrial : public hpctrial::Trial {
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
+    if (context.hparams().contains("full_validation")) full_validation_ = context.hparam<bool>("full_validation");
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
@@ -45,7 +47,12 @@ class FaultyTrial : public hpctrial::Trial {
   }
 
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    if (full_validation_) return Trial::evaluate_batch(batch);  // not overridden: the other one
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::MetricValues evaluate_full_dataset(hpctrial::DataLoader& loader) override {
+    const hpctrial::Batch all = loader.dataset().get_batch(std::vector<std::int64_t>{0, 1, 2, 3});
+    return {{"validation_loss", torch::mse_loss(model_->forward(all.data), all.target).item<double>()}};
   }
   hpctrial::DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
   hpctrial::DataLoader build_validation_data_loader() override {
@@ -58,6 +65,7 @@ class FaultyTrial : public hpctrial::Trial {
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   int batch_ms_ = 0;
+  bool full_validation_ = false;
 };
 
 }  // namespace

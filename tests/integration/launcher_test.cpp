@@ -12,96 +12,19 @@
 #include <iterator>
 #include <regex>
 
-#include "../support/background_process.h"
 #include "../support/same_weights.h"
-#include "../support/temp_dir.h"
+#include "launcher_fixture.h"
 #include "hpctrial/checkpoint/format.h"
 
 namespace hpctrial {
 namespace {
 
 using testing::HasSubstr;
+using testing_launcher::Launcher;
 using testing_support::BackgroundProcess;
 using testing_support::processes_running;
-using testing_support::TempDir;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-class Launcher : public testing::Test {
- protected:
-  // An experiment of the faulty trial (which only fails through HPCTRIAL_FAULT here).
-  std::string config(const std::string& extra, std::int64_t batches = 100000, int ranks = 2, int batch_ms = 0) {
-    return dir_.write("exp.yaml",
-        "name: launched\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
-        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
-        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: " +
-        std::to_string(batch_ms) + "}\n"
-        "resources: {slots_per_trial: " + std::to_string(ranks) + "}\n"
-        "reproducibility: {experiment_seed: 7}\n" + extra);
-  }
-  std::string experiment() const { return (dir_.path() / "exp").string(); }
-  std::string trial() const { return experiment() + "/trial-0"; }
-
-  std::vector<std::pair<std::string, std::string>> env(const std::string& fault = "") const {
-    std::vector<std::pair<std::string, std::string>> e = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
-                                                          {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-    if (!fault.empty()) e.emplace_back("HPCTRIAL_FAULT", fault);
-    return e;
-  }
-
-  std::unique_ptr<BackgroundProcess> start(const std::string& config_path, const std::string& fault = "",
-                                           std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {HPCTRIAL_CLI, "run", config_path, "--oversubscribe"};
-    if (std::find(extra.begin(), extra.end(), "--experiment") == extra.end()) {
-      argv.insert(argv.end(), {"--experiment", experiment()});
-    }
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<BackgroundProcess>(argv, env(fault),
-                                               (dir_.path() / ("out-" + std::to_string(++runs_) + ".txt")).string());
-  }
-
-  // Runs to the end (at most `limit`) and returns the process.
-  std::unique_ptr<BackgroundProcess> run(const std::string& config_path, const std::string& fault = "",
-                                         std::vector<std::string> extra = {}, std::chrono::seconds limit = 120s) {
-    auto p = start(config_path, fault, std::move(extra));
-    EXPECT_TRUE(p->wait(limit).has_value()) << "hpctrial run did not end within " << limit.count() << " s:\n"
-                                            << p->output();
-    return p;
-  }
-
-  std::vector<json> failures() const {
-    std::vector<json> out;
-    std::ifstream in(trial() + "/failures.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
-    return out;
-  }
-
-  // The last step a rank reported, or -1.
-  long long heartbeat(int rank) const {
-    std::ifstream in(trial() + "/launch/heartbeat/rank-" + std::to_string(rank));
-    std::string word;
-    long long step = -1;
-    if (in >> word >> step) return step;
-    return -1;
-  }
-  void wait_for_step(long long step, int rank = 0) const {
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (heartbeat(rank) < step && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-    ASSERT_GE(heartbeat(rank), step) << "the ranks never reached step " << step;
-  }
-
-  // No rank of the trial may outlive the launcher.
-  void expect_no_rank_left() const {
-    const auto until = std::chrono::steady_clock::now() + 1s;
-    while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(20ms);
-    }
-    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL).empty()) << "a rank outlived the launcher";
-  }
-
-  TempDir dir_;
-  int runs_ = 0;
-};
 
 struct FaultCase {
   const char* name;
@@ -114,37 +37,25 @@ struct FaultCase {
 
 class EachFault : public Launcher, public testing::WithParamInterface<FaultCase> {};
 
-// max_restarts 0: the first failure ends the run, with the rank, how it failed and its log tail.
+// max_restarts 0: the first failure ends the run, with the rank, how it failed (its own exit
+// code or signal, whichever process saw it first) and its log tail.
 TEST_P(EachFault, EndsTheRunWithARecordAndNoRankLeft) {
   const FaultCase& c = GetParam();
   const std::string exp = config("max_restarts: 0\noptimizations: {collective_timeout: 1h}\n"
                                  "launcher: {hang_timeout: 3s}\n", 100000, c.ranks);
   auto p = run(exp, c.fault);
   const std::string out = p->output();
-  // A rank ended by a signal is seen either by mpirun first (exit 128 + N, "killed by signal N")
-  // or by the launcher's own watch on the ranks (exit 1, "ended without an exit code"): both are
-  // right, and which comes first depends on the machine's load.
-  const bool by_signal = c.signal != 0;
-  const std::string signalled = "killed by signal " + std::to_string(c.signal);
-  if (by_signal && p->exit_code() == 128 + c.signal) {
-    EXPECT_THAT(out, HasSubstr("was " + signalled));
-  } else {
-    EXPECT_EQ(p->exit_code(), c.exit_code) << out;
-  }
+  EXPECT_EQ(p->exit_code(), c.exit_code) << out;
   std::printf("[ measured ] %s on %d ranks: hpctrial run ended after %.1f s\n", c.name, c.ranks, p->seconds());
   EXPECT_LT(p->seconds(), 45) << out;
   EXPECT_THAT(out, HasSubstr("trial 0 failed: "));
-  if (!by_signal) {
-    EXPECT_THAT(out, HasSubstr(c.reason));
-  }
+  EXPECT_THAT(out, HasSubstr(c.reason));
   EXPECT_THAT(out, HasSubstr("It has failed 1 time(s) and max_restarts is 0, so it is not restarted"));
   const auto records = failures();
   ASSERT_EQ(records.size(), 1u) << out;
-  if (by_signal) {
-    EXPECT_THAT(records[0]["reason"].get<std::string>(),
-                testing::ContainsRegex(signalled + "|ended without an exit code"));
-  } else {
-    EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr(c.reason));
+  EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr(c.reason));
+  if (c.signal != 0) {
+    EXPECT_EQ(records[0]["signal"], c.signal) << records[0].dump(1);
   }
   EXPECT_TRUE(records[0]["last_steps"].is_object());
   EXPECT_TRUE(std::filesystem::exists(trial() + "/launch/abort-0"))
@@ -152,6 +63,8 @@ TEST_P(EachFault, EndsTheRunWithARecordAndNoRankLeft) {
   if (std::string(c.name) != "hang") {
     const int rank = c.fault[4] - '0';
     EXPECT_EQ(records[0]["rank"], rank);
+    EXPECT_EQ(records[0]["phase"], "batch");
+    EXPECT_EQ(records[0]["step"], 12);
     EXPECT_THAT(out, HasSubstr("trial 0 failed: rank " + std::to_string(rank) + " "));
     EXPECT_THAT(records[0]["log_tail"].dump(), HasSubstr("injected fault")) << records[0].dump(1);
   }
@@ -162,10 +75,10 @@ INSTANTIATE_TEST_SUITE_P(
     Launcher, EachFault,
     testing::Values(
         FaultCase{"exit", "rank1:step12:exit3", 2, 3, "exited with code 3"},
-        FaultCase{"sigkill", "rank2:step12:sigkill", 4, 1, "ended without an exit code (killed by a signal, or crashed)", 9},
-        FaultCase{"segfault", "rank1:step12:segv", 2, 1, "ended without an exit code (killed by a signal, or crashed)", 11},
+        FaultCase{"sigkill", "rank2:step12:sigkill", 4, 128 + 9, "was killed by signal 9", 9},
+        FaultCase{"segfault", "rank1:step12:segv", 2, 128 + 11, "was killed by signal 11", 11},
         FaultCase{"exit0", "rank1:step12:exit0", 2, 1, "exited with code 0 while the others still ran"},
-        FaultCase{"throw", "rank1:step12:throw", 2, 1, "with code 1"},  // MPI_Abort, or its exit
+        FaultCase{"throw", "rank1:step12:throw", 2, 1, "failed and aborted the job with code 1"},
         FaultCase{"hang", "rank1:step12:hang", 2, 1,
                   "no rank finished a training step for 3 s (launcher.hang_timeout)"}),
     [](const testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.name); });
@@ -211,7 +124,8 @@ TEST_F(Launcher, AFailureRestartsFromTheLatestCheckpoint) {
   const auto records = failures();
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0]["rank"], 1);
-  EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr("ended without an exit code"));
+  EXPECT_EQ(records[0]["signal"], 9);
+  EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr("was killed by signal 9"));
   EXPECT_GE(records[0]["last_steps"]["0"].get<long long>(), 20);
   expect_no_rank_left();
 }

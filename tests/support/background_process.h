@@ -60,6 +60,7 @@ class BackgroundProcess {
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         status_ = status;
         ended_ = std::chrono::steady_clock::now();
+        ended_wall_ = std::chrono::system_clock::now();
         break;
       }
       if (std::chrono::steady_clock::now() >= until) break;
@@ -70,6 +71,10 @@ class BackgroundProcess {
   // Its exit code once waited for (-1: killed by a signal, or not ended).
   int exit_code() const { return status_ && WIFEXITED(*status_) ? WEXITSTATUS(*status_) : -1; }
   double seconds() const { return std::chrono::duration<double>(ended_ - started_).count(); }
+  // When it ended, in milliseconds since the epoch (to compare with times the process printed).
+  long long ended_unix_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(ended_wall_.time_since_epoch()).count();
+  }
   std::string output() const {
     std::ifstream in(output_path_);
     std::stringstream text;
@@ -82,6 +87,7 @@ class BackgroundProcess {
   pid_t pid_ = -1;
   std::optional<int> status_;
   std::chrono::steady_clock::time_point started_, ended_;
+  std::chrono::system_clock::time_point ended_wall_;
 };
 
 // Processes whose command line contains `needle` (other than the caller).

@@ -232,7 +232,8 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
 void FaultPlan::at(FaultPhase phase, long long step) const {
   for (const auto& f : faults_) {
     if (f.phase != phase || (f.step && *f.step != step)) continue;
-    std::fprintf(stderr, "injected fault %s on rank %d at step %lld\n", f.text.c_str(), rank_, step);
+    std::fprintf(stderr, "injected fault %s on rank %d at step %lld (unix ms %lld)\n", f.text.c_str(), rank_, step,
+                 unix_ms());
     std::fflush(stderr);
     if (f.action == "sigkill") ::raise(SIGKILL);
     if (f.action == "segv") ::raise(SIGSEGV);  // as a bad access would: through the handlers installed

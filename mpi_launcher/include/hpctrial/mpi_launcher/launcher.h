@@ -62,6 +62,9 @@ struct LaunchOptions {
   bool reset_failures = false; // a user's explicit run: failures of earlier runs are forgiven
   std::string mpirun;          // empty: $HPCTRIAL_MPIRUN, else "mpirun" on PATH
   std::string worker;          // hpctrial-worker, for library entrypoints
+  // The command that mpirun starts in place of each rank, which then starts the rank and is its
+  // parent (run_rank_parent): e.g. {"/opt/hpctrial/bin/hpctrial", "_rank", "--"}. Empty: none.
+  std::vector<std::string> rank_parent;
   std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
 };
 
@@ -114,6 +117,11 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
 // config's environment values) and the hostfile; starts and writes nothing.
 void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
                        const core::CommandRunner& run);
+
+// The parent of one rank (`hpctrial _rank -- PROGRAM ARGS...`): starts `argv`, forwards it the
+// stop signals, and once it has ended records in its heartbeat record how (when the rank did not
+// record it itself: a SIGKILL, an _exit()), then ends the same way. Returns the exit code.
+int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource& env);
 
 // Runs the trial to its end as the exit protocol above says; returns the exit code.
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
