@@ -84,6 +84,7 @@ std::string RankEnd::describe() const {
   switch (kind) {
     case Kind::kSignal: return "was killed by signal " + std::to_string(code) + " (" + ::strsignal(code) + ")";
     case Kind::kAbort: return "failed and aborted the job with code " + std::to_string(code);
+    case Kind::kWatchdog: return "ended the job from its collective watchdog";
     case Kind::kExit: break;
   }
   if (code == kExitFinished) {
@@ -123,7 +124,10 @@ void heartbeat_put_phase(char* page, RankPhase phase) noexcept {
 
 void heartbeat_put_end(char* page, RankEnd end) noexcept {
   char text[kEndWidth];
-  const char* kind = end.kind == RankEnd::Kind::kExit ? "exit " : end.kind == RankEnd::Kind::kSignal ? "signal " : "abort ";
+  const char* kind = end.kind == RankEnd::Kind::kExit     ? "exit "
+                     : end.kind == RankEnd::Kind::kSignal ? "signal "
+                     : end.kind == RankEnd::Kind::kAbort  ? "abort "
+                                                          : "watchdog ";
   std::size_t n = std::strlen(kind);
   std::memcpy(text, kind, n);
   n += put_number(text + n, end.code);
@@ -167,6 +171,8 @@ std::optional<HeartbeatRecord> heartbeat_decode(std::string_view text) {
         e.kind = RankEnd::Kind::kSignal;
       } else if (kind == "abort") {
         e.kind = RankEnd::Kind::kAbort;
+      } else if (kind == "watchdog") {
+        e.kind = RankEnd::Kind::kWatchdog;
       } else {
         return std::nullopt;
       }

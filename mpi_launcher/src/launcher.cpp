@@ -486,6 +486,14 @@ class Supervisor {
       f.how = end.describe();
       return f;
     }
+    // A watchdog ended the job: its verdict names the cause once the attempt is over.
+    for (const auto& [rank, record] : beats_) {
+      if (record.end && record.end->kind == core::RankEnd::Kind::kWatchdog) {
+        f.rank = rank;
+        f.how = record.end->describe();
+        return f;
+      }
+    }
     if (mpirun_text.find("MPI_ABORT was invoked") != std::string::npos ||
         mpirun_text.find("mpirun noticed that process rank") != std::string::npos) {
       f = detail::parse_mpirun_failure(mpirun_text);
@@ -495,6 +503,10 @@ class Supervisor {
     // disk): only its process says so.
     for (const auto& [rank, pid] : rank_processes_) {
       if (beats_.count(rank) != 0 || detail::zombie_status(pid) || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      if (auto fresh = fresh_record(rank)) {  // it ended after the launcher last read the records
+        beats_[rank] = *fresh;
+        return find_failed_rank(now, mpirun_text);
+      }
       const auto first_seen = zombies_.emplace(rank, now).first->second;
       if (now - first_seen < std::chrono::milliseconds(500)) continue;
       f = {};
@@ -525,12 +537,13 @@ class Supervisor {
         if (now - first_seen < std::chrono::seconds(1)) continue;  // finishing: mpirun reaps it now
         f.exit_code = 0;
         f.how = core::RankEnd{core::RankEnd::Kind::kExit, 0, 0}.describe();
+      } else if (record.end) {
+        continue;  // ended as its record says, and not by failing (its watchdog ended the job)
       } else {
         // Its parent (hpctrial _rank) records the end just after it; the record read a moment
         // ago may predate that: read it again.
         if (now - first_seen < std::chrono::milliseconds(500)) continue;
-        std::ifstream in(core::heartbeat_file(core::heartbeat_dir(trial_dir_), rank), std::ios::binary);
-        const auto fresh = core::heartbeat_decode(std::string((std::istreambuf_iterator<char>(in)), {}));
+        const auto fresh = fresh_record(rank);
         if (fresh && fresh->end) {
           beats_[rank] = *fresh;
           return find_failed_rank(now, mpirun_text);
@@ -542,6 +555,11 @@ class Supervisor {
       if (!found) found = f;
     }
     return found;
+  }
+
+  std::optional<core::HeartbeatRecord> fresh_record(int rank) const {
+    std::ifstream in(core::heartbeat_file(core::heartbeat_dir(trial_dir_), rank), std::ios::binary);
+    return core::heartbeat_decode(std::string((std::istreambuf_iterator<char>(in)), {}));
   }
 
   // Ranks on other hosts, which only mpirun can signal (and mpirun gives them the whole grace),

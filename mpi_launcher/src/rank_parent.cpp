@@ -102,7 +102,11 @@ int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource&
   g_child = 0;
   const auto rank = rank_from(env);
   const auto dir = env.get(core::kEnvHeartbeatDir);
-  if (rank && dir && !dir->empty()) record_end(core::heartbeat_file(*dir, *rank), status);
+  // Not when the launcher ended the attempt (its abort file exists): then this end is the
+  // launcher's doing, not the rank's failure.
+  const auto abort_file = env.get(core::kEnvAbortFile);
+  const bool ended_by_launcher = abort_file && !abort_file->empty() && ::access(abort_file->c_str(), F_OK) == 0;
+  if (rank && dir && !dir->empty() && !ended_by_launcher) record_end(core::heartbeat_file(*dir, *rank), status);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   // The same end for mpirun to see.
   const int signal = WTERMSIG(status);

@@ -166,6 +166,8 @@ void record_phase(core::RankPhase phase) noexcept {
 
 core::RankPhase current_phase() noexcept { return static_cast<core::RankPhase>(g_phase.load(std::memory_order_relaxed)); }
 
+void record_watchdog_abort() noexcept { record_end(core::RankEnd::Kind::kWatchdog, 1); }
+
 void record_abort(int code, const std::string& message) noexcept {
   char* page = g_page.load();
   if (page == nullptr || g_ended.load()) return;

@@ -93,6 +93,11 @@ class PhaseRecord {
   int exceptions_;
 };
 
+// The collective watchdog of this rank is ending the job because of another rank (or because
+// this rank's training thread stopped answering): recorded as such, so that the exit MPI_Abort
+// makes is not taken for this rank's failure; the watchdog's verdict says what happened.
+void record_watchdog_abort() noexcept;
+
 // Records that this rank fails with `code` and why, and writes the record out: call it just
 // before MPI_Abort.
 void record_abort(int code, const std::string& message) noexcept;

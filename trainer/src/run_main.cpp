@@ -185,6 +185,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
       watch.exit_code = kExitFailed;
       watch.verdict_path = env.get(core::kEnvVerdictFile).value_or("");
       watchdog = std::make_unique<mpi_launcher::Watchdog>(mpi->world(), watch);
+      watchdog->add_abort_hook([] { detail::record_watchdog_abort(); });
       comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world(), watchdog.get());
     }
     device_comm = make_device_communicator(config, *mpi, watchdog.get());

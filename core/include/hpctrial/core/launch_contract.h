@@ -55,14 +55,18 @@ enum class RankPhase { kStartup, kBatch, kAgreement, kValidation, kEvaluate, kCh
 const char* phase_name(RankPhase phase);  // "startup", "batch", "agreement", ...
 std::optional<RankPhase> parse_phase(std::string_view name);
 
-// How a rank ended: exit() with a code, a fatal signal, or MPI_Abort with a code after an error
-// (whose message the record carries).
+// How a rank ended: exit() with a code, a fatal signal, MPI_Abort with a code after an error
+// (whose message the record carries), or MPI_Abort by its collective watchdog, which ended the
+// job for another rank's sake (not a failure of this one: the watchdog's verdict names the cause).
 struct RankEnd {
-  enum class Kind { kExit, kSignal, kAbort };
+  enum class Kind { kExit, kSignal, kAbort, kWatchdog };
   Kind kind = Kind::kExit;
   int code = 0;            // the exit or abort code, or the signal number
   long long unix_ms = 0;   // when (wall clock), to order the ends of several ranks
-  bool failed() const { return kind != Kind::kExit || (code != kExitFinished && code != kExitStopped); }
+  bool failed() const {
+    if (kind == Kind::kWatchdog) return false;
+    return kind != Kind::kExit || (code != kExitFinished && code != kExitStopped);
+  }
   std::string describe() const;  // "exited with code 3", "was killed by signal 11 (...)", ...
 };
 
