@@ -20,6 +20,7 @@
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/pbs/client.h"
@@ -37,16 +38,22 @@ namespace {
 // The file `latest` names in a trial's checkpoint directory, and its batch count.
 struct LatestCheckpoint {
   std::string file;
+  std::string path;
   std::int64_t batches = 0;
 };
 std::optional<LatestCheckpoint> latest_checkpoint(const mpi_launcher::ExperimentLayout& layout, int trial) {
-  const std::string dir = layout.trial_dir(trial) + "/checkpoints";
+  std::string dir = layout.trial_dir(trial) + "/checkpoints";
+  try {  // where the trainer put them: checkpoint_storage.host_path may say elsewhere
+    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), layout.trial_dir(trial), trial);
+  } catch (const Error&) {
+    // no readable experiment.yaml: the default place
+  }
   if (!fs::is_directory(dir)) return std::nullopt;
   const checkpoint::CheckpointStore store(dir, {});
   const auto file = store.latest_file();
   if (!file) return std::nullopt;
   const std::string name = fs::path(*file).filename().string();
-  return LatestCheckpoint{name, checkpoint::checkpoint_batches(name).value_or(0)};
+  return LatestCheckpoint{name, (fs::path(dir) / name).string(), checkpoint::checkpoint_batches(name).value_or(0)};
 }
 
 // Batches trained: what rank 0 last reported while running, else the latest checkpoint's.
@@ -422,7 +429,7 @@ each trial the batches trained, the latest checkpoint, the runs and the failures
     }
     std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
               << " " << core::to_string(config.searcher.max_length.unit) << "\n"
-              << "  checkpoint:  " << (ckpt ? layout.trial_dir(trial) + "/checkpoints/" + ckpt->file : "none yet")
+              << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet")
               << "\n"
               << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
               << " failure(s) counted against max_restarts " << config.max_restarts << "\n";

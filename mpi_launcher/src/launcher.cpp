@@ -271,10 +271,13 @@ class Supervisor {
       if (name == core::kEnvVerdictFile) verdict_file_ = value;
     }
     const auto started = Clock::now();
+    started_ = started;
     last_progress_ = started;
     last_heartbeat_check_ = started;
     beats_.clear();
     rank_processes_.clear();
+    missing_ranks_.clear();
+    single_host_ = command.hostfile_path.empty();
     zombies_.clear();
     rank_failure_.reset();
     stopped_at_ = {};
@@ -499,10 +502,23 @@ class Supervisor {
       f = detail::parse_mpirun_failure(mpirun_text);
       if (f.rank >= 0) return f;
     }
+    for (int rank : missing_ranks_) {
+      if (rank_processes_.count(rank) == 0) rank_processes_[rank] = -1;  // never seen alive
+    }
     // A rank of this host that ended before it could write its record (MPI_Init failed, a full
-    // disk): only its process says so.
+    // disk, its directory removed): only its process says so.
     for (const auto& [rank, pid] : rank_processes_) {
-      if (beats_.count(rank) != 0 || detail::zombie_status(pid) || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      const bool gone = pid < 0 || (!detail::zombie_status(pid) && ::kill(pid, 0) != 0 && errno == ESRCH);
+      if (!gone) continue;
+      if (const auto it = beats_.find(rank); it != beats_.end()) {
+        if (it->second.end) continue;  // its record says how it ended
+        const auto fresh = fresh_record(rank);
+        if (fresh && fresh->end) {
+          beats_[rank] = *fresh;
+          return find_failed_rank(now, mpirun_text);
+        }
+        if (fresh) continue;  // the record is there: the checks below judge it
+      }
       if (auto fresh = fresh_record(rank)) {  // it ended after the launcher last read the records
         beats_[rank] = *fresh;
         return find_failed_rank(now, mpirun_text);
@@ -511,7 +527,7 @@ class Supervisor {
       if (now - first_seen < std::chrono::milliseconds(500)) continue;
       f = {};
       f.rank = rank;
-      f.how = "ended before it wrote its heartbeat record (see its output)";
+      f.how = "ended without a record of how (before it wrote one, or where it could not be read; see its output)";
       return f;
     }
     char host[256] = "";
@@ -594,7 +610,16 @@ class Supervisor {
   }
 
   void check_progress(Clock::time_point now, int np, pid_t child) {
-    for (const auto& [rank, pid] : rank_processes(child)) rank_processes_.emplace(rank, pid);
+    const auto live = rank_processes(child);
+    for (const auto& [rank, pid] : live) rank_processes_.emplace(rank, pid);
+    // Every rank runs on this host: one whose process is missing once mpirun has started them
+    // all has ended, whether or not the launcher ever saw it or its record.
+    missing_ranks_.clear();
+    if (single_host_ && now - started_ > std::chrono::seconds(3)) {
+      for (int rank = 0; rank < np; ++rank) {
+        if (live.count(rank) == 0) missing_ranks_.push_back(rank);
+      }
+    }
     bool progressed = false;
     for (auto& [rank, record] : core::read_heartbeats(core::heartbeat_dir(trial_dir_))) {
       const auto it = beats_.find(rank);
@@ -645,7 +670,10 @@ class Supervisor {
   std::optional<int> mpirun_status_;
   Clock::time_point last_progress_, last_heartbeat_check_;
   std::map<int, core::HeartbeatRecord> beats_;
-  std::map<int, pid_t> rank_processes_;  // mpirun's children on this host, by rank
+  std::map<int, pid_t> rank_processes_;  // mpirun's children on this host, by rank; -1: never seen
+  std::vector<int> missing_ranks_;       // ranks without a process, when all run on this host
+  bool single_host_ = false;
+  Clock::time_point started_;
   std::map<int, Clock::time_point> zombies_;  // ranks seen ended, and since when
   std::optional<detail::RankFailure> rank_failure_;
   Clock::time_point stopped_at_{};  // when a rank was first seen to have exited 75

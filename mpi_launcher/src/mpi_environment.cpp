@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
@@ -10,6 +12,8 @@
 
 namespace hpctrial::mpi_launcher {
 namespace {
+
+constexpr auto kAbortGrace = std::chrono::seconds(3);
 
 int to_mpi(MpiEnvironment::ThreadLevel level) {
   switch (level) {
@@ -108,6 +112,16 @@ MpiEnvironment::~MpiEnvironment() {
 
 void MpiEnvironment::abort(int code, const std::string& message) const noexcept {
   core::log_error("fatal on {}: {}; aborting the job", hostname_, message);
+  // MPI_Abort asks mpirun to end the job and can wait for it (seen when mpirun could not print
+  // its report): a failed rank must not wait, so it ends itself shortly whatever MPI does.
+  try {
+    std::thread([code] {
+      std::this_thread::sleep_for(kAbortGrace);
+      std::_Exit(code);
+    }).detach();
+  } catch (const std::exception&) {
+    // no thread to be had: MPI_Abort alone
+  }
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this is in case a broken MPI does.
 }

@@ -12,7 +12,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 fail() { echo "install_test: $*" >&2; exit 1; }
-clean() { env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$@"; }
+# A user's plain shell. Debian's `getconf PATH` is /bin:/usr/bin, which leads CMake to packages
+# through the /lib usrmerge link: the user flow runs with that PATH too.
+user_path=/usr/local/bin:/usr/bin:/bin
+clean() { env -i HOME="$HOME" PATH="$user_path" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$@"; }
 
 check_prefix() {
   local prefix=$1
@@ -111,4 +114,7 @@ build_and_run_example "$tmp/first"
 mv "$tmp/first" "$tmp/moved"
 check_prefix "$tmp/moved"
 build_and_run_example "$tmp/moved"
-echo "install_test: in place and after a move: installed, run, found by CMake and Lmod; the stand-alone example and a new-trial project built and trained"
+user_path=/bin:/usr/bin
+check_prefix "$tmp/moved"
+build_and_run_example "$tmp/moved"
+echo "install_test: in place and after a move, with PATH /usr/local/bin:/usr/bin:/bin and /bin:/usr/bin: installed, run, found by CMake and Lmod; the stand-alone example and a new-trial project built and trained"

@@ -14,6 +14,7 @@
 #include "config_json.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/mpi_launcher/communicator.h"
@@ -214,14 +215,7 @@ void Loop::setup() {
 
 std::string Loop::checkpoint_dir() const {
   if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
-  if (!config_.checkpoint_storage.host_path.empty()) {
-    std::filesystem::path base(config_.checkpoint_storage.host_path);
-    if (base.is_relative() && !config_.source_path.empty()) {
-      base = std::filesystem::path(config_.source_path).parent_path() / base;
-    }
-    return (base / ("trial-" + std::to_string(options_.trial_id))).string();
-  }
-  return (std::filesystem::path(options_.trial_dir) / "checkpoints").string();
+  return core::checkpoint_dir(config_, options_.trial_dir, options_.trial_id);
 }
 
 detail::LoopState Loop::loop_state() const {
