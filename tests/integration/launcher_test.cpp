@@ -214,6 +214,25 @@ TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
   EXPECT_THAT(again->output(), testing::ContainsRegex("resumed from .*/ckpt-[0-9]+\\.h5 after [0-9]+ batches"));
 }
 
+// describe (and jobs) name the checkpoint where the trainer wrote it: checkpoint_storage.host_path
+// when set, else the trial's own folder.
+TEST_F(Launcher, DescribeNamesTheLatestCheckpointWhereverItIs) {
+  for (const std::string& storage : std::vector<std::string>{"", "checkpoint_storage: {host_path: " + (dir_.path() / "elsewhere").string() + "}\n"}) {
+    std::filesystem::remove_all(experiment());
+    auto p = run(config(storage, 30, 2));
+    ASSERT_EQ(p->exit_code(), 0) << p->output();
+    BackgroundProcess describe({HPCTRIAL_CLI, "describe", experiment()}, env(), (dir_.path() / "describe.txt").string());
+    ASSERT_TRUE(describe.wait(30s).has_value());
+    const std::string out = describe.output();
+    EXPECT_EQ(describe.exit_code(), 0) << out;
+    const std::string expected = storage.empty() ? trial() + "/checkpoints/ckpt-30.h5"
+                                                 : (dir_.path() / "elsewhere" / "trial-0" / "ckpt-30.h5").string();
+    EXPECT_TRUE(std::filesystem::exists(expected)) << "the trainer wrote it elsewhere";
+    EXPECT_THAT(out, HasSubstr("checkpoint:  " + expected + "\n")) << out;
+    EXPECT_THAT(out, HasSubstr("batches:     30 of 30")) << out;
+  }
+}
+
 // --dry-run prints the command of this config as it would run, exports secrets by name only,
 // and writes nothing.
 TEST_F(Launcher, DryRunPrintsTheCommandAndWritesNothing) {
