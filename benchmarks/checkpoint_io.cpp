@@ -1,8 +1,9 @@
 // checkpoint_io: hpctrial's checkpoint save and load against the physical limit and against
 // torch::save / torch::load, in one run on one filesystem.
 //
-//   checkpoint_io [--dir DIR] [--sizes 256,1024] [--rounds 3]
+//   checkpoint_io [--quick] [--dir DIR] [--sizes 256,1024] [--rounds 3]
 //
+// --quick: 64 MiB, one round - the test suite's smoke run. Sizes are multiples of 64 MiB.
 // For each size (MiB of float32 state in 16 MiB tensors):
 //   stall       what an async checkpoint costs a real training loop: a model of that size (SGD,
 //               batch 4) trained by hpctrial with a checkpoint every 4 batches. The stall is the
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -136,10 +138,15 @@ Stall training_stall(const std::string& dir, int mib) {
   hpctrial::trainer::LoopOptions options;
   options.trial_dir = dir + "/stall-run";
   options.progress_interval_s = 0;
+  fs::remove_all(options.trial_dir);  // a used one would resume its finished trial
   const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
     return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64, &starts));
   }, comm, options);
   fs::remove_all(options.trial_dir);
+  if (starts.size() != static_cast<std::size_t>(kBatches)) {
+    std::fprintf(stderr, "checkpoint_io: the stall run trained %zu batches, not %d\n", starts.size(), kBatches);
+    std::exit(1);
+  }
   std::vector<double> interval;  // interval[i]: from the start of batch i to the start of batch i + 1
   for (std::size_t i = 0; i + 1 < starts.size(); ++i) interval.push_back(std::chrono::duration<double>(starts[i + 1] - starts[i]).count());
   // A checkpoint after batch k (k = 4, 8, 12) falls in interval k - 1 (the copy of buffers and
@@ -169,8 +176,19 @@ int main(int argc, char** argv) {
   std::string dir = (fs::current_path() / "checkpoint-io-scratch").string();
   std::vector<int> sizes = {256, 1024};
   int rounds = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string arg = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      sizes = {64};
+      rounds = 1;
+      --i;
+      continue;
+    }
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    if (value.empty()) {
+      std::fprintf(stderr, "checkpoint_io: %s needs a value\n", arg.c_str());
+      return 2;
+    }
     if (arg == "--dir") {
       dir = value;
     } else if (arg == "--rounds") {
@@ -180,7 +198,13 @@ int main(int argc, char** argv) {
       std::stringstream list(value);
       for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoi(item));
     } else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--sizes 256,1024] [--rounds N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--dir DIR] [--sizes 256,1024] [--rounds N]\n", argv[0]);
+      return 2;
+    }
+  }
+  for (int mib : sizes) {
+    if (mib < 64 || mib % 64 != 0) {
+      std::fprintf(stderr, "checkpoint_io: --sizes takes multiples of 64 MiB (the stall run's layers are 64 MiB)\n");
       return 2;
     }
   }
@@ -189,6 +213,7 @@ int main(int argc, char** argv) {
   std::printf("checkpoint I/O in %s, median of %d rounds (MiB/s; stall and save in ms)\n", dir.c_str(), rounds);
   std::printf("%-6s %9s %9s %9s %9s %9s %11s %11s %8s %8s %8s %9s\n", "MiB", "stall ms", "save ms", "save", "load",
               "dd write", "torch save", "torch load", "save/dd", "load/dd", "vs torch", "stall/save");
+  double worst_save_dd = 1e9, worst_load_dd = 1e9, worst_vs_torch = 1e9, worst_stall = 0;
   for (int mib : sizes) {
     const int count = mib / 16;
     std::vector<torch::Tensor> tensors;
@@ -235,7 +260,19 @@ int main(int argc, char** argv) {
                 "(%.3f of the save)\n", "", "", "", "", "", r_ddr, median(slowdown) * 1e3, median(slowdown) / s_save);
     std::fflush(stdout);
     for (const auto& f : {ours, raw, theirs}) fs::remove(f);
+    worst_save_dd = std::min(worst_save_dd, r_save / r_ddw);
+    worst_load_dd = std::min(worst_load_dd, r_load / r_ddr);
+    worst_vs_torch = std::min(worst_vs_torch, r_save / r_ts);
+    worst_stall = std::max(worst_stall, s_stall / s_save);
   }
   fs::remove_all(dir);
+  std::printf("worst ratios: save/dd %.2f, load/dd %.2f (goals >= 0.9), save vs torch::save %.2f (goal >= 3), "
+              "stall/save %.3f (goal <= 0.05)\n", worst_save_dd, worst_load_dd, worst_vs_torch, worst_stall);
+  for (double r : {worst_save_dd, worst_load_dd, worst_vs_torch}) {
+    if (!std::isfinite(r) || r <= 0) {
+      std::fprintf(stderr, "checkpoint_io: a side measured no rate\n");
+      return 1;
+    }
+  }
   return 0;
 }

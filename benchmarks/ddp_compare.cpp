@@ -3,9 +3,12 @@
 // each world size, in one run, with the same thread settings (OMP_NUM_THREADS and
 // OPENBLAS_NUM_THREADS = --threads for both; hpctrial's resources.cpus_per_slot likewise).
 //
-//   ddp_compare [--world-sizes 1,2] [--rounds 3] [--steps 300] [--warmup 50]
+//   ddp_compare [--quick] [--world-sizes 1,2] [--rounds 3] [--steps 300] [--warmup 50]
 //               [--features 32] [--hidden 64] [--classes 10] [--global-batch 64] [--threads 1]
 //
+// --quick: 60 steps (timed after 10), one round - the test suite's smoke run. Each hpctrial run
+// trains a trial directory of its own and must report --steps trained batches; a side that
+// trains another number or measures no rate ends the benchmark with exit 1.
 // The defaults are the mlp example's model and batch. Each side is timed from batch --warmup
 // to the last batch; rounds alternate which side runs first; the median round is reported.
 // Goal: hpctrial >= 1.2 x DDP at every world size. (--worker is the hpctrial side itself.)
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +66,7 @@ class TimedMlp : public hpctrial::Trial {
   ~TimedMlp() override {
     if (!context_.distributed().is_chief()) return;
     const double seconds = std::chrono::duration<double>(end_ - start_).count();
+    std::printf("trained batches: %lld\n", static_cast<long long>(trained_));
     std::printf("samples/s: %.1f\n", static_cast<double>((last_ - warmup_) * context_.global_batch_size()) / seconds);
     std::fflush(stdout);
   }
@@ -69,6 +74,7 @@ class TimedMlp : public hpctrial::Trial {
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     if (batch_idx == warmup_) start_ = Clock::now();
     if (batch_idx == last_) end_ = Clock::now();
+    ++trained_;
     auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
@@ -87,7 +93,7 @@ class TimedMlp : public hpctrial::Trial {
   std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
   mlp_example::Mlp model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
-  std::int64_t warmup_ = 0, last_ = 0;
+  std::int64_t warmup_ = 0, last_ = 0, trained_ = 0;
   Clock::time_point start_, end_;
 };
 
@@ -102,10 +108,16 @@ Setup parse(int argc, char** argv) {
   Setup s;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--world-sizes 1,2] [--rounds N] [--steps N] [--warmup N] [--features N] "
+    if (arg != "--quick" && i + 1 >= argc) {
+      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2] [--rounds N] [--steps N] [--warmup N] [--features N] "
                    "[--hidden N] [--classes N] [--global-batch N] [--threads N]\n", argv[0]);
       std::exit(2);
+    }
+    if (arg == "--quick") {
+      s.steps = 60;
+      s.warmup = 10;
+      s.rounds = 1;
+      continue;
     }
     const std::string value = argv[++i];
     if (arg == "--world-sizes") s.world_sizes = parse_list(value);
@@ -125,10 +137,15 @@ Setup parse(int argc, char** argv) {
   return s;
 }
 
-double samples_per_second(const hpctrial::core::RunResult& r, const char* side) {
-  std::smatch match;
-  if (!r.ok() || !std::regex_search(r.out, match, std::regex("samples/s: ([0-9.]+)"))) {
-    std::fprintf(stderr, "the %s side failed: %s\n%s\n%s\n", side, r.describe().c_str(), r.out.c_str(), r.err.c_str());
+// The rate a side printed; `steps` > 0: the side must also say it trained that many batches.
+double samples_per_second(const hpctrial::core::RunResult& r, const char* side, std::int64_t steps = 0) {
+  std::smatch match, trained;
+  const bool counted = steps == 0 || (std::regex_search(r.out, trained, std::regex("trained batches: ([0-9]+)")) &&
+                                      std::stoll(trained[1]) == steps);
+  if (!r.ok() || !counted || !std::regex_search(r.out, match, std::regex("samples/s: ([0-9.]+)")) ||
+      !(std::stod(match[1]) > 0) || !std::isfinite(std::stod(match[1]))) {
+    std::fprintf(stderr, "the %s side failed (it must train %lld batches and print a positive rate): %s\n%s\n%s\n",
+                 side, static_cast<long long>(steps), r.describe().c_str(), r.out.c_str(), r.err.c_str());
     std::exit(1);
   }
   return std::stod(match[1]);
@@ -164,9 +181,13 @@ int orchestrate(const Setup& s, const std::string& self) {
                           << "searcher: {name: single, metric: validation_loss, max_length: {batches: " << s.steps << "}}\n"
                           << "resources: {slots_per_trial: " << world << ", cpus_per_slot: " << s.threads << "}\n"
                           << "reproducibility: {experiment_seed: 1}\n";
-    const std::vector<std::string> ours = {HPCTRIAL_MPIRUN, "-np", std::to_string(world), "--oversubscribe",
-                                           "--bind-to", "none", self, "--worker", "--config", config,
-                                           "--trial-dir", (dir / "run").string(), "--progress-seconds", "0"};
+    // A trial directory of its own for each run: a used one would resume its finished trial.
+    const auto ours = [&](int round) {
+      const std::string trial_dir = (dir / ("run-" + std::to_string(world) + "-" + std::to_string(round))).string();
+      return std::vector<std::string>{HPCTRIAL_MPIRUN, "-np", std::to_string(world), "--oversubscribe",
+                                      "--bind-to", "none", self, "--worker", "--config", config,
+                                      "--trial-dir", trial_dir, "--progress-seconds", "0"};
+    };
     const std::vector<std::string> theirs = {
         HPCTRIAL_PYTHON, HPCTRIAL_DDP_SCRIPT, "--nproc", std::to_string(world), "--samples", std::to_string(s.samples), "--features", std::to_string(s.features),
         "--hidden", std::to_string(s.hidden), "--classes", std::to_string(s.classes), "--global-batch",
@@ -175,11 +196,11 @@ int orchestrate(const Setup& s, const std::string& self) {
     std::vector<double> a, b;
     for (int round = 0; round < s.rounds; ++round) {
       if (round % 2 == 0) {
-        a.push_back(samples_per_second(hpctrial::core::run_process(ours, options), "hpctrial"));
+        a.push_back(samples_per_second(hpctrial::core::run_process(ours(round), options), "hpctrial", s.steps));
         b.push_back(samples_per_second(hpctrial::core::run_process(theirs, options), "DDP"));
       } else {
         b.push_back(samples_per_second(hpctrial::core::run_process(theirs, options), "DDP"));
-        a.push_back(samples_per_second(hpctrial::core::run_process(ours, options), "hpctrial"));
+        a.push_back(samples_per_second(hpctrial::core::run_process(ours(round), options), "hpctrial", s.steps));
       }
     }
     const double ratio = median(a) / median(b);
@@ -187,6 +208,7 @@ int orchestrate(const Setup& s, const std::string& self) {
     std::printf("%-6d %16.0f %16.0f %8.2f\n", world, median(a), median(b), ratio);
     std::fflush(stdout);
   }
+  std::printf("hpctrial trained %lld batches in each run\n", static_cast<long long>(s.steps));
   std::printf("worst ratio hpctrial / DDP: %.2f (goal >= 1.2)\n", worst);
   std::filesystem::remove_all(dir);
   return 0;

@@ -6,8 +6,13 @@
 // same machine noise and neither always inherits the other's state.
 // The figure of merit is hpctrial's steps/s divided by the plain loop's (goal: >= 0.99).
 //
-//   harness_overhead [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N]
+//   harness_overhead [--quick] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N]
 //                    [--blas-threads N] [--only plain|hpctrial]
+//
+// --quick: 200 steps (rate over the last 150), one round - the test suite's smoke run.
+// Every hpctrial run trains a fresh trial directory and must train exactly --steps batches;
+// a side that trains a different number, or a rate that is not a positive number, ends the
+// benchmark with exit 1 rather than print a figure.
 //
 // Both sides compute with --blas-threads OpenBLAS threads (default 1, what an hpctrial rank
 // with resources.cpus_per_slot: 1 uses).
@@ -21,7 +26,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -102,8 +109,8 @@ double plain_steps_per_second(const Setup& s, const Data& data) {
 
 class BenchTrial : public hpctrial::Trial {
  public:
-  BenchTrial(hpctrial::TrialContext& context, const Setup& s, const Data& data, double* rate)
-      : context_(context), setup_(s), rate_(rate) {
+  BenchTrial(hpctrial::TrialContext& context, const Setup& s, const Data& data, double* rate, std::int64_t* batches)
+      : context_(context), setup_(s), rate_(rate), batches_(batches) {
     dataset_ = std::make_shared<hpctrial::TensorDataset>(data.x, data.y);
     torch::manual_seed(1);
     net_ = context.wrap_model(Net(s.features, s.hidden, s.classes));
@@ -112,6 +119,7 @@ class BenchTrial : public hpctrial::Trial {
   }
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     if (batch_idx == setup_.warmup) start_ = Clock::now();
+    ++*batches_;
     auto loss = torch::nll_loss(net_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
@@ -135,13 +143,28 @@ class BenchTrial : public hpctrial::Trial {
   hpctrial::TrialContext& context_;
   Setup setup_;
   double* rate_;
+  std::int64_t* batches_;
   std::shared_ptr<hpctrial::TensorDataset> dataset_;
   Net net_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   Clock::time_point start_;
 };
 
-double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& trial_dir) {
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "harness_overhead: %s\n", message.c_str());
+  std::exit(1);
+}
+
+double checked(double rate, const char* side) {
+  if (!std::isfinite(rate) || rate <= 0) fail(std::string("the ") + side + " side measured no rate (" + std::to_string(rate) + ")");
+  return rate;
+}
+
+// One hpctrial run in a trial directory of its own under `scratch` (a used directory would
+// resume its finished trial and train nothing).
+double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& scratch) {
+  static int runs = 0;
+  const std::string trial_dir = scratch + "/run-" + std::to_string(++runs);
   hpctrial::core::Diagnostics d;
   const std::string yaml = "name: harness-overhead\nentrypoint: ./bench\nsearcher: {name: single, metric: "
                            "validation_loss, max_length: {batches: " + std::to_string(s.steps) +
@@ -155,10 +178,16 @@ double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::st
   options.progress_interval_s = 0;
   options.prefetch_depth = static_cast<std::size_t>(s.prefetch);
   double rate = 0;
+  std::int64_t batches = 0;
   hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
-    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BenchTrial>(context, s, data, &rate));
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BenchTrial>(context, s, data, &rate, &batches));
   }, comm, options);
-  return rate;
+  std::error_code ignored;
+  std::filesystem::remove_all(trial_dir, ignored);
+  if (batches != s.steps) {
+    fail("the hpctrial side trained " + std::to_string(batches) + " batches, not " + std::to_string(s.steps));
+  }
+  return checked(rate, "hpctrial");
 }
 
 double median(std::vector<double> v) {
@@ -170,12 +199,20 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   Setup s;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--quick") {
+      s.steps = 200;
+      s.warmup = 50;
+      s.rounds = 1;
+      --i;
+      continue;
+    }
     if (flag == "--only") {
       s.only = argv[i + 1];
       continue;
     }
+    if (i + 1 >= argc) fail(flag + " needs a value");
     const std::int64_t value = std::stoll(argv[i + 1]);
     if (flag == "--steps") s.steps = value;
     else if (flag == "--warmup") s.warmup = value;
@@ -184,7 +221,7 @@ int main(int argc, char** argv) {
     else if (flag == "--prefetch") s.prefetch = value;
     else if (flag == "--blas-threads") s.blas_threads = value;
     else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
       return 2;
     }
   }
@@ -195,14 +232,14 @@ int main(int argc, char** argv) {
   }
   const Data data = make_data(s);
   char dir_template[] = "/tmp/hpctrial-bench-XXXXXX";
-  const std::string trial_dir = mkdtemp(dir_template);
+  const std::string scratch = mkdtemp(dir_template);
 
   if (!s.only.empty()) {
-    const double rate = s.only == "plain" ? plain_steps_per_second(s, data)
-                                          : hpctrial_steps_per_second(s, data, trial_dir);
+    const double rate = s.only == "plain" ? checked(plain_steps_per_second(s, data), "plain")
+                                          : hpctrial_steps_per_second(s, data, scratch);
     std::printf("%s: %.1f steps/s\n", s.only.c_str(), rate);
     std::error_code ignored;
-    std::filesystem::remove_all(trial_dir, ignored);
+    std::filesystem::remove_all(scratch, ignored);
     return 0;
   }
   std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
@@ -216,20 +253,21 @@ int main(int argc, char** argv) {
     // Alternate which side goes first, so neither always inherits the other's state.
     double p = 0, h = 0;
     if (round % 2 == 0) {
-      p = plain_steps_per_second(s, data);
-      h = hpctrial_steps_per_second(s, data, trial_dir);
+      p = checked(plain_steps_per_second(s, data), "plain");
+      h = hpctrial_steps_per_second(s, data, scratch);
     } else {
-      h = hpctrial_steps_per_second(s, data, trial_dir);
-      p = plain_steps_per_second(s, data);
+      h = hpctrial_steps_per_second(s, data, scratch);
+      p = checked(plain_steps_per_second(s, data), "plain");
     }
     plain.push_back(p);
     harness.push_back(h);
     ratios.push_back(h / p);
     std::printf("  round %d: plain %8.1f steps/s   hpctrial %8.1f steps/s   ratio %.4f\n", round + 1, p, h, h / p);
   }
+  std::printf("hpctrial trained %ld steps in each of %d run(s)\n", static_cast<long>(s.steps), s.rounds);
   std::printf("median: plain %.1f steps/s, hpctrial %.1f steps/s, ratio %.4f (median of per-round ratios; goal >= 0.99)\n",
               median(plain), median(harness), median(ratios));
   std::error_code ignored;
-  std::filesystem::remove_all(trial_dir, ignored);
+  std::filesystem::remove_all(scratch, ignored);
   return 0;
 }
