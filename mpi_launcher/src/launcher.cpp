@@ -506,9 +506,11 @@ class Supervisor {
       if (rank_processes_.count(rank) == 0) rank_processes_[rank] = -1;  // never seen alive
     }
     // A rank of this host that ended before it could write its record (MPI_Init failed, a full
-    // disk, its directory removed): only its process says so.
+    // disk) or where the launcher cannot read it (its directory removed): only its process says
+    // so - a zombie of mpirun's (which reaps late while it waits to kill the others) says how.
     for (const auto& [rank, pid] : rank_processes_) {
-      const bool gone = pid < 0 || (!detail::zombie_status(pid) && ::kill(pid, 0) != 0 && errno == ESRCH);
+      const auto status = detail::zombie_status(pid);
+      const bool gone = pid < 0 || status || (::kill(pid, 0) != 0 && errno == ESRCH);
       if (!gone) continue;
       if (const auto it = beats_.find(rank); it != beats_.end()) {
         if (it->second.end) continue;  // its record says how it ended
@@ -517,13 +519,16 @@ class Supervisor {
           beats_[rank] = *fresh;
           return find_failed_rank(now, mpirun_text);
         }
-        if (fresh) continue;  // the record is there: the checks below judge it
-      }
-      if (auto fresh = fresh_record(rank)) {  // it ended after the launcher last read the records
+        if (fresh && !status) continue;  // the record is there: the checks below judge it
+      } else if (auto fresh = fresh_record(rank)) {  // it ended after the launcher last read the records
         beats_[rank] = *fresh;
         return find_failed_rank(now, mpirun_text);
       }
       const auto first_seen = zombies_.emplace(rank, now).first->second;
+      if (status) {
+        if (const auto failure = failure_of_status(rank, *status, now - first_seen)) return failure;
+        continue;
+      }
       if (now - first_seen < std::chrono::milliseconds(500)) continue;
       f = {};
       f.rank = rank;
@@ -542,14 +547,14 @@ class Supervisor {
       f = {};
       f.rank = rank;
       f.host = record.host;
-      if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped) continue;
-      if (status && WIFSIGNALED(*status)) {
-        f.signal = WTERMSIG(*status);
-        f.how = "was killed by signal " + std::to_string(*f.signal) + " (" + ::strsignal(*f.signal) + ")";
-      } else if (status && WEXITSTATUS(*status) != 0) {
-        f.exit_code = WEXITSTATUS(*status);
-        f.how = "exited with code " + std::to_string(*f.exit_code);
-      } else if (status || (record.end && record.end->kind == core::RankEnd::Kind::kExit)) {
+      if (status) {
+        if (auto failure = failure_of_status(rank, *status, now - first_seen)) {
+          failure->host = record.host;
+          if (!found) found = failure;
+        }
+        continue;
+      }
+      if (record.end && record.end->kind == core::RankEnd::Kind::kExit) {
         if (now - first_seen < std::chrono::seconds(1)) continue;  // finishing: mpirun reaps it now
         f.exit_code = 0;
         f.how = core::RankEnd{core::RankEnd::Kind::kExit, 0, 0}.describe();
@@ -571,6 +576,28 @@ class Supervisor {
       if (!found) found = f;
     }
     return found;
+  }
+
+  // A rank of this host whose process ended with wait status `status`, seen ended for `seen`:
+  // its failure, or none - it stopped on request (75), or exited 0 a moment ago (finishing:
+  // mpirun reaps it now).
+  static std::optional<detail::RankFailure> failure_of_status(int rank, int status, Clock::duration seen) {
+    detail::RankFailure f;
+    f.rank = rank;
+    if (WIFSIGNALED(status)) {
+      f.signal = WTERMSIG(status);
+      f.how = "was killed by signal " + std::to_string(*f.signal) + " (" + ::strsignal(*f.signal) + ")";
+    } else if (WEXITSTATUS(status) == kExitStopped) {
+      return std::nullopt;
+    } else if (WEXITSTATUS(status) != 0) {
+      f.exit_code = WEXITSTATUS(status);
+      f.how = "exited with code " + std::to_string(*f.exit_code);
+    } else {
+      if (seen < std::chrono::seconds(1)) return std::nullopt;
+      f.exit_code = 0;
+      f.how = core::RankEnd{core::RankEnd::Kind::kExit, 0, 0}.describe();
+    }
+    return f;
   }
 
   std::optional<core::HeartbeatRecord> fresh_record(int rank) const {
@@ -872,8 +899,11 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
 
     // A failure: record it, then restart or give up.
     ++failures;
-    state["failures"] = failures;
-    detail::write_json_file(state_path, state);
+    const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
+    if (!trial_dir_gone) {
+      state["failures"] = failures;
+      detail::write_json_file(state_path, state);
+    }
     const auto& f = supervisor.failure();
     json record = {{"time", core::utc_now_iso()}, {"trial_id", options.trial_id}, {"start", starts},
                    {"failure", failures}, {"mpirun", describe_status(a.status)}};
@@ -902,11 +932,6 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     json steps = json::object();
     for (const auto& [rank, step] : supervisor.steps()) steps[std::to_string(rank)] = step;
     record["last_steps"] = steps;
-    const std::string record_path = trial_dir + "/failures.jsonl";
-    {
-      core::UniqueFd fd(::open(record_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-      if (fd.get() >= 0) core::write_fully(fd.get(), record.dump() + "\n", record_path);
-    }
     // The failing rank's own code where known (as mpirun itself reports it), else mpirun's.
     int exit_code = kExitFailed;
     if (f.exit_code && *f.exit_code != 0 && *f.exit_code != kExitStopped) {
@@ -915,6 +940,17 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
       exit_code = 128 + *f.signal;
     } else if (a.hang.empty() && f.rank < 0 && code > 0 && code != kExitStopped) {
       exit_code = code;
+    }
+    if (trial_dir_gone) {
+      // Removed while the trial ran: nothing is left to record the failure in or to resume from.
+      core::log_error("trial {} failed: {}. Its directory {} was removed while it ran, so the failure is not "
+                      "recorded and the trial is not restarted", options.trial_id, what, trial_dir);
+      return exit_code;
+    }
+    const std::string record_path = trial_dir + "/failures.jsonl";
+    {
+      core::UniqueFd fd(::open(record_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+      if (fd.get() >= 0) core::write_fully(fd.get(), record.dump() + "\n", record_path);
     }
     if (a.stop_requested) {
       core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);

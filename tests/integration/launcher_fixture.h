@@ -91,13 +91,14 @@ class Launcher : public testing::Test {
     ASSERT_GE(heartbeat(rank), step) << "the ranks never reached step " << step;
   }
 
-  // No rank of the trial may outlive the launcher.
+  // No rank of this test's trial may outlive the launcher (ranks of other tests may run).
   void expect_no_rank_left() const {
+    const std::string mine = "HPCTRIAL_EXPERIMENT_DIR=" + experiment();
     const auto until = std::chrono::steady_clock::now() + 1s;
-    while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() < until) {
+    while (!processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(20ms);
     }
-    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL).empty()) << "a rank outlived the launcher";
+    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty()) << "a rank outlived the launcher";
   }
 
   TempDir dir_;

@@ -201,7 +201,8 @@ TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
   p->signal(SIGKILL);
   p->wait(5s);
   const auto killed = std::chrono::steady_clock::now();
-  while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() - killed < 20s) {
+  while (!processes_running(HPCTRIAL_FAULTY_TRIAL, "HPCTRIAL_EXPERIMENT_DIR=" + experiment()).empty() &&
+         std::chrono::steady_clock::now() - killed < 20s) {
     std::this_thread::sleep_for(50ms);
   }
   const double gone = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();

@@ -90,8 +90,10 @@ class BackgroundProcess {
   std::chrono::system_clock::time_point ended_wall_;
 };
 
-// Processes whose command line contains `needle` (other than the caller).
-inline std::vector<pid_t> processes_running(const std::string& needle) {
+// Processes whose command line contains `needle` (other than the caller) and, when `env_entry`
+// is given, whose environment holds that NAME=VALUE entry: the processes of one test's trial,
+// whatever else runs on the machine.
+inline std::vector<pid_t> processes_running(const std::string& needle, const std::string& env_entry = "") {
   std::vector<pid_t> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
@@ -99,10 +101,15 @@ inline std::vector<pid_t> processes_running(const std::string& needle) {
     std::ifstream in(entry.path() / "cmdline", std::ios::binary);
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (pid != ::getpid() && cmdline.find(needle) != std::string::npos) {
-      // A zombie has an empty command line and does not count.
-      found.push_back(pid);
+    // A zombie has an empty command line and does not count.
+    if (pid == ::getpid() || cmdline.find(needle) == std::string::npos) continue;
+    if (!env_entry.empty()) {
+      std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+      bool has = false;
+      for (std::string item; !has && std::getline(environ_file, item, '\0');) has = item == env_entry;
+      if (!has) continue;
     }
+    found.push_back(pid);
   }
   return found;
 }
