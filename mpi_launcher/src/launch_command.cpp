@@ -38,7 +38,7 @@ json read_json_file(const std::string& path) {
 }
 
 void write_json_file(const std::string& path, const json& value) {
-  core::write_file_atomic(path, value.dump(2) + "\n");
+  core::write_file_atomic(path, value.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 std::string stop_reason(const std::string& trial_dir) {

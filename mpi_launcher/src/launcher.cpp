@@ -950,7 +950,9 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     const std::string record_path = trial_dir + "/failures.jsonl";
     {
       core::UniqueFd fd(::open(record_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-      if (fd.get() >= 0) core::write_fully(fd.get(), record.dump() + "\n", record_path);
+      // Ranks' output is bytes, not always UTF-8 (a library dying mid-message): replace what is not.
+      const std::string line = record.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      if (fd.get() >= 0) core::write_fully(fd.get(), line, record_path);
     }
     if (a.stop_requested) {
       core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);

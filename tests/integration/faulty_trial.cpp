@@ -1,6 +1,7 @@
 // A trial program that fails on purpose, for the fault tests: on rank hyperparameters.fail_rank
-// at batch hyperparameters.fail_batch it throws (fail_mode: throw) or stops answering
-// (fail_mode: hang). It prints "injected <mode> at <unix ms>" just before. With
+// at batch hyperparameters.fail_batch it throws (fail_mode: throw), stops answering
+// (fail_mode: hang), or prints bytes that are not UTF-8 and throws an error holding some
+// (fail_mode: binary, as a library dying mid-message does). It prints "injected <mode> at <unix ms>" just before. With
 // hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device), so
 // that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
 // hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief).
@@ -38,6 +39,11 @@ class FaultyTrial : public hpctrial::Trial {
       std::fflush(stdout);
       if (mode == "throw") throw std::runtime_error("injected failure: the batch could not be decoded");
       if (mode == "hang") std::this_thread::sleep_for(std::chrono::minutes(10));
+      if (mode == "binary") {
+        std::fprintf(stderr, "noise \xff\xfe\xc3 from a dying library\n");
+        std::fflush(stderr);
+        throw std::runtime_error("undecodable \xff\xc3 bytes");
+      }
     }
     if (batch_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(batch_ms_));
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);

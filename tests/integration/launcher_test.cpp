@@ -143,6 +143,25 @@ TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {
   expect_no_rank_left();
 }
 
+// A rank's output and message that are not UTF-8 are recorded all the same, in valid JSON.
+TEST_F(Launcher, BytesThatAreNotUtf8AreRecordedAsTheyCanBe) {
+  const std::string exp = dir_.write("binary.yaml",
+      "name: binary\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+      "searcher: {name: single, metric: validation_loss, max_length: {batches: 100}}\n"
+      "hyperparameters: {global_batch_size: 16, fail_rank: 1, fail_batch: 5, fail_mode: binary}\n"
+      "resources: {slots_per_trial: 2}\nmax_restarts: 0\n");
+  auto p = run(exp);
+  const std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), 1) << out;
+  const auto records = failures();  // parses every line
+  ASSERT_EQ(records.size(), 1u) << out;
+  EXPECT_EQ(records[0].value("rank", -1), 1);
+  EXPECT_THAT(records[0].value("message", ""), HasSubstr("undecodable \xEF\xBF\xBD\xEF\xBF\xBD bytes"))
+      << "each byte that is not UTF-8 becomes U+FFFD";
+  EXPECT_THAT(records[0].dump(), HasSubstr("from a dying library"));
+  expect_no_rank_left();
+}
+
 // SIGUSR2 (the scheduler's warning, as the batch shell gets it) -> every rank checkpoints after
 // the same step and exits 75; running again ends exactly where an uninterrupted run does.
 // Disabled until a known defect is fixed (issue #6): with every core busy, the launcher at times
@@ -180,7 +199,7 @@ TEST_F(Launcher, AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
 }
 
 TEST_F(Launcher, CtrlCStopsWithACheckpointAndASecondCtrlCAbortsAtOnce) {
-  auto p = start(config(""), "rank1:step40:hang");
+  auto p = start(config(""), "rank1:checkpoint:hang");  // the stop's checkpoint never completes
   wait_for_step(5);
   p->signal(SIGINT);
   std::this_thread::sleep_for(1s);

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "hpctrial/checkpoint/h5_handle.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 
@@ -68,7 +69,18 @@ void record_end(core::RankEnd::Kind kind, int code) noexcept {
   (void)flush_record();
 }
 
-void on_exit_record(int status, void*) { record_end(core::RankEnd::Kind::kExit, status & 0xff); }
+void on_exit_record(int status, void*) {
+  record_end(core::RankEnd::Kind::kExit, status & 0xff);
+  // exit() from inside the training loop (the trial's own code): the harness's other threads
+  // (checkpoint writer, data prefetcher, communicator) still run, and the exit handlers after
+  // this one - HDF5 closing its library, static destructors - would pull their state from under
+  // them (HDF5 prints garbage and loops). Flush what was printed and end here, with that code.
+  const auto phase = static_cast<core::RankPhase>(g_phase.load());
+  if (phase != core::RankPhase::kStartup && phase != core::RankPhase::kShutdown) {
+    std::fflush(nullptr);
+    ::_exit(status & 0xff);
+  }
+}
 
 extern "C" void on_fatal_signal(int signal, siginfo_t* info, void* context) {
   record_end(core::RankEnd::Kind::kSignal, signal);
@@ -118,6 +130,9 @@ RankRecord::RankRecord(const std::string& dir, int rank) : path_(core::heartbeat
   if (old_fd >= 0) {
     ::close(old_fd);
   } else {
+    // HDF5 registers its exit handler when first used: use it now, so that this handler comes
+    // after it and runs before it.
+    checkpoint::silence_h5_errors();
     ::on_exit(on_exit_record, nullptr);
   }
   for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -190,6 +193,36 @@ TEST(RankRecord, RecordsHowTheRankEnded) {
   ASSERT_TRUE(r.end.has_value());
   EXPECT_EQ(r.end->kind, core::RankEnd::Kind::kAbort);
   EXPECT_EQ(r.message, "cannot write /exp/metrics.jsonl: No space left on device");
+}
+
+// exit() from inside the training loop ends the process at once with its code: the exit
+// handlers registered before the record (HDF5's closing of its library, say) would run while
+// the harness's threads still use what they close. At start-up and shutdown they run as usual.
+TEST(RankRecord, AnExitFromInsideTheLoopSkipsTheLaterExitHandlers) {
+  // A fresh process for each case (the order of exit handlers is the process's history): the
+  // child runs this test again from the top, and finds its directory in the environment.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::optional<TempDir> owned;
+  const char* given = std::getenv("HPCTRIAL_EXIT_HANDLER_TEST_DIR");
+  if (given == nullptr) {
+    owned.emplace();
+    ::setenv("HPCTRIAL_EXIT_HANDLER_TEST_DIR", owned->path().c_str(), 1);
+  }
+  const std::string dir = given != nullptr ? given : owned->path().string();
+  static std::string marker;
+  marker = dir + "/handler-ran";
+  const auto program = [&](core::RankPhase phase) {
+    std::atexit([] { std::ofstream(marker) << "ran\n"; });
+    RankRecord record(dir, 0);
+    record_phase(phase);
+    std::exit(3);
+  };
+  EXPECT_EXIT(program(core::RankPhase::kBatch), testing::ExitedWithCode(3), "");
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "an earlier exit handler ran during training";
+  EXPECT_EQ(decoded(dir + "/rank-0").end->code, 3);
+  EXPECT_EXIT(program(core::RankPhase::kShutdown), testing::ExitedWithCode(3), "");
+  EXPECT_TRUE(std::filesystem::exists(marker)) << "after the loop, exit handlers run as usual";
+  ::unsetenv("HPCTRIAL_EXIT_HANDLER_TEST_DIR");
 }
 
 TEST(RankRecord, AFullDiskIsAnErrorNamingTheFile) {
