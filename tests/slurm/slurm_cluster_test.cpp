@@ -89,6 +89,12 @@ TEST_F(SlurmCluster, ARequeuedJobRunsAgainWithItsRestartCount) {
       "#!/bin/bash\necho \"run restart=${SLURM_RESTART_COUNT-unset}\"\n"
       "if [ -z \"${SLURM_RESTART_COUNT-}\" ]; then sleep 120; fi\n");
   ASSERT_TRUE(wait_for_state(job, "RUNNING", 60s)) << "state " << job_field(job, "JobState");
+  // RUNNING comes before the script has run: requeue once its first line is out.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (read_file(out).find("run restart=unset\n") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_THAT(read_file(out), HasSubstr("run restart=unset\n")) << "the first run never started its script";
   const auto requeue = slurm({"scontrol", "requeue", job});
   ASSERT_TRUE(requeue.ok()) << requeue.describe();
   // A requeued job waits cred_expire + 1 s (11 s here) before it may start again. (Moving its
