@@ -3,7 +3,9 @@
 //
 //   pause_resume [--quick] [--dir DIR] [--sizes 100,1024] [--rounds 3] [--ranks 2]
 //
-// --quick: 4 MiB, one round - the test suite's smoke run.
+// --quick: 4 MiB, one round, one rank - the test suite's smoke run. One rank, because on a
+// 2-core machine two ranks bound to both cores can starve every process outside the job (the
+// `hpctrial pause` being measured, scontrol, slurmctld) for over a minute: see docs/user-guide.md.
 // Needs a running Slurm cluster that SLURM_CONF (or the default configuration) names, such as
 // the test tier's: `scripts/local-slurm.sh start`, then
 // `SLURM_CONF=/tmp/hpctrial-slurm/slurm.conf build/benchmarks/pause_resume`. DIR (default
@@ -228,6 +230,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") {
       sizes = {4};
       rounds = 1;
+      ranks = 1;
       --i;
       continue;
     }
