@@ -26,13 +26,13 @@
 #include <vector>
 
 #include "gradient_sync.h"
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using hpctrial::mpi_launcher::MpiCommunicator;
+using hpctrial::comm::MpiCommunicator;
 using hpctrial::trainer::detail::GradientSync;
 
 struct Options {
@@ -141,7 +141,7 @@ Result compare(const std::vector<torch::Tensor>& parameters, double bucket_cap_m
 }  // namespace
 
 int main(int argc, char** argv) {
-  hpctrial::mpi_launcher::MpiEnvironment environment(&argc, &argv);
+  hpctrial::comm::MpiEnvironment environment(&argc, &argv);
   const Options options = parse(argc, argv);
   const int n = environment.size();
   if (n < 2) {

@@ -41,7 +41,7 @@
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/subprocess.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "state_io.h"
 
 namespace {
@@ -134,7 +134,7 @@ Stall training_stall(const std::string& dir, int mib) {
   const auto config = hpctrial::core::parse_experiment_config(root, diagnostics);
   if (!diagnostics.empty()) throw hpctrial::ConfigError(diagnostics.to_string());
   std::vector<Clock::time_point> starts;
-  hpctrial::mpi_launcher::LocalCommunicator comm;
+  hpctrial::comm::LocalCommunicator comm;
   hpctrial::trainer::LoopOptions options;
   options.trial_dir = dir + "/stall-run";
   options.progress_interval_s = 0;

@@ -36,7 +36,7 @@
 
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/logging.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/training_loop.h"
 
 namespace {
@@ -171,7 +171,7 @@ double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::st
                            "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n";
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   d.throw_if_any();
-  hpctrial::mpi_launcher::LocalCommunicator comm;
+  hpctrial::comm::LocalCommunicator comm;
   hpctrial::trainer::LoopOptions options;
   options.trial_dir = trial_dir;
   options.experiment_seed = 1;

@@ -1,6 +1,5 @@
-// hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, read from
-// Slurm (scontrol) or PBS (qstat) and joined with what the launcher and the chief left in each
-// experiment directory.
+// hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, as their
+// schedulers say, joined with what the launcher and the chief left in each experiment directory.
 #include <boost/program_options.hpp>
 
 #include <unistd.h>
@@ -23,9 +22,7 @@
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
-#include "hpctrial/pbs/client.h"
-#include "hpctrial/pbs/job_environment.h"
-#include "hpctrial/slurm/job_environment.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "job_verbs.h"
 #include "verb.h"
 
@@ -41,7 +38,7 @@ struct LatestCheckpoint {
   std::string path;
   std::int64_t batches = 0;
 };
-std::optional<LatestCheckpoint> latest_checkpoint(const mpi_launcher::ExperimentLayout& layout, int trial) {
+std::optional<LatestCheckpoint> latest_checkpoint(const core::ExperimentLayout& layout, int trial) {
   std::string dir = layout.trial_dir(trial) + "/checkpoints";
   try {  // where the trainer put them: checkpoint_storage.host_path may say elsewhere
     dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), layout.trial_dir(trial), trial);
@@ -57,75 +54,14 @@ std::optional<LatestCheckpoint> latest_checkpoint(const mpi_launcher::Experiment
 }
 
 // Batches trained: what rank 0 last reported while running, else the latest checkpoint's.
-std::string batches_text(const mpi_launcher::ExperimentLayout& layout, int trial, bool running) {
+std::string batches_text(const core::ExperimentLayout& layout, int trial, bool running) {
   if (trial < 0) return "-";
-  const auto progress = mpi_launcher::trial_progress(layout, trial);
+  const auto progress = core::trial_progress(layout, trial);
   const auto ckpt = latest_checkpoint(layout, trial);
   std::int64_t batches = ckpt ? ckpt->batches : 0;
   if (running && progress.reported_step > batches) batches = progress.reported_step;
   if (!ckpt && progress.reported_step < 0) return "-";
   return std::to_string(batches);
-}
-
-std::string experiment_of(const slurm::JobInfo& job) {
-  if (job.std_out.empty()) return "";
-  const fs::path dir = fs::path(job.std_out).parent_path();
-  return fs::exists(dir / "experiment.json") && fs::exists(dir / "experiment.yaml") ? dir.string() : "";
-}
-
-// --- PBS: an experiment's jobs are several (the job that resumes a trial is a new job) ----------
-std::string user_name() {
-  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
-  const char* login = ::getlogin();
-  return login != nullptr ? login : std::to_string(::getuid());
-}
-
-bool on_path(const std::string& program) {
-  std::stringstream dirs(std::getenv("PATH") != nullptr ? std::getenv("PATH") : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
-  }
-  return false;
-}
-
-bool is_pbs_experiment(const mpi_launcher::ExperimentLayout& layout) {
-  const auto latest = mpi_launcher::latest_job(layout);
-  return latest && latest->scheduler == "pbs";
-}
-
-// The PBS jobs that ran or run trial `trial`, oldest first: the array job's subjob for it
-// ("1234[T].srv"), and the jobs submitted to resume it.
-std::vector<std::string> pbs_trial_jobs(const mpi_launcher::ExperimentLayout& layout, int trial, int trials) {
-  std::vector<std::string> ids;
-  for (const auto& job : mpi_launcher::recorded_jobs(layout)) {
-    if (job.scheduler != "pbs" || (job.trial >= 0 && job.trial != trial)) continue;
-    const std::size_t array = job.id.find("[]");
-    if (job.trial < 0 && trials > 1) {
-      if (array != std::string::npos) ids.push_back(job.id.substr(0, array + 1) + std::to_string(trial) + job.id.substr(array + 1));
-    } else {
-      ids.push_back(job.id);
-    }
-  }
-  return ids;
-}
-
-// The trial a PBS job of the experiment runs: its array index, or the trial it was recorded for.
-int pbs_trial_of(const pbs::JobInfo& job, const std::string& experiment_dir) {
-  const std::size_t open = job.id.find('['), close = job.id.find(']');
-  if (open != std::string::npos && close != std::string::npos && close > open + 1) {
-    return std::stoi(job.id.substr(open + 1, close - open - 1));
-  }
-  if (experiment_dir.empty()) return -1;
-  for (const auto& recorded : mpi_launcher::recorded_jobs({experiment_dir})) {
-    if (recorded.id == job.id) return std::max(0, recorded.trial);
-  }
-  return -1;
-}
-
-std::string pbs_experiment_of(const pbs::JobInfo& job) {
-  if (job.output_path.empty()) return "";
-  const fs::path dir = fs::path(job.output_path).parent_path();
-  return fs::exists(dir / "experiment.json") && fs::exists(dir / "experiment.yaml") ? dir.string() : "";
 }
 
 void print_row(std::ostream& out, const std::vector<std::string>& cells, const std::vector<std::size_t>& widths) {
@@ -138,26 +74,21 @@ void print_row(std::ostream& out, const std::vector<std::string>& cells, const s
 
 // JOB|EXPDIR for the verbs that read the experiment directory: a directory needs no job (an
 // experiment of `hpctrial run` has none), a job needs its directory to be found.
-Target experiment_target(const std::string& what, const slurm::Client& client) {
-  Target t;
-  if (fs::is_directory(what)) {
-    t.experiment_dir = fs::absolute(what).lexically_normal().string();
-    if (const auto job = mpi_launcher::latest_job({t.experiment_dir})) t.job = job->id;
-  } else if (pbs::is_valid_job_id(what) && what.find_first_of(".[") != std::string::npos) {
-    const auto job = pbs::Client().job(what);
-    if (!job) throw SchedulerError("pbs no longer knows job " + what + "; give the experiment directory instead");
-    t = {what, pbs_experiment_of(*job)};
-  } else {
-    t = resolve_target(what, client);
-  }
-  if (t.experiment_dir.empty()) {
+Target experiment_target(const std::string& what) {
+  Target t = resolve_target(what, false);
+  if (t.jobs.experiment_dir.empty()) {
     throw SchedulerError("cannot find the experiment directory of job " + t.job + " (its output file is not "
                          "in one); give the experiment directory instead");
   }
-  if (!fs::exists(mpi_launcher::ExperimentLayout{t.experiment_dir}.config())) {
-    throw ConfigError(t.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
+  if (!fs::exists(core::ExperimentLayout{t.jobs.experiment_dir}.config())) {
+    throw ConfigError(t.jobs.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
   }
   return t;
+}
+
+// A job's state as the scheduler writes it, and whether it is held.
+std::string state_text(const core::JobStatus& job) {
+  return (job.native_state.empty() ? core::to_string(job.state) : job.native_state) + (job.held() ? " (held)" : "");
 }
 
 int run_jobs(const std::vector<std::string>& args) {
@@ -182,45 +113,31 @@ trained and the latest checkpoint.
   const auto progress_cells = [](const std::string& dir, int trial, bool running) {
     std::pair<std::string, std::string> cells{"-", "-"};
     if (dir.empty() || trial < 0) return cells;
-    const mpi_launcher::ExperimentLayout layout{dir};
+    const core::ExperimentLayout layout{dir};
     cells.first = batches_text(layout, trial, running);
     if (const auto latest = latest_checkpoint(layout, trial)) cells.second = latest->file;
     return cells;
   };
-  // The schedulers this machine has; one that fails is reported, the other still listed.
-  const bool slurm_here = on_path("scontrol"), pbs_here = on_path("qstat");
-  if (!slurm_here && !pbs_here) throw SchedulerError("neither Slurm (scontrol) nor PBS (qstat) is on PATH");
-  if (slurm_here) {
-    try {
-      for (const slurm::JobInfo& job : slurm::Client().user_jobs()) {
-        const std::string dir = experiment_of(job);
-        if (dir.empty() && !all) continue;
-        const int trial = trial_of(job);
-        const auto [batches, ckpt] = progress_cells(dir, trial, job.state == "RUNNING");
-        rows.push_back({job.display_id(), job.name, job.state + (job.held() ? " (held)" : ""),
-                        std::to_string(job.restarts), job.run_time, trial >= 0 ? std::to_string(trial) : job.array_task,
-                        batches, ckpt, dir.empty() ? "-" : dir});
-      }
-    } catch (const SchedulerError& e) {
-      if (!pbs_here) throw;
-      std::cerr << "hpctrial jobs: slurm: " << e.what() << "\n";
-    }
+  // The schedulers this machine has; one that fails is reported, the others still listed.
+  std::vector<const core::Scheduler*> here;
+  for (const core::Scheduler* scheduler : launcher::schedulers()) {
+    if (scheduler->available()) here.push_back(scheduler);
   }
-  if (pbs_here) {
+  if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
+  for (const core::Scheduler* scheduler : here) {
     try {
-      for (const pbs::JobInfo& job : pbs::Client().user_jobs(user_name())) {
-        if (!job.active() && job.state != "F" && job.state != "X") continue;
-        const std::string dir = pbs_experiment_of(job);
+      for (const core::JobStatus& job : scheduler->user_jobs()) {
+        const std::string dir = core::experiment_of_output(job.output);
         if (dir.empty() && !all) continue;
-        const int trial = pbs_trial_of(job, dir);
-        const auto [batches, ckpt] = progress_cells(dir, trial, job.state == "R");
-        rows.push_back({job.id, job.name, job.state + (job.held() ? " (held)" : ""),
-                        std::to_string(std::max(0, job.run_count - 1)), "-", trial >= 0 ? std::to_string(trial) : "-",
-                        batches, ckpt, dir.empty() ? "-" : dir});
+        const auto [batches, ckpt] = progress_cells(dir, job.trial, job.state == core::JobState::kRunning);
+        rows.push_back({job.id, job.name, state_text(job), std::to_string(job.restarts),
+                        job.elapsed.empty() ? "-" : job.elapsed,
+                        job.trial >= 0 ? std::to_string(job.trial) : job.tasks.empty() ? "-" : job.tasks, batches, ckpt,
+                        dir.empty() ? "-" : dir});
       }
     } catch (const SchedulerError& e) {
-      if (!slurm_here) throw;
-      std::cerr << "hpctrial jobs: pbs: " << e.what() << "\n";
+      if (here.size() == 1) throw;
+      std::cerr << "hpctrial jobs: " << scheduler->name() << ": " << e.what() << "\n";
     }
   }
   if (rows.size() == 1) {
@@ -234,13 +151,6 @@ trained and the latest checkpoint.
   }
   for (const auto& row : rows) print_row(std::cout, row, widths);
   return kExitOk;
-}
-
-// The output file of one trial's job in the experiment directory (the launcher's log and every
-// rank's lines): slurm-<job>.err, or slurm-<array>_<trial>.err.
-std::string job_output(const mpi_launcher::ExperimentLayout& layout, const std::string& job, int trial, int trials) {
-  const std::string base = job.substr(0, job.find('_'));
-  return layout.dir + "/slurm-" + (trials > 1 ? base + "_" + std::to_string(trial) : base) + ".err";
 }
 
 // Copies what `path` holds from `offset` on to stdout; returns the new offset.
@@ -277,38 +187,35 @@ job: give --rank.
   if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0)) {
     throw ConfigError("hpctrial logs: --rank and --trial are 0 or more");
   }
-  const slurm::Client client;
-  const Target t = experiment_target(what, client);
-  const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
+  const Target t = experiment_target(what);
+  const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   const int trials = core::trial_count(config);
-  if (trial < 0) {
-    const std::size_t underscore = t.job.find('_');
-    trial = underscore == std::string::npos ? 0 : std::stoi(t.job.substr(underscore + 1));
+  if (trial < 0 && !t.jobs.job.empty()) {
+    if (const auto job = t.scheduler->job(t.jobs.job)) trial = std::max(0, job->trial);  // the task named
   }
+  if (trial < 0) trial = 0;
   if (trial >= trials) {
     throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
                       std::to_string(trial) + " does not exist");
   }
-  const bool on_pbs = is_pbs_experiment(layout);
+  const std::string scheduler = t.scheduler->name();
+  // The trial's jobs, oldest first, each with its own output file (a job that resumes a trial
+  // may be a new job); the runs before the last are printed whole, each under its job's name.
+  std::vector<core::JobStatus> jobs = t.scheduler->trial_jobs(layout, trial, trials);
   std::string path;
-  std::vector<std::string> pbs_jobs;  // PBS: the trial's jobs, oldest first, each with its own output file
-  const auto pbs_output = [&](const std::string& id) { return layout.dir + "/pbs-" + id + ".out"; };
   if (rank >= 0) {
     path = layout.trial_dir(trial) + "/logs/rank-" + std::to_string(rank) + ".log";
-  } else if (on_pbs) {
-    pbs_jobs = pbs_trial_jobs(layout, trial, trials);
-    if (pbs_jobs.empty()) throw ConfigError(layout.dir + " records no pbs job of trial " + std::to_string(trial));
-    // The runs before the last, each job's file in turn.
-    for (std::size_t i = 0; i + 1 < pbs_jobs.size(); ++i) {
-      if (!fs::exists(pbs_output(pbs_jobs[i]))) continue;
-      std::cout << "==> pbs job " << pbs_jobs[i] << " <==\n";
-      copy_from(pbs_output(pbs_jobs[i]), 0);
+  } else if (!jobs.empty()) {
+    for (std::size_t i = 0; i + 1 < jobs.size(); ++i) {
+      if (!fs::exists(jobs[i].output)) continue;
+      std::cout << "==> " << scheduler << " job " << jobs[i].id << " <==\n";
+      copy_from(jobs[i].output, 0);
     }
-    if (pbs_jobs.size() > 1) std::cout << "==> pbs job " << pbs_jobs.back() << " <==\n";
-    path = pbs_output(pbs_jobs.back());
+    if (jobs.size() > 1) std::cout << "==> " << scheduler << " job " << jobs.back().id << " <==\n";
+    path = jobs.back().output;
   } else if (!t.job.empty()) {
-    path = job_output(layout, t.job, trial, trials);
+    throw ConfigError(layout.dir + " records no " + scheduler + " job of trial " + std::to_string(trial));
   } else {
     throw ConfigError(layout.dir + " has no batch job; give --rank N for a rank's log");
   }
@@ -319,32 +226,44 @@ job: give --rank.
   }
   std::uintmax_t offset = copy_from(path, 0);
   if (!follow) return kExitOk;
-  // The job that runs this trial: follow while it may still write (on PBS, on into the job that
-  // resumes it).
-  const std::string base = t.job.substr(0, t.job.find('_'));
-  std::string task = t.job.empty() ? "" : on_pbs ? pbs_jobs.back() : trials > 1 ? base + "_" + std::to_string(trial) : base;
-  const pbs::Client pbs_client;
-  int checks = 0;
-  while (true) {
+  // Follow while the trial's job may still write, on into the job that resumes it.
+  std::string job = jobs.empty() ? "" : jobs.back().id;
+  for (int checks = 1;; ++checks) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     offset = copy_from(path, offset);
-    if (task.empty() || ++checks % 4 != 0) continue;
-    const bool active = on_pbs ? [&] { const auto job = pbs_client.job(task); return job && job->active(); }()
-                               : [&] { const auto job = client.job(task); return job && is_active(*job); }();
-    if (active) continue;
+    if (job.empty() || checks % 4 != 0) continue;
+    if (const auto now = t.scheduler->job(job); now && now->live()) continue;
     copy_from(path, offset);
-    if (on_pbs && rank < 0) {
-      const auto now = pbs_trial_jobs(layout, trial, trials);
-      if (!now.empty() && now.back() != task) {
-        task = now.back();
-        path = pbs_output(task);
+    if (rank < 0) {
+      jobs = t.scheduler->trial_jobs(layout, trial, trials);
+      if (!jobs.empty() && jobs.back().id != job) {
+        job = jobs.back().id;
+        path = jobs.back().output;
         offset = 0;
-        std::cout << "==> pbs job " << task << " <==\n";
+        std::cout << "==> " << scheduler << " job " << job << " <==\n";
         continue;
       }
     }
     return kExitOk;
   }
+}
+
+// A trial's hyperparameters: nested ones as dotted names, a constant list or map as its YAML.
+std::string hparams_text(const core::ExperimentConfig& resolved) {
+  std::string values;
+  std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
+      [&](const auto& hps, const std::string& prefix) {
+        for (const auto& [name, hp] : hps) {
+          if (hp.type == core::Hyperparameter::Type::kNested) {
+            list(hp.nested, prefix + name + ".");
+          } else {
+            values += (values.empty() ? "" : ", ") + prefix + name + "=" +
+                      (hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
+          }
+        }
+      };
+  list(resolved.hyperparameters, "");
+  return values;
 }
 
 int run_describe(const std::vector<std::string>& args) {
@@ -354,9 +273,8 @@ Tells an experiment's story: its config, its batch jobs and their state in Slurm
 each trial the batches trained, the latest checkpoint, the runs and the failures.
 )");
   if (what.empty()) return kExitOk;
-  const slurm::Client client;
-  const Target t = experiment_target(what, client);
-  const mpi_launcher::ExperimentLayout layout{t.experiment_dir};
+  const Target t = experiment_target(what);
+  const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   const int trials = core::trial_count(config);
   std::cout << "experiment:  " << config.name << "\n"
@@ -365,81 +283,36 @@ each trial the batches trained, the latest checkpoint, the runs and the failures
             << config.searcher.metric << "\n"
             << "resources:   " << config.resources.slots_per_trial << " slot(s) per trial on "
             << config.resources.nodes() << " node(s)\n";
-  // Slurm's view of each trial's task of the latest job.
-  std::map<int, slurm::JobInfo> tasks;
-  const auto jobs = mpi_launcher::recorded_jobs(layout);
-  for (const auto& job : jobs) {
+  for (const auto& job : core::recorded_jobs(layout)) {
     std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
   }
-  const bool on_pbs = is_pbs_experiment(layout);
-  std::map<int, pbs::JobInfo> pbs_jobs;  // PBS: each trial's latest job
-  if (on_pbs) {
-    const pbs::Client pbs_client;
-    for (int trial = 0; trial < trials; ++trial) {
-      const auto ids = pbs_trial_jobs(layout, trial, trials);
-      if (ids.empty()) continue;
-      if (auto job = pbs_client.job(ids.back())) {
-        pbs_jobs[trial] = *job;
-      } else {
-        std::cout << "             (PBS no longer knows job " << ids.back() << ")\n";
-      }
-    }
-  } else if (const auto latest = mpi_launcher::latest_job(layout); latest && slurm::is_valid_job_id(latest->id)) {
-    for (auto& task : client.job_tasks(latest->id)) {
-      if (trial_of(task) >= 0) tasks[trial_of(task)] = task;
-    }
-    if (tasks.empty()) std::cout << "             (Slurm no longer knows job " << latest->id << ")\n";
-  }
   for (int trial = 0; trial < trials; ++trial) {
-    const auto progress = mpi_launcher::trial_progress(layout, trial);
-    const auto ckpt = latest_checkpoint(layout, trial);
-    const auto task = tasks.find(trial);
-    const auto pbs_job = pbs_jobs.find(trial);
-    const bool running = (task != tasks.end() && task->second.state == "RUNNING") ||
-                         (pbs_job != pbs_jobs.end() && pbs_job->second.state == "R");
+    const auto jobs = t.scheduler->trial_jobs(layout, trial, trials);
     std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
-    if (trials > 1) {
-      const core::ExperimentConfig resolved = core::trial_config(config, trial);
-      std::cout << "  hparams:     ";
-      std::string values;
-      // Nested hyperparameters as dotted names; a constant list or map as its YAML.
-      std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
-          [&](const auto& hps, const std::string& prefix) {
-            for (const auto& [name, hp] : hps) {
-              if (hp.type == core::Hyperparameter::Type::kNested) {
-                list(hp.nested, prefix + name + ".");
-              } else {
-                values += (values.empty() ? "" : ", ") + prefix + name + "=" +
-                          (hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
-              }
-            }
-          };
-      list(resolved.hyperparameters, "");
-      std::cout << values << "\n";
+    if (trials > 1) std::cout << "  hparams:     " << hparams_text(core::trial_config(config, trial)) << "\n";
+    bool running = false;
+    if (!jobs.empty()) {
+      const core::JobStatus& job = jobs.back();
+      const std::string label = t.scheduler->name() + ":";
+      std::cout << "  " << label << std::string(label.size() < 13 ? 13 - label.size() : 1, ' ') << job.id;
+      if (job.native_state.empty()) {
+        std::cout << " (" << t.scheduler->name() << " no longer knows it)\n";
+      } else {
+        std::cout << " " << state_text(job) << ", " << job.restarts << " restart(s)"
+                  << (job.elapsed.empty() ? "" : ", elapsed " + job.elapsed)
+                  << (job.exit.empty() ? "" : ", exit " + job.exit) << "\n";
+      }
+      running = job.state == core::JobState::kRunning;
     }
-    if (task != tasks.end()) {
-      std::cout << "  slurm:       " << task->second.display_id() << " " << task->second.state
-                << (task->second.held() ? " (held)" : "") << ", " << task->second.restarts << " restart(s), elapsed "
-                << task->second.run_time << ", exit " << task->second.exit_code << "\n";
-    }
-    if (pbs_job != pbs_jobs.end()) {
-      const pbs::JobInfo& j = pbs_job->second;
-      std::cout << "  pbs:         " << j.id << " " << j.state << (j.held() ? " (held)" : "") << ", run count "
-                << j.run_count << (j.exit_status ? ", exit " + std::to_string(*j.exit_status) : "") << "\n";
-    }
+    const auto progress = core::trial_progress(layout, trial);
+    const auto ckpt = latest_checkpoint(layout, trial);
     std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
               << " " << core::to_string(config.searcher.max_length.unit) << "\n"
-              << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet")
-              << "\n"
+              << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n"
               << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
               << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
     if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
-    if (on_pbs) {
-      const auto ids = pbs_trial_jobs(layout, trial, trials);
-      if (!ids.empty()) std::cout << "  output:      " << layout.dir << "/pbs-" << ids.back() << ".out\n";
-    } else if (!jobs.empty()) {
-      std::cout << "  output:      " << job_output(layout, jobs.back().id, trial, trials) << "\n";
-    }
+    if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
   }
   return kExitOk;
 }

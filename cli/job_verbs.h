@@ -1,5 +1,5 @@
-// What the job verbs (pause, activate, kill, jobs, logs, describe, submit) share: naming a job
-// by its id or by its experiment directory, and the state of its tasks.
+// What the job verbs (pause, activate, kill, jobs, logs, describe) share: naming a job by its id
+// or by its experiment directory, and the scheduler that runs it.
 #pragma once
 
 #include <boost/program_options.hpp>
@@ -7,28 +7,21 @@
 #include <string>
 #include <vector>
 
-#include "hpctrial/mpi_launcher/launcher.h"
-#include "hpctrial/slurm/client.h"
+#include "hpctrial/core/scheduler.h"
 
 namespace hpctrial::cli {
 
+// A job or an experiment a user named, with the scheduler that runs it.
 struct Target {
-  std::string job;             // "1234", or "1234_2" for one task of an array
-  std::string experiment_dir;  // empty when not known
+  const core::Scheduler* scheduler = nullptr;
+  core::JobTarget jobs;  // the experiment directory (empty when not found) and the job named, if any
+  std::string job;       // the job named, else the experiment's latest job (empty: none)
 };
 
-// JOB or EXPDIR -> the job and, where it can be found, its experiment directory (a job's output
-// file lies in its experiment directory). ConfigError for anything else.
-Target resolve_target(const std::string& what, const slurm::Client& client);
-
-// Every task of the job (one for a plain job); SchedulerError once Slurm has forgotten it.
-std::vector<slurm::JobInfo> known_tasks(const std::string& id, const slurm::Client& client);
-
-// The trial a task runs: its array index, 0 for a plain job; -1 for a line of tasks not started.
-int trial_of(const slurm::JobInfo& task);
-
-// Whether Slurm still counts the job as live (it could still run or is running).
-bool is_active(const slurm::JobInfo& job);
+// JOB|EXPDIR -> the scheduler and the job or experiment. A directory's scheduler is its latest
+// job's; a job's experiment directory is where its output file lies. ConfigError for anything
+// else, and for a directory with no batch job when `need_job`.
+Target resolve_target(const std::string& what, bool need_job = true);
 
 // The one positional argument of a verb, JOB|EXPDIR, with the verb's own `options` (read
 // into `vm`) if it has any; empty after --help.

@@ -6,7 +6,7 @@
 
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/logging.h"
-#include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/launcher/launcher.h"
 #include "launch_options.h"
 #include "verb.h"
 
@@ -25,7 +25,7 @@ failed more than max_restarts times (see DIR/trial-<id>/failures.jsonl).
 options)";
 
 int run_launch(const std::vector<std::string>& args) {
-  mpi_launcher::LaunchOptions launch;
+  launcher::LaunchOptions launch;
   po::options_description options("options");
   options.add_options()
       ("help,h", "show this help")
@@ -54,7 +54,7 @@ int run_launch(const std::vector<std::string>& args) {
   launch.experiment_dir = std::filesystem::absolute(launch.experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
   launch.rank_parent = rank_parent_command();
-  return mpi_launcher::launch(launch, env, core::real_command_runner());
+  return launcher::launch(launch, env, core::real_command_runner());
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // `hpctrial _rank -- PROGRAM ARGS...`: internal, not for users. The launcher has mpirun start
 // this in place of each rank; it runs the rank as its child and records how it ended
-// (mpi_launcher::run_rank_parent).
+// (launcher::run_rank_parent).
 #include "hpctrial/core/env.h"
-#include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/launcher/launcher.h"
 #include "verb.h"
 
 namespace hpctrial::cli {
@@ -11,7 +11,7 @@ Verb rank_verb() {
   return {"_rank", "(internal) the parent of one rank", [](const std::vector<std::string>& args) {
             std::vector<std::string> argv = args;
             if (!argv.empty() && argv.front() == "--") argv.erase(argv.begin());
-            return mpi_launcher::run_rank_parent(argv, core::ProcessEnv());
+            return launcher::run_rank_parent(argv, core::ProcessEnv());
           }};
 }
 

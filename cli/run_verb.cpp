@@ -7,12 +7,13 @@
 #include <filesystem>
 #include <iostream>
 
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/subprocess.h"
-#include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/launcher/launcher.h"
 #include "launch_options.h"
 #include "site_defaults.h"
 #include "verb.h"
@@ -58,7 +59,7 @@ int run_run(const std::vector<std::string>& args) {
   core::ConfigSources sources;
   std::string experiment_dir;
   int only_trial = -1;
-  mpi_launcher::LaunchOptions launch;
+  launcher::LaunchOptions launch;
   po::options_description options("options");
   options.add_options()
       ("help,h", "show this help")
@@ -98,7 +99,7 @@ int run_run(const std::vector<std::string>& args) {
   core::ProcessEnv env;
   core::init_logging(env);
   const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
-  if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
+  if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();
   launch.rank_parent = rank_parent_command();
@@ -114,15 +115,15 @@ int run_run(const std::vector<std::string>& args) {
   launch.trial_id = std::max(only_trial, 0);
   if (launch.dry_run) {
     // This config as it would run, with nothing written.
-    launch.working_dir = mpi_launcher::experiment_workdir(config);
-    mpi_launcher::print_launch_plan(mpi_launcher::resolve_experiment(config, launch.experiment_dir), launch, env,
+    launch.working_dir = launcher::experiment_workdir(config);
+    launcher::print_launch_plan(launcher::resolve_experiment(config, launch.experiment_dir), launch, env,
                                     core::real_command_runner());
     return kExitOk;
   }
-  mpi_launcher::prepare_experiment(config, launch.experiment_dir);
+  launcher::prepare_experiment(config, launch.experiment_dir);
   for (int trial = std::max(only_trial, 0); trial < trials; ++trial) {
     launch.trial_id = trial;
-    const int code = mpi_launcher::launch(launch, env, core::real_command_runner());
+    const int code = launcher::launch(launch, env, core::real_command_runner());
     if (code != kExitOk || only_trial >= 0) return code;
   }
   return kExitOk;

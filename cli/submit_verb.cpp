@@ -1,5 +1,5 @@
-// hpctrial submit: an experiment as a Slurm batch job (the generated sbatch script, saved in the
-// experiment directory), resumed when submitted again.
+// hpctrial submit: an experiment as a batch job of its scheduler (the generated script, saved in
+// the experiment directory), resumed when submitted again.
 #include <boost/program_options.hpp>
 
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
@@ -19,13 +20,8 @@
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/core/text.h"
-#include "hpctrial/mpi_launcher/launcher.h"
-#include "hpctrial/pbs/batch_script.h"
-#include "hpctrial/pbs/client.h"
-#include "hpctrial/pbs/job_environment.h"
-#include "hpctrial/slurm/batch_script.h"
-#include "hpctrial/slurm/client.h"
-#include "hpctrial/slurm/job_environment.h"
+#include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "job_verbs.h"
 #include "site_defaults.h"
 #include "verb.h"
@@ -87,71 +83,48 @@ int run_submit(const std::vector<std::string>& args) {
   if (!scheduler.empty()) sources.overrides.push_back("scheduler.type=" + scheduler);
   core::ProcessEnv env;
   const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
-  if (config.scheduler.type == core::SchedulerConfig::Type::kLocal) {
-    throw ConfigError(sources.config_path + ": scheduler.type is local, so there is nothing to submit; run it here "
-                      "with `hpctrial run " + sources.config_path + "`, or submit with --scheduler slurm (or pbs)");
-  }
-  if (experiment_dir.empty()) experiment_dir = (fs::path("runs") / config.name).string();
+  if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
-  const mpi_launcher::ExperimentLayout layout{experiment_dir};
-  const bool pbs = config.scheduler.type == core::SchedulerConfig::Type::kPbs;
+  const core::ExperimentLayout layout{experiment_dir};
+  const core::Scheduler& batch = launcher::scheduler(config);
   const auto render = [&](const core::ExperimentConfig& c) {
-    return pbs ? pbs::render_batch_script(c, {experiment_dir, core::self_program()})
-               : slurm::render_batch_script(c, {experiment_dir, core::self_program()});
+    return batch.render_script(c, {experiment_dir, core::self_program(), -1});
   };
-  const char* scheduler_name = pbs ? "pbs" : "slurm";
 
   if (dry_run) {
-    const auto resolved = mpi_launcher::resolve_experiment(config, experiment_dir);
+    const auto resolved = launcher::resolve_experiment(config, experiment_dir);
     std::cout << render(resolved);
     for (const auto& [name, value] : core::exported_environment(resolved, env)) {
-      std::cout << "# passed by " << (pbs ? "qsub" : "sbatch") << " from your environment, not written: " << name << "\n";
+      std::cout << "# passed to the job from your environment by name, not written: " << name << "\n";
     }
     return kExitOk;
   }
 
   // One job per experiment at a time: a second would train the same trial twice.
-  if (pbs) {
-    const pbs::Client client;
-    for (const auto& earlier : mpi_launcher::recorded_jobs(layout)) {
-      if (earlier.scheduler != "pbs" || !pbs::is_valid_job_id(earlier.id)) continue;
-      for (const auto& job : client.job_tasks(earlier.id)) {
-        if (!job.active()) continue;
-        throw ConfigError(experiment_dir + " already has pbs job " + job.id + " (state " + job.state +
-                          (job.held() ? ", held" : "") + "); `hpctrial activate " + experiment_dir +
-                          "` resumes a paused experiment, `hpctrial kill " + experiment_dir + "` ends it");
-      }
-    }
-  } else if (const auto earlier = mpi_launcher::latest_job(layout); earlier && slurm::is_valid_job_id(earlier->id)) {
-    for (const auto& job : slurm::Client().job_tasks(earlier->id)) {
-      if (!is_active(job)) continue;
-      throw ConfigError(experiment_dir + " already has slurm job " + job.display_id() + " (" + job.state +
-                        (job.held() ? ", held" : "") + "); `hpctrial activate " + earlier->id +
-                        "` resumes a paused job, `hpctrial kill " + earlier->id + "` ends it");
+  if (const auto earlier = core::latest_job(layout)) {
+    const core::Scheduler& before = launcher::scheduler(earlier->scheduler);
+    for (const core::JobStatus& job : before.live_jobs(layout)) {
+      throw ConfigError(experiment_dir + " already has " + before.name() + " job " + job.id + " (state " +
+                        job.native_state + (job.held() ? ", held" : "") + "); `hpctrial activate " + experiment_dir +
+                        "` resumes a paused experiment, `hpctrial kill " + experiment_dir + "` ends it");
     }
   }
-  render(mpi_launcher::resolve_experiment(config, experiment_dir));  // a value the script refuses: nothing written
-  const auto prepared = mpi_launcher::prepare_experiment(config, experiment_dir);
-  const std::string script = experiment_dir + (pbs ? "/job.pbs" : "/job.sbatch");
-  const auto exported = core::exported_environment(prepared, env);
+  render(launcher::resolve_experiment(config, experiment_dir));  // a value the script refuses: nothing written
+  const auto prepared = launcher::prepare_experiment(config, experiment_dir);
+  const std::string script = experiment_dir + "/" + batch.script_name();
+  core::SubmitRequest request;
+  request.script = script;
+  request.env = core::exported_environment(prepared, env);
   core::write_file_atomic(script, render(prepared));
   // The scheduler creates the job's output files with the submitter's umask: private, like the rest.
   ::umask(077);
-  std::string id;
-  if (pbs) {
-    pbs::Client::Submit submit;
-    submit.script = script;
-    submit.env = exported;
-    id = pbs::Client().submit(submit);
-  } else {
-    id = slurm::Client().submit(script, exported);
-  }
-  mpi_launcher::record_job(layout, scheduler_name, id);
-  std::cout << "submitted " << scheduler_name << " job " << id << "\n";
+  const std::string id = batch.submit(request);
+  core::record_job(layout, batch.name(), id);
+  std::cout << "submitted " << batch.name() << " job " << id << "\n";
   if (const int trials = core::trial_count(prepared); trials > 1) {
-    std::cout << (pbs ? "an array job of " : "a job array of ") << trials << " trials (" << (pbs ? "subjob" : "task")
-              << " N runs trial N, at most " << std::min<std::int64_t>(trials, prepared.searcher.max_concurrent_trials)
-              << " at a time)\n";
+    std::cout << batch.describe_search(trials, static_cast<int>(std::min<std::int64_t>(
+                                                   trials, prepared.searcher.max_concurrent_trials)))
+              << "\n";
   }
   std::cout << "experiment: " << experiment_dir << "\n";
   return kExitOk;

@@ -11,41 +11,6 @@
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::checkpoint {
-namespace {
-
-struct DTypeName {
-  DType dtype;
-  const char* name;
-  std::size_t size;
-};
-constexpr DTypeName kDTypes[] = {
-    {DType::kFloat32, "float32", 4}, {DType::kFloat64, "float64", 8}, {DType::kFloat16, "float16", 2},
-    {DType::kBFloat16, "bfloat16", 2}, {DType::kInt64, "int64", 8},   {DType::kInt32, "int32", 4},
-    {DType::kInt16, "int16", 2},     {DType::kInt8, "int8", 1},       {DType::kUInt8, "uint8", 1},
-    {DType::kBool, "bool", 1}};
-
-}  // namespace
-
-std::size_t dtype_size(DType dtype) {
-  for (const auto& d : kDTypes) {
-    if (d.dtype == dtype) return d.size;
-  }
-  return 0;
-}
-
-const char* to_string(DType dtype) {
-  for (const auto& d : kDTypes) {
-    if (d.dtype == dtype) return d.name;
-  }
-  return "unknown";
-}
-
-std::optional<DType> dtype_from_string(std::string_view name) {
-  for (const auto& d : kDTypes) {
-    if (name == d.name) return d.dtype;
-  }
-  return std::nullopt;
-}
 
 Buffer::Buffer(std::size_t size) : size_(size) {
   // Large buffers take transparent huge pages where the kernel offers them on request: first
@@ -93,20 +58,6 @@ const Dataset& Contents::at(const std::string& name, const std::string& file) co
   const Dataset* d = find(name);
   if (d == nullptr) throw CheckpointError(file + ": the checkpoint has no dataset '" + name + "'");
   return *d;
-}
-
-int FileSystem::open(const std::string& path, int flags, mode_t mode) { return ::open(path.c_str(), flags, mode); }
-ssize_t FileSystem::pwrite(int fd, const void* data, std::size_t size, off_t offset) {
-  return ::pwrite(fd, data, size, offset);
-}
-int FileSystem::fsync(int fd) { return ::fsync(fd); }
-int FileSystem::close(int fd) { return ::close(fd); }
-int FileSystem::rename(const std::string& from, const std::string& to) { return ::rename(from.c_str(), to.c_str()); }
-int FileSystem::unlink(const std::string& path) { return ::unlink(path.c_str()); }
-
-FileSystem& posix_file_system() {
-  static FileSystem fs;
-  return fs;
 }
 
 }  // namespace hpctrial::checkpoint

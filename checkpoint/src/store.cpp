@@ -70,40 +70,15 @@ void CheckpointStore::publish(const Contents& contents) {
   write.fs = options_.fs;
   write_checkpoint(path, contents, write);
 
-  // The pointer, through the same seam: temporary, fsync, rename, directory fsync.
+  // The pointer, through the same seam.
   const std::string name = fs::path(path).filename().string();
   const std::string pointer = (fs::path(dir_) / kLatest).string();
-  const std::string temp = (fs::path(dir_) / ".latest.tmp").string();
-  FileSystem& seam = fs();
-  seam.unlink(temp);
-  const int fd = seam.open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options_.file_mode);
-  if (fd < 0) core::throw_errno("cannot create " + temp, errno);
-  if (::fchmod(fd, options_.file_mode) != 0) {  // whatever the umask
-    const int e = errno;
-    seam.close(fd);
-    seam.unlink(temp);
-    core::throw_errno("cannot set the mode of " + temp, e);
+  try {
+    core::write_file_atomic(pointer, name + "\n", options_.file_mode, fs());
+  } catch (const IoError& e) {
+    throw IoError(std::string(e.what()) + " (the checkpoint " + path + " is complete, but " + kLatest +
+                  " still names the previous one)");
   }
-  const std::string line = name + "\n";
-  const bool written = seam.pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size()) &&
-                       seam.fsync(fd) == 0;
-  const int write_errno = errno;
-  seam.close(fd);
-  if (!written) {
-    seam.unlink(temp);
-    core::throw_errno("cannot write " + temp + " (the checkpoint " + path + " is complete, but `latest` still names the previous one)",
-                write_errno);
-  }
-  if (seam.rename(temp, pointer) != 0) {
-    const int e = errno;
-    seam.unlink(temp);
-    core::throw_errno("cannot rename " + temp + " to " + pointer, e);
-  }
-  const int dir_fd = seam.open(dir_, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-  const bool synced = dir_fd >= 0 && seam.fsync(dir_fd) == 0;
-  const int sync_errno = errno;
-  if (dir_fd >= 0) seam.close(dir_fd);
-  if (!synced) core::throw_errno("cannot flush directory " + dir_ + " to disk", sync_errno);
   apply_retention(name);
 }
 

@@ -153,8 +153,6 @@ std::string temporary_path(const std::string& path) {
 
 void write_checkpoint(const std::string& path, const Contents& contents, const WriteOptions& options) {
   FileSystem& fs = options.fs != nullptr ? *options.fs : posix_file_system();
-  const std::filesystem::path target(path);
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
   const std::string temp = temporary_path(path);
 
   // Checksums and the manifest, before any byte is written.
@@ -211,12 +209,8 @@ void write_checkpoint(const std::string& path, const Contents& contents, const W
     throw CheckpointError(message);
   }
   write_raw(fs, temp, raw, options.direct_io);
-  if (fs.rename(temp, path) != 0) core::throw_errno("cannot rename " + temp + " to " + path, errno);
+  core::publish_file(temp, path, fs);
   published = true;
-  SeamFd dir_fd(fs, fs.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  if (dir_fd.get() < 0 || fs.fsync(dir_fd.get()) != 0) {
-    core::throw_errno("cannot flush directory " + dir + " to disk after writing " + path, errno);
-  }
 }
 
 }  // namespace hpctrial::checkpoint

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -53,35 +55,70 @@ void create_directories(const std::string& path, mode_t mode) {
   if (!fs::is_directory(path, ec)) throw IoError(path + " exists but is not a directory");
 }
 
-void write_file_atomic(const std::string& path, std::string_view content, mode_t mode) {
+int FileSystem::open(const std::string& path, int flags, mode_t mode) { return ::open(path.c_str(), flags, mode); }
+ssize_t FileSystem::pwrite(int fd, const void* data, std::size_t size, off_t offset) {
+  return ::pwrite(fd, data, size, offset);
+}
+int FileSystem::fsync(int fd) { return ::fsync(fd); }
+int FileSystem::close(int fd) { return ::close(fd); }
+int FileSystem::rename(const std::string& from, const std::string& to) { return ::rename(from.c_str(), to.c_str()); }
+int FileSystem::unlink(const std::string& path) { return ::unlink(path.c_str()); }
+
+FileSystem& posix_file_system() {
+  static FileSystem fs;
+  return fs;
+}
+
+void publish_file(const std::string& temp, const std::string& path, FileSystem& fs) {
+  if (fs.rename(temp, path) != 0) throw_errno("cannot rename " + temp + " to " + path, errno);
+  const std::filesystem::path target(path);
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  const int dir_fd = fs.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  const bool synced = dir_fd >= 0 && fs.fsync(dir_fd) == 0;
+  const int sync_errno = errno;
+  if (dir_fd >= 0) fs.close(dir_fd);
+  if (!synced) throw_errno("cannot flush directory " + dir + " to disk after writing " + path, sync_errno);
+}
+
+void write_file_atomic(const std::string& path, std::string_view content, mode_t mode, FileSystem& fs) {
+  static std::atomic<unsigned> counter{0};
   const std::filesystem::path target(path);
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
-  std::string temp = (dir / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
-
-  UniqueFd fd(::mkstemp(temp.data()));
-  if (fd.get() < 0) throw_errno("cannot create a temporary file in " + dir.string(), errno);
+  std::string temp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    char unique[32];
+    std::snprintf(unique, sizeof unique, "%d-%u", static_cast<int>(::getpid()), counter++);
+    temp = (dir / ("." + target.filename().string() + "." + unique + ".tmp")).string();
+    fd = fs.open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0 && (errno != EEXIST || attempt == 100)) {
+      throw_errno("cannot create a temporary file in " + dir.string(), errno);
+    }
+  }
   bool published = false;
   struct Cleanup {
+    FileSystem& fs;
+    int fd;
     const std::string& temp;
     const bool& published;
     ~Cleanup() {
-      if (!published) ::unlink(temp.c_str());
+      if (fd >= 0) fs.close(fd);
+      if (!published) fs.unlink(temp);
     }
-  } cleanup{temp, published};
+  } cleanup{fs, fd, temp, published};
 
-  if (::fchmod(fd.get(), mode) != 0) throw_errno("cannot set the mode of " + temp, errno);
-  write_fully(fd.get(), content, temp);
-  if (::fsync(fd.get()) != 0) throw_errno("cannot flush " + temp + " to disk", errno);
-  if (::close(fd.release()) != 0) throw_errno("cannot close " + temp, errno);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    throw_errno("cannot rename " + temp + " to " + path, errno);
+  if (::fchmod(fd, mode) != 0) throw_errno("cannot set the mode of " + temp, errno);  // whatever the umask
+  for (std::size_t done = 0; done < content.size();) {
+    const ssize_t n = fs.pwrite(fd, content.data() + done, content.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw_errno("cannot write " + temp, n < 0 ? errno : EIO);
+    done += static_cast<std::size_t>(n);
   }
+  if (fs.fsync(fd) != 0) throw_errno("cannot flush " + temp + " to disk", errno);
+  cleanup.fd = -1;
+  if (fs.close(fd) != 0) throw_errno("cannot close " + temp, errno);
+  publish_file(temp, path, fs);
   published = true;
-
-  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
-    throw_errno("cannot flush directory " + dir.string() + " to disk after writing " + path, errno);
-  }
 }
 
 }  // namespace hpctrial::core

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "hpctrial/core/error.h"
 #include "hpctrial/core/text.h"
 
 namespace hpctrial::core {
@@ -57,7 +58,41 @@ std::string field(std::string_view text, std::size_t at, std::size_t width) {
   return trim(std::string(text.substr(at, width)));
 }
 
+int count_from_env(const EnvSource& env, const char* name, const char* what) {
+  const auto value = env.get(name);
+  if (!value) return 0;
+  std::size_t used = 0;
+  int n = -1;
+  try {
+    n = std::stoi(*value, &used);
+  } catch (const std::exception&) {
+  }
+  if (n < 0 || used != value->size() || value->empty()) {
+    throw ConfigError(std::string(name) + " must be " + what + " (0 or more), got \"" + *value +
+                      "\"; it is set by hpctrial's launcher: unset it to run outside one");
+  }
+  return n;
+}
+
 }  // namespace
+
+RankContract read_contract(const EnvSource& env) {
+  RankContract c;
+  const auto text = [&](const char* name) { return env.get(name).value_or(""); };
+  c.experiment_dir = text(kEnvExperimentDir);
+  c.config = text(kEnvConfig);
+  c.trial_dir = text(kEnvTrialDir);
+  c.trial_id = count_from_env(env, kEnvTrialId, "a trial number");
+  c.restart_count = count_from_env(env, kEnvRestartCount, "a count of restarts");
+  c.scheduler = text(kEnvScheduler);
+  c.job_id = text(kEnvJobId);
+  c.stop_file = text(kEnvStopFile);
+  c.heartbeat_dir = text(kEnvHeartbeatDir);
+  c.abort_file = text(kEnvAbortFile);
+  c.verdict_file = text(kEnvVerdictFile);
+  c.fault = text(kEnvFault);
+  return c;
+}
 
 std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
 std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }

@@ -124,20 +124,6 @@ std::vector<ConfigNode> grid_points(const Hyperparameter& hp) {
   return points;
 }
 
-int trial_id_from_env(const std::optional<std::string>& value) {
-  if (!value) return 0;
-  std::size_t used = 0;
-  int id = -1;
-  try {
-    id = std::stoi(*value, &used);
-  } catch (const std::exception&) {
-  }
-  if (id < 0 || used != value->size()) {
-    throw ConfigError("HPCTRIAL_TRIAL_ID must be a trial number (0 or more), got \"" + *value + "\"");
-  }
-  return id;
-}
-
 int trial_count(const ExperimentConfig& config) {
   switch (config.searcher.name) {
     case Searcher::Name::kSingle:

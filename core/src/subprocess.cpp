@@ -4,14 +4,19 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/shell_quote.h"
@@ -39,6 +44,8 @@ class Pipe {
   int write_end() const { return fds_[1]; }
   void close_read() { close_fd(fds_[0]); }
   void close_write() { close_fd(fds_[1]); }
+  int release_read() { return std::exchange(fds_[0], -1); }
+  int release_write() { return std::exchange(fds_[1], -1); }
 
  private:
   static void close_fd(int& fd) {
@@ -48,16 +55,17 @@ class Pipe {
   int fds_[2] = {-1, -1};
 };
 
-std::vector<std::string> build_environment(const RunOptions& options) {
-  std::set<std::string> drop(options.env_unset.begin(), options.env_unset.end());
-  for (const auto& [name, value] : options.env_set) drop.insert(name);
+std::vector<std::string> build_environment(const std::vector<std::pair<std::string, std::string>>& env_set,
+                                           const std::vector<std::string>& env_unset) {
+  std::set<std::string> drop(env_unset.begin(), env_unset.end());
+  for (const auto& [name, value] : env_set) drop.insert(name);
   std::vector<std::string> env;
   for (char** p = environ; p != nullptr && *p != nullptr; ++p) {
     const std::string entry(*p);
     const std::string name = entry.substr(0, entry.find('='));
     if (drop.count(name) == 0) env.push_back(entry);
   }
-  for (const auto& [name, value] : options.env_set) env.push_back(name + "=" + value);
+  for (const auto& [name, value] : env_set) env.push_back(name + "=" + value);
   return env;
 }
 
@@ -106,7 +114,131 @@ std::string first_line(const std::string& text) {
   return line;
 }
 
+// argv[0] as execvp would find it on PATH (the caller's); errno's reason when it is nowhere.
+std::string find_program(const std::string& program, int& error) {
+  error = 0;
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  error = ENOENT;
+  for (std::size_t start = 0; start <= dirs.size();) {
+    const std::size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + program;
+    struct stat info {};
+    if (::stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+      error = EACCES;
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+// In the child, between fork and exec: `fd` as `target`, open across exec.
+void move_fd(int fd, int target) {
+  if (fd == target) {
+    ::fcntl(fd, F_SETFD, 0);
+  } else {
+    ::dup2(fd, target);
+  }
+}
+
 }  // namespace
+
+Child spawn_process(const std::vector<std::string>& argv, const SpawnOptions& options) {
+  if (argv.empty() || argv.front().empty()) throw IoError("spawn_process: empty command line");
+  const auto cannot = [&](int error) {
+    std::string hint = error == ENOENT ? " (is it installed and on PATH?)" : "";
+    if (!options.working_dir.empty()) hint += " (working directory " + options.working_dir + ")";
+    return IoError("cannot run '" + argv.front() + "': " + std::strerror(error) + hint);
+  };
+  int error = 0;
+  const std::string program = find_program(argv.front(), error);
+  if (program.empty()) throw cannot(error);
+
+  // Everything the child needs, made before fork: between fork and exec it may only make
+  // async-signal-safe calls.
+  std::vector<std::string> env_strings = build_environment(options.env_set, options.env_unset);
+  std::vector<char*> envp;
+  for (auto& entry : env_strings) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> arg_strings = argv;
+  std::vector<char*> args;
+  for (auto& arg : arg_strings) args.push_back(arg.data());
+  args.push_back(nullptr);
+  std::optional<Pipe> in, out, err;
+  UniqueFd null;
+  if (options.capture_output) {
+    out.emplace();
+    err.emplace();
+    if (options.pipe_stdin) {
+      in.emplace();
+    } else {
+      null = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (null.get() < 0) throw_errno("cannot open /dev/null", errno);
+    }
+  }
+  Pipe report;  // the child's errno when exec fails; closed by a successful exec
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw_errno("cannot fork to run '" + argv.front() + "'", errno);
+  if (pid == 0) {
+    if (options.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before the line above
+    }
+    if (options.own_process_group) ::setpgid(0, 0);
+    for (int signal = 1; signal < NSIG; ++signal) {
+      if (signal != SIGKILL && signal != SIGSTOP) ::signal(signal, SIG_DFL);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (options.capture_output) {
+      move_fd(in ? in->read_end() : null.get(), STDIN_FILENO);
+      move_fd(out->write_end(), STDOUT_FILENO);
+      move_fd(err->write_end(), STDERR_FILENO);
+    }
+    int e = 0;
+    if (!options.working_dir.empty() && ::chdir(options.working_dir.c_str()) != 0) {
+      e = errno;
+    } else {
+      ::execve(program.c_str(), args.data(), envp.data());
+      e = errno;
+    }
+    (void)!::write(report.write_end(), &e, sizeof e);  // the parent reads it; nothing to do if it cannot
+    ::_exit(127);
+  }
+  if (options.own_process_group) ::setpgid(pid, pid);  // also here: no window without the group
+  report.close_write();
+  int child_errno = 0;
+  ssize_t n;
+  while ((n = ::read(report.read_end(), &child_errno, sizeof child_errno)) < 0 && errno == EINTR) {
+  }
+  if (n == static_cast<ssize_t>(sizeof child_errno)) {
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    throw cannot(child_errno);
+  }
+  Child child;
+  child.pid = pid;
+  if (options.capture_output) {
+    out->close_write();
+    err->close_write();
+    set_nonblocking(out->read_end());
+    set_nonblocking(err->read_end());
+    child.out = UniqueFd(out->release_read());
+    child.err = UniqueFd(err->release_read());
+    if (in) {
+      in->close_read();
+      set_nonblocking(in->write_end());
+      child.in = UniqueFd(in->release_write());
+    }
+  }
+  return child;
+}
 
 std::string RunResult::describe() const {
   std::string command;
@@ -136,59 +268,15 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
   RunResult result;
   result.argv = argv;
 
-  Pipe in, out, err;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in.read_end(), STDIN_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, out.write_end(), STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err.write_end(), STDERR_FILENO);
-  if (!options.working_dir.empty()) {
-    posix_spawn_file_actions_addchdir_np(&actions, options.working_dir.c_str());
-  }
-
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attributes, &all);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK |
-                                            POSIX_SPAWN_SETPGROUP);
-
-  std::vector<std::string> env_strings = build_environment(options);
-  std::vector<char*> env_pointers;
-  for (auto& entry : env_strings) env_pointers.push_back(entry.data());
-  env_pointers.push_back(nullptr);
-  std::vector<std::string> arg_strings = argv;
-  std::vector<char*> arg_pointers;
-  for (auto& arg : arg_strings) arg_pointers.push_back(arg.data());
-  arg_pointers.push_back(nullptr);
-
+  SpawnOptions spawn;
+  spawn.env_set = options.env_set;
+  spawn.env_unset = options.env_unset;
+  spawn.working_dir = options.working_dir;
+  spawn.pipe_stdin = !options.stdin_data.empty();
   const auto start = Clock::now();
-  pid_t pid = -1;
-  const int spawn_rc = ::posix_spawnp(&pid, arg_pointers[0], &actions, &attributes,
-                                      arg_pointers.data(), env_pointers.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  if (spawn_rc != 0) {
-    std::string hint = spawn_rc == ENOENT ? " (is it installed and on PATH?)" : "";
-    if (!options.working_dir.empty()) hint += " (working directory " + options.working_dir + ")";
-    throw IoError("cannot run '" + argv.front() + "': " + std::strerror(spawn_rc) + hint);
-  }
-  in.close_read();
-  out.close_write();
-  err.close_write();
-
+  Child child = spawn_process(argv, spawn);
+  const pid_t pid = child.pid;
   std::size_t stdin_written = 0;
-  if (options.stdin_data.empty()) {
-    in.close_write();
-  } else {
-    set_nonblocking(in.write_end());
-  }
-  set_nonblocking(out.read_end());
-  set_nonblocking(err.read_end());
 
   bool out_open = true, err_open = true;
   bool exited = false;
@@ -243,10 +331,10 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
     }
 
     std::vector<pollfd> fds;
-    if (out_open) fds.push_back({out.read_end(), POLLIN, 0});
-    if (err_open) fds.push_back({err.read_end(), POLLIN, 0});
-    const bool want_write = in.write_end() >= 0;
-    if (want_write) fds.push_back({in.write_end(), POLLOUT, 0});
+    if (out_open) fds.push_back({child.out.get(), POLLIN, 0});
+    if (err_open) fds.push_back({child.err.get(), POLLIN, 0});
+    const bool want_write = child.in.get() >= 0;
+    if (want_write) fds.push_back({child.in.get(), POLLOUT, 0});
     // Short waits while the child runs so that its exit and the timeout are seen promptly.
     const int wait_ms = exited ? 20 : 50;
     if (!fds.empty()) {
@@ -255,14 +343,14 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
     } else {
       ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
     }
-    if (out_open) read_into(out.read_end(), result.out, out_open);
-    if (err_open) read_into(err.read_end(), result.err, err_open);
+    if (out_open) read_into(child.out.get(), result.out, out_open);
+    if (err_open) read_into(child.err.get(), result.err, err_open);
     if (want_write) {
       const SigpipeGuard guard;
       const std::string& data = options.stdin_data;
       while (stdin_written < data.size()) {
         const ssize_t n =
-            ::write(in.write_end(), data.data() + stdin_written, data.size() - stdin_written);
+            ::write(child.in.get(), data.data() + stdin_written, data.size() - stdin_written);
         if (n > 0) {
           stdin_written += static_cast<std::size_t>(n);
           continue;
@@ -271,7 +359,7 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
         if (n < 0 && errno == EAGAIN) break;
         stdin_written = data.size();  // EPIPE: the child does not read its input
       }
-      if (stdin_written >= data.size()) in.close_write();
+      if (stdin_written >= data.size()) child.in = UniqueFd();
     }
   }
 
@@ -286,6 +374,27 @@ RunResult run_process(const std::vector<std::string>& argv, const RunOptions& op
     result.signal = WTERMSIG(status);
   }
   return result;
+}
+
+CommandRunner real_command_runner() {
+  return [](const std::vector<std::string>& argv, const RunOptions& options) {
+    RunOptions o = options;
+    if (!o.timeout) o.timeout = std::chrono::minutes(1);
+    return run_process(argv, o);
+  };
+}
+
+bool on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  std::string dirs = path;
+  for (std::size_t start = 0; start <= dirs.size();) {
+    const std::size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = dirs.substr(start, end - start);
+    if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
 }
 
 std::string self_program(const std::string& fallback) {

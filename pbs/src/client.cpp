@@ -130,13 +130,6 @@ std::vector<JobInfo> parse_qstat_text(const std::string& text, const std::string
   return jobs;
 }
 
-Client::Client()
-    : run_([](const std::vector<std::string>& argv, const core::RunOptions& options) {
-        core::RunOptions o = options;
-        if (!o.timeout) o.timeout = std::chrono::minutes(1);
-        return core::run_process(argv, o);
-      }) {}
-
 core::RunResult Client::checked(const std::vector<std::string>& argv, const core::RunOptions& options) const {
   core::RunResult r = run_(argv, options);
   if (!r.ok()) throw SchedulerError(r.describe());

@@ -94,7 +94,7 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (text.size() > kMaxNodeFileBytes) throw SchedulerError("PBS_NODEFILE " + *node_file + " is larger than 64 MiB");
   a.hosts = parse_node_file(text, *node_file);
-  const core::RunResult qstat = run({"qstat", "-f", a.job_id});
+  const core::RunResult qstat = run({"qstat", "-f", a.job_id}, {});
   if (qstat.ok()) apply_qstat(qstat.out, a);
   return a;
 }

@@ -75,13 +75,6 @@ JobInfo parse_job_line(const std::string& line) {
   return j;
 }
 
-Client::Client()
-    : run_([](const std::vector<std::string>& argv, const core::RunOptions& options) {
-        core::RunOptions o = options;
-        if (!o.timeout) o.timeout = std::chrono::minutes(1);
-        return core::run_process(argv, o);
-      }) {}
-
 core::RunResult Client::checked(const std::vector<std::string>& argv, const core::RunOptions& options) const {
   core::RunResult r = run_(argv, options);
   if (!r.ok()) throw SchedulerError(r.describe());

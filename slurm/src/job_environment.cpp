@@ -82,7 +82,7 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
           std::string::npos) {
     throw SchedulerError("SLURM_JOB_NODELIST is \"" + *nodelist + "\", which is not a Slurm node list");
   }
-  const core::RunResult hostnames = run({"scontrol", "show", "hostnames", *nodelist});
+  const core::RunResult hostnames = run({"scontrol", "show", "hostnames", *nodelist}, {});
   if (!hostnames.ok()) throw SchedulerError("cannot expand the node list of job " + a.job_id + ": " + hostnames.describe());
   std::stringstream lines(hostnames.out);
   for (std::string line; std::getline(lines, line);) {
@@ -100,7 +100,7 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
     }
     for (std::size_t i = 0; i < counts.size(); ++i) a.hosts[i].slots = counts[i];
   }
-  const core::RunResult end = run({"squeue", "--noheader", "--jobs", a.job_id, "--format", "%e"});
+  const core::RunResult end = run({"squeue", "--noheader", "--jobs", a.job_id, "--format", "%e"}, {});
   if (end.ok()) a.end_time = parse_end_time(end.out);
   return a;
 }

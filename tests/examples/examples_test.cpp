@@ -11,7 +11,7 @@
 
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "cnn_trial.h"
 #include "../support/capturing_mlp.h"
 #include "mlp_trial.h"
@@ -48,14 +48,14 @@ class MlpExample : public testing::Test {
 
   trainer::LoopResult train(std::vector<torch::Tensor>* weights, const std::string& trial_dir) {
     const core::ExperimentConfig config = core::load_experiment_config(sources(1));
-    mpi_launcher::LocalCommunicator comm;
+    comm::LocalCommunicator communicator;
     trainer::LoopOptions options;
     options.trial_dir = trial_dir;
     options.experiment_seed = *config.reproducibility.experiment_seed;
     options.progress_interval_s = 0;
     return trainer::run_training(config, [&](TrialContext& context) {
       return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, weights));
-    }, comm, options);
+    }, communicator, options);
   }
 
   TempDir dir_;
@@ -124,14 +124,14 @@ class ExactResume : public MlpExample {
     for (std::int64_t stop : plan) {
       weights.clear();
       std::vector<std::int64_t> seen;
-      mpi_launcher::LocalCommunicator comm;
+      comm::LocalCommunicator communicator;
       trainer::LoopOptions options;
       options.trial_dir = dir;
       options.experiment_seed = *config.reproducibility.experiment_seed;
       options.progress_interval_s = 0;
       const auto result = trainer::run_training(config, [&](TrialContext& context) {
         return std::unique_ptr<Trial>(std::make_unique<StoppingMlp>(context, &weights, stop, &seen));
-      }, comm, options);
+      }, communicator, options);
       EXPECT_EQ(result.stopped_early, stop >= 0);
       // Each run resumes where the previous one stopped.
       EXPECT_FALSE(seen.empty());
@@ -198,7 +198,7 @@ TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
     auto src = sources(1);
     src.overrides.push_back(override);
     const core::ExperimentConfig config = core::load_experiment_config(src);
-    mpi_launcher::LocalCommunicator comm;
+    comm::LocalCommunicator communicator;
     trainer::LoopOptions options;
     options.trial_dir = dir;
     options.experiment_seed = 1234;
@@ -208,7 +208,7 @@ TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
     try {
       trainer::run_training(config, [&](TrialContext& context) {
         return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, &weights));
-      }, comm, options);
+      }, communicator, options);
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }

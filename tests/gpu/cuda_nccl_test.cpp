@@ -43,9 +43,9 @@ TEST(Cuda, MemoryRoundTrips) {
 
 TEST(Nccl, SingleGpuAllReduce) {
   REQUIRE_GPU();
-  ncclComm_t comm = nullptr;
+  ncclComm_t communicator = nullptr;
   const int devices[1] = {0};
-  ASSERT_EQ(ncclCommInitAll(&comm, 1, devices), ncclSuccess);
+  ASSERT_EQ(ncclCommInitAll(&communicator, 1, devices), ncclSuccess);
   const std::size_t n = 1024;
   std::vector<float> host(n, 2.5f);
   float* buffer = nullptr;
@@ -53,14 +53,14 @@ TEST(Nccl, SingleGpuAllReduce) {
   ASSERT_EQ(cudaMemcpy(buffer, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  ASSERT_EQ(ncclAllReduce(buffer, buffer, n, ncclFloat, ncclSum, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(buffer, buffer, n, ncclFloat, ncclSum, communicator, stream), ncclSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   std::vector<float> back(n);
   ASSERT_EQ(cudaMemcpy(back.data(), buffer, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);  // one rank: the sum is the value itself
   cudaStreamDestroy(stream);
   cudaFree(buffer);
-  ncclCommDestroy(comm);
+  ncclCommDestroy(communicator);
 }
 
 }  // namespace
@@ -68,37 +68,37 @@ TEST(Nccl, SingleGpuAllReduce) {
 
 // hpctrial's NcclCommunicator, bootstrapped over MPI (a singleton world of one rank here: NCCL
 // refuses two ranks on one GPU).
-#include "hpctrial/mpi_launcher/mpi_environment.h"
-#include "hpctrial/mpi_launcher/nccl_communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/comm/nccl_communicator.h"
 
 namespace hpctrial {
 namespace {
 
-mpi_launcher::MpiEnvironment& mpi() {
-  static mpi_launcher::MpiEnvironment environment;
+comm::MpiEnvironment& mpi() {
+  static comm::MpiEnvironment environment;
   return environment;
 }
 
 TEST(NcclCommunicator, ReducesAndBroadcastsDeviceMemory) {
   REQUIRE_GPU();
-  ASSERT_TRUE(mpi_launcher::nccl_available());
-  auto comm = mpi_launcher::make_nccl_communicator(mpi().world(), mpi().local_rank(), nullptr);
-  ASSERT_EQ(comm->size(), 1);
+  ASSERT_TRUE(comm::nccl_available());
+  auto communicator = comm::make_nccl_communicator(mpi().world(), mpi().local_rank(), nullptr);
+  ASSERT_EQ(communicator->size(), 1);
   const std::size_t n = 1000003;  // odd
   std::vector<float> host(n);
   for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 977);
   float* device = nullptr;
   ASSERT_EQ(cudaMalloc(&device, n * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  auto work = comm->allreduce_async(device, n, mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kAvg);
+  auto work = communicator->allreduce_async(device, n, comm::DType::kFloat32, comm::ReduceOp::kAvg);
   EXPECT_TRUE(work->wait(std::chrono::seconds(30)));
-  comm->broadcast_async(device, n * sizeof(float), 0)->wait();
-  comm->allreduce_async(device, 0, mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kSum)->wait();  // empty
+  communicator->broadcast_async(device, n * sizeof(float), 0)->wait();
+  communicator->allreduce_async(device, 0, comm::DType::kFloat32, comm::ReduceOp::kSum)->wait();  // empty
   std::vector<float> back(n);
   ASSERT_EQ(cudaMemcpy(back.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);  // one rank: the mean is the value itself
   std::string text = "over MPI";
-  comm->broadcast(text, 0);
+  communicator->broadcast(text, 0);
   EXPECT_EQ(text, "over MPI");
   cudaFree(device);
 }

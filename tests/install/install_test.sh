@@ -57,7 +57,7 @@ check_prefix() {
 cmake_minimum_required(VERSION 3.18)
 project(user_project CXX)
 find_package(hpctrial 0.1 CONFIG REQUIRED)
-foreach(t trainer core checkpoint mpi_launcher slurm pbs)
+foreach(t trainer core checkpoint comm launcher slurm pbs)
   if(NOT TARGET hpctrial::${t})
     message(FATAL_ERROR "no hpctrial::${t}")
   endif()

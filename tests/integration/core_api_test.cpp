@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
 #include "../support/temp_dir.h"
+#include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
@@ -17,13 +19,15 @@ namespace {
 using testing::HasSubstr;
 using testing_support::TempDir;
 
-core::RunResult run_program(const std::vector<std::string>& launcher, const std::vector<std::string>& args) {
+core::RunResult run_program(const std::vector<std::string>& launcher, const std::vector<std::string>& args,
+                            const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::vector<std::string> argv = launcher;
   argv.push_back(HPCTRIAL_CORE_API_PROGRAM);
   argv.insert(argv.end(), args.begin(), args.end());
   core::RunOptions options;
   options.timeout = std::chrono::seconds(120);
   options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  options.env_set.insert(options.env_set.end(), env.begin(), env.end());
   return core::run_process(argv, options);
 }
 
@@ -80,6 +84,50 @@ TEST(CoreApi, SigusrToMpirunStopsEveryRankTogether) {
   ASSERT_EQ(steps.size(), 1u) << "the ranks stopped at different steps";
   EXPECT_LT(*steps.begin(), 3000);
   EXPECT_LT(r.elapsed, std::chrono::seconds(30));
+}
+
+TEST(CoreApi, TheLaunchersStopFileAndHeartbeatRecordsReachAProgram) {
+  TempDir dir;
+  const std::string stop = dir.write("stop-request", "pause\n");
+  const std::string beats = (dir.path() / "heartbeat").string();
+  std::filesystem::create_directory(beats);
+  const auto r = run_program({HPCTRIAL_MPIRUN, "-np", "2"}, {"--trial-dir", (dir.path() / "run").string(), "wait", "3000"},
+                             {{core::kEnvStopFile, stop}, {core::kEnvHeartbeatDir, beats}});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  const auto steps = stop_steps(r.out, 2);
+  ASSERT_EQ(steps.size(), 1u) << "the ranks stopped at different steps";
+  EXPECT_LT(*steps.begin(), 100) << "the stop file was not seen";
+  const auto records = core::read_heartbeats(beats);
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& [rank, record] : records) {
+    EXPECT_EQ(record.step, *steps.begin()) << "rank " << rank;  // the last report's step
+    ASSERT_TRUE(record.end.has_value()) << "rank " << rank;
+    EXPECT_EQ(record.end->kind, core::RankEnd::Kind::kExit);
+    EXPECT_EQ(record.end->code, 0);
+  }
+}
+
+// On the chief and on another rank: the failing rank's peers wait for it in should_stop().
+TEST(CoreApi, AnExceptionLeavingTheContextOnOneRankEndsTheJobInsteadOfHangingItsPeers) {
+  for (const auto& [mode, failing] : {std::pair{"throw-chief", 0}, std::pair{"throw", 1}}) {
+    TempDir dir;
+    const std::string beats = (dir.path() / "heartbeat").string();
+    std::filesystem::create_directory(beats);
+    const auto r = run_program({HPCTRIAL_MPIRUN, "-np", "2"}, {"--trial-dir", (dir.path() / "run").string(), mode, "100000"},
+                               {{core::kEnvHeartbeatDir, beats}});
+    EXPECT_FALSE(r.ok()) << mode;
+    EXPECT_FALSE(r.timed_out) << mode << ": the other rank waited for the failed one";
+    EXPECT_THAT(r.err, HasSubstr("an exception left the scope of hpctrial::CoreContext")) << mode;
+    bool recorded = false;
+    for (const auto& [rank, record] : core::read_heartbeats(beats)) {
+      if (rank == failing && record.end && record.end->kind == core::RankEnd::Kind::kAbort) recorded = true;
+    }
+    EXPECT_TRUE(recorded) << mode << ": rank " << failing << " did not record its abort";
+  }
+  TempDir dir;
+  const auto alone = run_program({}, {"--trial-dir", (dir.path() / "alone").string(), "throw", "10"});
+  EXPECT_EQ(alone.exit_code, 3) << alone.describe() << "\n" << alone.err;
+  EXPECT_THAT(alone.err, HasSubstr("caught: bad record"));
 }
 
 TEST(CoreApi, TheConfigIsReadAndHpctrialOptionsAreTakenOutOfArgv) {

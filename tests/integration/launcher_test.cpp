@@ -270,7 +270,7 @@ TEST_F(Launcher, DryRunPrintsTheCommandAndWritesNothing) {
   ASSERT_TRUE(p.wait(30s).has_value());
   const std::string out = p.output();
   EXPECT_EQ(p.exit_code(), 0) << out;
-  EXPECT_THAT(out, HasSubstr("# in " + dir_.path().string() + " (none)"));
+  EXPECT_THAT(out, HasSubstr("# in " + dir_.path().string() + " (local)"));
   EXPECT_THAT(out, HasSubstr("HPCTRIAL_TRIAL_DIR=" + trial()));
   EXPECT_THAT(out, testing::ContainsRegex("mpirun -np 2 --map-by slot --bind-to none --mca pml ob1 --tag-output "));
   EXPECT_THAT(out, HasSubstr(" -x TOKEN "));

@@ -9,13 +9,13 @@
 #include <thread>
 #include <vector>
 
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/mpi_environment.h"
-#include "hpctrial/mpi_launcher/watchdog.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/comm/watchdog.h"
 
 namespace {
 
-using namespace hpctrial::mpi_launcher;
+using namespace hpctrial::comm;
 
 int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
   Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});

@@ -1,7 +1,7 @@
 // Every collective of MpiCommunicator on 2 and 4 ranks: each type and reduction, odd and empty
 // sizes, the async handles (several in flight, mixed with synchronous calls), and the same
 // calls on the world of one.
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,12 +9,12 @@
 #include <cmath>
 #include <numeric>
 
-#include "../../mpi_launcher/src/float16.h"
+#include "../../comm/src/float16.h"
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/watchdog.h"
+#include "hpctrial/comm/watchdog.h"
 #include "mpi_test_env.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::comm {
 namespace {
 
 using testing::HasSubstr;
@@ -234,4 +234,4 @@ TEST(LocalCommunicator, IsAWorldOfOne) {
 }
 
 }  // namespace
-}  // namespace hpctrial::mpi_launcher
+}  // namespace hpctrial::comm

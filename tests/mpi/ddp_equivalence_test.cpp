@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/watchdog.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/watchdog.h"
 #include "../support/capturing_mlp.h"
 #include "mlp_trial.h"
 #include "mpi_test_env.h"
@@ -39,9 +39,9 @@ double max_relative_difference(const std::vector<torch::Tensor>& a, const std::v
 class DdpEquivalence : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    mpi_launcher::MpiCommunicator comm(env().world());
+    comm::MpiCommunicator communicator(env().world());
     std::string dir;
-    if (comm.is_chief()) {
+    if (communicator.is_chief()) {
       char pattern[] = "/tmp/hpctrial-ddp-XXXXXX";
       dir = ::mkdtemp(pattern);
       mlp_example::SyntheticSpec spec;
@@ -50,7 +50,7 @@ class DdpEquivalence : public testing::Test {
       spec.seed = 2;
       mlp_example::write_synthetic_dataset(dir + "/validation.h5", spec);
     }
-    comm.broadcast(dir, 0);
+    communicator.broadcast(dir, 0);
     dir_ = dir;
   }
   static void TearDownTestSuite() {
@@ -58,29 +58,29 @@ class DdpEquivalence : public testing::Test {
     if (env().is_chief()) std::filesystem::remove_all(dir_);
   }
 
-  std::vector<torch::Tensor> train(mpi_launcher::Communicator& comm, std::vector<std::string> overrides,
+  std::vector<torch::Tensor> train(comm::Communicator& communicator, std::vector<std::string> overrides,
                                    const std::string& name, const std::string& checkpoint_dir = "") {
     overrides.push_back("data.train=" + dir_ + "/train.h5");
     overrides.push_back("data.validation=" + dir_ + "/validation.h5");
-    overrides.push_back("resources.slots_per_trial=" + std::to_string(comm.size()));
+    overrides.push_back("resources.slots_per_trial=" + std::to_string(communicator.size()));
     const core::ExperimentConfig config =
         core::load_experiment_config({HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment.yaml", "", overrides});
     trainer::LoopOptions options;
     options.trial_dir = dir_ + "/" + name + "-rank" + std::to_string(env().rank());
     options.experiment_seed = *config.reproducibility.experiment_seed;
     options.progress_interval_s = 0;
-    options.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+    options.distributed = {communicator.rank(), communicator.size(), communicator.rank(), communicator.size(), 1};
     options.checkpoint_dir = checkpoint_dir;
     std::vector<torch::Tensor> weights;
     trainer::run_training(config, [&](TrialContext& context) {
       return std::unique_ptr<Trial>(std::make_unique<CapturingMlp>(context, &weights));
-    }, comm, options);
+    }, communicator, options);
     return weights;
   }
 
   std::vector<torch::Tensor> one_rank(std::vector<std::string> overrides, const std::string& name,
                                       const std::string& checkpoint_dir = "") {
-    mpi_launcher::LocalCommunicator local;
+    comm::LocalCommunicator local;
     return train(local, std::move(overrides), name, checkpoint_dir);
   }
 
@@ -92,8 +92,8 @@ std::string DdpEquivalence::dir_;
 TEST_F(DdpEquivalence, EveryWorldSizeEndsWithTheWeightsOfOneRank) {
   const std::vector<std::string> overrides = {"searcher.max_length.batches=" + std::to_string(kSteps)};
   const auto reference = one_rank(overrides, "one");
-  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1, {}});
-  mpi_launcher::MpiCommunicator world(env().world(), &watchdog);
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1, {}});
+  comm::MpiCommunicator world(env().world(), &watchdog);
   const auto distributed = train(world, overrides, "world");
   watchdog.finish();
   const double difference = max_relative_difference(distributed, reference);
@@ -108,7 +108,7 @@ TEST_F(DdpEquivalence, EveryWorldSizeEndsWithTheWeightsOfOneRank) {
 
 TEST_F(DdpEquivalence, AggregatingTwoHalfBatchesEqualsTheFullBatch) {
   const auto reference = one_rank({"searcher.max_length.batches=" + std::to_string(kSteps)}, "full");
-  mpi_launcher::MpiCommunicator world(env().world());
+  comm::MpiCommunicator world(env().world());
   const auto aggregated = train(world,
                                 {"searcher.max_length.batches=" + std::to_string(2 * kSteps),
                                  "hyperparameters.global_batch_size=32", "optimizations.aggregation_frequency=2"},
@@ -126,7 +126,7 @@ TEST_F(DdpEquivalence, AggregatingTwoHalfBatchesEqualsTheFullBatch) {
 TEST_F(DdpEquivalence, ResumesOnAnotherNumberOfRanks) {
   const auto batches = [](int n) { return "searcher.max_length.batches=" + std::to_string(n); };
   const auto reference = one_rank({batches(kSteps)}, "straight");
-  mpi_launcher::MpiCommunicator world(env().world());
+  comm::MpiCommunicator world(env().world());
   const std::string from_world = dir_ + "/from-world", from_one = dir_ + "/from-one";
   train(world, {batches(25)}, "world-first", from_world);  // ends with a checkpoint at 25
   if (world.is_chief()) {
@@ -150,7 +150,7 @@ TEST_F(DdpEquivalence, ResumesOnAnotherNumberOfRanks) {
 TEST_F(DdpEquivalence, SmallBucketsAndCompressionStillTrainTheSameModel) {
   const std::vector<std::string> base = {"searcher.max_length.batches=" + std::to_string(kSteps)};
   const auto reference = one_rank(base, "reference");
-  mpi_launcher::MpiCommunicator world(env().world());
+  comm::MpiCommunicator world(env().world());
   auto small = base;
   small.push_back("optimizations.bucket_cap_mb=0.001");  // one bucket per parameter
   EXPECT_LE(max_relative_difference(train(world, small, "small"), reference), 1e-5);

@@ -10,7 +10,7 @@
 #include <atomic>
 
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer.h"
 #include "mpi_test_env.h"
 
@@ -21,18 +21,18 @@ using testing::HasSubstr;
 using testing_mpi::env;
 
 // Counts the async all-reduces that pass through it.
-class CountingCommunicator final : public mpi_launcher::Communicator {
+class CountingCommunicator final : public comm::Communicator {
  public:
-  explicit CountingCommunicator(mpi_launcher::Communicator& inner) : inner_(inner) {}
+  explicit CountingCommunicator(comm::Communicator& inner) : inner_(inner) {}
   using Communicator::allreduce;
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
-  mpi_launcher::WorkHandle allreduce_async(void* data, std::size_t count, mpi_launcher::DType dtype,
-                                           mpi_launcher::ReduceOp op) override {
+  comm::WorkHandle allreduce_async(void* data, std::size_t count, comm::DType dtype,
+                                           comm::ReduceOp op) override {
     ++launched;
     return inner_.allreduce_async(data, count, dtype, op);
   }
-  mpi_launcher::WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override {
+  comm::WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override {
     return inner_.broadcast_async(data, bytes, root);
   }
   void broadcast(std::string& bytes, int root) override { inner_.broadcast(bytes, root); }
@@ -42,7 +42,7 @@ class CountingCommunicator final : public mpi_launcher::Communicator {
   std::atomic<int> launched{0};
 
  private:
-  mpi_launcher::Communicator& inner_;
+  comm::Communicator& inner_;
 };
 
 class GradientSyncTest : public testing::Test {
@@ -82,7 +82,7 @@ class GradientSyncTest : public testing::Test {
     return seen;
   }
 
-  mpi_launcher::MpiCommunicator world_;
+  comm::MpiCommunicator world_;
   CountingCommunicator comm_;
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;

@@ -1,4 +1,4 @@
-#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/comm/mpi_environment.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/mpi_check.h"
+#include "hpctrial/comm/mpi_check.h"
 #include "mpi_test_env.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::comm {
 namespace {
 
 using testing_mpi::env;
@@ -79,4 +79,4 @@ TEST(MpiCheck, AFailedCallBecomesCommErrorWithMpisText) {
 }
 
 }  // namespace
-}  // namespace hpctrial::mpi_launcher
+}  // namespace hpctrial::comm

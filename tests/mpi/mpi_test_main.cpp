@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/comm/mpi_environment.h"
 #include "mpi_test_env.h"
 
 namespace {
@@ -27,11 +27,11 @@ class FailurePrinter : public testing::EmptyTestEventListener {
 }  // namespace
 
 namespace hpctrial::testing_mpi {
-const mpi_launcher::MpiEnvironment* g_environment = nullptr;
+const comm::MpiEnvironment* g_environment = nullptr;
 }
 
 int main(int argc, char** argv) {
-  hpctrial::mpi_launcher::MpiEnvironment environment(&argc, &argv);
+  hpctrial::comm::MpiEnvironment environment(&argc, &argv);
   hpctrial::testing_mpi::g_environment = &environment;
   testing::InitGoogleTest(&argc, argv);
   if (environment.rank() != 0) {

@@ -8,9 +8,9 @@
 
 #include "../../trainer/src/stop_signals.h"
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/nccl_communicator.h"
-#include "hpctrial/mpi_launcher/watchdog.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/nccl_communicator.h"
+#include "hpctrial/comm/watchdog.h"
 #include "mpi_test_env.h"
 
 namespace hpctrial {
@@ -19,14 +19,14 @@ namespace {
 using testing_mpi::env;
 
 TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
-  mpi_launcher::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
-  mpi_launcher::MpiCommunicator comm(env().world(), &watchdog);
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::MpiCommunicator communicator(env().world(), &watchdog);
   std::vector<float> v(4, 1.0f);
-  comm.allreduce_async(v.data(), v.size(), mpi_launcher::DType::kFloat32, mpi_launcher::ReduceOp::kSum)->wait();
-  std::unique_ptr<mpi_launcher::Communicator> nccl;
-  if (mpi_launcher::nccl_available()) {
+  communicator.allreduce_async(v.data(), v.size(), comm::DType::kFloat32, comm::ReduceOp::kSum)->wait();
+  std::unique_ptr<comm::Communicator> nccl;
+  if (comm::nccl_available()) {
     try {
-      nccl = mpi_launcher::make_nccl_communicator(env().world(), env().local_rank(), &watchdog);
+      nccl = comm::make_nccl_communicator(env().world(), env().local_rank(), &watchdog);
     } catch (const CommError& e) {
       std::printf("[rank %d] NCCL not started here: %s\n", env().rank(), e.what());
     }
@@ -35,7 +35,7 @@ TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
   EXPECT_EQ(trainer::detail::replaced_stop_handlers(), "");
   ::raise(SIGUSR2);
   EXPECT_TRUE(trainer::detail::stop_signal_received().load());
-  comm.barrier();
+  communicator.barrier();
   watchdog.finish();
 }
 

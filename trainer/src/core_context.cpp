@@ -1,17 +1,22 @@
 #include "hpctrial/trainer/core_context.h"
 
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <vector>
 
 #include "config_json.h"
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/search.h"
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/mpi_environment.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/core/launch_contract.h"
 #include "metrics_log.h"
+#include "rank_bootstrap.h"
 #include "stop_signals.h"
 
 namespace hpctrial::trainer {
@@ -47,32 +52,33 @@ std::vector<std::pair<std::string, std::string>> take_options(int& argc, char**&
 }  // namespace
 
 CoreContext::CoreContext(int& argc, char**& argv) {
-  mpi_ = std::make_unique<mpi_launcher::MpiEnvironment>(&argc, &argv);
-  if (mpi_->size() == 1) {
-    communicator_ = std::make_unique<mpi_launcher::LocalCommunicator>();
-  } else {
-    communicator_ = std::make_unique<mpi_launcher::MpiCommunicator>(mpi_->world());
-  }
-  distributed_ = {mpi_->rank(), mpi_->size(), mpi_->local_rank(), mpi_->local_size(), mpi_->node_count()};
-
   core::ProcessEnv env;
+  rank_ = std::make_unique<detail::RankBootstrap>(env);
+  rank_->start_mpi(&argc, &argv);
+  rank_->start_record();
+  const core::RankContract& contract = rank_->contract();
+  const comm::MpiEnvironment& mpi = rank_->mpi();
+  distributed_ = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
+
   core::ConfigSources sources;
   for (const auto& [name, value] : take_options(argc, argv)) {
     if (name == "--config") sources.config_path = value;
     else if (name == "--set") sources.overrides.push_back(value);
     else trial_dir_ = value;
   }
-  if (sources.config_path.empty()) sources.config_path = env.get("HPCTRIAL_CONFIG").value_or("");
+  if (sources.config_path.empty()) sources.config_path = contract.config;
   if (!sources.config_path.empty()) {
-    config_ = core::trial_config(core::load_experiment_config(sources),
-                                 core::trial_id_from_env(env.get("HPCTRIAL_TRIAL_ID")));
+    config_ = core::trial_config(core::load_experiment_config(sources), contract.trial_id);
     hparams_ = detail::trial_hparams(*config_);
     data_config_ = detail::to_json(config_->data);
   } else if (!sources.overrides.empty()) {
     throw ConfigError("--set needs an experiment config: give --config EXP.yaml");
   }
-  if (trial_dir_.empty()) trial_dir_ = env.get("HPCTRIAL_TRIAL_DIR").value_or("");
-  if (trial_dir_.empty()) trial_dir_ = (std::filesystem::path("runs") / (config_ ? config_->name : "core")).string();
+  if (trial_dir_.empty()) trial_dir_ = contract.trial_dir;
+  if (trial_dir_.empty()) trial_dir_ = core::default_experiment_dir(config_ ? config_->name : "core");
+  const core::ExperimentConfig defaults;
+  rank_->start_communicator(std::chrono::seconds(
+      (config_ ? *config_ : defaults).optimizations.collective_timeout_seconds));
   if (distributed_.is_chief()) {
     core::create_directories(trial_dir_);
     log_ = std::make_unique<detail::MetricsLog>((std::filesystem::path(trial_dir_) / "metrics.jsonl").string());
@@ -80,29 +86,41 @@ CoreContext::CoreContext(int& argc, char**& argv) {
       core::write_file_atomic((std::filesystem::path(trial_dir_) / "effective-config.yaml").string(),
                               core::to_yaml(*config_));
     }
+    if (!contract.stop_file.empty()) stop_file_ = std::make_unique<detail::StopFile>(contract.stop_file);
   }
   detail::install_stop_handlers();
 }
 
 CoreContext::~CoreContext() {
+  if (std::uncaught_exceptions() > 0 && !rank_->alone()) {
+    // The program is failing on this rank: its peers may wait for it in a collective.
+    rank_->abort(core::kExitFailed, "an exception left the scope of hpctrial::CoreContext; ending the job");
+  }
   log_.reset();
-  communicator_.reset();
-  mpi_.reset();
+  if (std::uncaught_exceptions() == 0) rank_->finish();  // every rank got here: the goodbyes
+  rank_.reset();
 }
 
+comm::Communicator& CoreContext::communicator() const { return rank_->communicator(); }
+
+int CoreContext::restart_count() const { return rank_->contract().restart_count; }
+
 void CoreContext::report_training_metrics(std::int64_t batches, const MetricValues& metrics) {
+  detail::record_step(batches);
   if (log_) log_->write("training", batches, 0, 0, metrics);
 }
 
 void CoreContext::report_validation_metrics(std::int64_t batches, const MetricValues& metrics) {
+  detail::record_step(batches);
   if (log_) log_->write("validation", batches, 0, 0, metrics);
 }
 
 bool CoreContext::should_stop() {
-  const bool local = stop_requested_ || detail::stop_signal_received().load();
-  return communicator_->any(local);
+  const bool local = stop_requested_ || detail::stop_signal_received().load() ||
+                     (stop_file_ && stop_file_->requested());
+  return rank_->communicator().any(local);
 }
 
-void CoreContext::abort(int code, const std::string& message) const { mpi_->abort(code, message); }
+void CoreContext::abort(int code, const std::string& message) const { rank_->abort(code, message); }
 
 }  // namespace hpctrial::trainer

@@ -12,8 +12,8 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
-using mpi_launcher::DType;
-using mpi_launcher::ReduceOp;
+using comm::DType;
+using comm::ReduceOp;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 // As in DDP, the first bucket is small, so that the first all-reduce starts early in backward.
@@ -48,8 +48,8 @@ class GradientSync::ReadyHook final : public torch::autograd::FunctionPostHook {
   std::size_t index_;
 };
 
-GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, mpi_launcher::Communicator& host,
-                           mpi_launcher::Communicator* device, Options options)
+GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, comm::Communicator& host,
+                           comm::Communicator* device, Options options)
     : options_(options), world_size_(host.size()) {
   for (const auto& p : parameters) {
     if (!p.requires_grad() || p.numel() == 0) continue;
@@ -97,9 +97,9 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, mpi_lau
     bucket.parameters = std::move(members);
     bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
     if (first.device().is_cpu()) {
-      bucket.comm = &host;
+      bucket.communicator = &host;
     } else if (device != nullptr) {
-      bucket.comm = device;
+      bucket.communicator = device;
     } else {
       throw NotSupported("gradients on " + first.device().str() +
                          " need a device communicator (NCCL), and this build has none; train on the "
@@ -223,15 +223,15 @@ void GradientSync::launch(Bucket& bucket) {
   if (bucket.staging.defined()) {
     bucket.staging.copy_(bucket.flat);
     const DType narrow = bucket.staging.scalar_type() == torch::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
-    bucket.work = bucket.comm->allreduce_async(bucket.staging.data_ptr(), count, narrow, ReduceOp::kSum);
+    bucket.work = bucket.communicator->allreduce_async(bucket.staging.data_ptr(), count, narrow, ReduceOp::kSum);
   } else {
-    bucket.work = bucket.comm->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kSum);
+    bucket.work = bucket.communicator->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kSum);
   }
 }
 
 void GradientSync::complete(Bucket& bucket) {
   if (!bucket.work) return;
-  mpi_launcher::WorkHandle work = std::move(bucket.work);
+  comm::WorkHandle work = std::move(bucket.work);
   bucket.work.reset();
   work->wait();
   torch::NoGradGuard no_grad;

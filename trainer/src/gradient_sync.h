@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -47,8 +47,8 @@ class GradientSync {
   };
 
   // `host` reduces buckets in host memory; `device` (may be null) those on a GPU.
-  GradientSync(const std::vector<torch::Tensor>& parameters, mpi_launcher::Communicator& host,
-               mpi_launcher::Communicator* device, Options options);
+  GradientSync(const std::vector<torch::Tensor>& parameters, comm::Communicator& host,
+               comm::Communicator* device, Options options);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -72,14 +72,14 @@ class GradientSync {
     torch::Tensor staging;  // 16-bit copy when compressing
     std::vector<std::size_t> parameters;
     std::vector<std::int64_t> offsets;
-    mpi_launcher::DType dtype = mpi_launcher::DType::kFloat32;
-    mpi_launcher::Communicator* comm = nullptr;
+    comm::DType dtype = comm::DType::kFloat32;
+    comm::Communicator* communicator = nullptr;
     std::size_t pending = 0;  // parameters not yet ready in this armed backward
     bool clean = false;       // reduced, and no gradient added since
     int reductions_in_batch = 0;
     bool holds_mean = false;  // reduced, and not zeroed since
     torch::Tensor snapshot;   // that mean, kept aside while new gradients are added
-    mpi_launcher::WorkHandle work;
+    comm::WorkHandle work;
   };
   class ReadyHook;
 

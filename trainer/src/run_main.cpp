@@ -12,19 +12,19 @@
 #include <filesystem>
 #include <iostream>
 
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
-#include "hpctrial/mpi_launcher/communicator.h"
-#include "hpctrial/mpi_launcher/mpi_environment.h"
-#include "hpctrial/mpi_launcher/nccl_communicator.h"
-#include "hpctrial/mpi_launcher/watchdog.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/comm/nccl_communicator.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
-#include "launch_contract.h"
+#include "rank_bootstrap.h"
 #include "stop_signals.h"
 
 namespace po = boost::program_options;
@@ -40,14 +40,13 @@ using core::kExitStopped;
 struct Arguments {
   core::ConfigSources sources;
   std::string trial_dir;
-  int trial_id = 0;
   double progress_seconds = 10;
   bool allow_fresh_start = false;
   bool allow_config_change = false;
   bool help = false;
 };
 
-Arguments parse_arguments(int argc, char** argv, const core::EnvSource& env) {
+Arguments parse_arguments(int argc, char** argv, const core::RankContract& contract) {
   Arguments args;
   po::options_description options("options");
   options.add_options()
@@ -78,26 +77,25 @@ Arguments parse_arguments(int argc, char** argv, const core::EnvSource& env) {
     args.help = true;
     return args;
   }
-  if (args.sources.config_path.empty()) args.sources.config_path = env.get("HPCTRIAL_CONFIG").value_or("");
+  if (args.sources.config_path.empty()) args.sources.config_path = contract.config;
   if (args.sources.config_path.empty()) {
     throw ConfigError(std::string("no experiment config: give --config EXP.yaml (see ") + argv[0] + " --help)");
   }
-  if (args.trial_dir.empty()) args.trial_dir = env.get("HPCTRIAL_TRIAL_DIR").value_or("");
-  if (const auto id = env.get("HPCTRIAL_TRIAL_ID")) args.trial_id = core::trial_id_from_env(id);
+  if (args.trial_dir.empty()) args.trial_dir = contract.trial_dir;
   return args;
 }
 
 // The experiment seed every rank uses: the config's, or one the chief picks and shares.
-std::uint32_t agree_on_seed(const core::ExperimentConfig& config, mpi_launcher::Communicator& comm) {
+std::uint32_t agree_on_seed(const core::ExperimentConfig& config, comm::Communicator& communicator) {
   if (config.reproducibility.experiment_seed) return *config.reproducibility.experiment_seed;
   std::string bytes;
-  if (comm.is_chief()) {
+  if (communicator.is_chief()) {
     const auto now = std::chrono::system_clock::now().time_since_epoch().count();
     bytes = std::to_string(static_cast<std::uint32_t>(now ^ (now >> 32)));
   }
-  comm.broadcast(bytes, 0);
+  communicator.broadcast(bytes, 0);
   const auto seed = static_cast<std::uint32_t>(std::stoul(bytes));
-  if (comm.is_chief()) {
+  if (communicator.is_chief()) {
     core::log_info("reproducibility.experiment_seed is not set; using {} (recorded in the effective "
                    "config: set it to repeat this run)", seed);
   }
@@ -118,16 +116,16 @@ void use_slot_cores(int cpus_per_slot, const core::EnvSource& env) {
 }
 
 // The communicator for gradients on GPUs: NCCL, bootstrapped over MPI, on this rank's device.
-std::unique_ptr<mpi_launcher::Communicator> make_device_communicator(const core::ExperimentConfig& config,
-                                                                     const mpi_launcher::MpiEnvironment& mpi,
-                                                                     mpi_launcher::Watchdog* watchdog) {
+std::unique_ptr<comm::Communicator> make_device_communicator(const core::ExperimentConfig& config,
+                                                                     const comm::MpiEnvironment& mpi,
+                                                                     comm::Watchdog* watchdog) {
   if (config.resources.gpus_per_slot == 0 || mpi.size() == 1) return nullptr;
-  if (!mpi_launcher::nccl_available()) {
+  if (!comm::nccl_available()) {
     throw ConfigError("resources.gpus_per_slot is " + std::to_string(config.resources.gpus_per_slot) +
                       " but this build of hpctrial has no NCCL; set resources.gpus_per_slot: 0 or "
                       "rebuild with CUDA and NCCL");
   }
-  return mpi_launcher::make_nccl_communicator(mpi.world(), mpi.local_rank(), watchdog);
+  return comm::make_nccl_communicator(mpi.world(), mpi.local_rank(), watchdog);
 }
 
 // The factory, chosen once the config is known (HPCTRIAL_MAIN: fixed; the worker: from the
@@ -137,83 +135,54 @@ using FactoryResolver = std::function<TrialFactory(const core::ExperimentConfig&
 int run(int argc, char** argv, const FactoryResolver& resolve) {
   core::ProcessEnv env;
   core::init_logging(env);
-  // Before MPI_Init, which can wait for peers too.
-  const detail::AbortWatch abort_watch(env.get(core::kEnvAbortFile).value_or(""));
-  std::unique_ptr<mpi_launcher::MpiEnvironment> mpi;
+  std::unique_ptr<detail::RankBootstrap> rank;
   try {
-    mpi = std::make_unique<mpi_launcher::MpiEnvironment>(&argc, &argv);
+    rank = std::make_unique<detail::RankBootstrap>(env);
+    rank->start_mpi(&argc, &argv);
+  } catch (const ConfigError& e) {
+    std::cerr << argv[0] << ": " << e.what() << "\n";
+    return kExitConfig;
   } catch (const Error& e) {
     std::cerr << argv[0] << ": " << e.what() << "\n";
     return kExitFailed;
   }
-  const bool chief = mpi->is_chief();
-  const bool alone = mpi->size() == 1;
-  // A rank that fails records why and ends the job at once: it never waits for its peers, which
-  // may be waiting for it in a collective. The objects below own collectives (the watchdog's
-  // goodbye, communicators): they live outside the try, so that a failure is handled while
-  // they exist and none of their destructors runs on the way.
-  auto fail = [&](int code, const std::string& message) {
-    detail::record_abort(code, message);
-    if (alone) {
-      std::cerr << message << "\n";
-      return code;
-    }
-    mpi->abort(code, message);  // ends every rank
-  };
-  std::unique_ptr<detail::RankRecord> record;
-  std::unique_ptr<mpi_launcher::Watchdog> watchdog;
-  std::unique_ptr<mpi_launcher::Communicator> comm;
-  std::unique_ptr<mpi_launcher::Communicator> device_comm;
+  const core::RankContract& contract = rank->contract();
+  const comm::MpiEnvironment& mpi = rank->mpi();
+  const bool chief = mpi.is_chief();
+  // Declared outside the try, like the bootstrap: a failure is handled while it exists.
+  std::unique_ptr<comm::Communicator> device_comm;
 
   try {
-    if (const auto dir = env.get(core::kEnvHeartbeatDir); dir && !dir->empty()) {
-      record = std::make_unique<detail::RankRecord>(*dir, mpi->rank());
-    }
-    const Arguments args = parse_arguments(argc, argv, env);
+    rank->start_record();
+    const Arguments args = parse_arguments(argc, argv, contract);
     if (args.help) return kExitFinished;
     // As early as MPI allows, so that a stop request at start-up is not lost...
     detail::install_stop_handlers();
     // This trial's values of the searcher's ranges.
-    core::ExperimentConfig config = core::trial_config(core::load_experiment_config(args.sources), args.trial_id);
+    core::ExperimentConfig config = core::trial_config(core::load_experiment_config(args.sources), contract.trial_id);
     use_slot_cores(config.resources.cpus_per_slot, env);
-
-    if (alone) {
-      comm = std::make_unique<mpi_launcher::LocalCommunicator>();
-    } else {
-      mpi_launcher::Watchdog::Options watch;
-      watch.timeout = std::chrono::seconds(config.optimizations.collective_timeout_seconds);
-      watch.exit_code = kExitFailed;
-      watch.verdict_path = env.get(core::kEnvVerdictFile).value_or("");
-      watchdog = std::make_unique<mpi_launcher::Watchdog>(mpi->world(), watch);
-      watchdog->add_abort_hook([] { detail::record_watchdog_abort(); });
-      comm = std::make_unique<mpi_launcher::MpiCommunicator>(mpi->world(), watchdog.get());
-    }
-    device_comm = make_device_communicator(config, *mpi, watchdog.get());
+    rank->start_communicator(std::chrono::seconds(config.optimizations.collective_timeout_seconds));
+    comm::Communicator& communicator = rank->communicator();
+    device_comm = make_device_communicator(config, mpi, rank->watchdog());
     // ...and again once MPI and NCCL are up, so that no handler of theirs replaces ours.
     detail::install_stop_handlers();
-    config.reproducibility.experiment_seed = agree_on_seed(config, *comm);
+    config.reproducibility.experiment_seed = agree_on_seed(config, communicator);
 
     LoopOptions options;
-    options.trial_dir = args.trial_dir.empty() ? (std::filesystem::path("runs") / config.name).string()
+    options.trial_dir = args.trial_dir.empty() ? core::default_experiment_dir(config.name)
                                                : args.trial_dir;
-    options.trial_id = args.trial_id;
+    options.trial_id = contract.trial_id;
+    options.restart_count = contract.restart_count;
     options.experiment_seed = *config.reproducibility.experiment_seed;
-    options.distributed = {mpi->rank(), mpi->size(), mpi->local_rank(), mpi->local_size(), mpi->node_count()};
+    options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
     options.progress_interval_s = args.progress_seconds;
     options.external_stop = &detail::stop_signal_received();
     options.device_communicator = device_comm.get();
     options.allow_fresh_start = args.allow_fresh_start;
     options.allow_config_change = args.allow_config_change;
-    options.stop_file = env.get(core::kEnvStopFile).value_or("");
-    options.fault = env.get(core::kEnvFault).value_or("");
-    if (!alone) options.on_failure = [&](int code, const std::string& message) { fail(code, message); };
-    if (const auto restarts = env.get(core::kEnvRestartCount)) {
-      try {
-        options.restart_count = std::stoi(*restarts);
-      } catch (const std::exception&) {
-        throw ConfigError("HPCTRIAL_RESTART_COUNT must be a number, got \"" + *restarts + "\"");
-      }
-    }
+    options.stop_file = contract.stop_file;
+    options.fault = contract.fault;
+    if (!rank->alone()) options.on_failure = [&](int code, const std::string& message) { rank->fail(code, message); };
     if (chief) {
       core::create_directories(options.trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
       core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),
@@ -221,8 +190,8 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     }
 
     const TrialFactory factory = resolve(config);
-    const LoopResult result = run_training(config, factory, *comm, options);
-    if (watchdog) watchdog->finish();  // every rank got here: the goodbyes of a good end
+    const LoopResult result = run_training(config, factory, communicator, options);
+    rank->finish();  // every rank got here: the goodbyes of a good end
     if (result.stopped_early) {
       if (chief) {
         core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
@@ -235,11 +204,11 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     }
     return kExitFinished;
   } catch (const ConfigError& e) {
-    return fail(kExitConfig, e.what());
+    return rank->fail(kExitConfig, e.what());
   } catch (const po::error& e) {
-    return fail(kExitConfig, std::string(argv[0]) + ": " + e.what() + " (see --help)");
+    return rank->fail(kExitConfig, std::string(argv[0]) + ": " + e.what() + " (see --help)");
   } catch (const std::exception& e) {
-    return fail(kExitFailed, e.what());
+    return rank->fail(kExitFailed, e.what());
   }
 }
 

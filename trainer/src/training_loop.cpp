@@ -11,13 +11,14 @@
 #include <set>
 
 #include "checkpointing.h"
+#include "loop.h"
 #include "config_json.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
 #include "launch_contract.h"
@@ -26,14 +27,15 @@
 #include "stop_signals.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace detail {
 
 using core::Length;
 using core::LengthUnit;
-using mpi_launcher::Communicator;
-using mpi_launcher::DType;
-using mpi_launcher::ReduceOp;
-using Clock = std::chrono::steady_clock;
+using comm::Communicator;
+using comm::DType;
+using comm::ReduceOp;
+
+namespace {
 
 // Streams of the trial seed, one per consumer, so that adding a consumer changes no other.
 constexpr std::uint64_t kTorchStream = 1;
@@ -52,13 +54,6 @@ std::int64_t to_batches(const Length& length, std::int64_t global_batch, std::in
   throw InternalError("to_batches: seconds are not a number of batches");
 }
 
-// A period: every N batches, or every N seconds (measured on the chief).
-struct Period {
-  std::int64_t batches = 0;  // 0: not batch-based
-  double seconds = 0;        // 0: not time-based
-  bool enabled() const { return batches > 0 || seconds > 0; }
-};
-
 Period to_period(const std::optional<Length>& length, std::int64_t global_batch, std::int64_t rpe) {
   Period period;
   if (!length) return period;
@@ -70,84 +65,7 @@ Period to_period(const std::optional<Length>& length, std::int64_t global_batch,
   return period;
 }
 
-class Loop {
- public:
-  Loop(const core::ExperimentConfig& config, const TrialFactory& factory, Communicator& comm,
-       const LoopOptions& options)
-      : config_(config), factory_(factory), comm_(comm), options_(options) {}
-
-  LoopResult run();
-
- private:
-  void setup();
-  void resume();
-  void trim_metrics(std::int64_t batches);
-  std::string checkpoint_dir() const;
-  void save_checkpoint(bool wait);
-  void finish_checkpoint();
-  detail::LoopState loop_state() const;
-  void apply(const detail::LoopState& state);
-  void train_one_batch();
-  void report_training();
-  void validate();
-  MetricValues validate_by_batch();
-  MetricValues reduce_custom(bool training);
-  void call(const std::function<void(Callback&)>& hook) {
-    for (auto& [name, callback] : callbacks_) hook(*callback);
-  }
-  bool chief() const { return comm_.is_chief(); }
-  std::int64_t epoch_of_batch(std::int64_t batch) const {
-    return batch * global_batch_ / records_per_epoch_;
-  }
-
-  const core::ExperimentConfig& config_;
-  const TrialFactory& factory_;
-  Communicator& comm_;
-  LoopOptions options_;
-
-  std::unique_ptr<TrialContext> context_;
-  std::unique_ptr<Trial> trial_;
-  std::unique_ptr<DataLoader> train_loader_;
-  std::unique_ptr<DataLoader> validation_loader_;
-  std::map<std::string, std::shared_ptr<Callback>> callbacks_;
-  std::unique_ptr<TrainingSampler> sampler_;
-  std::unique_ptr<detail::Prefetcher> prefetcher_;
-  std::unique_ptr<detail::MetricsLog> log_;
-  std::unique_ptr<detail::Progress> progress_;
-  std::unique_ptr<detail::StopFile> stop_file_;
-  std::unique_ptr<detail::FaultPlan> faults_;
-  detail::PhaseTimings timings_;
-  ReducerSpec reducers_ = Reducer::kAvg;
-
-  std::int64_t global_batch_ = 0;
-  std::int64_t records_per_epoch_ = 0;
-  std::int64_t max_batches_ = 0;
-  Period validation_period_;
-  std::int64_t batches_trained_ = 0;
-  std::int64_t last_validation_batches_ = -1;
-  Clock::time_point last_validation_time_;
-  std::int64_t last_report_batches_ = 0;
-  bool evaluate_by_batch_ = true;
-  bool checked_searcher_metric_ = false;
-
-  // Checkpoints (the chief writes them; every rank restores).
-  std::unique_ptr<checkpoint::CheckpointStore> store_;
-  std::unique_ptr<detail::AsyncCheckpointWriter> writer_;
-  detail::TrialIdentity identity_;
-  nlohmann::json settings_hparams_;
-  Period checkpoint_period_;
-  Clock::time_point last_checkpoint_time_;
-  std::int64_t last_checkpoint_batches_ = -1;
-  std::int64_t restart_count_ = 0;
-  std::optional<double> best_metric_;
-
-  // Training metrics of the current reporting period.
-  std::map<std::string, std::vector<torch::Tensor>> period_values_;
-  std::int64_t period_batches_ = 0;
-  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
-
-  LoopResult result_;
-};
+}  // namespace
 
 void Loop::setup() {
   faults_ = std::make_unique<detail::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
@@ -400,183 +318,6 @@ void Loop::train_one_batch() {
   }
 }
 
-// Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
-// once; every rank gets the results.
-MetricValues Loop::reduce_custom(bool training) {
-  nlohmann::json results = nlohmann::json::object();
-  for (const auto& wrapped : context_->reducers()) {
-    if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
-    const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
-    const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
-    const auto parts = comm_.gather(bytes, 0);
-    if (chief()) {
-      std::vector<std::vector<double>> per_slot;
-      for (const auto& part : parts) {
-        std::vector<double> values(part.size() / sizeof(double));
-        std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
-        per_slot.push_back(std::move(values));
-      }
-      results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
-    }
-    wrapped.reducer->reset();
-  }
-  if (results.empty() && context_->reducers().empty()) return {};
-  std::string text = chief() ? results.dump() : std::string();
-  comm_.broadcast(text, 0);
-  return nlohmann::json::parse(text).get<MetricValues>();
-}
-
-void Loop::report_training() {
-  if (period_batches_ == 0) return;
-  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
-  MetricValues values;
-  std::vector<double> means;
-  for (auto& [name, list] : period_values_) {
-    // Summed where the values live: one device-to-host copy per metric and period.
-    const torch::Device device = list.front().device();
-    for (auto& v : list) v = v.to(device, torch::kFloat64);
-    means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
-  }
-  if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
-    comm_.allreduce(means, ReduceOp::kSum);
-    for (double& m : means) m /= comm_.size();
-  }
-  std::size_t i = 0;
-  for (auto& [name, list] : period_values_) values[name] = means[i++];
-  for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
-  if (values.count("loss")) last_loss_ = values["loss"];
-  if (log_) {
-    log_->write("training", batches_trained_, epoch_of_batch(batches_trained_ - 1),
-                batches_trained_ * global_batch_, values);
-  }
-  period_values_.clear();
-  period_batches_ = 0;
-  last_report_batches_ = batches_trained_;
-}
-
-MetricValues Loop::validate_by_batch() {
-  const auto batches = validation_batches(validation_loader_->dataset().size(),
-                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
-                                          comm_.rank(), comm_.size());
-  std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
-  for (const auto& indices : batches) {
-    Batch batch = context_->to_device(validation_loader_->dataset().get_batch(indices));
-    Metrics metrics = trial_->evaluate_batch(batch);
-    for (auto& [name, metric] : metrics) values[name].push_back(metric.item());
-  }
-  // Every rank reduces the same metrics, even one that had no batch.
-  std::string names;
-  for (const auto& [name, list] : values) names += name + '\n';
-  std::set<std::string> all_names;
-  for (const auto& part : comm_.allgather(names)) {
-    std::size_t start = 0, end;
-    while ((end = part.find('\n', start)) != std::string::npos) {
-      all_names.insert(part.substr(start, end - start));
-      start = end + 1;
-    }
-  }
-  MetricValues out;
-  for (const auto& name : all_names) {
-    const auto& list = values[name];
-    const Reducer reducer = reducers_.reducer_for(name);
-    switch (reducer) {
-      case Reducer::kAvg: {
-        std::vector<double> sum_count = {0.0, static_cast<double>(list.size())};
-        for (double v : list) sum_count[0] += v;
-        comm_.allreduce(sum_count, ReduceOp::kSum);
-        out[name] = sum_count[1] > 0 ? sum_count[0] / sum_count[1] : std::nan("");
-        break;
-      }
-      case Reducer::kSum: {
-        std::vector<double> sum = {0.0};
-        for (double v : list) sum[0] += v;
-        comm_.allreduce(sum, ReduceOp::kSum);
-        out[name] = sum[0];
-        break;
-      }
-      case Reducer::kMax:
-      case Reducer::kMin: {
-        const bool max = reducer == Reducer::kMax;
-        std::vector<double> extreme = {max ? -std::numeric_limits<double>::infinity()
-                                           : std::numeric_limits<double>::infinity()};
-        for (double v : list) extreme[0] = max ? std::max(extreme[0], v) : std::min(extreme[0], v);
-        comm_.allreduce(extreme, max ? ReduceOp::kMax : ReduceOp::kMin);
-        out[name] = extreme[0];
-        break;
-      }
-    }
-  }
-  return out;
-}
-
-void Loop::validate() {
-  const detail::PhaseRecord phase(core::RankPhase::kValidation);
-  faults_->at(detail::FaultPhase::kValidation, batches_trained_);
-  detail::PhaseTimings::Scope t(timings_, "validation");
-  call([](Callback& c) { c.on_validation_start(); });
-  for (const auto& wrapped : context_->reducers()) {
-    if (wrapped.for_validation) wrapped.reducer->reset();
-  }
-  for (auto& model : context_->models()) model->eval();
-  MetricValues metrics;
-  {
-    torch::NoGradGuard no_grad;
-    if (evaluate_by_batch_) {
-      try {
-        metrics = validate_by_batch();
-      } catch (const detail::NotOverridden&) {
-        evaluate_by_batch_ = false;
-      }
-    }
-    if (!evaluate_by_batch_) {
-      // evaluate_full_dataset runs on the chief; every rank gets its result.
-      const detail::PhaseRecord evaluating(core::RankPhase::kEvaluate);
-      faults_->at(detail::FaultPhase::kEvaluate, batches_trained_);
-      std::string bytes;
-      if (chief()) {
-        try {
-          nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
-          bytes = values.dump();
-        } catch (const detail::NotOverridden&) {
-          bytes = "missing";
-        }
-      }
-      comm_.broadcast(bytes, 0);
-      if (bytes == "missing") {
-        throw ConfigError("the trial overrides neither evaluate_batch nor evaluate_full_dataset; "
-                          "implement one of them to validate");
-      }
-      metrics = nlohmann::json::parse(bytes).get<MetricValues>();
-    }
-  }
-  for (auto& model : context_->models()) model->train();
-  for (const auto& [name, value] : reduce_custom(false)) metrics[name] = value;
-
-  if (!checked_searcher_metric_) {
-    checked_searcher_metric_ = true;
-    if (metrics.count(config_.searcher.metric) == 0) {
-      std::string names;
-      for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
-      throw ConfigError("searcher.metric is '" + config_.searcher.metric +
-                        "' but validation reported only: " + (names.empty() ? "nothing" : names) +
-                        "; return it from evaluate_batch or change searcher.metric");
-    }
-  }
-  if (log_) {
-    log_->write("validation", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
-                batches_trained_ * global_batch_, metrics);
-  }
-  result_.last_validation = metrics;
-  last_validation_batches_ = batches_trained_;
-  if (const auto it = metrics.find(config_.searcher.metric); it != metrics.end()) {
-    const bool better = !best_metric_ || (config_.searcher.smaller_is_better ? it->second < *best_metric_
-                                                                             : it->second > *best_metric_);
-    if (better) best_metric_ = it->second;
-  }
-  last_validation_time_ = Clock::now();
-  call([&](Callback& c) { c.on_validation_end(metrics); });
-}
-
 LoopResult Loop::run() {
   detail::record_phase(core::RankPhase::kStartup);
   setup();
@@ -660,11 +401,11 @@ LoopResult Loop::run() {
   return result_;
 }
 
-}  // namespace
+}  // namespace detail
 
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
-                        Communicator& communicator, const LoopOptions& options) {
-  Loop loop(config, factory, communicator, options);
+                        comm::Communicator& communicator, const LoopOptions& options) {
+  detail::Loop loop(config, factory, communicator, options);
   if (!options.on_failure) return loop.run();
   try {
     return loop.run();

@@ -9,7 +9,7 @@
 #include "hpctrial/core/error.h"
 #include "gradient_sync.h"
 #include "hpctrial/core/logging.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer {
 namespace {
@@ -35,8 +35,8 @@ std::string names_of(const nlohmann::json& object) {
 
 }  // namespace
 
-TrialContext::TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator,
-                           mpi_launcher::Communicator* device_communicator)
+TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communicator,
+                           comm::Communicator* device_communicator)
     : settings_(std::move(settings)),
       communicator_(communicator),
       device_communicator_(device_communicator),
@@ -204,15 +204,15 @@ void TrialContext::broadcast_model_state() {
     std::vector<torch::Tensor> parts;
     for (auto& t : tensors) parts.push_back(t.reshape({-1}));
     torch::Tensor flat = torch::cat(parts).contiguous();
-    mpi_launcher::Communicator* comm = &communicator_;
+    comm::Communicator* communicator = &communicator_;
     if (!flat.device().is_cpu()) {
       if (device_communicator_ != nullptr) {
-        comm = device_communicator_;
+        communicator = device_communicator_;
       } else {
         flat = flat.to(torch::kCPU);
       }
     }
-    comm->broadcast_async(flat.data_ptr(), static_cast<std::size_t>(flat.nbytes()), 0)->wait();
+    communicator->broadcast_async(flat.data_ptr(), static_cast<std::size_t>(flat.nbytes()), 0)->wait();
     std::int64_t offset = 0;
     for (auto& t : tensors) {
       const std::int64_t n = t.numel();

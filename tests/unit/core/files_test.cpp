@@ -79,5 +79,59 @@ TEST(WriteFileAtomic, AFailedRenameLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(entries, 1) << "the temporary file was left behind";
 }
 
+// Fails the seam's call number `fail_at` with ENOSPC; counts the calls.
+class FullDisk : public FileSystem {
+ public:
+  int fail_at = -1;
+  int calls = 0;
+  int open(const std::string& path, int flags, mode_t mode) override {
+    return hit() ? -1 : FileSystem::open(path, flags, mode);
+  }
+  ssize_t pwrite(int fd, const void* data, std::size_t size, off_t offset) override {
+    return hit() ? -1 : FileSystem::pwrite(fd, data, size, offset);
+  }
+  int fsync(int fd) override { return hit() ? -1 : FileSystem::fsync(fd); }
+  int rename(const std::string& from, const std::string& to) override {
+    return hit() ? -1 : FileSystem::rename(from, to);
+  }
+
+ private:
+  bool hit() {
+    if (calls++ != fail_at) return false;
+    errno = ENOSPC;
+    return true;
+  }
+};
+
+TEST(WriteFileAtomic, AFailureAtAnyCallBeforeTheRenameLeavesTheOldContentAndNoTemporary) {
+  TempDir dir;
+  const auto path = dir.path() / "latest";
+  write_file_atomic(path.string(), "ckpt-100.h5\n");
+  FullDisk counting;
+  write_file_atomic(path.string(), "ckpt-150.h5\n", 0600, counting);
+  const int calls = counting.calls;  // open, pwrite, fsync, rename, open and fsync the directory
+  ASSERT_EQ(calls, 6);
+  for (int fail_at = 0; fail_at < calls; ++fail_at) {
+    FullDisk disk;
+    disk.fail_at = fail_at;
+    try {
+      write_file_atomic(path.string(), "ckpt-200.h5\n", 0600, disk);
+      ADD_FAILURE() << "no error for a failure at call " << fail_at;
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(dir.path().string())) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("No space left on device")) << e.what();
+    }
+    // Before the rename the old content stays; after it (the directory's fsync) the new one is there.
+    EXPECT_EQ(read(path), fail_at <= 3 ? "ckpt-150.h5\n" : "ckpt-200.h5\n") << fail_at;
+    int entries = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      (void)entry;
+      ++entries;
+    }
+    EXPECT_EQ(entries, 1) << "a temporary was left by a failure at call " << fail_at;
+    if (fail_at > 3) write_file_atomic(path.string(), "ckpt-150.h5\n");
+  }
+}
+
 }  // namespace
 }  // namespace hpctrial::core

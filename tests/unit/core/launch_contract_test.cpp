@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <map>
 #include <string>
 
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/error.h"
 #include "hpctrial/core/launch_contract.h"
 
 namespace hpctrial::core {
@@ -18,6 +20,52 @@ std::string record(long long step, RankPhase phase) {
   std::string page(kHeartbeatSize, '\0');
   heartbeat_init(page.data(), step, phase, 4242, "cn17");
   return page;
+}
+
+TEST(RankContract, IsReadFromTheLaunchersEnvironment) {
+  const RankContract none = read_contract(MapEnv{});
+  EXPECT_EQ(none.trial_id, 0);
+  EXPECT_EQ(none.restart_count, 0);
+  EXPECT_EQ(none.stop_file, "");
+  const RankContract c = read_contract(MapEnv(std::map<std::string, std::string>{{kEnvExperimentDir, "/x/runs/e"},
+                                               {kEnvConfig, "/x/runs/e/experiment.yaml"},
+                                               {kEnvTrialDir, "/x/runs/e/trial-3"},
+                                               {kEnvTrialId, "3"},
+                                               {kEnvRestartCount, "2"},
+                                               {kEnvScheduler, "slurm"},
+                                               {kEnvJobId, "41"},
+                                               {kEnvStopFile, "/x/s"},
+                                               {kEnvHeartbeatDir, "/x/h"},
+                                               {kEnvAbortFile, "/x/a"},
+                                               {kEnvVerdictFile, "/x/v"},
+                                               {kEnvFault, "rank1:step2:exit3"}}));
+  EXPECT_EQ(c.experiment_dir, "/x/runs/e");
+  EXPECT_EQ(c.config, "/x/runs/e/experiment.yaml");
+  EXPECT_EQ(c.trial_dir, "/x/runs/e/trial-3");
+  EXPECT_EQ(c.trial_id, 3);
+  EXPECT_EQ(c.restart_count, 2);
+  EXPECT_EQ(c.scheduler, "slurm");
+  EXPECT_EQ(c.job_id, "41");
+  EXPECT_EQ(c.stop_file, "/x/s");
+  EXPECT_EQ(c.heartbeat_dir, "/x/h");
+  EXPECT_EQ(c.abort_file, "/x/a");
+  EXPECT_EQ(c.verdict_file, "/x/v");
+  EXPECT_EQ(c.fault, "rank1:step2:exit3");
+}
+
+TEST(RankContract, ABadCountNamesTheVariableAndItsValue) {
+  const auto error_of = [](const char* name, const char* value) {
+    try {
+      read_contract(MapEnv(std::map<std::string, std::string>{{name, value}}));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(error_of(kEnvTrialId, "1x"), testing::HasSubstr("HPCTRIAL_TRIAL_ID must be a trial number (0 or more), got \"1x\""));
+  EXPECT_THAT(error_of(kEnvTrialId, "-1"), testing::HasSubstr("got \"-1\""));
+  EXPECT_THAT(error_of(kEnvRestartCount, ""), testing::HasSubstr("HPCTRIAL_RESTART_COUNT must be a count of restarts"));
+  EXPECT_THAT(error_of(kEnvRestartCount, "two"), testing::HasSubstr("got \"two\"; it is set by hpctrial's launcher"));
 }
 
 TEST(Heartbeat, ReadsBackWhatWasWritten) {

@@ -133,11 +133,6 @@ TEST(Search, MistakesNameTheTrialOrTheKey) {
   const auto unseeded = parse("{name: random, metric: loss, max_length: {batches: 10}, max_trials: 2}",
                               "{a: {type: double, minval: 0, maxval: 1}}");
   EXPECT_THAT(error_of([&] { trial_config(unseeded, 1); }), HasSubstr("needs reproducibility.experiment_seed"));
-  EXPECT_EQ(trial_id_from_env(std::nullopt), 0);
-  EXPECT_EQ(trial_id_from_env(std::string("12")), 12);
-  EXPECT_THAT(error_of([&] { trial_id_from_env(std::string("1x")); }),
-              HasSubstr("HPCTRIAL_TRIAL_ID must be a trial number (0 or more), got \"1x\""));
-  EXPECT_THAT(error_of([&] { trial_id_from_env(std::string("-1")); }), HasSubstr("got \"-1\""));
 }
 
 TEST(Search, MaxConcurrentTrialsIsReadAndWritten) {

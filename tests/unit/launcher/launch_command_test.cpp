@@ -11,9 +11,9 @@
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/launcher.h"
+#include "hpctrial/launcher/launcher.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::launcher {
 namespace {
 
 using testing::ElementsAre;
@@ -227,4 +227,4 @@ TEST(ExpandEnvReferences, ReplacesEachReferenceAndLeavesOtherDollarsAlone) {
 }
 
 }  // namespace
-}  // namespace hpctrial::mpi_launcher
+}  // namespace hpctrial::launcher

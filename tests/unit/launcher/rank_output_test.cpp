@@ -14,7 +14,7 @@
 #include "../../support/temp_dir.h"
 #include "launcher_internal.h"
 
-namespace hpctrial::mpi_launcher::detail {
+namespace hpctrial::launcher::detail {
 namespace {
 
 using testing::ElementsAre;
@@ -258,4 +258,4 @@ TEST(ZombieStatus, AChildThatEndedButWasNotReaped) {
 }
 
 }  // namespace
-}  // namespace hpctrial::mpi_launcher::detail
+}  // namespace hpctrial::launcher::detail

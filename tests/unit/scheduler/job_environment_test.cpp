@@ -20,7 +20,7 @@ struct FakeRunner {
   std::map<std::string, std::string> answers;  // first argument -> stdout
   std::vector<std::vector<std::string>> asked;
   core::CommandRunner runner() {
-    return [this](const std::vector<std::string>& argv) {
+    return [this](const std::vector<std::string>& argv, const core::RunOptions&) {
       asked.push_back(argv);
       core::RunResult r;
       r.argv = argv;

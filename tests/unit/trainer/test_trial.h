@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/training_loop.h"
 
 namespace hpctrial::trainer::testing_trial {
@@ -139,7 +139,7 @@ struct Run {
 inline Run run(const std::string& yaml, LinearTrial::Options options, const std::string& trial_dir,
                Record* record = nullptr, std::uint32_t seed = 7) {
   const core::ExperimentConfig config = config_from(yaml);
-  mpi_launcher::LocalCommunicator comm;
+  comm::LocalCommunicator communicator;
   LoopOptions loop;
   loop.trial_dir = trial_dir;
   loop.experiment_seed = seed;
@@ -149,7 +149,7 @@ inline Run run(const std::string& yaml, LinearTrial::Options options, const std:
   TrialFactory factory = [&](TrialContext& context) {
     return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, record));
   };
-  out.result = run_training(config, factory, comm, loop);
+  out.result = run_training(config, factory, communicator, loop);
   return out;
 }
 

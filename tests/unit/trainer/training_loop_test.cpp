@@ -285,7 +285,7 @@ TEST(TrainingLoop, AnExternalStopFlagIsHonoured) {
   TempDir dir;
   std::atomic<bool> stop{true};
   const core::ExperimentConfig config = config_from(base_yaml(100));
-  mpi_launcher::LocalCommunicator comm;
+  comm::LocalCommunicator communicator;
   LoopOptions loop;
   loop.trial_dir = dir.path().string();
   loop.progress_interval_s = 0;
@@ -293,7 +293,7 @@ TEST(TrainingLoop, AnExternalStopFlagIsHonoured) {
   TrialFactory factory = [](TrialContext& context) {
     return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, LinearTrial::Options{}, nullptr));
   };
-  const LoopResult result = run_training(config, factory, comm, loop);
+  const LoopResult result = run_training(config, factory, communicator, loop);
   EXPECT_TRUE(result.stopped_early);
   EXPECT_EQ(result.batches_trained, 1);
 }

@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "hpctrial/core/error.h"
-#include "hpctrial/mpi_launcher/communicator.h"
+#include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer {
 namespace {
@@ -24,7 +24,7 @@ TrialSettings settings_with(nlohmann::json hparams, int world = 1) {
 
 class TrialContextTest : public testing::Test {
  protected:
-  mpi_launcher::LocalCommunicator comm_;
+  comm::LocalCommunicator comm_;
 };
 
 TEST_F(TrialContextTest, Hyperparameters) {

@@ -26,15 +26,18 @@
 #include <string_view>
 #include <vector>
 
+#include "hpctrial/core/dtype.h"
+#include "hpctrial/core/files.h"
+
 namespace hpctrial::checkpoint {
 
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormatName = "hpctrial-checkpoint";
 
-enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool };
-std::size_t dtype_size(DType dtype);
-const char* to_string(DType dtype);
-std::optional<DType> dtype_from_string(std::string_view name);
+using core::DType;
+using core::dtype_from_string;
+using core::dtype_size;
+using core::to_string;
 
 // Host memory aligned for direct I/O (4 KiB), owned. The usable size is `size()`; the
 // allocation is rounded up to whole 4 KiB blocks.
@@ -89,17 +92,9 @@ struct Contents {
 // Where bytes go: the seam through which the writer's raw data, syncs and renames pass, so that
 // tests can inject ENOSPC, EACCES or a crash at any point. HDF5's own metadata writes go
 // through HDF5. Calls return what the POSIX call would (-1 and errno on failure).
-class FileSystem {
- public:
-  virtual ~FileSystem() = default;
-  virtual int open(const std::string& path, int flags, mode_t mode);
-  virtual ssize_t pwrite(int fd, const void* data, std::size_t size, off_t offset);
-  virtual int fsync(int fd);
-  virtual int close(int fd);
-  virtual int rename(const std::string& from, const std::string& to);
-  virtual int unlink(const std::string& path);
-};
-FileSystem& posix_file_system();
+// The system calls of a save, as a seam for fault-injection tests (core/files.h).
+using core::FileSystem;
+using core::posix_file_system;
 
 struct WriteOptions {
   mode_t mode = 0600;

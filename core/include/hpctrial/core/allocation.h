@@ -3,7 +3,7 @@
 // The launcher asks each scheduler's job environment (slurm/, pbs/) whether it runs inside one
 // of its jobs; the answer is an Allocation: the scheduler's name, the job id, the hosts with
 // their slots, how often the job was started before, and when its time runs out. Outside any
-// job, the allocation is this machine ("none"). Plain values.
+// job, the allocation is this machine ("local"). Plain values.
 #pragma once
 
 #include <chrono>
@@ -22,20 +22,17 @@ struct Host {
 };
 
 struct Allocation {
-  std::string scheduler = "none";  // "slurm", "pbs" or "none"
+  std::string scheduler = "local";  // the scheduler's name: "slurm", "pbs"; "local" outside a job
   std::string job_id;              // empty outside a job
   std::vector<Host> hosts;         // empty: this machine only
   int restart_count = 0;           // how many times the scheduler started this job before
   // When the scheduler ends the job (its time limit), if known.
   std::optional<std::chrono::system_clock::time_point> end_time;
 
-  bool in_job() const { return scheduler != "none"; }
+  bool in_job() const { return scheduler != "local"; }
   int total_slots() const;
 };
 
-// Runs a scheduler command (scontrol, squeue, qstat) by argv. Tests hand in a fake.
-using CommandRunner = std::function<RunResult(const std::vector<std::string>& argv)>;
-CommandRunner real_command_runner();
 
 // Host names as schedulers print them: letters, digits, '-', '.', '_'; at most 253 characters.
 bool is_valid_host_name(const std::string& name);

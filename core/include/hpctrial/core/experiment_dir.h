@@ -1,16 +1,76 @@
-// The layout of an experiment directory that more than one part of hpctrial reads: where a
-// trial's checkpoints are. The trainer writes them there and the `hpctrial` verbs look there,
-// through this one function.
+// The experiment directory, owned here once: every part of hpctrial that reads or writes it
+// (the launcher, the `hpctrial` verbs, the schedulers' hand-over, the trainer's checkpoints)
+// goes through these names.
+//
+//   <experiment>/experiment.yaml         the effective config (written by prepare_experiment)
+//   <experiment>/experiment.json         the launcher's record: where the ranks run, the jobs
+//   <experiment>/trial-<id>/             one per trial: metrics, checkpoints/, logs/rank-<N>.log,
+//                                        failures.jsonl, launcher-state.json, launch/ (the
+//                                        contract's stop, heartbeat, abort and verdict files)
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "hpctrial/core/experiment_config.h"
 
 namespace hpctrial::core {
 
+// The files of one experiment directory.
+struct ExperimentLayout {
+  std::string dir;
+
+  std::string config() const { return dir + "/experiment.yaml"; }
+  std::string state() const { return dir + "/experiment.json"; }
+  std::string trial_dir(int trial_id) const { return dir + "/trial-" + std::to_string(trial_id); }
+};
+
+// The launcher's record of a trial's attempts in its directory: {"starts": N, "failures": M}.
+inline std::string launcher_state_file(const std::string& trial_dir) { return trial_dir + "/launcher-state.json"; }
+
+// Where an experiment named `name` goes when no directory is given: runs/<name>, relative to the
+// working directory.
+std::string default_experiment_dir(const std::string& name);
+
+// The experiment directory a batch job's output file lies in (a job writes its output there);
+// empty when the file's directory is no experiment directory.
+std::string experiment_of_output(const std::string& output_file);
+
 // checkpoint_storage.host_path/trial-<id> when the config sets a host_path (a relative one is
 // taken from the config file's directory), else <trial dir>/checkpoints.
 std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id);
+
+// The batch jobs of an experiment, recorded in experiment.json when they are submitted.
+struct RecordedJob {
+  std::string id;
+  std::string scheduler;
+  std::string submitted;  // UTC, ISO 8601
+  int trial = -1;         // the one trial the job runs; -1: the whole experiment
+};
+// The experiment's latest batch job; nullopt when it has none.
+std::optional<RecordedJob> latest_job(const ExperimentLayout& layout);
+// Every job recorded for the experiment, oldest first.
+std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout);
+// Records a newly submitted job as the experiment's latest (`trial`: the one trial it runs, as
+// a job that resumes one trial of a search does). Safe against concurrent recorders.
+void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial = -1);
+
+// How far a trial got, from what its launcher and chief left in the trial directory.
+struct TrialProgress {
+  std::int64_t reported_step = -1;   // the last step rank 0 reported (heartbeat); -1: none
+  int starts = 0;                    // runs of the launcher, over every job
+  int failures = 0;                  // failures that counted against max_restarts
+  std::string last_failure;          // the reason of the newest failure record
+};
+TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
+
+// Records a stop request for a trial (its reason: "pause", say) where the chief and the launcher
+// look for one; the signal that follows only makes them look sooner.
+void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason);
+void request_stop(const std::string& trial_dir, const std::string& reason);
+// The reason in a trial directory's stop request ("pause", "preemption", ...); empty: none.
+std::string stop_reason(const std::string& trial_dir);
 
 }  // namespace hpctrial::core

@@ -1,14 +1,11 @@
-// Publishing a file so that readers see either the old content or the new, never a mix.
-//
-// write_file_atomic() writes `content` to a temporary file beside `path` (same directory, so
-// the rename cannot cross filesystems), fsyncs it, renames it over `path`, and fsyncs the
-// directory so the rename itself survives a crash. The file gets `mode` (default 0600: files
-// hpctrial writes are private unless said otherwise). On failure the temporary file is removed
-// and IoError names the path and the system's reason. Thread-safe for distinct paths.
+// Files hpctrial writes: publishing a file so that readers see either the old content or the
+// new, never a mix (the one way every part of hpctrial does it: small records, the checkpoint
+// pointer, the checkpoints themselves), private directories, whole writes.
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -34,7 +31,31 @@ class UniqueFd {
   int fd_;
 };
 
-void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600);
+// The system calls of a publication, as a seam: tests inject failures and crashes at any call
+// (a full disk at the fsync, a crash between the rename and the directory's fsync).
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  virtual int open(const std::string& path, int flags, mode_t mode);
+  virtual ssize_t pwrite(int fd, const void* data, std::size_t size, off_t offset);
+  virtual int fsync(int fd);
+  virtual int close(int fd);
+  virtual int rename(const std::string& from, const std::string& to);
+  virtual int unlink(const std::string& path);
+};
+FileSystem& posix_file_system();
+
+// The last step of every publication: renames `temp`, complete and fsynced, over `path` (the
+// same directory, so the rename cannot cross filesystems), then fsyncs the directory so that the
+// rename itself survives a crash. IoError naming the paths and the system's reason.
+void publish_file(const std::string& temp, const std::string& path, FileSystem& fs = posix_file_system());
+
+// Writes `content` to a temporary ".<name>.<unique>.tmp" beside `path`, fsyncs it and publishes
+// it (publish_file). The file gets `mode` (default 0600: files hpctrial writes are private unless
+// said otherwise). On failure the temporary is removed and IoError names the path and the
+// system's reason. Thread- and process-safe: concurrent writers of one path each publish whole.
+void write_file_atomic(const std::string& path, std::string_view content, mode_t mode = 0600,
+                       FileSystem& fs = posix_file_system());
 
 // Creates `path` and any missing parent directories, each new one with exactly `mode` (default
 // 0700: private), whatever the umask. Directories that already exist keep their mode. IoError

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hpctrial/core/env.h"
+
 namespace hpctrial::core {
 
 inline constexpr int kExitFinished = 0;
@@ -41,6 +43,28 @@ inline constexpr const char* kEnvHeartbeatDir = "HPCTRIAL_HEARTBEAT_DIR";
 inline constexpr const char* kEnvAbortFile = "HPCTRIAL_ABORT_FILE";
 inline constexpr const char* kEnvVerdictFile = "HPCTRIAL_VERDICT_FILE";
 inline constexpr const char* kEnvFault = "HPCTRIAL_FAULT";
+
+// What the launcher told a rank, read once from the environment by every rank bootstrap (trials
+// and Core API programs alike). Outside the launcher (a plain `mpirun`, a test) the names are
+// unset: empty strings and zero counts, and the rank does without a stop file, heartbeat, abort
+// file or verdict.
+struct RankContract {
+  std::string experiment_dir;  // HPCTRIAL_EXPERIMENT_DIR
+  std::string config;          // HPCTRIAL_CONFIG: the experiment config
+  std::string trial_dir;       // HPCTRIAL_TRIAL_DIR
+  int trial_id = 0;            // HPCTRIAL_TRIAL_ID
+  int restart_count = 0;       // HPCTRIAL_RESTART_COUNT: the attempts of this trial before this one
+  std::string scheduler;       // HPCTRIAL_SCHEDULER: "slurm", "pbs", "local", ...
+  std::string job_id;          // HPCTRIAL_JOB_ID
+  std::string stop_file;       // HPCTRIAL_STOP_FILE
+  std::string heartbeat_dir;   // HPCTRIAL_HEARTBEAT_DIR
+  std::string abort_file;      // HPCTRIAL_ABORT_FILE
+  std::string verdict_file;    // HPCTRIAL_VERDICT_FILE
+  std::string fault;           // HPCTRIAL_FAULT: the tests' fault-injection plan
+};
+// ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT
+// is not a whole number of 0 or more.
+RankContract read_contract(const EnvSource& env);
 
 // Paths inside a trial directory.
 std::string stop_file(const std::string& trial_dir);

@@ -25,8 +25,6 @@ int trial_count(const ExperimentConfig& config);
 // Throws ConfigError when the trial does not exist, or when a random search has no seed.
 ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id);
 
-// The trial a rank belongs to, from the launcher's HPCTRIAL_TRIAL_ID (0 when unset).
-int trial_id_from_env(const std::optional<std::string>& value);
 
 // The points of one range along a grid, as YAML scalars (for messages and tests).
 std::vector<ConfigNode> grid_points(const Hyperparameter& hp);

@@ -47,10 +47,9 @@ std::vector<JobInfo> parse_qstat_text(const std::string& text, const std::string
 
 class Client {
  public:
-  using Runner = std::function<core::RunResult(const std::vector<std::string>& argv, const core::RunOptions& options)>;
   // The default runner runs the real commands with a one-minute timeout.
-  Client();
-  explicit Client(Runner run) : run_(std::move(run)) {}
+  Client() : run_(core::real_command_runner()) {}
+  explicit Client(core::CommandRunner run) : run_(std::move(run)) {}
 
   struct Submit {
     std::string script;
@@ -77,7 +76,7 @@ class Client {
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
   // qstat -f -x with `args`, as JSON where this PBS can, else as text; nullopt: unknown job.
   std::optional<std::vector<JobInfo>> qstat(const std::vector<std::string>& args) const;
-  Runner run_;
+  core::CommandRunner run_;
 };
 
 }  // namespace hpctrial::pbs

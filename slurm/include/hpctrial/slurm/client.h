@@ -42,10 +42,9 @@ JobInfo parse_job_line(const std::string& line);
 
 class Client {
  public:
-  using Runner = std::function<core::RunResult(const std::vector<std::string>& argv, const core::RunOptions& options)>;
   // The default runner runs the real commands with a one-minute timeout.
-  Client();
-  explicit Client(Runner run) : run_(std::move(run)) {}
+  Client() : run_(core::real_command_runner()) {}
+  explicit Client(core::CommandRunner run) : run_(std::move(run)) {}
 
   // sbatch --parsable --export=ALL SCRIPT with `env` added to sbatch's environment (never to its
   // argv); `hold`: submitted held (--hold). Returns the job id.
@@ -69,7 +68,7 @@ class Client {
 
  private:
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
-  Runner run_;
+  core::CommandRunner run_;
 };
 
 }  // namespace hpctrial::slurm

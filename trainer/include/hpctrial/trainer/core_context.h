@@ -12,6 +12,14 @@
 //
 // Construct one CoreContext per process, first thing in main(): it initializes MPI. Collective
 // calls (should_stop) must be made by every rank at the same points. Not thread-safe.
+//
+// Started by `hpctrial run` or a batch job (entrypoint: ./program), a program keeps the launcher's
+// contract as a trial does: its collectives run under the watchdog
+// (optimizations.collective_timeout), `hpctrial pause` reaches should_stop() through the stop
+// file too, each report_*_metrics() call counts as progress for the launcher's hang watch
+// (launcher.hang_timeout: report at least that often), and a rank that fails (abort(), or an
+// exception that leaves the CoreContext's scope) ends the job at once instead of leaving its
+// peers waiting for it.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,16 +33,18 @@
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/trial_context.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::comm {
 class Communicator;
 class MpiEnvironment;
-}  // namespace hpctrial::mpi_launcher
+}  // namespace hpctrial::comm
 
 namespace hpctrial::trainer {
 
 namespace detail {
 class MetricsLog;
-}
+class RankBootstrap;
+class StopFile;
+}  // namespace detail
 
 class CoreContext {
  public:
@@ -47,13 +57,15 @@ class CoreContext {
   CoreContext& operator=(const CoreContext&) = delete;
 
   const DistributedContext& distributed() const { return distributed_; }
-  mpi_launcher::Communicator& communicator() const { return *communicator_; }
+  comm::Communicator& communicator() const;
   // The experiment config, when one was given.
   const core::ExperimentConfig* config() const { return config_ ? &*config_ : nullptr; }
   // Constant hyperparameters and the data: section (empty without a config).
   const nlohmann::json& hparams() const { return hparams_; }
   const nlohmann::json& data_config() const { return data_config_; }
   const std::string& trial_dir() const { return trial_dir_; }
+  // How many times hpctrial's launcher restarted this trial before this run (0 outside it).
+  int restart_count() const;
 
   // Writes one line to <trial dir>/metrics.jsonl. Only the chief's call writes (reduce across
   // ranks first if the values differ); other ranks' calls do nothing.
@@ -70,8 +82,8 @@ class CoreContext {
   [[noreturn]] void abort(int code, const std::string& message) const;
 
  private:
-  std::unique_ptr<mpi_launcher::MpiEnvironment> mpi_;
-  std::unique_ptr<mpi_launcher::Communicator> communicator_;
+  std::unique_ptr<detail::RankBootstrap> rank_;
+  std::unique_ptr<detail::StopFile> stop_file_;
   DistributedContext distributed_;
   std::optional<core::ExperimentConfig> config_;
   nlohmann::json hparams_ = nlohmann::json::object();

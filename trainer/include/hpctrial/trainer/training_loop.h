@@ -18,7 +18,7 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/trainer/trial.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::comm {
 class Communicator;
 }
 
@@ -37,7 +37,7 @@ struct LoopOptions {
   // Set by signal handlers: a stop request the ranks agree on at the next step boundary.
   const std::atomic<bool>* external_stop = nullptr;
   // Reduces gradients that live on a GPU (NCCL); null on the CPU path.
-  mpi_launcher::Communicator* device_communicator = nullptr;
+  comm::Communicator* device_communicator = nullptr;
   // Where checkpoints go; empty: checkpoint_storage.host_path/trial-<id>, else
   // <trial_dir>/checkpoints. A run resumes from the latest good checkpoint there.
   std::string checkpoint_dir;
@@ -69,6 +69,6 @@ struct LoopResult {
 };
 
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
-                        mpi_launcher::Communicator& communicator, const LoopOptions& options);
+                        comm::Communicator& communicator, const LoopOptions& options);
 
 }  // namespace hpctrial::trainer

@@ -34,7 +34,7 @@
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/metrics.h"
 
-namespace hpctrial::mpi_launcher {
+namespace hpctrial::comm {
 class Communicator;
 }
 
@@ -71,8 +71,8 @@ struct TrialSettings {
 class TrialContext {
  public:
   // `communicator` reduces host memory; `device_communicator` (NCCL, may be null) GPU memory.
-  TrialContext(TrialSettings settings, mpi_launcher::Communicator& communicator,
-               mpi_launcher::Communicator* device_communicator = nullptr);
+  TrialContext(TrialSettings settings, comm::Communicator& communicator,
+               comm::Communicator* device_communicator = nullptr);
   ~TrialContext();
   TrialContext(const TrialContext&) = delete;
   TrialContext& operator=(const TrialContext&) = delete;
@@ -179,7 +179,7 @@ class TrialContext {
   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
   const std::vector<WrappedScheduler>& lr_schedulers() const { return schedulers_; }
   const std::vector<WrappedReducer>& reducers() const { return reducers_; }
-  mpi_launcher::Communicator& communicator() const { return communicator_; }
+  comm::Communicator& communicator() const { return communicator_; }
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
   // Makes every rank's parameters and buffers equal to the chief's.
   void broadcast_model_state();
@@ -201,8 +201,8 @@ class TrialContext {
   bool is_sync_batch() const { return (batches_trained_ + 1) % settings_.aggregation_frequency == 0; }
 
   TrialSettings settings_;
-  mpi_launcher::Communicator& communicator_;
-  mpi_launcher::Communicator* device_communicator_;
+  comm::Communicator& communicator_;
+  comm::Communicator* device_communicator_;
   std::unique_ptr<detail::GradientSync> gradient_sync_;
   std::vector<const torch::optim::Optimizer*> checked_optimizers_;
   std::function<void()> before_optimizer_step_;

@@ -1,0 +1,140 @@
+// The collective watchdog: a collective that has not finished on every rank within the
+// timeout ends the job, with a message naming the operation, the step and the ranks that did
+// not arrive - instead of a job that hangs until the scheduler's time limit.
+//
+// Every rank constructs one (collectively), and its communicators report each collective to
+// it: enter() when the rank issues it, leave() when it finishes here. A background thread on
+// each rank sends a small heartbeat to the chief every `interval` (what this rank has entered,
+// its oldest unfinished collective and its age, its step). The chief's thread compares them:
+// when some rank has waited longer than `timeout`, the ranks that have not entered that
+// collective (or have fallen silent) are the culprits; the chief runs the abort hooks (NCCL's
+// ncclCommAbort) and calls MPI_Abort. Should the chief itself be silent, a waiting rank ends
+// the job on its own a little later. Heartbeats travel on a communicator of their own, so the
+// watchdog works while the training thread is blocked inside MPI.
+//
+// Collectives must be entered in the same order on every rank (they are, or MPI would
+// deadlock anyway), so the n-th collective of one rank is the n-th of every other.
+// enter/leave/set_step are thread-safe. finish() is collective: every rank calls it once
+// training has ended well, and the chief takes every rank's goodbye. The destructor never waits
+// for a peer: a rank that fails destroys its watchdog (or aborts) without finish().
+//
+// Before it aborts the job, the watchdog writes its verdict (the ranks it found stuck, and its
+// message; core/launch_contract.h) to Options::verdict_path, for the launcher's failure record.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace hpctrial::comm {
+
+class Watchdog {
+ public:
+  struct Options {
+    std::chrono::milliseconds timeout = std::chrono::minutes(30);
+    // Between heartbeats; zero picks min(timeout / 4, 1 s).
+    std::chrono::milliseconds interval{0};
+    int exit_code = 1;
+    std::string verdict_path;  // empty: none written
+  };
+
+  Watchdog(MPI_Comm world, Options options);
+  ~Watchdog();
+  // The collective end of a good run: the goodbyes, so that no message is left unmatched when
+  // MPI finalizes. Ends the job if a rank does not say goodbye within the timeout.
+  void finish();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Reports a collective issued by this rank; returns its sequence number for leave().
+  // `operation` must be a string literal (it is kept, not copied).
+  std::uint64_t enter(const char* operation);
+  void leave(std::uint64_t id);
+  void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
+  std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
+  // Run (on the watchdog's thread) before the job is aborted, e.g. to abort NCCL communicators.
+  void add_abort_hook(std::function<void()> hook);
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+
+  // enter() on construction, leave() on destruction; a null watchdog makes it a no-op.
+  class Scope {
+   public:
+    Scope(Watchdog* watchdog, const char* operation)
+        : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation) : 0) {}
+    ~Scope() {
+      if (watchdog_) watchdog_->leave(id_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Watchdog* watchdog_;
+    std::uint64_t id_;
+  };
+
+  // What a rank tells the chief (fixed size, sent as bytes).
+  struct Heartbeat {
+    std::uint64_t entered = 0;     // collectives entered so far
+    std::uint64_t pending_id = 0;  // oldest unfinished collective, 0 if none
+    std::int64_t step = -1;        // the step the rank is at
+    std::int64_t pending_step = -1;
+    double pending_age_s = 0;
+    char operation[32] = {};
+  };
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    const char* operation;
+    std::int64_t step;
+    Clock::time_point start;
+  };
+  struct PeerState {
+    Heartbeat last;
+    Clock::time_point heard{};
+    bool heard_ever = false;
+    bool gone = false;  // said goodbye
+  };
+
+  void run();
+  Heartbeat snapshot(Clock::time_point now);
+  void send_heartbeat(const Heartbeat& heartbeat, int tag);
+  void receive_heartbeats(Clock::time_point now);
+  void check_as_chief(Clock::time_point now);
+  void check_alone(const Heartbeat& mine);
+  void stop_thread();
+  void shut_down();
+  [[noreturn]] void abort_job(const std::string& message, const std::vector<int>& culprits);
+
+  Options options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string hostname_;
+  Clock::time_point started_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::uint64_t entered_ = 0;
+  std::map<std::uint64_t, Pending> pending_;
+  std::vector<std::function<void()>> abort_hooks_;
+  std::atomic<std::int64_t> step_{-1};
+
+  // Owned by the watchdog thread.
+  std::vector<PeerState> peers_;  // chief only
+  MPI_Request send_request_ = MPI_REQUEST_NULL;
+  Heartbeat send_buffer_;
+  std::thread thread_;
+};
+
+}  // namespace hpctrial::comm

@@ -1,0 +1,392 @@
+#include "hpctrial/comm/communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+
+#include "float16.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/comm/mpi_check.h"
+#include "hpctrial/comm/watchdog.h"
+
+namespace hpctrial::comm {
+namespace {
+
+// Messages are split into pieces of at most this many bytes: MPI counts are ints, and
+// shared-memory all-reduce is fastest around tens of MiB per message.
+constexpr std::size_t kMaxPieceBytes = std::size_t{16} << 20;
+
+// 16-bit floats are reduced by user-defined operations on MPI_UINT16_T: widen, combine, round.
+template <float (*Widen)(std::uint16_t), std::uint16_t (*Narrow)(float), ReduceOp Op>
+void reduce16(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    const float x = Widen(a[i]), y = Widen(b[i]);
+    float r;
+    if constexpr (Op == ReduceOp::kMax) {
+      r = std::max(x, y);
+    } else if constexpr (Op == ReduceOp::kMin) {
+      r = std::min(x, y);
+    } else {
+      r = x + y;
+    }
+    b[i] = Narrow(r);
+  }
+}
+
+struct Ops16 {
+  MPI_Op half[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
+  MPI_Op bfloat[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+Ops16& ops16() {
+  static Ops16 ops;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using namespace detail;
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kSum>, 1, &ops.half[0]));
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kMax>, 1, &ops.half[1]));
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kMin>, 1, &ops.half[2]));
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kSum>, 1, &ops.bfloat[0]));
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kMax>, 1, &ops.bfloat[1]));
+    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kMin>, 1, &ops.bfloat[2]));
+  });
+  return ops;
+}
+
+MPI_Datatype to_mpi(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kFloat16:
+    case DType::kBFloat16: return MPI_UINT16_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kInt16: return MPI_INT16_T;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kUInt8:
+    case DType::kBool: return MPI_UINT8_T;  // max and min are or and and
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op to_mpi(DType dtype, ReduceOp op) {
+  const int index = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
+  if (dtype == DType::kFloat16) return ops16().half[index];
+  if (dtype == DType::kBFloat16) return ops16().bfloat[index];
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
+}
+
+void check_reduction(DType dtype, ReduceOp op) {
+  if (op == ReduceOp::kAvg && !is_floating(dtype)) {
+    throw CommError(std::string("allreduce: an average of ") + to_string(dtype) +
+                    " values is not defined; reduce with sum and divide, or use a floating-point type");
+  }
+}
+
+void check_root(int root, int size, const char* operation) {
+  if (root < 0 || root >= size) {
+    throw CommError(std::string(operation) + ": root rank " + std::to_string(root) + " is not in 0.." +
+                    std::to_string(size - 1));
+  }
+}
+
+// Divides `count` values by `divisor` in place (the second half of an average).
+void divide(void* data, std::size_t count, DType dtype, int divisor) {
+  const float f = 1.0f / static_cast<float>(divisor);
+  switch (dtype) {
+    case DType::kFloat32:
+      for (float *p = static_cast<float*>(data), *end = p + count; p != end; ++p) *p *= f;
+      break;
+    case DType::kFloat64:
+      for (double *p = static_cast<double*>(data), *end = p + count; p != end; ++p) *p /= divisor;
+      break;
+    case DType::kFloat16:
+      for (auto *p = static_cast<std::uint16_t*>(data), *end = p + count; p != end; ++p) {
+        *p = detail::float_to_half(detail::half_to_float(*p) * f);
+      }
+      break;
+    case DType::kBFloat16:
+      for (auto *p = static_cast<std::uint16_t*>(data), *end = p + count; p != end; ++p) {
+        *p = detail::float_to_bfloat16(detail::bfloat16_to_float(*p) * f);
+      }
+      break;
+    default:
+      throw InternalError("divide: not a floating-point type");
+  }
+}
+
+void allreduce_on(MPI_Comm comm, int size, void* data, std::size_t count, DType dtype, ReduceOp op) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t piece = std::max<std::size_t>(1, kMaxPieceBytes / element);
+  auto* bytes = static_cast<char*>(data);
+  const MPI_Op mpi_op = to_mpi(dtype, op);
+  for (std::size_t done = 0; done < count; done += piece) {
+    const auto n = static_cast<int>(std::min(piece, count - done));
+    HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes + done * element, n, to_mpi(dtype), mpi_op, comm));
+  }
+  if (op == ReduceOp::kAvg) divide(data, count, dtype, size);
+}
+
+void broadcast_on(MPI_Comm comm, void* data, std::size_t bytes, int root) {
+  auto* p = static_cast<char*>(data);
+  for (std::size_t done = 0; done < bytes; done += kMaxPieceBytes) {
+    const auto n = static_cast<int>(std::min(kMaxPieceBytes, bytes - done));
+    HPCTRIAL_MPI_CHECK(MPI_Bcast(p + done, n, MPI_BYTE, root, comm));
+  }
+}
+
+class CompletedWork final : public Work {
+ public:
+  bool wait(std::chrono::milliseconds) override { return true; }
+};
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+void Work::wait() {
+  while (!wait(std::chrono::hours(1))) {
+  }
+}
+
+WorkHandle completed_work() {
+  static const WorkHandle done = std::make_shared<CompletedWork>();
+  return done;
+}
+
+bool Communicator::any(bool local) {
+  std::int64_t flag = local ? 1 : 0;
+  allreduce(&flag, 1, DType::kInt64, ReduceOp::kMax);
+  return flag != 0;
+}
+
+// --- LocalCommunicator --------------------------------------------------------------------------
+
+WorkHandle LocalCommunicator::allreduce_async(void*, std::size_t, DType dtype, ReduceOp op) {
+  check_reduction(dtype, op);
+  return completed_work();
+}
+
+WorkHandle LocalCommunicator::broadcast_async(void*, std::size_t, int root) {
+  check_root(root, 1, "broadcast");
+  return completed_work();
+}
+
+void LocalCommunicator::broadcast(std::string&, int root) { check_root(root, 1, "broadcast"); }
+
+std::vector<std::string> LocalCommunicator::gather(const std::string& bytes, int root) {
+  check_root(root, 1, "gather");
+  return {bytes};
+}
+
+// --- MpiCommunicator ----------------------------------------------------------------------------
+
+// An async collective: queued by the caller, run by the worker thread.
+class MpiCommunicator::Task final : public Work {
+ public:
+  Task(Watchdog* watchdog, const char* operation, std::function<void(MPI_Comm)> run)
+      : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation) : 0), run_(std::move(run)) {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!finished_.wait_for(lock, timeout, [&] { return done_; })) return false;
+    if (!error_.empty()) throw CommError(error_);
+    return true;
+  }
+
+  // Runs it, or fails it with `earlier_error` without running. Returns the error, if any.
+  std::string execute(MPI_Comm comm, const std::string& earlier_error) {
+    std::string error = earlier_error;
+    if (error.empty()) {
+      try {
+        run_(comm);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    } else {
+      error = "not run: an earlier collective on this communicator failed: " + error;
+    }
+    if (watchdog_) watchdog_->leave(id_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = error;
+      done_ = true;
+    }
+    finished_.notify_all();
+    return error;
+  }
+
+ private:
+  Watchdog* watchdog_;
+  std::uint64_t id_;
+  std::function<void(MPI_Comm)> run_;
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  bool done_ = false;
+  std::string error_;
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog) : watchdog_(watchdog) {
+  HPCTRIAL_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_dup(comm, &async_comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(async_comm_, MPI_ERRORS_RETURN));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  ops16();  // created while every rank is here
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  for (MPI_Comm* c : {&comm_, &async_comm_}) {
+    if (*c != MPI_COMM_NULL && MPI_Comm_free(c) != MPI_SUCCESS) {
+      core::log_warning("MPI_Comm_free of a communicator failed");
+    }
+  }
+}
+
+WorkHandle MpiCommunicator::enqueue(const char* operation, std::function<void(MPI_Comm)> run) {
+  auto task = std::make_shared<Task>(watchdog_, operation, std::move(run));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    queue_.push_back(task);
+  }
+  wake_.notify_one();
+  return task;
+}
+
+void MpiCommunicator::worker_loop() {
+  std::string failed;  // once one collective fails, the rest cannot match across ranks
+  while (true) {
+    std::shared_ptr<Task> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const std::string error = task->execute(async_comm_, failed);
+    if (failed.empty()) failed = error;
+  }
+}
+
+WorkHandle MpiCommunicator::allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  check_reduction(dtype, op);
+  if (size_ == 1 || count == 0) return completed_work();
+  const int size = size_;
+  return enqueue("allreduce", [=](MPI_Comm comm) { allreduce_on(comm, size, data, count, dtype, op); });
+}
+
+WorkHandle MpiCommunicator::broadcast_async(void* data, std::size_t bytes, int root) {
+  check_root(root, size_, "broadcast");
+  if (size_ == 1 || bytes == 0) return completed_work();
+  return enqueue("broadcast", [=](MPI_Comm comm) { broadcast_on(comm, data, bytes, root); });
+}
+
+void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  check_reduction(dtype, op);
+  if (size_ == 1 || count == 0) return;
+  Watchdog::Scope watch(watchdog_, "allreduce");
+  allreduce_on(comm_, size_, data, count, dtype, op);
+}
+
+void MpiCommunicator::broadcast(std::string& bytes, int root) {
+  check_root(root, size_, "broadcast");
+  if (size_ == 1) return;
+  Watchdog::Scope watch(watchdog_, "broadcast");
+  std::uint64_t length = bytes.size();
+  HPCTRIAL_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_));
+  bytes.resize(length);
+  broadcast_on(comm_, bytes.data(), length, root);
+}
+
+std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
+  if (bytes.size() > INT_MAX) throw CommError("allgather of " + std::to_string(bytes.size()) + " bytes: too large");
+  Watchdog::Scope watch(watchdog_, "allgather");
+  const int mine = static_cast<int>(bytes.size());
+  std::vector<int> sizes(static_cast<std::size_t>(size_));
+  HPCTRIAL_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_));
+  std::vector<int> offsets(sizes.size());
+  long long total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    offsets[i] = static_cast<int>(total);
+    total += sizes[i];
+    if (total > INT_MAX) throw CommError("allgather of " + std::to_string(total) + " bytes: too large");
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  HPCTRIAL_MPI_CHECK(MPI_Allgatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
+                                    offsets.data(), MPI_BYTE, comm_));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(sizes[i])));
+  }
+  return out;
+}
+
+std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int root) {
+  check_root(root, size_, "gather");
+  if (bytes.size() > INT_MAX) throw CommError("gather of " + std::to_string(bytes.size()) + " bytes: too large");
+  Watchdog::Scope watch(watchdog_, "gather");
+  // Every rank learns the total first, so that all of them refuse a gather too large together.
+  std::int64_t total = static_cast<std::int64_t>(bytes.size());
+  HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, comm_));
+  if (total > INT_MAX) throw CommError("gather of " + std::to_string(total) + " bytes: too large");
+  const int mine = static_cast<int>(bytes.size());
+  const bool at_root = rank_ == root;
+  std::vector<int> sizes(at_root ? static_cast<std::size_t>(size_) : 0);
+  HPCTRIAL_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_));
+  std::vector<int> offsets(sizes.size());
+  int offset = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    offsets[i] = offset;
+    offset += sizes[i];
+  }
+  std::string all(static_cast<std::size_t>(offset), '\0');
+  HPCTRIAL_MPI_CHECK(MPI_Gatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(), offsets.data(),
+                                 MPI_BYTE, root, comm_));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(sizes[i])));
+  }
+  return out;
+}
+
+void MpiCommunicator::barrier() {
+  Watchdog::Scope watch(watchdog_, "barrier");
+  HPCTRIAL_MPI_CHECK(MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::set_step(std::int64_t step) {
+  if (watchdog_) watchdog_->set_step(step);
+}
+
+}  // namespace hpctrial::comm

@@ -1,0 +1,138 @@
+// A batch scheduler, as the host side of hpctrial sees it — the way c10d has `Backend` and gloo
+// has `transport::Device`: one interface, an implementation per scheduler folder (slurm/, pbs/,
+// and `local` for `hpctrial run`), one explicit registry (launcher/schedulers.h). Nothing outside
+// the implementations and the registry knows a scheduler by its name.
+//
+// What a scheduler does for hpctrial:
+// - tell whether this process runs inside one of its jobs, and what it was given (detect);
+// - render an experiment's batch script and submit it (the values that refer to the submitting
+//   environment passed by name, never written);
+// - hand a stopped job over: requeue it (Slurm) or submit the job that resumes its trial (PBS);
+// - pause, activate and cancel an experiment's jobs, list a user's jobs and an experiment's, in
+//   one neutral state, and name each job's output file.
+// Every method that runs the scheduler's commands throws SchedulerError naming the command and
+// what the scheduler said.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/allocation.h"
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/experiment_dir.h"
+
+namespace hpctrial::core {
+
+// A job's state in the terms every scheduler maps to.
+enum class JobState { kQueued, kHeld, kRunning, kEnding, kSuspended, kEnded };
+const char* to_string(JobState state);  // "queued", "held", ...
+
+// What a scheduler says of one job, or of one task of a job array.
+struct JobStatus {
+  std::string id;            // as users name it: "1234", "1234_3", "1234[3].srv"
+  std::string name;
+  JobState state = JobState::kEnded;
+  std::string native_state;  // the scheduler's own word: "RUNNING", "R"
+  int trial = -1;            // the trial it runs; -1: unknown, or a set of tasks not started yet
+  std::string tasks;         // that set, as the scheduler writes it ("2-5"); else empty
+  int restarts = 0;          // how often it was started before
+  std::string elapsed;       // "00:01:23"; empty where the scheduler does not say
+  std::string exit;          // how it ended, in the scheduler's words ("0:0", "3"); empty: not yet
+  std::string output;        // its output file, absolute; empty when not known
+  bool live() const { return state != JobState::kEnded; }
+  bool held() const { return state == JobState::kHeld; }
+};
+
+struct ScriptOptions {
+  std::string experiment_dir;  // absolute
+  std::string hpctrial;        // the hpctrial program the job runs (absolute)
+  int trial = -1;              // -1: the whole experiment; N: trial N alone (a job that resumes it)
+};
+
+struct SubmitRequest {
+  std::string script;  // the script's path
+  // Variables the job gets from the submitting environment, by name: never in an argv or script.
+  std::vector<std::pair<std::string, std::string>> env;
+  bool hold = false;   // submitted held: it waits for activate
+  std::string after;   // starts only once this job has ended, however it ended
+};
+
+// What pausing did to one job of an experiment.
+struct PauseStep {
+  enum class Kind {
+    kStopping,     // running: asked to checkpoint and stop, then held in the queue
+    kHeld,         // queued: now held
+    kAlreadyHeld,  // was held already
+  };
+  Kind kind = Kind::kHeld;
+  std::string job;
+  int trial = -1;  // kStopping: the trial that checkpoints
+};
+
+// The jobs of an experiment a verb acts on: every live job recorded for the experiment
+// directory, or the one job a user named (and, found from its output file, its directory).
+struct JobTarget {
+  std::string experiment_dir;  // empty when it cannot be found
+  std::string job;             // the job the user named; empty: the experiment's jobs
+};
+
+// A job whose ranks all stopped after a durable checkpoint, handed back to its scheduler.
+struct HandOver {
+  Allocation allocation;       // the job's
+  ExperimentConfig config;     // the trial's
+  std::string experiment_dir;
+  int trial = 0;
+  bool hold = false;           // paused by the user: held until activate
+  const EnvSource* env = nullptr;
+  CommandRunner run;
+};
+
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+
+  // Its name in configs (scheduler.type) and job records: "slurm".
+  virtual std::string name() const = 0;
+  // Whether its commands are on this machine.
+  virtual bool available() const = 0;
+  // The job this process runs in, when it is one of this scheduler's; nullopt otherwise.
+  virtual std::optional<Allocation> detect(const EnvSource& env, const CommandRunner& run) const = 0;
+  // Whether `text` has the form of one of its job ids.
+  virtual bool is_job_id(const std::string& text) const = 0;
+
+  // The batch script of an experiment; ConfigError naming the key of a value it cannot write.
+  virtual std::string render_script(const ExperimentConfig& config, const ScriptOptions& options) const = 0;
+  // The script's file name in the experiment directory ("job.sbatch").
+  virtual std::string script_name() const = 0;
+  // Submits a rendered script; returns the job id.
+  virtual std::string submit(const SubmitRequest& request) const = 0;
+  // The experiment's jobs this scheduler still counts as live (queued, held, running).
+  virtual std::vector<JobStatus> live_jobs(const ExperimentLayout& layout) const = 0;
+  // How the tasks of a search run, for the user ("a job array of 4 trials (task N runs trial N,
+  // at most 2 at a time)").
+  virtual std::string describe_search(int trials, int concurrent) const = 0;
+
+  // One job as the scheduler knows it; nullopt once it has forgotten the job.
+  virtual std::optional<JobStatus> job(const std::string& id) const = 0;
+  // This user's jobs the scheduler still knows, one per task of an array.
+  virtual std::vector<JobStatus> user_jobs() const = 0;
+  // The jobs that ran or run `trial` of the experiment, oldest first (a resumed trial may have
+  // had several), as the scheduler knows them now; a forgotten job has state kEnded and only its
+  // id and output file.
+  virtual std::vector<JobStatus> trial_jobs(const ExperimentLayout& layout, int trial, int trials) const = 0;
+
+  virtual std::vector<PauseStep> pause(const JobTarget& target) const = 0;
+  // Releases held jobs; returns their ids.
+  virtual std::vector<std::string> activate(const JobTarget& target) const = 0;
+  // Cancels live jobs; returns their ids.
+  virtual std::vector<std::string> cancel(const JobTarget& target) const = 0;
+
+  // Every rank stopped after a durable checkpoint: the trial goes back to the queue to resume.
+  // Never throws: a failure is logged with what the user can do (the checkpoint is durable).
+  virtual void hand_over(const HandOver& stopped) const = 0;
+};
+
+}  // namespace hpctrial::core

@@ -1,0 +1,315 @@
+// The readers of the experiment schema's sections: searcher, resources, optimizations,
+// checkpoint_storage, launcher and scheduler, and the checks across sections.
+#include "config_schema.h"
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <regex>
+#include <tuple>
+
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/paths.h"
+
+namespace hpctrial::core::detail {
+
+void read_searcher(MapReader& r, Searcher& s) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* n = r.require("name", "name: single")) {
+    if (auto v = read_choice(*n, r.path("name"), d, "searcher", kSearcherNames)) s.name = *v;
+  }
+  if (const ConfigNode* n = r.require("metric", "metric: validation_loss")) {
+    if (auto v = read_string(*n, r.path("metric"), d)) s.metric = *v;
+  }
+  if (const ConfigNode* n = r.get("smaller_is_better")) {
+    if (auto v = read_bool(*n, r.path("smaller_is_better"), d)) s.smaller_is_better = *v;
+  }
+  if (const ConfigNode* n = r.require("max_length", "max_length: {batches: 1000}")) {
+    if (auto v = read_length(*n, r.path("max_length"), d,
+                             {LengthUnit::kBatches, LengthUnit::kEpochs, LengthUnit::kRecords})) {
+      s.max_length = *v;
+    }
+  }
+  const ConfigNode* trials = r.get("max_trials");
+  if (trials != nullptr) {
+    if (auto v = read_int(*trials, r.path("max_trials"), d, 1, kMaxTrials)) {
+      s.max_trials = *v;
+      if (s.name == Searcher::Name::kSingle && *v != 1) {
+        report(*trials, r.path("max_trials"), d,
+               "the single searcher runs exactly one trial; remove max_trials or use the random "
+               "searcher");
+      } else if (s.name == Searcher::Name::kGrid) {
+        report(*trials, r.path("max_trials"), d,
+               "the grid searcher runs one trial per grid point; remove max_trials and set "
+               "`count` on each hyperparameter range instead");
+      }
+    }
+  } else if (s.name == Searcher::Name::kRandom && r.present()) {
+    r.diagnostics().error(r.where(), r.path("max_trials"),
+                          "required key is missing for the random searcher; add it, e.g. "
+                          "`max_trials: 16`");
+  }
+  if (const ConfigNode* n = r.get("max_concurrent_trials")) {
+    if (auto v = read_int(*n, r.path("max_concurrent_trials"), d, 1, kMaxTrials)) s.max_concurrent_trials = *v;
+  }
+  r.finish();
+}
+
+void read_resources(MapReader& r, Resources& res) {
+  Diagnostics& d = r.diagnostics();
+  const ConfigNode* per_node = nullptr;
+  if (const ConfigNode* n = r.get("slots_per_trial")) {
+    if (auto v = read_int(*n, r.path("slots_per_trial"), d, 1, kMaxSlots)) res.slots_per_trial = static_cast<int>(*v);
+  }
+  bool per_node_ok = true;
+  if ((per_node = r.get("slots_per_node"))) {
+    auto v = read_int(*per_node, r.path("slots_per_node"), d, 1, kMaxSlots);
+    per_node_ok = v.has_value();
+    if (v) res.slots_per_node = static_cast<int>(*v);
+  }
+  if (per_node == nullptr) res.slots_per_node = res.slots_per_trial;
+  if (const ConfigNode* n = r.get("cpus_per_slot")) {
+    if (auto v = read_int(*n, r.path("cpus_per_slot"), d, 1, kMaxCpusPerSlot)) res.cpus_per_slot = static_cast<int>(*v);
+  }
+  if (const ConfigNode* n = r.get("gpus_per_slot")) {
+    if (auto v = read_int(*n, r.path("gpus_per_slot"), d, 0, kMaxGpusPerSlot)) res.gpus_per_slot = static_cast<int>(*v);
+  }
+  if (const ConfigNode* n = r.get("memory_per_node")) {
+    if (auto text = read_string(*n, r.path("memory_per_node"), d)) {
+      std::string reason;
+      if (auto bytes = parse_memory(*text, &reason)) {
+        if (*bytes < (1u << 20)) {
+          report(*n, r.path("memory_per_node"), d, "must be at least 1M, got " + describe(*n));
+        } else {
+          res.memory_per_node_bytes = bytes;
+        }
+      } else {
+        report(*n, r.path("memory_per_node"), d, describe(*n) + " " + reason);
+      }
+    }
+  }
+  if (per_node != nullptr && per_node_ok) {
+    if (res.slots_per_node > res.slots_per_trial) {
+      report(*per_node, r.path("slots_per_node"), d,
+             "is " + std::to_string(res.slots_per_node) + ", more than slots_per_trial (" +
+                 std::to_string(res.slots_per_trial) + "); a trial uses at most slots_per_trial "
+                 "slots, so lower slots_per_node");
+    } else if (res.slots_per_trial % res.slots_per_node != 0) {
+      const int lower = res.slots_per_trial / res.slots_per_node * res.slots_per_node;
+      const int upper = lower + res.slots_per_node;
+      report(*per_node, r.path("slots_per_node"), d,
+             "slots_per_trial (" + std::to_string(res.slots_per_trial) +
+                 ") must be a multiple of slots_per_node (" + std::to_string(res.slots_per_node) +
+                 ") so every node runs the same number of ranks; use slots_per_trial " +
+                 (lower > 0 ? std::to_string(lower) + " or " : "") + std::to_string(upper));
+    }
+  }
+  r.finish();
+}
+
+void read_optimizations(MapReader& r, Optimizations& o) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* n = r.get("aggregation_frequency")) {
+    if (auto v = read_int(*n, r.path("aggregation_frequency"), d, 1, kMaxAggregation)) o.aggregation_frequency = *v;
+  }
+  if (const ConfigNode* n = r.get("average_training_metrics")) {
+    if (auto v = read_bool(*n, r.path("average_training_metrics"), d)) o.average_training_metrics = *v;
+  }
+  if (const ConfigNode* n = r.get("bucket_cap_mb")) {
+    if (auto v = read_double(*n, r.path("bucket_cap_mb"), d, 0, kMaxBucketCapMb, true)) o.bucket_cap_mb = *v;
+  }
+  if (const ConfigNode* n = r.get("gradient_compression")) {
+    // Determined's boolean form is kept: true is fp16.
+    if (n->is_scalar() && !n->quoted() && (n->text() == "true" || n->text() == "false")) {
+      o.gradient_compression = n->text() == "true" ? GradientCompression::kFloat16 : GradientCompression::kNone;
+    } else if (auto v = read_choice(*n, r.path("gradient_compression"), d, "gradient compression",
+                                    kCompressions)) {
+      o.gradient_compression = *v;
+    }
+  }
+  if (const ConfigNode* n = r.get("collective_timeout")) {
+    if (auto v = read_duration(*n, r.path("collective_timeout"), d, 1, kMaxCollectiveTimeout)) {
+      o.collective_timeout_seconds = *v;
+    }
+  }
+  r.finish();
+}
+
+void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* n = r.get("type")) {
+    read_choice(*n, r.path("type"), d, "storage type", kStorageTypes);
+  }
+  if (const ConfigNode* n = r.get("host_path")) {
+    if (auto v = read_string(*n, r.path("host_path"), d)) {
+      // Relative to the file that says it (a template's directory for a template's path);
+      // relative to the working directory for --set.
+      const SourceLocation& where = n->where();
+      std::filesystem::path base = std::filesystem::current_path();
+      if (where.line > 0 && std::filesystem::path(where.file).has_parent_path()) {
+        base = std::filesystem::path(where.file).parent_path();
+      }
+      try {
+        c.host_path = resolve_user_path(*v, base, r.path("host_path")).string();
+      } catch (const ConfigError& e) {
+        // The message already starts with the key path; keep only the reason.
+        const std::string message = e.what();
+        report(*n, r.path("host_path"), d, message.substr(r.path("host_path").size() + 2));
+      }
+    }
+  }
+  const ConfigNode* latest = r.get("save_trial_latest");
+  if (latest != nullptr) {
+    if (auto v = read_int(*latest, r.path("save_trial_latest"), d, 0, 100000)) {
+      if (*v == 0) {
+        report(*latest, r.path("save_trial_latest"), d,
+               "must be at least 1: a paused, preempted or requeued trial resumes from its "
+               "latest checkpoint");
+      } else {
+        c.save_trial_latest = static_cast<int>(*v);
+      }
+    }
+  }
+  if (const ConfigNode* n = r.get("save_trial_best")) {
+    if (auto v = read_int(*n, r.path("save_trial_best"), d, 0, 100000)) c.save_trial_best = static_cast<int>(*v);
+  }
+  if (const ConfigNode* n = r.get("async")) {
+    if (auto v = read_bool(*n, r.path("async"), d)) c.async = *v;
+  }
+  if (const ConfigNode* n = r.get("group_readable")) {
+    if (auto v = read_bool(*n, r.path("group_readable"), d)) c.group_readable = *v;
+  }
+  r.finish();
+}
+
+void read_launcher(MapReader& r, LauncherConfig& l) {
+  Diagnostics& d = r.diagnostics();
+  for (auto [key, target] : {std::pair{"prefix", &l.prefix}, std::pair{"mpirun_args", &l.mpirun_args}}) {
+    const ConfigNode* n = r.get(key);
+    if (n == nullptr) continue;
+    if (auto list = read_string_list(*n, r.path(key), d)) {
+      for (std::size_t i = 0; i < list->size(); ++i) {
+        if ((*list)[i].empty() || (*list)[i].find_first_of(std::string("\0\n", 2)) != std::string::npos) {
+          report(n->items()[i], r.path(key) + "[" + std::to_string(i) + "]", d,
+                 "must be a non-empty argument without newlines, got " + describe(n->items()[i]));
+        } else {
+          target->push_back((*list)[i]);
+        }
+      }
+    }
+  }
+  if (const ConfigNode* n = r.get("hang_timeout")) {
+    if (auto v = read_duration(*n, r.path("hang_timeout"), d, 1, kMaxCollectiveTimeout)) l.hang_timeout_seconds = *v;
+  }
+  r.finish();
+}
+
+void read_scheduler(MapReader& r, SchedulerConfig& s) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* n = r.get("type")) {
+    if (auto v = read_choice(*n, r.path("type"), d, "scheduler", kSchedulerTypes)) s.type = *v;
+  }
+  const ConfigNode* partition = r.get("partition");
+  const ConfigNode* queue = r.get("queue");
+  const ConfigNode* qos = r.get("qos");
+  if (partition != nullptr) {
+    if (auto v = read_scheduler_name(*partition, r.path("partition"), d, false)) s.partition = *v;
+  }
+  if (queue != nullptr) {
+    if (auto v = read_scheduler_name(*queue, r.path("queue"), d, true)) s.queue = *v;
+  }
+  if (const ConfigNode* n = r.get("account")) {
+    if (auto v = read_scheduler_name(*n, r.path("account"), d, false)) s.account = *v;
+  }
+  if (qos != nullptr) {
+    if (auto v = read_scheduler_name(*qos, r.path("qos"), d, false)) s.qos = *v;
+  }
+  if (s.type == SchedulerConfig::Type::kPbs && partition != nullptr) {
+    report(*partition, r.path("partition"), d, "is a Slurm option; PBS calls it scheduler.queue");
+  }
+  if (s.type == SchedulerConfig::Type::kPbs && qos != nullptr) {
+    report(*qos, r.path("qos"), d, "is a Slurm option that PBS does not have; remove it");
+  }
+  if (s.type == SchedulerConfig::Type::kSlurm && queue != nullptr) {
+    report(*queue, r.path("queue"), d, "is a PBS option; Slurm calls it scheduler.partition");
+  }
+  const ConfigNode* limit = r.get("time_limit");
+  if (limit != nullptr) {
+    s.time_limit_seconds = read_duration(*limit, r.path("time_limit"), d, 60, kMaxTimeLimit);
+  }
+  const ConfigNode* grace = r.get("preemption_grace");
+  if (grace != nullptr) {
+    if (auto v = read_duration(*grace, r.path("preemption_grace"), d, 10, kMaxGrace)) {
+      s.preemption_grace_seconds = *v;
+    }
+  }
+  if (s.time_limit_seconds && s.preemption_grace_seconds >= *s.time_limit_seconds) {
+    const ConfigNode& at = grace != nullptr ? *grace : *limit;
+    report(at, r.path(grace != nullptr ? "preemption_grace" : "time_limit"), d,
+           "preemption_grace (" + format_duration(s.preemption_grace_seconds) +
+               ") must be shorter than time_limit (" + format_duration(*s.time_limit_seconds) +
+               "), or the trial is asked to stop before it starts");
+  }
+  if (const ConfigNode* n = r.get("modules")) {
+    if (auto list = read_string_list(*n, r.path("modules"), d)) {
+      for (std::size_t i = 0; i < list->size(); ++i) {
+        if (!full_match((*list)[i], "[A-Za-z0-9._+/-]+")) {
+          report(n->items()[i], r.path("modules") + "[" + std::to_string(i) + "]", d,
+                 "is not a module name (letters, digits and . _ + / -), got " +
+                     describe(n->items()[i]));
+        } else {
+          s.modules.push_back((*list)[i]);
+        }
+      }
+    }
+  }
+  s.environment = read_environment(r.get("environment"), r.path("environment"), d);
+  if (const ConfigNode* n = r.get("extra_directives")) {
+    if (auto list = read_string_list(*n, r.path("extra_directives"), d)) {
+      for (std::size_t i = 0; i < list->size(); ++i) {
+        if ((*list)[i].front() != '-') {
+          report(n->items()[i], r.path("extra_directives") + "[" + std::to_string(i) + "]", d,
+                 "must be an option such as --exclusive or -l place=scatter (without the "
+                 "#SBATCH / #PBS prefix), got " + describe(n->items()[i]));
+        } else {
+          s.extra_directives.push_back((*list)[i]);
+        }
+      }
+    }
+  }
+  r.finish();
+}
+
+// Cross-section checks that need several sections at once.
+void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
+  const ConfigNode* hps = root.find("hyperparameters");
+  if (hps == nullptr) return;
+  for (const auto& [name, hp] : config.hyperparameters) {
+    const ConfigNode* node = hps->find(name);
+    const std::string path = "hyperparameters." + name;
+    if (config.searcher.name == Searcher::Name::kGrid && hp.count == 0 &&
+        (hp.type == Hyperparameter::Type::kInt || hp.type == Hyperparameter::Type::kDouble ||
+         hp.type == Hyperparameter::Type::kLog)) {
+      report(*node, path, d,
+             "the grid searcher needs `count` on every int, double and log range (how many grid "
+             "points); add e.g. count: 4");
+    }
+    if (name == "global_batch_size" && hp.type == Hyperparameter::Type::kConst) {
+      const std::string& text = hp.value.text();
+      const auto value = hp.value.is_scalar() && !hp.value.quoted() ? detail::parse_int(text)
+                                                                     : std::nullopt;
+      // Not a multiple of the slots: each slot trains global // slots records a batch, and the
+      // trial says so once when it starts (as Determined does).
+      if (!value || *value < config.resources.slots_per_trial) {
+        report(hp.value, path, d,
+               "must be an integer of at least resources.slots_per_trial (" +
+                   std::to_string(config.resources.slots_per_trial) + "), got " + describe(hp.value));
+      }
+    }
+  }
+}
+
+}  // namespace hpctrial::core::detail

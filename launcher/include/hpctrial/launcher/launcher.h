@@ -1,0 +1,95 @@
+// Host side of the launcher: `hpctrial run` on a workstation, `hpctrial launch` inside a batch
+// job. It finds out where it runs (Slurm, PBS or neither), starts the ranks with one mpirun,
+// tags and files their output per rank, turns signals and the job's deadline into stop
+// requests, watches for hangs, and applies the exit protocol:
+//   all ranks 0   -> the trial is done: exit 0;
+//   all ranks 75  -> stopped after a durable checkpoint: exit 75 (resume by running again, or
+//                    let the scheduler requeue);
+//   anything else -> every rank is made sure gone, a failure record is appended to
+//                    <trial dir>/failures.jsonl, and the trial restarts from its latest
+//                    checkpoint, up to max_restarts failures; then exit non-zero.
+//
+// The experiment directory holds experiment.yaml (the effective config), experiment.json (what
+// the launcher needs besides: where the ranks run) and one trial-<id>/ per trial with the
+// trial's metrics, checkpoints, logs/rank-<N>.log, failures.jsonl and launcher-state.json.
+//
+// No LibTorch here; the CLI uses it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpctrial/core/allocation.h"
+#include "hpctrial/core/env.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/launch_contract.h"
+
+namespace hpctrial::launcher {
+
+using core::kExitAborted;
+using core::kExitFailed;
+using core::kExitFinished;
+using core::kExitStopped;
+
+using core::ExperimentLayout;
+
+// Makes `dir` (0700) and writes the effective config into it. The entrypoint's program or
+// library is made absolute against the config file's directory, and that directory is recorded
+// as where the ranks run, so that the experiment directory is all a batch job needs. A seed left
+// unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running again
+// resumes with the same data order), else chosen now. Returns the config as written.
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir);
+// What prepare_experiment() would write, without writing anything.
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir);
+// Where the ranks of an experiment made from `config` run: its config file's directory.
+std::string experiment_workdir(const core::ExperimentConfig& config);
+
+struct LaunchOptions {
+  std::string experiment_dir;
+  int trial_id = 0;
+  int np = 0;                  // 0: resources.slots_per_trial
+  bool oversubscribe = false;  // more ranks than cores, on a workstation
+  bool dry_run = false;        // print the mpirun command and the hostfile; start nothing
+  bool reset_failures = false; // a user's explicit run: failures of earlier runs are forgiven
+  std::string mpirun;          // empty: $HPCTRIAL_MPIRUN, else "mpirun" on PATH
+  std::string worker;          // hpctrial-worker, for library entrypoints
+  // The command that mpirun starts in place of each rank, which then starts the rank and is its
+  // parent (run_rank_parent): e.g. {"/opt/hpctrial/bin/hpctrial", "_rank", "--"}. Empty: none.
+  std::vector<std::string> rank_parent;
+  std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
+};
+
+// Where the launcher runs: the first scheduler whose job environment is present, else none.
+core::Allocation detect_allocation(const core::EnvSource& env, const core::CommandRunner& run);
+
+// One attempt's mpirun command. `env` is set in mpirun's own environment and exported to the
+// ranks by name (-x NAME), so that no value, secret or not, appears in any argv.
+struct MpirunCommand {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string hostfile_path;  // empty: none (this machine)
+  std::string hostfile;       // its content
+  int np = 0;
+  std::string working_dir;
+};
+
+MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env);
+
+// Prints the mpirun command of a first attempt of `config` (the HPCTRIAL_* values, never the
+// config's environment values) and the hostfile; starts and writes nothing.
+void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
+                       const core::CommandRunner& run);
+
+// The parent of one rank (`hpctrial _rank -- PROGRAM ARGS...`): starts `argv`, forwards it the
+// stop signals, and once it has ended records in its heartbeat record how (when the rank did not
+// record it itself: a SIGKILL, an _exit()), then ends the same way. Returns the exit code.
+int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource& env);
+
+// Runs the trial to its end as the exit protocol above says; returns the exit code.
+int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
+
+}  // namespace hpctrial::launcher

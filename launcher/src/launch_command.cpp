@@ -1,0 +1,167 @@
+// The experiment directory, where the launcher runs, and the mpirun command of one attempt.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/paths.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
+#include "launcher_internal.h"
+
+namespace hpctrial::launcher {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+
+std::string experiment_workdir(const core::ExperimentConfig& config) {
+  return (config.source_path.empty() ? fs::current_path() : fs::absolute(config.source_path).parent_path()).string();
+}
+
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir) {
+  const ExperimentLayout layout{dir};
+  const fs::path source_dir = experiment_workdir(config);
+  // The program or library, absolute: the batch job may start anywhere.
+  auto absolute = [&](const std::string& path) {
+    if (path.find('/') == std::string::npos) return path;  // looked up on PATH
+    return core::resolve_user_path(path, source_dir, "entrypoint").string();
+  };
+  if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
+    config.entrypoint.library = absolute(config.entrypoint.library);
+  } else {
+    config.entrypoint.argv.front() = absolute(config.entrypoint.argv.front());
+  }
+  if (!config.reproducibility.experiment_seed) {
+    if (fs::exists(layout.config())) {
+      const auto earlier = core::load_experiment_config({layout.config(), "", {}});
+      config.reproducibility.experiment_seed = earlier.reproducibility.experiment_seed;
+    }
+    if (!config.reproducibility.experiment_seed) {
+      config.reproducibility.experiment_seed = std::random_device{}();
+    }
+  }
+  return config;
+}
+
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir) {
+  const ExperimentLayout layout{dir};
+  const std::string workdir = experiment_workdir(config);
+  config = resolve_experiment(std::move(config), dir);
+  core::create_directories(dir);
+  core::write_file_atomic(layout.config(), core::to_yaml(config));
+  json state = core::read_json_file(layout.state());
+  state["workdir"] = workdir;
+  core::write_json_file(layout.state(), state);
+  config.source_path = layout.config();
+  return config;
+}
+
+core::Allocation detect_allocation(const core::EnvSource& env, const core::CommandRunner& run) {
+  for (const core::Scheduler* scheduler : schedulers()) {
+    if (auto allocation = scheduler->detect(env, run)) return *allocation;
+  }
+  return {};
+}
+
+MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
+  const ExperimentLayout layout{options.experiment_dir};
+  const std::string trial_dir = layout.trial_dir(options.trial_id);
+  MpirunCommand c;
+  c.np = options.np > 0 ? options.np : config.resources.slots_per_trial;
+  c.working_dir = options.working_dir.empty()
+                      ? core::read_json_file(layout.state()).value("workdir", std::string())
+                      : options.working_dir;
+
+  std::string mpirun = options.mpirun;
+  if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");
+  c.argv = {mpirun, "-np", std::to_string(c.np)};
+  if (allocation.in_job()) {
+    const int slots = allocation.total_slots();
+    if (c.np > slots && !options.oversubscribe) {
+      throw ConfigError(std::to_string(c.np) + " ranks were asked for but " + allocation.scheduler + " job " +
+                        allocation.job_id + " has " + std::to_string(slots) + " slots on " +
+                        std::to_string(allocation.hosts.size()) + " node(s); ask for fewer (--np) or submit "
+                        "with resources.slots_per_trial " + std::to_string(c.np));
+    }
+    c.hostfile_path = trial_dir + "/launch/hostfile";
+    for (const auto& host : allocation.hosts) c.hostfile += host.name + " slots=" + std::to_string(host.slots) + "\n";
+    c.argv.insert(c.argv.end(), {"--hostfile", c.hostfile_path});
+    const int per_node = std::min(config.resources.slots_per_node, c.np);
+    c.argv.insert(c.argv.end(), {"--map-by", "ppr:" + std::to_string(per_node) + ":node:PE=" +
+                                                 std::to_string(config.resources.cpus_per_slot)});
+    c.argv.insert(c.argv.end(), {"--bind-to", options.oversubscribe ? "none" : "core"});
+    if (options.oversubscribe) c.argv.push_back("--oversubscribe");
+  } else {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if (static_cast<unsigned>(c.np) > cores && !options.oversubscribe) {
+      throw ConfigError(std::to_string(c.np) + " ranks were asked for but this machine has " + std::to_string(cores) +
+                        " cores; pass --oversubscribe to run more ranks than cores (each runs slower), or ask "
+                        "for fewer with --np");
+    }
+    c.argv.insert(c.argv.end(), {"--map-by", "slot", "--bind-to", "none"});
+    if (options.oversubscribe) c.argv.push_back("--oversubscribe");
+    // One host: the ob1 layer over shared memory is all the ranks' CPU collectives need, and it
+    // starts in a third of the time UCX takes. Unless the user chose a layer.
+    const auto& args = config.launcher.mpirun_args;
+    if (std::find(args.begin(), args.end(), "pml") == args.end() && !env.get("OMPI_MCA_pml")) {
+      c.argv.insert(c.argv.end(), {"--mca", "pml", "ob1"});
+    }
+  }
+  // Output tagged by rank, which the launcher turns into "[rank N] " and per-rank files.
+  c.argv.push_back("--tag-output");
+  // On SIGTERM, mpirun waits this long before it kills the ranks: time for their emergency
+  // checkpoint.
+  c.argv.insert(c.argv.end(), {"--mca", "odls_base_sigkill_timeout",
+                               std::to_string(std::max<std::int64_t>(1, config.scheduler.preemption_grace_seconds))});
+
+  // The contract with the ranks.
+  c.env = {
+      {core::kEnvExperimentDir, layout.dir},
+      {core::kEnvConfig, layout.config()},
+      {core::kEnvTrialId, std::to_string(options.trial_id)},
+      {core::kEnvTrialDir, trial_dir},
+      {core::kEnvRestartCount, std::to_string(restart_count)},
+      {core::kEnvScheduler, allocation.scheduler},
+      {core::kEnvJobId, allocation.job_id},
+      {core::kEnvStopFile, core::stop_file(trial_dir)},
+      {core::kEnvHeartbeatDir, core::heartbeat_dir(trial_dir)},
+      {core::kEnvAbortFile, core::abort_file(trial_dir, restart_count)},
+      {core::kEnvVerdictFile, core::verdict_file(trial_dir, restart_count)},
+  };
+  for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
+    if (const auto value = env.get(passed)) c.env.emplace_back(passed, *value);
+  }
+  for (const auto& var : config.environment) {
+    c.env.emplace_back(var.name, core::expand_env_references(var.value, env, "environment." + var.name));
+  }
+  for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
+  c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
+
+  c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
+  c.argv.insert(c.argv.end(), config.launcher.prefix.begin(), config.launcher.prefix.end());
+  if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
+    if (options.worker.empty()) {
+      throw ConfigError("entrypoint " + config.entrypoint.library + ":" + config.entrypoint.trial_class +
+                        " is a trial library, but hpctrial-worker was not found beside hpctrial; reinstall hpctrial");
+    }
+    c.argv.push_back(options.worker);
+  } else {
+    c.argv.insert(c.argv.end(), config.entrypoint.argv.begin(), config.entrypoint.argv.end());
+  }
+  return c;
+}
+
+}  // namespace hpctrial::launcher

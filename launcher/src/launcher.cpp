@@ -1,0 +1,318 @@
+// The launcher's supervision of one mpirun per attempt, and the exit protocol across attempts.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "hpctrial/core/batch_job.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
+#include "hpctrial/core/shell_quote.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
+#include "launcher_internal.h"
+#include "processes.h"
+#include "supervisor.h"
+
+extern char** environ;
+
+namespace hpctrial::launcher {
+namespace {
+
+using detail::Attempt;
+using detail::describe_seconds;
+using detail::SignalFd;
+using detail::Supervisor;
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The entrypoint must exist before any rank is started.
+// A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
+// else on the launcher's own.
+void check_entrypoint(const core::ExperimentConfig& config, const std::string& working_dir,
+                      const core::EnvSource& env) {
+  const bool library = config.entrypoint.kind == core::Entrypoint::Kind::kLibrary;
+  const std::string program = library ? config.entrypoint.library : config.entrypoint.argv.front();
+  if (program.find('/') == std::string::npos) {
+    if (library) return;
+    std::string path = env.get("PATH").value_or("");
+    for (const auto& var : config.environment) {
+      if (var.name == "PATH") path = core::expand_env_references(var.value, env, "environment.PATH");
+    }
+    std::stringstream dirs(path);
+    for (std::string dir; std::getline(dirs, dir, ':');) {
+      if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return;
+    }
+    throw ConfigError("entrypoint: " + program + " is not a program on PATH; give its path, e.g. ./" + program);
+  }
+  fs::path path(program);
+  if (path.is_relative() && !working_dir.empty()) path = fs::path(working_dir) / path;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw ConfigError("entrypoint: " + path.string() + " does not exist; build it, or fix entrypoint in the config");
+  }
+  if (!library && ::access(path.c_str(), X_OK) != 0) {
+    throw ConfigError("entrypoint: " + path.string() + " is not executable (chmod +x it, or fix entrypoint)");
+  }
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+}  // namespace
+
+void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
+                       const core::CommandRunner& run) {
+  const core::Allocation allocation = detect_allocation(env, run);
+  const MpirunCommand command = build_mpirun_command(config, allocation, options, 0, env);
+  std::string line;
+  for (const auto& arg : command.argv) line += (line.empty() ? "" : " ") + core::shell_quote(arg, "argument");
+  std::cout << "# in " << command.working_dir << " (" << allocation.scheduler
+            << (allocation.job_id.empty() ? "" : " job " + allocation.job_id) << ")\n";
+  for (const auto& [name, value] : command.env) {
+    // Only the contract's own values: the config's environment may hold secrets.
+    if (name.rfind("HPCTRIAL_", 0) == 0) std::cout << name << "=" << core::shell_quote(value, name) << " \\\n";
+  }
+  std::cout << line << "\n";
+  if (!command.hostfile.empty()) std::cout << "# hostfile " << command.hostfile_path << ":\n" << command.hostfile;
+}
+
+namespace {
+
+// Every rank stopped after a durable checkpoint inside a job: its scheduler takes the trial back
+// to the queue (held when the user paused it). A SIGTERM without warning is the scheduler's own
+// doing (a cancel, an admin's requeue or rerun, a preemption): it decides what follows.
+void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
+               const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
+  scheduler(allocation.scheduler)
+      .hand_over({allocation, config, options.experiment_dir, options.trial_id, reason == "pause", &env, run});
+}
+
+// What ended an attempt that failed: its failure record (failures.jsonl), the sentence the
+// launcher says, and the exit code that reports it: the failing rank's own code where known (as
+// mpirun itself reports it), else mpirun's.
+struct Failure {
+  json record;
+  std::string what;
+  int exit_code = kExitFailed;
+};
+
+Failure describe_failure(const Supervisor& supervisor, const Attempt& a, int code, int trial_id, int starts,
+                         int failures) {
+  const auto& f = supervisor.failure();
+  Failure out;
+  json& record = out.record;
+  std::string& what = out.what;
+  record = {{"time", core::utc_now_iso()}, {"trial_id", trial_id}, {"start", starts}, {"failure", failures},
+            {"mpirun", describe_status(a.status)}};
+  if (!a.hang.empty() && f.rank < 0) {
+    record["reason"] = what = a.hang;
+  } else if (f.rank >= 0) {
+    record["rank"] = f.rank;
+    if (f.exit_code) record["exit_code"] = *f.exit_code;
+    if (f.signal) record["signal"] = *f.signal;
+    if (!f.host.empty()) record["host"] = f.host;
+    if (!f.phase.empty()) record["phase"] = f.phase;
+    if (f.step >= 0) record["step"] = f.step;
+    if (!f.message.empty()) record["message"] = f.message;
+    what = "rank " + std::to_string(f.rank) + (f.host.empty() ? "" : " on " + f.host) + " " + f.how +
+           (f.phase.empty() ? "" : " in its " + f.phase + " phase") +
+           (f.step >= 0 ? " after step " + std::to_string(f.step) : "") + (f.message.empty() ? "" : ": " + f.message);
+    record["reason"] = what;
+    record["log_tail"] = supervisor.failure_tail();
+  } else {
+    what = "mpirun ended with " + describe_status(a.status);
+    record["reason"] = what;
+    record["log_tail"] = supervisor.mpirun_tail();
+  }
+  json steps = json::object();
+  for (const auto& [rank, step] : supervisor.steps()) steps[std::to_string(rank)] = step;
+  record["last_steps"] = steps;
+  if (f.exit_code && *f.exit_code != 0 && *f.exit_code != kExitStopped) {
+    out.exit_code = *f.exit_code;
+  } else if (f.signal) {
+    out.exit_code = 128 + *f.signal;
+  } else if (a.hang.empty() && f.rank < 0 && code > 0 && code != kExitStopped) {
+    out.exit_code = code;
+  }
+  return out;
+}
+
+// Appends one failure record; ranks' output is bytes, not always UTF-8 (a library dying
+// mid-message): what is not is replaced.
+void append_failure(const std::string& record_path, const json& record) {
+  core::UniqueFd fd(::open(record_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  const std::string line = record.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  if (fd.get() >= 0) core::write_fully(fd.get(), line, record_path);
+}
+
+// Where the launcher runs. When the scheduler did not say when the job ends (a compute node that
+// cannot reach its server), the job started moments ago, and the config says how long it may run.
+core::Allocation job_allocation(const core::ExperimentConfig& config, const LaunchOptions& options,
+                                const core::EnvSource& env, const core::CommandRunner& run) {
+  core::Allocation allocation = detect_allocation(env, run);
+  if (allocation.in_job() && !allocation.end_time && config.scheduler.time_limit_seconds && !options.dry_run) {
+    allocation.end_time = std::chrono::system_clock::now() + std::chrono::seconds(*config.scheduler.time_limit_seconds);
+    core::log_warning("{} did not say when job {} ends; assuming it ends scheduler.time_limit ({}) from now",
+                      allocation.scheduler, allocation.job_id, describe_seconds(*config.scheduler.time_limit_seconds));
+  }
+  return allocation;
+}
+
+// The hostfile of an attempt, and a fresh heartbeat directory.
+void prepare_attempt(const MpirunCommand& command, const std::string& trial_dir) {
+  if (!command.hostfile_path.empty()) {
+    core::create_directories(fs::path(command.hostfile_path).parent_path().string());
+    core::write_file_atomic(command.hostfile_path, command.hostfile);
+  }
+  const std::string beats = core::heartbeat_dir(trial_dir);
+  fs::remove_all(beats);
+  core::create_directories(beats);
+}
+
+// A stop request, abort files and verdicts of an earlier run are spent.
+void clear_spent_requests(const std::string& trial_dir) {
+  ::unlink(core::stop_file(trial_dir).c_str());
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(trial_dir + "/launch", ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("abort-", 0) == 0 || name.rfind("verdict-", 0) == 0) fs::remove(entry.path(), ignored);
+  }
+}
+
+}  // namespace
+
+// A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
+// launcher's exit code when the trial is not restarted (failed while stopping, past
+// max_restarts, its directory removed), none to restart it.
+std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a, int code,
+                                  const core::ExperimentConfig& config, const LaunchOptions& options,
+                                  const std::string& trial_dir, json& state, int starts, int failures) {
+  std::error_code ignored;
+  const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
+  if (!trial_dir_gone) {
+    state["failures"] = failures;
+    core::write_json_file(core::launcher_state_file(trial_dir), state);
+  }
+  const Failure failure = describe_failure(supervisor, a, code, options.trial_id, starts, failures);
+  const std::string& what = failure.what;
+  if (trial_dir_gone) {
+    // Removed while the trial ran: nothing is left to record the failure in or to resume from.
+    core::log_error("trial {} failed: {}. Its directory {} was removed while it ran, so the failure is not "
+                    "recorded and the trial is not restarted", options.trial_id, what, trial_dir);
+    return failure.exit_code;
+  }
+  const std::string record_path = trial_dir + "/failures.jsonl";
+  append_failure(record_path, failure.record);
+  if (a.stop_requested) {
+    core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);
+    return failure.exit_code;
+  }
+  if (failures > config.max_restarts) {
+    core::log_error("trial {} failed: {}. It has failed {} time(s) and max_restarts is {}, so it is not restarted; "
+                    "the failures are recorded in {}", options.trial_id, what, failures, config.max_restarts,
+                    record_path);
+    return failure.exit_code;
+  }
+  core::log_warning("trial {} failed: {}; restarting from its latest checkpoint (restart {} of max_restarts {}); "
+                    "recorded in {}", options.trial_id, what, failures, config.max_restarts, record_path);
+  return std::nullopt;
+}
+
+int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  const ExperimentLayout layout{options.experiment_dir};
+  if (!fs::exists(layout.config())) {
+    throw ConfigError(layout.dir + " holds no experiment.yaml; create the experiment with `hpctrial run EXP.yaml` "
+                      "or `hpctrial submit EXP.yaml`");
+  }
+  // The trial's own values of the search's ranges (and a clear error for a trial that does not exist).
+  const core::ExperimentConfig config =
+      core::trial_config(core::load_experiment_config({layout.config(), "", {}}), options.trial_id);
+  const core::Allocation allocation = job_allocation(config, options, env, run);
+  const std::string trial_dir = layout.trial_dir(options.trial_id);
+  const std::string state_path = core::launcher_state_file(trial_dir);
+
+  if (options.dry_run) {
+    print_launch_plan(config, options, env, run);
+    return kExitFinished;
+  }
+
+  core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
+  json state = core::read_json_file(state_path);
+  int starts = state.value("starts", 0);
+  int failures = options.reset_failures ? 0 : state.value("failures", 0);
+  const std::string working_dir = core::read_json_file(layout.state()).value("workdir", std::string());
+  check_entrypoint(config, working_dir, env);
+  clear_spent_requests(trial_dir);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  SignalFd signals;
+
+  while (true) {
+    const MpirunCommand command = build_mpirun_command(config, allocation, options, starts, env);
+    prepare_attempt(command, trial_dir);
+    state["starts"] = ++starts;
+    state["failures"] = failures;
+    core::write_json_file(state_path, state);
+    core::log_info("starting {} rank(s) of trial {} in {}{}", command.np, options.trial_id, trial_dir,
+                   starts > 1 ? " (start " + std::to_string(starts) + ")" : "");
+
+    Supervisor supervisor(config, allocation, trial_dir);
+    const Attempt a = supervisor.run(command, signals);
+    const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
+    if (a.aborted) return kExitAborted;
+    if (a.hang.empty() && code == kExitFinished) {
+      ::unlink(core::stop_file(trial_dir).c_str());
+      core::log_info("trial {} finished", options.trial_id);
+      return kExitFinished;
+    }
+    if (a.hang.empty() && code == kExitStopped) {
+      std::string reason = core::stop_reason(trial_dir);  // `hpctrial pause` may have asked without a signal
+      if (reason.empty()) reason = a.stop_requested ? a.stop_reason : "requested by the trial";
+      core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
+                     allocation.in_job() ? "it resumes when the job runs again"
+                                         : "run the same command again to resume");
+      hand_over(allocation, reason, config, options, env, run);
+      return kExitStopped;
+    }
+    if (a.grace_expired) {
+      core::log_warning("the ranks did not checkpoint within the grace; the next run resumes from the previous checkpoint");
+      return 128 + SIGTERM;
+    }
+
+    // A failure: record it, then restart or give up.
+    if (const auto given_up = record_failure(supervisor, a, code, config, options, trial_dir, state, starts, ++failures)) {
+      return *given_up;
+    }
+  }
+}
+
+}  // namespace hpctrial::launcher

@@ -1,0 +1,66 @@
+// The processes of an attempt as the launcher handles them: its signals (a signalfd), mpirun
+// started with its output on pipes, and the process tree below mpirun (the launcher is its
+// subreaper), to find each rank's process and to leave nothing behind.
+#pragma once
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/launcher/launcher.h"
+
+namespace hpctrial::launcher::detail {
+
+// The signals the launcher handles, read from a signalfd in its poll loop.
+class SignalFd {
+ public:
+  SignalFd() {
+    sigemptyset(&set_);
+    for (int s : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set_, s);
+    if (::sigprocmask(SIG_BLOCK, &set_, &old_) != 0) core::throw_errno("cannot block the launcher's signals", errno);
+    fd_ = ::signalfd(-1, &set_, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (fd_ < 0) core::throw_errno("cannot create a signalfd", errno);
+  }
+  ~SignalFd() {
+    ::close(fd_);
+    ::sigprocmask(SIG_SETMASK, &old_, nullptr);
+  }
+  int fd() const { return fd_; }
+  // The next pending signal, or 0.
+  int next() {
+    signalfd_siginfo info{};
+    const ssize_t n = ::read(fd_, &info, sizeof info);
+    return n == static_cast<ssize_t>(sizeof info) ? static_cast<int>(info.ssi_signo) : 0;
+  }
+
+ private:
+  sigset_t set_{}, old_{};
+  int fd_ = -1;
+};
+
+// Every process below this one (children, their children, ...), from /proc.
+std::vector<pid_t> descendants();
+// Reaps mpirun (its status into *mpirun_status once it ended) and any orphan handed to us.
+void reap(pid_t mpirun, std::optional<int>* mpirun_status);
+// SIGKILL to mpirun and everything below it, reaping them, until nothing is left.
+void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status);
+// mpirun's children on this host by rank (from their environment), zombies included.
+std::map<int, pid_t> rank_processes(pid_t mpirun);
+// SIGKILL to every process below mpirun, not mpirun itself.
+void kill_ranks(pid_t mpirun);
+
+// Starts mpirun with the command's environment, its stdout and stderr on pipes, in a process
+// group of its own (so that a Ctrl-C on the terminal reaches only the launcher, which turns it
+// into a stop request), killed when the launcher dies.
+core::Child spawn_mpirun(const MpirunCommand& command);
+
+}  // namespace hpctrial::launcher::detail

@@ -1,0 +1,272 @@
+#include "hpctrial/pbs/scheduler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "hpctrial/core/batch_job.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/pbs/batch_script.h"
+#include "hpctrial/pbs/job_environment.h"
+
+namespace hpctrial::pbs {
+
+core::JobState job_state(const JobInfo& job) {
+  using core::JobState;
+  const std::string& s = job.state;
+  if (s == "H") return JobState::kHeld;
+  if (s == "Q" || s == "W" || s == "T" || s == "M") return JobState::kQueued;
+  if (s == "R" || s == "B") return JobState::kRunning;
+  if (s == "E") return JobState::kEnding;
+  if (s == "S" || s == "U") return JobState::kSuspended;
+  return JobState::kEnded;
+}
+
+int array_index(const std::string& id, int fallback) {
+  const std::size_t open = id.find('['), close = id.find(']');
+  if (open == std::string::npos || close == std::string::npos || close <= open + 1) return fallback;
+  return std::stoi(id.substr(open + 1, close - open - 1));
+}
+
+namespace {
+
+std::string output_file(const std::string& experiment_dir, const std::string& job) {
+  return experiment_dir + "/pbs-" + job + ".out";
+}
+
+// The trial a job of the experiment runs: its array index, or the trial it was recorded for.
+int trial_of(const JobInfo& job, const std::string& experiment_dir) {
+  if (const int index = array_index(job.id, -1); index >= 0) return index;
+  if (experiment_dir.empty()) return -1;
+  for (const auto& recorded : core::recorded_jobs({experiment_dir})) {
+    if (recorded.id == job.id) return std::max(0, recorded.trial);
+  }
+  return -1;
+}
+
+core::JobStatus status_of(const JobInfo& job, const std::string& experiment_dir) {
+  core::JobStatus s;
+  s.id = job.id;
+  s.name = job.name;
+  s.state = job_state(job);
+  s.native_state = job.state;
+  s.trial = trial_of(job, experiment_dir);
+  s.restarts = std::max(0, job.run_count - 1);
+  if (job.exit_status) s.exit = std::to_string(*job.exit_status);
+  s.output = job.output_path;
+  return s;
+}
+
+std::string user_name() {
+  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
+  const char* login = ::getlogin();
+  return login != nullptr ? login : std::to_string(::getuid());
+}
+
+// The ids of the PBS jobs that ran or run `trial`, oldest first: the array job's subjob for it
+// ("1234[T].srv"), and the jobs submitted to resume it.
+std::vector<std::string> trial_job_ids(const core::ExperimentLayout& layout, int trial, int trials) {
+  std::vector<std::string> ids;
+  for (const auto& job : core::recorded_jobs(layout)) {
+    if (job.scheduler != "pbs" || (job.trial >= 0 && job.trial != trial)) continue;
+    const std::size_t array = job.id.find("[]");
+    if (job.trial < 0 && trials > 1) {
+      if (array != std::string::npos) ids.push_back(job.id.substr(0, array + 1) + std::to_string(trial) + job.id.substr(array + 1));
+    } else {
+      ids.push_back(job.id);
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+bool Scheduler::available() const { return core::on_path("qstat"); }
+
+std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, const core::CommandRunner& run) const {
+  return job_allocation(env, run);
+}
+
+bool Scheduler::is_job_id(const std::string& text) const {
+  return is_valid_job_id(text) && text.find_first_of(".[") != std::string::npos;
+}
+
+std::string Scheduler::render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const {
+  return render_batch_script(config, {options.experiment_dir, options.hpctrial, options.trial});
+}
+
+std::string Scheduler::submit(const core::SubmitRequest& request) const {
+  Client::Submit submit;
+  submit.script = request.script;
+  submit.env = request.env;
+  submit.hold = request.hold;
+  submit.after = request.after;
+  return client_.submit(submit);
+}
+
+std::vector<core::JobStatus> Scheduler::live_jobs(const core::ExperimentLayout& layout) const {
+  std::vector<core::JobStatus> live;
+  for (const auto& earlier : core::recorded_jobs(layout)) {
+    if (earlier.scheduler != name() || !is_valid_job_id(earlier.id)) continue;
+    for (const JobInfo& job : client_.job_tasks(earlier.id)) {
+      if (job.active()) live.push_back(status_of(job, layout.dir));
+    }
+  }
+  return live;
+}
+
+std::string Scheduler::describe_search(int trials, int concurrent) const {
+  return "an array job of " + std::to_string(trials) + " trials (subjob N runs trial N, at most " +
+         std::to_string(std::min(trials, concurrent)) + " at a time)";
+}
+
+std::optional<core::JobStatus> Scheduler::job(const std::string& id) const {
+  const auto job = client_.job(id);
+  if (!job) return std::nullopt;
+  return status_of(*job, core::experiment_of_output(job->output_path));
+}
+
+std::vector<core::JobStatus> Scheduler::user_jobs() const {
+  std::vector<core::JobStatus> jobs;
+  for (const JobInfo& job : client_.user_jobs(user_name())) {
+    if (!job.active() && job.state != "F" && job.state != "X") continue;
+    jobs.push_back(status_of(job, core::experiment_of_output(job.output_path)));
+  }
+  return jobs;
+}
+
+std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const {
+  std::vector<core::JobStatus> jobs;
+  for (const std::string& id : trial_job_ids(layout, trial, trials)) {
+    core::JobStatus s;
+    if (const auto job = client_.job(id)) s = status_of(*job, layout.dir);
+    s.id = id;
+    s.trial = trial;
+    s.output = output_file(layout.dir, id);  // the job's own file, beside the others of the trial
+    jobs.push_back(std::move(s));
+  }
+  return jobs;
+}
+
+std::vector<Scheduler::Unit> Scheduler::live_units(const core::JobTarget& target) const {
+  std::vector<core::RecordedJob> jobs;
+  if (!target.job.empty()) {
+    const auto job = client_.job(target.job);
+    if (!job) throw SchedulerError("pbs no longer knows job " + target.job + "; see its experiment directory");
+    int trial = -1;
+    if (!target.experiment_dir.empty()) {
+      for (const auto& r : core::recorded_jobs({target.experiment_dir})) {
+        if (r.id == target.job) trial = r.trial;
+      }
+    }
+    jobs.push_back({target.job, name(), "", trial});
+  } else {
+    jobs = core::recorded_jobs({target.experiment_dir});
+  }
+  std::vector<Unit> live;
+  for (const auto& recorded : jobs) {
+    if (recorded.scheduler != name() || !is_valid_job_id(recorded.id)) continue;
+    auto job = client_.job(recorded.id);
+    if (!job || !job->active()) continue;
+    Unit unit{*job, array_index(recorded.id, std::max(0, recorded.trial)), {}};
+    if (unit.array()) {
+      for (auto& sub : client_.job_tasks(recorded.id)) {
+        if (sub.active() && sub.id != recorded.id) unit.subjobs.push_back(std::move(sub));
+      }
+    }
+    live.push_back(std::move(unit));
+  }
+  return live;
+}
+
+std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) const {
+  std::vector<core::PauseStep> steps;
+  const auto stop = [&](const JobInfo& job, int trial) {
+    if (target.experiment_dir.empty()) {
+      throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
+                           job.output_path + "); pause it by its experiment directory instead");
+    }
+    core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial, "pause");
+    client_.signal(job.id, "USR2");
+    steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
+  };
+  for (const Unit& unit : live_units(target)) {
+    bool queued = unit.job.state == "Q" || unit.job.state == "W";
+    if (unit.array()) {
+      queued = false;
+      for (const auto& sub : unit.subjobs) {
+        if (sub.state == "R") stop(sub, array_index(sub.id, 0));
+        if (sub.state == "Q" || sub.state == "W") queued = true;
+      }
+    } else if (unit.job.state == "R") {
+      stop(unit.job, unit.trial);
+    }
+    if (unit.job.held()) {
+      steps.push_back({core::PauseStep::Kind::kAlreadyHeld, unit.job.id, unit.trial});
+    } else if (queued) {
+      client_.hold(unit.job.id);  // an array job: its queued subjobs wait with it
+      steps.push_back({core::PauseStep::Kind::kHeld, unit.job.id, unit.trial});
+    }
+  }
+  if (steps.empty()) {
+    throw SchedulerError((target.job.empty() ? target.experiment_dir : target.job) +
+                         " has no queued or running pbs job to pause");
+  }
+  return steps;
+}
+
+std::vector<std::string> Scheduler::activate(const core::JobTarget& target) const {
+  std::vector<std::string> released;
+  for (const Unit& unit : live_units(target)) {
+    if (!unit.job.held()) continue;
+    client_.release(unit.job.id);
+    released.push_back(unit.job.id);
+  }
+  return released;
+}
+
+std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const {
+  const auto live = live_units(target);
+  if (live.empty()) {
+    throw SchedulerError((target.job.empty() ? target.experiment_dir : target.job) +
+                         " has no queued or running pbs job to kill");
+  }
+  std::vector<std::string> cancelled;
+  for (const Unit& unit : live) {
+    client_.cancel(unit.job.id);  // an array job with all its subjobs
+    cancelled.push_back(unit.job.id);
+  }
+  return cancelled;
+}
+
+void Scheduler::hand_over(const core::HandOver& stopped) const {
+  const core::ExperimentLayout layout{stopped.experiment_dir};
+  const std::string& job = stopped.allocation.job_id;
+  try {
+    // A job of this trial alone (a search's array job is not submitted again); the values from
+    // the submitter's environment are in this job's own, passed on by name.
+    const std::string script = layout.trial_dir(stopped.trial) + "/resume.pbs";
+    core::write_file_atomic(script, render_script(stopped.config, {layout.dir, core::self_program(), stopped.trial}));
+    core::SubmitRequest request;
+    request.script = script;
+    request.hold = stopped.hold;
+    request.after = job;
+    for (const auto& var : stopped.config.scheduler.environment) {
+      if (!core::refers_to_submitter(var.value) || stopped.env == nullptr) continue;
+      if (const auto value = stopped.env->get(var.name)) request.env.emplace_back(var.name, *value);
+    }
+    const std::string id = Scheduler(Client(stopped.run)).submit(request);
+    core::record_job(layout, name(), id, stopped.trial);
+    core::log_info("pbs job {} submitted to resume trial {} once job {} has ended{}", id, stopped.trial, job,
+                   stopped.hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
+  } catch (const Error& e) {
+    core::log_error("cannot submit the pbs job that resumes trial {} ({}); the checkpoint is durable: submit the "
+                    "experiment again to resume", stopped.trial, e.what());
+  }
+}
+
+}  // namespace hpctrial::pbs

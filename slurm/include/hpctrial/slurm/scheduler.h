@@ -1,0 +1,45 @@
+// Slurm as a core::Scheduler: sbatch scripts, job arrays for searches (task N runs trial N), a
+// stopped job requeued by itself (scontrol requeue / requeuehold), pause by the stop request and
+// USR2 to the batch shell, output in <experiment>/slurm-<job>.err.
+#pragma once
+
+#include "hpctrial/core/scheduler.h"
+#include "hpctrial/slurm/client.h"
+
+namespace hpctrial::slurm {
+
+// The neutral state of a job as `scontrol show job` describes it.
+core::JobState job_state(const JobInfo& job);
+// The trial a task runs: its array index, 0 for a plain job; -1 for a line of tasks not started.
+int trial_of(const JobInfo& task);
+
+class Scheduler final : public core::Scheduler {
+ public:
+  Scheduler() = default;
+  explicit Scheduler(Client client) : client_(std::move(client)) {}
+
+  std::string name() const override { return "slurm"; }
+  bool available() const override;
+  std::optional<core::Allocation> detect(const core::EnvSource& env, const core::CommandRunner& run) const override;
+  bool is_job_id(const std::string& text) const override;
+  std::string render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const override;
+  std::string script_name() const override { return "job.sbatch"; }
+  std::string submit(const core::SubmitRequest& request) const override;
+  std::vector<core::JobStatus> live_jobs(const core::ExperimentLayout& layout) const override;
+  std::string describe_search(int trials, int concurrent) const override;
+  std::optional<core::JobStatus> job(const std::string& id) const override;
+  std::vector<core::JobStatus> user_jobs() const override;
+  std::vector<core::JobStatus> trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const override;
+  std::vector<core::PauseStep> pause(const core::JobTarget& target) const override;
+  std::vector<std::string> activate(const core::JobTarget& target) const override;
+  std::vector<std::string> cancel(const core::JobTarget& target) const override;
+  void hand_over(const core::HandOver& stopped) const override;
+
+ private:
+  // The job a target names (the experiment's latest Slurm job when it names none) and its tasks;
+  // SchedulerError once Slurm has forgotten it.
+  std::pair<std::string, std::vector<JobInfo>> target_tasks(const core::JobTarget& target) const;
+  Client client_;
+};
+
+}  // namespace hpctrial::slurm

@@ -1,0 +1,195 @@
+#include "hpctrial/slurm/scheduler.h"
+
+#include <algorithm>
+
+#include "hpctrial/core/batch_job.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/slurm/batch_script.h"
+#include "hpctrial/slurm/job_environment.h"
+
+namespace hpctrial::slurm {
+
+core::JobState job_state(const JobInfo& job) {
+  using core::JobState;
+  const std::string& s = job.state;
+  if (s == "PENDING") return job.held() ? JobState::kHeld : JobState::kQueued;
+  if (s == "REQUEUE_HOLD") return JobState::kHeld;
+  if (s == "REQUEUED" || s == "REQUEUE_FED") return JobState::kQueued;
+  if (s == "RUNNING" || s == "CONFIGURING" || s == "RESIZING" || s == "SIGNALING") return JobState::kRunning;
+  if (s == "COMPLETING" || s == "STAGE_OUT") return JobState::kEnding;
+  if (s == "SUSPENDED") return JobState::kSuspended;
+  return JobState::kEnded;
+}
+
+int trial_of(const JobInfo& task) {
+  if (task.array_task.empty()) return 0;
+  if (task.array_task.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(task.array_task);
+}
+
+namespace {
+
+core::JobStatus status_of(const JobInfo& job) {
+  core::JobStatus s;
+  s.id = job.display_id();
+  s.name = job.name;
+  s.state = job_state(job);
+  s.native_state = job.state;
+  s.trial = trial_of(job);
+  if (s.trial < 0) s.tasks = job.array_task;
+  s.restarts = job.restarts;
+  s.elapsed = job.run_time;
+  if (!s.live()) s.exit = job.exit_code;
+  s.output = job.std_err.empty() ? job.std_out : job.std_err;
+  return s;
+}
+
+// slurm-<job>.err, or slurm-<array>_<trial>.err for a task of a search: what the script's
+// --output/--error name (batch_script.cpp).
+std::string output_file(const core::ExperimentLayout& layout, const std::string& job, int trial, int trials) {
+  const std::string base = job.substr(0, job.find('_'));
+  return layout.dir + "/slurm-" + (trials > 1 ? base + "_" + std::to_string(trial) : base) + ".err";
+}
+
+}  // namespace
+
+bool Scheduler::available() const { return core::on_path("scontrol"); }
+
+std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, const core::CommandRunner& run) const {
+  return job_allocation(env, run);
+}
+
+bool Scheduler::is_job_id(const std::string& text) const { return is_valid_job_id(text); }
+
+std::string Scheduler::render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const {
+  if (options.trial >= 0) {
+    throw ConfigError("a slurm job resumes by requeueing itself; there is no script for one trial of a search");
+  }
+  return render_batch_script(config, {options.experiment_dir, options.hpctrial});
+}
+
+std::string Scheduler::submit(const core::SubmitRequest& request) const {
+  if (!request.after.empty()) throw SchedulerError("slurm jobs of hpctrial requeue themselves; none waits for another");
+  return client_.submit(request.script, request.env, request.hold);
+}
+
+std::vector<core::JobStatus> Scheduler::live_jobs(const core::ExperimentLayout& layout) const {
+  std::vector<core::JobStatus> live;
+  const auto latest = core::latest_job(layout);
+  if (!latest || !is_valid_job_id(latest->id)) return live;
+  for (const JobInfo& task : client_.job_tasks(latest->id)) {
+    if (core::JobStatus s = status_of(task); s.live()) live.push_back(std::move(s));
+  }
+  return live;
+}
+
+std::string Scheduler::describe_search(int trials, int concurrent) const {
+  return "a job array of " + std::to_string(trials) + " trials (task N runs trial N, at most " +
+         std::to_string(std::min(trials, concurrent)) + " at a time)";
+}
+
+std::optional<core::JobStatus> Scheduler::job(const std::string& id) const {
+  const auto tasks = client_.job_tasks(id);
+  if (tasks.empty()) return std::nullopt;
+  return status_of(tasks.front());
+}
+
+std::vector<core::JobStatus> Scheduler::user_jobs() const {
+  std::vector<core::JobStatus> jobs;
+  for (const JobInfo& job : client_.user_jobs()) jobs.push_back(status_of(job));
+  return jobs;
+}
+
+std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const {
+  // A Slurm job requeues itself: the experiment's latest job is the one that ran the trial.
+  const auto latest = core::latest_job(layout);
+  if (!latest || !is_valid_job_id(latest->id)) return {};
+  core::JobStatus forgotten;
+  forgotten.id = trials > 1 ? latest->id + "_" + std::to_string(trial) : latest->id;
+  forgotten.trial = trial;
+  forgotten.output = output_file(layout, latest->id, trial, trials);
+  for (const JobInfo& task : client_.job_tasks(latest->id)) {
+    if (trial_of(task) != trial) continue;
+    core::JobStatus s = status_of(task);
+    s.output = forgotten.output;
+    return {s};
+  }
+  return {forgotten};
+}
+
+std::pair<std::string, std::vector<JobInfo>> Scheduler::target_tasks(const core::JobTarget& target) const {
+  std::string job = target.job;
+  if (job.empty()) {
+    const auto latest = core::latest_job({target.experiment_dir});
+    if (!latest || !is_valid_job_id(latest->id)) {
+      throw ConfigError(target.experiment_dir + " has no slurm job recorded; submit it with `hpctrial submit`");
+    }
+    job = latest->id;
+  }
+  auto tasks = client_.job_tasks(job);
+  if (tasks.empty()) {
+    throw SchedulerError("slurm no longer knows job " + job + " (it ended a while ago); see its experiment "
+                         "directory for what it did");
+  }
+  return {job, std::move(tasks)};
+}
+
+std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) const {
+  const auto [job, tasks] = target_tasks(target);
+  std::vector<core::PauseStep> steps;
+  for (const JobInfo& task : tasks) {
+    const std::string id = task.display_id();
+    if (task.state == "PENDING") {
+      if (task.held()) {
+        steps.push_back({core::PauseStep::Kind::kAlreadyHeld, id, trial_of(task)});
+      } else {
+        client_.hold(id);
+        steps.push_back({core::PauseStep::Kind::kHeld, id, trial_of(task)});
+      }
+    } else if (task.state == "RUNNING") {
+      if (target.experiment_dir.empty()) {
+        throw SchedulerError("cannot find the experiment directory of slurm job " + id + " (its output file is " +
+                             task.std_out + "); pause it by its experiment directory instead");
+      }
+      core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial_of(task), "pause");
+      client_.signal_batch(task.id, "USR2");  // the batch shell: hpctrial launch
+      steps.push_back({core::PauseStep::Kind::kStopping, id, trial_of(task)});
+    }
+  }
+  if (steps.empty()) {
+    throw SchedulerError("slurm job " + job + " is neither pending nor running; only those can be paused");
+  }
+  return steps;
+}
+
+std::vector<std::string> Scheduler::activate(const core::JobTarget& target) const {
+  std::vector<std::string> released;
+  for (const JobInfo& task : target_tasks(target).second) {
+    if (!task.held()) continue;
+    client_.release(task.display_id());
+    released.push_back(task.display_id());
+  }
+  return released;
+}
+
+std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const {
+  const auto [job, tasks] = target_tasks(target);
+  client_.cancel(job);  // every task of an array
+  return {job};
+}
+
+void Scheduler::hand_over(const core::HandOver& stopped) const {
+  const std::string& job = stopped.allocation.job_id;
+  try {
+    Client(stopped.run).requeue(job, stopped.hold);
+    core::log_info("slurm job {} requeued after run {} of this job{}", job, stopped.allocation.restart_count + 1,
+                   stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
+  } catch (const Error& e) {
+    core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
+                    "resume", job, e.what());
+  }
+}
+
+}  // namespace hpctrial::slurm

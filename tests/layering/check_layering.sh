@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The folder rules of docs/architecture.md, checked on the built programs and on the sources:
+#   - the hpctrial command loads no CUDA, NCCL or LibTorch (it starts fast on a login node);
+#   - a rank (the trainer, hpctrial-worker) loads no scheduler library;
+#   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
+#   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
+#   - one process spawner (core/src/subprocess.cpp) and one atomic publisher (core/src/files.cpp);
+#   - no product source file over 500 lines.
+# usage: check_layering.sh SOURCE_DIR BUILD_DIR
+set -u
+src=$1
+build=$2
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+needed() { ldd "$1" | awk '{print $1}'; }
+
+cli=$build/cli/hpctrial
+[[ -x $cli ]] || fail "no $cli"
+for lib in libcudart libnccl libtorch libc10 libhpctrial_trainer libhpctrial_comm; do
+  needed "$cli" | grep -q "^$lib" && fail "hpctrial loads $lib"
+done
+
+for rank_side in "$build/trainer/libhpctrial_trainer.so" "$build/trainer/hpctrial-worker"; do
+  [[ -e $rank_side ]] || { fail "no $rank_side"; continue; }
+  for lib in libhpctrial_slurm libhpctrial_pbs libhpctrial_launcher; do
+    needed "$rank_side" | grep -q "^$lib" && fail "$(basename "$rank_side") loads $lib"
+  done
+done
+
+for scheduler in slurm pbs; do
+  lib=$build/$scheduler/libhpctrial_$scheduler.so
+  needed "$lib" | grep -Eq '^lib(torch|c10|cudart|nccl|mpi)' && fail "libhpctrial_$scheduler loads LibTorch, CUDA, NCCL or MPI"
+done
+
+# Sources: which headers each folder may include.
+if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core"; then
+  fail "a host-side folder includes MPI, CUDA, NCCL or LibTorch"
+fi
+if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/comm" "$src/checkpoint" "$src/core"; then
+  fail "rank-side code includes a scheduler or the launcher"
+fi
+if grep -rEn '#include "hpctrial/(slurm|pbs)/' "$src/cli"; then
+  fail "the CLI includes a scheduler's own header instead of core/scheduler.h and the registry"
+fi
+# Scheduler names compared as strings: only in slurm/, pbs/ and the registry.
+if grep -rEn '== *"(slurm|pbs)"|"(slurm|pbs)" *==|!= *"(slurm|pbs)"' \
+     --include='*.cpp' --include='*.h' "$src/cli" "$src/launcher" "$src/core" "$src/trainer" "$src/comm" \
+     "$src/checkpoint" | grep -v 'launcher/src/schedulers.cpp'; then
+  fail "a scheduler name is compared outside slurm/, pbs/ and launcher/src/schedulers.cpp"
+fi
+
+product=(cli core comm launcher trainer checkpoint slurm pbs)
+sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
+# One way to start a process and one way to publish a file.
+if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/subprocess.cpp'; then
+  fail "a process is started outside core::spawn_process (core/src/subprocess.cpp)"
+fi
+if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/files.cpp|include/hpctrial/core/files.h)'; then
+  fail "a file is renamed into place outside core::publish_file (core/src/files.cpp)"
+fi
+while read -r lines file; do
+  [[ $file == total ]] && continue
+  (( lines > 500 )) && fail "$file has $lines lines (split it: at most 500)"
+done < <(sources | xargs wc -l)
+
+[[ $failed == 0 ]] && echo "layering holds"
+exit $failed

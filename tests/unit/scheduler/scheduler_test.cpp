@@ -1,0 +1,178 @@
+// The schedulers behind core::Scheduler: the registry, the neutral job states, and the Slurm and
+// PBS implementations over fake runners (the argv they run for pause, activate and cancel).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "hpctrial/core/config_node.h"
+#include "hpctrial/core/diagnostics.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/launcher/schedulers.h"
+#include "hpctrial/pbs/scheduler.h"
+#include "hpctrial/slurm/scheduler.h"
+
+namespace hpctrial {
+namespace {
+
+using testing::ElementsAre;
+using testing::HasSubstr;
+using Argvs = std::vector<std::vector<std::string>>;
+
+TEST(SchedulerRegistry, FindsEachSchedulerByNameAndByTheFormOfItsJobIds) {
+  EXPECT_EQ(launcher::scheduler("slurm").name(), "slurm");
+  EXPECT_EQ(launcher::scheduler("pbs").name(), "pbs");
+  EXPECT_EQ(launcher::scheduler("local").name(), "local");
+  EXPECT_EQ(launcher::schedulers().back()->name(), "local") << "asked last: every process runs in it";
+  try {
+    launcher::scheduler("lsf");
+    FAIL() << "an unknown scheduler was found";
+  } catch (const SchedulerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no scheduler is called \"lsf\"; hpctrial knows slurm, pbs, local"));
+  }
+  EXPECT_EQ(launcher::scheduler_of_job("1234")->name(), "slurm");
+  EXPECT_EQ(launcher::scheduler_of_job("1234_3")->name(), "slurm");
+  EXPECT_EQ(launcher::scheduler_of_job("1234.pbs1")->name(), "pbs");
+  EXPECT_EQ(launcher::scheduler_of_job("1234[2].pbs1")->name(), "pbs");
+  EXPECT_EQ(launcher::scheduler_of_job("runs/exp"), nullptr);
+}
+
+TEST(SchedulerRegistry, LocalHasNoJobsAndSaysWhatToDoInstead) {
+  const core::Scheduler& local = launcher::scheduler("local");
+  EXPECT_FALSE(local.available());
+  const auto allocation = local.detect(core::MapEnv(), {});
+  ASSERT_TRUE(allocation.has_value());
+  EXPECT_FALSE(allocation->in_job());
+  EXPECT_THROW(local.pause({"/x", ""}), ConfigError);
+  core::ExperimentConfig config;
+  config.source_path = "exp.yaml";
+  try {
+    local.render_script(config, {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exp.yaml: scheduler.type is local, so there is nothing to submit"));
+  }
+}
+
+TEST(JobStates, MapEachSchedulersWordsToOneNeutralState) {
+  slurm::JobInfo s;
+  s.state = "PENDING";
+  EXPECT_EQ(slurm::job_state(s), core::JobState::kQueued);
+  s.reason = "JobHeldUser";
+  EXPECT_EQ(slurm::job_state(s), core::JobState::kHeld);
+  s.state = "RUNNING";
+  EXPECT_EQ(slurm::job_state(s), core::JobState::kRunning);
+  s.state = "COMPLETING";
+  EXPECT_EQ(slurm::job_state(s), core::JobState::kEnding);
+  s.state = "TIMEOUT";
+  EXPECT_EQ(slurm::job_state(s), core::JobState::kEnded);
+  pbs::JobInfo p;
+  for (const auto& [word, state] : std::vector<std::pair<std::string, core::JobState>>{
+           {"Q", core::JobState::kQueued}, {"H", core::JobState::kHeld}, {"R", core::JobState::kRunning},
+           {"B", core::JobState::kRunning}, {"E", core::JobState::kEnding}, {"S", core::JobState::kSuspended},
+           {"F", core::JobState::kEnded}, {"X", core::JobState::kEnded}}) {
+    p.state = word;
+    EXPECT_EQ(pbs::job_state(p), state) << word;
+    EXPECT_EQ(p.active(), state != core::JobState::kEnded) << word;
+  }
+}
+
+class SchedulerOverFakes : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() / ("hpctrial-scheduler-" + std::to_string(::getpid()))).string();
+    std::filesystem::create_directories(dir_ + "/trial-0");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // A runner that records every argv and answers `show job`/`qstat` with `answer`.
+  auto runner(std::string answer) {
+    return [this, answer](const std::vector<std::string>& argv, const core::RunOptions&) {
+      ran_.push_back(argv);
+      core::RunResult r;
+      r.argv = argv;
+      r.exit_code = 0;
+      if (argv[0] == "scontrol" && argv[1] == "-o") r.out = answer;
+      if (argv[0] == "qstat") r.out = answer;
+      return r;
+    };
+  }
+  std::string dir_;
+  Argvs ran_;
+};
+
+TEST_F(SchedulerOverFakes, SlurmPausesARunningJobWithTheStopRequestAndUsr2) {
+  const slurm::Scheduler slurm{slurm::Client(runner(
+      "JobId=7 JobName=exp UserId=u(0) JobState=RUNNING Reason=None Restarts=0 RunTime=00:00:09 "
+      "StdOut=" + dir_ + "/slurm-7.err StdErr=" + dir_ + "/slurm-7.err"))};
+  const auto steps = slurm.pause({dir_, "7"});
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(steps[0].trial, 0);
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "--batch", "--signal=USR2", "7"}));
+}
+
+TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {
+  const slurm::Scheduler slurm{slurm::Client(runner(
+      "JobId=8 JobName=exp UserId=u(0) JobState=PENDING Reason=Priority Restarts=0 RunTime=00:00:00 "
+      "StdOut=" + dir_ + "/slurm-8.err"))};
+  const auto steps = slurm.pause({dir_, "8"});
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kHeld);
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scontrol", "hold", "8"}));
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "") << "a waiting job has no ranks to stop";
+  const slurm::Scheduler forgetful{slurm::Client([](const std::vector<std::string>& argv, const core::RunOptions&) {
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 1;
+    r.err = "slurm_load_jobs error: Invalid job id specified";
+    return r;
+  })};
+  try {
+    forgetful.pause({dir_, "9"});
+    FAIL();
+  } catch (const SchedulerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("slurm no longer knows job 9"));
+  }
+}
+
+TEST_F(SchedulerOverFakes, PbsHandsAStoppedJobOverToAHeldSuccessorRecordedForItsTrial) {
+  std::ofstream(dir_ + "/experiment.yaml") << "name: x\n";
+  const pbs::Scheduler pbs{pbs::Client(runner(""))};
+  core::HandOver stopped;
+  core::Diagnostics d;
+  stopped.config = core::parse_experiment_config(
+      core::parse_config_text("name: x\nentrypoint: /opt/trial\nscheduler: {type: pbs}\n"
+                                 "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n", "exp.yaml", d), d);
+  stopped.allocation.scheduler = "pbs";
+  stopped.allocation.job_id = "4.srv";
+  stopped.experiment_dir = dir_;
+  stopped.trial = 0;
+  stopped.hold = true;
+  Argvs submitted;
+  stopped.run = [&submitted](const std::vector<std::string>& argv, const core::RunOptions&) {
+    submitted.push_back(argv);
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 0;
+    r.out = "5.srv\n";
+    return r;
+  };
+  pbs.hand_over(stopped);
+  ASSERT_EQ(submitted.size(), 1u);
+  EXPECT_EQ(submitted[0][0], "qsub");
+  EXPECT_THAT(submitted[0], testing::Contains("-h"));
+  EXPECT_THAT(submitted[0], testing::Contains("depend=afterany:4.srv"));
+  const auto latest = core::latest_job({dir_});
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->id, "5.srv");
+  EXPECT_EQ(latest->scheduler, "pbs");
+  EXPECT_EQ(core::recorded_jobs({dir_}).back().trial, 0);
+}
+
+}  // namespace
+}  // namespace hpctrial

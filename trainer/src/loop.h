@@ -1,0 +1,116 @@
+// The training loop of one trial (internal to the trainer): set-up and resume, batches,
+// checkpoints (training_loop.cpp); metrics and validation (loop_metrics.cpp).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpointing.h"
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/trainer/sampler.h"
+#include "hpctrial/trainer/training_loop.h"
+#include "launch_contract.h"
+#include "metrics_log.h"
+#include "prefetcher.h"
+
+namespace hpctrial::trainer::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// A period: every N batches, or every N seconds (measured on the chief).
+struct Period {
+  std::int64_t batches = 0;  // 0: not batch-based
+  double seconds = 0;        // 0: not time-based
+  bool enabled() const { return batches > 0 || seconds > 0; }
+};
+
+class Loop {
+ public:
+  Loop(const core::ExperimentConfig& config, const TrialFactory& factory, comm::Communicator& comm,
+       const LoopOptions& options)
+      : config_(config), factory_(factory), comm_(comm), options_(options) {}
+
+  LoopResult run();
+
+ private:
+  void setup();
+  void resume();
+  void trim_metrics(std::int64_t batches);
+  std::string checkpoint_dir() const;
+  void save_checkpoint(bool wait);
+  void finish_checkpoint();
+  detail::LoopState loop_state() const;
+  void apply(const detail::LoopState& state);
+  void train_one_batch();
+  void report_training();
+  void validate();
+  MetricValues validate_by_batch();
+  MetricValues reduce_custom(bool training);
+  void call(const std::function<void(Callback&)>& hook) {
+    for (auto& [name, callback] : callbacks_) hook(*callback);
+  }
+  bool chief() const { return comm_.is_chief(); }
+  std::int64_t epoch_of_batch(std::int64_t batch) const {
+    return batch * global_batch_ / records_per_epoch_;
+  }
+
+  const core::ExperimentConfig& config_;
+  const TrialFactory& factory_;
+  comm::Communicator& comm_;
+  LoopOptions options_;
+
+  std::unique_ptr<TrialContext> context_;
+  std::unique_ptr<Trial> trial_;
+  std::unique_ptr<DataLoader> train_loader_;
+  std::unique_ptr<DataLoader> validation_loader_;
+  std::map<std::string, std::shared_ptr<Callback>> callbacks_;
+  std::unique_ptr<TrainingSampler> sampler_;
+  std::unique_ptr<detail::Prefetcher> prefetcher_;
+  std::unique_ptr<detail::MetricsLog> log_;
+  std::unique_ptr<detail::Progress> progress_;
+  std::unique_ptr<detail::StopFile> stop_file_;
+  std::unique_ptr<detail::FaultPlan> faults_;
+  detail::PhaseTimings timings_;
+  ReducerSpec reducers_ = Reducer::kAvg;
+
+  std::int64_t global_batch_ = 0;
+  std::int64_t records_per_epoch_ = 0;
+  std::int64_t max_batches_ = 0;
+  Period validation_period_;
+  std::int64_t batches_trained_ = 0;
+  std::int64_t last_validation_batches_ = -1;
+  Clock::time_point last_validation_time_;
+  std::int64_t last_report_batches_ = 0;
+  bool evaluate_by_batch_ = true;
+  bool checked_searcher_metric_ = false;
+
+  // Checkpoints (the chief writes them; every rank restores).
+  std::unique_ptr<checkpoint::CheckpointStore> store_;
+  std::unique_ptr<detail::AsyncCheckpointWriter> writer_;
+  detail::TrialIdentity identity_;
+  nlohmann::json settings_hparams_;
+  Period checkpoint_period_;
+  Clock::time_point last_checkpoint_time_;
+  std::int64_t last_checkpoint_batches_ = -1;
+  std::int64_t restart_count_ = 0;
+  std::optional<double> best_metric_;
+
+  // Training metrics of the current reporting period.
+  std::map<std::string, std::vector<torch::Tensor>> period_values_;
+  std::int64_t period_batches_ = 0;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+
+  LoopResult result_;
+};
+
+}  // namespace hpctrial::trainer::detail

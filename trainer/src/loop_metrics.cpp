@@ -1,0 +1,193 @@
+// The loop's metrics: training metrics reduced over a reporting period, validation (by batch
+// or evaluate_full_dataset), custom reducers.
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "loop.h"
+
+namespace hpctrial::trainer::detail {
+
+using comm::DType;
+using comm::ReduceOp;
+
+// Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
+// once; every rank gets the results.
+MetricValues Loop::reduce_custom(bool training) {
+  nlohmann::json results = nlohmann::json::object();
+  for (const auto& wrapped : context_->reducers()) {
+    if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
+    const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
+    const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    const auto parts = comm_.gather(bytes, 0);
+    if (chief()) {
+      std::vector<std::vector<double>> per_slot;
+      for (const auto& part : parts) {
+        std::vector<double> values(part.size() / sizeof(double));
+        std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
+        per_slot.push_back(std::move(values));
+      }
+      results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
+    }
+    wrapped.reducer->reset();
+  }
+  if (results.empty() && context_->reducers().empty()) return {};
+  std::string text = chief() ? results.dump() : std::string();
+  comm_.broadcast(text, 0);
+  return nlohmann::json::parse(text).get<MetricValues>();
+}
+
+void Loop::report_training() {
+  if (period_batches_ == 0) return;
+  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
+  MetricValues values;
+  std::vector<double> means;
+  for (auto& [name, list] : period_values_) {
+    // Summed where the values live: one device-to-host copy per metric and period.
+    const torch::Device device = list.front().device();
+    for (auto& v : list) v = v.to(device, torch::kFloat64);
+    means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+  }
+  if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
+    comm_.allreduce(means, ReduceOp::kSum);
+    for (double& m : means) m /= comm_.size();
+  }
+  std::size_t i = 0;
+  for (auto& [name, list] : period_values_) values[name] = means[i++];
+  for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
+  if (values.count("loss")) last_loss_ = values["loss"];
+  if (log_) {
+    log_->write("training", batches_trained_, epoch_of_batch(batches_trained_ - 1),
+                batches_trained_ * global_batch_, values);
+  }
+  period_values_.clear();
+  period_batches_ = 0;
+  last_report_batches_ = batches_trained_;
+}
+
+MetricValues Loop::validate_by_batch() {
+  const auto batches = validation_batches(validation_loader_->dataset().size(),
+                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
+                                          comm_.rank(), comm_.size());
+  std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
+  for (const auto& indices : batches) {
+    Batch batch = context_->to_device(validation_loader_->dataset().get_batch(indices));
+    Metrics metrics = trial_->evaluate_batch(batch);
+    for (auto& [name, metric] : metrics) values[name].push_back(metric.item());
+  }
+  // Every rank reduces the same metrics, even one that had no batch.
+  std::string names;
+  for (const auto& [name, list] : values) names += name + '\n';
+  std::set<std::string> all_names;
+  for (const auto& part : comm_.allgather(names)) {
+    std::size_t start = 0, end;
+    while ((end = part.find('\n', start)) != std::string::npos) {
+      all_names.insert(part.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  MetricValues out;
+  for (const auto& name : all_names) {
+    const auto& list = values[name];
+    const Reducer reducer = reducers_.reducer_for(name);
+    switch (reducer) {
+      case Reducer::kAvg: {
+        std::vector<double> sum_count = {0.0, static_cast<double>(list.size())};
+        for (double v : list) sum_count[0] += v;
+        comm_.allreduce(sum_count, ReduceOp::kSum);
+        out[name] = sum_count[1] > 0 ? sum_count[0] / sum_count[1] : std::nan("");
+        break;
+      }
+      case Reducer::kSum: {
+        std::vector<double> sum = {0.0};
+        for (double v : list) sum[0] += v;
+        comm_.allreduce(sum, ReduceOp::kSum);
+        out[name] = sum[0];
+        break;
+      }
+      case Reducer::kMax:
+      case Reducer::kMin: {
+        const bool max = reducer == Reducer::kMax;
+        std::vector<double> extreme = {max ? -std::numeric_limits<double>::infinity()
+                                           : std::numeric_limits<double>::infinity()};
+        for (double v : list) extreme[0] = max ? std::max(extreme[0], v) : std::min(extreme[0], v);
+        comm_.allreduce(extreme, max ? ReduceOp::kMax : ReduceOp::kMin);
+        out[name] = extreme[0];
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+void Loop::validate() {
+  const detail::PhaseRecord phase(core::RankPhase::kValidation);
+  faults_->at(detail::FaultPhase::kValidation, batches_trained_);
+  detail::PhaseTimings::Scope t(timings_, "validation");
+  call([](Callback& c) { c.on_validation_start(); });
+  for (const auto& wrapped : context_->reducers()) {
+    if (wrapped.for_validation) wrapped.reducer->reset();
+  }
+  for (auto& model : context_->models()) model->eval();
+  MetricValues metrics;
+  {
+    torch::NoGradGuard no_grad;
+    if (evaluate_by_batch_) {
+      try {
+        metrics = validate_by_batch();
+      } catch (const detail::NotOverridden&) {
+        evaluate_by_batch_ = false;
+      }
+    }
+    if (!evaluate_by_batch_) {
+      // evaluate_full_dataset runs on the chief; every rank gets its result.
+      const detail::PhaseRecord evaluating(core::RankPhase::kEvaluate);
+      faults_->at(detail::FaultPhase::kEvaluate, batches_trained_);
+      std::string bytes;
+      if (chief()) {
+        try {
+          nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
+          bytes = values.dump();
+        } catch (const detail::NotOverridden&) {
+          bytes = "missing";
+        }
+      }
+      comm_.broadcast(bytes, 0);
+      if (bytes == "missing") {
+        throw ConfigError("the trial overrides neither evaluate_batch nor evaluate_full_dataset; "
+                          "implement one of them to validate");
+      }
+      metrics = nlohmann::json::parse(bytes).get<MetricValues>();
+    }
+  }
+  for (auto& model : context_->models()) model->train();
+  for (const auto& [name, value] : reduce_custom(false)) metrics[name] = value;
+
+  if (!checked_searcher_metric_) {
+    checked_searcher_metric_ = true;
+    if (metrics.count(config_.searcher.metric) == 0) {
+      std::string names;
+      for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("searcher.metric is '" + config_.searcher.metric +
+                        "' but validation reported only: " + (names.empty() ? "nothing" : names) +
+                        "; return it from evaluate_batch or change searcher.metric");
+    }
+  }
+  if (log_) {
+    log_->write("validation", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
+                batches_trained_ * global_batch_, metrics);
+  }
+  result_.last_validation = metrics;
+  last_validation_batches_ = batches_trained_;
+  if (const auto it = metrics.find(config_.searcher.metric); it != metrics.end()) {
+    const bool better = !best_metric_ || (config_.searcher.smaller_is_better ? it->second < *best_metric_
+                                                                             : it->second > *best_metric_);
+    if (better) best_metric_ = it->second;
+  }
+  last_validation_time_ = Clock::now();
+  call([&](Callback& c) { c.on_validation_end(metrics); });
+}
+
+}  // namespace hpctrial::trainer::detail
