@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -231,8 +232,14 @@ int main(int argc, char** argv) {
     set(static_cast<int>(s.blas_threads));
   }
   const Data data = make_data(s);
+  // A fresh scratch directory per run, so that no run resumes another's trial.
   char dir_template[] = "/tmp/hpctrial-bench-XXXXXX";
-  const std::string scratch = mkdtemp(dir_template);
+  if (::mkdtemp(dir_template) == nullptr) {
+    std::fprintf(stderr, "harness_overhead: cannot create a scratch directory %s: %s\n", dir_template,
+                 std::strerror(errno));
+    return 1;
+  }
+  const std::string scratch = dir_template;
 
   if (!s.only.empty()) {
     const double rate = s.only == "plain" ? checked(plain_steps_per_second(s, data), "plain")
