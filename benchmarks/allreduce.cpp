@@ -150,8 +150,8 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   MpiCommunicator comm(environment.world());
-  MPI_Comm plain_comm;
-  MPI_Comm_dup(environment.world(), &plain_comm);
+  const hpctrial::comm::MpiComm plain = hpctrial::comm::MpiComm::dup(environment.world());
+  const MPI_Comm plain_comm = plain.get();
   const bool chief = environment.is_chief();
   const double bus = 2.0 * (n - 1) / n;
   auto report = [&](const std::string& label, double bytes, const Result& r) {
@@ -187,7 +187,6 @@ int main(int argc, char** argv) {
     worst = std::min(worst, report(label, 64.0 * 1024 * 1024, r));
   }
   if (chief) std::printf("worst ratio ours / plain: %.3f (goal >= 0.9)\n", worst);
-  MPI_Comm_free(&plain_comm);
   if (!std::isfinite(worst) || worst <= 0) {
     if (chief) std::fprintf(stderr, "allreduce: a side measured no bandwidth\n");
     return 1;

@@ -7,6 +7,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "site_defaults.h"
 #include "verb.h"
 
@@ -37,7 +38,7 @@ std::string summarize(const core::ExperimentConfig& c) {
                      (r.slots_per_trial == 1 ? " slot" : " slots") + " on " +
                      std::to_string(r.nodes()) + (r.nodes() == 1 ? " node" : " nodes") +
                      ", searcher " + std::string(core::to_string(c.searcher.name)) +
-                     ", scheduler " + std::string(core::to_string(c.scheduler.type));
+                     ", scheduler " + c.scheduler.type;
   return text;
 }
 
@@ -98,7 +99,7 @@ int run_config(const std::vector<std::string>& args) {
   for (const auto& file : files) {
     core::ConfigSources sources{file, template_path, overrides};
     try {
-      const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
+      const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
       if (action == "show" && !output_path.empty()) {
         core::write_file_atomic(output_path, core::to_yaml(config));
         std::cout << "wrote the effective config of " << file << " to " << output_path << "\n";

@@ -14,6 +14,7 @@
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "launch_options.h"
 #include "site_defaults.h"
 #include "verb.h"
@@ -98,7 +99,7 @@ int run_run(const std::vector<std::string>& args) {
   }
   core::ProcessEnv env;
   core::init_logging(env);
-  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
+  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();

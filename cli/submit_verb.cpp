@@ -82,7 +82,7 @@ int run_submit(const std::vector<std::string>& args) {
   }
   if (!scheduler.empty()) sources.overrides.push_back("scheduler.type=" + scheduler);
   core::ProcessEnv env;
-  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path());
+  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   const core::ExperimentLayout layout{experiment_dir};

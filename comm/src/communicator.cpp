@@ -248,13 +248,10 @@ class MpiCommunicator::Task final : public Work {
   std::string error_;
 };
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog) : watchdog_(watchdog) {
-  HPCTRIAL_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_dup(comm, &async_comm_));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(async_comm_, MPI_ERRORS_RETURN));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog)
+    : comm_(MpiComm::dup(comm)), async_comm_(MpiComm::dup(comm)), watchdog_(watchdog) {
+  HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   ops16();  // created while every rank is here
 }
 
@@ -264,12 +261,7 @@ MpiCommunicator::~MpiCommunicator() {
     stopping_ = true;
   }
   wake_.notify_all();
-  if (worker_.joinable()) worker_.join();
-  for (MPI_Comm* c : {&comm_, &async_comm_}) {
-    if (*c != MPI_COMM_NULL && MPI_Comm_free(c) != MPI_SUCCESS) {
-      core::log_warning("MPI_Comm_free of a communicator failed");
-    }
-  }
+  if (worker_.joinable()) worker_.join();  // then the members free both communicators
 }
 
 WorkHandle MpiCommunicator::enqueue(const char* operation, std::function<void(MPI_Comm)> run) {
@@ -294,7 +286,7 @@ void MpiCommunicator::worker_loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    const std::string error = task->execute(async_comm_, failed);
+    const std::string error = task->execute(async_comm_.get(), failed);
     if (failed.empty()) failed = error;
   }
 }
@@ -316,7 +308,7 @@ void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, Redu
   check_reduction(dtype, op);
   if (size_ == 1 || count == 0) return;
   Watchdog::Scope watch(watchdog_, "allreduce");
-  allreduce_on(comm_, size_, data, count, dtype, op);
+  allreduce_on(comm_.get(), size_, data, count, dtype, op);
 }
 
 void MpiCommunicator::broadcast(std::string& bytes, int root) {
@@ -324,9 +316,9 @@ void MpiCommunicator::broadcast(std::string& bytes, int root) {
   if (size_ == 1) return;
   Watchdog::Scope watch(watchdog_, "broadcast");
   std::uint64_t length = bytes.size();
-  HPCTRIAL_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_.get()));
   bytes.resize(length);
-  broadcast_on(comm_, bytes.data(), length, root);
+  broadcast_on(comm_.get(), bytes.data(), length, root);
 }
 
 std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
@@ -334,7 +326,7 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
   Watchdog::Scope watch(watchdog_, "allgather");
   const int mine = static_cast<int>(bytes.size());
   std::vector<int> sizes(static_cast<std::size_t>(size_));
-  HPCTRIAL_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_.get()));
   std::vector<int> offsets(sizes.size());
   long long total = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -344,7 +336,7 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
   }
   std::string all(static_cast<std::size_t>(total), '\0');
   HPCTRIAL_MPI_CHECK(MPI_Allgatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(),
-                                    offsets.data(), MPI_BYTE, comm_));
+                                    offsets.data(), MPI_BYTE, comm_.get()));
   std::vector<std::string> out;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     out.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(sizes[i])));
@@ -358,12 +350,12 @@ std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int r
   Watchdog::Scope watch(watchdog_, "gather");
   // Every rank learns the total first, so that all of them refuse a gather too large together.
   std::int64_t total = static_cast<std::int64_t>(bytes.size());
-  HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, comm_.get()));
   if (total > INT_MAX) throw CommError("gather of " + std::to_string(total) + " bytes: too large");
   const int mine = static_cast<int>(bytes.size());
   const bool at_root = rank_ == root;
   std::vector<int> sizes(at_root ? static_cast<std::size_t>(size_) : 0);
-  HPCTRIAL_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_.get()));
   std::vector<int> offsets(sizes.size());
   int offset = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -372,7 +364,7 @@ std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int r
   }
   std::string all(static_cast<std::size_t>(offset), '\0');
   HPCTRIAL_MPI_CHECK(MPI_Gatherv(bytes.data(), mine, MPI_BYTE, all.data(), sizes.data(), offsets.data(),
-                                 MPI_BYTE, root, comm_));
+                                 MPI_BYTE, root, comm_.get()));
   std::vector<std::string> out;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     out.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(sizes[i])));
@@ -382,7 +374,7 @@ std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int r
 
 void MpiCommunicator::barrier() {
   Watchdog::Scope watch(watchdog_, "barrier");
-  HPCTRIAL_MPI_CHECK(MPI_Barrier(comm_));
+  HPCTRIAL_MPI_CHECK(MPI_Barrier(comm_.get()));
 }
 
 void MpiCommunicator::set_step(std::int64_t step) {

@@ -74,11 +74,11 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadLevel required) {
     provided_ = from_mpi(provided);
     HPCTRIAL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     HPCTRIAL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-    HPCTRIAL_MPI_CHECK(
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_));
-    HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(node_comm_, MPI_ERRORS_RETURN));
-    HPCTRIAL_MPI_CHECK(MPI_Comm_rank(node_comm_, &local_rank_));
-    HPCTRIAL_MPI_CHECK(MPI_Comm_size(node_comm_, &local_size_));
+    MPI_Comm node = MPI_COMM_NULL;
+    HPCTRIAL_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    node_comm_ = MpiComm::adopt(node);
+    HPCTRIAL_MPI_CHECK(MPI_Comm_rank(node_comm_.get(), &local_rank_));
+    HPCTRIAL_MPI_CHECK(MPI_Comm_size(node_comm_.get(), &local_size_));
 
     // Nodes are numbered by their lowest world rank: count the node leaders before us.
     const int leader = local_rank_ == 0 ? 1 : 0;
@@ -87,14 +87,14 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadLevel required) {
     HPCTRIAL_MPI_CHECK(MPI_Exscan(&leader, &leaders_before, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
     if (rank_ == 0) leaders_before = 0;  // MPI_Exscan leaves rank 0's result undefined
     node_index_ = leaders_before;
-    HPCTRIAL_MPI_CHECK(MPI_Bcast(&node_index_, 1, MPI_INT, 0, node_comm_));
+    HPCTRIAL_MPI_CHECK(MPI_Bcast(&node_index_, 1, MPI_INT, 0, node_comm_.get()));
 
     char name[MPI_MAX_PROCESSOR_NAME];
     int length = 0;
     HPCTRIAL_MPI_CHECK(MPI_Get_processor_name(name, &length));
     hostname_.assign(name, static_cast<std::size_t>(length));
   } catch (...) {
-    if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
+    node_comm_.reset();
     MPI_Finalize();
     throw;
   }
@@ -102,9 +102,7 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadLevel required) {
 }
 
 MpiEnvironment::~MpiEnvironment() {
-  if (node_comm_ != MPI_COMM_NULL && MPI_Comm_free(&node_comm_) != MPI_SUCCESS) {
-    core::log_warning("MPI_Comm_free of the node communicator failed during shutdown");
-  }
+  node_comm_.reset();  // communicators are freed before MPI_Finalize
   const int rc = MPI_Finalize();
   if (rc != MPI_SUCCESS) core::log_error("MPI_Finalize failed with error code {}", rc);
   core::set_log_rank(-1);

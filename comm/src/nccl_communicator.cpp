@@ -1,28 +1,16 @@
 #include "hpctrial/comm/nccl_communicator.h"
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include <mutex>
 #include <thread>
 
-#include "hpctrial/core/error.h"
-#include "hpctrial/core/logging.h"
+#include "cuda_handles.h"
 #include "hpctrial/comm/mpi_check.h"
 #include "hpctrial/comm/watchdog.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
 
 namespace hpctrial::comm {
 namespace {
-
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw CommError(std::string(what) + " failed: " + cudaGetErrorString(rc));
-}
-
-void check_nccl(ncclResult_t rc, const char* what) {
-  if (rc != ncclSuccess && rc != ncclInProgress) {
-    throw CommError(std::string(what) + " failed: " + ncclGetErrorString(rc));
-  }
-}
 
 ncclDataType_t to_nccl(DType dtype) {
   switch (dtype) {
@@ -50,31 +38,27 @@ ncclRedOp_t to_nccl(ReduceOp op) {
   return ncclSum;
 }
 
-// The NCCL communicator, shared with the watchdog's abort hook, which may outlive us.
+// The NCCL communicator, shared with the watchdog's abort hook, which may outlive us. Aborted
+// when the last owner goes without the orderly end of ~NcclCommunicator (a constructor that threw).
 struct SharedComm {
   std::mutex mutex;
-  ncclComm_t comm = nullptr;
-  bool failed = false;
+  NcclComm comm;
 
   // Tears the communicator down after an error; safe to call more than once.
   void abort() {
     std::lock_guard<std::mutex> lock(mutex);
-    if (comm == nullptr) return;
-    ncclCommAbort(comm);
-    comm = nullptr;
-    failed = true;
+    comm.reset();
   }
 };
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<SharedComm> shared, cudaEvent_t done, int device, Watchdog* watchdog,
+  NcclWork(std::shared_ptr<SharedComm> shared, CudaEvent done, int device, Watchdog* watchdog,
            std::uint64_t id, const char* operation)
-      : shared_(std::move(shared)), done_(done), device_(device), watchdog_(watchdog), id_(id),
+      : shared_(std::move(shared)), done_(std::move(done)), device_(device), watchdog_(watchdog), id_(id),
         operation_(operation) {}
   ~NcclWork() override {
     if (watchdog_ != nullptr && !finished_) watchdog_->leave(id_);
-    cudaEventDestroy(done_);
   }
 
   bool wait(std::chrono::milliseconds timeout) override {
@@ -82,7 +66,7 @@ class NcclWork final : public Work {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      const cudaError_t state = cudaEventQuery(done_);
+      const cudaError_t state = cudaEventQuery(done_.get());
       if (state == cudaSuccess) break;
       if (state != cudaErrorNotReady) {
         shared_->abort();
@@ -90,13 +74,11 @@ class NcclWork final : public Work {
       }
       {
         std::lock_guard<std::mutex> lock(shared_->mutex);
-        if (shared_->comm == nullptr) throw CommError(std::string("NCCL ") + operation_ + ": the communicator was aborted");
+        if (!shared_->comm) throw CommError(std::string("NCCL ") + operation_ + ": the communicator was aborted");
         ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(shared_->comm, &async);
+        ncclCommGetAsyncError(shared_->comm.get(), &async);
         if (async != ncclSuccess && async != ncclInProgress) {
-          ncclCommAbort(shared_->comm);
-          shared_->comm = nullptr;
-          shared_->failed = true;
+          shared_->comm.reset();
           throw CommError(std::string("NCCL ") + operation_ + " failed: " + ncclGetErrorString(async) +
                           "; the communicator was aborted");
         }
@@ -105,7 +87,7 @@ class NcclWork final : public Work {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     // Later work on the default stream sees the result.
-    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done_.get(), 0), "cudaStreamWaitEvent");
     finished_ = true;
     if (watchdog_ != nullptr) watchdog_->leave(id_);
     return true;
@@ -113,7 +95,7 @@ class NcclWork final : public Work {
 
  private:
   std::shared_ptr<SharedComm> shared_;
-  cudaEvent_t done_;
+  CudaEvent done_;
   int device_;
   Watchdog* watchdog_;
   std::uint64_t id_;
@@ -134,10 +116,11 @@ class NcclCommunicator final : public Communicator {
     if (host_.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     HPCTRIAL_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, host_.comm()));
     ncclComm_t nccl = nullptr;
-    check_nccl(ncclCommInitRank(&nccl, host_.size(), id, host_.rank()), "ncclCommInitRank");
-    shared_->comm = nccl;
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    const ncclResult_t rc = ncclCommInitRank(&nccl, host_.size(), id, host_.rank());
+    shared_->comm = NcclComm(nccl);  // owned before anything can throw
+    check_nccl(rc, "ncclCommInitRank");
+    stream_ = make_stream(cudaStreamNonBlocking);
+    ready_ = make_event(cudaEventDisableTiming);
     if (watchdog_ != nullptr) {
       std::weak_ptr<SharedComm> weak = shared_;
       watchdog_->add_abort_hook([weak] {
@@ -147,19 +130,15 @@ class NcclCommunicator final : public Communicator {
     core::log_debug("NCCL communicator on GPU {} ({} ranks)", device_, host_.size());
   }
 
+  // The orderly end: a communicator whose stream finishes is destroyed, one that does not is
+  // aborted (NcclComm's destructor); then the members free the event and the stream.
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->comm != nullptr) {
-      if (cudaStreamSynchronize(stream_) == cudaSuccess) {
-        ncclCommDestroy(shared_->comm);
-      } else {
-        ncclCommAbort(shared_->comm);
-      }
-      shared_->comm = nullptr;
+    if (shared_->comm && cudaStreamSynchronize(stream_.get()) == cudaSuccess) {
+      ncclCommDestroy(shared_->comm.release());
     }
-    cudaEventDestroy(ready_);
-    cudaStreamDestroy(stream_);
+    shared_->comm.reset();
   }
 
   using Communicator::allreduce;
@@ -168,14 +147,14 @@ class NcclCommunicator final : public Communicator {
 
   WorkHandle allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) override {
     return launch("allreduce", [&](ncclComm_t comm) {
-      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op), comm, stream_);
+      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op), comm, stream_.get());
     });
   }
 
   WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override {
     if (root < 0 || root >= size()) throw CommError("broadcast: root rank " + std::to_string(root) + " is not in the world");
     return launch("broadcast", [&](ncclComm_t comm) {
-      return ncclBroadcast(data, data, bytes, ncclUint8, root, comm, stream_);
+      return ncclBroadcast(data, data, bytes, ncclUint8, root, comm, stream_.get());
     });
   }
 
@@ -190,30 +169,28 @@ class NcclCommunicator final : public Communicator {
   WorkHandle launch(const char* operation, const Call& call) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     // The collective waits for what the default stream has queued (the gradients).
-    check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaEventRecord(ready_.get(), cudaStreamLegacy), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent");
     const std::uint64_t id = watchdog_ != nullptr ? watchdog_->enter(operation) : 0;
-    cudaEvent_t done = nullptr;
     try {
       std::lock_guard<std::mutex> lock(shared_->mutex);
-      if (shared_->comm == nullptr) throw CommError(std::string("NCCL ") + operation + ": the communicator was aborted");
-      check_nccl(call(shared_->comm), operation);
-      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-      check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+      if (!shared_->comm) throw CommError(std::string("NCCL ") + operation + ": the communicator was aborted");
+      check_nccl(call(shared_->comm.get()), operation);
+      CudaEvent done = make_event(cudaEventDisableTiming);
+      check_cuda(cudaEventRecord(done.get(), stream_.get()), "cudaEventRecord");
+      return std::make_shared<NcclWork>(shared_, std::move(done), device_, watchdog_, id, operation);
     } catch (...) {
-      if (done != nullptr) cudaEventDestroy(done);
       if (watchdog_ != nullptr) watchdog_->leave(id);
       throw;
     }
-    return std::make_shared<NcclWork>(shared_, done, device_, watchdog_, id, operation);
   }
 
   MpiCommunicator host_;
   Watchdog* watchdog_;
   std::shared_ptr<SharedComm> shared_;
   int device_ = 0;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
+  CudaStream stream_;
+  CudaEvent ready_;
 };
 
 }  // namespace

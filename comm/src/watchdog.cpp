@@ -34,10 +34,9 @@ Watchdog::Watchdog(MPI_Comm world, Options options) : options_(options), started
     options_.interval = std::max(std::chrono::milliseconds(10),
                                  std::min(options_.timeout / 4, std::chrono::milliseconds(1000)));
   }
-  HPCTRIAL_MPI_CHECK(MPI_Comm_dup(world, &comm_));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-  HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  comm_ = MpiComm::dup(world);
+  HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
+  HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   char name[MPI_MAX_PROCESSOR_NAME];
   int length = 0;
   HPCTRIAL_MPI_CHECK(MPI_Get_processor_name(name, &length));
@@ -48,10 +47,7 @@ Watchdog::Watchdog(MPI_Comm world, Options options) : options_(options), started
 }
 
 Watchdog::~Watchdog() {
-  stop_thread();
-  if (comm_ != MPI_COMM_NULL && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
-    core::log_warning("MPI_Comm_free of the watchdog's communicator failed");
-  }
+  stop_thread();  // then comm_ is freed
 }
 
 void Watchdog::stop_thread() {
@@ -133,18 +129,18 @@ void Watchdog::send_heartbeat(const Heartbeat& heartbeat, int tag) {
     if (!done) return;  // the chief has not taken the last one yet
   }
   send_buffer_ = heartbeat;
-  HPCTRIAL_MPI_CHECK(MPI_Isend(&send_buffer_, sizeof(Heartbeat), MPI_BYTE, 0, tag, comm_, &send_request_));
+  HPCTRIAL_MPI_CHECK(MPI_Isend(&send_buffer_, sizeof(Heartbeat), MPI_BYTE, 0, tag, comm_.get(), &send_request_));
 }
 
 void Watchdog::receive_heartbeats(Clock::time_point now) {
   while (true) {
     int arrived = 0;
     MPI_Status status;
-    HPCTRIAL_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &arrived, &status));
+    HPCTRIAL_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_.get(), &arrived, &status));
     if (!arrived) return;
     Heartbeat beat;
     HPCTRIAL_MPI_CHECK(MPI_Recv(&beat, sizeof(Heartbeat), MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG,
-                                comm_, MPI_STATUS_IGNORE));
+                                comm_.get(), MPI_STATUS_IGNORE));
     PeerState& peer = peers_[static_cast<std::size_t>(status.MPI_SOURCE)];
     if (status.MPI_TAG == kGoodbyeTag) {
       peer.gone = true;
@@ -224,7 +220,7 @@ void Watchdog::shut_down() {
   if (rank_ != 0) {
     if (send_request_ != MPI_REQUEST_NULL) HPCTRIAL_MPI_CHECK(MPI_Wait(&send_request_, MPI_STATUS_IGNORE));
     Heartbeat goodbye;
-    HPCTRIAL_MPI_CHECK(MPI_Send(&goodbye, sizeof(Heartbeat), MPI_BYTE, 0, kGoodbyeTag, comm_));
+    HPCTRIAL_MPI_CHECK(MPI_Send(&goodbye, sizeof(Heartbeat), MPI_BYTE, 0, kGoodbyeTag, comm_.get()));
     return;
   }
   // Take every rank's goodbye so that no message is left unmatched when MPI finalizes.

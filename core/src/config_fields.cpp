@@ -298,7 +298,6 @@ using detail::choice_name;
 using detail::kCompressions;
 using detail::kHyperparameterTypes;
 using detail::kLengthUnits;
-using detail::kSchedulerTypes;
 using detail::kSearcherNames;
 
 std::string_view to_string(LengthUnit unit) { return choice_name(kLengthUnits, unit); }
@@ -310,7 +309,6 @@ std::string_view to_string(Hyperparameter::Type type) {
 
 std::string_view to_string(Searcher::Name name) { return choice_name(kSearcherNames, name); }
 
-std::string_view to_string(SchedulerConfig::Type type) { return choice_name(kSchedulerTypes, type); }
 std::string_view to_string(GradientCompression compression) { return choice_name(kCompressions, compression); }
 
 

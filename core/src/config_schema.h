@@ -49,10 +49,6 @@ inline constexpr Choice<Hyperparameter::Type> kHyperparameterTypes[] = {
 inline constexpr Choice<Searcher::Name> kSearcherNames[] = {{"single", Searcher::Name::kSingle},
                                                      {"grid", Searcher::Name::kGrid},
                                                      {"random", Searcher::Name::kRandom}};
-inline constexpr Choice<SchedulerConfig::Type> kSchedulerTypes[] = {
-    {"local", SchedulerConfig::Type::kLocal},
-    {"slurm", SchedulerConfig::Type::kSlurm},
-    {"pbs", SchedulerConfig::Type::kPbs}};
 inline constexpr Choice<GradientCompression> kCompressions[] = {{"none", GradientCompression::kNone},
                                                         {"fp16", GradientCompression::kFloat16},
                                                         {"bf16", GradientCompression::kBFloat16}};

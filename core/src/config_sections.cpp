@@ -209,32 +209,20 @@ void read_launcher(MapReader& r, LauncherConfig& l) {
 
 void read_scheduler(MapReader& r, SchedulerConfig& s) {
   Diagnostics& d = r.diagnostics();
+  // Which scheduler names exist is the registry's to say (check_scheduler_config); here a name.
   if (const ConfigNode* n = r.get("type")) {
-    if (auto v = read_choice(*n, r.path("type"), d, "scheduler", kSchedulerTypes)) s.type = *v;
+    s.written_at["type"] = n->where();
+    if (auto v = read_string(*n, r.path("type"), d)) s.type = *v;
   }
-  const ConfigNode* partition = r.get("partition");
-  const ConfigNode* queue = r.get("queue");
-  const ConfigNode* qos = r.get("qos");
-  if (partition != nullptr) {
-    if (auto v = read_scheduler_name(*partition, r.path("partition"), d, false)) s.partition = *v;
-  }
-  if (queue != nullptr) {
-    if (auto v = read_scheduler_name(*queue, r.path("queue"), d, true)) s.queue = *v;
-  }
-  if (const ConfigNode* n = r.get("account")) {
-    if (auto v = read_scheduler_name(*n, r.path("account"), d, false)) s.account = *v;
-  }
-  if (qos != nullptr) {
-    if (auto v = read_scheduler_name(*qos, r.path("qos"), d, false)) s.qos = *v;
-  }
-  if (s.type == SchedulerConfig::Type::kPbs && partition != nullptr) {
-    report(*partition, r.path("partition"), d, "is a Slurm option; PBS calls it scheduler.queue");
-  }
-  if (s.type == SchedulerConfig::Type::kPbs && qos != nullptr) {
-    report(*qos, r.path("qos"), d, "is a Slurm option that PBS does not have; remove it");
-  }
-  if (s.type == SchedulerConfig::Type::kSlurm && queue != nullptr) {
-    report(*queue, r.path("queue"), d, "is a PBS option; Slurm calls it scheduler.partition");
+  for (const auto& [key, at_allowed, target] :
+       {std::tuple<const char*, bool, std::string*>{"partition", false, &s.partition},
+        {"queue", true, &s.queue},
+        {"account", false, &s.account},
+        {"qos", false, &s.qos}}) {
+    if (const ConfigNode* n = r.get(key)) {
+      s.written_at[key] = n->where();
+      if (auto v = read_scheduler_name(*n, r.path(key), d, at_allowed)) *target = *v;
+    }
   }
   const ConfigNode* limit = r.get("time_limit");
   if (limit != nullptr) {

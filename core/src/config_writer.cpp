@@ -176,7 +176,7 @@ std::string to_yaml(const ExperimentConfig& c) {
 
   const SchedulerConfig& sc = c.scheduler;
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "type" << YAML::Value << std::string(to_string(sc.type));
+  out << YAML::Key << "type" << YAML::Value << sc.type;
   for (const auto& [key, value] : {std::pair{"partition", &sc.partition}, std::pair{"queue", &sc.queue},
                                    std::pair{"account", &sc.account}, std::pair{"qos", &sc.qos}}) {
     if (!value->empty()) out << YAML::Key << key << YAML::Value << *value;

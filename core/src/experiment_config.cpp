@@ -127,7 +127,11 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
 
 ExperimentConfig load_experiment_config(const ConfigSources& sources) { return load_experiment_config(sources, ""); }
 
-ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path) {
+namespace {
+
+// `schedulers` null: scheduler.type is any name (a stored config, checked when it was submitted).
+ExperimentConfig load(const ConfigSources& sources, const std::string& site_path,
+                      const std::vector<const Scheduler*>* schedulers) {
   Diagnostics d;
   ConfigNode root = load_config_file(sources.config_path, d);
   // Under the config: the template, then the site's defaults under both.
@@ -144,10 +148,22 @@ ExperimentConfig load_experiment_config(const ConfigSources& sources, const std:
   // Problems with the YAML itself come first; the schema is only checked on a readable tree.
   d.throw_if_any();
   ExperimentConfig config = parse_experiment_config(root, d);
+  config.source_path = sources.config_path;
+  if (schedulers != nullptr) check_scheduler_config(config, *schedulers, d);
   d.sort();
   d.throw_if_any();
-  config.source_path = sources.config_path;
   return config;
+}
+
+}  // namespace
+
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path) {
+  return load(sources, site_path, nullptr);
+}
+
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path,
+                                        const std::vector<const Scheduler*>& schedulers) {
+  return load(sources, site_path, &schedulers);
 }
 
 }  // namespace hpctrial::core

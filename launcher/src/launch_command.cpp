@@ -75,19 +75,12 @@ core::Allocation detect_allocation(const core::EnvSource& env, const core::Comma
   return {};
 }
 
-MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
-                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
-  const ExperimentLayout layout{options.experiment_dir};
-  const std::string trial_dir = layout.trial_dir(options.trial_id);
-  MpirunCommand c;
-  c.np = options.np > 0 ? options.np : config.resources.slots_per_trial;
-  c.working_dir = options.working_dir.empty()
-                      ? core::read_json_file(layout.state()).value("workdir", std::string())
-                      : options.working_dir;
+namespace {
 
-  std::string mpirun = options.mpirun;
-  if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");
-  c.argv = {mpirun, "-np", std::to_string(c.np)};
+// Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
+// this machine's cores.
+void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
+                   const LaunchOptions& options, const std::string& trial_dir, const core::EnvSource& env) {
   if (allocation.in_job()) {
     const int slots = allocation.total_slots();
     if (c.np > slots && !options.oversubscribe) {
@@ -104,31 +97,32 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
                                                  std::to_string(config.resources.cpus_per_slot)});
     c.argv.insert(c.argv.end(), {"--bind-to", options.oversubscribe ? "none" : "core"});
     if (options.oversubscribe) c.argv.push_back("--oversubscribe");
-  } else {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    if (static_cast<unsigned>(c.np) > cores && !options.oversubscribe) {
-      throw ConfigError(std::to_string(c.np) + " ranks were asked for but this machine has " + std::to_string(cores) +
-                        " cores; pass --oversubscribe to run more ranks than cores (each runs slower), or ask "
-                        "for fewer with --np");
-    }
-    c.argv.insert(c.argv.end(), {"--map-by", "slot", "--bind-to", "none"});
-    if (options.oversubscribe) c.argv.push_back("--oversubscribe");
-    // One host: the ob1 layer over shared memory is all the ranks' CPU collectives need, and it
-    // starts in a third of the time UCX takes. Unless the user chose a layer.
-    const auto& args = config.launcher.mpirun_args;
-    if (std::find(args.begin(), args.end(), "pml") == args.end() && !env.get("OMPI_MCA_pml")) {
-      c.argv.insert(c.argv.end(), {"--mca", "pml", "ob1"});
-    }
+    return;
   }
-  // Output tagged by rank, which the launcher turns into "[rank N] " and per-rank files.
-  c.argv.push_back("--tag-output");
-  // On SIGTERM, mpirun waits this long before it kills the ranks: time for their emergency
-  // checkpoint.
-  c.argv.insert(c.argv.end(), {"--mca", "odls_base_sigkill_timeout",
-                               std::to_string(std::max<std::int64_t>(1, config.scheduler.preemption_grace_seconds))});
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (static_cast<unsigned>(c.np) > cores && !options.oversubscribe) {
+    throw ConfigError(std::to_string(c.np) + " ranks were asked for but this machine has " + std::to_string(cores) +
+                      " cores; pass --oversubscribe to run more ranks than cores (each runs slower), or ask "
+                      "for fewer with --np");
+  }
+  c.argv.insert(c.argv.end(), {"--map-by", "slot", "--bind-to", "none"});
+  if (options.oversubscribe) c.argv.push_back("--oversubscribe");
+  // One host: the ob1 layer over shared memory is all the ranks' CPU collectives need, and it
+  // starts in a third of the time UCX takes. Unless the user chose a layer.
+  const auto& args = config.launcher.mpirun_args;
+  if (std::find(args.begin(), args.end(), "pml") == args.end() && !env.get("OMPI_MCA_pml")) {
+    c.argv.insert(c.argv.end(), {"--mca", "pml", "ob1"});
+  }
+}
 
-  // The contract with the ranks.
-  c.env = {
+// The contract with the ranks (core/launch_contract.h), then the user's environment.
+std::vector<std::pair<std::string, std::string>> rank_environment(const core::ExperimentConfig& config,
+                                                                  const core::Allocation& allocation,
+                                                                  const LaunchOptions& options, int restart_count,
+                                                                  const core::EnvSource& env) {
+  const ExperimentLayout layout{options.experiment_dir};
+  const std::string trial_dir = layout.trial_dir(options.trial_id);
+  std::vector<std::pair<std::string, std::string>> vars = {
       {core::kEnvExperimentDir, layout.dir},
       {core::kEnvConfig, layout.config()},
       {core::kEnvTrialId, std::to_string(options.trial_id)},
@@ -142,14 +136,16 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
       {core::kEnvVerdictFile, core::verdict_file(trial_dir, restart_count)},
   };
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
-    if (const auto value = env.get(passed)) c.env.emplace_back(passed, *value);
+    if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
   }
   for (const auto& var : config.environment) {
-    c.env.emplace_back(var.name, core::expand_env_references(var.value, env, "environment." + var.name));
+    vars.emplace_back(var.name, core::expand_env_references(var.value, env, "environment." + var.name));
   }
-  for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
-  c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
+  return vars;
+}
 
+// What each rank runs: the rank parent, the user's prefix, then the trial program.
+void add_rank_program(MpirunCommand& c, const core::ExperimentConfig& config, const LaunchOptions& options) {
   c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
   c.argv.insert(c.argv.end(), config.launcher.prefix.begin(), config.launcher.prefix.end());
   if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
@@ -161,6 +157,32 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   } else {
     c.argv.insert(c.argv.end(), config.entrypoint.argv.begin(), config.entrypoint.argv.end());
   }
+}
+
+}  // namespace
+
+MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
+  const ExperimentLayout layout{options.experiment_dir};
+  MpirunCommand c;
+  c.np = options.np > 0 ? options.np : config.resources.slots_per_trial;
+  c.working_dir = options.working_dir.empty()
+                      ? core::read_json_file(layout.state()).value("workdir", std::string())
+                      : options.working_dir;
+  std::string mpirun = options.mpirun;
+  if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");
+  c.argv = {mpirun, "-np", std::to_string(c.np)};
+  add_placement(c, config, allocation, options, layout.trial_dir(options.trial_id), env);
+  // Output tagged by rank, which the launcher turns into "[rank N] " and per-rank files.
+  c.argv.push_back("--tag-output");
+  // On SIGTERM, mpirun waits this long before it kills the ranks: time for their emergency
+  // checkpoint.
+  c.argv.insert(c.argv.end(), {"--mca", "odls_base_sigkill_timeout",
+                               std::to_string(std::max<std::int64_t>(1, config.scheduler.preemption_grace_seconds))});
+  c.env = rank_environment(config, allocation, options, restart_count, env);
+  for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
+  c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
+  add_rank_program(c, config, options);
   return c;
 }
 

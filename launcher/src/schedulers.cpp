@@ -63,7 +63,7 @@ const core::Scheduler& scheduler(const std::string& name) {
 }
 
 const core::Scheduler& scheduler(const core::ExperimentConfig& config) {
-  return scheduler(std::string(core::to_string(config.scheduler.type)));
+  return scheduler(config.scheduler.type);
 }
 
 const core::Scheduler* scheduler_of_job(const std::string& id) {

@@ -91,6 +91,15 @@ std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, co
   return job_allocation(env, run);
 }
 
+void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
+  for (const auto& [key, message] : {std::pair<std::string, const char*>{"partition", "is a Slurm option; PBS calls it scheduler.queue"},
+                                     {"qos", "is a Slurm option that PBS does not have; remove it"}}) {
+    if (const auto at = config.written_at.find(key); at != config.written_at.end()) {
+      diagnostics.error(at->second, "scheduler." + key, message);
+    }
+  }
+}
+
 bool Scheduler::is_job_id(const std::string& text) const {
   return is_valid_job_id(text) && text.find_first_of(".[") != std::string::npos;
 }

@@ -63,6 +63,12 @@ std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, co
 
 bool Scheduler::is_job_id(const std::string& text) const { return is_valid_job_id(text); }
 
+void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
+  if (const auto at = config.written_at.find("queue"); at != config.written_at.end()) {
+    diagnostics.error(at->second, "scheduler.queue", "is a PBS option; Slurm calls it scheduler.partition");
+  }
+}
+
 std::string Scheduler::render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const {
   if (options.trial >= 0) {
     throw ConfigError("a slurm job resumes by requeueing itself; there is no script for one trial of a search");

@@ -5,7 +5,8 @@
 #   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
 #   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
 #   - one process spawner (core/src/subprocess.cpp) and one atomic publisher (core/src/files.cpp);
-#   - no product source file over 500 lines.
+#   - MPI communicators are owned by comm::MpiComm, CUDA streams and events by comm's handles;
+#   - no product source file over 500 lines, no launcher function over 80.
 # usage: check_layering.sh SOURCE_DIR BUILD_DIR
 set -u
 src=$1
@@ -59,6 +60,16 @@ fi
 if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/files.cpp|include/hpctrial/core/files.h)'; then
   fail "a file is renamed into place outside core::publish_file (core/src/files.cpp)"
 fi
+# Handles own what must be freed once: MPI communicators, CUDA streams and events.
+if sources | xargs grep -En 'MPI_Comm_(dup|free)\(' | grep -v 'comm/src/mpi_comm.cpp'; then
+  fail "an MPI communicator is duplicated or freed outside comm::MpiComm (comm/src/mpi_comm.cpp)"
+fi
+if sources | xargs grep -En '(cudaStream|cudaEvent)(Create|Destroy)' | grep -v 'comm/src/cuda_handles.h'; then
+  fail "a CUDA stream or event is made or destroyed outside comm/src/cuda_handles.h"
+fi
+# Top-level function bodies in the launcher: at most 80 lines each.
+long=$(awk -v max=80 -f "$src/tests/layering/function_lengths.awk" "$src"/launcher/src/*.cpp)
+[[ -n $long ]] && fail "launcher functions over 80 lines (file:line: lines): $long"
 while read -r lines file; do
   [[ $file == total ]] && continue
   (( lines > 500 )) && fail "$file has $lines lines (split it: at most 500)"

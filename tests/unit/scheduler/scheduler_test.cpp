@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "../../support/temp_dir.h"
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/error.h"
@@ -39,6 +40,43 @@ TEST(SchedulerRegistry, FindsEachSchedulerByNameAndByTheFormOfItsJobIds) {
   EXPECT_EQ(launcher::scheduler_of_job("1234.pbs1")->name(), "pbs");
   EXPECT_EQ(launcher::scheduler_of_job("1234[2].pbs1")->name(), "pbs");
   EXPECT_EQ(launcher::scheduler_of_job("runs/exp"), nullptr);
+}
+
+// The errors of `yaml` loaded as a config file against the registry, one "file:line:col: ..." a line.
+std::string config_errors(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  testing_support::TempDir dir;
+  const std::string path = dir.write("exp.yaml", "name: t\nentrypoint: ./trial\n"
+                                                 "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n" +
+                                                     yaml);
+  try {
+    core::load_experiment_config({path, "", std::move(overrides)}, "", launcher::schedulers());
+    return "";
+  } catch (const ConfigError& e) {
+    std::string text = e.what();
+    for (std::size_t at; (at = text.find(path)) != std::string::npos;) text.replace(at, path.size(), "exp.yaml");
+    return text;
+  }
+}
+
+TEST(SchedulerRegistry, ScheduledTypeIsANameInTheRegistryAndEachVetsItsOwnOptions) {
+  EXPECT_THAT(config_errors("scheduler: {type: slurmm}\n"),
+              HasSubstr("exp.yaml:4:19: scheduler.type: unknown scheduler \"slurmm\"; use one of slurm, pbs, "
+                        "local (did you mean 'slurm'?)"));
+  EXPECT_THAT(config_errors("scheduler: {type: pbs, partition: gpu}\n"),
+              HasSubstr("exp.yaml:4:35: scheduler.partition: is a Slurm option; PBS calls it scheduler.queue"));
+  EXPECT_THAT(config_errors("scheduler: {type: pbs, qos: high}\n"),
+              HasSubstr("exp.yaml:4:29: scheduler.qos: is a Slurm option that PBS does not have; remove it"));
+  EXPECT_THAT(config_errors("scheduler: {type: slurm, queue: gpu}\n"),
+              HasSubstr("exp.yaml:4:33: scheduler.queue: is a PBS option; Slurm calls it scheduler.partition"));
+  // --set is checked the same way and named as the place it came from.
+  EXPECT_THAT(config_errors("scheduler: {partition: gpu}\n", {"scheduler.type=pbs"}),
+              HasSubstr("scheduler.partition: is a Slurm option; PBS calls it scheduler.queue"));
+  EXPECT_THAT(config_errors("", {"scheduler.type=lsf"}),
+              HasSubstr("--set scheduler.type=lsf: scheduler.type: unknown scheduler \"lsf\""));
+  // Whatever a scheduler does not reject loads; local rejects nothing.
+  EXPECT_EQ(config_errors("scheduler: {type: slurm, partition: gpu, qos: high, account: p1}\n"), "");
+  EXPECT_EQ(config_errors("scheduler: {type: pbs, queue: workq@pbs01, account: p1}\n"), "");
+  EXPECT_EQ(config_errors("scheduler: {partition: gpu, queue: workq}\n"), "");
 }
 
 TEST(SchedulerRegistry, LocalHasNoJobsAndSaysWhatToDoInstead) {

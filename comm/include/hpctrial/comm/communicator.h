@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "hpctrial/comm/mpi_comm.h"
 #include "hpctrial/core/dtype.h"
 
 namespace hpctrial::comm {
@@ -127,15 +128,15 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::string> gather(const std::string& bytes, int root) override;
   void barrier() override;
   void set_step(std::int64_t step) override;
-  MPI_Comm comm() const { return comm_; }
+  MPI_Comm comm() const { return comm_.get(); }
 
  private:
   class Task;
   WorkHandle enqueue(const char* operation, std::function<void(MPI_Comm)> run);
   void worker_loop();
 
-  MPI_Comm comm_ = MPI_COMM_NULL;        // synchronous collectives, caller's thread
-  MPI_Comm async_comm_ = MPI_COMM_NULL;  // async collectives, worker thread
+  MpiComm comm_;        // synchronous collectives, caller's thread
+  MpiComm async_comm_;  // async collectives, worker thread
   int rank_ = 0;
   int size_ = 1;
   Watchdog* watchdog_ = nullptr;

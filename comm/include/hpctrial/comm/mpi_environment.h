@@ -17,6 +17,8 @@
 
 #include <string>
 
+#include "hpctrial/comm/mpi_comm.h"
+
 namespace hpctrial::comm {
 
 class MpiEnvironment {
@@ -43,7 +45,7 @@ class MpiEnvironment {
 
   MPI_Comm world() const { return MPI_COMM_WORLD; }
   // Ranks on this node, ordered by world rank. Owned here; freed before MPI_Finalize.
-  MPI_Comm node() const { return node_comm_; }
+  MPI_Comm node() const { return node_comm_.get(); }
 
   // Logs "fatal: <message>" with rank and host, then ends every rank of the job with `code`.
   [[noreturn]] void abort(int code, const std::string& message) const noexcept;
@@ -59,7 +61,7 @@ class MpiEnvironment {
   int node_index_ = 0;
   std::string hostname_;
   ThreadLevel provided_ = ThreadLevel::kSingle;
-  MPI_Comm node_comm_ = MPI_COMM_NULL;
+  MpiComm node_comm_;
 };
 
 }  // namespace hpctrial::comm

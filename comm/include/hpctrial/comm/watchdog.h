@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "hpctrial/comm/mpi_comm.h"
+
 namespace hpctrial::comm {
 
 class Watchdog {
@@ -116,7 +118,7 @@ class Watchdog {
   [[noreturn]] void abort_job(const std::string& message, const std::vector<int>& culprits);
 
   Options options_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MpiComm comm_;
   int rank_ = 0;
   int size_ = 1;
   std::string hostname_;

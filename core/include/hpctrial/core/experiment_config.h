@@ -10,14 +10,18 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "hpctrial/core/config_node.h"
+#include "hpctrial/core/diagnostics.h"
 
 namespace hpctrial::core {
+
+class Scheduler;
 
 // A training length or period: {batches: N}, {epochs: N}, {records: N} or {seconds: N}.
 enum class LengthUnit { kBatches, kEpochs, kRecords, kSeconds };
@@ -120,8 +124,8 @@ struct LauncherConfig {
 };
 
 struct SchedulerConfig {
-  enum class Type { kLocal, kSlurm, kPbs };
-  Type type = Type::kLocal;
+  // A name in the registry of schedulers (launcher/schedulers.h): "local", "slurm", "pbs".
+  std::string type = "local";
   std::string partition;  // Slurm
   std::string queue;      // PBS
   std::string account;
@@ -131,8 +135,10 @@ struct SchedulerConfig {
   std::vector<std::string> modules;
   std::vector<EnvVar> environment;
   std::vector<std::string> extra_directives;
+  // Where the user wrote type, partition, queue, account and qos ("type" -> exp.yaml:4:19), for
+  // the errors a scheduler reports about its own options (Scheduler::check_config).
+  std::map<std::string, SourceLocation> written_at;
 };
-std::string_view to_string(SchedulerConfig::Type type);
 
 struct ExperimentConfig {
   std::string name;
@@ -169,6 +175,13 @@ ExperimentConfig load_experiment_config(const ConfigSources& sources);
 // The same, with a site's defaults (a YAML map like a template; empty path: none) merged under
 // the template: site < template < config < --set.
 ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path);
+// The same, and scheduler.type must name one of `schedulers`, whose check_config() then vets
+// the scheduler.* options: what the commands that submit or run use.
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path,
+                                        const std::vector<const Scheduler*>& schedulers);
+// Reports a scheduler.type that names none of `schedulers`, and the options the named one rejects.
+void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
+                            Diagnostics& diagnostics);
 
 // Validates a tree (already merged and overridden). Problems go to `diagnostics`.
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics);

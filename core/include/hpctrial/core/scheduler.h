@@ -102,6 +102,9 @@ class Scheduler {
   virtual std::optional<Allocation> detect(const EnvSource& env, const CommandRunner& run) const = 0;
   // Whether `text` has the form of one of its job ids.
   virtual bool is_job_id(const std::string& text) const = 0;
+  // Reports the scheduler.* options it does not have (PBS has no partition, Slurm no queue) at
+  // the place the user wrote them (config.scheduler.written_at). Accepts all by default.
+  virtual void check_config(const SchedulerConfig& config, Diagnostics& diagnostics) const;
 
   // The batch script of an experiment; ConfigError naming the key of a value it cannot write.
   virtual std::string render_script(const ExperimentConfig& config, const ScriptOptions& options) const = 0;
