@@ -18,8 +18,14 @@ namespace hpctrial::core::detail {
 
 void read_searcher(MapReader& r, Searcher& s) {
   Diagnostics& d = r.diagnostics();
+  // The checks that depend on the searcher are made only when its name is known: an unknown
+  // name is one error, not one more for each key the default searcher would refuse.
+  bool name_known = false;
   if (const ConfigNode* n = r.require("name", "name: single")) {
-    if (auto v = read_choice(*n, r.path("name"), d, "searcher", kSearcherNames)) s.name = *v;
+    if (auto v = read_choice(*n, r.path("name"), d, "searcher", kSearcherNames)) {
+      s.name = *v;
+      name_known = true;
+    }
   }
   if (const ConfigNode* n = r.require("metric", "metric: validation_loss")) {
     if (auto v = read_string(*n, r.path("metric"), d)) s.metric = *v;
@@ -37,7 +43,9 @@ void read_searcher(MapReader& r, Searcher& s) {
   if (trials != nullptr) {
     if (auto v = read_int(*trials, r.path("max_trials"), d, 1, kMaxTrials)) {
       s.max_trials = *v;
-      if (s.name == Searcher::Name::kSingle && *v != 1) {
+      if (!name_known) {
+        // reported with the name
+      } else if (s.name == Searcher::Name::kSingle && *v != 1) {
         report(*trials, r.path("max_trials"), d,
                "the single searcher runs exactly one trial; remove max_trials or use the random "
                "searcher");
@@ -47,7 +55,7 @@ void read_searcher(MapReader& r, Searcher& s) {
                "`count` on each hyperparameter range instead");
       }
     }
-  } else if (s.name == Searcher::Name::kRandom && r.present()) {
+  } else if (name_known && s.name == Searcher::Name::kRandom && r.present()) {
     r.diagnostics().error(r.where(), r.path("max_trials"),
                           "required key is missing for the random searcher; add it, e.g. "
                           "`max_trials: 16`");
@@ -118,8 +126,38 @@ void read_optimizations(MapReader& r, Optimizations& o) {
   if (const ConfigNode* n = r.get("average_training_metrics")) {
     if (auto v = read_bool(*n, r.path("average_training_metrics"), d)) o.average_training_metrics = *v;
   }
-  if (const ConfigNode* n = r.get("bucket_cap_mb")) {
-    if (auto v = read_double(*n, r.path("bucket_cap_mb"), d, 0, kMaxBucketCapMb, true)) o.bucket_cap_mb = *v;
+  // Determined's name for the bucket size is accepted as an alias.
+  const ConfigNode* cap = r.get("bucket_cap_mb");
+  const ConfigNode* fusion = r.get("tensor_fusion_threshold");
+  if (cap != nullptr && fusion != nullptr) {
+    report(*fusion, r.path("tensor_fusion_threshold"), d,
+           "is Determined's name for bucket_cap_mb, which is also set; keep one of them");
+  } else if (const ConfigNode* n = cap != nullptr ? cap : fusion) {
+    const std::string key = cap != nullptr ? "bucket_cap_mb" : "tensor_fusion_threshold";
+    if (auto v = read_double(*n, r.path(key), d, 0, kMaxBucketCapMb, true)) o.bucket_cap_mb = *v;
+  }
+  // Determined's settings that hpctrial has no counterpart for yet: their neutral value is
+  // accepted, any other refused with what to do instead.
+  if (const ConfigNode* n = r.get("average_aggregated_gradients")) {
+    if (auto v = read_bool(*n, r.path("average_aggregated_gradients"), d); v && !*v) {
+      report(*n, r.path("average_aggregated_gradients"), d,
+             "false (summing aggregated gradients) is not supported: hpctrial averages them; to step with "
+             "their sum, multiply the learning rate by aggregation_frequency");
+    }
+  }
+  if (const ConfigNode* n = r.get("auto_tune_tensor_fusion")) {
+    if (auto v = read_bool(*n, r.path("auto_tune_tensor_fusion"), d); v && *v) {
+      report(*n, r.path("auto_tune_tensor_fusion"), d,
+             "is not supported: set the bucket size with bucket_cap_mb (benchmarks/allreduce measures the "
+             "sizes on your network), or remove it");
+    }
+  }
+  if (const ConfigNode* n = r.get("mixed_precision")) {
+    if (auto v = read_string(*n, r.path("mixed_precision"), d); v && *v != "O0") {
+      report(*n, r.path("mixed_precision"), d,
+             "\"" + *v + "\" (Apex AMP) is not supported by the PyTorchTrial-style trial; use O0 or remove it, and "
+             "cast to half precision in train_batch yourself");
+    }
   }
   if (const ConfigNode* n = r.get("gradient_compression")) {
     // Determined's boolean form is kept: true is fp16.

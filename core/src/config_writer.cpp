@@ -164,6 +164,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::EndMap;
 
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
+  out << YAML::Key << "scheduling_unit" << YAML::Value << c.scheduling_unit;
 
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;

@@ -108,6 +108,9 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
     section.read(r);
   }
 
+  if (const ConfigNode* n = top.get("scheduling_unit")) {
+    if (auto v = read_int(*n, "scheduling_unit", d, 1, kMaxLength)) config.scheduling_unit = *v;
+  }
   if (const ConfigNode* n = top.get("max_restarts")) {
     if (auto v = read_int(*n, "max_restarts", d, 0, kMaxRestarts)) config.max_restarts = static_cast<int>(*v);
   }

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -76,23 +77,23 @@ TEST_F(MlpExample, LearnsAndIsBitwiseReproducible) {
   EXPECT_EQ(a.last_validation, b.last_validation);
 }
 
-// The mlp trial that asks to stop after the batches listed (each one once).
+// The mlp trial, paused from outside (as a signal or `hpctrial pause` would) after a batch.
 class StoppingMlp : public CapturingMlp {
  public:
   StoppingMlp(TrialContext& context, std::vector<torch::Tensor>* out, std::int64_t stop_after,
-              std::vector<std::int64_t>* batches_seen)
-      : CapturingMlp(context, out), context_(context), stop_after_(stop_after), seen_(batches_seen) {}
+              std::vector<std::int64_t>* batches_seen, std::atomic<bool>* stop)
+      : CapturingMlp(context, out), stop_after_(stop_after), seen_(batches_seen), stop_(stop) {}
   Metrics train_batch(Batch& batch, std::int64_t epoch, std::int64_t batch_idx) override {
     seen_->push_back(batch_idx);
     Metrics metrics = CapturingMlp::train_batch(batch, epoch, batch_idx);
-    if (batch_idx + 1 == stop_after_) context_.set_stop_requested(true);
+    if (batch_idx + 1 == stop_after_) stop_->store(true);
     return metrics;
   }
 
  private:
-  TrialContext& context_;
   std::int64_t stop_after_;
   std::vector<std::int64_t>* seen_;
+  std::atomic<bool>* stop_;
 };
 
 // Every metrics line but the timings, as text.
@@ -121,26 +122,31 @@ class ExactResume : public MlpExample {
     std::vector<std::int64_t> plan = stops;
     plan.push_back(-1);  // the last run goes to the end
     std::int64_t start = first_batch;
+    const std::int64_t group = config.optimizations.aggregation_frequency;
     for (std::int64_t stop : plan) {
       weights.clear();
       std::vector<std::int64_t> seen;
+      std::atomic<bool> stop_flag{false};
       comm::LocalCommunicator communicator;
       trainer::LoopOptions options;
       options.trial_dir = dir;
       options.experiment_seed = *config.reproducibility.experiment_seed;
       options.progress_interval_s = 0;
+      options.external_stop = &stop_flag;
       const auto result = trainer::run_training(config, [&](TrialContext& context) {
-        return std::unique_ptr<Trial>(std::make_unique<StoppingMlp>(context, &weights, stop, &seen));
+        return std::unique_ptr<Trial>(std::make_unique<StoppingMlp>(context, &weights, stop, &seen, &stop_flag));
       }, communicator, options);
       EXPECT_EQ(result.stopped_early, stop >= 0);
       // Each run resumes where the previous one stopped.
       EXPECT_FALSE(seen.empty());
       if (seen.empty()) return weights;
       EXPECT_EQ(seen.front(), start) << "a run did not resume from the checkpoint";
-      start = stop;
+      // A stop asked part way through an aggregation group takes effect at its end.
+      const std::int64_t stopped = (stop + group - 1) / group * group;
+      start = stopped;
       if (stop >= 0) {
-        EXPECT_EQ(result.batches_trained, stop);
-        EXPECT_EQ(result.checkpoint_path, dir + "/checkpoints/ckpt-" + std::to_string(stop) + ".h5");
+        EXPECT_EQ(result.batches_trained, stopped);
+        EXPECT_EQ(result.checkpoint_path, dir + "/checkpoints/ckpt-" + std::to_string(stopped) + ".h5");
       }
     }
     return weights;
@@ -161,6 +167,24 @@ TEST_F(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
       EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << name << ": parameter " << i << " differs";
     }
     EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << name;
+  }
+}
+
+// With gradients aggregated over 3 batches, a pause at any batch of a group ends bitwise where
+// an uninterrupted run does: the stop waits for the group's optimizer step, so that no partly
+// accumulated gradient is lost.
+TEST_F(ExactResume, APauseInsideAnAggregationGroupLosesNothing) {
+  const std::vector<std::string> aggregate = {"optimizations.aggregation_frequency=3"};
+  const std::string straight = (dir_.path() / "aggregated").string();
+  const auto reference = train_with_stops(straight, {}, aggregate);
+  for (std::int64_t stop : {148, 149, 150}) {  // each batch of the group that ends at 150
+    const std::string dir = (dir_.path() / ("aggregated-stop-" + std::to_string(stop))).string();
+    const auto resumed = train_with_stops(dir, {stop}, aggregate);
+    ASSERT_EQ(resumed.size(), reference.size());
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << "stop at " << stop << ": parameter " << i << " differs";
+    }
+    EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << stop;
   }
 }
 

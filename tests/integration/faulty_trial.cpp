@@ -26,7 +26,6 @@ class FaultyTrial : public hpctrial::Trial {
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
-    if (context.hparams().contains("full_validation")) full_validation_ = context.hparam<bool>("full_validation");
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
@@ -53,13 +52,9 @@ class FaultyTrial : public hpctrial::Trial {
   }
 
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
-    if (full_validation_) return Trial::evaluate_batch(batch);  // not overridden: the other one
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
   }
-  hpctrial::MetricValues evaluate_full_dataset(hpctrial::DataLoader& loader) override {
-    const hpctrial::Batch all = loader.dataset().get_batch(std::vector<std::int64_t>{0, 1, 2, 3});
-    return {{"validation_loss", torch::mse_loss(model_->forward(all.data), all.target).item<double>()}};
-  }
+  torch::nn::Linear& model() { return model_; }
   hpctrial::DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
   hpctrial::DataLoader build_validation_data_loader() override {
     return {dataset_, context_.per_slot_batch_size(), false};
@@ -71,9 +66,28 @@ class FaultyTrial : public hpctrial::Trial {
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   int batch_ms_ = 0;
-  bool full_validation_ = false;
+};
+
+// The same trial validating the whole set on the chief. A trial class implements one of the two
+// evaluations, so the program picks the class.
+class FaultyFullValidationTrial : public FaultyTrial {
+ public:
+  using FaultyTrial::FaultyTrial;
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override { return Trial::evaluate_batch(batch); }
+  hpctrial::MetricValues evaluate_full_dataset(hpctrial::DataLoader& loader) override {
+    const hpctrial::Batch all = loader.dataset().get_batch(std::vector<std::int64_t>{0, 1, 2, 3});
+    return {{"validation_loss", torch::mse_loss(model()->forward(all.data), all.target).item<double>()}};
+  }
 };
 
 }  // namespace
 
-HPCTRIAL_MAIN(FaultyTrial)
+int main(int argc, char** argv) {
+  hpctrial::trainer::check_trial_class<FaultyTrial>();
+  return hpctrial::trainer::run_main(argc, argv, [](hpctrial::TrialContext& context) -> std::unique_ptr<hpctrial::Trial> {
+    if (context.hparams().contains("full_validation") && context.hparam<bool>("full_validation")) {
+      return std::make_unique<FaultyFullValidationTrial>(context);
+    }
+    return std::make_unique<FaultyTrial>(context);
+  });
+}

@@ -81,6 +81,8 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
                    {"last_report_batches", loop.last_report_batches},
                    {"period_batches", loop.period_batches},
                    {"period_values", loop.period_values},
+                   {"ended_by_trial", loop.ended_by_trial},
+                   {"reducer_states", loop.reducer_states},
                    {"best_metric", loop.best_metric ? json(*loop.best_metric) : json(nullptr)}};
   c.add_text("progress", progress.dump());
   c.add_text("meta/config", identity.config_yaml);
@@ -167,6 +169,8 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     loop.last_report_batches = progress.at("last_report_batches").get<std::int64_t>();
     loop.period_batches = progress.at("period_batches").get<std::int64_t>();
     loop.period_values = progress.at("period_values").get<std::map<std::string, std::vector<double>>>();
+    loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
+    loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
     loop.best_metric = progress.at("best_metric").is_null() ? std::nullopt
                                                             : std::optional<double>(progress.at("best_metric").get<double>());
     loop.last_validation = parse(contents, "meta/validation", path).get<MetricValues>();

@@ -45,6 +45,10 @@ struct LoopState {
   // Training metrics of the period not yet reported: one value per batch.
   std::map<std::string, std::vector<double>> period_values;
   std::int64_t period_batches = 0;
+  bool ended_by_trial = false;  // set_stop_requested ended the trial: it is complete
+  // Per rank, in rank order, {reducer name: state_dict()} of the custom training reducers; null
+  // when there are none.
+  nlohmann::json reducer_states;
 };
 
 struct TrialIdentity {

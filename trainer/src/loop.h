@@ -49,12 +49,17 @@ class Loop {
   std::string checkpoint_dir() const;
   void save_checkpoint(bool wait);
   void finish_checkpoint();
+  nlohmann::json gather_reducer_states();
+  void restore_reducer_states(const nlohmann::json& states);
   detail::LoopState loop_state() const;
   void apply(const detail::LoopState& state);
   void train_one_batch();
   void report_training();
   void validate();
-  MetricValues validate_by_batch();
+  // This rank's share of the validation set through evaluate_batch; false when the trial does
+  // not override it.
+  bool evaluate_local_batches(std::map<std::string, std::vector<double>>& values);
+  MetricValues reduce_batch_metrics(std::map<std::string, std::vector<double>>& values);
   MetricValues reduce_custom(bool training);
   void call(const std::function<void(Callback&)>& hook) {
     for (auto& [name, callback] : callbacks_) hook(*callback);
@@ -92,6 +97,7 @@ class Loop {
   Clock::time_point last_validation_time_;
   std::int64_t last_report_batches_ = 0;
   bool evaluate_by_batch_ = true;
+  bool evaluation_agreed_ = false;  // the ranks agreed on evaluate_by_batch_
   bool checked_searcher_metric_ = false;
 
   // Checkpoints (the chief writes them; every rank restores).
@@ -102,6 +108,10 @@ class Loop {
   Period checkpoint_period_;
   Clock::time_point last_checkpoint_time_;
   std::int64_t last_checkpoint_batches_ = -1;
+  // Requests agreed at a step boundary, kept until the end of the aggregation group.
+  bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed
+  bool trial_stop_pending_ = false;  // set_stop_requested: the trial ends, complete
+  bool checkpoint_pending_ = false;
   std::int64_t restart_count_ = 0;
   std::optional<double> best_metric_;
 

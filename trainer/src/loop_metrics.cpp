@@ -67,16 +67,30 @@ void Loop::report_training() {
   last_report_batches_ = batches_trained_;
 }
 
-MetricValues Loop::validate_by_batch() {
+bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& values) {
   const auto batches = validation_batches(validation_loader_->dataset().size(),
                                           static_cast<std::uint64_t>(validation_loader_->batch_size()),
                                           comm_.rank(), comm_.size());
-  std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
   for (const auto& indices : batches) {
+    call([](Callback& c) { c.on_validation_step_start(); });
     Batch batch = context_->to_device(validation_loader_->dataset().get_batch(indices));
-    Metrics metrics = trial_->evaluate_batch(batch);
-    for (auto& [name, metric] : metrics) values[name].push_back(metric.item());
+    Metrics metrics;
+    try {
+      metrics = trial_->evaluate_batch(batch);
+    } catch (const detail::NotOverridden&) {
+      return false;
+    }
+    MetricValues step;
+    for (auto& [name, metric] : metrics) {
+      step[name] = metric.item();
+      values[name].push_back(step[name]);
+    }
+    if (chief()) call([&](Callback& c) { c.on_validation_step_end(step); });
   }
+  return true;
+}
+
+MetricValues Loop::reduce_batch_metrics(std::map<std::string, std::vector<double>>& values) {
   // Every rank reduces the same metrics, even one that had no batch.
   std::string names;
   for (const auto& [name, list] : values) names += name + '\n';
@@ -135,11 +149,17 @@ void Loop::validate() {
   {
     torch::NoGradGuard no_grad;
     if (evaluate_by_batch_) {
-      try {
-        metrics = validate_by_batch();
-      } catch (const detail::NotOverridden&) {
-        evaluate_by_batch_ = false;
+      std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
+      const bool overridden = evaluate_local_batches(values);
+      if (!evaluation_agreed_) {
+        // Only a rank with a validation batch learns whether evaluate_batch is overridden: every
+        // rank takes the same path from here, or one would all-gather while another broadcasts.
+        std::int64_t missing = overridden ? 0 : 1;
+        comm_.allreduce(&missing, 1, DType::kInt64, ReduceOp::kMax);
+        evaluation_agreed_ = true;
+        evaluate_by_batch_ = missing == 0;
       }
+      if (evaluate_by_batch_) metrics = reduce_batch_metrics(values);
     }
     if (!evaluate_by_batch_) {
       // evaluate_full_dataset runs on the chief; every rank gets its result.
@@ -187,7 +207,7 @@ void Loop::validate() {
     if (better) best_metric_ = it->second;
   }
   last_validation_time_ = Clock::now();
-  call([&](Callback& c) { c.on_validation_end(metrics); });
+  if (chief()) call([&](Callback& c) { c.on_validation_end(metrics); });  // the chief only, as in the reference
 }
 
 }  // namespace hpctrial::trainer::detail

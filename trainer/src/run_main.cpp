@@ -172,10 +172,12 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     options.trial_dir = args.trial_dir.empty() ? core::default_experiment_dir(config.name)
                                                : args.trial_dir;
     options.trial_id = contract.trial_id;
+    options.experiment_dir = contract.experiment_dir;
     options.restart_count = contract.restart_count;
     options.experiment_seed = *config.reproducibility.experiment_seed;
     options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
     options.progress_interval_s = args.progress_seconds;
+    options.report_period_batches = config.scheduling_unit;
     options.external_stop = &detail::stop_signal_received();
     options.device_communicator = device_comm.get();
     options.allow_fresh_start = args.allow_fresh_start;
@@ -200,7 +202,9 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
       return kExitStopped;
     }
     if (chief) {
-      core::log_info("finished: {} batches; metrics in {}", result.batches_trained, result.metrics_path);
+      core::log_info("finished{}: {} batches; metrics in {}",
+                     result.ended_by_trial ? " early, as the trial asked (set_stop_requested)" : "",
+                     result.batches_trained, result.metrics_path);
     }
     return kExitFinished;
   } catch (const ConfigError& e) {

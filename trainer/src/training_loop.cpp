@@ -83,6 +83,13 @@ void Loop::setup() {
   settings.gradient_compression = config_.optimizations.gradient_compression;
   settings.gpus_per_slot = config_.resources.gpus_per_slot;
   settings.distributed = options_.distributed;
+  settings.trial_id = options_.trial_id;
+  settings.experiment_dir = options_.experiment_dir;
+  {
+    core::Diagnostics d;
+    settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config_), "config", d));
+    settings.experiment_config["hyperparameters"] = settings.hparams;
+  }
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
@@ -146,6 +153,7 @@ detail::LoopState Loop::loop_state() const {
   s.last_validation = result_.last_validation;
   s.best_metric = best_metric_;
   s.period_batches = period_batches_;
+  s.ended_by_trial = result_.ended_by_trial;
   for (const auto& [name, list] : period_values_) {
     auto& values = s.period_values[name];
     for (const auto& v : list) values.push_back(v.item<double>());
@@ -162,6 +170,7 @@ void Loop::apply(const detail::LoopState& s) {
   result_.last_validation = s.last_validation;
   best_metric_ = s.best_metric;
   period_batches_ = s.period_batches;
+  result_.ended_by_trial = s.ended_by_trial;
   period_values_.clear();
   for (const auto& [name, values] : s.period_values) {
     for (double v : values) period_values_[name].push_back(torch::tensor(v, torch::kFloat64));
@@ -214,11 +223,17 @@ void Loop::resume() {
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change);
   ++state.restart_count;
   apply(state);
+  restore_reducer_states(state.reducer_states);
   last_checkpoint_batches_ = batches_trained_;
   // Every rank restored the same file: the weights are equal without a broadcast.
   if (chief()) {
     trim_metrics(batches_trained_);
     core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
+  }
+  if (result_.ended_by_trial) {
+    max_batches_ = batches_trained_;  // complete: nothing resumes a trial that ended itself
+    if (chief()) core::log_info("the trial ended itself after {} batches (set_stop_requested); nothing to train",
+                                batches_trained_);
   }
 }
 
@@ -257,13 +272,52 @@ void Loop::save_checkpoint(bool wait) {
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
   last_checkpoint_time_ = Clock::now();
+  checkpoint_pending_ = false;
+  detail::LoopState state = loop_state();
+  state.reducer_states = gather_reducer_states();
   if (chief()) {
+    finish_checkpoint();  // the previous one, if still being written: its on_checkpoint_end first
     // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
     // which the next optimizer step waits for; a stop or the end copies them here.
-    writer_->submit(detail::capture(*context_, *trial_, callbacks_, loop_state(), identity_, /*defer=*/!wait));
+    writer_->submit(detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait));
     if (wait) finish_checkpoint();
   }
   if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable
+}
+
+// Every rank's custom training reducers, part way through the reporting period; on the chief,
+// one entry a rank. A collective: every rank calls it.
+nlohmann::json Loop::gather_reducer_states() {
+  nlohmann::json mine = nlohmann::json::object();
+  bool any = false;
+  for (const auto& wrapped : context_->reducers()) {
+    if (!wrapped.for_training) continue;
+    any = true;
+    mine[wrapped.name] = wrapped.reducer->state_dict();
+  }
+  if (!any) return nullptr;
+  const auto parts = comm_.gather(mine.dump(), 0);
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& part : parts) all.push_back(nlohmann::json::parse(part));
+  return all;
+}
+
+// Each rank takes back its own reducers' state; saved by another number of ranks, the partial
+// period cannot be divided again, and the first report after the resume says only what follows.
+void Loop::restore_reducer_states(const nlohmann::json& states) {
+  if (!states.is_array()) return;
+  if (states.size() != static_cast<std::size_t>(comm_.size())) {
+    if (chief()) {
+      core::log_warning("the custom training reducers were saved by {} rank(s) and are resumed by {}: their first "
+                        "report after the resume covers only the batches after it", states.size(), comm_.size());
+    }
+    return;
+  }
+  const nlohmann::json& mine = states.at(static_cast<std::size_t>(comm_.rank()));
+  for (const auto& wrapped : context_->reducers()) {
+    if (!wrapped.for_training || !mine.contains(wrapped.name) || mine.at(wrapped.name).is_null()) continue;
+    wrapped.reducer->load_state_dict(mine.at(wrapped.name));
+  }
 }
 
 void Loop::finish_checkpoint() {
@@ -343,20 +397,29 @@ LoopResult Loop::run() {
         std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
     detail::record_step(batches_trained_);
     if (const auto* record = detail::RankRecord::current()) record->check();
-    const bool stop_local = context_->get_stop_requested() ||
-                            (options_.external_stop != nullptr && options_.external_stop->load()) ||
+    const bool stop_local = (options_.external_stop != nullptr && options_.external_stop->load()) ||
                             (stop_file_ && stop_file_->requested());
     const bool time_to_checkpoint =
         chief() && checkpoint_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
-    std::int64_t flags[3] = {stop_local ? 1 : 0, time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0};
+    std::int64_t flags[4] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
+                             time_to_checkpoint ? 1 : 0};
     detail::record_phase(core::RankPhase::kAgreement);
     faults_->at(detail::FaultPhase::kAgreement, batches_trained_);
-    comm_.allreduce(flags, 3, DType::kInt64, ReduceOp::kMax);
-    const bool stop = flags[0] != 0;
+    comm_.allreduce(flags, 4, DType::kInt64, ReduceOp::kMax);
     const bool last = batches_trained_ == max_batches_;
     const bool validate_now =
-        flags[1] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
+        flags[2] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
+    // Stops and checkpoints wait for the end of an aggregation group: the gradients accumulated
+    // part way through one are in no checkpoint. Every rank agreed on the flags, so every rank
+    // keeps the same pending requests.
+    stop_pending_ = stop_pending_ || flags[0] != 0;
+    trial_stop_pending_ = trial_stop_pending_ || flags[1] != 0;
+    checkpoint_pending_ = checkpoint_pending_ || flags[3] != 0 ||
+                          (checkpoint_period_.batches > 0 && batches_trained_ % checkpoint_period_.batches == 0);
+    const bool group_end = batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+    const bool stop = stop_pending_ && group_end && !last;
+    const bool trial_ends = trial_stop_pending_ && group_end && !last;
 
     // Not at a stop: the period's values travel in the checkpoint, so that a resumed run reports
     // exactly what an uninterrupted one would.
@@ -364,19 +427,24 @@ LoopResult Loop::run() {
       report_training();
     }
     if (validate_now && !last) validate();
-    const bool checkpoint_now =
-        flags[2] != 0 || (checkpoint_period_.batches > 0 && batches_trained_ % checkpoint_period_.batches == 0);
-    if (stop && !last) {
+    if (stop) {
       save_checkpoint(/*wait=*/true);
-    } else if (checkpoint_now && !last) {
-      finish_checkpoint();  // the previous one, if still being written
+    } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
       save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
     }
     progress_->update(batches_trained_, epoch_of_batch(batches_trained_ - 1), last_loss_);
-    if (stop && !last) {
+    if (stop) {
       result_.stopped_early = true;
       core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
                      result_.checkpoint_path.empty() ? "written by the chief" : result_.checkpoint_path);
+      break;
+    }
+    if (trial_ends) {
+      // Determined's set_stop_requested: the trial is complete, validated and checkpointed below
+      // like one that reached max_length, and nothing resumes it.
+      result_.ended_by_trial = true;
+      core::log_info("the trial asked to stop (set_stop_requested) after batch {} of {}: it ends here, complete",
+                     batches_trained_, max_batches_);
       break;
     }
   }

@@ -130,6 +130,14 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
                       "context.wrap_optimizer(...) so its gradients are averaged and it is "
                       "checkpointed");
   }
+  if (!auto_zero_grads && settings_.aggregation_frequency > 1) {
+    // The group's mean is formed in the gradients themselves; kept after the step, the next
+    // group's would start from it. Determined requires the same.
+    throw ConfigError("step_optimizer(..., auto_zero_grads = false) with optimizations.aggregation_frequency " +
+                      std::to_string(settings_.aggregation_frequency) +
+                      ": the gradients must be zeroed after each step when batches are aggregated; pass "
+                      "auto_zero_grads = true, or set optimizations.aggregation_frequency: 1 in the experiment config");
+  }
   // Gradients accumulate until the last batch of each aggregation group.
   if (!is_sync_batch()) return;
   if (settings_.distributed.size == 1) {

@@ -79,6 +79,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_TRUE(c.checkpoint_storage.async);
   EXPECT_FALSE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 5);
+  EXPECT_EQ(c.scheduling_unit, 100);
   EXPECT_TRUE(c.launcher.prefix.empty());
   EXPECT_EQ(c.launcher.hang_timeout_seconds, 3600);
   EXPECT_EQ(c.scheduler.type, "local");
@@ -168,6 +169,8 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_FALSE(c.checkpoint_storage.async);
   EXPECT_TRUE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.max_restarts, 0);
+  EXPECT_EQ(c.scheduling_unit, 50);
+  EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
   EXPECT_EQ(c.launcher.prefix, (std::vector<std::string>{"numactl", "--interleave=all"}));
   EXPECT_EQ(c.launcher.mpirun_args, (std::vector<std::string>{"--mca", "btl", "^openib"}));
   EXPECT_EQ(c.launcher.hang_timeout_seconds, 1200);
@@ -230,7 +233,8 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
   EXPECT_THAT(one_error(std::string(kMinimal) + "optimizations: {zzz: 1}\n"),
               HasSubstr("exp.yaml:4:17: optimizations.zzz: unknown key; the keys here are: "
                         "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
-                        "gradient_compression"));
+                        "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
+                        "mixed_precision, gradient_compression, collective_timeout"));
 }
 
 TEST(ConfigErrors, DuplicateKeys) {
@@ -331,6 +335,10 @@ TEST(ConfigErrors, Searchers) {
   EXPECT_EQ(one_error(head + "searcher: {name: randm, metric: l, max_length: {batches: 1}}\n"),
             "exp.yaml:3:18: searcher.name: unknown searcher \"randm\"; use one of single, grid, "
             "random (did you mean 'random'?)");
+  // One error for an unknown name: the keys are not also checked against the default searcher.
+  EXPECT_EQ(one_error(head + "searcher: {name: grdi, metric: l, max_trials: 4, max_length: {batches: 1}}\n"),
+            "exp.yaml:3:18: searcher.name: unknown searcher \"grdi\"; use one of single, grid, random "
+            "(did you mean 'grid'?)");
   EXPECT_EQ(one_error(head + "searcher: {name: random, metric: l, max_length: {batches: 1}}\n"),
             "exp.yaml:3:11: searcher.max_trials: required key is missing for the random "
             "searcher; add it, e.g. `max_trials: 16`");
@@ -418,6 +426,25 @@ TEST(ConfigErrors, Durations) {
             "shorter than time_limit (00:10:00), or the trial is asked to stop before it starts");
   EXPECT_THAT(one_error(base + "scheduler: {preemption_grace: 20h}\n"),
               HasSubstr("scheduler.preemption_grace: must be between 00:00:10 and 18:12:15"));
+}
+
+// Determined's optimization keys: an alias where hpctrial has the concept, and a located refusal
+// that says what to do where it has not.
+TEST(ConfigErrors, DeterminedOptimizationKeys) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(parse_ok(base + "optimizations: {tensor_fusion_threshold: 64}\n").optimizations.bucket_cap_mb, 64);
+  EXPECT_EQ(one_error(base + "optimizations: {bucket_cap_mb: 25, tensor_fusion_threshold: 64}\n"),
+            "exp.yaml:4:61: optimizations.tensor_fusion_threshold: is Determined's name for bucket_cap_mb, which "
+            "is also set; keep one of them");
+  EXPECT_THAT(one_error(base + "optimizations: {average_aggregated_gradients: false}\n"),
+              HasSubstr("optimizations.average_aggregated_gradients: false (summing aggregated gradients) is not "
+                        "supported: hpctrial averages them; to step with their sum, multiply the learning rate"));
+  EXPECT_THAT(one_error(base + "optimizations: {auto_tune_tensor_fusion: true}\n"),
+              HasSubstr("optimizations.auto_tune_tensor_fusion: is not supported: set the bucket size with "
+                        "bucket_cap_mb"));
+  EXPECT_THAT(one_error(base + "optimizations: {mixed_precision: O1}\n"),
+              HasSubstr("optimizations.mixed_precision: \"O1\" (Apex AMP) is not supported"));
+  EXPECT_THAT(one_error(base + "scheduling_unit: 0\n"), HasSubstr("scheduling_unit: must be"));
 }
 
 TEST(ConfigErrors, Schedulers) {
@@ -513,7 +540,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, reproducibility, "
-                         "checkpoint_storage, launcher, scheduler, max_restarts, data, environment");
+                         "checkpoint_storage, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
   }
 }
 

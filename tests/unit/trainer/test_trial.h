@@ -55,6 +55,7 @@ class LinearTrial : public Trial {
  public:
   struct Options {
     std::int64_t samples = 64;
+    std::int64_t validation_samples = 0;  // the first N samples validate; 0: all of them
     bool evaluate_by_batch = true;
     bool evaluate_full = false;
     std::function<void(LinearTrial&)> setup;
@@ -72,6 +73,8 @@ class LinearTrial : public Trial {
     auto x = torch::randn({options_.samples, 3});
     auto y = x.matmul(torch::tensor({1.0f, -2.0f, 0.5f})).unsqueeze(1) + 0.3;
     dataset_ = std::make_shared<TensorDataset>(x, y);
+    const std::int64_t n = options_.validation_samples > 0 ? options_.validation_samples : options_.samples;
+    validation_set_ = std::make_shared<TensorDataset>(x.slice(0, 0, n), y.slice(0, 0, n));
     torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
     model = context.wrap_model(torch::nn::Linear(3, 1));
     optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
@@ -117,7 +120,7 @@ class LinearTrial : public Trial {
 
   DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
   DataLoader build_validation_data_loader() override {
-    return {dataset_, context_.per_slot_batch_size(), false};
+    return {validation_set_, context_.per_slot_batch_size(), false};
   }
   std::map<std::string, std::shared_ptr<Callback>> build_callbacks() override { return options_.callbacks; }
   ReducerSpec evaluation_reducer() override { return options_.reducer; }
@@ -126,6 +129,7 @@ class LinearTrial : public Trial {
   Options options_;
   Record* record_;
   std::shared_ptr<TensorDataset> dataset_;
+  std::shared_ptr<TensorDataset> validation_set_;
   torch::nn::Linear model{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer;
 };

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -235,6 +236,73 @@ TEST(TrainingLoop, CustomReducersInValidationAndTraining) {
   EXPECT_GE(custom->resets, 1);
 }
 
+// A custom training reducer's partial period travels in the checkpoint: paused after batch 3
+// and resumed, the report at batch 6 covers batches 0..5 as an uninterrupted run's does.
+TEST(TrainingLoop, CustomTrainingReducersResumeTheirPeriod) {
+  auto train = [](const std::string& dir, std::int64_t stop_after) {
+    std::shared_ptr<FunctionReducer> sum;
+    LinearTrial::Options options;
+    options.setup = [&](LinearTrial& t) {
+      sum = t.context_.wrap_reducer(
+          [](const std::vector<double>& values) {
+            double total = 0;
+            for (double v : values) total += v;
+            return total;
+          },
+          "batch_sum", /*for_training=*/true, /*for_validation=*/false);
+    };
+    std::atomic<bool> stop{false};
+    options.after_batch = [&](LinearTrial&, std::int64_t batch_idx) {
+      sum->update(static_cast<double>(batch_idx));
+      if (batch_idx + 1 == stop_after) stop = true;
+    };
+    const core::ExperimentConfig config = config_from(base_yaml(6));
+    comm::LocalCommunicator communicator;
+    LoopOptions loop;
+    loop.trial_dir = dir;
+    loop.progress_interval_s = 0;
+    loop.report_period_batches = 6;
+    loop.external_stop = &stop;
+    TrialFactory factory = [&](TrialContext& context) {
+      return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
+    };
+    return run_training(config, factory, communicator, loop);
+  };
+  TempDir straight, paused;
+  train(straight.path().string(), -1);
+  EXPECT_TRUE(train(paused.path().string(), 3).stopped_early);
+  const auto resumed = train(paused.path().string(), -1);
+  auto training_sum = [](const std::string& path) {
+    for (const auto& line : metric_lines(path)) {
+      if (line["kind"] == "training") return line["metrics"]["batch_sum"].get<double>();
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(training_sum(straight.path().string() + "/metrics.jsonl"), 0 + 1 + 2 + 3 + 4 + 5);
+  EXPECT_DOUBLE_EQ(training_sum(resumed.metrics_path), 0 + 1 + 2 + 3 + 4 + 5)
+      << "the report after the resume lost the batches before the pause";
+}
+
+TEST(TrainingLoop, TheContextKnowsTheRunAndTheBatch) {
+  TempDir dir;
+  nlohmann::json config;
+  std::vector<std::int64_t> current;
+  std::int64_t aggregation = 0;
+  LinearTrial::Options options;
+  options.setup = [&](LinearTrial& t) {
+    config = t.context_.experiment_config();
+    aggregation = t.context_.aggregation_frequency();
+  };
+  options.after_batch = [&](LinearTrial& t, std::int64_t) { current.push_back(t.context_.current_train_batch()); };
+  run(base_yaml(3) + "optimizations: {aggregation_frequency: 3}\n", options, dir.path().string());
+  EXPECT_EQ(config["searcher"]["metric"], "validation_loss");
+  EXPECT_EQ(config["searcher"]["max_length"]["batches"], 3);
+  EXPECT_EQ(config["hyperparameters"]["lr"], 0.1);
+  EXPECT_EQ(config["optimizations"]["aggregation_frequency"], 3);
+  EXPECT_EQ(aggregation, 3);
+  EXPECT_THAT(current, ElementsAre(0, 1, 2));
+}
+
 TEST(TrainingLoop, EvaluateFullDatasetRunsWhenEvaluateBatchIsNotOverridden) {
   TempDir dir;
   LinearTrial::Options options;
@@ -243,6 +311,30 @@ TEST(TrainingLoop, EvaluateFullDatasetRunsWhenEvaluateBatchIsNotOverridden) {
   const auto result = run(base_yaml(3), options, dir.path().string());
   EXPECT_EQ(result.result.last_validation.at("samples"), 64.0);
   EXPECT_GT(result.result.last_validation.at("validation_loss"), 0.0);
+}
+
+// Which evaluation a trial class implements is known when it is compiled: HPCTRIAL_MAIN and
+// TrialRegistry::add refuse (static_assert) a class with both or neither.
+struct ValidatesByBatch : Trial {
+  Metrics evaluate_batch(Batch&) override { return {}; }
+};
+struct ValidatesWholeSet : Trial {
+  MetricValues evaluate_full_dataset(DataLoader&) override { return {}; }
+};
+struct ValidatesBothWays : ValidatesByBatch {
+  MetricValues evaluate_full_dataset(DataLoader&) override { return {}; }
+};
+struct ValidatesNot : Trial {};
+
+TEST(TrialClass, WhichEvaluationItOverridesIsKnownAtCompileTime) {
+  static_assert(overrides_evaluate_batch<ValidatesByBatch>() && !overrides_evaluate_full_dataset<ValidatesByBatch>());
+  static_assert(!overrides_evaluate_batch<ValidatesWholeSet>() && overrides_evaluate_full_dataset<ValidatesWholeSet>());
+  static_assert(overrides_evaluate_batch<ValidatesBothWays>() && overrides_evaluate_full_dataset<ValidatesBothWays>(),
+                "an override in a base between the class and Trial counts");
+  static_assert(!overrides_evaluate_batch<ValidatesNot>() && !overrides_evaluate_full_dataset<ValidatesNot>());
+  check_trial_class<ValidatesByBatch>();
+  check_trial_class<ValidatesWholeSet>();
+  SUCCEED();
 }
 
 TEST(TrainingLoop, NoEvaluationIsAClearError) {
@@ -268,7 +360,9 @@ TEST(TrainingLoop, AMissingSearcherMetricNamesWhatWasReported) {
   }
 }
 
-TEST(TrainingLoop, AStopRequestEndsTrainingAtTheStepBoundary) {
+// set_stop_requested ends the trial (Determined's semantics), unlike a stop from outside: it is
+// validated and checkpointed as complete, and running it again trains nothing.
+TEST(TrainingLoop, SetStopRequestedEndsTheTrialCompleteAtTheStepBoundary) {
   TempDir dir;
   LinearTrial::Options options;
   options.after_batch = [](LinearTrial& t, std::int64_t batch_idx) {
@@ -276,9 +370,30 @@ TEST(TrainingLoop, AStopRequestEndsTrainingAtTheStepBoundary) {
   };
   Record record;
   const auto result = run(base_yaml(100), options, dir.path().string(), &record);
-  EXPECT_TRUE(result.result.stopped_early);
+  EXPECT_TRUE(result.result.ended_by_trial);
+  EXPECT_FALSE(result.result.stopped_early) << "a trial that ends itself is not paused";
   EXPECT_EQ(result.result.batches_trained, 5);
   EXPECT_EQ(record.batch_idx.size(), 5u);
+  EXPECT_EQ(result.result.last_validation.count("validation_loss"), 1u) << "validated at its end";
+  EXPECT_EQ(result.result.checkpoint_path, dir.path().string() + "/checkpoints/ckpt-5.h5");
+
+  Record again;
+  const auto rerun = run(base_yaml(100), LinearTrial::Options{}, dir.path().string(), &again);
+  EXPECT_TRUE(rerun.result.ended_by_trial);
+  EXPECT_EQ(rerun.result.batches_trained, 5);
+  EXPECT_TRUE(again.batch_idx.empty()) << "a trial that ended itself was resumed";
+}
+
+// With aggregation, the trial's request also waits for the end of the group.
+TEST(TrainingLoop, SetStopRequestedWaitsForTheEndOfTheAggregationGroup) {
+  TempDir dir;
+  LinearTrial::Options options;
+  options.after_batch = [](LinearTrial& t, std::int64_t batch_idx) {
+    if (batch_idx == 4) t.context_.set_stop_requested(true);
+  };
+  const auto result = run(base_yaml(100) + "optimizations: {aggregation_frequency: 4}\n", options, dir.path().string());
+  EXPECT_TRUE(result.result.ended_by_trial);
+  EXPECT_EQ(result.result.batches_trained, 8);
 }
 
 TEST(TrainingLoop, AnExternalStopFlagIsHonoured) {

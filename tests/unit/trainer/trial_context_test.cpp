@@ -162,6 +162,23 @@ TEST_F(TrialContextTest, StepOptimizerRefusesAnUnwrappedOptimizer) {
   }
 }
 
+TEST_F(TrialContextTest, KeepingGradientsIsRefusedWhenBatchesAreAggregated) {
+  TrialSettings settings = settings_with({{"global_batch_size", 8}});
+  settings.aggregation_frequency = 2;
+  TrialContext context(settings, comm_);
+  auto model = context.wrap_model(torch::nn::Linear(1, 1));
+  auto optimizer = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0)));
+  context.backward(model->forward(torch::ones({1, 1})).sum());
+  try {
+    context.step_optimizer(*optimizer, {}, /*auto_zero_grads=*/false);
+    FAIL() << "auto_zero_grads = false was accepted with aggregation_frequency 2";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("step_optimizer(..., auto_zero_grads = false) with "
+                                    "optimizations.aggregation_frequency 2: the gradients must be zeroed"));
+  }
+  context.step_optimizer(*optimizer);  // the default is accepted
+}
+
 TEST(Metric, TensorsAndNumbers) {
   Metric from_tensor(torch::tensor({2.5}));
   EXPECT_EQ(from_tensor.item(), 2.5);

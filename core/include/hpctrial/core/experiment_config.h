@@ -154,6 +154,8 @@ struct ExperimentConfig {
   Reproducibility reproducibility;
   CheckpointStorage checkpoint_storage;
   int max_restarts = 5;
+  // Training metrics are reported every this many batches (Determined's scheduling_unit).
+  std::int64_t scheduling_unit = 100;
   LauncherConfig launcher;
   SchedulerConfig scheduler;
   ConfigNode data = ConfigNode::map();

@@ -8,9 +8,11 @@
 // HPCTRIAL_TRIAL_DIR, HPCTRIAL_TRIAL_ID. SIGUSR1, SIGUSR2, SIGTERM and SIGINT are stop requests,
 // honoured at the next step boundary by every rank together.
 //
-// Exit codes: 0 the trial finished; 75 it stopped on request (a signal, set_stop_requested)
-// after a durable checkpoint, and running it again resumes it; 2 the config or command line is
-// wrong; 1 any other failure (one rank failing ends every rank through MPI_Abort).
+// Exit codes: 0 the trial finished (also when it ended itself early with set_stop_requested:
+// it is complete, and running it again trains nothing); 75 it stopped on request (a signal, the
+// stop file of `hpctrial pause`) after a durable checkpoint, and running it again resumes it; 2
+// the config or command line is wrong; 1 any other failure (one rank failing ends every rank
+// through MPI_Abort).
 #pragma once
 
 #include <memory>
@@ -26,6 +28,7 @@ int run_main(int argc, char** argv, const TrialFactory& factory);
 
 #define HPCTRIAL_MAIN(TrialClass)                                                          \
   int main(int argc, char** argv) {                                                        \
+    ::hpctrial::trainer::check_trial_class<TrialClass>();                                  \
     return ::hpctrial::trainer::run_main(argc, argv, [](::hpctrial::trainer::TrialContext& c) { \
       return std::unique_ptr<::hpctrial::trainer::Trial>(std::make_unique<TrialClass>(c)); \
     });                                                                                    \

@@ -10,6 +10,7 @@
 // TrialContext::wrap_reducer().
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <torch/types.h>
 
 #include <functional>
@@ -68,6 +69,11 @@ class MetricReducer {
   virtual std::vector<double> per_slot_reduce() = 0;
   // The metric from every rank's partial result, in rank order.
   virtual double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) = 0;
+  // What it has accumulated part way through a training reporting period, saved with each
+  // checkpoint so that the first report after a resume covers the batches before it too. The
+  // default, null, saves nothing: that report then covers only the batches after the resume.
+  virtual nlohmann::json state_dict() const { return nullptr; }
+  virtual void load_state_dict(const nlohmann::json& /*state*/) {}
 };
 
 // The reducer wrap_reducer() makes from a function: update() collects values on each rank, and
@@ -80,6 +86,8 @@ class FunctionReducer final : public MetricReducer {
   void reset() override { values_.clear(); }
   std::vector<double> per_slot_reduce() override { return values_; }
   double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) override;
+  nlohmann::json state_dict() const override { return values_; }
+  void load_state_dict(const nlohmann::json& state) override { values_ = state.get<std::vector<double>>(); }
 
  private:
   Function function_;

@@ -29,6 +29,7 @@ using TrialFactory = std::function<std::unique_ptr<Trial>(TrialContext&)>;
 struct LoopOptions {
   std::string trial_dir;            // metrics.jsonl goes here (created if missing)
   int trial_id = 0;
+  std::string experiment_dir;       // TrialContext::experiment_id(); empty when run alone
   std::uint32_t experiment_seed = 0;
   DistributedContext distributed;
   double progress_interval_s = 10;  // progress lines on stderr (chief only); <= 0: none
@@ -60,7 +61,8 @@ struct LoopOptions {
 struct LoopResult {
   std::int64_t batches_trained = 0;
   std::int64_t epochs_trained = 0;
-  bool stopped_early = false;  // a stop request ended training before max_length (checkpointed)
+  bool stopped_early = false;  // a stop request ended training before max_length (checkpointed, to resume)
+  bool ended_by_trial = false;  // the trial called set_stop_requested: complete, validated, checkpointed
   std::string checkpoint_path;  // the last checkpoint written (chief)
   // Per phase of the loop: {"train_batch": {"total_s", "mean_ms", "count"}, ...}
   nlohmann::json timings;

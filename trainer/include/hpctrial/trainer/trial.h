@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/data.h"
@@ -44,5 +45,30 @@ namespace detail {
 // Thrown by the default evaluate_batch / evaluate_full_dataset: the loop then uses the other.
 struct NotOverridden {};
 }  // namespace detail
+
+// Whether TrialClass (or a base between it and Trial) declares its own evaluate_batch /
+// evaluate_full_dataset: &TrialClass::f has the type of a member of the class that declares f.
+template <typename TrialClass>
+constexpr bool overrides_evaluate_batch() {
+  return !std::is_same_v<decltype(&TrialClass::evaluate_batch), Metrics (Trial::*)(Batch&)>;
+}
+template <typename TrialClass>
+constexpr bool overrides_evaluate_full_dataset() {
+  return !std::is_same_v<decltype(&TrialClass::evaluate_full_dataset), MetricValues (Trial::*)(DataLoader&)>;
+}
+
+// What HPCTRIAL_MAIN and TrialRegistry::add check when the trial is compiled: a trial class that
+// validates in exactly one way.
+template <typename TrialClass>
+constexpr void check_trial_class() {
+  static_assert(std::is_base_of_v<Trial, TrialClass>, "a trial class derives from hpctrial::trainer::Trial");
+  static_assert(!(overrides_evaluate_batch<TrialClass>() && overrides_evaluate_full_dataset<TrialClass>()),
+                "the trial overrides both evaluate_batch and evaluate_full_dataset, and only one would run; "
+                "keep evaluate_batch (every rank validates its share) or evaluate_full_dataset (the chief "
+                "validates the whole set)");
+  static_assert(overrides_evaluate_batch<TrialClass>() || overrides_evaluate_full_dataset<TrialClass>(),
+                "the trial overrides neither evaluate_batch nor evaluate_full_dataset; implement one of them "
+                "to validate");
+}
 
 }  // namespace hpctrial::trainer

@@ -66,6 +66,9 @@ struct TrialSettings {
   core::GradientCompression gradient_compression = core::GradientCompression::kNone;
   int gpus_per_slot = 0;
   DistributedContext distributed;
+  int trial_id = 0;
+  std::string experiment_dir;                                          // the experiment's identity
+  nlohmann::json experiment_config = nlohmann::json::object();  // the effective config
 };
 
 class TrialContext {
@@ -148,9 +151,24 @@ class TrialContext {
   bool is_epoch_start() const { return epoch_start_; }
   bool is_epoch_end() const { return epoch_end_; }
 
+  // --- the run -----------------------------------------------------------------------------
+  // The effective experiment config (defaults filled in, the trial's hyperparameter values in
+  // `hyperparameters`), as JSON: Determined's get_experiment_config().
+  const nlohmann::json& experiment_config() const { return settings_.experiment_config; }
+  int trial_id() const { return settings_.trial_id; }
+  // The experiment directory, which identifies an experiment in hpctrial (Determined's numeric
+  // experiment id has no counterpart without a master).
+  const std::string& experiment_id() const { return settings_.experiment_dir; }
+  // The index of the batch being trained (batches trained before it), from 0.
+  std::int64_t current_train_batch() const { return batches_trained_; }
+  // optimizations.aggregation_frequency: batches whose gradients make one optimizer step.
+  std::int64_t aggregation_frequency() const { return settings_.aggregation_frequency; }
+
   // --- stopping -----------------------------------------------------------------------------
-  // A request to stop after this batch; the ranks agree on it at the step boundary, then the
-  // trial checkpoints and exits as a pause.
+  // Ends the trial early (Determined's semantics): the ranks agree on it at the step boundary
+  // (the end of the aggregation group), then the trial validates, checkpoints and finishes as
+  // complete: exit 0, nothing resumes it, and a search goes on with its next trial. A stop from
+  // outside (a signal, `hpctrial pause`) is a pause instead.
   void set_stop_requested(bool stop) { stop_requested_ = stop; }
   bool get_stop_requested() const { return stop_requested_; }
 

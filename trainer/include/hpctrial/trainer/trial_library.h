@@ -29,6 +29,7 @@ class TrialRegistry {
  public:
   template <typename TrialClass>
   void add(const std::string& name) {
+    check_trial_class<TrialClass>();
     factories_[name] = [](TrialContext& context) {
       return std::unique_ptr<Trial>(std::make_unique<TrialClass>(context));
     };
