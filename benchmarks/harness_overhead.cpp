@@ -233,13 +233,21 @@ int main(int argc, char** argv) {
   }
   const Data data = make_data(s);
   // A fresh scratch directory per run, so that no run resumes another's trial.
-  char dir_template[] = "/tmp/hpctrial-bench-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) {
-    std::fprintf(stderr, "harness_overhead: cannot create a scratch directory %s: %s\n", dir_template,
-                 std::strerror(errno));
+  // mkdtemp replaces the trailing six characters of the pattern; $TMPDIR is honoured.
+  std::error_code no_tmp;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(no_tmp);
+  if (no_tmp) {
+    const char* env = std::getenv("TMPDIR");
+    std::fprintf(stderr, "harness_overhead: TMPDIR (%s) is not a directory: %s; set TMPDIR to a writable directory\n",
+                 env != nullptr ? env : "unset", no_tmp.message().c_str());
     return 1;
   }
-  const std::string scratch = dir_template;
+  std::string scratch = (tmp / "hpctrial-bench-XXXXXX").string();
+  if (::mkdtemp(scratch.data()) == nullptr) {
+    std::fprintf(stderr, "harness_overhead: cannot create a scratch directory %s: %s (set TMPDIR to a writable "
+                 "directory)\n", scratch.c_str(), std::strerror(errno));
+    return 1;
+  }
 
   if (!s.only.empty()) {
     const double rate = s.only == "plain" ? checked(plain_steps_per_second(s, data), "plain")
