@@ -30,7 +30,7 @@ examples:
   hpctrial config show exp.yaml --set scheduler.modules=[gcc/12,openmpi/4.1]
   hpctrial config show exp.yaml --output effective.yaml
 
-options)";
+)";
 
 std::string summarize(const core::ExperimentConfig& c) {
   const auto& r = c.resources;
@@ -67,7 +67,7 @@ int run_config(const std::vector<std::string>& args) {
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
-    std::cout << kUsage << ":\n" << options;
+    std::cout << kUsage << options;
     return kExitOk;
   }
   if (positional.empty()) {

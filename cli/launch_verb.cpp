@@ -22,7 +22,7 @@ the job's nodes and slots (Slurm or PBS), and starts the ranks with mpirun. Exit
 finished; 75: it stopped after a checkpoint and resumes when the job runs again; other: it
 failed more than max_restarts times (see DIR/trial-<id>/failures.jsonl).
 
-options)";
+)";
 
 int run_launch(const std::vector<std::string>& args) {
   launcher::LaunchOptions launch;
@@ -38,7 +38,7 @@ int run_launch(const std::vector<std::string>& args) {
   po::store(po::command_line_parser(args).options(options).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
-    std::cout << kUsage << ":\n" << options;
+    std::cout << kUsage << options;
     return kExitOk;
   }
   if (launch.experiment_dir.empty()) {

@@ -27,7 +27,7 @@ examples:
   hpctrial new-trial segmenter
   cd segmenter && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml
 
-options)";
+)";
 
 void replace_all(std::string& text, const std::string& from, const std::string& to) {
   for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
@@ -65,7 +65,7 @@ int run_new_trial(const std::vector<std::string>& args) {
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
-    std::cout << kUsage << ":\n" << options;
+    std::cout << kUsage << options;
     return kExitOk;
   }
   if (name.empty()) throw ConfigError("hpctrial new-trial: give the trial's name, e.g. `hpctrial new-trial segmenter`");

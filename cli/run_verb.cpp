@@ -54,7 +54,7 @@ examples:
   hpctrial run exp.yaml --np 4 --oversubscribe --set hyperparameters.learning_rate=0.01
   hpctrial run exp.yaml --dry-run
 
-options)";
+)";
 
 int run_run(const std::vector<std::string>& args) {
   core::ConfigSources sources;
@@ -82,7 +82,7 @@ int run_run(const std::vector<std::string>& args) {
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
-    std::cout << kUsage << ":\n" << options;
+    std::cout << kUsage << options;
     return kExitOk;
   }
   if (sources.config_path.empty()) {

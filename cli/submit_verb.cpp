@@ -48,7 +48,7 @@ examples:
   hpctrial submit experiment.yaml --dry-run       # print the script; submit nothing
   hpctrial submit experiment.yaml --scheduler pbs --set scheduler.queue=workq
 
-options)";
+)";
 
 int run_submit(const std::vector<std::string>& args) {
   core::ConfigSources sources;
@@ -73,7 +73,7 @@ int run_submit(const std::vector<std::string>& args) {
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   if (vm.count("help")) {
-    std::cout << kUsage << ":\n" << options;
+    std::cout << kUsage << options;
     return kExitOk;
   }
   if (sources.config_path.empty()) {

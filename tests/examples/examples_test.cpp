@@ -471,5 +471,41 @@ TEST(CnnExample, TheProgramLearnsOnTwoRanks) {
   EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), 0.95);  // chance is 1/8
 }
 
+// The sequence example's grid under `hpctrial run`: trial 0 reaches its target accuracy and ends
+// itself (set_stop_requested) before max_length, complete; the grid goes on with trial 1, which
+// trains its full length. Both learn from padded, named batches.
+TEST(SequenceExample, AGridGoesOnAfterATrialEndsItself) {
+  TempDir dir;
+  const std::string experiment = (dir.path() / "exp").string();
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(400);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const auto r = core::run_process({HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/sequence/experiment-grid.yaml",
+                                    "--set", std::string("entrypoint=") + HPCTRIAL_SEQUENCE, "--experiment", experiment,
+                                    "--oversubscribe"},
+                                   options);
+  const std::string out = r.out + r.err;
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << out;
+  EXPECT_THAT(out, HasSubstr("sequence: trial 0 of experiment sequence-grid (" + experiment + ")"));
+  EXPECT_THAT(out, HasSubstr("the trial asked to stop (set_stop_requested)"));
+  EXPECT_THAT(out, HasSubstr("trial 0 finished"));
+  EXPECT_THAT(out, HasSubstr("trial 1 finished"));
+  const auto first = validations(experiment + "/trial-0/metrics.jsonl");
+  const auto second = validations(experiment + "/trial-1/metrics.jsonl");
+  ASSERT_FALSE(first.empty());
+  ASSERT_FALSE(second.empty());
+  EXPECT_GE(first.back()["metrics"]["accuracy"].get<double>(), 0.9);
+  EXPECT_LT(first.back()["batches"].get<std::int64_t>(), 200) << "trial 0 did not end itself";
+  EXPECT_EQ(second.back()["batches"].get<std::int64_t>(), 200);
+  EXPECT_GE(second.back()["metrics"]["accuracy"].get<double>(), 0.9);  // chance is 0.5
+  // Ended complete: running the grid again trains nothing more in either trial.
+  const auto again = core::run_process({HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/sequence/experiment-grid.yaml",
+                                        "--set", std::string("entrypoint=") + HPCTRIAL_SEQUENCE, "--experiment",
+                                        experiment, "--oversubscribe"},
+                                       options);
+  ASSERT_TRUE(again.ok()) << again.describe() << "\n" << again.out << again.err;
+  EXPECT_EQ(validations(experiment + "/trial-0/metrics.jsonl").size(), first.size());
+}
+
 }  // namespace
 }  // namespace hpctrial

@@ -118,6 +118,13 @@ TEST(Cli, ConfigHelp) {
   EXPECT_THAT(r.out, HasSubstr("hpctrial config validate CONFIG.yaml"));
   EXPECT_THAT(r.out, HasSubstr("--set"));
   EXPECT_THAT(r.out, HasSubstr("--template"));
+  // Each verb's help names its options once.
+  for (const char* verb : {"config", "run", "submit", "launch", "new-trial"}) {
+    const auto help = hpctrial({verb, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << verb;
+    EXPECT_THAT(help.out, HasSubstr("\n\noptions:\n")) << verb;
+    EXPECT_THAT(help.out, testing::Not(HasSubstr("options:\noptions:"))) << verb;
+  }
 }
 
 TEST(Cli, ValidateAcceptsAValidConfig) {

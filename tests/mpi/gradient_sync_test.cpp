@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <functional>
+#include <vector>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/comm/communicator.h"
@@ -184,6 +186,111 @@ TEST_F(GradientSyncTest, BucketsStartWhileBackwardStillRuns) {
   EXPECT_GE(launched_when_first_layer_reached - before, 2) << "no bucket started before backward finished";
   EXPECT_EQ(comm_.launched.load() - before, 4);  // one per parameter
   context.step_optimizer(*optimizer);
+}
+
+// What each parameter's gradient is, averaged over the ranks, when every rank r runs
+// `local(r, weight, bias)` on leaf copies of the model's parameters.
+std::vector<torch::Tensor> reference_mean(const torch::nn::Linear& model, int ranks,
+                                          const std::function<void(int, torch::Tensor&, torch::Tensor&)>& local) {
+  std::vector<torch::Tensor> mean = {torch::zeros_like(model->weight), torch::zeros_like(model->bias)};
+  for (int r = 0; r < ranks; ++r) {
+    auto weight = model->weight.detach().clone().requires_grad_(true);
+    auto bias = model->bias.detach().clone().requires_grad_(true);
+    local(r, weight, bias);
+    mean[0] += weight.grad().detach() / ranks;
+    mean[1] += bias.grad().detach() / ranks;
+  }
+  return mean;
+}
+
+std::vector<torch::Tensor> step_and_capture(TrialContext& context, torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> seen;
+  context.step_optimizer(optimizer, [&](std::vector<torch::Tensor>& parameters) {
+    for (const auto& p : parameters) seen.push_back(p.grad().detach().clone());
+  });
+  return seen;
+}
+
+torch::Tensor input_of(int rank) { return torch::full({2, 3}, static_cast<float>(rank + 1)); }
+
+TEST_F(GradientSyncTest, ANonScalarLossTakesItsGradient) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  const torch::Tensor outputs = model_->forward(input_of(world_.rank()));  // [2, 2]
+  context->backward(outputs, torch::ones_like(outputs));
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, RetainGraphGoesThroughTheGraphTwice) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  const torch::Tensor l = loss();
+  context->backward(l, {}, /*retain_graph=*/true);
+  context->backward(l);
+  EXPECT_DOUBLE_EQ(step(*context), 2 * mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, CreateGraphLeavesTheRanksOwnDifferentiableGradientsAndAveragesThemAtTheStep) {
+  // A second backward through the gradients (a Hessian-vector product): the step sees the mean
+  // over ranks of gradient + d|gradient|^2/dparameters.
+  auto context = make_context();
+  const auto local = [](int rank, torch::Tensor& weight, torch::Tensor& bias) {
+    torch::nn::functional::linear(input_of(rank), weight, bias).pow(2).sum().backward({}, true, true);
+    weight.grad().pow(2).sum().backward();
+  };
+  const auto expected = reference_mean(model_, world_.size(), local);
+  torch::Tensor own_weight = model_->weight.detach().clone().requires_grad_(true);
+  torch::Tensor own_bias = model_->bias.detach().clone().requires_grad_(true);
+  torch::nn::functional::linear(input_of(world_.rank()), own_weight, own_bias).pow(2).sum().backward();
+
+  context->set_loop_position(true, false, 0);
+  context->backward(model_->forward(input_of(world_.rank())).pow(2).sum(), {}, {}, /*create_graph=*/true);
+  ASSERT_TRUE(model_->weight.grad().requires_grad()) << "the gradient lost its graph";
+  EXPECT_TRUE(torch::allclose(model_->weight.grad(), own_weight.grad())) << "not this rank's own gradient";
+  context->backward(model_->weight.grad().pow(2).sum());
+  const auto seen = step_and_capture(*context, *optimizer_);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(torch::allclose(seen[0], expected[0], 1e-5, 1e-4)) << seen[0] << expected[0];
+  EXPECT_TRUE(torch::allclose(seen[1], expected[1], 1e-5, 1e-4)) << seen[1] << expected[1];
+
+  // The next step is an ordinary one again, averaged while backward runs.
+  context->set_loop_position(false, false, 1);
+  const int before = comm_.launched.load();
+  context->backward(loss());
+  EXPECT_GT(comm_.launched.load(), before);
+  EXPECT_DOUBLE_EQ(step(*context), mean_weight_gradient());
+}
+
+TEST_F(GradientSyncTest, AGradientPenaltyFromAutogradGradIsAveraged) {
+  // WGAN-GP's form: the penalty's gradients come from torch::autograd::grad(create_graph), and
+  // one context.backward of loss + penalty.
+  auto context = make_context();
+  const auto penalised = [](const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias) {
+    const auto input_leaf = input.clone().requires_grad_(true);
+    const auto out = torch::nn::functional::linear(input_leaf, weight, bias).pow(2).sum();
+    const auto grad = torch::autograd::grad({out}, {input_leaf}, {}, true, true)[0];
+    return out + grad.pow(2).sum();
+  };
+  const auto expected = reference_mean(model_, world_.size(), [&](int rank, torch::Tensor& w, torch::Tensor& b) {
+    penalised(input_of(rank), w, b).backward();
+  });
+  context->set_loop_position(true, false, 0);
+  context->backward(penalised(input_of(world_.rank()), model_->weight, model_->bias));
+  const auto seen = step_and_capture(*context, *optimizer_);
+  EXPECT_TRUE(torch::allclose(seen[0], expected[0], 1e-5, 1e-4)) << seen[0] << expected[0];
+  EXPECT_TRUE(torch::allclose(seen[1], expected[1], 1e-5, 1e-4)) << seen[1] << expected[1];
+}
+
+TEST_F(GradientSyncTest, CreateGraphAfterAnOrdinaryBackwardInTheStepIsAClearError) {
+  auto context = make_context();
+  context->set_loop_position(true, false, 0);
+  context->backward(loss());
+  try {
+    context->backward(loss(), {}, {}, /*create_graph=*/true);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("make the create_graph backward the first of the step"));
+  }
 }
 
 }  // namespace

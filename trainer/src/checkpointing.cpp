@@ -71,6 +71,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
     c.add("scheduler/" + std::to_string(i) + "/step_count", checkpoint::DType::kInt64, {}, &count);
   }
   add_tensor(c, "rng/cpu", cpu_rng_state());
+  if (context.device().is_cuda()) add_tensor(c, "rng/cuda", device_rng_state(context.device()));
 
   json progress = {{"batches", loop.batches_trained},
                    {"epochs", loop.epochs_trained},
@@ -159,6 +160,11 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     scheduler_step_count(*schedulers[i].scheduler) = static_cast<unsigned>(count);
   }
   set_cpu_rng_state(tensor_of(contents.at("rng/cpu", path)).clone());
+  // A checkpoint from a CPU run resumed on a GPU (or the reverse) has no state for it: the
+  // device generator keeps its seed.
+  if (context.device().is_cuda() && contents.find("rng/cuda") != nullptr) {
+    set_device_rng_state(context.device(), tensor_of(contents.at("rng/cuda", path)).clone());
+  }
 
   const json progress = parse(contents, "progress", path);
   try {

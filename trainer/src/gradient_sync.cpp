@@ -138,6 +138,7 @@ GradientSync::~GradientSync() {
 }
 
 void GradientSync::attach_views() {
+  torch::NoGradGuard no_grad;  // a gradient made with create_graph is copied, not differentiated
   for (auto& bucket : buckets_) {
     for (std::size_t j = 0; j < bucket.parameters.size(); ++j) {
       torch::Tensor& p = parameters_[bucket.parameters[j]];
@@ -166,8 +167,16 @@ void GradientSync::start_batch(std::int64_t batch) {
   }
 }
 
-void GradientSync::begin_backward(std::int64_t batch, bool sync) {
+bool GradientSync::begin_backward(std::int64_t batch, bool sync, bool prescale) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Once a backward of this step left unscaled gradients, the step's later ones are unscaled too.
+  const bool scaled = prescale && !unscaled_seen_;
+  if (!scaled && scaled_seen_) {
+    throw ConfigError("context.backward(..., create_graph = true) after another backward in the same step: the "
+                      "first gradients were already divided by the number of ranks; make the create_graph "
+                      "backward the first of the step, or use torch::autograd::grad(..., create_graph = true) "
+                      "for the gradients you differentiate");
+  }
   start_batch(batch);
   for (auto& bucket : buckets_) {
     complete(bucket);
@@ -176,10 +185,13 @@ void GradientSync::begin_backward(std::int64_t batch, bool sync) {
     if (bucket.holds_mean && !bucket.snapshot.defined()) bucket.snapshot = bucket.flat.clone();
   }
   attach_views();
-  in_context_ = true;
-  armed_ = sync;
+  in_context_ = scaled;
+  // A backward that creates a graph replaces .grad with new tensors: nothing is in the buckets
+  // until reduce() copies it there.
+  armed_ = sync && prescale;
   next_launch_ = 0;
-  for (auto& bucket : buckets_) bucket.pending = sync ? bucket.parameters.size() : 0;
+  for (auto& bucket : buckets_) bucket.pending = armed_ ? bucket.parameters.size() : 0;
+  return scaled;
 }
 
 void GradientSync::end_backward() {

@@ -55,7 +55,10 @@ class GradientSync {
 
   // context.backward multiplies the loss by this: 1 / (ranks x aggregation_frequency).
   double loss_scale() const;
-  void begin_backward(std::int64_t batch, bool sync);
+  // Returns whether the caller is to scale the loss by loss_scale(): `prescale`, unless this
+  // step's gradients are already unscaled (a create_graph backward, a plain loss.backward()).
+  // prescale false (create_graph): the hooks stay disarmed and reduce() averages the gradients.
+  bool begin_backward(std::int64_t batch, bool sync, bool prescale = true);
   void end_backward();
   void reduce(std::int64_t batch);
   // The optimizer zeroed these parameters' gradients: their buckets hold no mean any more.

@@ -72,8 +72,9 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
                                           static_cast<std::uint64_t>(validation_loader_->batch_size()),
                                           comm_.rank(), comm_.size());
   for (const auto& indices : batches) {
+    if (validation_loader_->drop_last() && static_cast<std::int64_t>(indices.size()) < validation_loader_->batch_size()) break;
     call([](Callback& c) { c.on_validation_step_start(); });
-    Batch batch = context_->to_device(validation_loader_->dataset().get_batch(indices));
+    Batch batch = context_->to_device(validation_loader_->read(indices));
     Metrics metrics;
     try {
       metrics = trial_->evaluate_batch(batch);

@@ -6,11 +6,13 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 namespace hpctrial::trainer::detail {
 
-Prefetcher::Prefetcher(Dataset& dataset, NextIndices next_indices, std::size_t depth)
-    : dataset_(dataset), next_indices_(std::move(next_indices)), depth_(depth) {
-  if (depth_ > 0) worker_ = std::thread([this] { run(); });
+Prefetcher::Prefetcher(Read read, NextIndices next_indices, std::size_t workers, std::size_t depth)
+    : read_(std::move(read)), next_indices_(std::move(next_indices)), depth_(std::max(depth, workers)) {
+  for (std::size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { run(); });
 }
 
 Prefetcher::~Prefetcher() {
@@ -19,7 +21,7 @@ Prefetcher::~Prefetcher() {
     stop_ = true;
   }
   changed_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& worker : workers_) worker.join();
 }
 
 void Prefetcher::run() {
@@ -31,35 +33,55 @@ void Prefetcher::run() {
   // core, yet still issues its reads early enough to overlap I/O with training. Best effort.
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   for (;;) {
+    std::uint64_t sequence;
+    std::vector<std::int64_t> indices;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [this] { return stop_ || ready_.size() < depth_; });
-      if (stop_) return;
+      changed_.wait(lock, [this] { return stop_ || failed_ || assigned_ - delivered_ < depth_; });
+      if (stop_ || failed_) return;
+      sequence = assigned_++;
+      try {
+        indices = next_indices_();
+      } catch (...) {
+        ready_[sequence].error = std::current_exception();
+        failed_ = true;
+        changed_.notify_all();
+        return;
+      }
     }
+    Slot slot;
     try {
-      Batch batch = dataset_.get_batch(next_indices_());
-      std::lock_guard<std::mutex> lock(mutex_);
-      ready_.push_back(std::move(batch));
+      slot.batch = read_(indices);
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::current_exception();
-      changed_.notify_all();
-      return;
+      slot.error = std::current_exception();
     }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (slot.error) failed_ = true;
+    ready_[sequence] = std::move(slot);
     changed_.notify_all();
   }
 }
 
 Batch Prefetcher::next() {
-  if (depth_ == 0) return dataset_.get_batch(next_indices_());
+  if (workers_.empty()) {
+    if (failed_) std::rethrow_exception(ready_.at(delivered_).error);
+    try {
+      return read_(next_indices_());
+    } catch (...) {
+      failed_ = true;
+      ready_[delivered_].error = std::current_exception();
+      throw;
+    }
+  }
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [this] { return !ready_.empty() || error_; });
-  if (ready_.empty()) std::rethrow_exception(error_);
-  Batch batch = std::move(ready_.front());
-  ready_.pop_front();
+  changed_.wait(lock, [this] { return ready_.count(delivered_) != 0; });
+  // A failed read stays in place: the readers have stopped, and a later next() throws again.
+  if (const auto error = ready_.at(delivered_).error) std::rethrow_exception(error);
+  auto node = ready_.extract(delivered_);
+  ++delivered_;
   lock.unlock();
   changed_.notify_all();
-  return batch;
+  return std::move(node.mapped().batch);
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -104,4 +104,14 @@ std::vector<std::vector<std::int64_t>> validation_batches(std::uint64_t dataset_
   return batches;
 }
 
+std::uint64_t epoch_records(std::int64_t records_per_epoch, std::int64_t global_batch, bool drop_last) {
+  if (!drop_last) return static_cast<std::uint64_t>(records_per_epoch);
+  if (records_per_epoch < global_batch) {
+    throw ConfigError("build_training_data_loader: drop_last with an epoch of " + std::to_string(records_per_epoch) +
+                      " records and a global batch of " + std::to_string(global_batch) +
+                      " leaves no batch; lower global_batch_size, raise records_per_epoch, or drop_last(false)");
+  }
+  return static_cast<std::uint64_t>(records_per_epoch - records_per_epoch % global_batch);
+}
+
 }  // namespace hpctrial::trainer

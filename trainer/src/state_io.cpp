@@ -420,4 +420,16 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   generator.set_state(state);
 }
 
+torch::Tensor device_rng_state(const torch::Device& device) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_device_rng_state(const torch::Device& device, const torch::Tensor& state) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
 }  // namespace hpctrial::trainer::detail

@@ -51,5 +51,9 @@ unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler);
 
 torch::Tensor cpu_rng_state();
 void set_cpu_rng_state(const torch::Tensor& state);
+// The default generator of a GPU (Philox seed and offset): dropout and torch::rand on the
+// device. Only for a CUDA device.
+torch::Tensor device_rng_state(const torch::Device& device);
+void set_device_rng_state(const torch::Device& device, const torch::Tensor& state);
 
 }  // namespace hpctrial::trainer::detail

@@ -107,7 +107,9 @@ void Loop::setup() {
                       " (global_batch_size / slots); use context.per_slot_batch_size()");
   }
   const auto dataset_size = static_cast<std::int64_t>(train_loader_->dataset().size());
-  records_per_epoch_ = config_.records_per_epoch > 0 ? config_.records_per_epoch : dataset_size;
+  records_per_epoch_ = static_cast<std::int64_t>(
+      epoch_records(config_.records_per_epoch > 0 ? config_.records_per_epoch : dataset_size, global_batch_,
+                    train_loader_->drop_last()));
   max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
   validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
   checkpoint_period_ = to_period(config_.min_checkpoint_period, global_batch_, records_per_epoch_);
@@ -124,8 +126,11 @@ void Loop::setup() {
                   train_loader_->shuffle(), static_cast<std::uint64_t>(records_per_epoch_)),
       static_cast<std::uint64_t>(global_batch_), comm_.rank(), comm_.size(),
       static_cast<std::uint64_t>(batches_trained_ * global_batch_));
+  const DataLoader* loader = train_loader_.get();
   prefetcher_ = std::make_unique<detail::Prefetcher>(
-      train_loader_->dataset(), [this] { return sampler_->next_batch(); }, options_.prefetch_depth);
+      [loader](const std::vector<std::int64_t>& indices) { return loader->read(indices); },
+      [this] { return sampler_->next_batch(); },
+      options_.prefetch_depth == 0 ? 0 : train_loader_->options().workers(), options_.prefetch_depth);
 
   if (chief()) {
     core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);

@@ -105,15 +105,24 @@ detail::GradientSync& TrialContext::gradient_sync() {
   return *gradient_sync_;
 }
 
-void TrialContext::backward(const torch::Tensor& loss) {
+void TrialContext::backward(const torch::Tensor& loss, const torch::Tensor& gradient,
+                            c10::optional<bool> retain_graph, bool create_graph) {
   if (settings_.distributed.size == 1) {
-    loss.backward();
+    loss.backward(gradient, retain_graph, create_graph);
     return;
   }
   detail::GradientSync& sync = gradient_sync();
-  sync.begin_backward(batches_trained_, is_sync_batch());
+  // With create_graph the gradients keep their graph for a second backward, so they must be the
+  // trial's own; the mean over ranks is then formed at the optimizer step instead.
+  const bool scaled = sync.begin_backward(batches_trained_, is_sync_batch(), /*prescale=*/!create_graph);
   try {
-    (loss * sync.loss_scale()).backward();
+    if (!scaled) {
+      loss.backward(gradient, retain_graph, create_graph);
+    } else if (gradient.defined()) {
+      loss.backward(gradient * sync.loss_scale(), retain_graph, create_graph);
+    } else {
+      (loss * sync.loss_scale()).backward({}, retain_graph, create_graph);
+    }
   } catch (...) {
     sync.end_backward();
     throw;
@@ -236,7 +245,7 @@ torch::Tensor TrialContext::to_device(const torch::Tensor& tensor) const {
 }
 
 Batch TrialContext::to_device(const Batch& batch) const {
-  return {to_device(batch.data), to_device(batch.target)};
+  return batch.map_tensors([this](const torch::Tensor& t) { return to_device(t); });
 }
 
 const nlohmann::json& TrialContext::hparam_value(const std::string& name) const {

@@ -2,8 +2,11 @@
 // and the prefetcher's order and errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <thread>
 
@@ -11,6 +14,7 @@
 
 #include "../../../trainer/src/metrics_log.h"
 #include "../../../trainer/src/prefetcher.h"
+#include "hpctrial/trainer/data.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
 
@@ -114,35 +118,64 @@ class CountingDataset : public Dataset {
   std::int64_t fail_at = -1;
 };
 
-TEST(Prefetcher, DeliversBatchesInOrderAtAnyDepth) {
-  for (std::size_t depth : {0, 1, 4}) {
-    CountingDataset dataset;
-    std::int64_t next = 0;
-    Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, depth);
-    for (std::int64_t i = 0; i < 50; ++i) {
-      ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i) << "depth " << depth;
+Prefetcher::Read reader(CountingDataset& dataset) {
+  return [&dataset](const std::vector<std::int64_t>& indices) { return dataset.get_batch(indices); };
+}
+
+TEST(Prefetcher, DeliversBatchesInOrderWithAnyWorkersAndDepth) {
+  for (std::size_t workers : {0, 1, 3}) {
+    for (std::size_t depth : {1, 4}) {
+      CountingDataset dataset;
+      std::int64_t next = 0;
+      Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, workers, depth);
+      for (std::int64_t i = 0; i < 50; ++i) {
+        ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i) << workers << " workers, depth " << depth;
+      }
     }
   }
 }
 
-TEST(Prefetcher, AReadErrorReachesTheTrainingThread) {
-  CountingDataset dataset;
-  dataset.fail_at = 3;
+TEST(Prefetcher, WorkersReadAtOnceAndStillHandOverInOrder) {
+  // Batch k takes longer the smaller k is, so with three workers later batches finish first.
+  std::atomic<int> reading{0}, most{0};
   std::int64_t next = 0;
-  Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, 2);
-  for (int i = 0; i < 3; ++i) prefetcher.next();
-  try {
-    prefetcher.next();
-    FAIL();
-  } catch (const IoError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("the disk went away at 3"));
+  Prefetcher prefetcher(
+      [&](const std::vector<std::int64_t>& indices) {
+        const int now = ++reading;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2 * (3 - indices[0] % 3)));
+        --reading;
+        return Batch(torch::tensor(indices), torch::tensor(indices));
+      },
+      [&] { return std::vector<std::int64_t>{next++}; }, 3, 3);
+  for (std::int64_t i = 0; i < 30; ++i) ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i);
+  EXPECT_GT(most.load(), 1);
+}
+
+TEST(Prefetcher, AReadErrorReachesTheTrainingThreadAfterTheBatchesBeforeIt) {
+  for (std::size_t workers : {0, 1, 3}) {
+    CountingDataset dataset;
+    dataset.fail_at = 3;
+    std::int64_t next = 0;
+    Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, workers, 2);
+    for (std::int64_t i = 0; i < 3; ++i) ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i);
+    for (int attempt = 0; attempt < 2; ++attempt) {  // and again: the failed batch stays failed
+      try {
+        prefetcher.next();
+        FAIL() << workers << " workers";
+      } catch (const IoError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("the disk went away at 3"));
+      }
+    }
   }
 }
 
 TEST(Prefetcher, StopsCleanlyWithBatchesStillQueued) {
   CountingDataset dataset;
   std::int64_t next = 0;
-  { Prefetcher prefetcher(dataset, [&] { return std::vector<std::int64_t>{next++}; }, 8); }
+  { Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, 4, 8); }
   SUCCEED();
 }
 

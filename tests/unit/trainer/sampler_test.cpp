@@ -152,5 +152,18 @@ TEST(Rng, BoundedIsUniformEnough) {
   for (int c : counts) EXPECT_NEAR(c, 10000, 500);
 }
 
+TEST(EpochRecords, DropLastKeepsWholeGlobalBatches) {
+  EXPECT_EQ(epoch_records(60, 8, false), 60u);
+  EXPECT_EQ(epoch_records(60, 8, true), 56u);
+  EXPECT_EQ(epoch_records(64, 8, true), 64u);
+  EXPECT_EQ(epoch_records(8, 8, true), 8u);
+  try {
+    epoch_records(7, 8, true);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("drop_last with an epoch of 7 records and a global batch of 8"));
+  }
+}
+
 }  // namespace
 }  // namespace hpctrial::trainer

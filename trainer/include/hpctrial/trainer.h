@@ -15,6 +15,7 @@ using trainer::Batch;
 using trainer::Callback;
 using trainer::CoreContext;
 using trainer::DataLoader;
+using trainer::DataLoaderOptions;
 using trainer::Dataset;
 using trainer::Hdf5Dataset;
 using trainer::Metrics;

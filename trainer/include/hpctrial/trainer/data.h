@@ -1,35 +1,43 @@
 // Datasets and data loaders.
 //
-// A Dataset hands out batches by index: get_batch({3, 17, 5}) stacks those samples into one
-// Batch (LibTorch's torch::data::Example: `batch.data`, `batch.target`). Built in: an
-// in-memory TensorDataset, an Hdf5Dataset that reads only the rows a rank needs, and
-// from_torch_dataset(), which adapts any LibTorch torch::data dataset.
+// A Dataset hands out samples by index: get(3) is one sample, get_batch({3, 17, 5}) those
+// samples stacked into one Batch (batch.h: the (data, target) pair `batch.data`, `batch.target`,
+// or named and nested tensors). A dataset implements either or both: the default get_batch
+// collates get(i), the default get takes row 0 of get_batch({i}). Built in: an in-memory
+// TensorDataset, an Hdf5Dataset that reads only the rows a rank needs, and from_torch_dataset(),
+// which adapts any LibTorch torch::data dataset.
 //
-// A DataLoader says which dataset, the per-slot batch size and whether to shuffle; the
-// harness decides the order (a function of the trial seed and the epoch only, see
-// sampler.h), shards it over the ranks and prefetches batches on a background thread.
+// A DataLoader says which dataset, the per-slot batch size and its options (shuffle, drop_last,
+// worker threads, a collate function); the harness decides the order (a function of the trial
+// seed and the epoch only, see sampler.h), shards it over the ranks and reads batches ahead on
+// the loader's worker threads.
 #pragma once
 
-#include <torch/data/example.h>
+#include <torch/arg.h>
 #include <torch/types.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace hpctrial::trainer {
+#include "hpctrial/trainer/batch.h"
 
-using Batch = torch::data::Example<>;
+namespace hpctrial::trainer {
 
 class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual std::uint64_t size() const = 0;
-  // The samples at `indices` stacked along a new first dimension. Thread safety: called from
-  // one prefetch thread at a time.
-  virtual Batch get_batch(const std::vector<std::int64_t>& indices) = 0;
+  // One sample (no batch dimension). Default: row 0 of get_batch({index}).
+  virtual Batch get(std::int64_t index);
+  // The samples at `indices` stacked along a new first dimension. Default: collate() of get(i).
+  // Thread safety: a loader with workers(n > 1) calls get / get_batch from n threads at once,
+  // as LibTorch's DataLoader does; guard shared state (a file handle) in the dataset.
+  virtual Batch get_batch(const std::vector<std::int64_t>& indices);
 };
 
 // Samples are rows of two tensors with the same first dimension.
@@ -37,6 +45,7 @@ class TensorDataset final : public Dataset {
  public:
   TensorDataset(torch::Tensor data, torch::Tensor target);
   std::uint64_t size() const override;
+  Batch get(std::int64_t index) override;
   Batch get_batch(const std::vector<std::int64_t>& indices) override;
 
  private:
@@ -52,7 +61,8 @@ std::shared_ptr<Dataset> from_torch_dataset(TorchDataset dataset);
 // Reads two datasets of one HDF5 file: `data_name` (N x ...) and `target_name` (N or N x ...),
 // of any numeric type. Only the rows a batch needs are read. Construction checks that the
 // file opens, both datasets exist, are numeric, and have the same number of rows: a problem
-// is a ConfigError naming the file, the dataset and the fix.
+// is a ConfigError naming the file, the dataset and the fix. Reads from several loader workers
+// take turns (the HDF5 library serializes them in any case).
 class Hdf5Dataset final : public Dataset {
  public:
   Hdf5Dataset(const std::string& path, const std::string& data_name = "x",
@@ -71,20 +81,45 @@ class Hdf5Dataset final : public Dataset {
   std::unique_ptr<Impl> impl_;
 };
 
+// How a DataLoader reads, in LibTorch's option style: DataLoaderOptions().workers(4).drop_last(true).
+struct DataLoaderOptions {
+  using Collate = std::function<Batch(std::vector<Batch>)>;
+  // Training: a shuffled stream, or 0, 1, 2, ... in every epoch.
+  TORCH_ARG(bool, shuffle) = true;
+  // Leave out the last, short batch. Training: each epoch is then whole global batches,
+  // floor(records_per_epoch / global_batch_size) of them, and no batch spans two epochs (the
+  // samples left at the end of an epoch's order are skipped). Validation: each rank's last
+  // batch, when short, is not validated.
+  TORCH_ARG(bool, drop_last) = false;
+  // Threads reading batches ahead of training; batches are still handed over in order. 0 reads
+  // each batch on the training thread when it is needed.
+  TORCH_ARG(std::size_t, workers) = 1;
+  // Stacks the samples of one batch, read one by one with Dataset::get; empty: the dataset's
+  // get_batch. For samples of different lengths (padding), or batches of another form.
+  TORCH_ARG(Collate, collate);
+};
+
 class DataLoader {
  public:
   // `batch_size` is per slot (TrialContext::per_slot_batch_size()). For training, the harness
   // takes global batches of batch_size x ranks from a shuffled (or, with shuffle=false,
   // sequential) stream; for validation, each rank reads its share of the dataset in order.
   DataLoader(std::shared_ptr<Dataset> dataset, std::int64_t batch_size, bool shuffle = true);
+  DataLoader(std::shared_ptr<Dataset> dataset, std::int64_t batch_size, DataLoaderOptions options);
 
   Dataset& dataset() const { return *dataset_; }
   const std::shared_ptr<Dataset>& dataset_ptr() const { return dataset_; }
   std::int64_t batch_size() const { return batch_size_; }
-  bool shuffle() const { return shuffle_; }
+  const DataLoaderOptions& options() const { return options_; }
+  bool shuffle() const { return options_.shuffle(); }
+  bool drop_last() const { return options_.drop_last(); }
+
+  // The batch of the samples at `indices`: the collate function over Dataset::get, or the
+  // dataset's get_batch.
+  Batch read(const std::vector<std::int64_t>& indices) const;
 
   // Sequential batches over the whole dataset (for evaluate_full_dataset): `for (auto& batch :
-  // loader)`. The last batch may be short.
+  // loader)`. The last batch may be short, unless drop_last.
   class Iterator {
    public:
     Iterator(const DataLoader* loader, std::uint64_t position) : loader_(loader), position_(position) {}
@@ -97,12 +132,12 @@ class DataLoader {
     std::uint64_t position_;
   };
   Iterator begin() const { return Iterator(this, 0); }
-  Iterator end() const { return Iterator(this, dataset_->size()); }
+  Iterator end() const;
 
  private:
   std::shared_ptr<Dataset> dataset_;
   std::int64_t batch_size_;
-  bool shuffle_;
+  DataLoaderOptions options_;
 };
 
 namespace detail {
@@ -112,17 +147,7 @@ class TorchDatasetAdapter final : public Dataset {
  public:
   explicit TorchDatasetAdapter(TorchDataset dataset) : dataset_(std::move(dataset)) {}
   std::uint64_t size() const override { return dataset_.size().value(); }
-  Batch get_batch(const std::vector<std::int64_t>& indices) override {
-    std::vector<torch::Tensor> data, target;
-    data.reserve(indices.size());
-    target.reserve(indices.size());
-    for (const std::int64_t i : indices) {
-      auto example = dataset_.get(static_cast<std::size_t>(i));
-      data.push_back(std::move(example.data));
-      target.push_back(std::move(example.target));
-    }
-    return {torch::stack(data), torch::stack(target)};
-  }
+  Batch get(std::int64_t index) override { return Batch(dataset_.get(static_cast<std::size_t>(index))); }
 
  private:
   TorchDataset dataset_;

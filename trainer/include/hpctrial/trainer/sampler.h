@@ -63,6 +63,11 @@ class TrainingSampler {
   std::uint64_t position_;
 };
 
+// The records of each training epoch: all `records_per_epoch`, or with drop_last only whole
+// global batches of them (the rest of each epoch's order is skipped). ConfigError when drop_last
+// leaves no batch.
+std::uint64_t epoch_records(std::int64_t records_per_epoch, std::int64_t global_batch, bool drop_last);
+
 // One rank's share of a validation pass: the dataset in order, split into W contiguous parts
 // (the first `size % W` ranks take one sample more), in batches of `batch_size`; the last
 // batch may be short. Every sample is validated exactly once across the ranks.

@@ -34,6 +34,7 @@ struct LoopOptions {
   DistributedContext distributed;
   double progress_interval_s = 10;  // progress lines on stderr (chief only); <= 0: none
   std::int64_t report_period_batches = 100;  // training metrics every N batches, and at the end
+  // Training batches read ahead, on the loader's workers; 0: each read on the training thread.
   std::size_t prefetch_depth = 2;
   // Set by signal handlers: a stop request the ranks agree on at the next step boundary.
   const std::atomic<bool>* external_stop = nullptr;

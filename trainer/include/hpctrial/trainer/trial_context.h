@@ -108,10 +108,15 @@ class TrialContext {
     return scheduler;
   }
 
-  // loss.backward(). Gradients accumulate over aggregation_frequency batches. On more than one
-  // rank, the all-reduce of each bucket of gradients starts as soon as backward has produced
-  // them all, overlapping the rest of backward (use this rather than loss.backward()).
-  void backward(const torch::Tensor& loss);
+  // loss.backward(gradient, retain_graph, create_graph), as in PyTorch: `gradient` for a loss
+  // that is not a scalar, retain_graph to go through the graph again, create_graph to make the
+  // gradients differentiable (a Hessian-vector product, a penalty on the gradient). Gradients
+  // accumulate over aggregation_frequency batches. On more than one rank, the all-reduce of each
+  // bucket starts as soon as backward has produced it, overlapping the rest of backward (use
+  // this rather than loss.backward()). With create_graph, .grad holds this rank's own
+  // gradients, with their graph, until step_optimizer averages them: no overlap for that step.
+  void backward(const torch::Tensor& loss, const torch::Tensor& gradient = {},
+                c10::optional<bool> retain_graph = c10::nullopt, bool create_graph = false);
   // On the last batch of each aggregation group: waits for the gradient all-reduce (averaging
   // across ranks and batches), calls clip_grads on the model's parameters (e.g.
   // torch::nn::utils::clip_grad_norm_), steps, and zeroes the gradients in place (they are
