@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
                  env != nullptr ? env : "unset", no_tmp.message().c_str());
     return 1;
   }
-  std::string scratch = (tmp / "hpctrial-bench-XXXXXX").string();
+  std::string scratch = (tmp / "hpctrial-bench-XXXXXX").string();  // mkdtemp fills in the Xs
   if (::mkdtemp(scratch.data()) == nullptr) {
     std::fprintf(stderr, "harness_overhead: cannot create a scratch directory %s: %s (set TMPDIR to a writable "
                  "directory)\n", scratch.c_str(), std::strerror(errno));
