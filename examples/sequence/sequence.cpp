@@ -9,6 +9,10 @@
 // batches (context.current_train_batch()), the chief names its trial and experiment once, and a
 // callback ends the trial early (set_stop_requested) once validation accuracy reaches the
 // hyperparameter stop_at_accuracy: the trial is then complete, and a grid goes on with the next.
+//
+// With `data: {source: stream}` the training samples come from a StreamDataset instead: each
+// rank generates a shard of its own, pass after pass, as a reader of record files would read
+// them, and a paused trial resumes each rank's stream where it stood.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -16,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 namespace {
 
@@ -23,25 +28,47 @@ using hpctrial::Batch;
 
 constexpr std::int64_t kVocabulary = 32;
 
+// One sample of class `label`: a map {"tokens", "label"}.
+Batch make_sequence(std::int64_t label, at::Generator& generator) {
+  const std::int64_t length = torch::randint(4, 25, {1}, generator).item<std::int64_t>();
+  return Batch::map({{"tokens", torch::randint(label * 12, label * 12 + 20, {length}, generator)},
+                     {"label", torch::tensor(label)}});
+}
+
 class SequenceDataset final : public hpctrial::Dataset {
  public:
   SequenceDataset(std::int64_t samples, std::uint64_t seed) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-    for (std::int64_t i = 0; i < samples; ++i) {
-      const std::int64_t label = i % 2;
-      const std::int64_t length = torch::randint(4, 25, {1}, generator).item<std::int64_t>();
-      tokens_.push_back(torch::randint(label * 12, label * 12 + 20, {length}, generator));
-      labels_.push_back(label);
-    }
+    for (std::int64_t i = 0; i < samples; ++i) samples_.push_back(make_sequence(i % 2, generator));
   }
-  std::uint64_t size() const override { return tokens_.size(); }
-  Batch get(std::int64_t index) override {
-    return Batch::map({{"tokens", tokens_[index]}, {"label", torch::tensor(labels_[index])}});
+  std::uint64_t size() const override { return samples_.size(); }
+  Batch get(std::int64_t index) override { return samples_[index]; }
+
+ private:
+  std::vector<Batch> samples_;
+};
+
+// This rank's shard as a stream: each pass generates `per_pass` samples afresh, from a
+// generator seeded by the seed, the rank and the pass only, so that a pass read again (after a
+// resume) gives the same samples.
+class SequenceStream final : public hpctrial::StreamDataset {
+ public:
+  SequenceStream(std::int64_t per_pass, std::uint64_t seed, int rank)
+      : per_pass_(per_pass), seed_(hpctrial::derive_seed(seed, static_cast<std::uint64_t>(rank))) {}
+  void start(std::int64_t pass) override {
+    generator_ = at::make_generator<at::CPUGeneratorImpl>(hpctrial::derive_seed(seed_, static_cast<std::uint64_t>(pass)));
+    read_ = 0;
+  }
+  std::optional<Batch> next() override {
+    if (read_ == per_pass_) return std::nullopt;
+    return make_sequence(read_++ % 2, generator_);
   }
 
  private:
-  std::vector<torch::Tensor> tokens_;
-  std::vector<std::int64_t> labels_;
+  std::int64_t per_pass_;
+  std::uint64_t seed_;
+  at::Generator generator_;
+  std::int64_t read_ = 0;
 };
 
 // Pads the token sequences of a batch to the longest one; the mask is 1 where a token is.
@@ -94,7 +121,12 @@ class SequenceTrial : public hpctrial::Trial {
       : context_(context),
         base_lr_(context.hparam<double>("learning_rate")),
         warmup_batches_(context.hparam<std::int64_t>("warmup_batches")) {
-    train_ = std::make_shared<SequenceDataset>(2048, 1);
+    if (context.data_config().value("source", "memory") == "stream") {
+      const auto& slots = context.distributed();
+      stream_ = std::make_shared<SequenceStream>(2048 / slots.size, context.trial_seed(), slots.rank);
+    } else {
+      train_ = std::make_shared<SequenceDataset>(2048, 1);
+    }
     validation_ = std::make_shared<SequenceDataset>(512, 2);
     model_ = context.wrap_model(SequenceNet(context.hparam<std::int64_t>("width")));
     optimizer_ = context.wrap_optimizer(
@@ -126,6 +158,9 @@ class SequenceTrial : public hpctrial::Trial {
   }
 
   hpctrial::DataLoader build_training_data_loader() override {
+    if (stream_) {  // one reader: a stream has one position
+      return {stream_, context_.per_slot_batch_size(), hpctrial::DataLoaderOptions().drop_last(true).collate(pad)};
+    }
     return {train_, context_.per_slot_batch_size(),
             hpctrial::DataLoaderOptions().workers(2).drop_last(true).collate(pad)};
   }
@@ -141,7 +176,8 @@ class SequenceTrial : public hpctrial::Trial {
   hpctrial::TrialContext& context_;
   double base_lr_;
   std::int64_t warmup_batches_;
-  std::shared_ptr<SequenceDataset> train_;
+  std::shared_ptr<SequenceDataset> train_;  // in memory ...
+  std::shared_ptr<SequenceStream> stream_;   // ... or generated as a stream
   std::shared_ptr<SequenceDataset> validation_;
   SequenceNet model_{nullptr};
   std::shared_ptr<torch::optim::Adam> optimizer_;

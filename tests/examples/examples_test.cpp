@@ -10,7 +10,9 @@
 #include <regex>
 #include <set>
 
+#include "../support/metric_lines.h"
 #include "../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/comm/communicator.h"
 #include "cnn_trial.h"
@@ -23,6 +25,7 @@ namespace hpctrial {
 namespace {
 
 using testing::HasSubstr;
+using testing_support::comparable_metric_lines;
 using testing_support::TempDir;
 
 constexpr double kAccuracyThreshold = 0.90;  // chance is 0.10; the run reaches about 0.93
@@ -97,18 +100,6 @@ class StoppingMlp : public CapturingMlp {
 };
 
 // Every metrics line but the timings, as text.
-std::vector<std::string> metric_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "timings") continue;
-    j.erase("time");
-    out.push_back(j.dump());
-  }
-  return out;
-}
-
 class ExactResume : public MlpExample {
  protected:
   // Trains in `dir`, stopping after each of `stops` and resuming, to the end.
@@ -166,7 +157,7 @@ TEST_F(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
     for (std::size_t i = 0; i < reference.size(); ++i) {
       EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << name << ": parameter " << i << " differs";
     }
-    EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << name;
+    EXPECT_EQ(comparable_metric_lines(dir + "/metrics.jsonl"), comparable_metric_lines(straight + "/metrics.jsonl")) << name;
   }
 }
 
@@ -184,7 +175,7 @@ TEST_F(ExactResume, APauseInsideAnAggregationGroupLosesNothing) {
     for (std::size_t i = 0; i < reference.size(); ++i) {
       EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << "stop at " << stop << ": parameter " << i << " differs";
     }
-    EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines(straight + "/metrics.jsonl")) << stop;
+    EXPECT_EQ(comparable_metric_lines(dir + "/metrics.jsonl"), comparable_metric_lines(straight + "/metrics.jsonl")) << stop;
   }
 }
 
@@ -208,7 +199,7 @@ TEST_F(ExactResume, PeriodicAsyncCheckpointsHoldTheStateOfTheirBatch) {
   std::ofstream(checkpoints + "/latest") << "ckpt-150.h5\n";
   const auto resumed = train_with_stops(dir, {}, periodic, /*first_batch=*/150);
   // The lines the first run wrote after batch 150 were dropped and written again.
-  EXPECT_EQ(metric_lines(dir + "/metrics.jsonl"), metric_lines((dir_.path() / "reference").string() + "/metrics.jsonl"));
+  EXPECT_EQ(comparable_metric_lines(dir + "/metrics.jsonl"), comparable_metric_lines((dir_.path() / "reference").string() + "/metrics.jsonl"));
   ASSERT_EQ(resumed.size(), reference.size());
   for (std::size_t i = 0; i < reference.size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed[i], reference[i])) << "parameter " << i << " differs after resuming at 150";
@@ -505,6 +496,40 @@ TEST(SequenceExample, AGridGoesOnAfterATrialEndsItself) {
                                        options);
   ASSERT_TRUE(again.ok()) << again.describe() << "\n" << again.out << again.err;
   EXPECT_EQ(validations(experiment + "/trial-0/metrics.jsonl").size(), first.size());
+}
+
+// The training data as a stream on 2 ranks: rank 1 is killed at batch 130, then the chief at
+// batch 170 of the next attempt; each time the trial restarts from the checkpoint at batch 100 -
+// each rank's stream part way through a pass - and it ends with the metrics of an uninterrupted
+// run.
+TEST(SequenceExample, AStreamRestartedFromACheckpointTrainsAsOneRun) {
+  TempDir dir;
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(400);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  auto run = [&](const std::string& experiment) {
+    return core::run_process({HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/sequence/experiment-stream.yaml",
+                              "--set", std::string("entrypoint=") + HPCTRIAL_SEQUENCE, "--set",
+                              "min_checkpoint_period.batches=100", "--set", "checkpoint_storage.save_trial_latest=2",
+                              "--set", "reproducibility.experiment_seed=5", "--experiment", experiment, "--oversubscribe"},
+                             options);
+  };
+  const std::string straight = (dir.path() / "straight").string();
+  const auto r = run(straight);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+  options.env_set.emplace_back("HPCTRIAL_FAULT", "rank1:step130:restart0:sigkill,rank0:step170:restart1:sigkill");
+  const std::string killed = (dir.path() / "killed").string();
+  const auto k = run(killed);
+  ASSERT_TRUE(k.ok()) << k.describe() << "\n" << k.out << k.err;
+  EXPECT_THAT(k.out + k.err, HasSubstr("resumed from " + killed + "/trial-0/checkpoints/ckpt-100.h5 after 100 batches (restart 2)"));
+  // 100 batches of 32 samples a rank, from passes of 1024: pass 3, 128 samples in.
+  const auto contents = checkpoint::read_checkpoint(killed + "/trial-0/checkpoints/ckpt-100.h5");
+  EXPECT_EQ(nlohmann::json::parse(contents.at("progress", "ckpt-100.h5").text())["stream_positions"],
+            nlohmann::json::parse(R"([{"pass": 3, "offset": 128}, {"pass": 3, "offset": 128}])"));
+  const auto expected = comparable_metric_lines(straight + "/trial-0/metrics.jsonl");
+  EXPECT_FALSE(expected.empty());
+  EXPECT_EQ(comparable_metric_lines(killed + "/trial-0/metrics.jsonl"), expected);
+  EXPECT_GE(validations(straight + "/trial-0/metrics.jsonl").back()["metrics"]["accuracy"].get<double>(), 0.9);
 }
 
 }  // namespace

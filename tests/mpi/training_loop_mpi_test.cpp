@@ -1,10 +1,11 @@
-// The training loop on 2 and 4 ranks: the paths where ranks must agree before a collective, and
-// the hooks the reference runs on the chief only.
+// The training loop on 2 and 4 ranks: the paths where ranks must agree before a collective, the
+// hooks the reference runs on the chief only, and streams that each rank reads for itself.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 
 #include "../unit/trainer/test_trial.h"
@@ -44,6 +45,9 @@ std::string shared_dir(const std::string& name) {
   return dir;
 }
 
+// Every rank of the test's world, one slot each.
+DistributedContext slots() { return {env().rank(), env().size(), env().rank(), env().size(), 1}; }
+
 LoopResult train(const std::string& yaml, LinearTrial::Options options, const std::string& dir) {
   // A hang fails the test within the watchdog's timeout instead of the test's.
   comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
@@ -52,6 +56,7 @@ LoopResult train(const std::string& yaml, LinearTrial::Options options, const st
   loop.trial_dir = dir;
   loop.progress_interval_s = 0;
   loop.experiment_seed = 7;
+  loop.distributed = slots();
   const core::ExperimentConfig config = config_from(yaml);
   TrialFactory factory = [&](TrialContext& context) {
     return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
@@ -99,6 +104,91 @@ TEST(TrainingLoopRanks, ChiefOnlyHooksRunOnTheChiefOnly) {
     EXPECT_EQ(callback->step_ends, 0);
     EXPECT_TRUE(callback->checkpoints.empty());
   }
+}
+
+struct StreamRun {
+  LoopResult result;
+  std::vector<torch::Tensor> parameters;
+};
+
+// 7 batches of 8 from a 20-row stream sharded over the ranks (passes of 10 rows a rank on 2
+// ranks, 5 on 4: batches span passes), stopped by `stopping_rank` after `stop_after` batches.
+StreamRun train_stream(const std::string& dir, std::int64_t stop_after, int stopping_rank) {
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::MpiCommunicator communicator(env().world(), &watchdog);
+  std::atomic<bool> stop{false};
+  StreamRun out;
+  LinearTrial::Options options;
+  options.samples = 20;
+  options.stream = true;
+  options.parameters_out = &out.parameters;
+  options.after_batch = [&](LinearTrial&, std::int64_t batch_idx) {
+    if (batch_idx + 1 == stop_after && env().rank() == stopping_rank) stop = true;
+  };
+  LoopOptions loop;
+  loop.trial_dir = dir;
+  loop.progress_interval_s = 0;
+  loop.experiment_seed = 7;
+  loop.distributed = slots();
+  loop.external_stop = &stop;
+  TrialFactory factory = [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
+  };
+  out.result = run_training(config_from(base_yaml(7, 8) + "records_per_epoch: 20\n"), factory, communicator, loop);
+  watchdog.finish();
+  return out;
+}
+
+// Paused after any batch - by the chief or by the last rank - and resumed, every rank's stream
+// goes on where it stood: the weights end bitwise equal to an uninterrupted run's.
+TEST(TrainingLoopRanks, StreamsResumeExactlyAfterAPauseAtAnyBatch) {
+  const std::string straight_dir = shared_dir("stream-straight");
+  const StreamRun straight = train_stream(straight_dir, -1, 0);
+  for (std::int64_t stop = 1; stop < 7; ++stop) {
+    const int stopping_rank = stop % 2 == 0 ? 0 : env().size() - 1;
+    const std::string dir = shared_dir("stream-" + std::to_string(stop));
+    const StreamRun paused = train_stream(dir, stop, stopping_rank);
+    EXPECT_TRUE(paused.result.stopped_early);
+    EXPECT_EQ(paused.result.batches_trained, stop);
+    const StreamRun resumed = train_stream(dir, -1, 0);
+    ASSERT_EQ(resumed.parameters.size(), straight.parameters.size());
+    for (std::size_t i = 0; i < straight.parameters.size(); ++i) {
+      EXPECT_TRUE(torch::equal(resumed.parameters[i], straight.parameters[i]))
+          << "stopped by rank " << stopping_rank << " after batch " << stop << ": parameter " << i << " differs";
+    }
+    if (env().is_chief()) std::filesystem::remove_all(dir);
+  }
+  if (env().is_chief()) std::filesystem::remove_all(straight_dir);
+}
+
+// Each rank's stream is its own: another number of ranks cannot take the positions over.
+TEST(TrainingLoopRanks, AStreamCheckpointNeedsTheRanksThatWroteIt) {
+  const std::string dir = shared_dir("stream-ranks");
+  EXPECT_TRUE(train_stream(dir, 3, 0).result.stopped_early);
+  if (env().is_chief()) {
+    comm::LocalCommunicator alone;
+    LoopOptions loop;
+    loop.trial_dir = dir;
+    loop.progress_interval_s = 0;
+    loop.experiment_seed = 7;
+    LinearTrial::Options options;
+    options.samples = 20;
+    options.stream = true;
+    TrialFactory factory = [&](TrialContext& context) {
+      return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
+    };
+    try {
+      run_training(config_from(base_yaml(7, 8) + "records_per_epoch: 20\n"), factory, alone, loop);
+      ADD_FAILURE() << "a resume by 1 rank took over the streams of " << env().size();
+    } catch (const CheckpointError& e) {
+      EXPECT_THAT(e.what(), testing::HasSubstr("holds where the training streams of " + std::to_string(env().size()) +
+                                               " rank(s) stood, and this run has 1"));
+      EXPECT_THAT(e.what(), testing::HasSubstr("resources.slots_per_trial: " + std::to_string(env().size())));
+    }
+    std::filesystem::remove_all(dir);
+  }
+  comm::MpiCommunicator comm(env().world());
+  comm.barrier();
 }
 
 }  // namespace

@@ -84,6 +84,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
                    {"period_values", loop.period_values},
                    {"ended_by_trial", loop.ended_by_trial},
                    {"reducer_states", loop.reducer_states},
+                   {"stream_positions", loop.stream_positions},
                    {"best_metric", loop.best_metric ? json(*loop.best_metric) : json(nullptr)}};
   c.add_text("progress", progress.dump());
   c.add_text("meta/config", identity.config_yaml);
@@ -177,6 +178,7 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     loop.period_values = progress.at("period_values").get<std::map<std::string, std::vector<double>>>();
     loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
     loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
+    loop.stream_positions = progress.contains("stream_positions") ? progress.at("stream_positions") : json();
     loop.best_metric = progress.at("best_metric").is_null() ? std::nullopt
                                                             : std::optional<double>(progress.at("best_metric").get<double>());
     loop.last_validation = parse(contents, "meta/validation", path).get<MetricValues>();

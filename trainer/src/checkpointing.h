@@ -49,6 +49,9 @@ struct LoopState {
   // Per rank, in rank order, {reducer name: state_dict()} of the custom training reducers; null
   // when there are none.
   nlohmann::json reducer_states;
+  // Per rank, in rank order, {"pass", "offset"} of its training StreamDataset after the last
+  // batch trained; null when the training data is not a stream.
+  nlohmann::json stream_positions;
 };
 
 struct TrialIdentity {

@@ -1,5 +1,6 @@
 // The training loop of one trial (internal to the trainer): set-up and resume, batches,
-// checkpoints (training_loop.cpp); metrics and validation (loop_metrics.cpp).
+// checkpoints (training_loop.cpp); training data and the per-rank state checkpoints carry
+// (loop_data.cpp); metrics and validation (loop_metrics.cpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +23,7 @@
 #include "launch_contract.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
+#include "stream_reader.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -49,6 +51,11 @@ class Loop {
   std::string checkpoint_dir() const;
   void save_checkpoint(bool wait);
   void finish_checkpoint();
+  // Training data (loop_data.cpp).
+  std::int64_t training_records_per_epoch() const;
+  void start_training_data(std::uint64_t data_seed);
+  StreamPosition resumed_stream_position() const;
+  nlohmann::json gather_stream_positions();
   nlohmann::json gather_reducer_states();
   void restore_reducer_states(const nlohmann::json& states);
   detail::LoopState loop_state() const;
@@ -79,7 +86,9 @@ class Loop {
   std::unique_ptr<DataLoader> train_loader_;
   std::unique_ptr<DataLoader> validation_loader_;
   std::map<std::string, std::shared_ptr<Callback>> callbacks_;
-  std::unique_ptr<TrainingSampler> sampler_;
+  std::unique_ptr<TrainingSampler> sampler_;     // an indexed dataset's order ...
+  std::unique_ptr<StreamReader> stream_reader_;  // ... or a stream
+  StreamPosition stream_trained_;                // the stream after the last batch trained
   std::unique_ptr<detail::Prefetcher> prefetcher_;
   std::unique_ptr<detail::MetricsLog> log_;
   std::unique_ptr<detail::Progress> progress_;
@@ -114,6 +123,8 @@ class Loop {
   bool checkpoint_pending_ = false;
   std::int64_t restart_count_ = 0;
   std::optional<double> best_metric_;
+  std::string resumed_from_;                // the checkpoint this run resumed; empty: a fresh start
+  nlohmann::json resumed_stream_positions_;
 
   // Training metrics of the current reporting period.
   std::map<std::string, std::vector<torch::Tensor>> period_values_;

@@ -68,13 +68,10 @@ void Loop::report_training() {
 }
 
 bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& values) {
-  const auto batches = validation_batches(validation_loader_->dataset().size(),
-                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
-                                          comm_.rank(), comm_.size());
-  for (const auto& indices : batches) {
-    if (validation_loader_->drop_last() && static_cast<std::int64_t>(indices.size()) < validation_loader_->batch_size()) break;
+  // One batch; false when evaluate_batch is not overridden.
+  const auto evaluate = [&](Batch batch) {
     call([](Callback& c) { c.on_validation_step_start(); });
-    Batch batch = context_->to_device(validation_loader_->read(indices));
+    batch = context_->to_device(batch);
     Metrics metrics;
     try {
       metrics = trial_->evaluate_batch(batch);
@@ -87,6 +84,20 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
       values[name].push_back(step[name]);
     }
     if (chief()) call([&](Callback& c) { c.on_validation_step_end(step); });
+    return true;
+  };
+  if (validation_loader_->is_stream()) {  // this rank's stream, pass 0
+    for (Batch batch : *validation_loader_) {
+      if (!evaluate(std::move(batch))) return false;
+    }
+    return true;
+  }
+  const auto batches = validation_batches(validation_loader_->dataset().size(),
+                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
+                                          comm_.rank(), comm_.size());
+  for (const auto& indices : batches) {
+    if (validation_loader_->drop_last() && static_cast<std::int64_t>(indices.size()) < validation_loader_->batch_size()) break;
+    if (!evaluate(validation_loader_->read(indices))) return false;
   }
   return true;
 }

@@ -93,6 +93,10 @@ void Loop::setup() {
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
+  if (const auto by_batch = TrialAccess::evaluates_by_batch(*trial_)) {
+    evaluate_by_batch_ = *by_batch;
+    evaluation_agreed_ = true;  // every rank runs the same class
+  }
   train_loader_ = std::make_unique<DataLoader>(trial_->build_training_data_loader());
   validation_loader_ = std::make_unique<DataLoader>(trial_->build_validation_data_loader());
   callbacks_ = trial_->build_callbacks();
@@ -106,10 +110,7 @@ void Loop::setup() {
                       std::to_string(context_->per_slot_batch_size()) +
                       " (global_batch_size / slots); use context.per_slot_batch_size()");
   }
-  const auto dataset_size = static_cast<std::int64_t>(train_loader_->dataset().size());
-  records_per_epoch_ = static_cast<std::int64_t>(
-      epoch_records(config_.records_per_epoch > 0 ? config_.records_per_epoch : dataset_size, global_batch_,
-                    train_loader_->drop_last()));
+  records_per_epoch_ = training_records_per_epoch();
   max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
   validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
   checkpoint_period_ = to_period(config_.min_checkpoint_period, global_batch_, records_per_epoch_);
@@ -121,16 +122,7 @@ void Loop::setup() {
   identity_.global_batch = global_batch_;
   resume();
 
-  sampler_ = std::make_unique<TrainingSampler>(
-      StreamOrder(static_cast<std::uint64_t>(dataset_size), derive_seed(trial_seed, kDataStream),
-                  train_loader_->shuffle(), static_cast<std::uint64_t>(records_per_epoch_)),
-      static_cast<std::uint64_t>(global_batch_), comm_.rank(), comm_.size(),
-      static_cast<std::uint64_t>(batches_trained_ * global_batch_));
-  const DataLoader* loader = train_loader_.get();
-  prefetcher_ = std::make_unique<detail::Prefetcher>(
-      [loader](const std::vector<std::int64_t>& indices) { return loader->read(indices); },
-      [this] { return sampler_->next_batch(); },
-      options_.prefetch_depth == 0 ? 0 : train_loader_->options().workers(), options_.prefetch_depth);
+  start_training_data(derive_seed(trial_seed, kDataStream));
 
   if (chief()) {
     core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
@@ -226,9 +218,13 @@ void Loop::resume() {
   if (!chief()) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change);
-  ++state.restart_count;
+  // The starts of this trial before this one: more than the checkpoint's count + 1 when an
+  // attempt failed before its next checkpoint (the launcher counts those).
+  state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
   apply(state);
   restore_reducer_states(state.reducer_states);
+  resumed_from_ = chosen;
+  resumed_stream_positions_ = state.stream_positions;
   last_checkpoint_batches_ = batches_trained_;
   // Every rank restored the same file: the weights are equal without a broadcast.
   if (chief()) {
@@ -280,6 +276,7 @@ void Loop::save_checkpoint(bool wait) {
   checkpoint_pending_ = false;
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
+  state.stream_positions = gather_stream_positions();
   if (chief()) {
     finish_checkpoint();  // the previous one, if still being written: its on_checkpoint_end first
     // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
@@ -288,41 +285,6 @@ void Loop::save_checkpoint(bool wait) {
     if (wait) finish_checkpoint();
   }
   if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable
-}
-
-// Every rank's custom training reducers, part way through the reporting period; on the chief,
-// one entry a rank. A collective: every rank calls it.
-nlohmann::json Loop::gather_reducer_states() {
-  nlohmann::json mine = nlohmann::json::object();
-  bool any = false;
-  for (const auto& wrapped : context_->reducers()) {
-    if (!wrapped.for_training) continue;
-    any = true;
-    mine[wrapped.name] = wrapped.reducer->state_dict();
-  }
-  if (!any) return nullptr;
-  const auto parts = comm_.gather(mine.dump(), 0);
-  nlohmann::json all = nlohmann::json::array();
-  for (const auto& part : parts) all.push_back(nlohmann::json::parse(part));
-  return all;
-}
-
-// Each rank takes back its own reducers' state; saved by another number of ranks, the partial
-// period cannot be divided again, and the first report after the resume says only what follows.
-void Loop::restore_reducer_states(const nlohmann::json& states) {
-  if (!states.is_array()) return;
-  if (states.size() != static_cast<std::size_t>(comm_.size())) {
-    if (chief()) {
-      core::log_warning("the custom training reducers were saved by {} rank(s) and are resumed by {}: their first "
-                        "report after the resume covers only the batches after it", states.size(), comm_.size());
-    }
-    return;
-  }
-  const nlohmann::json& mine = states.at(static_cast<std::size_t>(comm_.rank()));
-  for (const auto& wrapped : context_->reducers()) {
-    if (!wrapped.for_training || !mine.contains(wrapped.name) || mine.at(wrapped.name).is_null()) continue;
-    wrapped.reducer->load_state_dict(mine.at(wrapped.name));
-  }
 }
 
 void Loop::finish_checkpoint() {
@@ -348,6 +310,7 @@ void Loop::train_one_batch() {
   {
     detail::PhaseTimings::Scope t(timings_, "dataloader_next");
     batch = prefetcher_->next();
+    if (stream_reader_) stream_trained_ = stream_reader_->take_position();
   }
   {
     detail::PhaseTimings::Scope t(timings_, "to_device");

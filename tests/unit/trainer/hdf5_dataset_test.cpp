@@ -141,7 +141,8 @@ TEST(DataLoader, IteratesTheWholeDatasetInOrder) {
   EXPECT_EQ(sizes, (std::vector<std::int64_t>{4, 4, 2}));
   EXPECT_EQ(seen.size(), 10u);
   EXPECT_EQ(seen.back(), 9);
-  EXPECT_THROW(DataLoader(nullptr, 4), ConfigError);
+  EXPECT_THROW(DataLoader(std::shared_ptr<Dataset>(), 4), ConfigError);
+  EXPECT_THROW(DataLoader(std::shared_ptr<StreamDataset>(), 4), ConfigError);
   EXPECT_THROW(DataLoader(loader.dataset_ptr(), 0), ConfigError);
 }
 

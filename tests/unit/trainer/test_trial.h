@@ -6,12 +6,15 @@
 
 #include <hpctrial/trainer.h>
 
+#include <algorithm>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/comm/communicator.h"
+#include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/training_loop.h"
 
 namespace hpctrial::trainer::testing_trial {
@@ -44,6 +47,38 @@ class CountingScheduler : public torch::optim::LRScheduler {
   }
 };
 
+// A stream over the rows of (x, y): each pass is a permutation of the rows that depends on the
+// pass and the seed only, and rank r of W reads its entries r, r + W, r + 2W, ...
+class TensorStream : public StreamDataset {
+ public:
+  TensorStream(torch::Tensor x, torch::Tensor y, int rank, int size, std::uint64_t seed)
+      : x_(std::move(x)), y_(std::move(y)), rank_(rank), size_(size), seed_(seed) {}
+
+  void start(std::int64_t pass) override {
+    order_.resize(static_cast<std::size_t>(x_.size(0)));
+    std::iota(order_.begin(), order_.end(), 0);
+    Rng rng(derive_seed(seed_, static_cast<std::uint64_t>(pass)));
+    for (std::size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.bounded(i)]);
+    next_ = static_cast<std::size_t>(rank_);
+    ++starts;
+  }
+  std::optional<Batch> next() override {
+    if (next_ >= order_.size()) return std::nullopt;
+    const std::int64_t row = order_[next_];
+    next_ += static_cast<std::size_t>(size_);
+    return Batch(x_[row], y_[row]);
+  }
+
+  int starts = 0;
+
+ private:
+  torch::Tensor x_, y_;
+  int rank_, size_;
+  std::uint64_t seed_;
+  std::vector<std::int64_t> order_;
+  std::size_t next_ = 0;
+};
+
 struct Record {
   std::vector<std::string> events;
   std::vector<std::pair<bool, bool>> epoch_flags;  // (is_epoch_start, is_epoch_end) per batch
@@ -58,6 +93,9 @@ class LinearTrial : public Trial {
     std::int64_t validation_samples = 0;  // the first N samples validate; 0: all of them
     bool evaluate_by_batch = true;
     bool evaluate_full = false;
+    // Training and validation data as TensorStreams, sharded over the ranks.
+    bool stream = false;
+    bool drop_last = false;
     std::function<void(LinearTrial&)> setup;
     std::function<Metrics(LinearTrial&, Batch&)> evaluate;
     std::function<void(LinearTrial&, std::int64_t batch_idx)> after_batch;
@@ -118,9 +156,25 @@ class LinearTrial : public Trial {
     return {{"validation_loss", total / static_cast<double>(count)}, {"samples", static_cast<double>(count)}};
   }
 
-  DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  DataLoader build_training_data_loader() override {
+    if (options_.stream) {
+      return {stream(*dataset_, context_.trial_seed()), context_.per_slot_batch_size(),
+              DataLoaderOptions().drop_last(options_.drop_last)};
+    }
+    return {dataset_, context_.per_slot_batch_size(), DataLoaderOptions().drop_last(options_.drop_last)};
+  }
   DataLoader build_validation_data_loader() override {
+    if (options_.stream) return {stream(*validation_set_, 0), context_.per_slot_batch_size()};
     return {validation_set_, context_.per_slot_batch_size(), false};
+  }
+  std::shared_ptr<TensorStream> stream(TensorDataset& rows, std::uint64_t seed) {
+    const auto all = rows.get_batch([&] {
+      std::vector<std::int64_t> indices(rows.size());
+      std::iota(indices.begin(), indices.end(), 0);
+      return indices;
+    }());
+    return std::make_shared<TensorStream>(all.data, all.target, context_.distributed().rank,
+                                          context_.distributed().size, seed);
   }
   std::map<std::string, std::shared_ptr<Callback>> build_callbacks() override { return options_.callbacks; }
   ReducerSpec evaluation_reducer() override { return options_.reducer; }

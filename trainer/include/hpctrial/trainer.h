@@ -7,6 +7,7 @@
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
 
@@ -17,11 +18,13 @@ using trainer::CoreContext;
 using trainer::DataLoader;
 using trainer::DataLoaderOptions;
 using trainer::Dataset;
+using trainer::derive_seed;
 using trainer::Hdf5Dataset;
 using trainer::Metrics;
 using trainer::MetricValues;
 using trainer::Reducer;
 using trainer::StepMode;
+using trainer::StreamDataset;
 using trainer::TensorDataset;
 using trainer::Trial;
 using trainer::TrialContext;

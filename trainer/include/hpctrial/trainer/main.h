@@ -28,8 +28,7 @@ int run_main(int argc, char** argv, const TrialFactory& factory);
 
 #define HPCTRIAL_MAIN(TrialClass)                                                          \
   int main(int argc, char** argv) {                                                        \
-    ::hpctrial::trainer::check_trial_class<TrialClass>();                                  \
     return ::hpctrial::trainer::run_main(argc, argv, [](::hpctrial::trainer::TrialContext& c) { \
-      return std::unique_ptr<::hpctrial::trainer::Trial>(std::make_unique<TrialClass>(c)); \
+      return ::hpctrial::trainer::make_trial<TrialClass>(c);                               \
     });                                                                                    \
   }

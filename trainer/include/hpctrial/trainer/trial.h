@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -17,6 +18,10 @@
 #include "hpctrial/trainer/trial_context.h"
 
 namespace hpctrial::trainer {
+
+namespace detail {
+struct TrialAccess;
+}  // namespace detail
 
 class Trial {
  public:
@@ -39,11 +44,22 @@ class Trial {
   // Extra state of the trial that must survive a resume (counters, a running statistic).
   virtual nlohmann::json save_state() { return nullptr; }
   virtual void load_state(const nlohmann::json& /*state*/) {}
+
+ private:
+  friend struct detail::TrialAccess;
+  // Which of the two the class overrides, set by make_trial(); unknown for a trial another
+  // factory made (the loop then learns it from the first evaluate_batch call).
+  std::optional<bool> evaluates_by_batch_;
 };
 
 namespace detail {
 // Thrown by the default evaluate_batch / evaluate_full_dataset: the loop then uses the other.
 struct NotOverridden {};
+
+struct TrialAccess {
+  static void set_evaluates_by_batch(Trial& trial, bool by_batch) { trial.evaluates_by_batch_ = by_batch; }
+  static std::optional<bool> evaluates_by_batch(const Trial& trial) { return trial.evaluates_by_batch_; }
+};
 }  // namespace detail
 
 // Whether TrialClass (or a base between it and Trial) declares its own evaluate_batch /
@@ -69,6 +85,16 @@ constexpr void check_trial_class() {
   static_assert(overrides_evaluate_batch<TrialClass>() || overrides_evaluate_full_dataset<TrialClass>(),
                 "the trial overrides neither evaluate_batch nor evaluate_full_dataset; implement one of them "
                 "to validate");
+}
+
+// A TrialClass made for the loop, as HPCTRIAL_MAIN and TrialRegistry::add do: checked when
+// compiled, and known to validate by batch or over the full dataset before the first validation.
+template <typename TrialClass>
+std::unique_ptr<Trial> make_trial(TrialContext& context) {
+  check_trial_class<TrialClass>();
+  std::unique_ptr<Trial> trial = std::make_unique<TrialClass>(context);
+  detail::TrialAccess::set_evaluates_by_batch(*trial, overrides_evaluate_batch<TrialClass>());
+  return trial;
 }
 
 }  // namespace hpctrial::trainer

@@ -29,10 +29,7 @@ class TrialRegistry {
  public:
   template <typename TrialClass>
   void add(const std::string& name) {
-    check_trial_class<TrialClass>();
-    factories_[name] = [](TrialContext& context) {
-      return std::unique_ptr<Trial>(std::make_unique<TrialClass>(context));
-    };
+    factories_[name] = [](TrialContext& context) { return make_trial<TrialClass>(context); };
   }
   const TrialFactory* find(const std::string& name) const;
   std::vector<std::string> names() const;
