@@ -6,8 +6,11 @@
 // same machine noise and neither always inherits the other's state.
 // The figure of merit is hpctrial's steps/s divided by the plain loop's (goal: >= 0.99).
 //
-//   harness_overhead [--quick] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N]
-//                    [--blas-threads N] [--only plain|hpctrial]
+//   harness_overhead [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N]
+//                    [--prefetch N] [--blas-threads N] [--only plain|hpctrial]
+//
+// --stream: hpctrial reads the same samples from a StreamDataset (one sample at a time, a
+// permutation per pass, stacked by collate) instead of a TensorDataset.
 //
 // --quick: 200 steps (rate over the last 150), one round - the test suite's smoke run.
 // Every hpctrial run trains a fresh trial directory and must train exactly --steps batches;
@@ -19,6 +22,7 @@
 //
 // --only runs one side once and prints its rate: for counting instructions with
 // `valgrind --tool=callgrind`, which is deterministic where wall time on a shared machine is not.
+#include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
 
@@ -56,6 +60,7 @@ struct Setup {
   std::int64_t prefetch = 2;
   std::int64_t blas_threads = 1;  // hpctrial's default per rank (resources.cpus_per_slot: 1)
   std::string only;  // "plain" or "hpctrial": run one side once (for instruction counting)
+  bool stream = false;  // hpctrial reads a StreamDataset
 };
 
 struct NetImpl : torch::nn::Module {
@@ -108,11 +113,34 @@ double plain_steps_per_second(const Setup& s, const Data& data) {
   return static_cast<double>(s.steps - s.warmup) / std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The rows of (x, y), one at a time, in a permutation per pass: what a stream reader hands out.
+class RowStream : public hpctrial::StreamDataset {
+ public:
+  explicit RowStream(const Data& data) : data_(data) {}
+  void start(std::int64_t pass) override {
+    order_ = torch::randperm(data_.x.size(0), at::detail::createCPUGenerator(static_cast<std::uint64_t>(pass)));
+    order_data_ = order_.data_ptr<std::int64_t>();
+    next_ = 0;
+  }
+  std::optional<hpctrial::Batch> next() override {
+    if (next_ == order_.size(0)) return std::nullopt;
+    const std::int64_t row = order_data_[next_++];
+    return hpctrial::Batch(data_.x[row], data_.y[row]);
+  }
+
+ private:
+  Data data_;
+  torch::Tensor order_;
+  const std::int64_t* order_data_ = nullptr;
+  std::int64_t next_ = 0;
+};
+
 class BenchTrial : public hpctrial::Trial {
  public:
   BenchTrial(hpctrial::TrialContext& context, const Setup& s, const Data& data, double* rate, std::int64_t* batches)
       : context_(context), setup_(s), rate_(rate), batches_(batches) {
     dataset_ = std::make_shared<hpctrial::TensorDataset>(data.x, data.y);
+    if (s.stream) stream_ = std::make_shared<RowStream>(data);
     torch::manual_seed(1);
     net_ = context.wrap_model(Net(s.features, s.hidden, s.classes));
     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(
@@ -133,7 +161,10 @@ class BenchTrial : public hpctrial::Trial {
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
     return {{"validation_loss", torch::nll_loss(net_->forward(batch.data), batch.target)}};
   }
-  hpctrial::DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_training_data_loader() override {
+    if (stream_) return {stream_, context_.per_slot_batch_size()};
+    return {dataset_, context_.per_slot_batch_size()};
+  }
   hpctrial::DataLoader build_validation_data_loader() override {
     auto small = std::make_shared<hpctrial::TensorDataset>(
         dataset_->get_batch({0, 1, 2, 3}).data, dataset_->get_batch({0, 1, 2, 3}).target);
@@ -146,6 +177,7 @@ class BenchTrial : public hpctrial::Trial {
   double* rate_;
   std::int64_t* batches_;
   std::shared_ptr<hpctrial::TensorDataset> dataset_;
+  std::shared_ptr<RowStream> stream_;
   Net net_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   Clock::time_point start_;
@@ -169,7 +201,8 @@ double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::st
   hpctrial::core::Diagnostics d;
   const std::string yaml = "name: harness-overhead\nentrypoint: ./bench\nsearcher: {name: single, metric: "
                            "validation_loss, max_length: {batches: " + std::to_string(s.steps) +
-                           "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n";
+                           "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n" +
+                           "records_per_epoch: " + std::to_string(s.samples) + "\n";
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   d.throw_if_any();
   hpctrial::comm::LocalCommunicator comm;
@@ -209,6 +242,11 @@ int main(int argc, char** argv) {
       --i;
       continue;
     }
+    if (flag == "--stream") {
+      s.stream = true;
+      --i;
+      continue;
+    }
     if (flag == "--only") {
       s.only = argv[i + 1];
       continue;
@@ -222,7 +260,7 @@ int main(int argc, char** argv) {
     else if (flag == "--prefetch") s.prefetch = value;
     else if (flag == "--blas-threads") s.blas_threads = value;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
       return 2;
     }
   }
@@ -258,11 +296,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
-              "%d alternating rounds, %ld BLAS thread(s), prefetch depth %ld\n",
+              "%d alternating rounds, %ld BLAS thread(s), prefetch depth %ld, hpctrial reads a %s\n",
               static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
               static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
               static_cast<long>(s.steps - s.warmup), s.rounds, static_cast<long>(s.blas_threads),
-              static_cast<long>(s.prefetch));
+              static_cast<long>(s.prefetch), s.stream ? "StreamDataset" : "TensorDataset");
   std::vector<double> plain, harness, ratios;
   for (int round = 0; round < s.rounds; ++round) {
     // Alternate which side goes first, so neither always inherits the other's state.

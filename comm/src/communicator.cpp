@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "float16.h"
 #include "hpctrial/core/error.h"
@@ -149,6 +151,69 @@ void broadcast_on(MPI_Comm comm, void* data, std::size_t bytes, int root) {
   }
 }
 
+// Where block `block` of a buffer of size-many blocks of `count` values starts.
+char* block_of(void* data, int block, std::size_t count, std::size_t element) {
+  return static_cast<char*>(data) + static_cast<std::size_t>(block) * count * element;
+}
+
+// Reduce-scatter in calls of at most kMaxPieceBytes in all: piece [off, off + n) of each block is
+// packed into a contiguous buffer of size blocks when it is not the whole block, and received
+// into a buffer of its own when `recv` lies in `send` (MPI has no in-place form for that).
+void reduce_scatter_on(MPI_Comm comm, int rank, int size, const void* send, void* recv, std::size_t count,
+                       DType dtype, ReduceOp op) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t piece = std::max<std::size_t>(1, kMaxPieceBytes / (element * static_cast<std::size_t>(size)));
+  const bool in_place = recv == block_of(const_cast<void*>(send), rank, count, element);
+  const MPI_Op mpi_op = to_mpi(dtype, op);
+  std::vector<char> packed, received;
+  for (std::size_t off = 0; off < count; off += piece) {
+    const std::size_t n = std::min(piece, count - off);
+    const char* in = static_cast<const char*>(send);
+    if (n != count) {
+      packed.resize(n * element * static_cast<std::size_t>(size));
+      for (int b = 0; b < size; ++b) {
+        std::memcpy(packed.data() + static_cast<std::size_t>(b) * n * element,
+                    block_of(const_cast<void*>(send), b, count, element) + off * element, n * element);
+      }
+      in = packed.data();
+    }
+    char* out = static_cast<char*>(recv) + off * element;
+    if (in_place) {
+      received.resize(n * element);
+      out = received.data();
+    }
+    HPCTRIAL_MPI_CHECK(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), to_mpi(dtype), mpi_op, comm));
+    if (in_place) std::memcpy(static_cast<char*>(recv) + off * element, received.data(), n * element);
+  }
+  if (op == ReduceOp::kAvg) divide(recv, count, dtype, size);
+}
+
+// All-gather in calls of at most kMaxPieceBytes in all: a piece of every block is gathered into a
+// contiguous buffer and copied to its blocks when it is not the whole block.
+void allgather_on(MPI_Comm comm, int rank, int size, const void* send, void* recv, std::size_t count, DType dtype) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t piece = std::max<std::size_t>(1, kMaxPieceBytes / (element * static_cast<std::size_t>(size)));
+  const bool in_place = send == block_of(recv, rank, count, element);
+  if (count <= piece) {
+    const auto n = static_cast<int>(count);
+    HPCTRIAL_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : n,
+                                     in_place ? MPI_DATATYPE_NULL : to_mpi(dtype), recv, n, to_mpi(dtype), comm));
+    return;
+  }
+  std::vector<char> gathered;
+  for (std::size_t off = 0; off < count; off += piece) {
+    const std::size_t n = std::min(piece, count - off);
+    gathered.resize(n * element * static_cast<std::size_t>(size));
+    HPCTRIAL_MPI_CHECK(MPI_Allgather(static_cast<const char*>(send) + off * element, static_cast<int>(n),
+                                     to_mpi(dtype), gathered.data(), static_cast<int>(n), to_mpi(dtype), comm));
+    for (int b = 0; b < size; ++b) {
+      if (b == rank && in_place) continue;  // already there
+      std::memcpy(block_of(recv, b, count, element) + off * element,
+                  gathered.data() + static_cast<std::size_t>(b) * n * element, n * element);
+    }
+  }
+}
+
 class CompletedWork final : public Work {
  public:
   bool wait(std::chrono::milliseconds) override { return true; }
@@ -191,6 +256,18 @@ WorkHandle LocalCommunicator::allreduce_async(void*, std::size_t, DType dtype, R
 
 WorkHandle LocalCommunicator::broadcast_async(void*, std::size_t, int root) {
   check_root(root, 1, "broadcast");
+  return completed_work();
+}
+
+WorkHandle LocalCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                                                   ReduceOp op) {
+  check_reduction(dtype, op);
+  if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+  return completed_work();
+}
+
+WorkHandle LocalCommunicator::allgather_async(const void* send, void* recv, std::size_t count, DType dtype) {
+  if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
   return completed_work();
 }
 
@@ -302,6 +379,38 @@ WorkHandle MpiCommunicator::broadcast_async(void* data, std::size_t bytes, int r
   check_root(root, size_, "broadcast");
   if (size_ == 1 || bytes == 0) return completed_work();
   return enqueue("broadcast", [=](MPI_Comm comm) { broadcast_on(comm, data, bytes, root); });
+}
+
+WorkHandle MpiCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                                                 ReduceOp op) {
+  check_reduction(dtype, op);
+  if (size_ == 1) return LocalCommunicator().reduce_scatter_async(send, recv, count, dtype, op);
+  if (count == 0) return completed_work();
+  const int rank = rank_, size = size_;
+  return enqueue("reduce_scatter",
+                 [=](MPI_Comm comm) { reduce_scatter_on(comm, rank, size, send, recv, count, dtype, op); });
+}
+
+WorkHandle MpiCommunicator::allgather_async(const void* send, void* recv, std::size_t count, DType dtype) {
+  if (size_ == 1) return LocalCommunicator().allgather_async(send, recv, count, dtype);
+  if (count == 0) return completed_work();
+  const int rank = rank_, size = size_;
+  return enqueue("allgather", [=](MPI_Comm comm) { allgather_on(comm, rank, size, send, recv, count, dtype); });
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  check_reduction(dtype, op);
+  if (size_ == 1) return LocalCommunicator().reduce_scatter(send, recv, count, dtype, op);
+  if (count == 0) return;
+  Watchdog::Scope watch(watchdog_, "reduce_scatter");
+  reduce_scatter_on(comm_.get(), rank_, size_, send, recv, count, dtype, op);
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
+  if (size_ == 1) return LocalCommunicator().allgather(send, recv, count, dtype);
+  if (count == 0) return;
+  Watchdog::Scope watch(watchdog_, "allgather");
+  allgather_on(comm_.get(), rank_, size_, send, recv, count, dtype);
 }
 
 void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {

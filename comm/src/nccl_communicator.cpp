@@ -158,7 +158,21 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) override {
+    return launch("reduce_scatter", [&](ncclComm_t comm) {
+      return ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op), comm, stream_.get());
+    });
+  }
+
+  WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) override {
+    return launch("allgather", [&](ncclComm_t comm) {
+      return ncclAllGather(send, recv, count, to_nccl(dtype), comm, stream_.get());
+    });
+  }
+
   void broadcast(std::string& bytes, int root) override { host_.broadcast(bytes, root); }
+  using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return host_.allgather(bytes); }
   std::vector<std::string> gather(const std::string& bytes, int root) override { return host_.gather(bytes, root); }
   void barrier() override { host_.barrier(); }

@@ -103,5 +103,32 @@ TEST(NcclCommunicator, ReducesAndBroadcastsDeviceMemory) {
   cudaFree(device);
 }
 
+// A world of one: each collective copies its block (out of place) or leaves it (in place).
+TEST(NcclCommunicator, ReduceScattersAndAllgathersDeviceMemory) {
+  REQUIRE_GPU();
+  auto communicator = comm::make_nccl_communicator(mpi().world(), mpi().local_rank(), nullptr);
+  const std::size_t n = 4099;
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 101) * 0.5f;
+  float* send = nullptr;
+  float* recv = nullptr;
+  ASSERT_EQ(cudaMalloc(&send, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&recv, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(send, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<float> back(n);
+  communicator->reduce_scatter_async(send, recv, n, comm::DType::kFloat32, comm::ReduceOp::kSum)->wait();
+  ASSERT_EQ(cudaMemcpy(back.data(), recv, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  ASSERT_EQ(cudaMemset(recv, 0, n * sizeof(float)), cudaSuccess);
+  communicator->allgather_async(send, recv, n, comm::DType::kFloat32)->wait();
+  ASSERT_EQ(cudaMemcpy(back.data(), recv, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  communicator->allgather_async(recv, recv, n, comm::DType::kFloat32)->wait();  // in place
+  ASSERT_EQ(cudaMemcpy(back.data(), recv, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  cudaFree(send);
+  cudaFree(recv);
+}
+
 }  // namespace
 }  // namespace hpctrial

@@ -1,6 +1,7 @@
 // Every collective of MpiCommunicator on 2 and 4 ranks: each type and reduction, odd and empty
-// sizes, the async handles (several in flight, mixed with synchronous calls), and the same
-// calls on the world of one.
+// sizes, reduce-scatter and all-gather of typed blocks (in place, and split into pieces), the
+// async handles (several in flight, mixed with synchronous calls), and the same calls on the
+// world of one.
 #include "hpctrial/comm/communicator.h"
 
 #include <gmock/gmock.h>
@@ -215,6 +216,108 @@ TEST(MpiCommunicator, ReportsEveryCollectiveToTheWatchdog) {
   watchdog.finish();
 }
 
+// Block b of rank r's send buffer holds 100*r + 10*b + i at index i: rank r receives
+// sum over ranks of (100*q + 10*r + i) in its block.
+std::vector<double> blocks_of(int rank, int size, std::size_t count) {
+  std::vector<double> send(count * static_cast<std::size_t>(size));
+  for (int b = 0; b < size; ++b) {
+    for (std::size_t i = 0; i < count; ++i) send[b * count + i] = 100.0 * rank + 10.0 * b + static_cast<double>(i);
+  }
+  return send;
+}
+
+TEST(MpiCommunicator, ReduceScatterGivesEachRankItsBlockReduced) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  for (const std::size_t count : {std::size_t{1}, std::size_t{5}}) {
+    const auto send = blocks_of(r, n, count);
+    std::vector<double> recv(count);
+    comm.reduce_scatter(send.data(), recv.data(), count, DType::kFloat64, ReduceOp::kSum);
+    for (std::size_t i = 0; i < count; ++i) {
+      EXPECT_EQ(recv[i], 100.0 * n * (n - 1) / 2 + n * (10.0 * r + static_cast<double>(i))) << count << " " << i;
+    }
+    comm.reduce_scatter(send.data(), recv.data(), count, DType::kFloat64, ReduceOp::kAvg);
+    EXPECT_DOUBLE_EQ(recv[0], 50.0 * (n - 1) + 10.0 * r);
+    comm.reduce_scatter(send.data(), recv.data(), count, DType::kFloat64, ReduceOp::kMax);
+    EXPECT_EQ(recv[0], 100.0 * (n - 1) + 10.0 * r);
+  }
+  // In place: the result lands in this rank's own block of the send buffer.
+  auto inplace = blocks_of(r, n, 3);
+  comm.reduce_scatter(inplace.data(), inplace.data() + 3 * r, 3, DType::kFloat64, ReduceOp::kMin);
+  EXPECT_EQ(inplace[3 * r + 2], 10.0 * r + 2);
+  // 16-bit floats and integers.
+  std::vector<std::uint16_t> bf(static_cast<std::size_t>(n), detail::float_to_bfloat16(2.0f * static_cast<float>(r)));
+  std::uint16_t bf_out = 0;
+  comm.reduce_scatter(bf.data(), &bf_out, 1, DType::kBFloat16, ReduceOp::kSum);
+  EXPECT_EQ(detail::bfloat16_to_float(bf_out), static_cast<float>(n * (n - 1)));
+  std::vector<std::int64_t> ints(static_cast<std::size_t>(n), std::int64_t{1} << 40);
+  std::int64_t int_out = 0;
+  comm.reduce_scatter(ints.data(), &int_out, 1, DType::kInt64, ReduceOp::kSum);
+  EXPECT_EQ(int_out, n * (std::int64_t{1} << 40));
+  EXPECT_THROW(comm.reduce_scatter(ints.data(), &int_out, 1, DType::kInt64, ReduceOp::kAvg), CommError);
+}
+
+TEST(MpiCommunicator, AllgatherPutsEachRanksValuesInItsBlock) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  const std::vector<float> mine = {static_cast<float>(r), 0.5f + static_cast<float>(r)};
+  std::vector<float> all(2 * static_cast<std::size_t>(n), -1.0f);
+  comm.allgather(mine.data(), all.data(), 2, DType::kFloat32);
+  for (int b = 0; b < n; ++b) {
+    EXPECT_EQ(all[2 * b], static_cast<float>(b));
+    EXPECT_EQ(all[2 * b + 1], 0.5f + static_cast<float>(b));
+  }
+  // In place: this rank's values are already in its block.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n), -1);
+  ids[static_cast<std::size_t>(r)] = 7 * r;
+  comm.allgather(ids.data() + r, ids.data(), 1, DType::kInt32);
+  for (int b = 0; b < n; ++b) EXPECT_EQ(ids[b], 7 * b);
+}
+
+// More than one piece of 16 MiB in all: each call carries a piece of every block.
+TEST(MpiCommunicator, ReduceScatterAndAllgatherSplitLargeMessages) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  const std::size_t count = (std::size_t{24} << 20) / sizeof(float) / static_cast<std::size_t>(n) + 3;
+  std::vector<float> send(count * static_cast<std::size_t>(n));
+  for (std::size_t k = 0; k < send.size(); ++k) send[k] = static_cast<float>(k % 1000) + static_cast<float>(r);
+  std::vector<float> shard(count);
+  comm.reduce_scatter(send.data(), shard.data(), count, DType::kFloat32, ReduceOp::kSum);
+  const float ranks = static_cast<float>(n * (n - 1) / 2);
+  for (const std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
+    const std::size_t k = static_cast<std::size_t>(r) * count + i;
+    EXPECT_EQ(shard[i], static_cast<float>(n) * static_cast<float>(k % 1000) + ranks) << i;
+  }
+  // In place over the same pieces.
+  comm.reduce_scatter(send.data(), send.data() + r * count, count, DType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(send[r * count + count - 1], shard[count - 1]);
+  std::vector<float> all(count * static_cast<std::size_t>(n));
+  comm.allgather(shard.data(), all.data(), count, DType::kFloat32);
+  for (int b = 0; b < n; ++b) {
+    const std::size_t k = static_cast<std::size_t>(b) * count + count - 1;
+    EXPECT_EQ(all[k], static_cast<float>(n) * static_cast<float>(k % 1000) + ranks) << b;
+  }
+  std::fill(all.begin(), all.end(), 0.0f);
+  std::copy(shard.begin(), shard.end(), all.begin() + r * count);
+  comm.allgather(all.data() + r * count, all.data(), count, DType::kFloat32);
+  EXPECT_EQ(all[count - 1], static_cast<float>(n) * static_cast<float>((count - 1) % 1000) + ranks);
+}
+
+TEST(MpiCommunicator, AsyncReduceScatterAndAllgatherRunInOrder) {
+  MpiCommunicator comm(env().world());
+  const int r = comm.rank(), n = comm.size();
+  const auto send = blocks_of(r, n, 4);
+  std::vector<double> shard(4), all(4 * static_cast<std::size_t>(n));
+  auto scattered = comm.reduce_scatter_async(send.data(), shard.data(), 4, DType::kFloat64, ReduceOp::kAvg);
+  scattered->wait();
+  auto gathered = comm.allgather_async(shard.data(), all.data(), 4, DType::kFloat64);
+  std::vector<double> flag = {1.0};
+  comm.allreduce(flag, ReduceOp::kSum);  // a synchronous call while the gather may be in flight
+  gathered->wait();
+  EXPECT_EQ(flag[0], static_cast<double>(n));
+  for (int b = 0; b < n; ++b) EXPECT_DOUBLE_EQ(all[4 * b + 1], 50.0 * (n - 1) + 10.0 * b + 1);
+}
+
 TEST(LocalCommunicator, IsAWorldOfOne) {
   LocalCommunicator comm;
   std::vector<double> d = {2.0};
@@ -231,6 +334,13 @@ TEST(LocalCommunicator, IsAWorldOfOne) {
   EXPECT_THROW(comm.allreduce(&i, 1, DType::kInt64, ReduceOp::kAvg), CommError);
   EXPECT_TRUE(comm.any(true));
   EXPECT_TRUE(comm.is_chief());
+  const std::vector<float> block = {1.0f, 2.0f};
+  std::vector<float> out(2);
+  comm.reduce_scatter(block.data(), out.data(), 2, DType::kFloat32, ReduceOp::kAvg);
+  EXPECT_EQ(out, block);
+  out.assign(2, 0.0f);
+  comm.allgather(block.data(), out.data(), 2, DType::kFloat32);
+  EXPECT_EQ(out, block);
 }
 
 }  // namespace

@@ -37,7 +37,15 @@ class CountingCommunicator final : public comm::Communicator {
   comm::WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override {
     return inner_.broadcast_async(data, bytes, root);
   }
+  comm::WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, comm::DType dtype,
+                                        comm::ReduceOp op) override {
+    return inner_.reduce_scatter_async(send, recv, count, dtype, op);
+  }
+  comm::WorkHandle allgather_async(const void* send, void* recv, std::size_t count, comm::DType dtype) override {
+    return inner_.allgather_async(send, recv, count, dtype);
+  }
   void broadcast(std::string& bytes, int root) override { inner_.broadcast(bytes, root); }
+  using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return inner_.allgather(bytes); }
   std::vector<std::string> gather(const std::string& bytes, int root) override { return inner_.gather(bytes, root); }
   void barrier() override { inner_.barrier(); }

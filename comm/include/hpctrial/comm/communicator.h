@@ -70,8 +70,23 @@ class Communicator {
   // `bytes` bytes at `data` on every rank become those of `root`.
   virtual WorkHandle broadcast_async(void* data, std::size_t bytes, int root) = 0;
 
+  // Rank r receives in `recv` the element-wise reduction, over every rank, of block r of `send`,
+  // which holds size() blocks of `count` values (ZeRO's gradient shards). `recv` may be block
+  // rank() of `send` (in place); it must not overlap another block.
+  virtual WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                                          ReduceOp op) = 0;
+  // The `count` values at `send` of rank r land in block r of `recv` (size() blocks of `count`)
+  // on every rank. `send` may be block rank() of `recv` (in place).
+  virtual WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+
   virtual void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
     allreduce_async(data, count, dtype, op)->wait();
+  }
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+    reduce_scatter_async(send, recv, count, dtype, op)->wait();
+  }
+  virtual void allgather(const void* send, void* recv, std::size_t count, DType dtype) {
+    allgather_async(send, recv, count, dtype)->wait();
   }
   // `bytes` on every rank becomes the value it has on `root` (sizes may differ before).
   virtual void broadcast(std::string& bytes, int root) = 0;
@@ -100,7 +115,10 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   WorkHandle allreduce_async(void*, std::size_t, DType dtype, ReduceOp op) override;
   WorkHandle broadcast_async(void*, std::size_t, int root) override;
+  WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) override;
   void broadcast(std::string&, int root) override;
+  using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return {bytes}; }
   std::vector<std::string> gather(const std::string& bytes, int root) override;
   void barrier() override {}
@@ -122,7 +140,11 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   WorkHandle allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) override;
   WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override;
+  WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) override;
   void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype) override;
   void broadcast(std::string& bytes, int root) override;
   std::vector<std::string> allgather(const std::string& bytes) override;
   std::vector<std::string> gather(const std::string& bytes, int root) override;
