@@ -151,5 +151,19 @@ TEST(ShardedOptimizer, LbfgsIsRefused) {
   }
 }
 
+TEST(ShardedOptimizer, AParameterThatIsNotFloat32IsRefused) {
+  comm::MpiCommunicator comm(env().world());
+  torch::nn::Linear layer(3, 2);
+  layer->to(torch::kFloat64);
+  torch::optim::SGD sgd(layer->parameters(), 0.1);
+  try {
+    ShardedOptimizer zero(sgd, comm);
+    ADD_FAILURE() << "a double parameter was sharded";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("parameter 0 of optimizer group 0 is Double"));
+    EXPECT_THAT(e.what(), HasSubstr("build the model in float32"));
+  }
+}
+
 }  // namespace
 }  // namespace hpctrial::trainer::detail

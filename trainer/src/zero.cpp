@@ -50,7 +50,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     : optimizer_(optimizer), comm_(communicator) {
   if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {
     throw ConfigError("ZeRO shards optimizer state element by element, and LBFGS's state is not per element (it "
-                      "keeps a history of whole directions): use zero_optimization.stage 0 with LBFGS, or an "
+                      "keeps a history of whole directions): keep LBFGS's state whole (no ZeRO), or use an "
                       "optimizer such as SGD, Adam, AdamW, Adagrad or RMSprop");
   }
   const int ranks = comm_.size();
@@ -64,8 +64,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
       if (p.scalar_type() != torch::kFloat32) {
         throw ConfigError("ZeRO: parameter " + std::to_string(i) + " of optimizer group " + std::to_string(g) +
                           " is " + std::string(c10::toString(p.scalar_type())) +
-                          "; the sharded optimizer keeps float32 parameters (mixed precision keeps float32 "
-                          "master weights for you)");
+                          "; the sharded optimizer keeps float32 parameters: build the model in float32");
       }
       numels.push_back(p.numel());
     }
