@@ -106,7 +106,12 @@ void read_optimizations(MapReader& r, Optimizations& o);
 void read_checkpoint_storage(MapReader& r, CheckpointStorage& c);
 void read_launcher(MapReader& r, LauncherConfig& l);
 void read_scheduler(MapReader& r, SchedulerConfig& s);
+void read_engine(MapReader& r, EngineConfig& e);
+std::optional<EngineBatch> resolve_engine_batch_sizes(const EngineConfig& engine,
+                                                      std::optional<std::int64_t> global_batch_size, int ranks,
+                                                      std::string& error);
 // Cross-section checks that need several sections at once.
 void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
+void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 
 }  // namespace hpctrial::core::detail

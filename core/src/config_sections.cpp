@@ -309,6 +309,83 @@ void read_scheduler(MapReader& r, SchedulerConfig& s) {
   r.finish();
 }
 
+void read_engine(MapReader& r, EngineConfig& e) {
+  Diagnostics& d = r.diagnostics();
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+    if (const ConfigNode* n = r.get(key)) {
+      const std::string k = key;
+      auto& field = k == "train_batch_size" ? e.train_batch_size
+                    : k == "train_micro_batch_size_per_gpu" ? e.train_micro_batch_size_per_gpu
+                                                            : e.gradient_accumulation_steps;
+      field = read_int(*n, r.path(key), d, 1, kMaxLength);
+    }
+  }
+  if (const ConfigNode* n = r.get("gradient_clipping")) {
+    if (auto v = read_double(*n, r.path("gradient_clipping"), d, 0, 1e30, false)) e.gradient_clipping = *v;
+  }
+  if (const ConfigNode* n = r.get("zero_optimization")) {
+    if (expect_map(*n, r.path("zero_optimization"), d, "zero_optimization: {stage: 2}")) {
+      MapReader z(n, r.path("zero_optimization"), d);
+      if (const ConfigNode* stage = z.get("stage")) {
+        if (auto v = read_int(*stage, z.path("stage"), d, 0, 2)) {
+          if (*v == 2) {
+            report(*stage, z.path("stage"), d,
+                   "ZeRO stage 2 (gradients sharded as backward produces them) is not built yet; use 1 (the "
+                   "optimizer state sharded, the gradients reduce-scattered at the step) or 0");
+          } else {
+            e.zero_stage = static_cast<int>(*v);
+          }
+        }
+      }
+      z.finish();
+    }
+  }
+  r.finish();
+}
+
+std::optional<EngineBatch> resolve_engine_batch_sizes(const EngineConfig& engine,
+                                                      std::optional<std::int64_t> global_batch_size, int ranks,
+                                                      std::string& error) {
+  const auto total = global_batch_size ? global_batch_size : engine.train_batch_size;
+  const auto& micro = engine.train_micro_batch_size_per_gpu;
+  const auto& steps = engine.gradient_accumulation_steps;
+  const char* total_name =
+      global_batch_size ? "hyperparameters.global_batch_size (which sets train_batch_size)" : "train_batch_size";
+  EngineBatch b;
+  if (total && micro && steps) {
+    if (*micro * *steps * ranks != *total) {
+      error = fmt::format("{} is {} but train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x "
+                          "ranks ({}) is {}; change one of them, or leave one out to have it derived",
+                          total_name, *total, *micro, *steps, ranks, *micro * *steps * ranks);
+      return std::nullopt;
+    }
+    b = {*total, *micro, *steps};
+  } else if (total && (micro || steps)) {
+    const std::int64_t known = (micro ? *micro : *steps) * ranks;
+    if (*total % known != 0) {
+      error = fmt::format("{} ({}) is not a multiple of {} ({}) x ranks ({}) = {}; make it a multiple, e.g. {}",
+                          total_name, *total, micro ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps",
+                          micro ? *micro : *steps, ranks, known, std::max(known, *total / known * known));
+      return std::nullopt;
+    }
+    b = {*total, micro ? *micro : *total / known, steps ? *steps : *total / known};
+  } else if (total) {
+    if (*total % ranks != 0) {
+      error = fmt::format("{} ({}) is not a multiple of the {} ranks; make it a multiple, e.g. {}", total_name, *total,
+                          ranks, std::max<std::int64_t>(ranks, *total / ranks * ranks));
+      return std::nullopt;
+    }
+    b = {*total, *total / ranks, 1};
+  } else if (micro) {
+    b = {*micro * (steps ? *steps : 1) * ranks, *micro, steps ? *steps : 1};
+  } else {
+    error = "sets no batch size; set train_batch_size or train_micro_batch_size_per_gpu (or "
+            "hyperparameters.global_batch_size)";
+    return std::nullopt;
+  }
+  return b;
+}
+
 // Cross-section checks that need several sections at once.
 void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
   const ConfigNode* hps = root.find("hyperparameters");
@@ -335,6 +412,33 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
                    std::to_string(config.resources.slots_per_trial) + "), got " + describe(hp.value));
       }
     }
+  }
+}
+
+void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
+  if (!config.engine) return;
+  const ConfigNode* engine = root.find("engine");
+  if (engine == nullptr) return;
+  if (config.optimizations.aggregation_frequency != 1) {
+    const ConfigNode* opt = root.find("optimizations");
+    const ConfigNode* n = opt != nullptr ? opt->find("aggregation_frequency") : nullptr;
+    report(n != nullptr ? *n : *engine, "optimizations.aggregation_frequency", d,
+           "an engine trial accumulates gradients over engine.gradient_accumulation_steps micro-batches; remove "
+           "aggregation_frequency and set engine.gradient_accumulation_steps: " +
+               std::to_string(config.optimizations.aggregation_frequency));
+  }
+  // A searched global_batch_size is checked by each trial when it starts.
+  std::optional<std::int64_t> global_batch_size;
+  for (const auto& [name, hp] : config.hyperparameters) {
+    if (name != "global_batch_size") continue;
+    if (hp.type != Hyperparameter::Type::kConst) return;
+    global_batch_size = hp.value.is_scalar() && !hp.value.quoted() ? parse_int(hp.value.text()) : std::nullopt;
+    if (!global_batch_size) return;  // reported by check_hyperparameters
+  }
+  std::string error;
+  if (!resolve_engine_batch_sizes(*config.engine, global_batch_size, config.resources.slots_per_trial, error)) {
+    report(*engine, "engine", d, error + " (with resources.slots_per_trial: " +
+                                     std::to_string(config.resources.slots_per_trial) + ")");
   }
 }
 

@@ -143,6 +143,22 @@ std::string to_yaml(const ExperimentConfig& c) {
       << format_duration(o.collective_timeout_seconds);
   out << YAML::EndMap;
 
+  if (c.engine) {
+    const EngineConfig& e = *c.engine;
+    out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
+    if (e.train_batch_size) out << YAML::Key << "train_batch_size" << YAML::Value << *e.train_batch_size;
+    if (e.train_micro_batch_size_per_gpu) {
+      out << YAML::Key << "train_micro_batch_size_per_gpu" << YAML::Value << *e.train_micro_batch_size_per_gpu;
+    }
+    if (e.gradient_accumulation_steps) {
+      out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << *e.gradient_accumulation_steps;
+    }
+    out << YAML::Key << "gradient_clipping" << YAML::Value << number(e.gradient_clipping);
+    out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
+        << YAML::Value << e.zero_stage << YAML::EndMap;
+    out << YAML::EndMap;
+  }
+
   out << YAML::Key << "reproducibility" << YAML::Value;
   if (!c.reproducibility.experiment_seed) out << YAML::Flow;
   out << YAML::BeginMap;

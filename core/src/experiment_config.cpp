@@ -84,6 +84,11 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
        [&](MapReader& r) { read_resources(r, config.resources); }},
       {"optimizations", "optimizations: {aggregation_frequency: 2}",
        [&](MapReader& r) { read_optimizations(r, config.optimizations); }},
+      {"engine", "engine: {train_micro_batch_size_per_gpu: 8, zero_optimization: {stage: 2}}",
+       [&](MapReader& r) {
+         config.engine.emplace();
+         read_engine(r, *config.engine);
+       }},
       {"reproducibility", "reproducibility: {experiment_seed: 42}",
        [&](MapReader& r) {
          if (const ConfigNode* n = r.get("experiment_seed")) {
@@ -125,7 +130,17 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
   top.finish();
 
   check_hyperparameters(config, root, d);
+  check_engine(config, root, d);
   return config;
+}
+
+std::optional<EngineBatch> resolve_engine_batch(const EngineConfig& engine, std::optional<std::int64_t> global_batch_size,
+                                                int ranks, std::string& error) {
+  if (ranks < 1) {
+    error = "needs at least one rank";
+    return std::nullopt;
+  }
+  return detail::resolve_engine_batch_sizes(engine, global_batch_size, ranks, error);
 }
 
 ExperimentConfig load_experiment_config(const ConfigSources& sources) { return load_experiment_config(sources, ""); }

@@ -462,6 +462,72 @@ TEST(CnnExample, TheProgramLearnsOnTwoRanks) {
   EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), 0.95);  // chance is 1/8
 }
 
+// The engine example on 2 ranks: a ModelEngine accumulating 2 micro-batches of 16 a step learns
+// the mlp example's data; ZeRO-1's checkpoint resumes on 1 rank; a ZeRO stage it does not have
+// and batch sizes that do not divide are refused before training.
+TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
+  auto run = [&](const std::string& trial_dir, const std::vector<std::string>& more, int ranks = 2) {
+    std::vector<std::string> argv = {HPCTRIAL_MPIRUN, "-np", std::to_string(ranks), "--oversubscribe", HPCTRIAL_ENGINE, "--config",
+                                     HPCTRIAL_SOURCE_DIR "/examples/engine/experiment.yaml", "--trial-dir", trial_dir,
+                                     "--set", "data.train=" + train_, "--set", "data.validation=" + validation_,
+                                     "--progress-seconds", "0"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    core::RunOptions options;
+    options.timeout = std::chrono::seconds(240);
+    options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+    return core::run_process(argv, options);
+  };
+  const std::string trial_dir = (dir_.path() / "engine").string();
+  const auto r = run(trial_dir, {});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)"));
+  const auto v = validations(trial_dir + "/metrics.jsonl");
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), kAccuracyThreshold);
+
+  // ZeRO-1 on 2 ranks for 100 steps, resumed on 1 rank from its checkpoint (the whole optimizer
+  // state, resharded) for 100 more: within rounding of a 2-rank stage-0 run of 200 steps.
+  const std::vector<std::string> stage1 = {"--set", "engine.zero_optimization.stage=1"};
+  const std::string zero_dir = (dir_.path() / "zero").string();
+  auto first = stage1;
+  first.insert(first.end(), {"--set", "searcher.max_length.batches=100"});
+  const auto z1 = run(zero_dir, first);
+  ASSERT_TRUE(z1.ok()) << z1.describe() << "\n" << z1.err;
+  auto second = stage1;
+  second.insert(second.end(), {"--set", "searcher.max_length.batches=200", "--set", "resources.slots_per_trial=1"});
+  const auto z2 = run(zero_dir, second, 1);
+  ASSERT_TRUE(z2.ok()) << z2.describe() << "\n" << z2.err;
+  EXPECT_THAT(z2.err, HasSubstr("after 100 batches"));
+  EXPECT_THAT(z2.err, HasSubstr("engine: train_batch_size 64 = micro-batch 32 x 2 accumulation step(s) x 1 rank(s)"));
+  const std::string straight_dir = (dir_.path() / "straight").string();
+  const auto straight = run(straight_dir, {"--set", "searcher.max_length.batches=200"});
+  ASSERT_TRUE(straight.ok()) << straight.describe() << "\n" << straight.err;
+  const auto resumed = checkpoint::read_checkpoint(zero_dir + "/checkpoints/ckpt-200.h5");
+  const auto reference = checkpoint::read_checkpoint(straight_dir + "/checkpoints/ckpt-200.h5");
+  int compared = 0;
+  for (const auto& d : reference.datasets) {
+    if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/0/state/", 0) != 0) continue;
+    if (d.dtype != checkpoint::DType::kFloat32) continue;
+    const auto* other = resumed.find(d.name);
+    ASSERT_NE(other, nullptr) << d.name;
+    const auto count = static_cast<std::int64_t>(d.nbytes() / 4);
+    const auto a = torch::from_blob(const_cast<void*>(d.data->data()), {count}, torch::kFloat32);
+    const auto b = torch::from_blob(const_cast<void*>(other->data->data()), {count}, torch::kFloat32);
+    const double scale = std::max(1e-12, a.abs().max().item<double>());
+    EXPECT_LE((a - b).abs().max().item<double>() / scale, 1e-5) << d.name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 6 + 12);  // 3 layers' weights and biases, and their two Adam moments
+
+  const auto refused = run((dir_.path() / "stage2").string(), {"--set", "engine.zero_optimization.stage=2"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.describe();
+  EXPECT_THAT(refused.err, HasSubstr("engine.zero_optimization.stage: ZeRO stage 2 (gradients sharded as backward produces them) is not built yet"));
+  const auto uneven = run((dir_.path() / "uneven").string(), {"--set", "hyperparameters.global_batch_size=60",
+                                                              "--set", "engine.gradient_accumulation_steps=4"});
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.describe();
+  EXPECT_THAT(uneven.err, HasSubstr("is not a multiple of gradient_accumulation_steps (4) x ranks (2) = 8"));
+}
+
 // The sequence example's grid under `hpctrial run`: trial 0 reaches its target accuracy and ends
 // itself (set_stop_requested) before max_length, complete; the grid goes on with trial 1, which
 // trains its full length. Both learn from padded, named batches.

@@ -1,5 +1,7 @@
 #include "checkpointing.h"
 
+#include "zero.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/text.h"
 #include "state_io.h"
+#include "zero.h"
 
 namespace hpctrial::trainer::detail {
 namespace {
@@ -51,7 +54,7 @@ std::string differences(const json& before, const json& now) {
 }  // namespace
 
 Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
-                 const TrialIdentity& identity, bool defer) {
+                 const TrialIdentity& identity, bool defer, const checkpoint::Contents* whole_optimizers) {
   Snapshot snapshot;
   checkpoint::Contents& c = snapshot.contents;
   Deferred* deferred = defer ? &snapshot.deferred : nullptr;
@@ -63,7 +66,14 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   }
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    save_optimizer(c, "optimizer/" + std::to_string(i), *optimizers[i], deferred);
+    const std::string prefix = "optimizer/" + std::to_string(i);
+    if (whole_optimizers != nullptr && whole_optimizers->find(prefix + "/type") != nullptr) {
+      for (const auto& d : whole_optimizers->datasets) {
+        if (d.name.rfind(prefix + "/", 0) == 0) c.datasets.push_back(d);  // shares the gathered buffer
+      }
+      continue;
+    }
+    save_optimizer(c, prefix, *optimizers[i], deferred);
   }
   const auto& schedulers = context.lr_schedulers();
   for (std::size_t i = 0; i < schedulers.size(); ++i) {
@@ -114,7 +124,8 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
 }
 
 void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
-             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change) {
+             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
+             const ShardedOptimizers& sharded) {
   const json hparams = parse(contents, "meta/hparams", path);
   if (hparams != identity.hparams) {
     const std::string changed = differences(hparams, identity.hparams);
@@ -150,7 +161,11 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     if (contents.find(prefix + "/type") == nullptr) {
       throw ConfigError(path + " has no " + prefix + ": the trial wraps more optimizers than when it was saved");
     }
-    load_optimizer(contents, prefix, *optimizers[i], path);
+    if (const auto it = sharded.find(i); it != sharded.end()) {
+      it->second->load_whole(contents, prefix, path);
+    } else {
+      load_optimizer(contents, prefix, *optimizers[i], path);
+    }
   }
   const auto& schedulers = context.lr_schedulers();
   for (std::size_t i = 0; i < schedulers.size(); ++i) {

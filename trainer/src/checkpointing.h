@@ -33,6 +33,8 @@
 
 namespace hpctrial::trainer::detail {
 
+class ShardedOptimizer;
+
 // What the loop itself carries across a resume.
 struct LoopState {
   std::int64_t batches_trained = 0;
@@ -73,13 +75,21 @@ struct Snapshot {
   checkpoint::Contents contents;
   Deferred deferred;
 };
+// `whole_optimizers`: the datasets of the context's sharded optimizers (ZeRO), gathered whole by
+// every rank beforehand (ShardedOptimizer::save_whole), used in place of their shards.
 Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
-                 const TrialIdentity& identity, bool defer = false);
+                 const TrialIdentity& identity, bool defer = false,
+                 const checkpoint::Contents* whole_optimizers = nullptr);
+
+// The context's optimizers that ZeRO shards, by their index in context.optimizers().
+using ShardedOptimizers = std::map<std::size_t, ShardedOptimizer*>;
 
 // Puts everything back. Refuses a checkpoint of another model (naming the tensor) and, unless
-// `allow_config_change`, one written with other hyperparameters.
+// `allow_config_change`, one written with other hyperparameters. A sharded optimizer takes its
+// shard of the whole state in the file, whatever the number of ranks that wrote it.
 void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
-             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change);
+             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
+             const ShardedOptimizers& sharded = {});
 
 // Writes and publishes checkpoints on a thread of its own, one at a time: submit() waits for
 // the previous one first; wait() returns once the last is durable (rethrowing its error).

@@ -46,6 +46,7 @@ class Loop {
 
  private:
   void setup();
+  void resolve_engine_batch(TrialSettings& settings) const;
   void resume();
   void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;

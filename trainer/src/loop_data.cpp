@@ -22,6 +22,32 @@ nlohmann::json gather_to_chief(comm::Communicator& comm, const nlohmann::json& m
 }
 }  // namespace
 
+// An engine trial's batch: train_batch_size records a step, in gradient_accumulation_steps
+// micro-batches on each rank (hyperparameters.global_batch_size wins over train_batch_size).
+void Loop::resolve_engine_batch(TrialSettings& settings) const {
+  std::optional<std::int64_t> global_batch_size;
+  if (const auto it = settings.hparams.find("global_batch_size"); it != settings.hparams.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1) {
+      throw ConfigError("hyperparameters.global_batch_size must be a positive integer, got " + it->dump());
+    }
+    global_batch_size = it->get<std::int64_t>();
+  }
+  std::string error;
+  const auto batch = core::resolve_engine_batch(*config_.engine, global_batch_size, comm_.size(), error);
+  if (!batch) throw ConfigError("engine: " + error + " (with " + std::to_string(comm_.size()) + " ranks)");
+  settings.global_batch_size = batch->train_batch_size;
+  settings.aggregation_frequency = batch->accumulation_steps;
+  settings.engine = *config_.engine;
+  if (chief()) {
+    if (global_batch_size && config_.engine->train_batch_size && *config_.engine->train_batch_size != *global_batch_size) {
+      core::log_info("hyperparameters.global_batch_size ({}) overrides engine.train_batch_size ({})",
+                     *global_batch_size, *config_.engine->train_batch_size);
+    }
+    core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} rank(s)",
+                   batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm_.size());
+  }
+}
+
 std::int64_t Loop::training_records_per_epoch() const {
   if (train_loader_->is_stream()) {
     if (config_.records_per_epoch <= 0) {

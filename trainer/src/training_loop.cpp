@@ -11,6 +11,8 @@
 #include <set>
 
 #include "checkpointing.h"
+#include "engine_access.h"
+#include "zero.h"
 #include "loop.h"
 #include "config_json.h"
 #include "hpctrial/checkpoint/store.h"
@@ -19,6 +21,7 @@
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/comm/communicator.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
 #include "launch_contract.h"
@@ -79,6 +82,7 @@ void Loop::setup() {
   settings.data_config = detail::to_json(config_.data);
   settings.trial_seed = trial_seed;
   settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
+  if (config_.engine) resolve_engine_batch(settings);
   settings.bucket_cap_mb = config_.optimizations.bucket_cap_mb;
   settings.gradient_compression = config_.optimizations.gradient_compression;
   settings.gpus_per_slot = config_.resources.gpus_per_slot;
@@ -93,6 +97,11 @@ void Loop::setup() {
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
+  if (config_.engine && dynamic_cast<EngineTrialRunner*>(trial_.get()) == nullptr) {
+    throw ConfigError("the experiment config has an engine section, which configures engine trials, but the trial "
+                      "is a Trial; remove the section (a Trial's batch comes from hyperparameters.global_batch_size "
+                      "and optimizations.aggregation_frequency) or derive the trial from EngineTrial");
+  }
   if (const auto by_batch = TrialAccess::evaluates_by_batch(*trial_)) {
     evaluate_by_batch_ = *by_batch;
     evaluation_agreed_ = true;  // every rank runs the same class
@@ -217,7 +226,8 @@ void Loop::resume() {
   }
   if (!chief()) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
-  detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change);
+  detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
+                  sharded_optimizers(*trial_, *context_));
   // The starts of this trial before this one: more than the checkpoint's count + 1 when an
   // attempt failed before its next checkpoint (the launcher counts those).
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
@@ -277,11 +287,15 @@ void Loop::save_checkpoint(bool wait) {
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
+  checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank
+  for (const auto& [index, sharded] : sharded_optimizers(*trial_, *context_)) {
+    sharded->save_whole(whole_optimizers, "optimizer/" + std::to_string(index));
+  }
   if (chief()) {
     finish_checkpoint();  // the previous one, if still being written: its on_checkpoint_end first
     // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
     // which the next optimizer step waits for; a stop or the end copies them here.
-    writer_->submit(detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait));
+    writer_->submit(detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait, &whole_optimizers));
     if (wait) finish_checkpoint();
   }
   if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable

@@ -45,6 +45,10 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
     core::log_info("trains on {}{}", device_.str(),
                    device_communicator_ != nullptr ? " (gradients all-reduced by NCCL)" : "");
   }
+  if (settings_.global_batch_size > 0) {
+    global_batch_size_ = settings_.global_batch_size;  // a whole number of records per rank
+    return;
+  }
   const auto it = settings_.hparams.find("global_batch_size");
   if (it == settings_.hparams.end()) {
     throw ConfigError("hyperparameters.global_batch_size is required: the number of records in "
@@ -94,6 +98,7 @@ detail::GradientSync& TrialContext::gradient_sync() {
   if (!gradient_sync_) {
     std::vector<torch::Tensor> parameters;
     for (const auto& model : models_) {
+      if (std::find(unsynced_models_.begin(), unsynced_models_.end(), model.get()) != unsynced_models_.end()) continue;
       for (const auto& p : model->parameters()) parameters.push_back(p);
     }
     detail::GradientSync::Options options;
@@ -202,6 +207,20 @@ void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double d
       if (p.grad().defined()) p.mutable_grad().div_(divisor);
     }
   }
+}
+
+void TrialContext::exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model) {
+  if (gradient_sync_) throw InternalError("exclude_from_gradient_sync after training started");
+  unsynced_models_.push_back(model.get());
+}
+
+comm::Communicator& TrialContext::communicator_for(const torch::Device& device) const {
+  if (device.is_cpu()) return communicator_;
+  if (device_communicator_ == nullptr) {
+    throw NotSupported("tensors on " + device.str() + " need a device communicator (NCCL), and this run has none; "
+                       "train on the CPU (resources.gpus_per_slot: 0) or build hpctrial with CUDA and NCCL");
+  }
+  return *device_communicator_;
 }
 
 void TrialContext::start_training() {

@@ -1,9 +1,12 @@
 #include "zero.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <string>
 
 #include "hpctrial/core/error.h"
+#include "state_io.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -94,7 +97,11 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
 }
 
 void ShardedOptimizer::step() {
-  const int rank = comm_.rank();
+  reduce_gradients();
+  update();
+}
+
+void ShardedOptimizer::reduce_gradients() {
   for (auto& group : groups_) {
     const auto shard_elements = static_cast<std::size_t>(group.layout.shard);
     {
@@ -114,6 +121,25 @@ void ShardedOptimizer::step() {
                          comm::ReduceOp::kAvg);
     group.shard.mutable_grad() = shard_grad;
   }
+}
+
+double ShardedOptimizer::shard_grad_norm_squared() const {
+  double sum = 0;
+  for (const auto& group : groups_) {
+    if (group.shard.grad().defined()) sum += group.shard.grad().to(torch::kFloat64).square().sum().item<double>();
+  }
+  return sum;
+}
+
+void ShardedOptimizer::scale_shard_grads(double factor) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    if (group.shard.grad().defined()) group.shard.mutable_grad().mul_(factor);
+  }
+}
+
+void ShardedOptimizer::update() {
+  const int rank = comm_.rank();
   optimizer_.step();
   for (auto& group : groups_) {
     group.shard.mutable_grad() = torch::Tensor();
@@ -122,6 +148,131 @@ void ShardedOptimizer::step() {
     comm_.allgather(base + shard_elements * static_cast<std::size_t>(rank), base, shard_elements,
                     comm::DType::kFloat32);
   }
+}
+
+std::int64_t ShardedOptimizer::state_elements() const {
+  checkpoint::Contents contents;
+  save_optimizer(contents, "s", optimizer_);
+  std::int64_t elements = 0;
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("s/state/", 0) == 0 && d.dtype != checkpoint::DType::kUInt8) {
+      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
+    }
+  }
+  return elements;
+}
+
+namespace {
+
+// The tensor fields of the state of parameter `index` under `prefix` (datasets
+// prefix/state/<index>/<field>, without the scalars).
+std::vector<std::string> state_fields(const checkpoint::Contents& contents, const std::string& prefix, std::size_t index) {
+  const std::string start = prefix + "/state/" + std::to_string(index) + "/";
+  std::vector<std::string> fields;
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind(start, 0) != 0) continue;
+    std::string field = d.name.substr(start.size());
+    if (field != "scalars") fields.push_back(std::move(field));
+  }
+  std::sort(fields.begin(), fields.end());
+  return fields;
+}
+
+}  // namespace
+
+void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
+  checkpoint::Contents shards;
+  save_optimizer(shards, "s", optimizer_);
+  contents.add_text(prefix + "/type", shards.at("s/type", "the sharded optimizer").text());
+  auto groups = nlohmann::json::parse(shards.at("s/param_groups", "the sharded optimizer").text());
+  const std::size_t ranks = static_cast<std::size_t>(comm_.size());
+  std::size_t first = 0;  // the index of the group's first parameter over all groups
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    nlohmann::json params = nlohmann::json::array();
+    for (std::size_t i = 0; i < group.params.size(); ++i) params.push_back(first + i);
+    groups[g]["params"] = params;
+    // Every rank's shard has state, or none has (they step together).
+    const checkpoint::Dataset* scalars = shards.find("s/state/" + std::to_string(g) + "/scalars");
+    if (scalars != nullptr) {
+      for (const std::string& field : state_fields(shards, "s", g)) {
+        const torch::Tensor shard = tensor_of(shards.at("s/state/" + std::to_string(g) + "/" + field, "the shard"));
+        if (shard.scalar_type() != torch::kFloat32 || shard.numel() != group.layout.shard) {
+          throw InternalError("ZeRO: optimizer state field " + field + " is not a float32 shard");
+        }
+        auto whole = torch::empty({group.layout.shard * static_cast<std::int64_t>(ranks)}, shard.options());
+        comm_.allgather(shard.data_ptr(), whole.data_ptr(), static_cast<std::size_t>(group.layout.shard),
+                        comm::DType::kFloat32);
+        for (std::size_t i = 0; i < group.params.size(); ++i) {
+          const auto part = whole.narrow(0, group.layout.offsets[i], group.layout.numels[i]).view(group.params[i].sizes());
+          add_tensor(contents, prefix + "/state/" + std::to_string(first + i) + "/" + field, part);
+        }
+      }
+      for (std::size_t i = 0; i < group.params.size(); ++i) {
+        contents.add_text(prefix + "/state/" + std::to_string(first + i) + "/scalars", scalars->text());
+      }
+    }
+    first += group.params.size();
+  }
+  contents.add_text(prefix + "/param_groups", groups.dump());
+}
+
+void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const std::string& prefix,
+                                  const std::string& file) {
+  checkpoint::Contents shards;
+  shards.add_text("s/type", contents.at(prefix + "/type", file).text());
+  nlohmann::json groups;
+  try {
+    groups = nlohmann::json::parse(contents.at(prefix + "/param_groups", file).text());
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(file + ": " + prefix + "/param_groups is not valid JSON: " + e.what());
+  }
+  if (!groups.is_array() || groups.size() != groups_.size()) {
+    throw ConfigError(file + ": " + prefix + " has " + std::to_string(groups.is_array() ? groups.size() : 0) +
+                      " parameter groups in the checkpoint and " + std::to_string(groups_.size()) +
+                      " in the trial: the trial changed since the checkpoint");
+  }
+  const int rank = comm_.rank();
+  std::size_t first = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    if (!groups[g].contains("params") || groups[g]["params"].size() != group.params.size()) {
+      throw ConfigError(file + ": " + prefix + " group " + std::to_string(g) + " has another number of parameters "
+                        "in the checkpoint than in the trial (" + std::to_string(group.params.size()) + ")");
+    }
+    groups[g]["params"] = nlohmann::json::array({g});
+    // The state of the group's parameters, laid end to end as in the flat buffer; this rank
+    // keeps its shard. Parameters without state (never stepped) contribute zeros.
+    const checkpoint::Dataset* scalars = nullptr;
+    std::vector<std::string> fields;
+    for (std::size_t i = 0; i < group.params.size() && scalars == nullptr; ++i) {
+      scalars = contents.find(prefix + "/state/" + std::to_string(first + i) + "/scalars");
+      if (scalars != nullptr) fields = state_fields(contents, prefix, first + i);
+    }
+    if (scalars != nullptr) {
+      for (const std::string& field : fields) {
+        auto whole = torch::zeros({group.layout.shard * comm_.size()}, torch::kFloat32);
+        for (std::size_t i = 0; i < group.params.size(); ++i) {
+          const std::string name = prefix + "/state/" + std::to_string(first + i) + "/" + field;
+          const checkpoint::Dataset* d = contents.find(name);
+          if (d == nullptr) continue;
+          const torch::Tensor part = tensor_of(*d);
+          if (part.numel() != group.layout.numels[i] || part.scalar_type() != torch::kFloat32) {
+            throw ConfigError(file + ": " + name + " has " + std::to_string(part.numel()) + " elements in the "
+                              "checkpoint but the parameter has " + std::to_string(group.layout.numels[i]) +
+                              ": the model changed since the checkpoint");
+          }
+          whole.narrow(0, group.layout.offsets[i], group.layout.numels[i]).copy_(part.reshape({-1}));
+        }
+        add_tensor(shards, "s/state/" + std::to_string(g) + "/" + field,
+                   whole.narrow(0, group.layout.shard * rank, group.layout.shard));
+      }
+      shards.add_text("s/state/" + std::to_string(g) + "/scalars", scalars->text());
+    }
+    first += group.params.size();
+  }
+  shards.add_text("s/param_groups", groups.dump());
+  load_optimizer(shards, "s", optimizer_, file);
 }
 
 void ShardedOptimizer::zero_grad() {

@@ -15,8 +15,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "hpctrial/checkpoint/format.h"
 #include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer::detail {
@@ -52,6 +54,25 @@ class ShardedOptimizer {
   // The averaged gradient of this rank's shard, then the optimizer's step on it, then every
   // rank's parameters from the shards. A collective: every rank calls it.
   void step();
+  // step() in two: the gradients averaged into this rank's shards (reduce-scatter), and then
+  // the optimizer's step on the shards and every rank's parameters from them (all-gather).
+  // Between them the shards' gradients can be read and scaled (clipping).
+  void reduce_gradients();
+  void update();
+  // The sum of the squares of this rank's shard gradients (after reduce_gradients()); summed
+  // over the ranks, the squared global norm of the averaged gradient.
+  double shard_grad_norm_squared() const;
+  void scale_shard_grads(double factor);
+  // The elements of optimizer state this rank holds.
+  std::int64_t state_elements() const;
+
+  // The optimizer's state as whole parameters, under `prefix` in the datasets an unsharded
+  // optimizer over the model's parameters writes (state_io.h): gathered from every rank's
+  // shards, so that any number of ranks, sharded or not, can load it. A collective.
+  void save_whole(checkpoint::Contents& contents, const std::string& prefix);
+  // Loads state written whole (by save_whole, or by an unsharded optimizer over the same
+  // parameters) into this rank's shards. Local: every rank reads the contents itself.
+  void load_whole(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
   // The model parameters' gradients to none.
   void zero_grad();
 

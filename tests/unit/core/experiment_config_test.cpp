@@ -539,7 +539,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
               path + ":5:20: resources.slots_per_trial: must be a positive integer, got \"-2\"\n" +
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, searcher, records_per_epoch, min_validation_period, "
-                         "min_checkpoint_period, resources, optimizations, reproducibility, "
+                         "min_checkpoint_period, resources, optimizations, engine, reproducibility, "
                          "checkpoint_storage, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
   }
 }
@@ -678,6 +678,120 @@ TEST(LoadExperimentConfig, EffectiveConfigKeepsQuotedStringsStrings) {
   EXPECT_THAT(yaml, HasSubstr("code: \"007\""));
   EXPECT_THAT(yaml, HasSubstr("n: 7"));
   EXPECT_THAT(yaml, HasSubstr("flag: \"true\""));
+}
+
+
+TEST(EngineConfig, BatchSizesFollowDeepSpeedsRule) {
+  std::string error;
+  EngineConfig e;
+  e.train_micro_batch_size_per_gpu = 4;
+  e.gradient_accumulation_steps = 3;
+  auto b = resolve_engine_batch(e, std::nullopt, 2, error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(b->train_batch_size, 24);
+  EXPECT_EQ(b->micro_batch_size, 4);
+  EXPECT_EQ(b->accumulation_steps, 3);
+
+  // Two sizes given: the third is derived.
+  e = EngineConfig{};
+  e.train_batch_size = 32;
+  e.gradient_accumulation_steps = 2;
+  b = resolve_engine_batch(e, std::nullopt, 4, error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(b->micro_batch_size, 4);
+  e = EngineConfig{};
+  e.train_batch_size = 32;
+  e.train_micro_batch_size_per_gpu = 2;
+  b = resolve_engine_batch(e, std::nullopt, 4, error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(b->accumulation_steps, 4);
+
+  // hyperparameters.global_batch_size wins over train_batch_size, as Determined overwrites a
+  // DeepSpeed config.
+  e = EngineConfig{};
+  e.train_batch_size = 32;
+  e.gradient_accumulation_steps = 2;
+  b = resolve_engine_batch(e, 64, 4, error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(b->train_batch_size, 64);
+  EXPECT_EQ(b->micro_batch_size, 8);
+
+  // Only the total: no accumulation.
+  b = resolve_engine_batch(EngineConfig{}, 12, 3, error);
+  ASSERT_TRUE(b) << error;
+  EXPECT_EQ(b->micro_batch_size, 4);
+  EXPECT_EQ(b->accumulation_steps, 1);
+}
+
+TEST(EngineConfig, InconsistentBatchSizesSayWhatToChange) {
+  std::string error;
+  EngineConfig e;
+  e.train_batch_size = 30;
+  e.train_micro_batch_size_per_gpu = 4;
+  e.gradient_accumulation_steps = 2;
+  EXPECT_FALSE(resolve_engine_batch(e, std::nullopt, 4, error));
+  EXPECT_EQ(error, "train_batch_size is 30 but train_micro_batch_size_per_gpu (4) x gradient_accumulation_steps (2) "
+                   "x ranks (4) is 32; change one of them, or leave one out to have it derived");
+  e.gradient_accumulation_steps.reset();
+  EXPECT_FALSE(resolve_engine_batch(e, std::nullopt, 4, error));
+  EXPECT_EQ(error, "train_batch_size (30) is not a multiple of train_micro_batch_size_per_gpu (4) x ranks (4) = 16; "
+                   "make it a multiple, e.g. 16");
+  EXPECT_FALSE(resolve_engine_batch(EngineConfig{}, 10, 4, error));
+  EXPECT_EQ(error, "hyperparameters.global_batch_size (which sets train_batch_size) (10) is not a multiple of the 4 "
+                   "ranks; make it a multiple, e.g. 8");
+  EXPECT_FALSE(resolve_engine_batch(EngineConfig{}, std::nullopt, 4, error));
+  EXPECT_THAT(error, HasSubstr("sets no batch size"));
+}
+
+TEST(EngineConfig, SectionIsReadAndWrittenBack) {
+  const ExperimentConfig c = parse_ok(std::string(kMinimal) +
+                                      "resources: {slots_per_trial: 2}\n"
+                                      "engine:\n"
+                                      "  train_micro_batch_size_per_gpu: 4\n"
+                                      "  gradient_accumulation_steps: 2\n"
+                                      "  gradient_clipping: 1.5\n"
+                                      "  zero_optimization: {stage: 1}\n");
+  ASSERT_TRUE(c.engine);
+  EXPECT_EQ(c.engine->train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.engine->gradient_accumulation_steps, 2);
+  EXPECT_FALSE(c.engine->train_batch_size);
+  EXPECT_EQ(c.engine->gradient_clipping, 1.5);
+  EXPECT_EQ(c.engine->zero_stage, 1);
+  const ExperimentConfig again = parse_ok(to_yaml(c));
+  ASSERT_TRUE(again.engine);
+  EXPECT_EQ(again.engine->train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(again.engine->gradient_accumulation_steps, 2);
+  EXPECT_EQ(again.engine->gradient_clipping, 1.5);
+  EXPECT_EQ(again.engine->zero_stage, 1);
+  EXPECT_FALSE(parse_ok(kMinimal).engine);
+  EXPECT_FALSE(parse_ok(to_yaml(parse_ok(kMinimal))).engine);
+}
+
+TEST(ConfigErrors, EngineMistakesAreLocated) {
+  EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
+            "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 2, got \"5\"");
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2}}\n"),
+              HasSubstr("engine.zero_optimization.stage: ZeRO stage 2 (gradients sharded as backward produces them) is not built yet"));
+  EXPECT_EQ(one_error(std::string(kMinimal) +
+                      "hyperparameters: {global_batch_size: 30}\n"
+                      "resources: {slots_per_trial: 2}\n"
+                      "engine:\n"
+                      "  train_micro_batch_size_per_gpu: 4\n"
+                      "  gradient_accumulation_steps: 2\n"),
+            "exp.yaml:7:3: engine: hyperparameters.global_batch_size (which sets train_batch_size) is 30 but "
+            "train_micro_batch_size_per_gpu (4) x gradient_accumulation_steps (2) x ranks (2) is 16; change one of "
+            "them, or leave one out to have it derived (with resources.slots_per_trial: 2)");
+  EXPECT_EQ(one_error(std::string(kMinimal) +
+                      "optimizations: {aggregation_frequency: 4}\n"
+                      "engine: {train_micro_batch_size_per_gpu: 4}\n"),
+            "exp.yaml:4:40: optimizations.aggregation_frequency: an engine trial accumulates gradients over "
+            "engine.gradient_accumulation_steps micro-batches; remove aggregation_frequency and set "
+            "engine.gradient_accumulation_steps: 4");
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, bf17: {enabled: true}}\n"),
+              HasSubstr("engine.bf17: unknown key"));
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {gradient_clipping: -1, train_batch_size: 4}\n"),
+              HasSubstr("engine.gradient_clipping:"));
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {}\n"), HasSubstr("engine: sets no batch size"));
 }
 
 }  // namespace

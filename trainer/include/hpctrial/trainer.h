@@ -5,6 +5,7 @@
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/core_context.h"
 #include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/random.h"
@@ -16,11 +17,15 @@ using trainer::Batch;
 using trainer::Callback;
 using trainer::CoreContext;
 using trainer::DataLoader;
+using trainer::DataIterator;
 using trainer::DataLoaderOptions;
 using trainer::Dataset;
 using trainer::derive_seed;
+using trainer::EngineTrial;
+using trainer::EngineTrialContext;
 using trainer::Hdf5Dataset;
 using trainer::Metrics;
+using trainer::ModelEngine;
 using trainer::MetricValues;
 using trainer::Reducer;
 using trainer::StepMode;

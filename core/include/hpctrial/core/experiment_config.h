@@ -89,6 +89,32 @@ struct Optimizations {
   std::int64_t collective_timeout_seconds = 1800;
 };
 
+// The `engine:` section of an engine trial (docs/engine-trials.md), in DeepSpeed's key names.
+// Unset batch sizes are derived from the others by resolve_engine_batch().
+struct EngineConfig {
+  std::optional<std::int64_t> train_batch_size;
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu;
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  double gradient_clipping = 0;  // the gradients' largest global L2 norm; 0: no clipping
+  int zero_stage = 0;            // zero_optimization.stage
+};
+
+// The batch sizes an engine trial trains with: train_batch_size records a step across the
+// data-parallel ranks, each rank running gradient_accumulation_steps micro-batches of
+// micro_batch_size.
+struct EngineBatch {
+  std::int64_t train_batch_size = 0;
+  std::int64_t micro_batch_size = 0;
+  std::int64_t accumulation_steps = 1;
+};
+
+// DeepSpeed's rule, train_batch_size = micro x accumulation x ranks, with the unset sizes
+// derived from the set ones; `global_batch_size` (hyperparameters.global_batch_size), when
+// given, is the train_batch_size and wins over engine.train_batch_size. nullopt with the reason
+// in `error` when the sizes do not agree or too few are set.
+std::optional<EngineBatch> resolve_engine_batch(const EngineConfig& engine, std::optional<std::int64_t> global_batch_size,
+                                                int ranks, std::string& error);
+
 struct Reproducibility {
   // Unset: chosen when the experiment is created, and recorded in its effective config.
   std::optional<std::uint32_t> experiment_seed;
@@ -151,6 +177,7 @@ struct ExperimentConfig {
   std::optional<Length> min_checkpoint_period;
   Resources resources;
   Optimizations optimizations;
+  std::optional<EngineConfig> engine;  // present when the config has an `engine:` section
   Reproducibility reproducibility;
   CheckpointStorage checkpoint_storage;
   int max_restarts = 5;

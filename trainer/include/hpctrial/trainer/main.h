@@ -17,6 +17,7 @@
 
 #include <memory>
 
+#include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/training_loop.h"
 #include "hpctrial/trainer/trial.h"
 
@@ -29,6 +30,6 @@ int run_main(int argc, char** argv, const TrialFactory& factory);
 #define HPCTRIAL_MAIN(TrialClass)                                                          \
   int main(int argc, char** argv) {                                                        \
     return ::hpctrial::trainer::run_main(argc, argv, [](::hpctrial::trainer::TrialContext& c) { \
-      return ::hpctrial::trainer::make_trial<TrialClass>(c);                               \
+      return ::hpctrial::trainer::make_any_trial<TrialClass>(c);                               \
     });                                                                                    \
   }

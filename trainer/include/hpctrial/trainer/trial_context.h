@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ struct TrialSettings {
   nlohmann::json data_config = nlohmann::json::object();
   std::uint64_t trial_seed = 0;
   std::int64_t aggregation_frequency = 1;
+  // Records a batch across the ranks; 0: hyperparameters.global_batch_size (an engine trial's
+  // train_batch_size comes from its engine section).
+  std::int64_t global_batch_size = 0;
+  // The config's engine section, when it has one: the trial must be an engine trial.
+  std::optional<core::EngineConfig> engine;
   double bucket_cap_mb = 25;
   core::GradientCompression gradient_compression = core::GradientCompression::kNone;
   int gpus_per_slot = 0;
@@ -166,8 +172,11 @@ class TrialContext {
   const std::string& experiment_id() const { return settings_.experiment_dir; }
   // The index of the batch being trained (batches trained before it), from 0.
   std::int64_t current_train_batch() const { return batches_trained_; }
-  // optimizations.aggregation_frequency: batches whose gradients make one optimizer step.
+  // optimizations.aggregation_frequency: batches whose gradients make one optimizer step (an
+  // engine trial's gradient_accumulation_steps).
   std::int64_t aggregation_frequency() const { return settings_.aggregation_frequency; }
+  // The config's engine section, when it has one.
+  const std::optional<core::EngineConfig>& engine_config() const { return settings_.engine; }
 
   // --- stopping -----------------------------------------------------------------------------
   // Ends the trial early (Determined's semantics): the ranks agree on it at the step boundary
@@ -210,8 +219,18 @@ class TrialContext {
   // loop then restores every rank from one checkpoint, or broadcasts the chief's initial state.)
   void start_training();
   // Run by step_optimizer right before optimizer.step() (the checkpoint writer's copy of the
-  // parameters must be done before they change).
+  // parameters must be done before they change); an optimizer stepped elsewhere (a ZeRO
+  // engine's) calls before_optimizer_step() itself.
   void set_before_optimizer_step(std::function<void()> hook) { before_optimizer_step_ = std::move(hook); }
+  void before_optimizer_step() const {
+    if (before_optimizer_step_) before_optimizer_step_();
+  }
+  // A wrapped model whose gradients something else averages (a ZeRO engine, by reduce-scatter):
+  // the gradient buckets leave its parameters out. Before start_training().
+  void exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model);
+  // The communicator for tensors on `device`: the host's, or the device communicator (NCCL);
+  // NotSupported for a GPU without one.
+  comm::Communicator& communicator_for(const torch::Device& device) const;
 
  private:
   void register_model(std::shared_ptr<torch::nn::Module> model);
@@ -232,6 +251,7 @@ class TrialContext {
   torch::Device device_;
   std::int64_t global_batch_size_ = 0;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<const torch::nn::Module*> unsynced_models_;
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::vector<WrappedReducer> reducers_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hpctrial/build_config.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/training_loop.h"
 
 namespace hpctrial::trainer {
@@ -29,7 +30,7 @@ class TrialRegistry {
  public:
   template <typename TrialClass>
   void add(const std::string& name) {
-    factories_[name] = [](TrialContext& context) { return make_trial<TrialClass>(context); };
+    factories_[name] = [](TrialContext& context) { return make_any_trial<TrialClass>(context); };
   }
   const TrialFactory* find(const std::string& name) const;
   std::vector<std::string> names() const;

@@ -1,0 +1,206 @@
+// engine: what ZeRO stage 1 saves and costs against stage 0, on the same engine trial, model,
+// data and optimizer (Adam), in one run:
+//   - optimizer state held per rank: stage 1's against stage 0's divided by the ranks (goal <= 1.05);
+//   - step time: stage 1's against stage 0's (goal <= 1.10).
+//
+//   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N] [--dir DIR]
+//
+// Each run trains a fresh trial directory for --steps global batches of 64 records a rank and
+// must train exactly that many; the step rate is that of train_batch over the run (data loading
+// excluded, the same for both), in rounds that alternate which stage goes first. --quick: 2 rounds
+// of 30 steps with a small model, the test suite's smoke run.
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/training_loop.h"
+
+namespace {
+
+struct Options {
+  std::int64_t steps = 300;
+  int rounds = 3;
+  std::int64_t hidden = 1024;
+  std::int64_t features = 256;
+  std::string dir = "/tmp/hpctrial-bench-engine";
+};
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(std::int64_t features, std::int64_t hidden)
+      : a(register_module("a", torch::nn::Linear(features, hidden))),
+        b(register_module("b", torch::nn::Linear(hidden, hidden))),
+        c(register_module("c", torch::nn::Linear(hidden, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::log_softmax(c->forward(torch::relu(b->forward(torch::relu(a->forward(x))))), 1);
+  }
+  torch::nn::Linear a, b, c;
+};
+TORCH_MODULE(Net);
+
+std::int64_t g_state_elements = 0;  // of the last run's engine, on this rank
+
+class BenchTrial : public hpctrial::EngineTrial {
+ public:
+  explicit BenchTrial(hpctrial::EngineTrialContext& context) : context_(context) {
+    const std::int64_t features = context.hparam<std::int64_t>("features");
+    torch::manual_seed(1);
+    auto x = torch::randn({4096, features});
+    auto y = torch::randint(0, 10, {4096});
+    data_ = std::make_shared<hpctrial::TensorDataset>(x, y);
+    validation_ = std::make_shared<hpctrial::TensorDataset>(x.slice(0, 0, 64), y.slice(0, 0, 64));
+    model_ = Net(features, context.hparam<std::int64_t>("hidden"));
+    auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(1e-4));
+    engine_ = context.wrap_model_engine(std::make_shared<hpctrial::ModelEngine>(model_, optimizer));
+  }
+  ~BenchTrial() override { g_state_elements = engine_->optimizer_state_elements(); }
+
+  hpctrial::Metrics train_batch(hpctrial::DataIterator& data, std::int64_t, std::int64_t) override {
+    hpctrial::Batch batch = data.next();
+    auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+    engine_->backward(loss);
+    engine_->step();
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::DataIterator& data, std::int64_t) override {
+    hpctrial::Batch batch = data.next();
+    return {{"validation_loss", torch::nll_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override {
+    return {data_, context_.train_micro_batch_size_per_gpu()};
+  }
+  hpctrial::DataLoader build_validation_data_loader() override { return {validation_, 64, false}; }
+
+ private:
+  hpctrial::EngineTrialContext& context_;
+  std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
+  Net model_{nullptr};
+  std::shared_ptr<hpctrial::ModelEngine> engine_;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "engine: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--quick") {
+      o.steps = 30;
+      o.rounds = 2;
+      o.hidden = 256;
+      o.features = 64;
+    } else if (arg == "--steps") {
+      o.steps = std::stoll(value());
+    } else if (arg == "--rounds") {
+      o.rounds = std::stoi(value());
+    } else if (arg == "--hidden") {
+      o.hidden = std::stoll(value());
+    } else if (arg == "--dir") {
+      o.dir = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: mpirun -np N engine [--quick] [--steps N] [--rounds N] [--hidden N] [--dir DIR]\n");
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+struct Measure {
+  double steps_per_s = 0;
+  std::int64_t state_elements = 0;  // the most any rank holds
+};
+
+Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& comm, int round) {
+  const int ranks = comm.size();
+  const std::string trial_dir = o.dir + "/stage" + std::to_string(stage) + "-round" + std::to_string(round);
+  if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
+  comm.barrier();
+  const std::string yaml =
+      "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
+      "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
+      ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
+      "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + "}}\nscheduling_unit: 1000000\n";
+  hpctrial::core::Diagnostics d;
+  const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
+  if (!d.empty()) {
+    std::fprintf(stderr, "%s\n", d.to_string().c_str());
+    std::exit(1);
+  }
+  hpctrial::trainer::LoopOptions loop;
+  loop.trial_dir = trial_dir;
+  loop.progress_interval_s = 0;
+  loop.distributed = {comm.rank(), ranks, comm.rank(), ranks, 1};
+  const auto result = hpctrial::trainer::run_training(
+      config, [](hpctrial::TrialContext& c) { return hpctrial::trainer::make_engine_trial<BenchTrial>(c); }, comm,
+      loop);
+  if (result.batches_trained != o.steps) {
+    std::fprintf(stderr, "engine: stage %d trained %lld steps, not %lld\n", stage,
+                 static_cast<long long>(result.batches_trained), static_cast<long long>(o.steps));
+    std::exit(1);
+  }
+  const auto& t = result.timings.at("train_batch");
+  double total_s = t.at("total_s").get<double>();
+  comm.allreduce(&total_s, 1, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
+  std::int64_t elements = g_state_elements;
+  comm.allreduce(&elements, 1, hpctrial::comm::DType::kInt64, hpctrial::comm::ReduceOp::kMax);
+  if (comm.is_chief()) std::filesystem::remove_all(trial_dir);
+  return {static_cast<double>(t.at("count").get<std::int64_t>()) / total_s, elements};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hpctrial::comm::MpiEnvironment environment(&argc, &argv);
+  const Options o = parse(argc, argv);
+  hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  torch::set_num_threads(1);
+  hpctrial::comm::MpiCommunicator comm(environment.world());
+  const int ranks = comm.size();
+  std::vector<double> rate[2];
+  std::int64_t elements[2] = {0, 0};
+  for (int round = 0; round < o.rounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const int stage = (round % 2 == 0) ? k : 1 - k;  // alternate which stage goes first
+      const Measure m = run_stage(o, stage, comm, round);
+      rate[stage].push_back(m.steps_per_s);
+      elements[stage] = m.state_elements;
+    }
+  }
+  if (comm.is_chief()) {
+    const double r0 = median(rate[0]), r1 = median(rate[1]);
+    const std::int64_t parameters = o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
+    std::printf("ranks %d, %lld parameters, Adam, %lld records a rank a step\n", ranks,
+                static_cast<long long>(parameters), 64LL);
+    std::printf("hpctrial trained %lld steps in each of %d runs per stage\n", static_cast<long long>(o.steps), o.rounds);
+    std::printf("stage  steps/s  state elements per rank\n");
+    std::printf("0 %10.2f %12lld\n", r0, static_cast<long long>(elements[0]));
+    std::printf("1 %10.2f %12lld\n", r1, static_cast<long long>(elements[1]));
+    std::printf("state per rank, stage 1 / (stage 0 / ranks): %.4f (goal <= 1.05)\n",
+                static_cast<double>(elements[1]) / (static_cast<double>(elements[0]) / ranks));
+    std::printf("step time, stage 1 / stage 0: %.4f (goal <= 1.10)\n", r0 / r1);
+  }
+  return 0;
+}

@@ -1,0 +1,3 @@
+#include "engine_trial.h"
+
+HPCTRIAL_MAIN(engine_example::ClassifierTrial)

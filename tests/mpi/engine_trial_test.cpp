@@ -1,0 +1,439 @@
+// Engine trials on 2 and 4 ranks: a ModelEngine at ZeRO stage 0 trains as an ordinary Trial with
+// the same model, data and optimizer does; k micro-batches accumulated equal one batch k times
+// larger; clipping, the LR scheduler's pace, stop and resume; mistakes are ConfigErrors on every
+// rank alike.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <optional>
+
+#include "../support/same_weights.h"
+#include "../unit/trainer/test_trial.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/watchdog.h"
+#include "hpctrial/trainer/engine_trial.h"
+#include "mpi_test_env.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing::HasSubstr;
+using testing_mpi::env;
+using namespace testing_trial;
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() : a(register_module("a", torch::nn::Linear(3, 8))), b(register_module("b", torch::nn::Linear(8, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Mlp);
+
+// The data of both trials: 64 samples of a noisy nonlinear function.
+std::shared_ptr<TensorDataset> dataset() {
+  torch::manual_seed(0);
+  auto x = torch::randn({64, 3});
+  auto y = torch::sin(x.matmul(torch::tensor({1.0f, -2.0f, 0.5f}))).unsqueeze(1) + 0.1 * torch::randn({64, 1});
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+struct Behaviour {
+  bool manual = false;          // disable_auto_grad_accumulation
+  int reads_per_call = 1;       // micro-batches each auto call reads
+  bool skip_step = false;       // never calls engine.step()
+  bool wrap = true;             // wraps its engine
+  std::int64_t loader_batch = 0;  // 0: train_micro_batch_size_per_gpu()
+  std::atomic<bool>* stop = nullptr;  // set after global batch `stop_after` on `stop_rank`
+  std::int64_t stop_after = -1;
+  int stop_rank = 0;
+  bool lbfgs = false;  // an optimizer ZeRO cannot shard
+};
+
+struct Seen {
+  std::vector<torch::Tensor> parameters;
+  double lr = 0;
+  std::int64_t train_batch_size = 0, micro = 0, steps = 0;
+  std::vector<std::int64_t> validation_batch_idx;
+  std::int64_t state_elements = 0;  // optimizer state on this rank
+};
+
+class EngineMlpTrial : public EngineTrial {
+ public:
+  EngineMlpTrial(EngineTrialContext& context, Behaviour setup, Seen* seen)
+      : context_(context), setup_(setup), seen_(seen), data_(dataset()) {
+    torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
+    model_ = Mlp();
+    optimizer_ = std::make_shared<torch::optim::Adam>(model_->parameters(),
+                                                      torch::optim::AdamOptions(context.hparam<double>("lr")));
+    auto scheduler = std::make_shared<torch::optim::StepLR>(*optimizer_, 2, 0.5);
+    engine_ = setup_.lbfgs ? std::make_shared<ModelEngine>(model_, std::make_shared<torch::optim::LBFGS>(model_->parameters()))
+                           : std::make_shared<ModelEngine>(model_, optimizer_, scheduler);
+    if (setup_.wrap) context.wrap_model_engine(engine_);
+    if (setup_.manual) context.disable_auto_grad_accumulation();
+  }
+  ~EngineMlpTrial() override {
+    if (seen_ == nullptr) return;
+    for (const auto& p : model_->parameters()) seen_->parameters.push_back(p.detach().clone());
+    seen_->lr = optimizer_->param_groups()[0].options().get_lr();
+    seen_->train_batch_size = context_.train_batch_size();
+    seen_->micro = context_.train_micro_batch_size_per_gpu();
+    seen_->steps = context_.gradient_accumulation_steps();
+    seen_->state_elements = engine_->optimizer_state_elements();
+  }
+
+  Metrics train_batch(DataIterator& data, std::int64_t, std::int64_t batch_idx) override {
+    const std::int64_t micro_batches = setup_.manual ? context_.gradient_accumulation_steps() : setup_.reads_per_call;
+    torch::Tensor last;
+    for (std::int64_t i = 0; i < micro_batches; ++i) {
+      Batch batch = data.next();
+      last = torch::mse_loss(model_->forward(batch.data), batch.target);
+      engine_->backward(last);
+      if (!setup_.skip_step) engine_->step();
+    }
+    if (setup_.stop != nullptr && batch_idx == setup_.stop_after && context_.distributed().rank == setup_.stop_rank) {
+      setup_.stop->store(true);
+    }
+    return {{"loss", last}};
+  }
+  Metrics evaluate_batch(DataIterator& data, std::int64_t batch_idx) override {
+    if (seen_ != nullptr) seen_->validation_batch_idx.push_back(batch_idx);
+    Batch batch = data.next();
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  DataLoader build_training_data_loader() override {
+    return {data_, setup_.loader_batch > 0 ? setup_.loader_batch : context_.train_micro_batch_size_per_gpu(),
+            DataLoaderOptions()};
+  }
+  DataLoader build_validation_data_loader() override { return {data_, 4, false}; }
+
+ private:
+  EngineTrialContext& context_;
+  Behaviour setup_;
+  Seen* seen_;
+  std::shared_ptr<TensorDataset> data_;
+  Mlp model_{nullptr};
+  std::shared_ptr<torch::optim::Adam> optimizer_;
+  std::shared_ptr<ModelEngine> engine_;
+};
+
+// The same model, data, optimizer and scheduler as an ordinary Trial.
+class ReferenceTrial : public Trial {
+ public:
+  ReferenceTrial(TrialContext& context, double clip, Seen* seen) : context_(context), clip_(clip), seen_(seen), data_(dataset()) {
+    torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
+    model_ = context.wrap_model(Mlp());
+    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::Adam>(
+        model_->parameters(), torch::optim::AdamOptions(context.hparam<double>("lr"))));
+    context.wrap_lr_scheduler(std::make_shared<torch::optim::StepLR>(*optimizer_, 2, 0.5), StepMode::EveryBatch);
+  }
+  ~ReferenceTrial() override {
+    for (const auto& p : model_->parameters()) seen_->parameters.push_back(p.detach().clone());
+    seen_->lr = optimizer_->param_groups()[0].options().get_lr();
+  }
+  Metrics train_batch(Batch& batch, std::int64_t, std::int64_t) override {
+    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    TrialContext::ClipGrads clip;
+    if (clip_ > 0) clip = [this](std::vector<torch::Tensor>& p) { torch::nn::utils::clip_grad_norm_(p, clip_); };
+    context_.step_optimizer(*optimizer_, clip);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size(), DataLoaderOptions()}; }
+  DataLoader build_validation_data_loader() override { return {data_, 4, false}; }
+
+ private:
+  TrialContext& context_;
+  double clip_;
+  Seen* seen_;
+  std::shared_ptr<TensorDataset> data_;
+  Mlp model_{nullptr};
+  std::shared_ptr<torch::optim::Adam> optimizer_;
+};
+
+std::string shared_dir(const std::string& name) {
+  std::string dir;
+  if (env().is_chief()) {
+    dir = (std::filesystem::temp_directory_path() /
+           ("hpctrial-engine-" + std::to_string(::getpid()) + "-" + name)).string();
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  comm::MpiCommunicator comm(env().world());
+  comm.broadcast(dir, 0);
+  return dir;
+}
+
+void remove_dir(const std::string& dir) {
+  comm::MpiCommunicator(env().world()).barrier();
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+std::string yaml(int batches, const std::string& more, const std::string& global_batch_size = "16") {
+  return "name: test\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {batches: " +
+         std::to_string(batches) + "}}\nmin_validation_period: {batches: 3}\nhyperparameters: {lr: 0.05, "
+         "global_batch_size: " + global_batch_size + "}\n" + more;
+}
+
+// With a watchdog, so that a hang fails within its timeout; `failing` runs are expected to throw
+// on every rank and go without one (a watchdog says goodbye only after a good run).
+LoopResult run(const std::string& config_yaml, const TrialFactory& factory, const std::string& dir,
+               const std::atomic<bool>* stop = nullptr, bool failing = false) {
+  std::optional<comm::Watchdog> watchdog;
+  if (!failing) watchdog.emplace(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}});
+  comm::MpiCommunicator communicator(env().world(), watchdog ? &*watchdog : nullptr);
+  LoopOptions loop;
+  loop.trial_dir = dir;
+  loop.progress_interval_s = 0;
+  loop.experiment_seed = 11;
+  loop.external_stop = stop;
+  loop.distributed = {env().rank(), env().size(), env().rank(), env().size(), 1};
+  LoopResult result = run_training(testing_trial::config_from(config_yaml), factory, communicator, loop);
+  if (watchdog) watchdog->finish();
+  return result;
+}
+
+std::unique_ptr<Trial> make_trial_ref(TrialContext& c, double clip, Seen* seen) {
+  return std::make_unique<ReferenceTrial>(c, clip, seen);
+}
+
+std::unique_ptr<Trial> make_engine_trial_for_test(TrialContext& c, Behaviour setup, Seen* seen = nullptr) {
+  return std::make_unique<detail::EngineTrialRunner>(
+      c, [setup, seen](EngineTrialContext& ec) { return std::make_unique<EngineMlpTrial>(ec, setup, seen); });
+}
+
+Seen engine_run(const std::string& config_yaml, Behaviour setup, const std::string& name) {
+  const std::string dir = shared_dir(name);
+  Seen seen;
+  run(config_yaml, [&](TrialContext& c) { return make_engine_trial_for_test(c, setup, &seen); }, dir);
+  remove_dir(dir);
+  return seen;
+}
+
+Seen reference_run(const std::string& config_yaml, double clip, const std::string& name) {
+  const std::string dir = shared_dir(name);
+  Seen seen;
+  run(config_yaml, [&](TrialContext& c) { return make_trial_ref(c, clip, &seen); }, dir);
+  remove_dir(dir);
+  return seen;
+}
+
+double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double scale = std::max(1e-12, b[i].abs().max().item<double>());
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+TEST(EngineTrial, WithoutAccumulationTrainsAsAnOrdinaryTrial) {
+  const Seen reference = reference_run(yaml(6, ""), 0, "ref");
+  const Seen engine = engine_run(yaml(6, "engine: {train_micro_batch_size_per_gpu: " +
+                                         std::to_string(16 / env().size()) + "}\n"), Behaviour{}, "stage0");
+  EXPECT_LE(max_relative_difference(engine.parameters, reference.parameters), 1e-6);
+  // LibTorch's StepLR(2, 0.5) halves at its 3rd and 5th step: 6 global batches, 6 steps.
+  EXPECT_DOUBLE_EQ(engine.lr, 0.05 * 0.25) << "the engine steps its LR scheduler once per global batch";
+  EXPECT_DOUBLE_EQ(reference.lr, engine.lr);
+  // No engine section: the batch is the global batch, without accumulation.
+  const Seen plain = engine_run(yaml(6, ""), Behaviour{}, "plain");
+  EXPECT_TRUE(bitwise_equal(plain.parameters, engine.parameters));
+  EXPECT_EQ(plain.steps, 1);
+}
+
+TEST(EngineTrial, AccumulatingKMicroBatchesEqualsOneBatchKTimesLarger) {
+  const Seen reference = reference_run(yaml(6, ""), 0, "ref-acc");
+  const Seen accumulated = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), Behaviour{}, "acc");
+  EXPECT_EQ(accumulated.micro, 16 / env().size() / 2);
+  EXPECT_EQ(accumulated.steps, 2);
+  EXPECT_LE(max_relative_difference(accumulated.parameters, reference.parameters), 1e-6);
+  EXPECT_DOUBLE_EQ(accumulated.lr, reference.lr);
+  Behaviour manual;
+  manual.manual = true;
+  const Seen by_hand = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), manual, "manual");
+  EXPECT_TRUE(bitwise_equal(by_hand.parameters, accumulated.parameters))
+      << "one call running both micro-batches is the same computation as two calls";
+}
+
+TEST(EngineTrial, ClipsTheGlobalGradientNorm) {
+  const Seen reference = reference_run(yaml(6, ""), 0.05, "ref-clip");
+  const Seen clipped = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05}\n"),
+                                  Behaviour{}, "clip");
+  EXPECT_LE(max_relative_difference(clipped.parameters, reference.parameters), 1e-6);
+  const Seen unclipped = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), Behaviour{}, "noclip");
+  EXPECT_GT(max_relative_difference(clipped.parameters, unclipped.parameters), 1e-4) << "the clip did something";
+}
+
+TEST(EngineTrial, GlobalBatchSizeWinsOverTrainBatchSize) {
+  const Seen seen = engine_run(yaml(2, "engine: {train_batch_size: 8, gradient_accumulation_steps: 2}\n"), Behaviour{},
+                               "wins");
+  EXPECT_EQ(seen.train_batch_size, 16);
+  EXPECT_EQ(seen.micro, 16 / env().size() / 2);
+  // Without global_batch_size, the engine section alone sets the batch.
+  const Seen alone = engine_run(
+      "name: test\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {batches: 2}}\n"
+      "hyperparameters: {lr: 0.05}\nengine: {train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 3}\n",
+      Behaviour{}, "alone");
+  EXPECT_EQ(alone.train_batch_size, 2 * 3 * env().size());
+}
+
+TEST(EngineTrial, ValidationBatchesCountFromZeroInEachValidation) {
+  const Seen seen = engine_run(yaml(6, ""), Behaviour{}, "validation");
+  // 64 samples in batches of 4 split over the ranks, validated after batches 3 and 6.
+  const std::size_t per_rank = 16 / static_cast<std::size_t>(env().size());
+  ASSERT_EQ(seen.validation_batch_idx.size(), 2 * per_rank);
+  for (std::size_t i = 0; i < per_rank; ++i) {
+    EXPECT_EQ(seen.validation_batch_idx[i], static_cast<std::int64_t>(i));
+    EXPECT_EQ(seen.validation_batch_idx[per_rank + i], static_cast<std::int64_t>(i));
+  }
+}
+
+// Stopped by the chief or by another rank after global batch 2 of 6, then resumed: the same
+// weights and optimizer state as one uninterrupted run.
+TEST(EngineTrial, StopAndResumeIsBitwiseEqualToAnUninterruptedRun) {
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\n");
+  const std::string whole = shared_dir("whole");
+  run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
+  for (int stop_rank : {0, env().size() - 1}) {
+    const std::string dir = shared_dir("stopped-" + std::to_string(stop_rank));
+    std::atomic<bool> stop{false};
+    Behaviour stopping;
+    stopping.stop = &stop;
+    stopping.stop_after = 2;
+    stopping.stop_rank = stop_rank;
+    const LoopResult first = run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+    EXPECT_TRUE(first.stopped_early);
+    EXPECT_EQ(first.batches_trained, 3);
+    const LoopResult second = run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
+    EXPECT_EQ(second.batches_trained, 6);
+    if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
+    remove_dir(dir);
+  }
+  remove_dir(whole);
+}
+
+// ZeRO-1: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.
+TEST(EngineTrialZero, StageOneTrainsAsStageZeroWithAShareOfTheState) {
+  const std::string engine = "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: ";
+  const Seen stage0 = engine_run(yaml(6, engine + "0}}\n"), Behaviour{}, "z0");
+  const Seen stage1 = engine_run(yaml(6, engine + "1}}\n"), Behaviour{}, "z1");
+  EXPECT_LE(max_relative_difference(stage1.parameters, stage0.parameters), 1e-6);
+  EXPECT_DOUBLE_EQ(stage1.lr, stage0.lr);
+  // Adam's two moments of every parameter (3x8 + 8 + 8 + 1 = 41 elements), and this rank's share.
+  EXPECT_EQ(stage0.state_elements, 2 * 41);
+  EXPECT_EQ(stage1.state_elements, 2 * ((41 + env().size() - 1) / env().size()));
+  // Without clipping, too.
+  const Seen plain0 = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), Behaviour{}, "p0");
+  const Seen plain1 = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 1}}\n"),
+                                 Behaviour{}, "p1");
+  EXPECT_LE(max_relative_difference(plain1.parameters, plain0.parameters), 1e-6);
+}
+
+// A ZeRO-1 run stopped by the chief or by another rank resumes bitwise; its checkpoint holds the
+// whole optimizer state, which a stage-0 run resumes from (and the reverse).
+TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
+  const std::string stage1 = yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 1}}\n");
+  const std::string stage0 = yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 0}}\n");
+  const std::string whole = shared_dir("zwhole");
+  run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
+  const Seen reference = engine_run(stage0, Behaviour{}, "zreference");
+  for (int stop_rank : {0, env().size() - 1}) {
+    const std::string dir = shared_dir("zstopped-" + std::to_string(stop_rank));
+    std::atomic<bool> stop{false};
+    Behaviour stopping;
+    stopping.stop = &stop;
+    stopping.stop_after = 2;
+    stopping.stop_rank = stop_rank;
+    const LoopResult first =
+        run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+    EXPECT_EQ(first.batches_trained, 3);
+    const LoopResult second = run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
+    EXPECT_EQ(second.batches_trained, 6);
+    if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
+    remove_dir(dir);
+  }
+  // Stopped at stage 1, resumed at stage 0 (and the reverse): the same run within rounding.
+  for (const auto& [from, to] : {std::pair{stage1, stage0}, std::pair{stage0, stage1}}) {
+    const std::string dir = shared_dir("zswitch");
+    std::atomic<bool> stop{false};
+    Behaviour stopping;
+    stopping.stop = &stop;
+    stopping.stop_after = 2;
+    run(from, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+    Seen resumed;
+    run(to, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
+    EXPECT_LE(max_relative_difference(resumed.parameters, reference.parameters), 1e-5);
+    remove_dir(dir);
+  }
+  remove_dir(whole);
+}
+
+// Each mistake is found alike on every rank, so every rank fails and none waits for another.
+TEST(EngineTrial, MistakesAreConfigErrorsOnEveryRank) {
+  const auto error_of = [](const std::string& config, Behaviour setup) {
+    const std::string dir = shared_dir("error");
+    std::string message;
+    try {
+      run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, setup); }, dir, nullptr, true);
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    remove_dir(dir);
+    return message;
+  };
+  const std::string accumulating = yaml(2, "engine: {gradient_accumulation_steps: 2}\n");
+  Behaviour reads_two;
+  reads_two.reads_per_call = 2;
+  EXPECT_THAT(error_of(accumulating, reads_two),
+              HasSubstr("DataIterator::next: all 2 micro-batches have been read already"));
+  Behaviour no_step;
+  no_step.skip_step = true;
+  EXPECT_THAT(error_of(accumulating, no_step),
+              HasSubstr("train_batch called step() on model engine 0 0 time(s) in global batch 0, not 2"));
+  Behaviour unwrapped;
+  unwrapped.wrap = false;
+  EXPECT_THAT(error_of(accumulating, unwrapped), HasSubstr("the engine trial wrapped no model engine"));
+  Behaviour wrong_loader;
+  wrong_loader.loader_batch = 3;
+  EXPECT_THAT(error_of(accumulating, wrong_loader),
+              HasSubstr("build_training_data_loader: the batch size is 3 but train_micro_batch_size_per_gpu is " +
+                        std::to_string(16 / env().size() / 2)));
+  Behaviour lbfgs;
+  lbfgs.lbfgs = true;
+  EXPECT_THAT(error_of(yaml(2, "engine: {zero_optimization: {stage: 1}}\n"), lbfgs),
+              HasSubstr("ZeRO shards optimizer state element by element, and LBFGS's state is not per element"));
+  EXPECT_THAT(error_of(yaml(2, "optimizations: {aggregation_frequency: 2}\n"), Behaviour{}),
+              HasSubstr("an engine trial accumulates gradients over engine.gradient_accumulation_steps"));
+  EXPECT_THAT(error_of(yaml(2, "engine: {gradient_accumulation_steps: 2}\n", "17"), Behaviour{}),
+              HasSubstr("engine: hyperparameters.global_batch_size (which sets train_batch_size) (17) is not a multiple"));
+
+  // An ordinary Trial with an engine section.
+  const std::string dir = shared_dir("trial-with-engine");
+  Seen seen;
+  std::string message;
+  try {
+    run(accumulating, [&](TrialContext& c) { return make_trial_ref(c, 0, &seen); }, dir, nullptr, true);
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_THAT(message, HasSubstr("the experiment config has an engine section, which configures engine trials, but "
+                                 "the trial is a Trial"));
+  remove_dir(dir);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer

@@ -1,0 +1,293 @@
+// Engine trials (Determined's DeepSpeedTrial, in LibTorch C++): the trial hands its model,
+// optimizer and LR scheduler to a ModelEngine (the counterpart of deepspeed.initialize), which
+// owns the step: micro-batch accumulation, gradient averaging across ranks, clipping. The
+// batch sizes come from the experiment config's `engine:` section, in DeepSpeed's key names
+// (docs/engine-trials.md).
+//
+//   class MyTrial : public hpctrial::EngineTrial {
+//    public:
+//     explicit MyTrial(hpctrial::EngineTrialContext& context) : context_(context) {
+//       model_ = Net();
+//       auto optimizer = std::make_shared<torch::optim::AdamW>(model_->parameters(), ...);
+//       engine_ = context.wrap_model_engine(std::make_shared<hpctrial::ModelEngine>(model_, optimizer));
+//     }
+//     Metrics train_batch(DataIterator& data, int64_t epoch_idx, int64_t batch_idx) override {
+//       Batch batch = data.next();  // one micro-batch
+//       auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+//       engine_->backward(loss);
+//       engine_->step();  // steps at the end of the global batch only
+//       return {{"loss", loss}};
+//     }
+//     ...
+//   };
+//   HPCTRIAL_MAIN(MyTrial)
+//
+// The harness calls train_batch gradient_accumulation_steps times per global batch, each call
+// taking one micro-batch, unless the trial calls context.disable_auto_grad_accumulation(): then
+// train_batch is called once and runs every micro-batch itself (backward and step each).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "hpctrial/trainer/callback.h"
+#include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/trial.h"
+#include "hpctrial/trainer/trial_context.h"
+
+namespace hpctrial::trainer {
+
+namespace detail {
+class ShardedOptimizer;
+struct EngineAccess;
+}  // namespace detail
+
+// The micro-batches of one global batch on this rank (training), or the one batch being
+// validated: Determined's dataloader_iter. The batches are already on the context's device.
+class DataIterator {
+ public:
+  explicit DataIterator(std::vector<Batch> batches, std::string what = "batch");
+  // The next micro-batch; ConfigError when there is none left, naming how many there were.
+  Batch next();
+  bool has_next() const { return taken_ < batches_.size(); }
+  std::size_t remaining() const { return batches_.size() - taken_; }
+  std::size_t taken() const { return taken_; }
+
+ private:
+  std::vector<Batch> batches_;
+  std::size_t taken_ = 0;
+  std::string what_;
+};
+
+class EngineTrialContext;
+
+// The model, its optimizer and an optional LR scheduler, stepped as one (deepspeed.initialize's
+// engine). Built by the trial, then handed to context.wrap_model_engine(), which applies the
+// experiment's engine section and moves the model to the device. The optimizer must be built
+// over the model's parameters before wrapping. Forward passes call the trial's own model.
+class ModelEngine {
+ public:
+  ModelEngine(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+              std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr);
+  ~ModelEngine();
+  ModelEngine(const ModelEngine&) = delete;
+  ModelEngine& operator=(const ModelEngine&) = delete;
+  // A module holder (Net, torch::nn::Linear...).
+  template <typename Contained>
+  ModelEngine(torch::nn::ModuleHolder<Contained> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+              std::shared_ptr<torch::optim::LRScheduler> lr_scheduler = nullptr)
+      : ModelEngine(std::shared_ptr<torch::nn::Module>(model.ptr()), std::move(optimizer),
+                    std::move(lr_scheduler)) {}
+
+  // loss.backward() for one micro-batch: the gradients accumulate over the global batch and
+  // are averaged over its micro-batches and the ranks (at stage 0 on more than one rank, the
+  // all-reduce overlaps backward; at stage 1, the step reduce-scatters them).
+  void backward(const torch::Tensor& loss);
+  // After each micro-batch's backward. At the end of the global batch (the accumulation
+  // boundary): clips the gradients to engine.gradient_clipping, steps the optimizer and the LR
+  // scheduler, and zeroes the gradients; on other micro-batches it does nothing.
+  void step();
+  // Whether the next step() is the one that steps the optimizer.
+  bool is_gradient_accumulation_boundary() const;
+
+  torch::nn::Module& module() const { return *model_; }
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return model_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::LRScheduler* lr_scheduler() const { return lr_scheduler_.get(); }
+  void train(bool on = true) { model_->train(on); }
+  void eval() { model_->eval(); }
+
+  // Optimizer steps taken (global batches trained), and micro-batches stepped.
+  std::int64_t global_steps() const { return micro_steps_ / accumulation_steps_; }
+  std::int64_t micro_steps() const { return micro_steps_; }
+  // The engine section, resolved: records a step across the ranks, a micro-batch, micro-batches a step.
+  std::int64_t train_batch_size() const { return train_batch_size_; }
+  std::int64_t train_micro_batch_size_per_gpu() const { return micro_batch_size_; }
+  std::int64_t gradient_accumulation_steps() const { return accumulation_steps_; }
+  double gradient_clipping() const { return gradient_clipping_; }
+  int zero_stage() const { return zero_stage_; }
+  // The elements of optimizer state this rank holds: all of it at stage 0, 1/N at stage 1.
+  std::int64_t optimizer_state_elements() const;
+
+ private:
+  friend class EngineTrialContext;
+  friend struct detail::EngineAccess;
+  TrialContext& context() const;
+  void at_micro_step() const;
+  void sharded_step();
+
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<torch::optim::LRScheduler> lr_scheduler_;
+  TrialContext* context_ = nullptr;  // set by wrap_model_engine
+  std::unique_ptr<detail::ShardedOptimizer> sharded_;  // ZeRO stage 1
+  std::int64_t micro_steps_ = 0;
+  std::int64_t train_batch_size_ = 0;
+  std::int64_t micro_batch_size_ = 0;
+  std::int64_t accumulation_steps_ = 1;
+  double gradient_clipping_ = 0;
+  int zero_stage_ = 0;
+};
+
+// What an engine trial gets in its constructor (Determined's DeepSpeedTrialContext).
+class EngineTrialContext {
+ public:
+  // Built by the harness around the trial's TrialContext; ConfigError when the config's batch
+  // sizes do not agree with the number of ranks.
+  explicit EngineTrialContext(TrialContext& context);
+  EngineTrialContext(const EngineTrialContext&) = delete;
+  EngineTrialContext& operator=(const EngineTrialContext&) = delete;
+
+  // Registers the engine: its model moves to device() and is averaged across ranks and
+  // checkpointed with its optimizer and LR scheduler (which the engine steps). Wrap every engine
+  // in the trial's constructor. The first engine's batch sizes are the trial's.
+  std::shared_ptr<ModelEngine> wrap_model_engine(std::shared_ptr<ModelEngine> engine);
+  const std::vector<std::shared_ptr<ModelEngine>>& model_engines() const { return engines_; }
+
+  // train_batch is then called once per global batch, and runs its micro-batches itself:
+  // gradient_accumulation_steps of them, each with backward() and step() on every engine.
+  void disable_auto_grad_accumulation() { auto_grad_accumulation_ = false; }
+  bool auto_grad_accumulation() const { return auto_grad_accumulation_; }
+
+  // The engine section, resolved for this run's ranks.
+  std::int64_t train_batch_size() const { return batch_.train_batch_size; }
+  std::int64_t train_micro_batch_size_per_gpu() const { return batch_.micro_batch_size; }
+  std::int64_t gradient_accumulation_steps() const { return batch_.accumulation_steps; }
+
+  // The index of the global batch being trained (global batches trained before it), from 0.
+  std::int64_t current_train_batch() const { return current_train_batch_; }
+  bool is_epoch_start() const { return context_.is_epoch_start(); }
+  bool is_epoch_end() const { return context_.is_epoch_end(); }
+
+  // As on TrialContext (Determined's get_hparams / get_hparam: hparams() / hparam<T>()).
+  template <typename T>
+  T hparam(const std::string& name) const {
+    return context_.hparam<T>(name);
+  }
+  const nlohmann::json& hparams() const { return context_.hparams(); }
+  const nlohmann::json& data_config() const { return context_.data_config(); }
+  const nlohmann::json& experiment_config() const { return context_.experiment_config(); }
+  int trial_id() const { return context_.trial_id(); }
+  const std::string& experiment_id() const { return context_.experiment_id(); }
+  std::uint64_t trial_seed() const { return context_.trial_seed(); }
+  const DistributedContext& distributed() const { return context_.distributed(); }
+  torch::Device device() const { return context_.device(); }
+  torch::Tensor to_device(const torch::Tensor& tensor) const { return context_.to_device(tensor); }
+  Batch to_device(const Batch& batch) const { return context_.to_device(batch); }
+  void set_stop_requested(bool stop) { context_.set_stop_requested(stop); }
+  bool get_stop_requested() const { return context_.get_stop_requested(); }
+  std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer, const std::string& name,
+                                              bool for_training = true, bool for_validation = true) {
+    return context_.wrap_reducer(std::move(reducer), name, for_training, for_validation);
+  }
+  std::shared_ptr<FunctionReducer> wrap_reducer(FunctionReducer::Function function, const std::string& name,
+                                                bool for_training = true, bool for_validation = true) {
+    return context_.wrap_reducer(std::move(function), name, for_training, for_validation);
+  }
+
+  // --- for the harness ----------------------------------------------------------------------
+  TrialContext& trial_context() const { return context_; }
+  // Before the global batch `batch_idx`: every engine's micro-step count starts there.
+  void begin_global_batch(std::int64_t batch_idx);
+
+ private:
+  TrialContext& context_;
+  core::EngineBatch batch_;
+  double gradient_clipping_ = 0;
+  int zero_stage_ = 0;
+  std::vector<std::shared_ptr<ModelEngine>> engines_;
+  bool auto_grad_accumulation_ = true;
+  std::int64_t current_train_batch_ = 0;
+};
+
+// An engine trial. Implement train_batch, evaluate_batch and the two data loaders; the training
+// loader's batch size is train_micro_batch_size_per_gpu().
+class EngineTrial {
+ public:
+  virtual ~EngineTrial() = default;
+
+  // One global batch: gradient_accumulation_steps calls, each reading one micro-batch from
+  // `data` and calling engine.backward() and engine.step() (or, with auto accumulation
+  // disabled, one call doing all of them). The metrics of the calls are averaged.
+  virtual Metrics train_batch(DataIterator& data, std::int64_t epoch_idx, std::int64_t batch_idx) = 0;
+  // One batch of this rank's share of the validation set, in `data`; batch_idx counts from 0 in
+  // each validation. Metrics are reduced by evaluation_reducer(), as for a Trial.
+  virtual Metrics evaluate_batch(DataIterator& data, std::int64_t batch_idx) = 0;
+
+  virtual DataLoader build_training_data_loader() = 0;
+  virtual DataLoader build_validation_data_loader() = 0;
+  virtual std::map<std::string, std::shared_ptr<Callback>> build_callbacks() { return {}; }
+  virtual ReducerSpec evaluation_reducer() { return Reducer::kAvg; }
+
+  // Extra state of the trial that must survive a resume (the engines' models, optimizers and
+  // schedulers are checkpointed without this).
+  virtual nlohmann::json save_state() { return nullptr; }
+  virtual void load_state(const nlohmann::json& /*state*/) {}
+};
+
+namespace detail {
+
+// The Trial the loop runs for an EngineTrial: it splits each rank's share of a global batch
+// into micro-batches and drives the engine trial's calls.
+class EngineTrialRunner final : public Trial {
+ public:
+  using Make = std::function<std::unique_ptr<EngineTrial>(EngineTrialContext&)>;
+  EngineTrialRunner(TrialContext& context, const Make& make);
+  ~EngineTrialRunner() override;
+
+  Metrics train_batch(Batch& batch, std::int64_t epoch_idx, std::int64_t batch_idx) override;
+  Metrics evaluate_batch(Batch& batch) override;
+  DataLoader build_training_data_loader() override;
+  DataLoader build_validation_data_loader() override;
+  std::map<std::string, std::shared_ptr<Callback>> build_callbacks() override { return trial_->build_callbacks(); }
+  ReducerSpec evaluation_reducer() override { return trial_->evaluation_reducer(); }
+  nlohmann::json save_state() override { return trial_->save_state(); }
+  void load_state(const nlohmann::json& state) override { trial_->load_state(state); }
+  EngineTrialContext& engine_context() const { return *context_; }
+
+ private:
+  std::unique_ptr<EngineTrialContext> context_;  // outlives trial_
+  std::unique_ptr<EngineTrial> trial_;
+  bool listed_micro_batches_ = false;  // the loader's custom collate made a list of micro-batches
+  std::int64_t validation_batch_ = 0;
+  std::int64_t validated_at_ = -1;  // micro-batches trained when the current validation began
+};
+
+}  // namespace detail
+
+template <typename TrialClass>
+std::unique_ptr<Trial> make_engine_trial(TrialContext& context) {
+  static_assert(std::is_base_of_v<EngineTrial, TrialClass>,
+                "an engine trial class derives from hpctrial::trainer::EngineTrial");
+  static_assert(std::is_constructible_v<TrialClass, EngineTrialContext&>,
+                "an engine trial is constructed from an EngineTrialContext&");
+  auto trial = std::make_unique<detail::EngineTrialRunner>(
+      context, [](EngineTrialContext& c) -> std::unique_ptr<EngineTrial> { return std::make_unique<TrialClass>(c); });
+  detail::TrialAccess::set_evaluates_by_batch(*trial, true);
+  return trial;
+}
+
+// What HPCTRIAL_MAIN and TrialRegistry::add build: a Trial or an EngineTrial.
+template <typename TrialClass>
+std::unique_ptr<Trial> make_any_trial(TrialContext& context) {
+  if constexpr (std::is_base_of_v<EngineTrial, TrialClass>) {
+    return make_engine_trial<TrialClass>(context);
+  } else {
+    return make_trial<TrialClass>(context);
+  }
+}
+
+}  // namespace hpctrial::trainer
