@@ -38,16 +38,7 @@ ModelEngine::ModelEngine(std::shared_ptr<torch::nn::Module> model, std::shared_p
 ModelEngine::~ModelEngine() = default;
 
 std::int64_t ModelEngine::optimizer_state_elements() const {
-  if (sharded_) return sharded_->state_elements();
-  checkpoint::Contents contents;
-  detail::save_optimizer(contents, "o", *optimizer_);
-  std::int64_t elements = 0;
-  for (const auto& d : contents.datasets) {
-    if (d.name.rfind("o/state/", 0) == 0 && d.dtype != checkpoint::DType::kUInt8) {
-      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
-    }
-  }
-  return elements;
+  return sharded_ ? sharded_->state_elements() : detail::optimizer_state_elements(*optimizer_);
 }
 
 TrialContext& ModelEngine::context() const {

@@ -406,6 +406,18 @@ void load_optimizer(const checkpoint::Contents& contents, const std::string& pre
   }
 }
 
+std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
+  checkpoint::Contents contents;
+  save_optimizer(contents, "o", optimizer);
+  std::int64_t elements = 0;
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("o/state/", 0) == 0 && d.dtype != DType::kUInt8) {
+      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
+    }
+  }
+  return elements;
+}
+
 unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler) { return SchedulerAccess::count(scheduler); }
 
 torch::Tensor cpu_rng_state() {

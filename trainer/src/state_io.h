@@ -44,6 +44,8 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
                     Deferred* deferred = nullptr);
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
                     torch::optim::Optimizer& optimizer, const std::string& file);
+// The elements of the optimizer's per-parameter state tensors (what it holds in memory).
+std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer);
 
 // The number of steps an LR scheduler has taken (its only state; the learning rates live in
 // the optimizer's param groups).

@@ -150,17 +150,7 @@ void ShardedOptimizer::update() {
   }
 }
 
-std::int64_t ShardedOptimizer::state_elements() const {
-  checkpoint::Contents contents;
-  save_optimizer(contents, "s", optimizer_);
-  std::int64_t elements = 0;
-  for (const auto& d : contents.datasets) {
-    if (d.name.rfind("s/state/", 0) == 0 && d.dtype != checkpoint::DType::kUInt8) {
-      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
-    }
-  }
-  return elements;
-}
+std::int64_t ShardedOptimizer::state_elements() const { return optimizer_state_elements(optimizer_); }
 
 namespace {
 
