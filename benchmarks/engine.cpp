@@ -1,14 +1,18 @@
-// engine: what ZeRO stage 1 saves and costs against stage 0, on the same engine trial, model,
-// data and optimizer (Adam), in one run:
-//   - optimizer state held per rank: stage 1's against stage 0's divided by the ranks (goal <= 1.05);
-//   - step time: stage 1's against stage 0's (goal <= 1.10).
+// engine: what ZeRO stages 1 and 2 save and cost against stage 0, on the same engine trial,
+// model, data and optimizer (Adam), in one run:
+//   - optimizer state held per rank: stage 1's and 2's against stage 0's divided by the ranks
+//     (goal <= 1.05);
+//   - step time: stage 1's and 2's against stage 0's (goal <= 1.10).
 //
-//   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N] [--dir DIR]
+//   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N]
+//                                        [--bucket ELEMENTS] [--dir DIR]
 //
 // Each run trains a fresh trial directory for --steps global batches of 64 records a rank and
 // must train exactly that many; the step rate is that of train_batch over the run (data loading
-// excluded, the same for both), in rounds that alternate which stage goes first. --quick: 2 rounds
-// of 30 steps with a small model, the test suite's smoke run.
+// excluded, the same for all), in rounds that rotate which stage goes first. ZeRO's
+// reduce_bucket_size is --bucket (default: a quarter of the parameters, so that stage 2's
+// reduce-scatters overlap backward). --quick: 2 rounds of 30 steps with a small model, the test
+// suite's smoke run.
 #include <mpi.h>
 #include <torch/torch.h>
 
@@ -35,6 +39,7 @@ struct Options {
   int rounds = 3;
   std::int64_t hidden = 1024;
   std::int64_t features = 256;
+  std::int64_t bucket = 0;  // 0: a quarter of the parameters
   std::string dir = "/tmp/hpctrial-bench-engine";
 };
 
@@ -112,11 +117,14 @@ Options parse(int argc, char** argv) {
       o.rounds = std::stoi(value());
     } else if (arg == "--hidden") {
       o.hidden = std::stoll(value());
+    } else if (arg == "--bucket") {
+      o.bucket = std::stoll(value());
     } else if (arg == "--dir") {
       o.dir = value();
     } else {
       std::fprintf(stderr,
-                   "usage: mpirun -np N engine [--quick] [--steps N] [--rounds N] [--hidden N] [--dir DIR]\n");
+                   "usage: mpirun -np N engine [--quick] [--steps N] [--rounds N] [--hidden N] [--bucket ELEMENTS] "
+                   "[--dir DIR]\n");
       std::exit(2);
     }
   }
@@ -128,6 +136,10 @@ struct Measure {
   std::int64_t state_elements = 0;  // the most any rank holds
 };
 
+std::int64_t parameters(const Options& o) {
+  return o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
+}
+
 Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& comm, int round) {
   const int ranks = comm.size();
   const std::string trial_dir = o.dir + "/stage" + std::to_string(stage) + "-round" + std::to_string(round);
@@ -137,7 +149,8 @@ Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& 
       "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
       "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
-      "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + "}}\nscheduling_unit: 1000000\n";
+      "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
+      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   if (!d.empty()) {
@@ -179,28 +192,31 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   hpctrial::comm::MpiCommunicator comm(environment.world());
   const int ranks = comm.size();
-  std::vector<double> rate[2];
-  std::int64_t elements[2] = {0, 0};
+  std::vector<double> rate[3];
+  std::int64_t elements[3] = {0, 0, 0};
   for (int round = 0; round < o.rounds; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      const int stage = (round % 2 == 0) ? k : 1 - k;  // alternate which stage goes first
+    for (int k = 0; k < 3; ++k) {
+      const int stage = (round + k) % 3;  // rotate which stage goes first
       const Measure m = run_stage(o, stage, comm, round);
       rate[stage].push_back(m.steps_per_s);
       elements[stage] = m.state_elements;
     }
   }
   if (comm.is_chief()) {
-    const double r0 = median(rate[0]), r1 = median(rate[1]);
-    const std::int64_t parameters = o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
-    std::printf("ranks %d, %lld parameters, Adam, %lld records a rank a step\n", ranks,
-                static_cast<long long>(parameters), 64LL);
+    const double r0 = median(rate[0]);
+    std::printf("ranks %d, %lld parameters, Adam, %lld records a rank a step, buckets of %lld elements\n", ranks,
+                static_cast<long long>(parameters(o)), 64LL,
+                static_cast<long long>(o.bucket > 0 ? o.bucket : parameters(o) / 4));
     std::printf("hpctrial trained %lld steps in each of %d runs per stage\n", static_cast<long long>(o.steps), o.rounds);
     std::printf("stage  steps/s  state elements per rank\n");
-    std::printf("0 %10.2f %12lld\n", r0, static_cast<long long>(elements[0]));
-    std::printf("1 %10.2f %12lld\n", r1, static_cast<long long>(elements[1]));
-    std::printf("state per rank, stage 1 / (stage 0 / ranks): %.4f (goal <= 1.05)\n",
-                static_cast<double>(elements[1]) / (static_cast<double>(elements[0]) / ranks));
-    std::printf("step time, stage 1 / stage 0: %.4f (goal <= 1.10)\n", r0 / r1);
+    for (int stage = 0; stage < 3; ++stage) {
+      std::printf("%d %10.2f %12lld\n", stage, median(rate[stage]), static_cast<long long>(elements[stage]));
+    }
+    for (int stage = 1; stage < 3; ++stage) {
+      std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
+                  static_cast<double>(elements[stage]) / (static_cast<double>(elements[0]) / ranks));
+      std::printf("step time, stage %d / stage 0: %.4f (goal <= 1.10)\n", stage, r0 / median(rate[stage]));
+    }
   }
   return 0;
 }

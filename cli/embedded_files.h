@@ -14,5 +14,8 @@ struct EmbeddedFile {
 // examples/standalone: CMakeLists.txt, my_trial.cpp, experiment.yaml, README.md.
 extern const EmbeddedFile kStandaloneProject[];
 extern const std::size_t kStandaloneProject_count;
+// examples/standalone_engine: the same files, an engine trial.
+extern const EmbeddedFile kStandaloneEngineProject[];
+extern const std::size_t kStandaloneEngineProject_count;
 
 }  // namespace hpctrial::cli

@@ -1,5 +1,5 @@
-// hpctrial new-trial NAME: a trial project of one's own, written from the stand-alone example
-// (examples/standalone) with its names made NAME's.
+// hpctrial new-trial NAME [--engine]: a trial project of one's own, written from the stand-alone
+// example (examples/standalone, or examples/standalone_engine) with its names made NAME's.
 #include <boost/program_options.hpp>
 
 #include <cctype>
@@ -17,14 +17,17 @@ namespace fs = std::filesystem;
 namespace hpctrial::cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage: hpctrial new-trial NAME [--dir DIR]
+constexpr const char* kUsage = R"(usage: hpctrial new-trial NAME [--engine] [--dir DIR]
 
 Writes a trial project into DIR (default ./NAME): NAME.cpp (a complete trial to make your own),
 CMakeLists.txt (it finds the installed hpctrial with find_package), experiment.yaml and a
-README. NAME is a C++-friendly name: a lower-case letter, then lower-case letters, digits and _.
+README. With --engine the trial is an engine trial (DeepSpeedTrial's API: a ModelEngine with
+micro-batch accumulation and ZeRO-2, configured by the experiment's engine section). NAME is a
+C++-friendly name: a lower-case letter, then lower-case letters, digits and _.
 
 examples:
   hpctrial new-trial segmenter
+  hpctrial new-trial big_model --engine
   cd segmenter && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml
 
 )";
@@ -54,7 +57,8 @@ int run_new_trial(const std::vector<std::string>& args) {
   std::string name, dir;
   po::options_description options("options");
   options.add_options()("help,h", "show this help")("dir,d", po::value(&dir)->value_name("DIR"),
-                                                     "where to write the project (default ./NAME)");
+                                                     "where to write the project (default ./NAME)")(
+      "engine", "an engine trial (ModelEngine, ZeRO) rather than a Trial");
   po::options_description hidden;
   hidden.add_options()("name", po::value(&name));
   po::options_description all;
@@ -84,8 +88,11 @@ int run_new_trial(const std::vector<std::string>& args) {
   core::create_directories(dir, 0755);
   std::string dashed = name;
   replace_all(dashed, "_", "-");
-  for (std::size_t i = 0; i < kStandaloneProject_count; ++i) {
-    std::string file = kStandaloneProject[i].name, text = kStandaloneProject[i].text;
+  const bool engine = vm.count("engine") != 0;
+  const EmbeddedFile* files = engine ? kStandaloneEngineProject : kStandaloneProject;
+  const std::size_t count = engine ? kStandaloneEngineProject_count : kStandaloneProject_count;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::string file = files[i].name, text = files[i].text;
     replace_all(file, "my_trial", name);
     replace_all(text, "my_trial", name);
     replace_all(text, "MyTrial", camel_case(name));

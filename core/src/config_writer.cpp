@@ -155,7 +155,8 @@ std::string to_yaml(const ExperimentConfig& c) {
     }
     out << YAML::Key << "gradient_clipping" << YAML::Value << number(e.gradient_clipping);
     out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
-        << YAML::Value << e.zero_stage << YAML::EndMap;
+        << YAML::Value << e.zero_stage << YAML::Key << "reduce_bucket_size" << YAML::Value << e.reduce_bucket_size
+        << YAML::EndMap;
     out << YAML::EndMap;
   }
 

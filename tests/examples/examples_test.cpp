@@ -463,7 +463,7 @@ TEST(CnnExample, TheProgramLearnsOnTwoRanks) {
 }
 
 // The engine example on 2 ranks: a ModelEngine accumulating 2 micro-batches of 16 a step learns
-// the mlp example's data; ZeRO-1's checkpoint resumes on 1 rank; a ZeRO stage it does not have
+// the mlp example's data; its ZeRO-2 checkpoint resumes on 1 rank; a ZeRO stage that does not exist
 // and batch sizes that do not divide are refused before training.
 TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
   auto run = [&](const std::string& trial_dir, const std::vector<std::string>& more, int ranks = 2) {
@@ -485,22 +485,19 @@ TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
   ASSERT_EQ(v.size(), 2u);
   EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), kAccuracyThreshold);
 
-  // ZeRO-1 on 2 ranks for 100 steps, resumed on 1 rank from its checkpoint (the whole optimizer
-  // state, resharded) for 100 more: within rounding of a 2-rank stage-0 run of 200 steps.
-  const std::vector<std::string> stage1 = {"--set", "engine.zero_optimization.stage=1"};
+  // ZeRO-2 (the example's stage) on 2 ranks for 100 steps, resumed on 1 rank from its checkpoint
+  // (the whole optimizer state, resharded) for 100 more: within rounding of a 2-rank stage-0
+  // run of 200 steps.
   const std::string zero_dir = (dir_.path() / "zero").string();
-  auto first = stage1;
-  first.insert(first.end(), {"--set", "searcher.max_length.batches=100"});
-  const auto z1 = run(zero_dir, first);
+  const auto z1 = run(zero_dir, {"--set", "searcher.max_length.batches=100"});
   ASSERT_TRUE(z1.ok()) << z1.describe() << "\n" << z1.err;
-  auto second = stage1;
-  second.insert(second.end(), {"--set", "searcher.max_length.batches=200", "--set", "resources.slots_per_trial=1"});
-  const auto z2 = run(zero_dir, second, 1);
+  const auto z2 = run(zero_dir, {"--set", "searcher.max_length.batches=200", "--set", "resources.slots_per_trial=1"}, 1);
   ASSERT_TRUE(z2.ok()) << z2.describe() << "\n" << z2.err;
   EXPECT_THAT(z2.err, HasSubstr("after 100 batches"));
   EXPECT_THAT(z2.err, HasSubstr("engine: train_batch_size 64 = micro-batch 32 x 2 accumulation step(s) x 1 rank(s)"));
   const std::string straight_dir = (dir_.path() / "straight").string();
-  const auto straight = run(straight_dir, {"--set", "searcher.max_length.batches=200"});
+  const auto straight =
+      run(straight_dir, {"--set", "searcher.max_length.batches=200", "--set", "engine.zero_optimization.stage=0"});
   ASSERT_TRUE(straight.ok()) << straight.describe() << "\n" << straight.err;
   const auto resumed = checkpoint::read_checkpoint(zero_dir + "/checkpoints/ckpt-200.h5");
   const auto reference = checkpoint::read_checkpoint(straight_dir + "/checkpoints/ckpt-200.h5");
@@ -519,9 +516,9 @@ TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
   }
   EXPECT_GE(compared, 6 + 12);  // 3 layers' weights and biases, and their two Adam moments
 
-  const auto refused = run((dir_.path() / "stage2").string(), {"--set", "engine.zero_optimization.stage=2"});
+  const auto refused = run((dir_.path() / "stage3").string(), {"--set", "engine.zero_optimization.stage=3"});
   EXPECT_EQ(refused.exit_code, 2) << refused.describe();
-  EXPECT_THAT(refused.err, HasSubstr("engine.zero_optimization.stage: ZeRO stage 2 (gradients sharded as backward produces them) is not built yet"));
+  EXPECT_THAT(refused.err, HasSubstr("engine.zero_optimization.stage: must be at most 2, got \"3\""));
   const auto uneven = run((dir_.path() / "uneven").string(), {"--set", "hyperparameters.global_batch_size=60",
                                                               "--set", "engine.gradient_accumulation_steps=4"});
   EXPECT_EQ(uneven.exit_code, 2) << uneven.describe();

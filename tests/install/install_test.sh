@@ -108,13 +108,30 @@ build_and_run_example() {
   rm "$prefix/etc/hpctrial/site.yaml"
 }
 
+# What `hpctrial new-trial --engine` writes builds and trains an engine trial with ZeRO-2.
+build_and_run_engine_project() {
+  local prefix=$1
+  local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
+  rm -rf "$tmp/engine"
+  if ! clean bash -c "$steps && hpctrial new-trial big_model --engine --dir '$tmp/engine' && cd '$tmp/engine' &&
+                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/engine.log" 2>&1; then
+    cat "$tmp/engine.log"
+    fail "the project of hpctrial new-trial --engine did not build and run"
+  fi
+  [[ -f $tmp/engine/runs/big-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$tmp/engine.log"; fail "the engine project left no final checkpoint"; }
+  grep -q "engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)" "$tmp/engine.log" ||
+    { cat "$tmp/engine.log"; fail "the engine project did not train as its engine section says"; }
+}
+
 cmake --install "$build" --prefix "$tmp/first" >/dev/null
 check_prefix "$tmp/first"
 build_and_run_example "$tmp/first"
+build_and_run_engine_project "$tmp/first"
 mv "$tmp/first" "$tmp/moved"
 check_prefix "$tmp/moved"
 build_and_run_example "$tmp/moved"
 user_path=/bin:/usr/bin
 check_prefix "$tmp/moved"
 build_and_run_example "$tmp/moved"
-echo "install_test: in place and after a move, with PATH /usr/local/bin:/usr/bin:/bin and /bin:/usr/bin: installed, run, found by CMake and Lmod; the stand-alone example and a new-trial project built and trained"
+echo "install_test: in place and after a move, with PATH /usr/local/bin:/usr/bin:/bin and /bin:/usr/bin: installed, run, found by CMake and Lmod; the stand-alone example and new-trial projects (a trial, an engine trial) built and trained"

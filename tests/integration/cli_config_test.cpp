@@ -64,6 +64,16 @@ TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
     EXPECT_THAT(refused.err, HasSubstr("is not a trial name")) << bad;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "q"));
+  // --engine: an engine trial, with its engine section.
+  const std::string engine = (dir.path() / "e").string();
+  const auto e = hpctrial({"new-trial", "big_model", "--engine", "--dir", engine});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::ifstream engine_source(engine + "/big_model.cpp");
+  const std::string engine_text((std::istreambuf_iterator<char>(engine_source)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(engine_text, HasSubstr("class BigModel : public hpctrial::EngineTrial"));
+  EXPECT_THAT(engine_text, HasSubstr("HPCTRIAL_MAIN(BigModel)"));
+  const auto validated = hpctrial({"config", "validate", engine + "/experiment.yaml"});
+  EXPECT_EQ(validated.exit_code, 0) << validated.err;
 }
 
 // A site's defaults lie under everything else: site < template < config < --set.

@@ -1,7 +1,7 @@
 // Engine trials on 2 and 4 ranks: a ModelEngine at ZeRO stage 0 trains as an ordinary Trial with
 // the same model, data and optimizer does; k micro-batches accumulated equal one batch k times
-// larger; clipping, the LR scheduler's pace, stop and resume; mistakes are ConfigErrors on every
-// rank alike.
+// larger; clipping, the LR scheduler's pace, stop and resume; ZeRO-1 and -2 train as stage 0 and
+// reshard on resume; mistakes are ConfigErrors on every rank alike.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -326,31 +326,45 @@ TEST(EngineTrial, StopAndResumeIsBitwiseEqualToAnUninterruptedRun) {
   remove_dir(whole);
 }
 
-// ZeRO-1: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.
-TEST(EngineTrialZero, StageOneTrainsAsStageZeroWithAShareOfTheState) {
+// ZeRO-1 and ZeRO-2: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.
+TEST(EngineTrialZero, StagesOneAndTwoTrainAsStageZeroWithAShareOfTheState) {
+  const int ranks = env().size();
+  const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
   const std::string engine = "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: ";
   const Seen stage0 = engine_run(yaml(6, engine + "0}}\n"), Behaviour{}, "z0");
   const Seen stage1 = engine_run(yaml(6, engine + "1}}\n"), Behaviour{}, "z1");
-  EXPECT_LE(max_relative_difference(stage1.parameters, stage0.parameters), 1e-6);
-  EXPECT_DOUBLE_EQ(stage1.lr, stage0.lr);
+  const Seen stage2 = engine_run(yaml(6, engine + "2}}\n"), Behaviour{}, "z2");
+  // Buckets of at most 10 elements: {a.weight 24}, {a.bias 8}, {b.weight 8, b.bias 1}.
+  const Seen buckets = engine_run(yaml(6, engine + "2, reduce_bucket_size: 10}}\n"), Behaviour{}, "z2b");
+  for (const Seen* sharded : {&stage1, &stage2, &buckets}) {
+    EXPECT_LE(max_relative_difference(sharded->parameters, stage0.parameters), 1e-6);
+    EXPECT_DOUBLE_EQ(sharded->lr, stage0.lr);
+  }
   // Adam's two moments of every parameter (3x8 + 8 + 8 + 1 = 41 elements), and this rank's share.
   EXPECT_EQ(stage0.state_elements, 2 * 41);
-  EXPECT_EQ(stage1.state_elements, 2 * ((41 + env().size() - 1) / env().size()));
+  EXPECT_EQ(stage1.state_elements, 2 * share(41));
+  EXPECT_EQ(stage2.state_elements, 2 * share(41));
+  EXPECT_EQ(buckets.state_elements, 2 * (share(24) + share(8) + share(9)));
   // Without clipping, too.
   const Seen plain0 = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), Behaviour{}, "p0");
-  const Seen plain1 = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 1}}\n"),
-                                 Behaviour{}, "p1");
-  EXPECT_LE(max_relative_difference(plain1.parameters, plain0.parameters), 1e-6);
+  for (int stage : {1, 2}) {
+    const Seen plain = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " +
+                                          std::to_string(stage) + ", reduce_bucket_size: 10}}\n"),
+                                  Behaviour{}, "p" + std::to_string(stage));
+    EXPECT_LE(max_relative_difference(plain.parameters, plain0.parameters), 1e-6) << "stage " << stage;
+  }
 }
 
-// A ZeRO-1 run stopped by the chief or by another rank resumes bitwise; its checkpoint holds the
-// whole optimizer state, which a stage-0 run resumes from (and the reverse).
+// A ZeRO-2 run stopped by the chief or by another rank resumes bitwise; its checkpoint holds the
+// whole optimizer state, which a run at another stage resumes from (and the reverse).
 TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
-  const std::string stage1 = yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 1}}\n");
-  const std::string stage0 = yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 0}}\n");
+  const auto at_stage = [](int stage) {
+    return yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " + std::to_string(stage) +
+                       ", reduce_bucket_size: 10}}\n");
+  };
   const std::string whole = shared_dir("zwhole");
-  run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
-  const Seen reference = engine_run(stage0, Behaviour{}, "zreference");
+  run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
+  const Seen reference = engine_run(at_stage(0), Behaviour{}, "zreference");
   for (int stop_rank : {0, env().size() - 1}) {
     const std::string dir = shared_dir("zstopped-" + std::to_string(stop_rank));
     std::atomic<bool> stop{false};
@@ -359,24 +373,26 @@ TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
     stopping.stop_after = 2;
     stopping.stop_rank = stop_rank;
     const LoopResult first =
-        run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
     EXPECT_EQ(first.batches_trained, 3);
-    const LoopResult second = run(stage1, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
+    const LoopResult second =
+        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
     EXPECT_EQ(second.batches_trained, 6);
     if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
     remove_dir(dir);
   }
-  // Stopped at stage 1, resumed at stage 0 (and the reverse): the same run within rounding.
-  for (const auto& [from, to] : {std::pair{stage1, stage0}, std::pair{stage0, stage1}}) {
+  // Stopped at one stage, resumed at another: the same run within rounding.
+  for (const auto& [from, to] : {std::pair{2, 0}, std::pair{0, 2}, std::pair{1, 2}, std::pair{2, 1}}) {
     const std::string dir = shared_dir("zswitch");
     std::atomic<bool> stop{false};
     Behaviour stopping;
     stopping.stop = &stop;
     stopping.stop_after = 2;
-    run(from, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+    run(at_stage(from), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
     Seen resumed;
-    run(to, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
-    EXPECT_LE(max_relative_difference(resumed.parameters, reference.parameters), 1e-5);
+    run(at_stage(to), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
+    EXPECT_LE(max_relative_difference(resumed.parameters, reference.parameters), 1e-5)
+        << "stage " << from << " resumed at stage " << to;
     remove_dir(dir);
   }
   remove_dir(whole);

@@ -18,30 +18,30 @@ using testing::ElementsAre;
 using testing::HasSubstr;
 using testing_mpi::env;
 
-TEST(FlatLayout, ShardsAreEqualAndPiecesCoverEveryParameterOnce) {
-  const FlatLayout layout = flat_layout({6, 1, 5}, 4);  // 12 elements, shards of 3
-  EXPECT_EQ(layout.total, 12);
-  EXPECT_EQ(layout.shard, 3);
-  EXPECT_THAT(layout.offsets, ElementsAre(0, 6, 7));
-  const auto one = layout.pieces(2);  // elements 6..8: all of parameter 1, the first 2 of parameter 2
-  ASSERT_EQ(one.size(), 2u);
-  EXPECT_EQ(one[0].param, 1u);
-  EXPECT_EQ(one[0].shard_offset, 0);
-  EXPECT_EQ(one[0].length, 1);
-  EXPECT_EQ(one[1].param, 2u);
-  EXPECT_EQ(one[1].param_offset, 0);
-  EXPECT_EQ(one[1].shard_offset, 1);
-  EXPECT_EQ(one[1].length, 2);
-  const FlatLayout padded = flat_layout({5}, 4);  // shards of 2: the last holds padding only
-  EXPECT_EQ(padded.shard, 2);
-  EXPECT_EQ(padded.pieces(2).size(), 1u);
-  EXPECT_EQ(padded.pieces(2)[0].length, 1);
-  EXPECT_TRUE(padded.pieces(3).empty());
-  std::int64_t covered = 0;
-  for (int r = 0; r < 4; ++r) {
-    for (const auto& piece : layout.pieces(r)) covered += piece.length;
-  }
-  EXPECT_EQ(covered, layout.total);
+TEST(FlatLayout, BucketsHoldWholeParametersPaddedToTheRanks) {
+  // Filled from the last parameter back, closing a bucket before it passes 8 elements.
+  const FlatLayout layout = flat_layout({6, 1, 5, 3, 20}, 4, 8);
+  ASSERT_EQ(layout.buckets.size(), 3u);
+  EXPECT_EQ(layout.total, 35);
+  // {6, 1}: 7 elements, parts of 2; {5, 3}: 8, parts of 2; {20} alone: parts of 5.
+  EXPECT_EQ(layout.buckets[0].first, 0u);
+  EXPECT_EQ(layout.buckets[0].end, 2u);
+  EXPECT_EQ(layout.buckets[0].part, 2);
+  EXPECT_EQ(layout.buckets[1].first, 2u);
+  EXPECT_EQ(layout.buckets[1].end, 4u);
+  EXPECT_EQ(layout.buckets[1].begin, 8);
+  EXPECT_EQ(layout.buckets[2].begin, 16);
+  EXPECT_EQ(layout.buckets[2].part, 5);
+  EXPECT_THAT(layout.offsets, ElementsAre(0, 6, 8, 13, 16));
+  EXPECT_THAT(layout.bucket_of, ElementsAre(0, 0, 1, 1, 2));
+  EXPECT_EQ(layout.size, 36);
+  EXPECT_EQ(layout.shard(), 9);
+  // One bucket when the cap is large: the parameters end to end, one padding element.
+  const FlatLayout one = flat_layout({6, 1, 5}, 4, 1000);
+  ASSERT_EQ(one.buckets.size(), 1u);
+  EXPECT_THAT(one.offsets, ElementsAre(0, 6, 7));
+  EXPECT_EQ(one.shard(), 3);
+  EXPECT_EQ(one.size, 12);
 }
 
 struct NetImpl : torch::nn::Module {
@@ -53,29 +53,36 @@ TORCH_MODULE(Net);
 
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
-// Trains `steps` steps on this rank's own batches and returns the final parameters.
-std::vector<torch::Tensor> train(const MakeOptimizer& make, bool sharded, comm::Communicator& comm, int steps,
-                                 std::int64_t* state_elements = nullptr) {
+// Trains `steps` steps on this rank's own batches and returns the final parameters: with a
+// replicated optimizer over averaged gradients (`zero` null), or sharded. Parameter `a.bias` gets
+// no gradient on the last rank in odd steps (a branch the loss does not reach everywhere).
+std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* zero_options, comm::Communicator& comm,
+                                 int steps, std::int64_t* state_elements = nullptr,
+                                 std::int64_t* gradient_elements = nullptr) {
   torch::manual_seed(3);  // the same initial weights on every rank
   Net net;
   auto optimizer = make(net->parameters());
   std::unique_ptr<ShardedOptimizer> zero;
-  if (sharded) zero = std::make_unique<ShardedOptimizer>(*optimizer, comm);
+  if (zero_options != nullptr) zero = std::make_unique<ShardedOptimizer>(*optimizer, comm, *zero_options);
   for (int step = 0; step < steps; ++step) {
     torch::manual_seed(100 + 10 * step + comm.rank());  // each rank's own batch
     const auto x = torch::randn({4, 7});
     const auto y = torch::randn({4, 3});
-    auto loss = torch::mse_loss(net->forward(x), y);
+    const bool skip_bias = step % 2 == 1 && comm.rank() == comm.size() - 1;
+    const auto hidden = skip_bias ? torch::nn::functional::linear(x, net->a->weight) : net->a->forward(x);
+    auto loss = torch::mse_loss(net->b->forward(torch::tanh(hidden)), y);
     if (zero) {
       zero->zero_grad();
-    } else {
-      optimizer->zero_grad();
-    }
-    loss.backward();
-    if (zero) {
+      zero->begin_backward();
+      loss.backward();
+      zero->end_backward();
+      if (gradient_elements != nullptr) *gradient_elements = zero->gradient_elements();
       zero->step();
     } else {
+      optimizer->zero_grad();
+      loss.backward();
       for (auto& p : net->parameters()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
         comm.allreduce(p.grad().data_ptr(), static_cast<std::size_t>(p.numel()), comm::DType::kFloat32,
                        comm::ReduceOp::kAvg);
       }
@@ -114,14 +121,26 @@ TEST(ShardedOptimizer, EveryElementwiseOptimizerFollowsTheReplicatedOne) {
          return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(0.01).momentum(0.5));
        }},
   };
+  // Stage 1 and 2, in one bucket and in buckets of at most 16 elements (four: one per tensor).
+  std::vector<std::pair<std::string, ZeroOptions>> stages;
+  for (int stage : {1, 2}) {
+    for (std::int64_t bucket : {std::int64_t{1000}, std::int64_t{16}}) {
+      ZeroOptions options;
+      options.stage = stage;
+      options.bucket_elements = bucket;
+      stages.emplace_back("stage " + std::to_string(stage) + ", buckets of " + std::to_string(bucket), options);
+    }
+  }
   for (const auto& [name, make] : optimizers) {
-    const auto replicated = train(make, false, comm, 6);
-    const auto sharded = train(make, true, comm, 6);
-    ASSERT_EQ(sharded.size(), replicated.size());
-    for (std::size_t i = 0; i < replicated.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(sharded[i], replicated[i], /*rtol=*/1e-6, /*atol=*/1e-7))
-          << name << ": parameter " << i << " differs by "
-          << (sharded[i] - replicated[i]).abs().max().item<float>();
+    const auto replicated = train(make, nullptr, comm, 6);
+    for (const auto& [how, options] : stages) {
+      const auto sharded = train(make, &options, comm, 6);
+      ASSERT_EQ(sharded.size(), replicated.size());
+      for (std::size_t i = 0; i < replicated.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(sharded[i], replicated[i], /*rtol=*/1e-6, /*atol=*/1e-7))
+            << name << ", " << how << ": parameter " << i << " differs by "
+            << (sharded[i] - replicated[i]).abs().max().item<float>();
+      }
     }
   }
 }
@@ -131,12 +150,51 @@ TEST(ShardedOptimizer, EachRankKeepsItsShareOfTheState) {
   const MakeOptimizer adam = [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
   };
-  std::int64_t replicated = 0, sharded = 0;
-  train(adam, false, comm, 1, &replicated);
-  train(adam, true, comm, 1, &sharded);
+  std::int64_t replicated = 0, sharded = 0, gradients1 = 0, gradients2 = 0;
+  train(adam, nullptr, comm, 1, &replicated);
+  ZeroOptions stage1;
+  train(adam, &stage1, comm, 1, &sharded, &gradients1);
   const std::int64_t parameters = 7 * 5 + 5 + 5 * 3 + 3;  // 58
+  const std::int64_t share = (parameters + comm.size() - 1) / comm.size();
   EXPECT_EQ(replicated, 2 * parameters);
-  EXPECT_EQ(sharded, 2 * ((parameters + comm.size() - 1) / comm.size()));
+  EXPECT_EQ(sharded, 2 * share);
+  // After backward, stage 1 holds every gradient; stage 2 only its shard's, the rest freed.
+  EXPECT_EQ(gradients1, parameters);
+  ZeroOptions stage2;
+  stage2.stage = 2;
+  stage2.bucket_elements = 16;
+  std::int64_t buckets = 0;
+  train(adam, &stage2, comm, 1, &sharded, &gradients2);
+  for (const std::int64_t bucket : {35, 5, 15, 3}) buckets += (bucket + comm.size() - 1) / comm.size();
+  EXPECT_EQ(gradients2, buckets);
+  EXPECT_EQ(sharded, 2 * buckets);
+}
+
+// Stage 2 takes each gradient into its bucket as soon as backward produces it: the last layer's
+// gradients are freed while backward is still in the first layer.
+TEST(ShardedOptimizer, StageTwoFreesEachBucketDuringBackward) {
+  comm::MpiCommunicator comm(env().world());
+  torch::manual_seed(3);
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  ZeroOptions options;
+  options.stage = 2;
+  options.bucket_elements = 20;  // {a.weight}, {a.bias}, {b.weight, b.bias}
+  ShardedOptimizer zero(sgd, comm, options);
+  ASSERT_EQ(zero.layout(0).buckets.size(), 3u);
+  // A hook on a.weight's gradient runs before its accumulator: by then b's buckets are gone.
+  std::vector<bool> seen;
+  net->a->weight.register_hook([&](torch::Tensor grad) {
+    seen = {net->b->weight.grad().defined(), net->b->bias.grad().defined()};
+    return grad;
+  });
+  const auto loss = net->forward(torch::randn({4, 7})).sum();
+  zero.begin_backward();
+  loss.backward();
+  zero.end_backward();
+  EXPECT_THAT(seen, ElementsAre(false, false));
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+  for (std::size_t b = 0; b < 3; ++b) EXPECT_TRUE(zero.part(0, b).grad().defined()) << "bucket " << b;
 }
 
 TEST(ShardedOptimizer, LbfgsIsRefused) {

@@ -61,12 +61,23 @@ void ModelEngine::backward(const torch::Tensor& loss) {
     context_->backward(loss);
     return;
   }
-  // ZeRO: this rank's gradients accumulate here; the step averages them across the ranks.
+  // ZeRO-1: this rank's gradients accumulate here and the step averages them across the
+  // ranks; ZeRO-2: backward's gradients are averaged into this rank's shard as they come.
+  sharded_->begin_backward();
+  struct Disarm {
+    detail::ShardedOptimizer& zero;
+    bool done = false;
+    ~Disarm() {
+      if (!done) zero.disarm();
+    }
+  } disarm{*sharded_};
   if (accumulation_steps_ > 1) {
     (loss / static_cast<double>(accumulation_steps_)).backward();
   } else {
     loss.backward();
   }
+  disarm.done = true;
+  sharded_->end_backward();
 }
 
 bool ModelEngine::is_gradient_accumulation_boundary() const {
@@ -147,8 +158,11 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   engine->micro_steps_ = current_train_batch_ * batch_.accumulation_steps;
   if (zero_stage_ >= 1) {
     context_.exclude_from_gradient_sync(engine->model_);
-    engine->sharded_ = std::make_unique<detail::ShardedOptimizer>(*engine->optimizer_,
-                                                                  context_.communicator_for(context_.device()));
+    detail::ZeroOptions zero;
+    zero.stage = zero_stage_;
+    if (const auto& config = context_.engine_config()) zero.bucket_elements = config->reduce_bucket_size;
+    engine->sharded_ = std::make_unique<detail::ShardedOptimizer>(
+        *engine->optimizer_, context_.communicator_for(context_.device()), zero);
   }
   engines_.push_back(engine);
   return engine;

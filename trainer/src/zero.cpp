@@ -1,62 +1,105 @@
 #include "zero.h"
 
-#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <string>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
 #include "state_io.h"
 
 namespace hpctrial::trainer::detail {
 
-FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks) {
+FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks, std::int64_t bucket_elements) {
   FlatLayout layout;
   layout.numels = numels;
-  for (const std::int64_t n : numels) {
-    layout.offsets.push_back(layout.total);
-    layout.total += n;
+  layout.bucket_of.assign(numels.size(), 0);
+  // Walking back from the last parameter, each bucket [first, end) closes before passing the cap.
+  std::vector<FlatLayout::Bucket> backwards;
+  std::int64_t filled = 0;
+  for (std::size_t k = numels.size(); k-- > 0;) {
+    if (!backwards.empty() && backwards.back().first != backwards.back().end && filled + numels[k] <= bucket_elements) {
+      backwards.back().first = k;
+      filled += numels[k];
+      continue;
+    }
+    FlatLayout::Bucket bucket;
+    bucket.first = k;
+    bucket.end = k + 1;
+    backwards.push_back(bucket);
+    filled = numels[k];
   }
-  layout.shard = (layout.total + ranks - 1) / ranks;
+  layout.buckets.assign(backwards.rbegin(), backwards.rend());
+  layout.offsets.assign(numels.size(), 0);
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+    auto& bucket = layout.buckets[b];
+    bucket.begin = layout.size;
+    std::int64_t elements = 0;
+    for (std::size_t k = bucket.first; k < bucket.end; ++k) {
+      layout.offsets[k] = bucket.begin + elements;
+      layout.bucket_of[k] = b;
+      elements += numels[k];
+    }
+    layout.total += elements;
+    bucket.part = (elements + ranks - 1) / ranks;
+    layout.size += bucket.part * ranks;
+  }
   return layout;
 }
 
-std::vector<FlatLayout::Piece> FlatLayout::pieces(int rank) const {
-  std::vector<Piece> out;
-  const std::int64_t begin = shard * rank;
-  const std::int64_t end = std::min(total, begin + shard);
-  for (std::size_t i = 0; i < numels.size(); ++i) {
-    const std::int64_t from = std::max(begin, offsets[i]);
-    const std::int64_t to = std::min(end, offsets[i] + numels[i]);
-    if (from < to) out.push_back({i, from - offsets[i], from - begin, to - from});
-  }
-  return out;
+std::int64_t FlatLayout::shard() const {
+  std::int64_t sum = 0;
+  for (const auto& bucket : buckets) sum += bucket.part;
+  return sum;
 }
+
+// Runs after autograd has accumulated a parameter's gradient into its .grad.
+class ShardedOptimizer::ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(ShardedOptimizer* zero, std::size_t group, std::size_t param) : zero_(zero), group_(group), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    zero_->on_gradient_ready(group_, param_);
+    return outputs;
+  }
+
+ private:
+  ShardedOptimizer* zero_;
+  std::size_t group_, param_;
+};
 
 namespace {
 
-// Adagrad creates its state when it is constructed, for the parameters it was given: the
-// shard needs its own, with the group's initial accumulator value.
-void reset_adagrad_state(torch::optim::Optimizer& optimizer, std::size_t group, const torch::Tensor& shard) {
+// Adagrad creates its state when it is constructed, for the parameters it was given: each part
+// needs its own, with the group's initial accumulator value.
+void reset_adagrad_state(torch::optim::Optimizer& optimizer, std::size_t group, const torch::Tensor& part) {
   auto* adagrad = dynamic_cast<torch::optim::Adagrad*>(&optimizer);
   if (adagrad == nullptr) return;
   const auto& options = static_cast<const torch::optim::AdagradOptions&>(optimizer.param_groups()[group].options());
   auto state = std::make_unique<torch::optim::AdagradParamState>();
   state->step(0);
-  state->sum(torch::full_like(shard, options.initial_accumulator_value()));
-  optimizer.state()[c10::guts::to_string(shard.unsafeGetTensorImpl())] = std::move(state);
+  state->sum(torch::full_like(part, options.initial_accumulator_value()));
+  optimizer.state()[c10::guts::to_string(part.unsafeGetTensorImpl())] = std::move(state);
 }
 
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator)
-    : optimizer_(optimizer), comm_(communicator) {
+ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator,
+                                   ZeroOptions options)
+    : optimizer_(optimizer), comm_(communicator), options_(options) {
   if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {
     throw ConfigError("ZeRO shards optimizer state element by element, and LBFGS's state is not per element (it "
                       "keeps a history of whole directions): keep LBFGS's state whole (no ZeRO), or use an "
                       "optimizer such as SGD, Adam, AdamW, Adagrad or RMSprop");
   }
+  if (options_.stage != 1 && options_.stage != 2) {
+    throw InternalError("ShardedOptimizer: ZeRO stage " + std::to_string(options_.stage));
+  }
   const int ranks = comm_.size();
+  const int rank = comm_.rank();
+  std::size_t first_part = 0;
   for (std::size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
     auto& param_group = optimizer_.param_groups()[g];
     Group group;
@@ -71,11 +114,10 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
       }
       numels.push_back(p.numel());
     }
-    group.layout = flat_layout(numels, ranks);
-    const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(
+    group.layout = flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
+    const auto tensor_options = torch::TensorOptions().dtype(torch::kFloat32).device(
         group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());
-    group.flat = torch::zeros({group.layout.shard * ranks}, options);
-    group.flat_grad = torch::zeros({group.layout.shard * ranks}, options);
+    group.flat = torch::zeros({group.layout.size}, tensor_options);
     {
       torch::NoGradGuard no_grad;
       for (std::size_t i = 0; i < group.params.size(); ++i) {
@@ -83,17 +125,134 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
         auto view = group.flat.narrow(0, group.layout.offsets[i], numels[i]).view(p.sizes());
         view.copy_(p.detach());
         p.set_data(view);
+        p.mutable_grad() = torch::Tensor();
       }
     }
-    // A leaf of its own over the same memory: the optimizer steps it in place, into `flat`.
-    group.shard = group.flat.narrow(0, group.layout.shard * comm_.rank(), group.layout.shard).detach();
+    // Leaves of their own over the same memory: the optimizer steps them in place, into `flat`.
+    for (const auto& bucket : group.layout.buckets) {
+      group.parts.push_back(group.flat.narrow(0, bucket.begin + bucket.part * rank, bucket.part).detach());
+    }
     // The optimizer forgets the whole parameters (no state was made for them yet, but Adagrad's)
-    // and steps the shard.
+    // and steps the parts.
     for (const auto& p : group.params) optimizer_.state().erase(c10::guts::to_string(p.unsafeGetTensorImpl()));
-    param_group.params() = {group.shard};
-    reset_adagrad_state(optimizer_, g, group.shard);
+    param_group.params() = group.parts;
+    for (const auto& part : group.parts) reset_adagrad_state(optimizer_, g, part);
+    group.first_part = first_part;
+    first_part += group.parts.size();
+    reduction_of_.emplace_back(group.layout.buckets.size());
+    for (std::size_t b = group.layout.buckets.size(); b-- > 0;) {
+      reduction_of_.back()[b] = reductions_.size();
+      Reduction reduction;
+      reduction.group = g;
+      reduction.bucket = b;
+      reductions_.push_back(std::move(reduction));
+    }
     groups_.push_back(std::move(group));
   }
+  if (options_.stage == 2) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+        auto accumulator = torch::autograd::impl::grad_accumulator(groups_[g].params[i]);
+        if (!accumulator) continue;  // a parameter that does not require gradients
+        hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, g, i)));
+        accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
+      }
+    }
+  }
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  for (std::size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+  for (auto& reduction : reductions_) {
+    if (!reduction.work) continue;
+    try {
+      reduction.work->wait();
+    } catch (const std::exception& e) {
+      core::log_warning("a gradient reduce-scatter failed while shutting down: {}", e.what());
+    }
+  }
+}
+
+void ShardedOptimizer::begin_backward() {
+  if (options_.stage != 2) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& reduction : reductions_) {
+    const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
+    reduction.waiting = bucket.end - bucket.first;
+    reduction.launched = false;
+  }
+  next_launch_ = 0;
+  armed_ = true;
+}
+
+void ShardedOptimizer::on_gradient_ready(std::size_t group, std::size_t param) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;  // a backward outside begin/end_backward: reduce_gradients() takes it
+  Reduction& reduction = reductions_[reduction_of_[group][groups_[group].layout.bucket_of[param]]];
+  if (reduction.launched || reduction.waiting == 0) return;
+  take_gradient(reduction, param);
+  if (--reduction.waiting > 0) return;
+  while (next_launch_ < reductions_.size() && reductions_[next_launch_].waiting == 0) launch(reductions_[next_launch_++]);
+}
+
+void ShardedOptimizer::end_backward() {
+  if (options_.stage != 2) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+  reduce_rest();
+}
+
+void ShardedOptimizer::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+}
+
+void ShardedOptimizer::take_gradient(Reduction& reduction, std::size_t param) {
+  Group& group = groups_[reduction.group];
+  const auto& bucket = group.layout.buckets[reduction.bucket];
+  torch::NoGradGuard no_grad;
+  if (!reduction.send.defined()) reduction.send = torch::zeros({bucket.part * comm_.size()}, group.flat.options());
+  torch::Tensor& grad = group.params[param].mutable_grad();
+  if (!grad.defined()) return;
+  reduction.send.narrow(0, group.layout.offsets[param] - bucket.begin, group.layout.numels[param]).copy_(grad.reshape({-1}));
+  grad = torch::Tensor();
+}
+
+void ShardedOptimizer::launch(Reduction& reduction) {
+  const Group& group = groups_[reduction.group];
+  const auto& bucket = group.layout.buckets[reduction.bucket];
+  if (!reduction.send.defined()) reduction.send = torch::zeros({bucket.part * comm_.size()}, group.flat.options());
+  reduction.recv = torch::empty({bucket.part}, group.flat.options());
+  reduction.work = comm_.reduce_scatter_async(reduction.send.data_ptr(), reduction.recv.data_ptr(),
+                                              static_cast<std::size_t>(bucket.part), comm::DType::kFloat32,
+                                              comm::ReduceOp::kAvg);
+  reduction.launched = true;
+}
+
+void ShardedOptimizer::complete(Reduction& reduction) {
+  if (!reduction.work) return;
+  comm::WorkHandle work = std::move(reduction.work);
+  reduction.work.reset();
+  work->wait();
+  torch::Tensor& grad = groups_[reduction.group].parts[reduction.bucket].mutable_grad();
+  if (grad.defined()) {
+    torch::NoGradGuard no_grad;
+    grad.add_(reduction.recv);
+  } else {
+    grad = reduction.recv;
+  }
+  reduction.send = torch::Tensor();
+  reduction.recv = torch::Tensor();
+}
+
+void ShardedOptimizer::reduce_rest() {
+  for (auto& reduction : reductions_) {
+    if (reduction.launched) continue;
+    const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
+    for (std::size_t k = bucket.first; k < bucket.end; ++k) take_gradient(reduction, k);
+    launch(reduction);
+  }
+  for (auto& reduction : reductions_) complete(reduction);
 }
 
 void ShardedOptimizer::step() {
@@ -102,31 +261,27 @@ void ShardedOptimizer::step() {
 }
 
 void ShardedOptimizer::reduce_gradients() {
-  for (auto& group : groups_) {
-    const auto shard_elements = static_cast<std::size_t>(group.layout.shard);
-    {
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < group.params.size(); ++i) {
-        auto slot = group.flat_grad.narrow(0, group.layout.offsets[i], group.layout.numels[i]);
-        const auto& grad = group.params[i].grad();
-        if (grad.defined()) {
-          slot.copy_(grad.reshape({-1}));
-        } else {
-          slot.zero_();
-        }
-      }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.stage == 2) {
+    // Gradients from a backward outside begin/end_backward: reduced now, if any rank has some
+    // (every rank must then take part).
+    double left = 0;
+    for (const auto& group : groups_) {
+      for (const auto& p : group.params) left += p.grad().defined() ? 1 : 0;
     }
-    auto shard_grad = torch::empty({group.layout.shard}, group.flat_grad.options());
-    comm_.reduce_scatter(group.flat_grad.data_ptr(), shard_grad.data_ptr(), shard_elements, comm::DType::kFloat32,
-                         comm::ReduceOp::kAvg);
-    group.shard.mutable_grad() = shard_grad;
+    comm_.allreduce(&left, 1, comm::DType::kFloat64, comm::ReduceOp::kMax);
+    if (left == 0) return;
   }
+  for (auto& reduction : reductions_) reduction.launched = false;
+  reduce_rest();
 }
 
 double ShardedOptimizer::shard_grad_norm_squared() const {
   double sum = 0;
   for (const auto& group : groups_) {
-    if (group.shard.grad().defined()) sum += group.shard.grad().to(torch::kFloat64).square().sum().item<double>();
+    for (const auto& part : group.parts) {
+      if (part.grad().defined()) sum += part.grad().to(torch::kFloat64).square().sum().item<double>();
+    }
   }
   return sum;
 }
@@ -134,140 +289,45 @@ double ShardedOptimizer::shard_grad_norm_squared() const {
 void ShardedOptimizer::scale_shard_grads(double factor) {
   torch::NoGradGuard no_grad;
   for (auto& group : groups_) {
-    if (group.shard.grad().defined()) group.shard.mutable_grad().mul_(factor);
+    for (auto& part : group.parts) {
+      if (part.grad().defined()) part.mutable_grad().mul_(factor);
+    }
   }
 }
 
 void ShardedOptimizer::update() {
-  const int rank = comm_.rank();
+  const auto rank = static_cast<std::size_t>(comm_.rank());
   optimizer_.step();
+  std::vector<comm::WorkHandle> gathers;
   for (auto& group : groups_) {
-    group.shard.mutable_grad() = torch::Tensor();
-    const auto shard_elements = static_cast<std::size_t>(group.layout.shard);
     auto* base = static_cast<float*>(group.flat.data_ptr());
-    comm_.allgather(base + shard_elements * static_cast<std::size_t>(rank), base, shard_elements,
-                    comm::DType::kFloat32);
+    for (const auto& bucket : group.layout.buckets) {
+      const auto part = static_cast<std::size_t>(bucket.part);
+      float* start = base + bucket.begin;
+      gathers.push_back(comm_.allgather_async(start + part * rank, start, part, comm::DType::kFloat32));
+    }
+  }
+  for (auto& work : gathers) work->wait();
+  for (auto& group : groups_) {
+    for (auto& part : group.parts) part.mutable_grad() = torch::Tensor();
   }
 }
 
 std::int64_t ShardedOptimizer::state_elements() const { return optimizer_state_elements(optimizer_); }
 
-namespace {
-
-// The tensor fields of the state of parameter `index` under `prefix` (datasets
-// prefix/state/<index>/<field>, without the scalars).
-std::vector<std::string> state_fields(const checkpoint::Contents& contents, const std::string& prefix, std::size_t index) {
-  const std::string start = prefix + "/state/" + std::to_string(index) + "/";
-  std::vector<std::string> fields;
-  for (const auto& d : contents.datasets) {
-    if (d.name.rfind(start, 0) != 0) continue;
-    std::string field = d.name.substr(start.size());
-    if (field != "scalars") fields.push_back(std::move(field));
+std::int64_t ShardedOptimizer::gradient_elements() const {
+  std::int64_t sum = 0;
+  for (const auto& group : groups_) {
+    for (const auto& p : group.params) sum += p.grad().defined() ? p.grad().numel() : 0;
+    for (const auto& part : group.parts) sum += part.grad().defined() ? part.grad().numel() : 0;
   }
-  std::sort(fields.begin(), fields.end());
-  return fields;
-}
-
-}  // namespace
-
-void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
-  checkpoint::Contents shards;
-  save_optimizer(shards, "s", optimizer_);
-  contents.add_text(prefix + "/type", shards.at("s/type", "the sharded optimizer").text());
-  auto groups = nlohmann::json::parse(shards.at("s/param_groups", "the sharded optimizer").text());
-  const std::size_t ranks = static_cast<std::size_t>(comm_.size());
-  std::size_t first = 0;  // the index of the group's first parameter over all groups
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const Group& group = groups_[g];
-    nlohmann::json params = nlohmann::json::array();
-    for (std::size_t i = 0; i < group.params.size(); ++i) params.push_back(first + i);
-    groups[g]["params"] = params;
-    // Every rank's shard has state, or none has (they step together).
-    const checkpoint::Dataset* scalars = shards.find("s/state/" + std::to_string(g) + "/scalars");
-    if (scalars != nullptr) {
-      for (const std::string& field : state_fields(shards, "s", g)) {
-        const torch::Tensor shard = tensor_of(shards.at("s/state/" + std::to_string(g) + "/" + field, "the shard"));
-        if (shard.scalar_type() != torch::kFloat32 || shard.numel() != group.layout.shard) {
-          throw InternalError("ZeRO: optimizer state field " + field + " is not a float32 shard");
-        }
-        auto whole = torch::empty({group.layout.shard * static_cast<std::int64_t>(ranks)}, shard.options());
-        comm_.allgather(shard.data_ptr(), whole.data_ptr(), static_cast<std::size_t>(group.layout.shard),
-                        comm::DType::kFloat32);
-        for (std::size_t i = 0; i < group.params.size(); ++i) {
-          const auto part = whole.narrow(0, group.layout.offsets[i], group.layout.numels[i]).view(group.params[i].sizes());
-          add_tensor(contents, prefix + "/state/" + std::to_string(first + i) + "/" + field, part);
-        }
-      }
-      for (std::size_t i = 0; i < group.params.size(); ++i) {
-        contents.add_text(prefix + "/state/" + std::to_string(first + i) + "/scalars", scalars->text());
-      }
-    }
-    first += group.params.size();
-  }
-  contents.add_text(prefix + "/param_groups", groups.dump());
-}
-
-void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const std::string& prefix,
-                                  const std::string& file) {
-  checkpoint::Contents shards;
-  shards.add_text("s/type", contents.at(prefix + "/type", file).text());
-  nlohmann::json groups;
-  try {
-    groups = nlohmann::json::parse(contents.at(prefix + "/param_groups", file).text());
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(file + ": " + prefix + "/param_groups is not valid JSON: " + e.what());
-  }
-  if (!groups.is_array() || groups.size() != groups_.size()) {
-    throw ConfigError(file + ": " + prefix + " has " + std::to_string(groups.is_array() ? groups.size() : 0) +
-                      " parameter groups in the checkpoint and " + std::to_string(groups_.size()) +
-                      " in the trial: the trial changed since the checkpoint");
-  }
-  const int rank = comm_.rank();
-  std::size_t first = 0;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const Group& group = groups_[g];
-    if (!groups[g].contains("params") || groups[g]["params"].size() != group.params.size()) {
-      throw ConfigError(file + ": " + prefix + " group " + std::to_string(g) + " has another number of parameters "
-                        "in the checkpoint than in the trial (" + std::to_string(group.params.size()) + ")");
-    }
-    groups[g]["params"] = nlohmann::json::array({g});
-    // The state of the group's parameters, laid end to end as in the flat buffer; this rank
-    // keeps its shard. Parameters without state (never stepped) contribute zeros.
-    const checkpoint::Dataset* scalars = nullptr;
-    std::vector<std::string> fields;
-    for (std::size_t i = 0; i < group.params.size() && scalars == nullptr; ++i) {
-      scalars = contents.find(prefix + "/state/" + std::to_string(first + i) + "/scalars");
-      if (scalars != nullptr) fields = state_fields(contents, prefix, first + i);
-    }
-    if (scalars != nullptr) {
-      for (const std::string& field : fields) {
-        auto whole = torch::zeros({group.layout.shard * comm_.size()}, torch::kFloat32);
-        for (std::size_t i = 0; i < group.params.size(); ++i) {
-          const std::string name = prefix + "/state/" + std::to_string(first + i) + "/" + field;
-          const checkpoint::Dataset* d = contents.find(name);
-          if (d == nullptr) continue;
-          const torch::Tensor part = tensor_of(*d);
-          if (part.numel() != group.layout.numels[i] || part.scalar_type() != torch::kFloat32) {
-            throw ConfigError(file + ": " + name + " has " + std::to_string(part.numel()) + " elements in the "
-                              "checkpoint but the parameter has " + std::to_string(group.layout.numels[i]) +
-                              ": the model changed since the checkpoint");
-          }
-          whole.narrow(0, group.layout.offsets[i], group.layout.numels[i]).copy_(part.reshape({-1}));
-        }
-        add_tensor(shards, "s/state/" + std::to_string(g) + "/" + field,
-                   whole.narrow(0, group.layout.shard * rank, group.layout.shard));
-      }
-      shards.add_text("s/state/" + std::to_string(g) + "/scalars", scalars->text());
-    }
-    first += group.params.size();
-  }
-  shards.add_text("s/param_groups", groups.dump());
-  load_optimizer(shards, "s", optimizer_, file);
+  return sum;
 }
 
 void ShardedOptimizer::zero_grad() {
   for (auto& group : groups_) {
     for (auto& p : group.params) p.mutable_grad() = torch::Tensor();
+    for (auto& part : group.parts) part.mutable_grad() = torch::Tensor();
   }
 }
 

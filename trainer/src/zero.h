@@ -1,20 +1,34 @@
-// ZeRO's sharded optimizer step (stages 1 and 2 share it; internal to the trainer).
+// ZeRO's sharded optimizer step (stages 1 and 2; internal to the trainer).
 //
-// The parameters of each parameter group are laid end to end in one flat float32 buffer, padded
-// to a multiple of the number of data-parallel ranks and split into equal shards; the model's
-// parameters become views into the buffer. The optimizer is given each group's shard of this
-// rank in place of the group's parameters, so that its state (Adam's moments, SGD's momentum)
-// exists for this rank's shard only: 1/N of it per rank. A step averages the gradients over the
-// ranks into each rank's shard (reduce-scatter), steps the shard, and all-gathers the shards into
-// the buffer, where every rank's model reads them.
+// The parameters of each parameter group are laid end to end in one flat float32 buffer, in
+// buckets of whole parameters (about `bucket_elements` each; DeepSpeed's reduce_bucket_size);
+// each bucket is padded to a multiple of the number of data-parallel ranks and split into equal
+// parts, rank r owning part r of every bucket. The model's parameters become views into the
+// buffer. The optimizer is given this rank's parts in place of the group's parameters, so that
+// its state (Adam's moments, SGD's momentum) exists for this rank's shard only: 1/N of it per
+// rank. A step averages the gradients over the ranks into each rank's parts (a reduce-scatter
+// per bucket), steps the parts, and all-gathers them back into the buffer, where every rank's
+// model reads them.
+//
+// Stage 1 reduces at the step, from the gradients backward accumulated in the parameters.
+// Stage 2 also shards the gradients: inside begin_backward()/end_backward() a hook on each
+// parameter's gradient accumulator moves its gradient into its bucket as soon as backward
+// produces it and frees it; a complete bucket's reduce-scatter starts at once on the
+// communicator's thread while backward goes on with earlier layers, and its result accumulates
+// into this rank's parts. No rank holds more than its shard of the gradients plus the buckets
+// in flight, at the cost of one reduce-scatter per micro-batch instead of one per step.
+// Buckets start in the same order on every rank (the reverse of the layout's), so the
+// collectives match.
 //
 // The optimizer's update must be element-wise (SGD, Adam, AdamW, Adagrad, RMSprop are): a
-// shard of a parameter is stepped as the whole parameter would be. LBFGS is refused.
+// part of a parameter is stepped as the whole parameter would be. LBFGS is refused.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,48 +37,70 @@
 
 namespace hpctrial::trainer::detail {
 
-// Where each of a group's parameters lies in its flat buffer, and the shards of the buffer.
+// Where each of a group's parameters lies in its flat buffer, and the buckets of the buffer.
 struct FlatLayout {
-  std::vector<std::int64_t> offsets;  // of each parameter, in elements
-  std::vector<std::int64_t> numels;
-  std::int64_t total = 0;  // the parameters' elements
-  std::int64_t shard = 0;  // elements a rank owns; the buffer holds shard x ranks (padding at its end)
-
-  // A parameter's part in one rank's shard.
-  struct Piece {
-    std::size_t param;
-    std::int64_t param_offset;  // where the part starts in the parameter (flattened)
-    std::int64_t shard_offset;  // and in the shard
-    std::int64_t length;
+  struct Bucket {
+    std::size_t first = 0, end = 0;  // its parameters, [first, end)
+    std::int64_t begin = 0;          // where it starts in the buffer
+    std::int64_t part = 0;           // the elements a rank owns; the bucket spans part x ranks
   };
-  // The parts of parameters in `rank`'s shard, in order.
-  std::vector<Piece> pieces(int rank) const;
+  std::vector<std::int64_t> offsets;  // of each parameter in the buffer, in elements
+  std::vector<std::int64_t> numels;
+  std::vector<std::size_t> bucket_of;  // of each parameter
+  std::vector<Bucket> buckets;         // in buffer order
+  std::int64_t total = 0;              // the parameters' elements
+  std::int64_t size = 0;               // the buffer's, padding included
+  std::int64_t shard() const;          // the elements a rank owns over all buckets
 };
 
-FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks);
+// Buckets are filled from the last parameter back (the order backward produces gradients),
+// closing one before it would pass `bucket_elements`; a larger parameter has a bucket alone.
+FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks, std::int64_t bucket_elements);
+
+struct ZeroOptions {
+  int stage = 1;                               // 1 or 2
+  std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
+};
 
 class ShardedOptimizer {
  public:
-  // Takes over `optimizer` (its parameter groups become this rank's shards) and the model's
+  // Takes over `optimizer` (its parameter groups become this rank's parts) and the model's
   // parameters in it (their data moves into the flat buffers; the tensors stay the same
   // objects). Every rank must start from the same parameter values. ConfigError for LBFGS or a
   // parameter that is not float32.
-  ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator);
+  ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator, ZeroOptions options = {});
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  int stage() const { return options_.stage; }
+
+  // Stage 2: around loss.backward(). Gradients are reduce-scattered bucket by bucket as backward
+  // produces them; end_backward() reduces the buckets backward did not complete (parameters the
+  // loss does not reach count as zero) and waits for all. Every rank calls both, as often.
+  // (Stage 1: no-ops.)
+  void begin_backward();
+  void end_backward();
+  // After a backward that threw: the hooks stop taking gradients (what is in flight finishes
+  // in the destructor).
+  void disarm();
 
   // The averaged gradient of this rank's shard, then the optimizer's step on it, then every
   // rank's parameters from the shards. A collective: every rank calls it.
   void step();
-  // step() in two: the gradients averaged into this rank's shards (reduce-scatter), and then
-  // the optimizer's step on the shards and every rank's parameters from them (all-gather).
-  // Between them the shards' gradients can be read and scaled (clipping).
+  // step() in two: the gradients averaged into this rank's parts (stage 1: reduce-scatter of
+  // the parameters' gradients; stage 2: of any gradient that backward left outside
+  // begin/end_backward), and then the optimizer's step on the parts and every rank's parameters
+  // from them (all-gather). Between them the parts' gradients can be read and scaled.
   void reduce_gradients();
   void update();
   // The sum of the squares of this rank's shard gradients (after reduce_gradients()); summed
   // over the ranks, the squared global norm of the averaged gradient.
   double shard_grad_norm_squared() const;
   void scale_shard_grads(double factor);
-  // The elements of optimizer state this rank holds.
+  // The elements of optimizer state, and of gradients, this rank holds.
   std::int64_t state_elements() const;
+  std::int64_t gradient_elements() const;
 
   // The optimizer's state as whole parameters, under `prefix` in the datasets an unsharded
   // optimizer over the model's parameters writes (state_io.h): gathered from every rank's
@@ -73,25 +109,52 @@ class ShardedOptimizer {
   // Loads state written whole (by save_whole, or by an unsharded optimizer over the same
   // parameters) into this rank's shards. Local: every rank reads the contents itself.
   void load_whole(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
-  // The model parameters' gradients to none.
+  // The gradients of the model's parameters and of this rank's parts to none.
   void zero_grad();
 
-  // This rank's shard of group `group` (the optimizer's parameter there).
-  const torch::Tensor& shard(std::size_t group) const { return groups_.at(group).shard; }
   const FlatLayout& layout(std::size_t group) const { return groups_.at(group).layout; }
+  // This rank's part of bucket `bucket` of group `group` (an optimizer parameter).
+  const torch::Tensor& part(std::size_t group, std::size_t bucket) const { return groups_.at(group).parts.at(bucket); }
 
  private:
   struct Group {
     std::vector<torch::Tensor> params;  // the model's, now views into `flat`
     FlatLayout layout;
-    torch::Tensor flat;       // every rank's parameters, shard x ranks
-    torch::Tensor flat_grad;  // this rank's gradients, the same layout
-    torch::Tensor shard;      // this rank's part of `flat`
+    torch::Tensor flat;               // every rank's parameters
+    std::vector<torch::Tensor> parts;  // this rank's part of each bucket (leaves over `flat`)
+    std::size_t first_part = 0;       // the index of parts[0] among the optimizer's parameters
   };
+  // A bucket's reduce-scatter, in the order every rank starts them.
+  struct Reduction {
+    std::size_t group = 0, bucket = 0;
+    std::size_t waiting = 0;  // parameters backward has not produced yet
+    bool launched = false;
+    torch::Tensor send;  // the bucket's gradients, part x ranks
+    torch::Tensor recv;  // this rank's averaged part
+    comm::WorkHandle work;
+  };
+  class ReadyHook;
+
+  void on_gradient_ready(std::size_t group, std::size_t param);
+  // Moves the parameter's gradient, if any, into the reduction's bucket and frees it.
+  void take_gradient(Reduction& reduction, std::size_t param);
+  void launch(Reduction& reduction);
+  void complete(Reduction& reduction);
+  // Every reduction not started yet, with whatever gradients the parameters hold, then waits for all.
+  void reduce_rest();
 
   torch::optim::Optimizer& optimizer_;
   comm::Communicator& comm_;
+  ZeroOptions options_;
   std::vector<Group> groups_;
+  std::vector<Reduction> reductions_;
+  std::vector<std::vector<std::size_t>> reduction_of_;  // [group][bucket]
+
+  std::mutex mutex_;  // hooks may run on autograd's device threads
+  bool armed_ = false;
+  std::size_t next_launch_ = 0;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
 };
 
 }  // namespace hpctrial::trainer::detail

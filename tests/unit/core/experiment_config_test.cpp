@@ -750,19 +750,23 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
                                       "  train_micro_batch_size_per_gpu: 4\n"
                                       "  gradient_accumulation_steps: 2\n"
                                       "  gradient_clipping: 1.5\n"
-                                      "  zero_optimization: {stage: 1}\n");
+                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000}\n");
   ASSERT_TRUE(c.engine);
   EXPECT_EQ(c.engine->train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.engine->gradient_accumulation_steps, 2);
   EXPECT_FALSE(c.engine->train_batch_size);
   EXPECT_EQ(c.engine->gradient_clipping, 1.5);
-  EXPECT_EQ(c.engine->zero_stage, 1);
+  EXPECT_EQ(c.engine->zero_stage, 2);
+  EXPECT_EQ(c.engine->reduce_bucket_size, 1000);
   const ExperimentConfig again = parse_ok(to_yaml(c));
   ASSERT_TRUE(again.engine);
   EXPECT_EQ(again.engine->train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(again.engine->gradient_accumulation_steps, 2);
   EXPECT_EQ(again.engine->gradient_clipping, 1.5);
-  EXPECT_EQ(again.engine->zero_stage, 1);
+  EXPECT_EQ(again.engine->zero_stage, 2);
+  EXPECT_EQ(again.engine->reduce_bucket_size, 1000);
+  EXPECT_EQ(parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->reduce_bucket_size,
+            500000000);
   EXPECT_FALSE(parse_ok(kMinimal).engine);
   EXPECT_FALSE(parse_ok(to_yaml(parse_ok(kMinimal))).engine);
 }
@@ -770,8 +774,9 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
 TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
             "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 2, got \"5\"");
-  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2}}\n"),
-              HasSubstr("engine.zero_optimization.stage: ZeRO stage 2 (gradients sharded as backward produces them) is not built yet"));
+  EXPECT_EQ(one_error(std::string(kMinimal) +
+                      "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2, reduce_bucket_size: 0}}\n"),
+            "exp.yaml:4:95: engine.zero_optimization.reduce_bucket_size: must be a positive integer, got \"0\"");
   EXPECT_EQ(one_error(std::string(kMinimal) +
                       "hyperparameters: {global_batch_size: 30}\n"
                       "resources: {slots_per_trial: 2}\n"

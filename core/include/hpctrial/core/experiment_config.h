@@ -97,6 +97,8 @@ struct EngineConfig {
   std::optional<std::int64_t> gradient_accumulation_steps;
   double gradient_clipping = 0;  // the gradients' largest global L2 norm; 0: no clipping
   int zero_stage = 0;            // zero_optimization.stage
+  // zero_optimization.reduce_bucket_size: the elements of a bucket of gradients ZeRO reduces at once
+  std::int64_t reduce_bucket_size = 500'000'000;
 };
 
 // The batch sizes an engine trial trains with: train_batch_size records a step across the
