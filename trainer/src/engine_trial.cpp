@@ -61,9 +61,9 @@ void ModelEngine::backward(const torch::Tensor& loss) {
     context_->backward(loss);
     return;
   }
-  // ZeRO-1: this rank's gradients accumulate here and the step averages them across the
-  // ranks; ZeRO-2: backward's gradients are averaged into this rank's shard as they come.
-  sharded_->begin_backward();
+  // Backward's gradients are averaged into this rank's shard as they come: in every micro-batch
+  // (ZeRO-2), or in the last of the step (ZeRO-1; the ones before accumulate here).
+  sharded_->begin_backward(is_gradient_accumulation_boundary());
   struct Disarm {
     detail::ShardedOptimizer& zero;
     bool done = false;

@@ -149,14 +149,12 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     }
     groups_.push_back(std::move(group));
   }
-  if (options_.stage == 2) {
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
-        auto accumulator = torch::autograd::impl::grad_accumulator(groups_[g].params[i]);
-        if (!accumulator) continue;  // a parameter that does not require gradients
-        hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, g, i)));
-        accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
-      }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(groups_[g].params[i]);
+      if (!accumulator) continue;  // a parameter that does not require gradients
+      hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, g, i)));
+      accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
     }
   }
 }
@@ -173,8 +171,8 @@ ShardedOptimizer::~ShardedOptimizer() {
   }
 }
 
-void ShardedOptimizer::begin_backward() {
-  if (options_.stage != 2) return;
+void ShardedOptimizer::begin_backward(bool reduce) {
+  if (options_.stage == 1 && !reduce) return;  // stage 1 accumulates whole gradients until the step's backward
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& reduction : reductions_) {
     const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
@@ -196,8 +194,8 @@ void ShardedOptimizer::on_gradient_ready(std::size_t group, std::size_t param) {
 }
 
 void ShardedOptimizer::end_backward() {
-  if (options_.stage != 2) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;
   armed_ = false;
   reduce_rest();
 }
@@ -262,16 +260,14 @@ void ShardedOptimizer::step() {
 
 void ShardedOptimizer::reduce_gradients() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (options_.stage == 2) {
-    // Gradients from a backward outside begin/end_backward: reduced now, if any rank has some
-    // (every rank must then take part).
-    double left = 0;
-    for (const auto& group : groups_) {
-      for (const auto& p : group.params) left += p.grad().defined() ? 1 : 0;
-    }
-    comm_.allreduce(&left, 1, comm::DType::kFloat64, comm::ReduceOp::kMax);
-    if (left == 0) return;
+  // Gradients that no armed backward took (stage 1 between the step's backwards, a backward
+  // outside begin/end_backward): reduced now, if any rank has some (every rank must then take part).
+  double left = 0;
+  for (const auto& group : groups_) {
+    for (const auto& p : group.params) left += p.grad().defined() ? 1 : 0;
   }
+  comm_.allreduce(&left, 1, comm::DType::kFloat64, comm::ReduceOp::kMax);
+  if (left == 0) return;
   for (auto& reduction : reductions_) reduction.launched = false;
   reduce_rest();
 }

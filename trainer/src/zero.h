@@ -10,15 +10,15 @@
 // per bucket), steps the parts, and all-gathers them back into the buffer, where every rank's
 // model reads them.
 //
-// Stage 1 reduces at the step, from the gradients backward accumulated in the parameters.
-// Stage 2 also shards the gradients: inside begin_backward()/end_backward() a hook on each
-// parameter's gradient accumulator moves its gradient into its bucket as soon as backward
-// produces it and frees it; a complete bucket's reduce-scatter starts at once on the
-// communicator's thread while backward goes on with earlier layers, and its result accumulates
-// into this rank's parts. No rank holds more than its shard of the gradients plus the buckets
-// in flight, at the cost of one reduce-scatter per micro-batch instead of one per step.
-// Buckets start in the same order on every rank (the reverse of the layout's), so the
-// collectives match.
+// Inside begin_backward()/end_backward() a hook on each parameter's gradient accumulator moves
+// its gradient into its bucket as soon as backward produces it and frees it; a complete bucket's
+// reduce-scatter starts at once on the communicator's thread while backward goes on with
+// earlier layers, and its result accumulates into this rank's parts. Buckets start in the same
+// order on every rank (the reverse of the layout's), so the collectives match. Stage 2 does
+// this in every backward, so that no rank holds more than its shard of the gradients plus the
+// buckets in flight, at the cost of a reduce-scatter per micro-batch. Stage 1 does it in the
+// backward of the step's last micro-batch only: the ones before accumulate whole gradients in
+// the parameters, as stage 0 does, and the step reduces them once.
 //
 // The optimizer's update must be element-wise (SGD, Adam, AdamW, Adagrad, RMSprop are): a
 // part of a parameter is stepped as the whole parameter would be. LBFGS is refused.
@@ -75,11 +75,11 @@ class ShardedOptimizer {
 
   int stage() const { return options_.stage; }
 
-  // Stage 2: around loss.backward(). Gradients are reduce-scattered bucket by bucket as backward
-  // produces them; end_backward() reduces the buckets backward did not complete (parameters the
-  // loss does not reach count as zero) and waits for all. Every rank calls both, as often.
-  // (Stage 1: no-ops.)
-  void begin_backward();
+  // Around loss.backward(). Gradients are reduce-scattered bucket by bucket as backward produces
+  // them; end_backward() reduces the buckets backward did not complete (parameters the loss
+  // does not reach count as zero) and waits for all. Every rank calls both, as often, with the
+  // same `reduce` (whether this backward ends the step's accumulation; stage 1 only reduces then).
+  void begin_backward(bool reduce = true);
   void end_backward();
   // After a backward that threw: the hooks stop taking gradients (what is in flight finishes
   // in the destructor).
@@ -88,9 +88,8 @@ class ShardedOptimizer {
   // The averaged gradient of this rank's shard, then the optimizer's step on it, then every
   // rank's parameters from the shards. A collective: every rank calls it.
   void step();
-  // step() in two: the gradients averaged into this rank's parts (stage 1: reduce-scatter of
-  // the parameters' gradients; stage 2: of any gradient that backward left outside
-  // begin/end_backward), and then the optimizer's step on the parts and every rank's parameters
+  // step() in two: the gradients that no armed backward took averaged into this rank's parts,
+  // and then the optimizer's step on the parts and every rank's parameters
   // from them (all-gather). Between them the parts' gradients can be read and scaled.
   void reduce_gradients();
   void update();
