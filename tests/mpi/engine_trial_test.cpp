@@ -415,7 +415,8 @@ TEST(EngineTrial, MistakesAreConfigErrorsOnEveryRank) {
   Behaviour reads_two;
   reads_two.reads_per_call = 2;
   EXPECT_THAT(error_of(accumulating, reads_two),
-              HasSubstr("DataIterator::next: all 2 micro-batches have been read already"));
+              HasSubstr("DataIterator::next: all 2 micro-batches have been read already; with automatic "
+                        "accumulation train_batch reads one micro-batch a call"));
   Behaviour no_step;
   no_step.skip_step = true;
   EXPECT_THAT(error_of(accumulating, no_step),

@@ -21,7 +21,11 @@ Batch DataIterator::next() {
     throw ConfigError("DataIterator::next: " +
                       (batches_.size() == 1 ? "the one " + what_ + " has"
                                             : "all " + std::to_string(batches_.size()) + " " + what_ + "es have") +
-                      " been read already");
+                      " been read already" +
+                      (what_ == "micro-batch"
+                           ? "; with automatic accumulation train_batch reads one micro-batch a call, after "
+                             "context.disable_auto_grad_accumulation() gradient_accumulation_steps() of them"
+                           : "; evaluate_batch reads one batch a call"));
   }
   return batches_[taken_++];
 }
