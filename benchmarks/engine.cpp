@@ -2,7 +2,9 @@
 // model, data and optimizer (Adam), in one run:
 //   - optimizer state held per rank: stage 1's and 2's against stage 0's divided by the ranks
 //     (goal <= 1.05);
-//   - step time: stage 1's and 2's against stage 0's (goal <= 1.10).
+//   - step time: stage 1's and 2's against stage 0's (goal <= 1.10);
+//   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
+//     goal: it depends on whether the CPU has bfloat16 arithmetic).
 //
 //   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N]
 //                                        [--bucket ELEMENTS] [--dir DIR]
@@ -140,9 +142,14 @@ std::int64_t parameters(const Options& o) {
   return o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
 }
 
-Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& comm, int round) {
+// Runs 0, 1, 2: ZeRO stages 0, 1, 2 in float32; run 3: stage 0 with bf16.
+constexpr int kRuns = 4;
+
+Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
+  const int stage = run == 3 ? 0 : run;
+  const bool bf16 = run == 3;
   const int ranks = comm.size();
-  const std::string trial_dir = o.dir + "/stage" + std::to_string(stage) + "-round" + std::to_string(round);
+  const std::string trial_dir = o.dir + "/run" + std::to_string(run) + "-round" + std::to_string(round);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
   comm.barrier();
   const std::string yaml =
@@ -150,7 +157,8 @@ Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& 
       "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
-      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + "}}\nscheduling_unit: 1000000\n";
+      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
+      "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   if (!d.empty()) {
@@ -165,7 +173,7 @@ Measure run_stage(const Options& o, int stage, hpctrial::comm::MpiCommunicator& 
       config, [](hpctrial::TrialContext& c) { return hpctrial::trainer::make_engine_trial<BenchTrial>(c); }, comm,
       loop);
   if (result.batches_trained != o.steps) {
-    std::fprintf(stderr, "engine: stage %d trained %lld steps, not %lld\n", stage,
+    std::fprintf(stderr, "engine: run %d trained %lld steps, not %lld\n", run,
                  static_cast<long long>(result.batches_trained), static_cast<long long>(o.steps));
     std::exit(1);
   }
@@ -192,14 +200,14 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   hpctrial::comm::MpiCommunicator comm(environment.world());
   const int ranks = comm.size();
-  std::vector<double> rate[3];
-  std::int64_t elements[3] = {0, 0, 0};
+  std::vector<double> rate[kRuns];
+  std::int64_t elements[kRuns] = {0, 0, 0, 0};
   for (int round = 0; round < o.rounds; ++round) {
-    for (int k = 0; k < 3; ++k) {
-      const int stage = (round + k) % 3;  // rotate which stage goes first
-      const Measure m = run_stage(o, stage, comm, round);
-      rate[stage].push_back(m.steps_per_s);
-      elements[stage] = m.state_elements;
+    for (int k = 0; k < kRuns; ++k) {
+      const int run = (round + k) % kRuns;  // rotate which run goes first
+      const Measure m = run_stage(o, run, comm, round);
+      rate[run].push_back(m.steps_per_s);
+      elements[run] = m.state_elements;
     }
   }
   if (comm.is_chief()) {
@@ -212,11 +220,13 @@ int main(int argc, char** argv) {
     for (int stage = 0; stage < 3; ++stage) {
       std::printf("%d %10.2f %12lld\n", stage, median(rate[stage]), static_cast<long long>(elements[stage]));
     }
+    std::printf("0+bf16 %10.2f %12lld\n", median(rate[3]), static_cast<long long>(elements[3]));
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(elements[stage]) / (static_cast<double>(elements[0]) / ranks));
       std::printf("step time, stage %d / stage 0: %.4f (goal <= 1.10)\n", stage, r0 / median(rate[stage]));
     }
+    std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[3]));
   }
   return 0;
 }

@@ -335,6 +335,20 @@ void read_engine(MapReader& r, EngineConfig& e) {
       z.finish();
     }
   }
+  if (const ConfigNode* n = r.get("bf16")) {
+    if (expect_map(*n, r.path("bf16"), d, "bf16: {enabled: true}")) {
+      MapReader b(n, r.path("bf16"), d);
+      if (const ConfigNode* enabled = b.get("enabled")) {
+        if (auto v = read_bool(*enabled, b.path("enabled"), d)) e.bf16 = *v;
+      }
+      b.finish();
+    }
+  }
+  if (const ConfigNode* n = r.get("fp16")) {
+    report(*n, r.path("fp16"), d,
+           "float16 training with dynamic loss scaling is not built yet; remove the fp16 section and use "
+           "`bf16: {enabled: true}` (bfloat16 has float32's range and needs no loss scaling)");
+  }
   r.finish();
 }
 

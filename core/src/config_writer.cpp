@@ -157,6 +157,8 @@ std::string to_yaml(const ExperimentConfig& c) {
     out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
         << YAML::Value << e.zero_stage << YAML::Key << "reduce_bucket_size" << YAML::Value << e.reduce_bucket_size
         << YAML::EndMap;
+    out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
+        << YAML::Value << e.bf16 << YAML::EndMap;
     out << YAML::EndMap;
   }
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "autocast.h"
 #include "engine_access.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
@@ -67,6 +68,7 @@ void ModelEngine::backward(const torch::Tensor& loss) {
   }
   // Backward's gradients are averaged into this rank's shard as they come: in every micro-batch
   // (ZeRO-2), or in the last of the step (ZeRO-1; the ones before accumulate here).
+  const detail::AutocastPause pause;  // backward runs in the types forward chose
   sharded_->begin_backward(is_gradient_accumulation_boundary());
   struct Disarm {
     detail::ShardedOptimizer& zero;
@@ -143,6 +145,7 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
   if (engine) {
     gradient_clipping_ = engine->gradient_clipping;
     zero_stage_ = engine->zero_stage;
+    if (engine->bf16) context.configure_mixed_precision(torch::kBFloat16);
   }
 }
 

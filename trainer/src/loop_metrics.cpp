@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "autocast.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "loop.h"
@@ -74,6 +75,7 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
     batch = context_->to_device(batch);
     Metrics metrics;
     try {
+      const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
       metrics = trial_->evaluate_batch(batch);
     } catch (const detail::NotOverridden&) {
       return false;
@@ -180,6 +182,7 @@ void Loop::validate() {
       std::string bytes;
       if (chief()) {
         try {
+          const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
           nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
           bytes = values.dump();
         } catch (const detail::NotOverridden&) {

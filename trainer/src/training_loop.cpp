@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 
+#include "autocast.h"
 #include "checkpointing.h"
 #include "engine_access.h"
 #include "zero.h"
@@ -334,6 +335,7 @@ void Loop::train_one_batch() {
   Metrics metrics;
   {
     detail::PhaseTimings::Scope t(timings_, "train_batch");
+    const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
     metrics = trial_->train_batch(batch, epoch, batch_idx);
   }
   // No kernel per step: the period's values are kept and summed once per report.

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "hpctrial/core/error.h"
+#include "autocast.h"
 #include "gradient_sync.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/comm/communicator.h"
@@ -110,8 +111,26 @@ detail::GradientSync& TrialContext::gradient_sync() {
   return *gradient_sync_;
 }
 
+void TrialContext::configure_mixed_precision(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::BFloat16:
+      mixed_precision_ = dtype;
+      return;
+    case c10::ScalarType::Float:
+      mixed_precision_ = c10::ScalarType::Undefined;
+      return;
+    case c10::ScalarType::Half:
+      throw NotSupported("configure_mixed_precision(torch::kFloat16): float16 needs dynamic loss scaling, which is "
+                         "not built yet; use torch::kBFloat16 (float32's range, no loss scaling)");
+    default:
+      throw ConfigError(std::string("configure_mixed_precision: ") + c10::toString(dtype) +
+                        " is not a mixed precision; use torch::kBFloat16, or torch::kFloat32 for none");
+  }
+}
+
 void TrialContext::backward(const torch::Tensor& loss, const torch::Tensor& gradient,
                             c10::optional<bool> retain_graph, bool create_graph) {
+  const detail::AutocastPause pause;  // backward runs in the types forward chose
   if (settings_.distributed.size == 1) {
     loss.backward(gradient, retain_graph, create_graph);
     return;

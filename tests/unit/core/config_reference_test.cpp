@@ -24,7 +24,7 @@ std::string read(const std::string& path) {
 std::set<std::string> documented_keys() {
   const std::string text = read(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
   std::set<std::string> keys;
-  const std::regex row(R"(^\| `([a-z_.A-Z]+)` \|)");
+  const std::regex row(R"(^\| `([a-z_.A-Z0-9]+)` \|)");
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {

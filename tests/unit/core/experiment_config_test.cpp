@@ -750,8 +750,10 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
                                       "  train_micro_batch_size_per_gpu: 4\n"
                                       "  gradient_accumulation_steps: 2\n"
                                       "  gradient_clipping: 1.5\n"
-                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000}\n");
+                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000}\n"
+                                      "  bf16: {enabled: true}\n");
   ASSERT_TRUE(c.engine);
+  EXPECT_TRUE(c.engine->bf16);
   EXPECT_EQ(c.engine->train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.engine->gradient_accumulation_steps, 2);
   EXPECT_FALSE(c.engine->train_batch_size);
@@ -765,8 +767,10 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
   EXPECT_EQ(again.engine->gradient_clipping, 1.5);
   EXPECT_EQ(again.engine->zero_stage, 2);
   EXPECT_EQ(again.engine->reduce_bucket_size, 1000);
+  EXPECT_TRUE(again.engine->bf16);
   EXPECT_EQ(parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->reduce_bucket_size,
             500000000);
+  EXPECT_FALSE(parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->bf16);
   EXPECT_FALSE(parse_ok(kMinimal).engine);
   EXPECT_FALSE(parse_ok(to_yaml(parse_ok(kMinimal))).engine);
 }
@@ -777,6 +781,11 @@ TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) +
                       "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2, reduce_bucket_size: 0}}\n"),
             "exp.yaml:4:95: engine.zero_optimization.reduce_bucket_size: must be a positive integer, got \"0\"");
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, fp16: {enabled: true}}\n"),
+              HasSubstr("exp.yaml:4:51: engine.fp16: float16 training with dynamic loss scaling is not built yet; "
+                        "remove the fp16 section and use `bf16: {enabled: true}`"));
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, bf16: {enabled: yes please}}\n"),
+              HasSubstr("engine.bf16.enabled"));
   EXPECT_EQ(one_error(std::string(kMinimal) +
                       "hyperparameters: {global_batch_size: 30}\n"
                       "resources: {slots_per_trial: 2}\n"

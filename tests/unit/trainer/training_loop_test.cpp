@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/autocast_mode.h>
+
 #include <atomic>
 #include <fstream>
 #include <thread>
@@ -165,6 +167,79 @@ TEST(TrainingLoop, TwoRunsAreBitwiseIdenticalAndSeedsMatter) {
     EXPECT_TRUE(torch::equal(first.parameters[i], second.parameters[i])) << i;
   }
   EXPECT_FALSE(torch::equal(first.parameters[0], other.parameters[0]));
+}
+
+// configure_mixed_precision(torch::kBFloat16): forward computes in bfloat16 in train_batch and
+// evaluate_batch, the weights and gradients stay float32, backward and the rest of the loop run
+// without autocast, and two runs are bitwise equal.
+TEST(TrainingLoop, MixedPrecisionRunsTheBatchFunctionsUnderBfloat16Autocast) {
+  TempDir a, b, c;
+  std::vector<c10::ScalarType> trained, evaluated, gradients;
+  std::vector<bool> autocast_in_backward;
+  LinearTrial::Options options;
+  options.setup = [&](LinearTrial& t) {
+    t.context_.configure_mixed_precision(torch::kBFloat16);
+    t.model->weight.register_hook([&](torch::Tensor grad) {
+      autocast_in_backward.push_back(at::autocast::is_cpu_enabled());
+      return grad;
+    });
+  };
+  options.after_batch = [&](LinearTrial& t, std::int64_t) {
+    trained.push_back(t.model->forward(torch::ones({1, 3})).scalar_type());
+    gradients.push_back(t.model->weight.grad().scalar_type());
+  };
+  options.evaluate = [&](LinearTrial& t, Batch& batch) -> Metrics {
+    const auto out = t.model->forward(batch.data);
+    evaluated.push_back(out.scalar_type());
+    return {{"validation_loss", torch::mse_loss(out.to(torch::kFloat32), batch.target)}};
+  };
+  const auto first = run(base_yaml(40), options, a.path().string());
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  ASSERT_EQ(trained.size(), 40u);
+  EXPECT_EQ(trained.front(), torch::kBFloat16);
+  EXPECT_EQ(trained.back(), torch::kBFloat16);
+  EXPECT_EQ(gradients.back(), torch::kFloat32);
+  ASSERT_EQ(autocast_in_backward.size(), 40u);
+  EXPECT_EQ(std::count(autocast_in_backward.begin(), autocast_in_backward.end(), true), 0);
+  ASSERT_FALSE(evaluated.empty());
+  EXPECT_EQ(evaluated.back(), torch::kBFloat16);
+  for (const auto& p : first.parameters) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+  // The same run again: bitwise equal; in float32: close, but not equal.
+  const auto second = run(base_yaml(40), options, b.path().string());
+  options.setup = nullptr;
+  const auto full = run(base_yaml(40), options, c.path().string());
+  ASSERT_EQ(first.parameters.size(), 2u);
+  for (std::size_t i = 0; i < first.parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(first.parameters[i], second.parameters[i])) << i;
+    EXPECT_TRUE(torch::allclose(first.parameters[i], full.parameters[i], /*rtol=*/0.05, /*atol=*/0.05)) << i;
+  }
+  EXPECT_FALSE(torch::equal(first.parameters[0], full.parameters[0]));
+  EXPECT_EQ(trained.size(), 120u);
+  EXPECT_EQ(trained.back(), torch::kFloat32);
+}
+
+TEST(TrialContext, MixedPrecisionIsBfloat16OrNone) {
+  TempDir dir;
+  LinearTrial::Options options;
+  std::string half, integer;
+  options.setup = [&](LinearTrial& t) {
+    try {
+      t.context_.configure_mixed_precision(torch::kFloat16);
+    } catch (const NotSupported& e) {
+      half = e.what();
+    }
+    try {
+      t.context_.configure_mixed_precision(torch::kInt32);
+    } catch (const ConfigError& e) {
+      integer = e.what();
+    }
+    t.context_.configure_mixed_precision(torch::kBFloat16);
+    t.context_.configure_mixed_precision(torch::kFloat32);
+    EXPECT_EQ(t.context_.mixed_precision(), c10::ScalarType::Undefined);
+  };
+  run(base_yaml(2), options, dir.path().string());
+  EXPECT_THAT(half, HasSubstr("float16 needs dynamic loss scaling, which is not built yet; use torch::kBFloat16"));
+  EXPECT_THAT(integer, HasSubstr("configure_mixed_precision: Int is not a mixed precision"));
 }
 
 TEST(TrainingLoop, ReducersPerMetric) {

@@ -99,6 +99,7 @@ struct EngineConfig {
   int zero_stage = 0;            // zero_optimization.stage
   // zero_optimization.reduce_bucket_size: the elements of a bucket of gradients ZeRO reduces at once
   std::int64_t reduce_bucket_size = 500'000'000;
+  bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
 };
 
 // The batch sizes an engine trial trains with: train_batch_size records a step across the

@@ -136,6 +136,17 @@ class TrialContext {
   torch::Tensor to_device(const torch::Tensor& tensor) const;
   Batch to_device(const Batch& batch) const;
 
+  // --- mixed precision ----------------------------------------------------------------------
+  // Runs train_batch and evaluate_batch under autocast, as torch.autocast does: matrix
+  // products, convolutions and the other ops autocast lowers compute in `dtype`, the ops that
+  // need the range (losses, softmax, norms) in float32, and the parameters, their gradients and
+  // the optimizer stay float32 (the master weights). backward() runs outside it. torch::kBFloat16
+  // on the CPU and on GPUs; torch::kFloat32 turns it off. float16, which needs loss scaling, is
+  // refused. Call it in the trial's constructor; an engine trial's `engine.bf16.enabled` calls it.
+  void configure_mixed_precision(c10::ScalarType dtype);
+  // The autocast type, or ScalarType::Undefined when the trial computes in its own types.
+  c10::ScalarType mixed_precision() const { return mixed_precision_; }
+
   // --- configuration ------------------------------------------------------------------------
   // The trial's value of hyperparameter `name` as T; ConfigError naming the hyperparameter
   // when it is missing or of another type.
@@ -233,6 +244,7 @@ class TrialContext {
   comm::Communicator& communicator_for(const torch::Device& device) const;
 
  private:
+  c10::ScalarType mixed_precision_ = c10::ScalarType::Undefined;
   void register_model(std::shared_ptr<torch::nn::Module> model);
   void register_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer);
   void register_lr_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, StepMode mode);
