@@ -163,7 +163,10 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   engine->gradient_clipping_ = gradient_clipping_;
   engine->zero_stage_ = zero_stage_;
   engine->micro_steps_ = current_train_batch_ * batch_.accumulation_steps;
-  if (zero_stage_ >= 1) {
+  if (zero_stage_ >= 1 && context_.distributed().size == 1) {
+    // Nothing to shard on one rank: the engine steps as at stage 0 (the same checkpoints).
+    detail::ShardedOptimizer::check(*engine->optimizer_);
+  } else if (zero_stage_ >= 1) {
     context_.exclude_from_gradient_sync(engine->model_);
     detail::ZeroOptions zero;
     zero.stage = zero_stage_;

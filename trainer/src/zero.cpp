@@ -86,14 +86,28 @@ void reset_adagrad_state(torch::optim::Optimizer& optimizer, std::size_t group, 
 
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator,
-                                   ZeroOptions options)
-    : optimizer_(optimizer), comm_(communicator), options_(options) {
+void ShardedOptimizer::check(torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {
     throw ConfigError("ZeRO shards optimizer state element by element, and LBFGS's state is not per element (it "
                       "keeps a history of whole directions): keep LBFGS's state whole (no ZeRO), or use an "
                       "optimizer such as SGD, Adam, AdamW, Adagrad or RMSprop");
   }
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const auto& params = optimizer.param_groups()[g].params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].scalar_type() != torch::kFloat32) {
+        throw ConfigError("ZeRO: parameter " + std::to_string(i) + " of optimizer group " + std::to_string(g) +
+                          " is " + std::string(c10::toString(params[i].scalar_type())) +
+                          "; the sharded optimizer keeps float32 parameters: build the model in float32");
+      }
+    }
+  }
+}
+
+ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator,
+                                   ZeroOptions options)
+    : optimizer_(optimizer), comm_(communicator), options_(options) {
+  check(optimizer);
   if (options_.stage != 1 && options_.stage != 2) {
     throw InternalError("ShardedOptimizer: ZeRO stage " + std::to_string(options_.stage));
   }
@@ -105,15 +119,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     Group group;
     group.params = param_group.params();
     std::vector<std::int64_t> numels;
-    for (std::size_t i = 0; i < group.params.size(); ++i) {
-      const auto& p = group.params[i];
-      if (p.scalar_type() != torch::kFloat32) {
-        throw ConfigError("ZeRO: parameter " + std::to_string(i) + " of optimizer group " + std::to_string(g) +
-                          " is " + std::string(c10::toString(p.scalar_type())) +
-                          "; the sharded optimizer keeps float32 parameters: build the model in float32");
-      }
-      numels.push_back(p.numel());
-    }
+    for (const auto& p : group.params) numels.push_back(p.numel());
     group.layout = flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
     const auto tensor_options = torch::TensorOptions().dtype(torch::kFloat32).device(
         group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());

@@ -69,6 +69,9 @@ class ShardedOptimizer {
   // objects). Every rank must start from the same parameter values. ConfigError for LBFGS or a
   // parameter that is not float32.
   ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator, ZeroOptions options = {});
+  // The ConfigErrors of the constructor, without taking anything over (a world of one rank,
+  // where there is nothing to shard, checks the same).
+  static void check(torch::optim::Optimizer& optimizer);
   ~ShardedOptimizer();
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
