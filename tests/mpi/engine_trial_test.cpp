@@ -360,6 +360,30 @@ TEST(EngineTrialZero, StagesOneAndTwoTrainAsStageZeroWithAShareOfTheState) {
   }
 }
 
+// Stopped after global batch 2 by `stop_rank` under config `first`, then resumed under `then`
+// to the end (6 batches): the resumed run's parameters. With `whole` (an uninterrupted run's
+// directory), its final checkpoint must be bitwise that run's.
+Seen stop_and_resume(const std::string& first, const std::string& then, int stop_rank, const std::string& whole = "") {
+  const std::string dir = shared_dir("stopped");
+  std::atomic<bool> stop{false};
+  Behaviour stopping;
+  stopping.stop = &stop;
+  stopping.stop_after = 2;
+  stopping.stop_rank = stop_rank;
+  const LoopResult stopped =
+      run(first, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
+  EXPECT_EQ(stopped.batches_trained, 3);
+  Seen resumed;
+  const LoopResult ended =
+      run(then, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
+  EXPECT_EQ(ended.batches_trained, 6);
+  if (!whole.empty() && env().is_chief()) {
+    testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
+  }
+  remove_dir(dir);
+  return resumed;
+}
+
 // A ZeRO-2 run stopped by the chief or by another rank resumes bitwise; its checkpoint holds the
 // whole optimizer state, which a run at another stage resumes from (and the reverse).
 TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
@@ -370,35 +394,12 @@ TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
   const std::string whole = shared_dir("zwhole");
   run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
   const Seen reference = engine_run(at_stage(0), Behaviour{}, "zreference");
-  for (int stop_rank : {0, env().size() - 1}) {
-    const std::string dir = shared_dir("zstopped-" + std::to_string(stop_rank));
-    std::atomic<bool> stop{false};
-    Behaviour stopping;
-    stopping.stop = &stop;
-    stopping.stop_after = 2;
-    stopping.stop_rank = stop_rank;
-    const LoopResult first =
-        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-    EXPECT_EQ(first.batches_trained, 3);
-    const LoopResult second =
-        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
-    EXPECT_EQ(second.batches_trained, 6);
-    if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
-    remove_dir(dir);
-  }
+  for (int stop_rank : {0, env().size() - 1}) stop_and_resume(at_stage(2), at_stage(2), stop_rank, whole);
   // Stopped at one stage, resumed at another: the same run within rounding.
   for (const auto& [from, to] : {std::pair{2, 0}, std::pair{0, 2}, std::pair{1, 2}, std::pair{2, 1}}) {
-    const std::string dir = shared_dir("zswitch");
-    std::atomic<bool> stop{false};
-    Behaviour stopping;
-    stopping.stop = &stop;
-    stopping.stop_after = 2;
-    run(at_stage(from), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-    Seen resumed;
-    run(at_stage(to), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
+    const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
     EXPECT_LE(max_relative_difference(resumed.parameters, reference.parameters), 1e-5)
         << "stage " << from << " resumed at stage " << to;
-    remove_dir(dir);
   }
   remove_dir(whole);
 }
@@ -422,48 +423,16 @@ TEST(EngineTrialZero, BfloatSixteenStopAndResumeIsBitwise) {
   const double from_fp32 = max_relative_difference(straight.parameters, fp32.parameters);
   EXPECT_GT(from_fp32, 0);  // bfloat16 rounded something
   EXPECT_LE(from_fp32, 0.05);
-  for (int stop_rank : {0, env().size() - 1}) {
-    const std::string dir = shared_dir("bstopped-" + std::to_string(stop_rank));
-    std::atomic<bool> stop{false};
-    Behaviour stopping;
-    stopping.stop = &stop;
-    stopping.stop_after = 2;
-    stopping.stop_rank = stop_rank;
-    const LoopResult first =
-        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-    EXPECT_EQ(first.batches_trained, 3);
-    const LoopResult second =
-        run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
-    EXPECT_EQ(second.batches_trained, 6);
-    if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
-    remove_dir(dir);
-  }
+  for (int stop_rank : {0, env().size() - 1}) stop_and_resume(at_stage(2), at_stage(2), stop_rank, whole);
   for (const auto& [from, to] : {std::pair{2, 0}, std::pair{0, 2}}) {
-    const std::string dir = shared_dir("bswitch");
-    std::atomic<bool> stop{false};
-    Behaviour stopping;
-    stopping.stop = &stop;
-    stopping.stop_after = 2;
-    run(at_stage(from), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-    Seen resumed;
-    run(at_stage(to), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
+    const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
     EXPECT_LE(max_relative_difference(resumed.parameters, straight.parameters), 1e-5)
         << "stage " << from << " resumed at stage " << to;
-    remove_dir(dir);
   }
   // Its checkpoint is an ordinary float32 one: a run without bf16 resumes it.
-  const std::string dir = shared_dir("bto32");
-  std::atomic<bool> stop{false};
-  Behaviour stopping;
-  stopping.stop = &stop;
-  stopping.stop_after = 2;
-  run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-  Seen resumed;
-  const LoopResult without = run(yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 2}}\n"),
-                                 [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &resumed); }, dir);
-  EXPECT_EQ(without.batches_trained, 6);
-  EXPECT_EQ(resumed.forward_type, torch::kFloat32);
-  remove_dir(dir);
+  const Seen without = stop_and_resume(
+      at_stage(2), yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 2}}\n"), 0);
+  EXPECT_EQ(without.forward_type, torch::kFloat32);
   remove_dir(whole);
 }
 
