@@ -345,9 +345,35 @@ void read_engine(MapReader& r, EngineConfig& e) {
     }
   }
   if (const ConfigNode* n = r.get("fp16")) {
-    report(*n, r.path("fp16"), d,
-           "float16 training with dynamic loss scaling is not built yet; remove the fp16 section and use "
-           "`bf16: {enabled: true}` (bfloat16 has float32's range and needs no loss scaling)");
+    if (expect_map(*n, r.path("fp16"), d, "fp16: {enabled: true}")) {
+      MapReader f(n, r.path("fp16"), d);
+      auto& fp16 = e.fp16;
+      if (const ConfigNode* v = f.get("enabled")) {
+        if (auto x = read_bool(*v, f.path("enabled"), d)) fp16.enabled = *x;
+      }
+      if (const ConfigNode* v = f.get("loss_scale")) {
+        if (auto x = read_double(*v, f.path("loss_scale"), d, 0, 1e30, false)) fp16.loss_scale = *x;
+      }
+      if (const ConfigNode* v = f.get("initial_scale_power")) {
+        if (auto x = read_int(*v, f.path("initial_scale_power"), d, 0, 100)) fp16.initial_scale_power = static_cast<int>(*x);
+      }
+      if (const ConfigNode* v = f.get("loss_scale_window")) {
+        if (auto x = read_int(*v, f.path("loss_scale_window"), d, 1, kMaxLength)) fp16.loss_scale_window = *x;
+      }
+      if (const ConfigNode* v = f.get("hysteresis")) {
+        if (auto x = read_int(*v, f.path("hysteresis"), d, 1, 1'000'000)) fp16.hysteresis = static_cast<int>(*x);
+      }
+      if (const ConfigNode* v = f.get("min_loss_scale")) {
+        if (auto x = read_double(*v, f.path("min_loss_scale"), d, 0, 1e30, true)) fp16.min_loss_scale = *x;
+      }
+      if (fp16.min_loss_scale > std::ldexp(1.0, fp16.initial_scale_power)) {
+        report(*n, r.path("fp16"), d,
+               fmt::format("min_loss_scale ({}) is above the initial scale 2^initial_scale_power ({}); lower "
+                           "min_loss_scale or raise initial_scale_power",
+                           fp16.min_loss_scale, std::ldexp(1.0, fp16.initial_scale_power)));
+      }
+      f.finish();
+    }
   }
   r.finish();
 }
@@ -435,6 +461,20 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
            "an engine trial accumulates gradients over engine.gradient_accumulation_steps micro-batches; remove "
            "aggregation_frequency and set engine.gradient_accumulation_steps: " +
                std::to_string(config.optimizations.aggregation_frequency));
+  }
+  if (config.engine->fp16.enabled) {
+    const ConfigNode* fp16 = engine->find("fp16");
+    const ConfigNode* enabled = fp16 != nullptr ? fp16->find("enabled") : nullptr;
+    const ConfigNode& at = enabled != nullptr ? *enabled : *engine;
+    if (config.engine->bf16) {
+      report(at, "engine.fp16.enabled", d,
+             "fp16 and bf16 are both enabled; choose one: bf16 (float32's range, no loss scaling; the CPU and "
+             "GPUs) or fp16 (GPUs, with dynamic loss scaling)");
+    } else if (config.resources.gpus_per_slot == 0) {
+      report(at, "engine.fp16.enabled", d,
+             "float16 training needs a GPU (LibTorch's CPU autocast computes in bfloat16 only) and "
+             "resources.gpus_per_slot is 0; set resources.gpus_per_slot, or use `bf16: {enabled: true}` on the CPU");
+    }
   }
   // A searched global_batch_size is checked by each trial when it starts.
   std::optional<std::int64_t> global_batch_size;

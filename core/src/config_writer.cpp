@@ -159,6 +159,12 @@ std::string to_yaml(const ExperimentConfig& c) {
         << YAML::EndMap;
     out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
         << YAML::Value << e.bf16 << YAML::EndMap;
+    out << YAML::Key << "fp16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
+        << YAML::Value << e.fp16.enabled << YAML::Key << "loss_scale" << YAML::Value << number(e.fp16.loss_scale)
+        << YAML::Key << "initial_scale_power" << YAML::Value << e.fp16.initial_scale_power << YAML::Key
+        << "loss_scale_window" << YAML::Value << e.fp16.loss_scale_window << YAML::Key << "hysteresis"
+        << YAML::Value << e.fp16.hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
+        << number(e.fp16.min_loss_scale) << YAML::EndMap;
     out << YAML::EndMap;
   }
 

@@ -16,6 +16,7 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/watchdog.h"
 #include "hpctrial/trainer/engine_trial.h"
+#include "mlp_trial_support.h"
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
@@ -23,22 +24,12 @@ namespace {
 
 using testing::HasSubstr;
 using testing_mpi::env;
+using testing_mpi::bitwise_equal;
+using testing_mpi::max_relative_difference;
+using testing_mpi::Mlp;
+using testing_mpi::mlp_dataset;
+using testing_mpi::remove_dir;
 using namespace testing_trial;
-
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() : a(register_module("a", torch::nn::Linear(3, 8))), b(register_module("b", torch::nn::Linear(8, 1))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
-  torch::nn::Linear a, b;
-};
-TORCH_MODULE(Mlp);
-
-// The data of both trials: 64 samples of a noisy nonlinear function.
-std::shared_ptr<TensorDataset> dataset() {
-  torch::manual_seed(0);
-  auto x = torch::randn({64, 3});
-  auto y = torch::sin(x.matmul(torch::tensor({1.0f, -2.0f, 0.5f}))).unsqueeze(1) + 0.1 * torch::randn({64, 1});
-  return std::make_shared<TensorDataset>(x, y);
-}
 
 struct Behaviour {
   bool manual = false;          // disable_auto_grad_accumulation
@@ -64,7 +55,7 @@ struct Seen {
 class EngineMlpTrial : public EngineTrial {
  public:
   EngineMlpTrial(EngineTrialContext& context, Behaviour setup, Seen* seen)
-      : context_(context), setup_(setup), seen_(seen), data_(dataset()) {
+      : context_(context), setup_(setup), seen_(seen), data_(mlp_dataset()) {
     torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
     model_ = Mlp();
     optimizer_ = std::make_shared<torch::optim::Adam>(model_->parameters(),
@@ -127,7 +118,7 @@ class EngineMlpTrial : public EngineTrial {
 // The same model, data, optimizer and scheduler as an ordinary Trial.
 class ReferenceTrial : public Trial {
  public:
-  ReferenceTrial(TrialContext& context, double clip, Seen* seen) : context_(context), clip_(clip), seen_(seen), data_(dataset()) {
+  ReferenceTrial(TrialContext& context, double clip, Seen* seen) : context_(context), clip_(clip), seen_(seen), data_(mlp_dataset()) {
     torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
     model_ = context.wrap_model(Mlp());
     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::Adam>(
@@ -161,23 +152,7 @@ class ReferenceTrial : public Trial {
   std::shared_ptr<torch::optim::Adam> optimizer_;
 };
 
-std::string shared_dir(const std::string& name) {
-  std::string dir;
-  if (env().is_chief()) {
-    dir = (std::filesystem::temp_directory_path() /
-           ("hpctrial-engine-" + std::to_string(::getpid()) + "-" + name)).string();
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  comm::MpiCommunicator comm(env().world());
-  comm.broadcast(dir, 0);
-  return dir;
-}
-
-void remove_dir(const std::string& dir) {
-  comm::MpiCommunicator(env().world()).barrier();
-  if (env().is_chief()) std::filesystem::remove_all(dir);
-}
+std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-engine", name); }
 
 std::string yaml(int batches, const std::string& more, const std::string& global_batch_size = "16") {
   return "name: test\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {batches: " +
@@ -226,24 +201,6 @@ Seen reference_run(const std::string& config_yaml, double clip, const std::strin
   run(config_yaml, [&](TrialContext& c) { return make_trial_ref(c, clip, &seen); }, dir);
   remove_dir(dir);
   return seen;
-}
-
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double scale = std::max(1e-12, b[i].abs().max().item<double>());
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
-
-bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
 }
 
 TEST(EngineTrial, WithoutAccumulationTrainsAsAnOrdinaryTrial) {

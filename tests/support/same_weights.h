@@ -1,4 +1,4 @@
-// The final model and optimizer of two checkpoints, compared byte for byte: what "resumed
+// The final model, optimizer and loss scale of two checkpoints, compared byte for byte: what "resumed
 // exactly where it stopped" means in the tests.
 #pragma once
 
@@ -16,7 +16,9 @@ inline void expect_same_weights(const std::string& a_path, const std::string& b_
   const auto b = checkpoint::read_checkpoint(b_path);
   int compared = 0;
   for (const auto& d : a.datasets) {
-    if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0) continue;
+    if (d.name.rfind("model/", 0) != 0 && d.name.rfind("optimizer/", 0) != 0 && d.name.rfind("scaler/", 0) != 0) {
+      continue;
+    }
     const auto* other = b.find(d.name);
     ASSERT_NE(other, nullptr) << d.name << " is missing from " << b_path;
     ASSERT_EQ(d.nbytes(), other->nbytes()) << d.name;

@@ -80,6 +80,8 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
     const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
     c.add("scheduler/" + std::to_string(i) + "/step_count", checkpoint::DType::kInt64, {}, &count);
   }
+  const auto& scalers = context.scalers();
+  for (std::size_t i = 0; i < scalers.size(); ++i) c.add_text("scaler/" + std::to_string(i), scalers[i]->state_dict().dump());
   add_tensor(c, "rng/cpu", cpu_rng_state());
   if (context.device().is_cuda()) add_tensor(c, "rng/cuda", device_rng_state(context.device()));
 
@@ -174,6 +176,21 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     std::int64_t count = 0;
     std::memcpy(&count, d.data->data(), 8);
     scheduler_step_count(*schedulers[i].scheduler) = static_cast<unsigned>(count);
+  }
+  const auto& scalers = context.scalers();
+  for (std::size_t i = 0; i < scalers.size(); ++i) {
+    const std::string name = "scaler/" + std::to_string(i);
+    if (contents.find(name) == nullptr) {
+      // Written before loss scaling was turned on: the scale starts where a new run's does.
+      core::log_warning("{} has no {}: the trial wraps more GradScalers than when it was saved; that one starts "
+                        "from its initial scale {}", path, name, scalers[i]->get_scale());
+      continue;
+    }
+    try {
+      scalers[i]->load_state_dict(parse(contents, name, path));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(path + ": " + name + " is malformed: " + e.what());
+    }
   }
   set_cpu_rng_state(tensor_of(contents.at("rng/cpu", path)).clone());
   // A checkpoint from a CPU run resumed on a GPU (or the reverse) has no state for it: the

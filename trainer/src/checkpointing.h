@@ -4,6 +4,7 @@
 //   model/<i>/<name>        parameters and buffers of wrapped model i, by their LibTorch names
 //   optimizer/<i>/...       see state_io.h
 //   scheduler/<i>/step_count, rng/cpu, sampler/records
+//   scaler/<i>              JSON: wrapped GradScaler i's scale and counters
 //   progress                JSON: batches, epochs, records, restart count, the loop's counters,
 //                           the unreported training metrics of the current period
 //   meta/config, meta/hparams, meta/validation, callbacks, trial_state   texts (JSON, YAML)

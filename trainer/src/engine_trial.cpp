@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "autocast.h"
@@ -60,8 +61,17 @@ void ModelEngine::at_micro_step() const {
   c.set_loop_position(c.is_epoch_start(), c.is_epoch_end(), micro_steps_);
 }
 
-void ModelEngine::backward(const torch::Tensor& loss) {
+void ModelEngine::use_grad_scaler(std::shared_ptr<GradScaler> scaler) {
+  if (context_ != nullptr) {
+    throw ConfigError("ModelEngine::use_grad_scaler: the engine is wrapped already; set the scaler before "
+                      "context.wrap_model_engine(...)");
+  }
+  scaler_ = std::move(scaler);
+}
+
+void ModelEngine::backward(const torch::Tensor& unscaled_loss) {
   at_micro_step();
+  const torch::Tensor loss = scaler_ ? scaler_->scale(unscaled_loss) : unscaled_loss;
   if (!sharded_) {
     context_->backward(loss);
     return;
@@ -104,26 +114,43 @@ void ModelEngine::step() {
       torch::nn::utils::clip_grad_norm_(parameters, max_norm);
     };
   }
-  context_->step_optimizer(*optimizer_, clip);  // steps on the boundary only
-  if (boundary && lr_scheduler_) lr_scheduler_->step();
+  // Steps on the boundary only; a step whose gradients overflowed is skipped, and so is the
+  // scheduler's (as in DeepSpeed).
+  if (scaler_) {
+    context_->step_optimizer(*optimizer_, *scaler_, clip);
+  } else {
+    context_->step_optimizer(*optimizer_, clip);
+  }
+  if (boundary && lr_scheduler_ && !(scaler_ && scaler_->overflowed())) lr_scheduler_->step();
   ++micro_steps_;
 }
 
 // The gradients averaged into this rank's shards, clipped by their global norm, the shards
 // stepped and gathered into every rank's parameters.
+// With loss scaling, the shards are unscaled first, and the step is skipped on every rank when
+// any rank's shard is not finite: the global sum of squares, in float64, is then inf or NaN
+// (float32 gradients cannot overflow it).
 void ModelEngine::sharded_step() {
   sharded_->reduce_gradients();
-  if (gradient_clipping_ > 0) {
-    double squares = sharded_->shard_grad_norm_squared();
+  if (scaler_) sharded_->scale_shard_grads(1.0 / scaler_->get_scale());
+  double squares = 0;
+  if (gradient_clipping_ > 0 || scaler_) {
+    squares = sharded_->shard_grad_norm_squared();
     context_->communicator().allreduce(&squares, 1, comm::DType::kFloat64, comm::ReduceOp::kSum);
+  }
+  const bool skip = scaler_ && !std::isfinite(squares);
+  if (scaler_) scaler_->record_unscaled(skip);
+  if (gradient_clipping_ > 0 && !skip) {
     // As torch::nn::utils::clip_grad_norm_ does.
     const double factor = gradient_clipping_ / (std::sqrt(squares) + 1e-6);
     if (factor < 1) sharded_->scale_shard_grads(factor);
   }
-  context_->before_optimizer_step();
-  sharded_->update();
+  if (!skip) {
+    context_->before_optimizer_step();
+    sharded_->update();
+  }
   sharded_->zero_grad();
-  if (lr_scheduler_) lr_scheduler_->step();
+  if (lr_scheduler_ && !skip) lr_scheduler_->step();
 }
 
 // --- EngineTrialContext -------------------------------------------------------------------------
@@ -146,6 +173,16 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
     gradient_clipping_ = engine->gradient_clipping;
     zero_stage_ = engine->zero_stage;
     if (engine->bf16) context.configure_mixed_precision(torch::kBFloat16);
+    if (const auto& fp16 = engine->fp16; fp16.enabled) {
+      context.configure_mixed_precision(torch::kFloat16);
+      GradScalerOptions scaling;
+      scaling.dynamic = fp16.loss_scale == 0;
+      scaling.init_scale = scaling.dynamic ? std::ldexp(1.0, fp16.initial_scale_power) : fp16.loss_scale;
+      scaling.growth_interval = fp16.loss_scale_window;
+      scaling.hysteresis = fp16.hysteresis;
+      scaling.min_scale = scaling.dynamic ? fp16.min_loss_scale : 0;
+      fp16_ = scaling;
+    }
   }
 }
 
@@ -156,6 +193,11 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   context_.wrap_optimizer(engine->optimizer_);
   // The engine steps its scheduler once per global batch; the loop only checkpoints it.
   if (engine->lr_scheduler_) context_.wrap_lr_scheduler(engine->lr_scheduler_, StepMode::Manual);
+  if (!engine->scaler_ && fp16_) engine->scaler_ = std::make_shared<GradScaler>(*fp16_);
+  const auto& scalers = context_.scalers();  // engines may share one scaler
+  if (engine->scaler_ && std::find(scalers.begin(), scalers.end(), engine->scaler_) == scalers.end()) {
+    context_.wrap_scaler(engine->scaler_);
+  }
   engine->context_ = &context_;
   engine->train_batch_size_ = batch_.train_batch_size;
   engine->micro_batch_size_ = batch_.micro_batch_size;

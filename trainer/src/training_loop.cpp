@@ -338,6 +338,7 @@ void Loop::train_one_batch() {
     const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
     metrics = trial_->train_batch(batch, epoch, batch_idx);
   }
+  for (const auto& scaler : context_->scalers()) scaler->update();  // once the batch's optimizers stepped
   // No kernel per step: the period's values are kept and summed once per report.
   for (auto& [name, metric] : metrics) period_values_[name].push_back(metric.tensor());
   ++period_batches_;

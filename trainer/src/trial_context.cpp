@@ -120,8 +120,13 @@ void TrialContext::configure_mixed_precision(c10::ScalarType dtype) {
       mixed_precision_ = c10::ScalarType::Undefined;
       return;
     case c10::ScalarType::Half:
-      throw NotSupported("configure_mixed_precision(torch::kFloat16): float16 needs dynamic loss scaling, which is "
-                         "not built yet; use torch::kBFloat16 (float32's range, no loss scaling)");
+      if (!device_.is_cuda()) {
+        throw NotSupported("configure_mixed_precision(torch::kFloat16) on the CPU: LibTorch's CPU autocast computes in "
+                           "bfloat16 only; use torch::kBFloat16 (float32's range, no loss scaling), or train on a GPU "
+                           "(resources.gpus_per_slot)");
+      }
+      mixed_precision_ = dtype;
+      return;
     default:
       throw ConfigError(std::string("configure_mixed_precision: ") + c10::toString(dtype) +
                         " is not a mixed precision; use torch::kBFloat16, or torch::kFloat32 for none");
@@ -154,8 +159,31 @@ void TrialContext::backward(const torch::Tensor& loss, const torch::Tensor& grad
   sync.end_backward();
 }
 
+std::shared_ptr<GradScaler> TrialContext::wrap_scaler(std::shared_ptr<GradScaler> scaler) {
+  if (!scaler) throw ConfigError("wrap_scaler: the scaler is null");
+  if (std::find(scalers_.begin(), scalers_.end(), scaler) != scalers_.end()) {
+    throw ConfigError("wrap_scaler: this scaler is wrapped already");
+  }
+  scalers_.push_back(scaler);
+  return scaler;
+}
+
 void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads,
                                   bool auto_zero_grads) {
+  step(optimizer, nullptr, clip_grads, auto_zero_grads);
+}
+
+void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads,
+                                  bool auto_zero_grads) {
+  if (std::none_of(scalers_.begin(), scalers_.end(), [&](const auto& s) { return s.get() == &scaler; })) {
+    throw ConfigError("step_optimizer: this GradScaler was not wrapped; create it with context.wrap_scaler(...) so "
+                      "its scale is updated after each batch and checkpointed");
+  }
+  step(optimizer, &scaler, clip_grads, auto_zero_grads);
+}
+
+void TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads,
+                        bool auto_zero_grads) {
   const bool wrapped = std::any_of(optimizers_.begin(), optimizers_.end(),
                                    [&](const auto& o) { return o.get() == &optimizer; });
   if (!wrapped) {
@@ -192,15 +220,19 @@ void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const Clip
     }
     sync.reduce(batches_trained_);
   }
-  if (clip_grads) {
+  // The gradients are the same on every rank now, so every rank finds the same inf or NaN.
+  const bool skip = scaler != nullptr && scaler->unscale(optimizer);
+  if (clip_grads && !skip) {
     std::vector<torch::Tensor> parameters;
     for (auto& group : optimizer.param_groups()) {
       for (auto& p : group.params()) parameters.push_back(p);
     }
     clip_grads(parameters);
   }
-  if (before_optimizer_step_) before_optimizer_step_();
-  optimizer.step();
+  if (!skip) {
+    if (before_optimizer_step_) before_optimizer_step_();
+    optimizer.step();
+  }
   if (auto_zero_grads) {
     // Zeroed in place, as LibTorch 1.x's zero_grad() does, rather than set to none as 2.x's
     // does by default: the gradients stay views of the all-reduce buckets, whatever the version.

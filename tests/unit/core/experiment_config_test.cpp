@@ -775,15 +775,53 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
   EXPECT_FALSE(parse_ok(to_yaml(parse_ok(kMinimal))).engine);
 }
 
+TEST(EngineConfig, Fp16SectionIsReadAndWrittenBack) {
+  std::ifstream in(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/every_key_fp16.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  const ExperimentConfig c = parse_ok(text.str());
+  for (const ExperimentConfig& config : {c, parse_ok(to_yaml(c))}) {
+    ASSERT_TRUE(config.engine);
+    const auto& fp16 = config.engine->fp16;
+    EXPECT_TRUE(fp16.enabled);
+    EXPECT_EQ(fp16.loss_scale, 0);
+    EXPECT_EQ(fp16.initial_scale_power, 12);
+    EXPECT_EQ(fp16.loss_scale_window, 500);
+    EXPECT_EQ(fp16.hysteresis, 3);
+    EXPECT_EQ(fp16.min_loss_scale, 0.5);
+  }
+  // DeepSpeed's defaults.
+  const auto defaults = parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->fp16;
+  EXPECT_FALSE(defaults.enabled);
+  EXPECT_EQ(defaults.loss_scale, 0);
+  EXPECT_EQ(defaults.initial_scale_power, 16);
+  EXPECT_EQ(defaults.loss_scale_window, 1000);
+  EXPECT_EQ(defaults.hysteresis, 2);
+  EXPECT_EQ(defaults.min_loss_scale, 1);
+}
+
 TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
             "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 2, got \"5\"");
   EXPECT_EQ(one_error(std::string(kMinimal) +
                       "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2, reduce_bucket_size: 0}}\n"),
             "exp.yaml:4:95: engine.zero_optimization.reduce_bucket_size: must be a positive integer, got \"0\"");
-  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, fp16: {enabled: true}}\n"),
-              HasSubstr("exp.yaml:4:51: engine.fp16: float16 training with dynamic loss scaling is not built yet; "
-                        "remove the fp16 section and use `bf16: {enabled: true}`"));
+  EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, fp16: {enabled: true}}\n"),
+            "exp.yaml:4:61: engine.fp16.enabled: float16 training needs a GPU (LibTorch's CPU autocast computes in "
+            "bfloat16 only) and resources.gpus_per_slot is 0; set resources.gpus_per_slot, or use `bf16: {enabled: "
+            "true}` on the CPU");
+  EXPECT_EQ(one_error(std::string(kMinimal) +
+                      "resources: {gpus_per_slot: 1}\n"
+                      "engine: {train_micro_batch_size_per_gpu: 4, bf16: {enabled: true}, fp16: {enabled: true}}\n"),
+            "exp.yaml:5:84: engine.fp16.enabled: fp16 and bf16 are both enabled; choose one: bf16 (float32's range, "
+            "no loss scaling; the CPU and GPUs) or fp16 (GPUs, with dynamic loss scaling)");
+  EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, fp16: {hysteresis: 0}}\n"),
+            "exp.yaml:4:64: engine.fp16.hysteresis: must be a positive integer, got \"0\"");
+  EXPECT_THAT(one_error(std::string(kMinimal) +
+                        "engine: {train_micro_batch_size_per_gpu: 4, fp16: {initial_scale_power: 2, min_loss_scale: 8}}\n"),
+              HasSubstr("engine.fp16: min_loss_scale (8) is above the initial scale 2^initial_scale_power (4)"));
+  EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, fp16: {scale: 8}}\n"),
+              HasSubstr("engine.fp16.scale"));
   EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, bf16: {enabled: yes please}}\n"),
               HasSubstr("engine.bf16.enabled"));
   EXPECT_EQ(one_error(std::string(kMinimal) +

@@ -218,7 +218,7 @@ TEST(TrainingLoop, MixedPrecisionRunsTheBatchFunctionsUnderBfloat16Autocast) {
   EXPECT_EQ(trained.back(), torch::kFloat32);
 }
 
-TEST(TrialContext, MixedPrecisionIsBfloat16OrNone) {
+TEST(TrialContext, MixedPrecisionOnTheCpuIsBfloat16OrNone) {
   TempDir dir;
   LinearTrial::Options options;
   std::string half, integer;
@@ -238,7 +238,8 @@ TEST(TrialContext, MixedPrecisionIsBfloat16OrNone) {
     EXPECT_EQ(t.context_.mixed_precision(), c10::ScalarType::Undefined);
   };
   run(base_yaml(2), options, dir.path().string());
-  EXPECT_THAT(half, HasSubstr("float16 needs dynamic loss scaling, which is not built yet; use torch::kBFloat16"));
+  EXPECT_THAT(half, HasSubstr("configure_mixed_precision(torch::kFloat16) on the CPU: LibTorch's CPU autocast "
+                              "computes in bfloat16 only; use torch::kBFloat16"));
   EXPECT_THAT(integer, HasSubstr("configure_mixed_precision: Int is not a mixed precision"));
 }
 

@@ -6,6 +6,7 @@
 #include "hpctrial/trainer/core_context.h"
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/engine_trial.h"
+#include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/random.h"
@@ -23,6 +24,8 @@ using trainer::Dataset;
 using trainer::derive_seed;
 using trainer::EngineTrial;
 using trainer::EngineTrialContext;
+using trainer::GradScaler;
+using trainer::GradScalerOptions;
 using trainer::Hdf5Dataset;
 using trainer::Metrics;
 using trainer::ModelEngine;

@@ -100,6 +100,15 @@ struct EngineConfig {
   // zero_optimization.reduce_bucket_size: the elements of a bucket of gradients ZeRO reduces at once
   std::int64_t reduce_bucket_size = 500'000'000;
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
+  // fp16: forward under float16 autocast (GPUs only), float32 weights, dynamic loss scaling.
+  struct Fp16 {
+    bool enabled = false;
+    double loss_scale = 0;  // 0: dynamic; otherwise a static scale
+    int initial_scale_power = 16;  // the dynamic scale starts at 2^initial_scale_power
+    std::int64_t loss_scale_window = 1000;  // steps without overflow before the scale doubles
+    int hysteresis = 2;  // overflows in a row skipped before the scale halves
+    double min_loss_scale = 1;
+  } fp16;
 };
 
 // The batch sizes an engine trial trains with: train_batch_size records a step across the

@@ -38,12 +38,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
@@ -102,6 +104,12 @@ class ModelEngine {
   void step();
   // Whether the next step() is the one that steps the optimizer.
   bool is_gradient_accumulation_boundary() const;
+  // Loss scaling: backward() scales the loss, and the step divides the gradients by the scale
+  // and is skipped, with the LR scheduler's, when any of them is inf or NaN on any rank.
+  // engine.fp16 gives every engine one from its settings; a trial that keeps parts of its model
+  // in float16 itself can set its own, before wrapping the engine.
+  void use_grad_scaler(std::shared_ptr<GradScaler> scaler);
+  GradScaler* grad_scaler() const { return scaler_.get(); }
 
   torch::nn::Module& module() const { return *model_; }
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return model_; }
@@ -134,6 +142,7 @@ class ModelEngine {
   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler_;
   TrialContext* context_ = nullptr;  // set by wrap_model_engine
   std::unique_ptr<detail::ShardedOptimizer> sharded_;  // ZeRO stage 1
+  std::shared_ptr<GradScaler> scaler_;
   std::int64_t micro_steps_ = 0;
   std::int64_t train_batch_size_ = 0;
   std::int64_t micro_batch_size_ = 0;
@@ -208,6 +217,7 @@ class EngineTrialContext {
   core::EngineBatch batch_;
   double gradient_clipping_ = 0;
   int zero_stage_ = 0;
+  std::optional<GradScalerOptions> fp16_;  // engine.fp16's loss scaling
   std::vector<std::shared_ptr<ModelEngine>> engines_;
   bool auto_grad_accumulation_ = true;
   std::int64_t current_train_batch_ = 0;

@@ -33,6 +33,7 @@
 
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/trainer/data.h"
+#include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/metrics.h"
 
 namespace hpctrial::comm {
@@ -130,6 +131,13 @@ class TrialContext {
   using ClipGrads = std::function<void(std::vector<torch::Tensor>& parameters)>;
   void step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
                       bool auto_zero_grads = true);
+  // The same with loss scaling (the loss was context.backward(scaler.scale(loss))): the averaged
+  // gradients are divided by the scale before clip_grads, and the step is skipped when any of
+  // them is inf or NaN (on every rank alike). The harness updates the scale after train_batch.
+  void step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads = {},
+                      bool auto_zero_grads = true);
+  // Registers a GradScaler, whose scale is then checkpointed and updated after each batch.
+  std::shared_ptr<GradScaler> wrap_scaler(std::shared_ptr<GradScaler> scaler);
 
   // --- device -------------------------------------------------------------------------------
   torch::Device device() const { return device_; }
@@ -141,8 +149,9 @@ class TrialContext {
   // products, convolutions and the other ops autocast lowers compute in `dtype`, the ops that
   // need the range (losses, softmax, norms) in float32, and the parameters, their gradients and
   // the optimizer stay float32 (the master weights). backward() runs outside it. torch::kBFloat16
-  // on the CPU and on GPUs; torch::kFloat32 turns it off. float16, which needs loss scaling, is
-  // refused. Call it in the trial's constructor; an engine trial's `engine.bf16.enabled` calls it.
+  // on the CPU and on GPUs; torch::kFloat16 on GPUs only (LibTorch's CPU autocast is bfloat16
+  // only), with a wrapped GradScaler; torch::kFloat32 turns it off. Call it in the trial's
+  // constructor; an engine trial's `engine.bf16` and `engine.fp16` sections call it.
   void configure_mixed_precision(c10::ScalarType dtype);
   // The autocast type, or ScalarType::Undefined when the trial computes in its own types.
   c10::ScalarType mixed_precision() const { return mixed_precision_; }
@@ -222,6 +231,7 @@ class TrialContext {
   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
   const std::vector<WrappedScheduler>& lr_schedulers() const { return schedulers_; }
   const std::vector<WrappedReducer>& reducers() const { return reducers_; }
+  const std::vector<std::shared_ptr<GradScaler>>& scalers() const { return scalers_; }
   comm::Communicator& communicator() const { return communicator_; }
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
   // Makes every rank's parameters and buffers equal to the chief's.
@@ -251,6 +261,7 @@ class TrialContext {
   const nlohmann::json& hparam_value(const std::string& name) const;
   [[noreturn]] void throw_hparam_type(const std::string& name, const nlohmann::json& value) const;
   void divide_gradients(torch::optim::Optimizer& optimizer, double divisor);
+  void step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads, bool auto_zero_grads);
   detail::GradientSync& gradient_sync();
   bool is_sync_batch() const { return (batches_trained_ + 1) % settings_.aggregation_frequency == 0; }
 
@@ -267,6 +278,7 @@ class TrialContext {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<WrappedScheduler> schedulers_;
   std::vector<WrappedReducer> reducers_;
+  std::vector<std::shared_ptr<GradScaler>> scalers_;
   bool epoch_start_ = false;
   bool epoch_end_ = false;
   bool stop_requested_ = false;
