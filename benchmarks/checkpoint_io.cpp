@@ -39,6 +39,7 @@
 #include <hpctrial/trainer.h>
 
 #include "hpctrial/checkpoint/format.h"
+#include "io_util.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/comm/communicator.h"
@@ -46,6 +47,8 @@
 
 namespace {
 
+using hpctrial::bench::drop_cache;
+using hpctrial::bench::median;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
@@ -53,20 +56,6 @@ double seconds_of(const std::function<void()>& body) {
   const auto start = Clock::now();
   body();
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Drops the file's pages from the page cache, so that the next read comes from the device.
-void drop_cache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
 }
 
 void fsync_file(const std::string& path) {

@@ -44,7 +44,41 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_hardware(const unsigned char
 }
 #endif
 
+// Multiplication in GF(2) by a 32x32 matrix given as its columns (zlib's crc32_combine method).
+std::uint32_t times(const std::uint32_t* matrix, std::uint32_t vector) {
+  std::uint32_t sum = 0;
+  for (int i = 0; vector != 0; ++i, vector >>= 1) {
+    if (vector & 1) sum ^= matrix[i];
+  }
+  return sum;
+}
+
+void square(std::uint32_t* out, const std::uint32_t* matrix) {
+  for (int i = 0; i < 32; ++i) out[i] = times(matrix, matrix[i]);
+}
+
 }  // namespace
+
+std::uint32_t crc32c_combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_size) {
+  if (second_size == 0) return first;
+  // The operator that appends one zero bit to the CRC register, squared to append 2, 4, 8 ... bits.
+  std::uint32_t odd[32], even[32];
+  odd[0] = 0x82f63b78u;
+  for (int i = 1; i < 32; ++i) odd[i] = 1u << (i - 1);
+  square(even, odd);  // 2 zero bits
+  square(odd, even);  // 4 zero bits
+  // Appending second_size zero bytes to `first`, one power of two at a time.
+  do {
+    square(even, odd);
+    if (second_size & 1) first = times(even, first);
+    second_size >>= 1;
+    if (second_size == 0) break;
+    square(odd, even);
+    if (second_size & 1) first = times(odd, first);
+    second_size >>= 1;
+  } while (second_size != 0);
+  return first ^ second;
+}
 
 std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -64,12 +64,33 @@ void CheckpointStore::publish(const Contents& contents) {
   if (batches_it == contents.attributes.end()) throw InternalError("publish: the contents carry no 'batches'");
   const std::int64_t batches = std::stoll(batches_it->second);
   const std::string path = path_for(batches);
+  write_checkpoint(path, contents, write_options());
+  point_latest_at(path);
+}
+
+WriteOptions CheckpointStore::write_options() const {
   WriteOptions write;
   write.mode = options_.file_mode;
   write.direct_io = options_.direct_io;
   write.fs = options_.fs;
-  write_checkpoint(path, contents, write);
+  return write;
+}
 
+FilePlan CheckpointStore::plan(std::vector<DatasetSpec> datasets, std::map<std::string, std::string> attributes) const {
+  const auto batches_it = attributes.find(kBatchesAttribute);
+  if (batches_it == attributes.end()) throw InternalError("plan: the attributes carry no 'batches'");
+  return plan_checkpoint(path_for(std::stoll(batches_it->second)), std::move(datasets), std::move(attributes),
+                         write_options());
+}
+
+void CheckpointStore::publish_planned(const FilePlan& plan, const std::vector<std::uint32_t>& crcs) {
+  finish_checkpoint(plan, crcs, write_options());
+  point_latest_at(plan.path);
+}
+
+void CheckpointStore::abandon(const FilePlan& plan) const { abandon_checkpoint(plan, write_options()); }
+
+void CheckpointStore::point_latest_at(const std::string& path) {
   // The pointer, through the same seam.
   const std::string name = fs::path(path).filename().string();
   const std::string pointer = (fs::path(dir_) / kLatest).string();

@@ -6,7 +6,15 @@
 
 #include <functional>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "../../trainer/src/sharded_checkpoint.h"
 #include "../../trainer/src/zero.h"
+#include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
 #include "mpi_test_env.h"
@@ -223,6 +231,109 @@ TEST(ShardedOptimizer, AParameterThatIsNotFloat32IsRefused) {
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("parameter 0 of optimizer group 0 is Double"));
     EXPECT_THAT(e.what(), HasSubstr("build the model in float32"));
+  }
+}
+
+
+// A sharded checkpoint: every rank writes its parts of the optimizer state into the one file,
+// which holds exactly what gathering the state whole (save_whole) would have written.
+class ShardedCheckpoint : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (env().is_chief()) {
+      dir_ = (std::filesystem::temp_directory_path() / ("hpctrial-zero-ckpt-" + std::to_string(::getpid()))).string();
+      std::filesystem::remove_all(dir_);
+    }
+    comm_.broadcast(dir_, 0);
+    torch::manual_seed(3);
+    net_ = Net();
+    optimizer_ = std::make_unique<torch::optim::Adam>(net_->parameters(), torch::optim::AdamOptions(0.01));
+    ZeroOptions options;
+    options.stage = 2;
+    options.bucket_elements = 16;  // four buckets, so that parts split parameters
+    zero_ = std::make_unique<ShardedOptimizer>(*optimizer_, comm_, options);
+    for (int step = 0; step < 2; ++step) {
+      torch::manual_seed(100 + step + comm_.rank());
+      zero_->zero_grad();
+      zero_->begin_backward();
+      torch::mse_loss(net_->forward(torch::randn({4, 7})), torch::randn({4, 3})).backward();
+      zero_->end_backward();
+      zero_->step();
+    }
+    if (env().is_chief()) store_ = std::make_unique<checkpoint::CheckpointStore>(dir_, checkpoint::StoreOptions{});
+  }
+  void TearDown() override {
+    comm_.barrier();
+    if (env().is_chief()) std::filesystem::remove_all(dir_);
+  }
+  // The chief's datasets: the small ones of the sharded save, and the progress.
+  checkpoint::Contents chief_contents(const ShardedSave& mine) {
+    checkpoint::Contents contents = mine.whole;
+    contents.add_text("progress", R"({"batches": 2})");
+    contents.attributes[checkpoint::kBatchesAttribute] = "2";
+    return contents;
+  }
+
+  comm::MpiCommunicator comm_{env().world()};
+  std::string dir_;
+  Net net_{nullptr};
+  std::unique_ptr<torch::optim::Adam> optimizer_;
+  std::unique_ptr<ShardedOptimizer> zero_;
+  std::unique_ptr<checkpoint::CheckpointStore> store_;
+};
+
+TEST_F(ShardedCheckpoint, EveryRankWritesItsPartsIntoOneFileThatHoldsTheWholeState) {
+  checkpoint::Contents whole;
+  zero_->save_whole(whole, "optimizer/0");
+  ShardedSave mine;
+  zero_->save_shards(mine, "optimizer/0");
+  EXPECT_FALSE(mine.pieces.empty()) << "rank " << comm_.rank() << " owns no part";
+  const std::string path = write_sharded_checkpoint(comm_, store_.get(), chief_contents(mine), mine, {});
+  EXPECT_EQ(path, dir_ + "/ckpt-2.h5");
+  if (!env().is_chief()) return;
+  const checkpoint::Contents read = checkpoint::read_checkpoint(path);
+  EXPECT_EQ(read.datasets.size(), whole.datasets.size() + 1);  // and the progress
+  for (const auto& d : whole.datasets) {
+    const checkpoint::Dataset* got = read.find(d.name);
+    ASSERT_NE(got, nullptr) << d.name;
+    EXPECT_EQ(got->shape, d.shape) << d.name;
+    ASSERT_EQ(got->nbytes(), d.nbytes()) << d.name;
+    EXPECT_EQ(std::memcmp(got->data->data(), d.data->data(), d.nbytes()), 0) << d.name << " differs";
+  }
+  EXPECT_EQ(*store_->latest_file(), "ckpt-2.h5");
+}
+
+// Fails every piece write with ENOSPC.
+class FullDisk : public core::FileSystem {
+ public:
+  ssize_t pwrite(int, const void*, std::size_t, off_t) override {
+    errno = ENOSPC;
+    return -1;
+  }
+};
+
+// A rank whose disk is full, the chief or another: every rank fails alike, naming it, and nothing
+// is published or left behind.
+TEST_F(ShardedCheckpoint, ARankThatCannotWriteFailsEveryRankAndPublishesNothing) {
+  ShardedSave mine;
+  zero_->save_shards(mine, "optimizer/0");
+  for (int failing : {0, comm_.size() - 1}) {
+    FullDisk full;
+    checkpoint::WriteOptions pieces;
+    pieces.fs = comm_.rank() == failing ? &full : nullptr;
+    std::string message;
+    try {
+      write_sharded_checkpoint(comm_, store_.get(), chief_contents(mine), mine, pieces);
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    EXPECT_THAT(message, HasSubstr("a sharded checkpoint was not written: rank " + std::to_string(failing) +
+                                   ": cannot write"));
+    EXPECT_THAT(message, HasSubstr("No space left on device"));
+    comm_.barrier();
+    if (env().is_chief()) {
+      EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "a file or a temporary was left in " << dir_;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The training loop of one trial (internal to the trainer): set-up and resume, batches,
 // checkpoints (training_loop.cpp); training data and the per-rank state checkpoints carry
-// (loop_data.cpp); metrics and validation (loop_metrics.cpp).
+// (loop_data.cpp); metrics and validation (loop_metrics.cpp); checkpoints every rank writes part
+// of (loop_checkpoint.cpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -51,6 +52,8 @@ class Loop {
   void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;
   void save_checkpoint(bool wait);
+  // A checkpoint the loop waits for, with ZeRO on several ranks: each rank writes its own shard.
+  void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
   void finish_checkpoint();
   // Training data (loop_data.cpp).
   std::int64_t training_records_per_epoch() const;

@@ -288,8 +288,13 @@ void Loop::save_checkpoint(bool wait) {
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
+  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
+  if (wait && !shards.empty()) {
+    save_sharded_checkpoint(state, shards);
+    return;
+  }
   checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank
-  for (const auto& [index, sharded] : sharded_optimizers(*trial_, *context_)) {
+  for (const auto& [index, sharded] : shards) {
     sharded->save_whole(whole_optimizers, "optimizer/" + std::to_string(index));
   }
   if (chief()) {

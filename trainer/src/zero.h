@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/checkpoint/shared_write.h"
 #include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer::detail {
@@ -56,6 +57,21 @@ struct FlatLayout {
 // Buckets are filled from the last parameter back (the order backward produces gradients),
 // closing one before it would pass `bucket_elements`; a larger parameter has a bucket alone.
 FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks, std::int64_t bucket_elements);
+
+// A sharded save (checkpoint/shared_write.h): the state tensors every rank writes pieces of, as
+// whole logical datasets, and this rank's pieces of them.
+struct ShardPiece {
+  std::size_t dataset = 0;   // index into ShardedSave::datasets
+  std::uint64_t offset = 0;  // bytes into the dataset
+  std::shared_ptr<const checkpoint::Buffer> buffer;
+  std::size_t from = 0, size = 0;  // the piece is buffer's bytes [from, from + size)
+  std::uint32_t crc = 0;
+};
+struct ShardedSave {
+  checkpoint::Contents whole;  // the small datasets, the same on every rank: type, groups, scalars
+  std::vector<checkpoint::DatasetSpec> datasets;
+  std::vector<ShardPiece> pieces;
+};
 
 struct ZeroOptions {
   int stage = 1;                               // 1 or 2
@@ -111,6 +127,9 @@ class ShardedOptimizer {
   // Loads state written whole (by save_whole, or by an unsharded optimizer over the same
   // parameters) into this rank's shards. Local: every rank reads the contents itself.
   void load_whole(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
+  // The same datasets as save_whole, without gathering: the state tensors as specs with this
+  // rank's pieces of them (the parts it owns), checksummed; appended to `out`. Local.
+  void save_shards(ShardedSave& out, const std::string& prefix);
   // The gradients of the model's parameters and of this rank's parts to none.
   void zero_grad();
 

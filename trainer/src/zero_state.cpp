@@ -30,13 +30,20 @@ std::string state_name(const std::string& prefix, std::size_t index, const std::
   return prefix + "/state/" + std::to_string(index) + "/" + field;
 }
 
+// The optimizer's own save of this rank's parts (as optimizer "s"), its type added to `out`
+// under `prefix`, and its parameter groups.
+nlohmann::json save_parts(torch::optim::Optimizer& optimizer, checkpoint::Contents& parts, checkpoint::Contents& out,
+                          const std::string& prefix) {
+  save_optimizer(parts, "s", optimizer);
+  out.add_text(prefix + "/type", parts.at("s/type", "the sharded optimizer").text());
+  return nlohmann::json::parse(parts.at("s/param_groups", "the sharded optimizer").text());
+}
+
 }  // namespace
 
 void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
   checkpoint::Contents parts;
-  save_optimizer(parts, "s", optimizer_);
-  contents.add_text(prefix + "/type", parts.at("s/type", "the sharded optimizer").text());
-  auto groups = nlohmann::json::parse(parts.at("s/param_groups", "the sharded optimizer").text());
+  auto groups = save_parts(optimizer_, parts, contents, prefix);
   const int ranks = comm_.size();
   std::size_t first = 0;  // the index of the group's first parameter over all groups
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -69,6 +76,53 @@ void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::str
     first += group.params.size();
   }
   contents.add_text(prefix + "/param_groups", groups.dump());
+}
+
+void ShardedOptimizer::save_shards(ShardedSave& out, const std::string& prefix) {
+  checkpoint::Contents parts;
+  auto groups = save_parts(optimizer_, parts, out.whole, prefix);
+  const std::int64_t rank = comm_.rank();
+  std::size_t first = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    nlohmann::json params = nlohmann::json::array();
+    for (std::size_t i = 0; i < group.params.size(); ++i) params.push_back(first + i);
+    groups[g]["params"] = params;
+    for (std::size_t b = 0; b < group.layout.buckets.size(); ++b) {
+      const auto& bucket = group.layout.buckets[b];
+      const std::size_t index = group.first_part + b;
+      const checkpoint::Dataset* scalars = parts.find(state_name("s", index, "scalars"));
+      if (scalars == nullptr) continue;
+      // This rank's part covers these elements of the group's buffer.
+      const std::int64_t mine = bucket.begin + rank * bucket.part, mine_end = mine + bucket.part;
+      for (const std::string& field : state_fields(parts, "s", index)) {
+        const checkpoint::Dataset& part = parts.at(state_name("s", index, field), "the shard");
+        if (part.dtype != checkpoint::DType::kFloat32 || part.nbytes() != static_cast<std::size_t>(bucket.part) * 4) {
+          throw InternalError("ZeRO: optimizer state field " + field + " is not a float32 part of a bucket");
+        }
+        for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+          out.datasets.push_back({state_name(prefix, first + i, field), checkpoint::DType::kFloat32,
+                                  group.params[i].sizes().vec()});
+          const std::int64_t lo = std::max(mine, group.layout.offsets[i]);
+          const std::int64_t hi = std::min(mine_end, group.layout.offsets[i] + group.layout.numels[i]);
+          if (lo >= hi) continue;
+          ShardPiece piece;
+          piece.dataset = out.datasets.size() - 1;
+          piece.offset = static_cast<std::uint64_t>(lo - group.layout.offsets[i]) * 4;
+          piece.buffer = part.data;
+          piece.from = static_cast<std::size_t>(lo - mine) * 4;
+          piece.size = static_cast<std::size_t>(hi - lo) * 4;
+          piece.crc = checkpoint::crc32c(static_cast<const char*>(part.data->data()) + piece.from, piece.size);
+          out.pieces.push_back(std::move(piece));
+        }
+      }
+      for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+        out.whole.add_text(state_name(prefix, first + i, "scalars"), scalars->text());
+      }
+    }
+    first += group.params.size();
+  }
+  out.whole.add_text(prefix + "/param_groups", groups.dump());
 }
 
 void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const std::string& prefix,

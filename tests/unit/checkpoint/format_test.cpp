@@ -79,6 +79,26 @@ TEST(CheckpointFormat, EveryDtypeAndShapeRoundTrips) {
 
 // A checksum the producer computed while filling the buffer is stored as given: right, the file
 // reads back; wrong (the buffer changed after it was computed), the damage is found on reading.
+TEST(Crc32c, PiecesCombineIntoTheWhole) {
+  // Any split of any buffer: the pieces' CRCs combine into the whole's.
+  std::vector<unsigned char> bytes(100'003);
+  std::uint32_t state = 12345;
+  for (auto& b : bytes) b = static_cast<unsigned char>((state = state * 1103515245u + 12345u) >> 24);
+  const std::uint32_t whole = crc32c(bytes.data(), bytes.size());
+  for (std::size_t split : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{65537},
+                            bytes.size() - 1, bytes.size()}) {
+    const std::uint32_t a = crc32c(bytes.data(), split);
+    const std::uint32_t b = crc32c(bytes.data() + split, bytes.size() - split);
+    EXPECT_EQ(crc32c_combine(a, b, bytes.size() - split), whole) << "split at " << split;
+  }
+  // Three pieces, combined left to right, as a dataset written by three ranks.
+  const std::size_t p1 = 33'333, p2 = 66'666;
+  std::uint32_t crc = crc32c(bytes.data(), p1);
+  crc = crc32c_combine(crc, crc32c(bytes.data() + p1, p2 - p1), p2 - p1);
+  crc = crc32c_combine(crc, crc32c(bytes.data() + p2, bytes.size() - p2), bytes.size() - p2);
+  EXPECT_EQ(crc, whole);
+}
+
 TEST(CheckpointFormat, AChecksumComputedWhileCopyingIsStoredAsGiven) {
   TempDir dir;
   Contents c = sample();

@@ -127,5 +127,8 @@ struct Summary {
 Summary read_summary(const std::string& path);
 
 std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
+// The CRC-32C of A followed by B, from crc32c(A), crc32c(B) and B's size: the checksum of a
+// dataset from those of its pieces, written by several ranks.
+std::uint32_t crc32c_combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_size);
 
 }  // namespace hpctrial::checkpoint

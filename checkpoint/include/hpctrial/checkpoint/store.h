@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/checkpoint/shared_write.h"
 
 namespace hpctrial::checkpoint {
 
@@ -58,6 +59,13 @@ class CheckpointStore {
   std::string path_for(std::int64_t batches) const;
   // `contents` must carry the "batches" attribute (and "searcher_metric" when known).
   void publish(const Contents& contents);
+  // The same for a checkpoint several processes write (shared_write.h): plan() lays out
+  // ckpt-<batches>.h5 for `attributes`' batches under its temporary name; once every writer's
+  // bytes are durable, publish_planned() finishes it and moves `latest` and retention on.
+  FilePlan plan(std::vector<DatasetSpec> datasets, std::map<std::string, std::string> attributes) const;
+  void publish_planned(const FilePlan& plan, const std::vector<std::uint32_t>& crcs);
+  void abandon(const FilePlan& plan) const;
+  WriteOptions write_options() const;
 
   struct Loaded {
     std::string path;
@@ -75,6 +83,8 @@ class CheckpointStore {
 
  private:
   void apply_retention(const std::string& keep);
+  // Points `latest` at the published `path`, then applies retention.
+  void point_latest_at(const std::string& path);
   FileSystem& fs() const;
 
   std::string dir_;
