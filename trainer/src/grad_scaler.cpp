@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "hpctrial/core/error.h"
@@ -64,7 +65,8 @@ void GradScaler::update() {
   unscaled_ = false;
   last_skipped_ = overflow_;
   if (!overflow_) {
-    if (options_.dynamic && ++growth_tracker_ == options_.growth_interval) {
+    // At least: a resumed run may have a shorter window than the one that counted.
+    if (options_.dynamic && ++growth_tracker_ >= options_.growth_interval) {
       scale_ *= options_.growth_factor;
       growth_tracker_ = 0;
       hysteresis_left_ = options_.hysteresis;
@@ -101,7 +103,7 @@ void GradScaler::load_state_dict(const nlohmann::json& state) {
     const double scale = state.at("scale").get<double>();
     if (!(scale > 0 && std::isfinite(scale))) throw ConfigError("the scale is " + text(scale));
     scale_ = options_.dynamic ? scale : options_.init_scale;
-    growth_tracker_ = state.at("growth_tracker").get<std::int64_t>();
+    growth_tracker_ = std::max<std::int64_t>(0, state.at("growth_tracker").get<std::int64_t>());
     hysteresis_left_ = std::clamp(state.at("hysteresis_left").get<int>(), 1, options_.hysteresis);
     skipped_steps_ = state.at("skipped_steps").get<std::int64_t>();
     last_skipped_ = state.value("last_step_skipped", false);

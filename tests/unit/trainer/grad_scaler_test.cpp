@@ -168,6 +168,15 @@ TEST(GradScaler, StateRoundTrips) {
     iterate(*s, f, false);
     EXPECT_EQ(s->get_scale(), 64);
   }
+  // Counted under a longer window than the resumed run's: the next clean step grows it.
+  GradScalerOptions shorter = options;
+  shorter.growth_interval = 2;
+  GradScaler resumed(shorter);
+  nlohmann::json counted = scaler.state_dict();
+  counted["growth_tracker"] = 5;
+  resumed.load_state_dict(counted);
+  iterate(resumed, f, false);
+  EXPECT_EQ(resumed.get_scale(), 128);
   EXPECT_THROW(restored.load_state_dict(nlohmann::json{{"scale", 2.0}}), ConfigError);
   EXPECT_THROW(restored.load_state_dict(nlohmann::json{{"scale", -1.0}, {"growth_tracker", 0},
                                                        {"hysteresis_left", 1}, {"skipped_steps", 0}}),
