@@ -116,12 +116,9 @@ void ModelEngine::step() {
   }
   // Steps on the boundary only; a step whose gradients overflowed is skipped, and so is the
   // scheduler's (as in DeepSpeed).
-  if (scaler_) {
-    context_->step_optimizer(*optimizer_, *scaler_, clip);
-  } else {
-    context_->step_optimizer(*optimizer_, clip);
-  }
-  if (boundary && lr_scheduler_ && !(scaler_ && scaler_->overflowed())) lr_scheduler_->step();
+  const bool stepped =
+      scaler_ ? context_->step_optimizer(*optimizer_, *scaler_, clip) : context_->step_optimizer(*optimizer_, clip);
+  if (stepped && lr_scheduler_) lr_scheduler_->step();
   ++micro_steps_;
 }
 

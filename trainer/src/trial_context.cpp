@@ -168,21 +168,21 @@ std::shared_ptr<GradScaler> TrialContext::wrap_scaler(std::shared_ptr<GradScaler
   return scaler;
 }
 
-void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads,
+bool TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads,
                                   bool auto_zero_grads) {
-  step(optimizer, nullptr, clip_grads, auto_zero_grads);
+  return step(optimizer, nullptr, clip_grads, auto_zero_grads);
 }
 
-void TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads,
+bool TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads,
                                   bool auto_zero_grads) {
   if (std::none_of(scalers_.begin(), scalers_.end(), [&](const auto& s) { return s.get() == &scaler; })) {
     throw ConfigError("step_optimizer: this GradScaler was not wrapped; create it with context.wrap_scaler(...) so "
                       "its scale is updated after each batch and checkpointed");
   }
-  step(optimizer, &scaler, clip_grads, auto_zero_grads);
+  return step(optimizer, &scaler, clip_grads, auto_zero_grads);
 }
 
-void TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads,
+bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads,
                         bool auto_zero_grads) {
   const bool wrapped = std::any_of(optimizers_.begin(), optimizers_.end(),
                                    [&](const auto& o) { return o.get() == &optimizer; });
@@ -200,7 +200,7 @@ void TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
                       "auto_zero_grads = true, or set optimizations.aggregation_frequency: 1 in the experiment config");
   }
   // Gradients accumulate until the last batch of each aggregation group.
-  if (!is_sync_batch()) return;
+  if (!is_sync_batch()) return false;
   if (settings_.distributed.size == 1) {
     // No communication at all: only the mean over the aggregated batches.
     if (settings_.aggregation_frequency > 1) divide_gradients(optimizer, static_cast<double>(settings_.aggregation_frequency));
@@ -249,6 +249,7 @@ void TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     }
     if (gradient_sync_) gradient_sync_->zeroed(parameters);
   }
+  return !skip;
 }
 
 void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double divisor) {

@@ -127,14 +127,17 @@ class TrialContext {
   // On the last batch of each aggregation group: waits for the gradient all-reduce (averaging
   // across ranks and batches), calls clip_grads on the model's parameters (e.g.
   // torch::nn::utils::clip_grad_norm_), steps, and zeroes the gradients in place (they are
-  // never set to none, with any LibTorch version) unless auto_zero_grads is false. On other batches it does nothing, so gradients keep accumulating.
+  // never set to none, with any LibTorch version) unless auto_zero_grads is false. On other
+  // batches it does nothing, so gradients keep accumulating. Returns whether the optimizer
+  // stepped (step an LR scheduler only then).
   using ClipGrads = std::function<void(std::vector<torch::Tensor>& parameters)>;
-  void step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
+  bool step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads = {},
                       bool auto_zero_grads = true);
   // The same with loss scaling (the loss was context.backward(scaler.scale(loss))): the averaged
   // gradients are divided by the scale before clip_grads, and the step is skipped when any of
-  // them is inf or NaN (on every rank alike). The harness updates the scale after train_batch.
-  void step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads = {},
+  // this optimizer's is inf or NaN (on every rank alike; false is returned then). The harness
+  // updates the scale after train_batch.
+  bool step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads = {},
                       bool auto_zero_grads = true);
   // Registers a GradScaler, whose scale is then checkpointed and updated after each batch.
   std::shared_ptr<GradScaler> wrap_scaler(std::shared_ptr<GradScaler> scaler);
@@ -261,7 +264,7 @@ class TrialContext {
   const nlohmann::json& hparam_value(const std::string& name) const;
   [[noreturn]] void throw_hparam_type(const std::string& name, const nlohmann::json& value) const;
   void divide_gradients(torch::optim::Optimizer& optimizer, double divisor);
-  void step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads, bool auto_zero_grads);
+  bool step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads, bool auto_zero_grads);
   detail::GradientSync& gradient_sync();
   bool is_sync_batch() const { return (batches_trained_ + 1) % settings_.aggregation_frequency == 0; }
 
