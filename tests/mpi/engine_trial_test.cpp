@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <optional>
@@ -163,7 +164,7 @@ std::string yaml(int batches, const std::string& more, const std::string& global
 // With a watchdog, so that a hang fails within its timeout; `failing` runs are expected to throw
 // on every rank and go without one (a watchdog says goodbye only after a good run).
 LoopResult run(const std::string& config_yaml, const TrialFactory& factory, const std::string& dir,
-               const std::atomic<bool>* stop = nullptr, bool failing = false) {
+               const std::atomic<bool>* stop = nullptr, bool failing = false, const std::string& fault = "") {
   std::optional<comm::Watchdog> watchdog;
   if (!failing) watchdog.emplace(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}});
   comm::MpiCommunicator communicator(env().world(), watchdog ? &*watchdog : nullptr);
@@ -172,6 +173,7 @@ LoopResult run(const std::string& config_yaml, const TrialFactory& factory, cons
   loop.progress_interval_s = 0;
   loop.experiment_seed = 11;
   loop.external_stop = stop;
+  loop.fault = fault;
   loop.distributed = {env().rank(), env().size(), env().rank(), env().size(), 1};
   LoopResult result = run_training(testing_trial::config_from(config_yaml), factory, communicator, loop);
   if (watchdog) watchdog->finish();
@@ -391,6 +393,66 @@ TEST(EngineTrialZero, BfloatSixteenStopAndResumeIsBitwise) {
       at_stage(2), yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 2}}\n"), 0);
   EXPECT_EQ(without.forward_type, torch::kFloat32);
   remove_dir(whole);
+}
+
+// Periodic ZeRO checkpoints while training goes on: every rank writes its shard on a thread of
+// its own, and the step boundaries publish the file once every rank's shard is durable. They
+// hold exactly their batch's state: bitwise those the loop waits for (`async: false`).
+TEST(EngineTrialZero, PeriodicCheckpointsAreWrittenByEveryRankWhileTrainingGoesOn) {
+  const auto with = [](const std::string& async) {
+    return yaml(6, "min_checkpoint_period: {batches: 2}\ncheckpoint_storage: {save_trial_latest: 5, async: " + async +
+                       "}\nengine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 2, "
+                       "reduce_bucket_size: 10}}\n");
+  };
+  const std::string async_dir = shared_dir("async"), sync_dir = shared_dir("sync");
+  const auto factory = [](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); };
+  const LoopResult async = run(with("true"), factory, async_dir);
+  const LoopResult waited = run(with("false"), factory, sync_dir);
+  EXPECT_TRUE(async.timings.contains("checkpoint_settle")) << async.timings.dump();
+  if (env().is_chief()) {
+    for (int batch : {2, 4, 6}) {
+      const std::string name = "/checkpoints/ckpt-" + std::to_string(batch) + ".h5";
+      SCOPED_TRACE(name);
+      testing_support::expect_same_weights(sync_dir + name, async_dir + name);
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(async_dir + "/checkpoints")) {
+      EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+    }
+  }
+  remove_dir(async_dir);
+  remove_dir(sync_dir);
+}
+
+// A rank whose shard fails to be written - the chief or another, while training goes on or
+// while the loop waits - fails every rank with a CheckpointError naming it; the file is removed
+// and the previous checkpoint stays the latest.
+TEST(EngineTrialZero, AShardThatFailsOnAnyRankFailsEveryRankAndPublishesNothing) {
+  for (const std::string async : {"true", "false"}) {
+    for (int rank : {0, env().size() - 1}) {
+      SCOPED_TRACE("async " + async + ", rank " + std::to_string(rank));
+      const std::string dir = shared_dir("failing");
+      const std::string fault = "rank" + std::to_string(rank) + ":step4:shards:throw";
+      std::string message;
+      try {
+        run(yaml(6, "min_checkpoint_period: {batches: 2}\ncheckpoint_storage: {async: " + async +
+                        "}\nengine: {zero_optimization: {stage: 2}}\n"),
+            [](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir, nullptr, true, fault);
+      } catch (const CheckpointError& e) {
+        message = e.what();
+      }
+      EXPECT_THAT(message, HasSubstr("a sharded checkpoint was not written: rank " + std::to_string(rank) +
+                                     ": injected fault " + fault));
+      if (env().is_chief()) {
+        std::vector<std::string> names;
+        for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+          names.push_back(entry.path().filename().string());
+        }
+        std::sort(names.begin(), names.end());
+        EXPECT_EQ(names, (std::vector<std::string>{"ckpt-2.h5", "latest"}));
+      }
+      remove_dir(dir);
+    }
+  }
 }
 
 // Each mistake is found alike on every rank, so every rank fails and none waits for another.

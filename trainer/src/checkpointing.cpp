@@ -1,7 +1,5 @@
 #include "checkpointing.h"
 
-#include "zero.h"
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/text.h"
+#include "sharded_checkpoint.h"
 #include "state_io.h"
 #include "zero.h"
 
@@ -260,6 +259,42 @@ std::optional<std::string> AsyncCheckpointWriter::wait() {
   return std::exchange(done_, std::nullopt);
 }
 
+// A checkpoint other ranks write parts of: the chief's datasets into the laid-out file, then,
+// once the loop has learnt that every rank's pieces are durable, publication. `written` is called
+// whatever happens, since every rank waits for it.
+std::exception_ptr AsyncCheckpointWriter::write_planned(PlannedWrite& planned, const checkpoint::Contents& contents,
+                                                        std::exception_ptr error) {
+  const auto message = [](const std::exception_ptr& e) -> std::string {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "an unknown error";
+    }
+  };
+  bool reported = false;
+  if (!error) {
+    try {
+      auto crcs = write_planned_datasets(contents, planned.plan, store_.write_options());
+      planned.written({});
+      reported = true;
+      const auto shared = planned.pieces();
+      crcs.insert(crcs.end(), shared.begin(), shared.end());
+      store_.publish_planned(planned.plan, crcs);
+      return nullptr;
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!reported) planned.written(message(error));
+  try {
+    store_.abandon(planned.plan);
+  } catch (...) {  // the first error is the one to tell
+  }
+  return error;
+}
+
 void AsyncCheckpointWriter::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -311,7 +346,10 @@ void AsyncCheckpointWriter::run() {
     copying_ = false;
     changed_.notify_all();
     lock.unlock();
-    if (!error) {
+    if (snapshot.planned) {
+      error = write_planned(*snapshot.planned, snapshot.contents, error);
+      if (!error) path = snapshot.planned->plan.path;
+    } else if (!error) {
       try {
         path = store_.path_for(std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute)));
         store_.publish(snapshot.contents);

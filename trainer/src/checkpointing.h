@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "hpctrial/checkpoint/shared_write.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/trial.h"
@@ -68,6 +69,16 @@ struct TrialIdentity {
 
 using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
 
+// What the chief's AsyncCheckpointWriter needs to write its datasets into a laid-out file and
+// publish it once every rank's pieces are durable.
+struct PlannedWrite {
+  checkpoint::FilePlan plan;
+  // Called once, on the writer's thread: the chief's datasets are durable (empty) or failed.
+  std::function<void(const std::string& error)> written;
+  // Blocks until the loop has settled: the CRCs of the shared datasets, or a CheckpointError.
+  std::function<std::vector<std::uint32_t>()> pieces;
+};
+
 // The state at this step boundary. With `defer`, parameters and optimizer state on the CPU are
 // not copied here but by the writer's thread (AsyncCheckpointWriter); until it has, the
 // optimizer must not step (the loop holds step_optimizer). Everything else - buffers, which a
@@ -75,6 +86,8 @@ using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
 struct Snapshot {
   checkpoint::Contents contents;
   Deferred deferred;
+  // Set: the file is laid out already and other ranks write parts of it (sharded_checkpoint.h).
+  std::optional<PlannedWrite> planned;
 };
 // `whole_optimizers`: the datasets of the context's sharded optimizers (ZeRO), gathered whole by
 // every rank beforehand (ShardedOptimizer::save_whole), used in place of their shards.
@@ -109,6 +122,7 @@ class AsyncCheckpointWriter {
 
  private:
   void run();
+  std::exception_ptr write_planned(PlannedWrite& planned, const checkpoint::Contents& contents, std::exception_ptr error);
 
   checkpoint::CheckpointStore& store_;
   std::mutex mutex_;

@@ -234,11 +234,14 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
         if (m[1] == "restart") for_restart = static_cast<int>(n);
       } else if (const auto phase = core::parse_phase(word); phase && *phase != FaultPhase::kShutdown) {
         f.phase = *phase;
+      } else if (word == "shards") {
+        f.phase = FaultPhase::kCheckpoint;
+        f.shards = true;
       } else if (std::regex_match(word, action)) {
         f.action = word;
       } else {
         throw ConfigError("HPCTRIAL_FAULT: \"" + word + "\" in \"" + text + "\" is not rank<N>, step<N>, restart<N>, "
-                          "batch, validation, checkpoint or an action (exit<N>, sigkill, segv, abort, throw, hang)");
+                          "batch, validation, checkpoint, shards or an action (exit<N>, sigkill, segv, abort, throw, hang)");
       }
     }
     if (f.action.empty()) throw ConfigError("HPCTRIAL_FAULT: \"" + text + "\" names no action, e.g. rank1:step7:sigkill");
@@ -246,9 +249,9 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
   }
 }
 
-void FaultPlan::at(FaultPhase phase, long long step) const {
+void FaultPlan::at(FaultPhase phase, long long step, bool shards) const {
   for (const auto& f : faults_) {
-    if (f.phase != phase || (f.step && *f.step != step)) continue;
+    if (f.phase != phase || f.shards != shards || (f.step && *f.step != step)) continue;
     std::fprintf(stderr, "injected fault %s on rank %d at step %lld (unix ms %lld)\n", f.text.c_str(), rank_, step,
                  unix_ms());
     std::fflush(stderr);

@@ -124,13 +124,16 @@ class FaultPlan {
   // Parses the spec; ConfigError naming HPCTRIAL_FAULT and the bad word.
   FaultPlan(const std::string& spec, int rank, int restart_count);
   // Acts when a fault matches this rank, restart, phase and step (batches trained so far).
-  void at(FaultPhase phase, long long step) const;
+  // `shards`: in the middle of writing this rank's pieces of a sharded checkpoint (the word
+  // `shards`), on the thread that writes them.
+  void at(FaultPhase phase, long long step, bool shards = false) const;
   bool empty() const { return faults_.empty(); }
 
  private:
   struct Fault {
     std::optional<long long> step;
     FaultPhase phase = FaultPhase::kBatch;
+    bool shards = false;
     std::string action;
     std::string text;
   };

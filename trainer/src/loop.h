@@ -24,6 +24,7 @@
 #include "launch_contract.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
+#include "sharded_checkpoint.h"
 #include "stream_reader.h"
 
 namespace hpctrial::trainer::detail {
@@ -52,8 +53,12 @@ class Loop {
   void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;
   void save_checkpoint(bool wait);
-  // A checkpoint the loop waits for, with ZeRO on several ranks: each rank writes its own shard.
+  // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop_checkpoint.cpp):
+  // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
   void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
+  void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
+  void settle_sharded_checkpoint();
+  std::function<void()> shard_fault_hook() const;
   void finish_checkpoint();
   // Training data (loop_data.cpp).
   std::int64_t training_records_per_epoch() const;
@@ -116,6 +121,9 @@ class Loop {
   // Checkpoints (the chief writes them; every rank restores).
   std::unique_ptr<checkpoint::CheckpointStore> store_;
   std::unique_ptr<detail::AsyncCheckpointWriter> writer_;
+  // The sharded checkpoint being written while training goes on; gone before writer_, whose
+  // thread it releases.
+  std::unique_ptr<detail::ShardedWriteInFlight> sharded_in_flight_;
   detail::TrialIdentity identity_;
   nlohmann::json settings_hparams_;
   Period checkpoint_period_;

@@ -30,7 +30,8 @@ std::vector<PieceRecord> decode(const std::string& bytes) {
   return out;
 }
 
-// A status every rank learns: empty when all went well, else what failed.
+}  // namespace
+
 std::string agree(comm::Communicator& comm, const std::string& mine) {
   const auto all = comm.gather(mine, 0);
   std::string first;
@@ -41,8 +42,7 @@ std::string agree(comm::Communicator& comm, const std::string& mine) {
   return first;
 }
 
-// The checksum of each shared dataset from its pieces, which must tile it exactly.
-std::vector<std::uint32_t> combine(const std::vector<checkpoint::DatasetSpec>& datasets,
+std::vector<std::uint32_t> combine_piece_crcs(const std::vector<checkpoint::DatasetSpec>& datasets,
                                    const std::vector<std::string>& gathered) {
   std::vector<std::vector<PieceRecord>> by_dataset(datasets.size());
   for (const auto& bytes : gathered) {
@@ -71,78 +71,152 @@ std::vector<std::uint32_t> combine(const std::vector<checkpoint::DatasetSpec>& d
   return crcs;
 }
 
-}  // namespace
-
-std::string write_sharded_checkpoint(comm::Communicator& comm, checkpoint::CheckpointStore* store,
-                                     const checkpoint::Contents& contents, const ShardedSave& mine,
-                                     const checkpoint::WriteOptions& pieces) {
+PieceLayout lay_out_pieces(comm::Communicator& comm, checkpoint::CheckpointStore* store,
+                           std::vector<checkpoint::DatasetSpec> chief_datasets,
+                           std::map<std::string, std::string> attributes, const ShardedSave& mine) {
   const bool chief = comm.rank() == 0;
-  const auto gathered = comm.gather(encode(mine.pieces), 0);
-
-  // The layout, and where each shared dataset starts, from the chief.
-  checkpoint::FilePlan plan;
+  PieceLayout layout;
+  layout.gathered = comm.gather(encode(mine.pieces), 0);
   std::string error;
+  std::string where;
   if (chief) {
     try {
-      std::vector<checkpoint::DatasetSpec> specs;
-      for (const auto& d : contents.datasets) specs.push_back({d.name, d.dtype, d.shape});
-      specs.insert(specs.end(), mine.datasets.begin(), mine.datasets.end());
-      plan = store->plan(std::move(specs), contents.attributes);
+      const std::size_t own = chief_datasets.size();
+      chief_datasets.insert(chief_datasets.end(), mine.datasets.begin(), mine.datasets.end());
+      layout.plan = store->plan(std::move(chief_datasets), std::move(attributes));
+      where = layout.plan.temp + '\n';
+      where.append(reinterpret_cast<const char*>(layout.plan.offsets.data() + own),
+                   mine.datasets.size() * sizeof(std::uint64_t));
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  std::string where;
-  if (chief && error.empty()) {
-    where = plan.temp + '\n';
-    where.append(reinterpret_cast<const char*>(plan.offsets.data() + contents.datasets.size()),
-                 mine.datasets.size() * sizeof(std::uint64_t));
-  }
   comm.broadcast(error, 0);
   if (!error.empty()) throw CheckpointError("rank 0: " + error);
   comm.broadcast(where, 0);
-  const std::string temp = where.substr(0, where.find('\n'));
-  std::vector<std::uint64_t> offsets(mine.datasets.size());
-  std::memcpy(offsets.data(), where.data() + temp.size() + 1, offsets.size() * sizeof(std::uint64_t));
+  layout.temp = where.substr(0, where.find('\n'));
+  layout.offsets.resize(mine.datasets.size());
+  std::memcpy(layout.offsets.data(), where.data() + layout.temp.size() + 1, layout.offsets.size() * sizeof(std::uint64_t));
+  return layout;
+}
+
+std::string write_pieces(const PieceLayout& layout, const ShardedSave& mine, const checkpoint::WriteOptions& options,
+                         const std::function<void()>& midway) {
+  try {
+    checkpoint::PieceWriter out(layout.temp, options);
+    for (std::size_t k = 0; k < mine.pieces.size(); ++k) {
+      if (midway && k == mine.pieces.size() / 2) midway();
+      const auto& p = mine.pieces[k];
+      out.write(layout.offsets[p.dataset] + p.offset, static_cast<const char*>(p.buffer->data()) + p.from, p.size);
+    }
+    if (midway && mine.pieces.empty()) midway();
+    out.sync();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Writes the chief's datasets into the planned file and makes them durable; their checksums.
+std::vector<std::uint32_t> write_planned_datasets(const checkpoint::Contents& contents, const checkpoint::FilePlan& plan,
+                                                  const checkpoint::WriteOptions& options) {
+  std::vector<std::uint32_t> crcs;
+  checkpoint::PieceWriter out(plan.temp, options);
+  for (std::size_t i = 0; i < contents.datasets.size(); ++i) {
+    const auto& d = contents.datasets[i];
+    if (d.nbytes() > 0) out.write(plan.offsets[i], d.data->data(), d.nbytes());
+    crcs.push_back(d.crc32c_known ? d.crc32c : d.nbytes() > 0 ? checkpoint::crc32c(d.data->data(), d.nbytes()) : 0);
+  }
+  out.sync();
+  return crcs;
+}
+
+std::string write_sharded_checkpoint(comm::Communicator& comm, checkpoint::CheckpointStore* store,
+                                     const checkpoint::Contents& contents, const ShardedSave& mine,
+                                     const checkpoint::WriteOptions& pieces, const std::function<void()>& midway) {
+  const bool chief = comm.rank() == 0;
+  std::vector<checkpoint::DatasetSpec> own;
+  for (const auto& d : contents.datasets) own.push_back({d.name, d.dtype, d.shape});
+  const PieceLayout layout = lay_out_pieces(comm, store, std::move(own), contents.attributes, mine);
 
   // Every rank's pieces, durable before the chief finishes the file.
-  std::string mine_error;
-  try {
-    checkpoint::PieceWriter out(temp, pieces);
-    for (const auto& p : mine.pieces) {
-      out.write(offsets[p.dataset] + p.offset, static_cast<const char*>(p.buffer->data()) + p.from, p.size);
-    }
-    out.sync();
-  } catch (const Error& e) {
-    mine_error = e.what();
-  }
-  error = agree(comm, mine_error);
-  if (chief && !error.empty()) store->abandon(plan);
+  std::string error = agree(comm, write_pieces(layout, mine, pieces, midway));
+  if (chief && !error.empty()) store->abandon(layout.plan);
   if (!error.empty()) throw CheckpointError("a sharded checkpoint was not written: " + error);
 
   if (chief) {
     try {
-      std::vector<std::uint32_t> crcs;
-      checkpoint::PieceWriter out(plan.temp, store->write_options());
-      for (std::size_t i = 0; i < contents.datasets.size(); ++i) {
-        const auto& d = contents.datasets[i];
-        if (d.nbytes() > 0) out.write(plan.offsets[i], d.data->data(), d.nbytes());
-        crcs.push_back(d.crc32c_known ? d.crc32c : d.nbytes() > 0 ? checkpoint::crc32c(d.data->data(), d.nbytes()) : 0);
-      }
-      out.sync();
-      const auto shared = combine(mine.datasets, gathered);
+      auto crcs = write_planned_datasets(contents, layout.plan, store->write_options());
+      const auto shared = combine_piece_crcs(mine.datasets, layout.gathered);
       crcs.insert(crcs.end(), shared.begin(), shared.end());
-      store->publish_planned(plan, crcs);
+      store->publish_planned(layout.plan, crcs);
     } catch (const Error& e) {
-      store->abandon(plan);
+      store->abandon(layout.plan);
       error = e.what();
     }
   }
   comm.broadcast(error, 0);
   if (!error.empty()) throw CheckpointError("a sharded checkpoint was not published: rank 0: " + error);
-  std::string path = chief ? plan.path : std::string();
+  std::string path = chief ? layout.plan.path : std::string();
   comm.broadcast(path, 0);
   return path;
+}
+
+ShardedWriteInFlight::ShardedWriteInFlight(PieceLayout layout, ShardedSave mine, const checkpoint::WriteOptions& options,
+                                           std::function<void()> midway, bool chief)
+    : layout_(std::move(layout)), mine_(std::move(mine)) {
+  shared_->outstanding = chief ? 2 : 1;  // the pieces; the chief's datasets
+  thread_ = std::thread([this, options, midway = std::move(midway)] {
+    part_done(*shared_, write_pieces(layout_, mine_, options, midway));
+  });
+}
+
+ShardedWriteInFlight::~ShardedWriteInFlight() {
+  thread_.join();
+  abandon("the loop ended before every rank's pieces were durable");
+}
+
+void ShardedWriteInFlight::part_done(Shared& shared, const std::string& error) {
+  std::lock_guard<std::mutex> lock(shared.mutex);
+  if (shared.error.empty()) shared.error = error;
+  --shared.outstanding;
+  shared.changed.notify_all();
+}
+
+bool ShardedWriteInFlight::done() const {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return shared_->outstanding == 0;
+}
+
+std::string ShardedWriteInFlight::wait() {
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  shared_->changed.wait(lock, [&] { return shared_->outstanding == 0; });
+  return shared_->error;
+}
+
+PlannedWrite ShardedWriteInFlight::planned() {
+  PlannedWrite p;
+  p.plan = layout_.plan;
+  // The writer may outlive this object (it is told to abandon then): it holds the shared state.
+  const std::shared_ptr<Shared> shared = shared_;
+  p.written = [shared](const std::string& error) { part_done(*shared, error); };
+  auto future = std::make_shared<std::shared_future<std::vector<std::uint32_t>>>(shared->crcs.get_future().share());
+  p.pieces = [future] { return future->get(); };
+  return p;
+}
+
+void ShardedWriteInFlight::publish(std::vector<std::uint32_t> crcs) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  if (shared_->settled) return;
+  shared_->settled = true;
+  shared_->crcs.set_value(std::move(crcs));
+}
+
+void ShardedWriteInFlight::abandon(const std::string& why) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  if (shared_->settled) return;
+  shared_->settled = true;
+  shared_->crcs.set_exception(std::make_exception_ptr(CheckpointError("a sharded checkpoint was abandoned: " + why)));
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -288,9 +288,10 @@ void Loop::save_checkpoint(bool wait) {
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
+  settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  if (wait && !shards.empty()) {
-    save_sharded_checkpoint(state, shards);
+  if (!shards.empty()) {
+    wait ? save_sharded_checkpoint(state, shards) : start_sharded_checkpoint(state, shards);
     return;
   }
   checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank
@@ -392,11 +393,13 @@ LoopResult Loop::run() {
     const bool time_to_checkpoint =
         chief() && checkpoint_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
-    std::int64_t flags[4] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
-                             time_to_checkpoint ? 1 : 0};
+    const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
+    std::int64_t flags[5] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
+                             time_to_checkpoint ? 1 : 0, writing_shards ? 1 : 0};
     detail::record_phase(core::RankPhase::kAgreement);
     faults_->at(detail::FaultPhase::kAgreement, batches_trained_);
-    comm_.allreduce(flags, 4, DType::kInt64, ReduceOp::kMax);
+    comm_.allreduce(flags, 5, DType::kInt64, ReduceOp::kMax);
+    if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
     const bool last = batches_trained_ == max_batches_;
     const bool validate_now =
         flags[2] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
@@ -441,6 +444,7 @@ LoopResult Loop::run() {
   detail::record_phase(core::RankPhase::kShutdown);
   if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
   if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
+  settle_sharded_checkpoint();
   finish_checkpoint();
   progress_->update(batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)), last_loss_, true);
   progress_->finish();

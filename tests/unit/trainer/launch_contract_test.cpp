@@ -56,6 +56,12 @@ TEST(FaultPlan, ActsAtItsPhaseAndStepOnly) {
   const FaultPlan any_step("throw", 0, 0);
   EXPECT_THROW(any_step.at(FaultPhase::kBatch, 123), std::runtime_error) << "batch is the default phase";
   EXPECT_NO_THROW(any_step.at(FaultPhase::kCheckpoint, 123));
+  // `shards`: while this rank writes its pieces of a sharded checkpoint, not as the checkpoint starts.
+  const FaultPlan shards("step4:shards:throw", 0, 0);
+  EXPECT_NO_THROW(shards.at(FaultPhase::kCheckpoint, 4));
+  EXPECT_THROW(shards.at(FaultPhase::kCheckpoint, 4, /*shards=*/true), std::runtime_error);
+  EXPECT_NO_THROW(shards.at(FaultPhase::kCheckpoint, 2, /*shards=*/true));
+  EXPECT_NO_THROW(FaultPlan("step4:checkpoint:throw", 0, 0).at(FaultPhase::kCheckpoint, 4, /*shards=*/true));
 }
 
 TEST(FaultPlan, ExitAndSignalActionsEndTheProcessAsAsked) {
