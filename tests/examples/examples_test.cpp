@@ -583,6 +583,37 @@ TEST_F(MlpExample, TheEngineExampleKilledWhileWritingShardsResumesFromTheCheckpo
   }
 }
 
+// A rank whose shard write never ends (a hung filesystem) cannot hang the job: training goes on
+// while the shard is in flight, the next checkpoint waits for it, and the others' watchdog ends
+// the run within the collective timeout, naming the rank; the checkpoint it was writing is never
+// published.
+TEST_F(MlpExample, AShardWriteThatNeverEndsEndsTheRunNamingTheRank) {
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(300);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                     {"HPCTRIAL_FAULT", "rank1:step100:shards:hang"}};
+  const std::string experiment = (dir_.path() / "hung").string();
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = core::run_process(
+      {HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/engine/experiment.yaml", "--set",
+       std::string("entrypoint=") + HPCTRIAL_ENGINE, "--set", "data.train=" + train_, "--set",
+       "data.validation=" + validation_, "--set", "engine.bf16.enabled=false", "--set",
+       "searcher.max_length.batches=200", "--set", "min_checkpoint_period.batches=50", "--set",
+       "optimizations.collective_timeout=3s", "--set", "max_restarts=0", "--experiment", experiment,
+       "--oversubscribe"},
+      options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::string out = r.out + r.err;
+  std::printf("[ measured ] a shard write hung on rank 1: hpctrial run ended after %.1f s\n", seconds);
+  EXPECT_NE(r.exit_code, 0) << out;
+  EXPECT_FALSE(r.timed_out) << out;
+  EXPECT_THAT(out, HasSubstr("injected fault rank1:step100:shards:hang on rank 1 at step 100"));
+  EXPECT_THAT(out, testing::ContainsRegex("rank 1[^\n]*(stopped answering|did not arrive|not arrive)")) << out;
+  const std::string checkpoints = experiment + "/trial-0/checkpoints";
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/ckpt-50.h5"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/ckpt-100.h5"));
+}
+
 // The sequence example's grid under `hpctrial run`: trial 0 reaches its target accuracy and ends
 // itself (set_stop_requested) before max_length, complete; the grid goes on with trial 1, which
 // trains its full length. Both learn from padded, named batches.
