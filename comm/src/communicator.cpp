@@ -99,6 +99,10 @@ void check_reduction(DType dtype, ReduceOp op) {
   }
 }
 
+void check_color(int color) {
+  if (color < 0) throw CommError("split: color " + std::to_string(color) + " is negative; colors are 0 or more");
+}
+
 void check_root(int root, int size, const char* operation) {
   if (root < 0 || root >= size) {
     throw CommError(std::string(operation) + ": root rank " + std::to_string(root) + " is not in 0.." +
@@ -276,6 +280,11 @@ void LocalCommunicator::broadcast(std::string&, int root) { check_root(root, 1, 
 std::vector<std::string> LocalCommunicator::gather(const std::string& bytes, int root) {
   check_root(root, 1, "gather");
   return {bytes};
+}
+
+std::unique_ptr<Communicator> LocalCommunicator::split(int color, int /*key*/) {
+  check_color(color);
+  return std::make_unique<LocalCommunicator>();
 }
 
 // --- MpiCommunicator ----------------------------------------------------------------------------
@@ -488,6 +497,17 @@ void MpiCommunicator::barrier() {
 
 void MpiCommunicator::set_step(std::int64_t step) {
   if (watchdog_) watchdog_->set_step(step);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  check_color(color);
+  MPI_Comm group = MPI_COMM_NULL;
+  {
+    Watchdog::Scope watch(watchdog_, "split");
+    HPCTRIAL_MPI_CHECK(MPI_Comm_split(comm_.get(), color, key, &group));
+  }
+  const MpiComm owned = MpiComm::adopt(group);  // the new communicator holds duplicates
+  return std::make_unique<MpiCommunicator>(owned.get(), watchdog_);
 }
 
 }  // namespace hpctrial::comm

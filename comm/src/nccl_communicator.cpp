@@ -5,6 +5,7 @@
 
 #include "cuda_handles.h"
 #include "hpctrial/comm/mpi_check.h"
+#include "hpctrial/comm/mpi_comm.h"
 #include "hpctrial/comm/watchdog.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
@@ -177,6 +178,15 @@ class NcclCommunicator final : public Communicator {
   std::vector<std::string> gather(const std::string& bytes, int root) override { return host_.gather(bytes, root); }
   void barrier() override { host_.barrier(); }
   void set_step(std::int64_t step) override { host_.set_step(step); }
+
+  // The group's own NCCL communicator, bootstrapped over the MPI split, on this rank's GPU.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) throw CommError("split: color " + std::to_string(color) + " is negative; colors are 0 or more");
+    MPI_Comm group = MPI_COMM_NULL;
+    HPCTRIAL_MPI_CHECK(MPI_Comm_split(host_.comm(), color, key, &group));
+    const MpiComm owned = MpiComm::adopt(group);
+    return std::make_unique<NcclCommunicator>(owned.get(), device_, watchdog_);
+  }
 
  private:
   template <typename Call>

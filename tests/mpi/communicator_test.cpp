@@ -318,6 +318,47 @@ TEST(MpiCommunicator, AsyncReduceScatterAndAllgatherRunInOrder) {
   for (int b = 0; b < n; ++b) EXPECT_DOUBLE_EQ(all[4 * b + 1], 50.0 * (n - 1) + 10.0 * b + 1);
 }
 
+// The layout of model parallelism on 4 ranks: two copies of a model cut in two. The ranks of one
+// copy (0-1, 2-3) and the ranks of one part (0-2, 1-3) each talk among themselves; a key reverses
+// the order; the groups report to the watchdog of the communicator they came from.
+TEST(MpiCommunicator, SplitGivesEachGroupItsOwnCollectives) {
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  MpiCommunicator world(env().world(), &watchdog);
+  const int rank = world.rank(), size = world.size();
+  const int parts = size % 2 == 0 ? 2 : 1;
+  const auto copy = world.split(rank / parts, rank);  // the ranks of one copy of the model
+  const auto part = world.split(rank % parts, rank);  // the ranks that hold the same part
+  EXPECT_EQ(copy->size(), parts);
+  EXPECT_EQ(copy->rank(), rank % parts);
+  EXPECT_EQ(part->size(), size / parts);
+  EXPECT_EQ(part->rank(), rank / parts);
+  // Sums stay in their group: the copy's ranks, and the part's.
+  std::vector<double> v = {static_cast<double>(rank)};
+  copy->allreduce(v, ReduceOp::kSum);
+  const int first = rank / parts * parts;
+  EXPECT_EQ(v[0], parts == 2 ? 2.0 * first + 1 : static_cast<double>(rank));
+  std::vector<double> w = {static_cast<double>(rank)};
+  part->allreduce_async(w.data(), 1, DType::kFloat64, ReduceOp::kSum)->wait();
+  double expected = 0;
+  for (int r = rank % parts; r < size; r += parts) expected += r;
+  EXPECT_EQ(w[0], expected);
+  EXPECT_EQ(part->allgather(std::to_string(rank)).size(), static_cast<std::size_t>(size / parts));
+  // The key orders the group: reversed, the last rank is the group's chief.
+  const auto reversed = world.split(0, size - rank);
+  EXPECT_EQ(reversed->rank(), size - 1 - rank);
+  std::string chief = std::to_string(rank);
+  reversed->broadcast(chief, 0);
+  EXPECT_EQ(chief, std::to_string(size - 1));
+  EXPECT_THROW(world.split(-1, 0), CommError);
+  const std::uint64_t before = watchdog.enter("probe");
+  watchdog.leave(before);
+  copy->barrier();
+  const std::uint64_t after = watchdog.enter("probe");
+  watchdog.leave(after);
+  EXPECT_EQ(after, before + 2) << "the group's barrier was reported";
+  watchdog.finish();
+}
+
 TEST(LocalCommunicator, IsAWorldOfOne) {
   LocalCommunicator comm;
   std::vector<double> d = {2.0};
@@ -341,6 +382,10 @@ TEST(LocalCommunicator, IsAWorldOfOne) {
   out.assign(2, 0.0f);
   comm.allgather(block.data(), out.data(), 2, DType::kFloat32);
   EXPECT_EQ(out, block);
+  const auto group = comm.split(3, 7);
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(group->rank(), 0);
+  EXPECT_THROW(comm.split(-1, 0), CommError);
 }
 
 }  // namespace

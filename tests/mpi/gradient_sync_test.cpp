@@ -49,6 +49,7 @@ class CountingCommunicator final : public comm::Communicator {
   std::vector<std::string> allgather(const std::string& bytes) override { return inner_.allgather(bytes); }
   std::vector<std::string> gather(const std::string& bytes, int root) override { return inner_.gather(bytes, root); }
   void barrier() override { inner_.barrier(); }
+  std::unique_ptr<comm::Communicator> split(int color, int key) override { return inner_.split(color, key); }
   std::atomic<int> launched{0};
 
  private:

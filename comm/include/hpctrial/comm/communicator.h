@@ -99,6 +99,12 @@ class Communicator {
   // The training step the following collectives belong to: named by the watchdog.
   virtual void set_step(std::int64_t /*step*/) {}
 
+  // As MPI_Comm_split: a communicator of the ranks that pass the same `color` (0 or more),
+  // ranked by `key` and then by rank here; a collective of this communicator. The new one is of
+  // the same kind (host or device) and reports to the same watchdog. Model parallelism talks
+  // over such groups: the ranks that hold one part of the model, the ranks that hold one copy.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
   // Conveniences built on the above.
   void allreduce(std::vector<double>& values, ReduceOp op) {
     allreduce(values.data(), values.size(), DType::kFloat64, op);
@@ -122,6 +128,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<std::string> allgather(const std::string& bytes) override { return {bytes}; }
   std::vector<std::string> gather(const std::string& bytes, int root) override;
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int color, int key) override;
 };
 
 // Host-memory collectives over MPI. Owns two duplicates of the given communicator (so
@@ -150,6 +157,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::string> gather(const std::string& bytes, int root) override;
   void barrier() override;
   void set_step(std::int64_t step) override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
   MPI_Comm comm() const { return comm_.get(); }
 
  private:
