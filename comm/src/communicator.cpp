@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "checks.h"
 #include "float16.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
@@ -14,6 +15,11 @@
 
 namespace hpctrial::comm {
 namespace {
+
+using detail::check_color;
+using detail::check_reduction;
+using detail::check_root;
+using detail::is_floating;
 
 // Messages are split into pieces of at most this many bytes: MPI counts are ints, and
 // shared-memory all-reduce is fastest around tens of MiB per message.
@@ -85,29 +91,6 @@ MPI_Op to_mpi(DType dtype, ReduceOp op) {
     case ReduceOp::kMin: return MPI_MIN;
   }
   return MPI_OP_NULL;
-}
-
-bool is_floating(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
-         dtype == DType::kBFloat16;
-}
-
-void check_reduction(DType dtype, ReduceOp op) {
-  if (op == ReduceOp::kAvg && !is_floating(dtype)) {
-    throw CommError(std::string("allreduce: an average of ") + to_string(dtype) +
-                    " values is not defined; reduce with sum and divide, or use a floating-point type");
-  }
-}
-
-void check_color(int color) {
-  if (color < 0) throw CommError("split: color " + std::to_string(color) + " is negative; colors are 0 or more");
-}
-
-void check_root(int root, int size, const char* operation) {
-  if (root < 0 || root >= size) {
-    throw CommError(std::string(operation) + ": root rank " + std::to_string(root) + " is not in 0.." +
-                    std::to_string(size - 1));
-  }
 }
 
 // Divides `count` values by `divisor` in place (the second half of an average).
@@ -218,11 +201,6 @@ void allgather_on(MPI_Comm comm, int rank, int size, const void* send, void* rec
   }
 }
 
-class CompletedWork final : public Work {
- public:
-  bool wait(std::chrono::milliseconds) override { return true; }
-};
-
 }  // namespace
 
 const char* to_string(ReduceOp op) {
@@ -233,58 +211,6 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::kMin: return "min";
   }
   return "unknown";
-}
-
-void Work::wait() {
-  while (!wait(std::chrono::hours(1))) {
-  }
-}
-
-WorkHandle completed_work() {
-  static const WorkHandle done = std::make_shared<CompletedWork>();
-  return done;
-}
-
-bool Communicator::any(bool local) {
-  std::int64_t flag = local ? 1 : 0;
-  allreduce(&flag, 1, DType::kInt64, ReduceOp::kMax);
-  return flag != 0;
-}
-
-// --- LocalCommunicator --------------------------------------------------------------------------
-
-WorkHandle LocalCommunicator::allreduce_async(void*, std::size_t, DType dtype, ReduceOp op) {
-  check_reduction(dtype, op);
-  return completed_work();
-}
-
-WorkHandle LocalCommunicator::broadcast_async(void*, std::size_t, int root) {
-  check_root(root, 1, "broadcast");
-  return completed_work();
-}
-
-WorkHandle LocalCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
-                                                   ReduceOp op) {
-  check_reduction(dtype, op);
-  if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-  return completed_work();
-}
-
-WorkHandle LocalCommunicator::allgather_async(const void* send, void* recv, std::size_t count, DType dtype) {
-  if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-  return completed_work();
-}
-
-void LocalCommunicator::broadcast(std::string&, int root) { check_root(root, 1, "broadcast"); }
-
-std::vector<std::string> LocalCommunicator::gather(const std::string& bytes, int root) {
-  check_root(root, 1, "gather");
-  return {bytes};
-}
-
-std::unique_ptr<Communicator> LocalCommunicator::split(int color, int /*key*/) {
-  check_color(color);
-  return std::make_unique<LocalCommunicator>();
 }
 
 // --- MpiCommunicator ----------------------------------------------------------------------------

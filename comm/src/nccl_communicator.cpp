@@ -3,6 +3,7 @@
 #include <mutex>
 #include <thread>
 
+#include "checks.h"
 #include "cuda_handles.h"
 #include "hpctrial/comm/mpi_check.h"
 #include "hpctrial/comm/mpi_comm.h"
@@ -181,7 +182,7 @@ class NcclCommunicator final : public Communicator {
 
   // The group's own NCCL communicator, bootstrapped over the MPI split, on this rank's GPU.
   std::unique_ptr<Communicator> split(int color, int key) override {
-    if (color < 0) throw CommError("split: color " + std::to_string(color) + " is negative; colors are 0 or more");
+    detail::check_color(color);
     MPI_Comm group = MPI_COMM_NULL;
     HPCTRIAL_MPI_CHECK(MPI_Comm_split(host_.comm(), color, key, &group));
     const MpiComm owned = MpiComm::adopt(group);
