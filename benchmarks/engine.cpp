@@ -15,6 +15,7 @@
 // reduce_bucket_size is --bucket (default: a quarter of the parameters, so that stage 2's
 // reduce-scatters overlap backward). --quick: 2 rounds of 30 steps with a small model, the test
 // suite's smoke run.
+#include <dlfcn.h>
 #include <mpi.h>
 #include <torch/torch.h>
 
@@ -197,7 +198,12 @@ int main(int argc, char** argv) {
   hpctrial::comm::MpiEnvironment environment(&argc, &argv);
   const Options o = parse(argc, argv);
   hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  // One thread per rank for LibTorch and OpenBLAS, as a trial program does with the default
+  // resources.cpus_per_slot: ranks that each start a BLAS thread per core fight over the cores,
+  // and the step rates of the stages then vary by tens of percent from run to run.
   torch::set_num_threads(1);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(1);
   hpctrial::comm::MpiCommunicator comm(environment.world());
   const int ranks = comm.size();
   std::vector<double> rate[kRuns];
