@@ -21,13 +21,17 @@ function(hpctrial_unit_test name)
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
-# hpctrial_mpi_test(NAME SOURCES... LIBS ...): a gtest binary with its own main (tests/mpi/
-# mpi_test_main.cpp), run under `mpirun -np 2` and `mpirun -np 4 --oversubscribe`.
+# hpctrial_mpi_test(NAME SOURCES... LIBS ... [RANKS n ...]): a gtest binary with its own main
+# (tests/mpi/mpi_test_main.cpp), run under `mpirun -np 2` and `mpirun -np 4 --oversubscribe`
+# (or each number of RANKS).
 function(hpctrial_mpi_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;RANKS" ${ARGN})
+  if(NOT ARG_RANKS)
+    set(ARG_RANKS 2 4)
+  endif()
   add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_test_main.cpp)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} hpctrial::comm GTest::gtest hpctrial_warnings)
-  foreach(np 2 4)
+  foreach(np ${ARG_RANKS})
     set(extra "")
     if(np GREATER 2)
       set(extra --oversubscribe)

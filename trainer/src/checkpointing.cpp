@@ -105,6 +105,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   for (const auto& [name, callback] : callbacks) callback_states[name] = callback->state_dict();
   c.add_text("callbacks", callback_states.dump());
   c.add_text("trial_state", trial.save_state().dump());
+  if (!context.accumulators().empty()) c.add_text("accumulators", context.accumulators().state_dict().dump());
 
   c.attributes[checkpoint::kBatchesAttribute] = std::to_string(loop.batches_trained);
   const auto metric = loop.last_validation.find(identity.searcher_metric);
@@ -221,6 +222,13 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
   const json callback_states = parse(contents, "callbacks", path);
   for (const auto& [name, callback] : callbacks) {
     if (callback_states.contains(name)) callback->load_state_dict(callback_states.at(name));
+  }
+  if (contents.find("accumulators") != nullptr) {
+    try {
+      context.accumulators().load_state_dict(parse(contents, "accumulators", path));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(path + ": accumulators is malformed: " + e.what());
+    }
   }
   const json trial_state = parse(contents, "trial_state", path);
   if (!trial_state.is_null()) trial.load_state(trial_state);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "config_json.h"
@@ -89,6 +91,70 @@ CoreContext::CoreContext(int& argc, char**& argv) {
     if (!contract.stop_file.empty()) stop_file_ = std::make_unique<detail::StopFile>(contract.stop_file);
   }
   detail::install_stop_handlers();
+  accumulators_ = std::make_unique<detail::Accumulators>(rank_->communicator());
+  load_state();
+}
+
+namespace {
+
+std::string state_path(const std::string& trial_dir) {
+  return (std::filesystem::path(trial_dir) / "core-state.json").string();
+}
+
+}  // namespace
+
+// The chief reads the saved state and every rank parses the same bytes: all start alike, or
+// all fail alike.
+void CoreContext::load_state() {
+  const std::string path = state_path(trial_dir_);
+  std::string text;
+  if (distributed_.is_chief() && std::filesystem::exists(path)) {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) text = "!";  // unreadable: reported below, on every rank
+  }
+  rank_->communicator().broadcast(text, 0);
+  if (text.empty()) return;
+  try {
+    const nlohmann::json state = nlohmann::json::parse(text);
+    finished_epochs_ = state.at("finished_epochs").get<std::int64_t>();
+    if (finished_epochs_ < 0) throw ConfigError("finished_epochs is negative");
+    accumulators_->load_state_dict(state.at("accumulators"));
+    restored_program_state_ = state.at("program_state");
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + " is not a state hpctrial saved (" + e.what() +
+                          "); remove it to start the program afresh");
+  }
+}
+
+void CoreContext::save_state(const nlohmann::json& program_state) {
+  accumulators_->synchronize_all();
+  std::string error;
+  if (distributed_.is_chief()) {
+    const nlohmann::json state = {{"finished_epochs", finished_epochs_},
+                                  {"accumulators", accumulators_->state_dict()},
+                                  {"program_state", program_state}};
+    try {
+      core::write_file_atomic(state_path(trial_dir_), state.dump(1) + "\n");
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  // Nobody goes on (or exits) before the state is durable, and a failure fails every rank.
+  rank_->communicator().broadcast(error, 0);
+  if (!error.empty()) throw IoError("the program's state was not saved: " + error);
+}
+
+std::shared_ptr<Accumulator> CoreContext::make_accumulator(std::string name) {
+  return accumulators_->make(std::move(name));
+}
+
+CoreContext::EpochRange CoreContext::remaining_epochs_until(std::int64_t epoch) {
+  if (current_epoch_) {
+    throw ConfigError("remaining_epochs_until(" + std::to_string(epoch) + ") was called inside the loop of another "
+                      "(in epoch " + std::to_string(*current_epoch_) + "); end that loop first");
+  }
+  return EpochRange(this, epoch);
 }
 
 CoreContext::~CoreContext() {

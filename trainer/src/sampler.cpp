@@ -82,6 +82,14 @@ std::vector<std::int64_t> TrainingSampler::next_batch() {
   return indices;
 }
 
+void TrainingSampler::set_epoch(std::uint64_t epoch, std::uint64_t index) {
+  if (index > order_.records_per_epoch()) {
+    throw ConfigError("set_epoch(" + std::to_string(epoch) + ", " + std::to_string(index) + "): an epoch has " +
+                      std::to_string(order_.records_per_epoch()) + " records");
+  }
+  position_ = epoch * order_.records_per_epoch() + index;
+}
+
 std::vector<std::vector<std::int64_t>> validation_batches(std::uint64_t dataset_size,
                                                           std::uint64_t batch_size, int rank,
                                                           int world_size) {

@@ -288,6 +288,7 @@ void Loop::save_checkpoint(bool wait) {
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
+  context_->accumulators().synchronize_all();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
   if (!shards.empty()) {

@@ -41,7 +41,8 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
     : settings_(std::move(settings)),
       communicator_(communicator),
       device_communicator_(device_communicator),
-      device_(choose_device(settings_)) {
+      device_(choose_device(settings_)),
+      accumulators_(std::make_unique<detail::Accumulators>(communicator)) {
   if (device_.is_cuda()) {
     core::log_info("trains on {}{}", device_.str(),
                    device_communicator_ != nullptr ? " (gradients all-reduced by NCCL)" : "");
@@ -71,6 +72,10 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
                       "records a batch, {} in all",
                       requested, ranks, requested / ranks, global_batch_size_);
   }
+}
+
+std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name) {
+  return accumulators_->make(std::move(name));
 }
 
 TrialContext::~TrialContext() = default;

@@ -73,6 +73,37 @@ TEST(TrainingSampler, AnEpochSeesEverySampleExactlyOnce) {
   }
 }
 
+TEST(TrainingSampler, SetEpochContinuesAnEpochAtAnIndexAsElasticSamplerDoes) {
+  const std::uint64_t n = 96, g = 8;
+  StreamOrder order(n, 5, true);
+  TrainingSampler straight(order, g, 0, 2);
+  for (int i = 0; i < 15; ++i) straight.next_batch();  // epoch 1, index 24
+  EXPECT_EQ(straight.epoch(), 1u);
+  EXPECT_EQ(straight.index(), 24u);
+  // Resumed on 4 ranks at the saved (epoch, index): the rest of epoch 1, each sample once.
+  std::multiset<std::int64_t> seen;
+  for (int r = 0; r < 4; ++r) {
+    TrainingSampler resumed(order, g, r, 4);
+    resumed.set_epoch(1, 24);
+    while (resumed.epoch() == 1) {
+      for (auto index : resumed.next_batch()) seen.insert(index);
+    }
+  }
+  StreamOrder reference(n, 5, true);
+  std::multiset<std::int64_t> expected;
+  for (std::uint64_t p = n + 24; p < 2 * n; ++p) expected.insert(static_cast<std::int64_t>(reference.at(p)));
+  EXPECT_EQ(seen, expected);
+  TrainingSampler fresh(order, g, 0, 1);
+  fresh.set_epoch(3);
+  EXPECT_EQ(fresh.position(), 3 * n);
+  try {
+    fresh.set_epoch(2, n + 1);
+    FAIL() << "an index past the epoch was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("set_epoch(2, 97): an epoch has 96 records"));
+  }
+}
+
 TEST(StreamOrder, EpochsAreDifferentPermutationsFixedBySeed) {
   StreamOrder a(50, 1, true), b(50, 1, true), c(50, 2, true);
   std::vector<std::uint64_t> epoch0, epoch1, other_seed;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/trainer/accumulator.h"
 #include "hpctrial/trainer/callback.h"
 #include "hpctrial/trainer/core_context.h"
 #include "hpctrial/trainer/data.h"

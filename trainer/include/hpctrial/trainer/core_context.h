@@ -28,8 +28,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/trainer/accumulator.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/trial_context.h"
 
@@ -78,6 +80,33 @@ class CoreContext {
   // SIGTERM or SIGINT.
   bool should_stop();
 
+  // --- state across restarts (AdaptDL's checkpoint-restart) ---------------------------------
+  // An Accumulator (accumulator.h) saved by save_state(); make them in the same order on every rank.
+  std::shared_ptr<Accumulator> make_accumulator(std::string name = {});
+
+  // Epochs that survive restarts, as AdaptDL's remaining_epochs_until:
+  //   for (std::int64_t epoch : context.remaining_epochs_until(30)) { ... }   // 0 .. 29
+  //   for (std::int64_t epoch : context.remaining_epochs_until(60)) { ... }   // 30 .. 59
+  // Epochs finished before the last save_state() are skipped; one that was running then runs
+  // again from its start (the program resumes its data where it saved it: TrainingSampler::
+  // set_epoch(epoch, index)). ConfigError when called while another such loop is running.
+  class EpochRange;
+  EpochRange remaining_epochs_until(std::int64_t epoch);
+  // The epoch of the running remaining_epochs_until loop; none outside one.
+  std::optional<std::int64_t> current_epoch() const { return current_epoch_; }
+  // Epochs finished in remaining_epochs_until loops (this run and the saved ones before it).
+  std::int64_t finished_epochs() const { return finished_epochs_; }
+
+  // Collective: sums every accumulator's pending updates and saves the epochs, the accumulators
+  // and the chief's `program_state` (whatever the program needs to resume: a step, the paths of
+  // its own files, written before this call) to <trial dir>/core-state.json, atomically; returns
+  // on every rank once the file is durable. A program saves when should_stop() is true, and as
+  // often as it wants to lose no more than that on a crash.
+  void save_state(const nlohmann::json& program_state = nullptr);
+  // The program_state of the last save_state() of an earlier run of this trial; null when the
+  // trial starts afresh.
+  const nlohmann::json& restored_state() const { return restored_program_state_; }
+
   // Logs the message with rank and host and ends every rank of the job with `code`.
   [[noreturn]] void abort(int code, const std::string& message) const;
 
@@ -91,6 +120,51 @@ class CoreContext {
   std::string trial_dir_;
   std::unique_ptr<detail::MetricsLog> log_;
   bool stop_requested_ = false;
+  std::unique_ptr<detail::Accumulators> accumulators_;
+  std::int64_t finished_epochs_ = 0;
+  std::optional<std::int64_t> current_epoch_;
+  nlohmann::json restored_program_state_;
+
+  void load_state();
+};
+
+// What remaining_epochs_until returns: a range of epochs; while it lives, current_epoch() is set
+// inside its loop body, and leaving the loop (at the end, by break or by an exception) ends it.
+class CoreContext::EpochRange {
+ public:
+  class Iterator {
+   public:
+    std::int64_t operator*() const { return *owner_->current_epoch_; }
+    Iterator& operator++() {
+      owner_->finished_epochs_ = *owner_->current_epoch_ + 1;
+      owner_->current_epoch_.reset();
+      return *this;
+    }
+    bool operator!=(const Iterator&) const {
+      if (owner_->finished_epochs_ >= until_) return false;
+      owner_->current_epoch_ = owner_->finished_epochs_;
+      return true;
+    }
+
+   private:
+    friend class EpochRange;
+    Iterator(CoreContext* owner, std::int64_t until) : owner_(owner), until_(until) {}
+    CoreContext* owner_;
+    std::int64_t until_;
+  };
+  EpochRange(EpochRange&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)), until_(other.until_) {}
+  EpochRange& operator=(EpochRange&&) = delete;
+  ~EpochRange() {
+    if (owner_ != nullptr) owner_->current_epoch_.reset();
+  }
+  Iterator begin() const { return Iterator(owner_, until_); }
+  Iterator end() const { return Iterator(owner_, until_); }
+
+ private:
+  friend class CoreContext;
+  EpochRange(CoreContext* owner, std::int64_t until) : owner_(owner), until_(until) {}
+  CoreContext* owner_;
+  std::int64_t until_;
 };
 
 }  // namespace hpctrial::trainer

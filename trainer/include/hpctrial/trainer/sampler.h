@@ -52,6 +52,13 @@ class TrainingSampler {
   std::vector<std::int64_t> next_batch();
   // The stream position of the next global batch (batches trained × global batch size).
   std::uint64_t position() const { return position_; }
+  // AdaptDL's ElasticSampler.set_epoch: the next batch starts at record `index` (counted across
+  // all ranks) of epoch `epoch` - index 0 for a new epoch, the saved index() after a restart.
+  // ConfigError when index is past the epoch's records.
+  void set_epoch(std::uint64_t epoch, std::uint64_t index = 0);
+  // The epoch of the next batch, and its first record's index in that epoch.
+  std::uint64_t epoch() const { return order_.epoch_of(position_); }
+  std::uint64_t index() const { return position_ % order_.records_per_epoch(); }
   std::uint64_t per_rank_batch_size() const { return per_rank_; }
   const StreamOrder& order() const { return order_; }
 

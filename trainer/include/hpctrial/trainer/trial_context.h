@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/trainer/accumulator.h"
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/metrics.h"
@@ -219,7 +220,14 @@ class TrialContext {
                                                 const std::string& name, bool for_training = true,
                                                 bool for_validation = true);
 
+  // --- accumulators (AdaptDL's) -------------------------------------------------------------
+  // A new Accumulator (accumulator.h), summed across the ranks and saved in every checkpoint: a
+  // resumed trial's accumulators hold the sums they had, on any number of ranks. Make them in the
+  // constructor, or at least in the same order on every rank; an empty name is "accumulator<i>".
+  std::shared_ptr<Accumulator> make_accumulator(std::string name = {});
+
   // --- for the harness ----------------------------------------------------------------------
+  detail::Accumulators& accumulators() { return *accumulators_; }
   struct WrappedScheduler {
     std::shared_ptr<torch::optim::LRScheduler> scheduler;
     StepMode mode;
@@ -282,6 +290,7 @@ class TrialContext {
   std::vector<WrappedScheduler> schedulers_;
   std::vector<WrappedReducer> reducers_;
   std::vector<std::shared_ptr<GradScaler>> scalers_;
+  std::unique_ptr<detail::Accumulators> accumulators_;
   bool epoch_start_ = false;
   bool epoch_end_ = false;
   bool stop_requested_ = false;

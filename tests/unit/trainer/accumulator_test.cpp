@@ -1,0 +1,127 @@
+// The Accumulator's two modes, its errors and its saved state, in a world of one rank (the sums
+// across ranks and restarts are tested under mpirun: tests/mpi/accumulator_test.cpp).
+#include "hpctrial/trainer/accumulator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing::HasSubstr;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Accumulator, AddsInAccumulationModeAndReadsInSynchronizedMode) {
+  comm::LocalCommunicator alone;
+  Accumulator accum("validation", alone);
+  accum["loss_sum"] += 1.5;
+  accum["loss_sum"] += 2.5;
+  accum["total"] += 4;
+  accum -= {{"total", 1}};
+  accum += {{"correct", 2}};
+  accum.update({{"correct", 1}, {"other", 7}});
+  accum.subtract({{"other", 2}});
+  accum["other"] -= 1;
+  EXPECT_FALSE(accum.is_synchronized());
+  {
+    auto guard = accum.synchronized();
+    EXPECT_TRUE(accum.is_synchronized());
+    EXPECT_EQ(accum.size(), 4u);
+    EXPECT_EQ(accum.at("loss_sum"), 4.0);
+    EXPECT_EQ(accum.at("total"), 3.0);
+    EXPECT_EQ(accum.at("correct"), 3.0);
+    EXPECT_EQ(accum.at("other"), 4.0);
+    accum["loss_avg"] = accum["loss_sum"] / accum["total"];
+    EXPECT_DOUBLE_EQ(accum["loss_avg"], 4.0 / 3.0);
+    accum["total"] += 1;  // a write in synchronized mode changes the sums themselves
+    accum.erase("other");
+    EXPECT_FALSE(accum.contains("other"));
+  }
+  EXPECT_FALSE(accum.is_synchronized());
+  accum["total"] += 10;  // pending again, on top of the sums
+  auto guard = accum.synchronized();
+  EXPECT_EQ(accum.at("total"), 14.0);
+  EXPECT_EQ(accum.values().size(), 4u);
+}
+
+TEST(Accumulator, ReadsInAccumulationModeAreClearErrors) {
+  comm::LocalCommunicator alone;
+  Accumulator accum("train", alone);
+  accum["loss_sum"] += 1;
+  EXPECT_THAT(error_of([&] { (void)accum.at("loss_sum"); }),
+              HasSubstr("accumulator 'train': reading 'loss_sum' in accumulation mode"));
+  EXPECT_THAT(error_of([&] { (void)static_cast<double>(accum["loss_sum"]); }), HasSubstr("synchronized()"));
+  EXPECT_THAT(error_of([&] { (void)accum.size(); }), HasSubstr("taking the size in accumulation mode"));
+  EXPECT_THAT(error_of([&] { (void)accum.contains("x"); }), HasSubstr("looking up 'x'"));
+  EXPECT_THAT(error_of([&] { accum["loss_avg"] = 2; }),
+              HasSubstr("assigning to 'loss_avg' in accumulation mode"));
+  auto guard = accum.synchronized();
+  EXPECT_THAT(error_of([&] { (void)accum.at("total"); }),
+              HasSubstr("accumulator 'train' has no 'total': no rank added to it"));
+  EXPECT_THAT(error_of([&] { auto again = accum.synchronized(); }), HasSubstr("in synchronized mode already"));
+}
+
+TEST(Accumulator, StateKeepsExactValuesAndNonFiniteOnes) {
+  comm::LocalCommunicator alone;
+  Accumulator accum("a", alone);
+  accum["third"] += 1.0 / 3.0;
+  accum["nan"] += std::numeric_limits<double>::quiet_NaN();
+  accum["inf"] -= std::numeric_limits<double>::infinity();
+  {
+    auto guard = accum.synchronized();
+  }
+  const auto state = accum.state_dict();
+  EXPECT_EQ(state.at("nan"), "nan");
+  EXPECT_EQ(state.at("inf"), "-inf");
+  Accumulator restored("a", alone);
+  restored["pending"] += 5;  // dropped by the load: a restart has no pending updates
+  restored.load_state_dict(nlohmann::json::parse(state.dump()));
+  auto guard = restored.synchronized();
+  EXPECT_EQ(restored.at("third"), 1.0 / 3.0);
+  EXPECT_TRUE(std::isnan(restored.at("nan")));
+  EXPECT_EQ(restored.at("inf"), -std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(restored.contains("pending"));
+  EXPECT_THAT(error_of([&] { restored.load_state_dict({{"x", "many"}}); }),
+              HasSubstr("accumulator 'a': 'x' is \"many\", not a number"));
+}
+
+TEST(Accumulators, NamesAreUniqueAndARestoredStateWaitsForItsAccumulator) {
+  comm::LocalCommunicator alone;
+  detail::Accumulators registry(alone);
+  EXPECT_TRUE(registry.empty());
+  auto first = registry.make("");
+  EXPECT_EQ(first->name(), "accumulator0");
+  EXPECT_THAT(error_of([&] { registry.make("accumulator0"); }), HasSubstr("exists already"));
+  registry.load_state_dict({{"accumulator0", {{"n", 2}}}, {"later", {{"m", 3}}}});
+  auto later = registry.make("later");  // made after the restore: takes its saved sums
+  (*later)["m"] += 1;
+  registry.synchronize_all();
+  auto guard = later->synchronized();
+  EXPECT_EQ(later->at("m"), 4.0);
+  EXPECT_EQ(registry.state_dict().at("accumulator0").at("n"), 2);
+}
+
+TEST(Accumulators, MessagesCarryExactDoubles) {
+  const Accumulator::Values values = {{"a", 0.1}, {"b", -1e-310}, {"", 3}};
+  const auto [name, back] = detail::decode_values(detail::encode_values("x", values));
+  EXPECT_EQ(name, "x");
+  EXPECT_EQ(back, values);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer

@@ -1,0 +1,169 @@
+// AdaptDL's Accumulator, in C++: named values summed across all ranks of the job and across any
+// number of checkpoint-restarts, whatever the number of ranks after each.
+//
+//   auto accum = context.make_accumulator("validation");   // TrialContext or CoreContext
+//   for (const auto& batch : my_share_of_the_data) {        // accumulation mode
+//     accum["loss_sum"] += loss_of(batch);
+//     accum["total"] += batch.size();
+//   }
+//   {
+//     auto synchronized = accum.synchronized();  // every rank, here: the sums of all ranks
+//     accum["loss_avg"] = accum["loss_sum"] / accum["total"];
+//     report(accum.at("loss_avg"));
+//   }                                           // back to accumulation mode
+//
+// Accumulation mode (the default): `accum[key] += x`, `-=`, update(), subtract(), `accum += {..}`
+// and `accum -= {..}` add to this rank's pending updates; each rank may add different keys and
+// values. Reading a value, the size or the keys in this mode throws: the sums are not known until
+// the ranks synchronize (AdaptDL's accumulator reads as an empty dict there instead, which hides
+// the mistake).
+//
+// Synchronized mode, inside the guard synchronized() returns: entering it is a collective (all
+// ranks, the same accumulators, in the same order), after which every rank holds the sums of all
+// ranks' updates and reads and writes like a std::map<std::string, double>. Writes there must
+// be the same on every rank: they are not summed again.
+//
+// Pending updates are also summed at every checkpoint (a collective the harness makes), and the
+// sums are saved in it; after a restart, on any number of ranks, the sums are what they would
+// have been without the restart. Sums are taken in rank order, so every rank holds the same bits.
+//
+// Values are doubles (integers up to 2^53 are exact). Not thread-safe: one thread per process
+// uses an accumulator. Misuse (a read in accumulation mode, a key never added, nested guards,
+// ranks that synchronize different accumulators) throws ConfigError naming the accumulator and key.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hpctrial::comm {
+class Communicator;
+}
+
+namespace hpctrial::trainer {
+
+class Accumulator {
+ public:
+  using Values = std::map<std::string, double>;
+
+  // `name` identifies it in checkpoints; `communicator` sums across ranks and must outlive it.
+  // Made by TrialContext::make_accumulator or CoreContext::make_accumulator, which save it.
+  Accumulator(std::string name, comm::Communicator& communicator);
+  Accumulator(const Accumulator&) = delete;
+  Accumulator& operator=(const Accumulator&) = delete;
+
+  // accum[key]: `+= x` and `-= x` in either mode; `= x` and reading in synchronized mode only.
+  class Entry {
+   public:
+    Entry& operator+=(double value);
+    Entry& operator-=(double value);
+    Entry& operator=(double value);
+    Entry& operator=(const Entry& other) { return *this = other.value(); }
+    operator double() const { return value(); }
+    double value() const;
+
+   private:
+    friend class Accumulator;
+    Entry(Accumulator& owner, std::string key) : owner_(owner), key_(std::move(key)) {}
+    Accumulator& owner_;
+    std::string key_;
+  };
+  Entry operator[](const std::string& key) { return Entry(*this, key); }
+
+  // Adds (subtract: takes away) each value to its key: to the pending updates in accumulation
+  // mode, to the sums in synchronized mode.
+  void update(const Values& updates);
+  void update(std::initializer_list<std::pair<const std::string, double>> updates) { update(Values(updates)); }
+  void subtract(const Values& updates);
+  void subtract(std::initializer_list<std::pair<const std::string, double>> updates) { subtract(Values(updates)); }
+  Accumulator& operator+=(const Values& updates) {
+    update(updates);
+    return *this;
+  }
+  Accumulator& operator-=(const Values& updates) {
+    subtract(updates);
+    return *this;
+  }
+
+  // Synchronized mode, until the guard goes. Collective: every rank calls it at the same point.
+  class Synchronized {
+   public:
+    Synchronized(Synchronized&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)) {}
+    Synchronized& operator=(Synchronized&&) = delete;
+    ~Synchronized();
+
+   private:
+    friend class Accumulator;
+    explicit Synchronized(Accumulator& owner) : owner_(&owner) {}
+    Accumulator* owner_;
+  };
+  [[nodiscard]] Synchronized synchronized();
+  bool is_synchronized() const { return synchronized_; }
+
+  // Reads (synchronized mode only; ConfigError otherwise).
+  double at(const std::string& key) const;
+  bool contains(const std::string& key) const;
+  std::size_t size() const;
+  const Values& values() const;
+  // Removes a key (synchronized mode only).
+  void erase(const std::string& key);
+
+  const std::string& name() const { return name_; }
+
+  // --- for the harness (TrialContext, CoreContext) -----------------------------------------
+  // This rank's pending updates and the sums so far, as they stand.
+  const Values& pending() const { return pending_; }
+  // Adds every rank's updates (`updates`, in rank order) to the sums and forgets the pending ones.
+  void fold(const std::vector<Values>& updates);
+  // The sums, as JSON (non-finite values as the strings "nan", "inf", "-inf").
+  nlohmann::json state_dict() const;
+  // Sums from state_dict(); pending updates are dropped. ConfigError for a malformed state.
+  void load_state_dict(const nlohmann::json& state);
+
+ private:
+  void require_synchronized(const char* what, const std::string& key = {}) const;
+  [[noreturn]] void missing(const std::string& key) const;
+
+  std::string name_;
+  comm::Communicator& communicator_;
+  Values sums_;      // the same on every rank
+  Values pending_;   // this rank's, since the last synchronization
+  bool synchronized_ = false;
+};
+
+namespace detail {
+
+// The accumulators of one process, in creation order, and what a checkpoint saved of them.
+class Accumulators {
+ public:
+  explicit Accumulators(comm::Communicator& communicator) : communicator_(communicator) {}
+
+  // A new accumulator; an empty name is "accumulator<i>" (i: the number made before). Its sums
+  // come from the restored state when that has one of the name. ConfigError for a name in use.
+  std::shared_ptr<Accumulator> make(std::string name);
+  // Collective: folds every rank's pending updates of every accumulator into its sums. Throws
+  // ConfigError on every rank when the ranks have made different accumulators.
+  void synchronize_all();
+  // {name: sums} of every accumulator (after synchronize_all()), plus restored ones not yet made.
+  nlohmann::json state_dict() const;
+  void load_state_dict(const nlohmann::json& state);
+  bool empty() const { return made_.empty() && restored_.empty(); }
+
+ private:
+  comm::Communicator& communicator_;
+  std::vector<std::shared_ptr<Accumulator>> made_;
+  nlohmann::json restored_ = nlohmann::json::object();
+};
+
+// Encodes a name and values into bytes for a collective, and back (exact doubles).
+std::string encode_values(const std::string& name, const Accumulator::Values& values);
+std::pair<std::string, Accumulator::Values> decode_values(const std::string& bytes);
+
+}  // namespace detail
+}  // namespace hpctrial::trainer
