@@ -3,6 +3,7 @@
 // request: the last rank asks to stop at step 5; signal: rank 0 raises SIGUSR2 at step 3;
 // wait: steps of 20 ms until a stop request arrives from outside; throw (throw-chief): the last
 // rank (rank 0) throws at step 3, caught in main, outside the CoreContext's scope.
+//   core_api_program [hpctrial options] epochs EPOCHS STOP_AT   (see run_epochs)
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,8 +17,52 @@
 
 namespace {
 
+// epochs EPOCHS STOP_AT: 40 samples in global batches of 8 for EPOCHS epochs through
+// remaining_epochs_until, counted by an accumulator; the last rank asks to stop after STOP_AT
+// batches in all (0: never), when the program saves its state and exits 75 to be resumed.
+int run_epochs(hpctrial::CoreContext& context, long epochs, long stop_at) {
+  const int rank = context.distributed().rank, size = context.distributed().size;
+  auto seen = context.make_accumulator("seen");
+  const nlohmann::json& saved = context.restored_state();
+  long batches = saved.is_null() ? 0 : saved.at("batches").get<long>();
+  hpctrial::TrainingSampler sampler(hpctrial::StreamOrder(40, 9, true), 8, rank, size);
+  for (std::int64_t epoch : context.remaining_epochs_until(epochs)) {
+    const bool resumed_here = !saved.is_null() && saved.at("epoch").get<std::int64_t>() == epoch;
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch), resumed_here ? saved.at("index").get<std::uint64_t>() : 0);
+    std::printf("rank %d epoch %lld from %llu\n", rank, static_cast<long long>(*context.current_epoch()),
+                static_cast<unsigned long long>(sampler.index()));
+    try {
+      for (auto inner : context.remaining_epochs_until(epochs)) (void)inner;
+    } catch (const hpctrial::ConfigError& e) {
+      if (epoch == 0 && rank == 0) std::printf("nested: %s\n", e.what());
+    }
+    while (sampler.epoch() == static_cast<std::uint64_t>(epoch)) {
+      for (std::int64_t index : sampler.next_batch()) {
+        (*seen)["records"] += 1;
+        (*seen)["index_sum"] += static_cast<double>(index);
+        (*seen)["epoch" + std::to_string(epoch)] += 1;
+      }
+      ++batches;
+      if (batches == stop_at && rank == size - 1) context.request_stop();
+      if (context.should_stop()) {
+        context.save_state(nlohmann::json{{"batches", batches}, {"epoch", epoch}, {"index", sampler.index()}});
+        std::printf("rank %d saved after %ld batches\n", rank, batches);
+        return 75;
+      }
+    }
+  }
+  auto guard = seen->synchronized();
+  if (rank == 0) {
+    std::printf("finished %lld epochs:", static_cast<long long>(context.finished_epochs()));
+    for (const auto& [key, value] : seen->values()) std::printf(" %s=%.0f", key.c_str(), value);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   hpctrial::CoreContext context(argc, argv);
+  if (argc == 4 && std::string(argv[1]) == "epochs") return run_epochs(context, std::atol(argv[2]), std::atol(argv[3]));
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s [hpctrial options] request|signal|wait STEPS\n", argv[0]);
     return 2;

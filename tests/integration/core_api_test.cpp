@@ -17,6 +17,7 @@ namespace hpctrial {
 namespace {
 
 using testing::HasSubstr;
+using testing::Not;
 using testing_support::TempDir;
 
 core::RunResult run_program(const std::vector<std::string>& launcher, const std::vector<std::string>& args,
@@ -128,6 +129,31 @@ TEST(CoreApi, AnExceptionLeavingTheContextOnOneRankEndsTheJobInsteadOfHangingIts
   const auto alone = run_program({}, {"--trial-dir", (dir.path() / "alone").string(), "throw", "10"});
   EXPECT_EQ(alone.exit_code, 3) << alone.describe() << "\n" << alone.err;
   EXPECT_THAT(alone.err, HasSubstr("caught: bad record"));
+}
+
+// Epochs and accumulators across restarts at other numbers of ranks: 2 ranks stop in epoch 1
+// (batch 7 of 5 a epoch), 4 ranks go on to stop in epoch 3, 1 rank finishes. Every epoch saw
+// each of the 40 samples once, and a loop inside the loop is refused.
+TEST(CoreApi, EpochsAndAccumulatorsContinueAcrossRestartsAtOtherNumbersOfRanks) {
+  TempDir dir;
+  const std::string trial_dir = (dir.path() / "run").string();
+  const auto first = run_program({HPCTRIAL_MPIRUN, "-np", "2"}, {"--trial-dir", trial_dir, "epochs", "5", "7"});
+  ASSERT_EQ(first.exit_code, 75) << first.describe() << "\n" << first.err;
+  EXPECT_THAT(first.out, HasSubstr("rank 0 epoch 0 from 0"));
+  EXPECT_THAT(first.out, HasSubstr("nested: remaining_epochs_until(5) was called inside the loop of another (in epoch 0)"));
+  EXPECT_THAT(first.out, HasSubstr("rank 1 saved after 7 batches"));
+  const auto second = run_program({HPCTRIAL_MPIRUN, "-np", "4", "--oversubscribe"},
+                                  {"--trial-dir", trial_dir, "epochs", "5", "18"});
+  ASSERT_EQ(second.exit_code, 75) << second.describe() << "\n" << second.err;
+  EXPECT_THAT(second.out, HasSubstr("rank 3 epoch 1 from 16"));  // epoch 0 skipped, epoch 1 continued
+  EXPECT_THAT(second.out, Not(HasSubstr("epoch 0 from")));
+  const auto last = run_program({}, {"--trial-dir", trial_dir, "epochs", "5", "0"});
+  ASSERT_TRUE(last.ok()) << last.describe() << "\n" << last.err;
+  EXPECT_THAT(last.out, HasSubstr("rank 0 epoch 3 from 24"));
+  EXPECT_THAT(last.out, HasSubstr("finished 5 epochs: epoch0=40 epoch1=40 epoch2=40 epoch3=40 epoch4=40 "
+                                  "index_sum=3900 records=200"));
+  EXPECT_EQ(std::filesystem::status(trial_dir + "/core-state.json").permissions() & std::filesystem::perms::others_all,
+            std::filesystem::perms::none);
 }
 
 TEST(CoreApi, TheConfigIsReadAndHpctrialOptionsAreTakenOutOfArgv) {

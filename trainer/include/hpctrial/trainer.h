@@ -11,10 +11,12 @@
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/random.h"
+#include "hpctrial/trainer/sampler.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
 
 namespace hpctrial {
+using trainer::Accumulator;
 using trainer::Batch;
 using trainer::Callback;
 using trainer::CoreContext;
@@ -34,7 +36,9 @@ using trainer::MetricValues;
 using trainer::Reducer;
 using trainer::StepMode;
 using trainer::StreamDataset;
+using trainer::StreamOrder;
 using trainer::TensorDataset;
 using trainer::Trial;
+using trainer::TrainingSampler;
 using trainer::TrialContext;
 }  // namespace hpctrial
