@@ -52,6 +52,10 @@ inline constexpr Choice<Searcher::Name> kSearcherNames[] = {{"single", Searcher:
 inline constexpr Choice<GradientCompression> kCompressions[] = {{"none", GradientCompression::kNone},
                                                         {"fp16", GradientCompression::kFloat16},
                                                         {"bf16", GradientCompression::kBFloat16}};
+inline constexpr Choice<ScalingRule> kScalingRules[] = {{"adascale", ScalingRule::kAdaScale},
+                                                     {"linear", ScalingRule::kLinear},
+                                                     {"sqrt", ScalingRule::kSqrt},
+                                                     {"legw", ScalingRule::kLegw}};
 enum class StorageType { kSharedFs };
 inline constexpr Choice<StorageType> kStorageTypes[] = {{"shared_fs", StorageType::kSharedFs}};
 
@@ -103,6 +107,7 @@ std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const C
 void read_searcher(MapReader& r, Searcher& s);
 void read_resources(MapReader& r, Resources& res);
 void read_optimizations(MapReader& r, Optimizations& o);
+void read_adaptive_batch(const ConfigNode& node, const std::string& path, Diagnostics& d, AdaptiveBatch& a);
 void read_checkpoint_storage(MapReader& r, CheckpointStorage& c);
 void read_launcher(MapReader& r, LauncherConfig& l);
 void read_scheduler(MapReader& r, SchedulerConfig& s);
@@ -113,5 +118,6 @@ std::optional<EngineBatch> resolve_engine_batch_sizes(const EngineConfig& engine
 // Cross-section checks that need several sections at once.
 void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
+void check_adaptive_batch(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 
 }  // namespace hpctrial::core::detail

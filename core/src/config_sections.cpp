@@ -173,6 +173,7 @@ void read_optimizations(MapReader& r, Optimizations& o) {
       o.collective_timeout_seconds = *v;
     }
   }
+  if (const ConfigNode* n = r.get("adaptive_batch_size")) read_adaptive_batch(*n, r.path("adaptive_batch_size"), d, o.adaptive_batch_size);
   r.finish();
 }
 

@@ -141,6 +141,22 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "gradient_compression" << YAML::Value << std::string(to_string(o.gradient_compression));
   out << YAML::Key << "collective_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(o.collective_timeout_seconds);
+  if (o.adaptive_batch_size.enabled) {
+    const AdaptiveBatch& a = o.adaptive_batch_size;
+    out << YAML::Key << "adaptive_batch_size" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "enabled" << YAML::Value << true;
+    out << YAML::Key << "max_batch_size" << YAML::Value << a.max_batch_size;
+    if (a.max_local_batch > 0) {
+      out << YAML::Key << "local_batch_size_bounds" << YAML::Value << YAML::Flow << YAML::BeginSeq
+          << a.min_local_batch << a.max_local_batch << YAML::EndSeq;
+    }
+    out << YAML::Key << "gradient_accumulation" << YAML::Value << a.gradient_accumulation;
+    out << YAML::Key << "scaling_rule" << YAML::Value << std::string(to_string(a.scaling_rule));
+    out << YAML::Key << "legw_warmup_epochs" << YAML::Value << number(a.legw_warmup_epochs);
+    out << YAML::Key << "decision_interval" << YAML::Value << a.decision_interval;
+    out << YAML::Key << "smoothing" << YAML::Value << number(a.smoothing);
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   if (c.engine) {

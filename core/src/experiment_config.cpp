@@ -131,6 +131,7 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
 
   check_hyperparameters(config, root, d);
   check_engine(config, root, d);
+  check_adaptive_batch(config, root, d);
   return config;
 }
 

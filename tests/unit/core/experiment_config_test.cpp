@@ -234,7 +234,32 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
               HasSubstr("exp.yaml:4:17: optimizations.zzz: unknown key; the keys here are: "
                         "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
                         "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
-                        "mixed_precision, gradient_compression, collective_timeout"));
+                        "mixed_precision, gradient_compression, collective_timeout, adaptive_batch_size"));
+}
+
+TEST(ConfigErrors, AdaptiveBatchSize) {
+  const std::string base = std::string(kMinimal) + "optimizations:\n  adaptive_batch_size: ";
+  EXPECT_EQ(one_error(base + "{enabled: true}\n"),
+            "exp.yaml:5:24: optimizations.adaptive_batch_size: enabled needs max_batch_size: the most records a step "
+            "may take across the ranks, e.g. max_batch_size: 1024");
+  EXPECT_EQ(one_error(base + "{enabled: true, max_batch_size: 64, local_batch_size_bounds: [32, 8]}\n"),
+            "exp.yaml:5:85: optimizations.adaptive_batch_size.local_batch_size_bounds: [32, 8]: the lower bound is "
+            "above the upper one; write [min, max]");
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, local_batch_size_bounds: 8}\n"),
+              HasSubstr("must be a list of two sizes, [min, max]"));
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, scaling_rule: adascal}\n"),
+              HasSubstr("unknown scaling rule \"adascal\"; use one of adascale, linear, sqrt, legw (did you mean "
+                        "'adascale'?)"));
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, smoothing: 1}\n"), HasSubstr("must be below 1"));
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64}\n  aggregation_frequency: 2\n"),
+              HasSubstr("chooses how many batches each step accumulates itself; remove "
+                        "optimizations.aggregation_frequency"));
+  Diagnostics d;
+  const auto c = parse_experiment_config(parse_config_text(base + "{enabled: true, max_batch_size: 64}\n", "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  EXPECT_TRUE(c.optimizations.adaptive_batch_size.enabled);
+  EXPECT_EQ(c.optimizations.adaptive_batch_size.scaling_rule, ScalingRule::kAdaScale);
+  EXPECT_EQ(c.optimizations.adaptive_batch_size.decision_interval, 50);
 }
 
 TEST(ConfigErrors, DuplicateKeys) {

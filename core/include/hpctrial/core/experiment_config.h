@@ -80,6 +80,25 @@ struct Resources {
 enum class GradientCompression { kNone, kFloat16, kBFloat16 };
 std::string_view to_string(GradientCompression compression);
 
+// How an adaptive batch scales the learning rate (docs/adaptive.md): AdaScale's gain, the
+// batch's scale, its square root, or the square root after a warm-up that grows with the batch.
+enum class ScalingRule { kAdaScale, kLinear, kSqrt, kLegw };
+std::string_view to_string(ScalingRule rule);
+
+// optimizations.adaptive_batch_size: AdaptDL's adaptive batch size. The base batch is the
+// trial's global batch size; batches are chosen between it and max_batch_size.
+struct AdaptiveBatch {
+  bool enabled = false;
+  std::int64_t max_batch_size = 0;  // records a step across the ranks; 0: the base batch
+  std::int64_t min_local_batch = 1;  // local_batch_size_bounds: records a micro-batch a rank
+  std::int64_t max_local_batch = 0;  // 0: no bound but max_batch_size
+  bool gradient_accumulation = false;
+  ScalingRule scaling_rule = ScalingRule::kAdaScale;
+  double legw_warmup_epochs = 0;   // LEGW's warm-up at the base batch, in epochs
+  std::int64_t decision_interval = 50;  // optimizer steps between choices of the batch
+  double smoothing = 0.999;        // the gradient noise estimates' moving average
+};
+
 struct Optimizations {
   std::int64_t aggregation_frequency = 1;
   bool average_training_metrics = true;
@@ -87,6 +106,7 @@ struct Optimizations {
   GradientCompression gradient_compression = GradientCompression::kNone;
   // A collective that has not finished after this long ends the job (the watchdog).
   std::int64_t collective_timeout_seconds = 1800;
+  AdaptiveBatch adaptive_batch_size;
 };
 
 // The `engine:` section of an engine trial (docs/engine-trials.md), in DeepSpeed's key names.

@@ -1,0 +1,154 @@
+// The adaptive batch's arithmetic: the gradient noise estimate, the scaling rules, the throughput
+// model and the goodput choice (the harness around them: tests/mpi/adaptive_test.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "../../../trainer/src/goodput.h"
+#include "../../../trainer/src/gradient_noise.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+TEST(GradientNoise, ExactNormsGiveTheTrueSignalAndNoise) {
+  // |G|^2 = 4, tr(S) = 64: E|g_M|^2 = 4 + 64 / M.
+  GradientNoise noise;
+  EXPECT_FALSE(noise.ready());
+  EXPECT_EQ(noise.gain(64, 16), 1.0);
+  EXPECT_EQ(noise.gain(8, 16), 0.5);  // no estimate: a smaller batch counts for its records
+  noise.update(4 + 64.0 / 16, 4 + 64.0 / 64, 16, 64, 16);
+  ASSERT_TRUE(noise.ready());
+  EXPECT_NEAR(noise.sqr(), 4, 1e-12);
+  EXPECT_NEAR(noise.var(), 64, 1e-12);
+  EXPECT_NEAR(noise.noise_scale(), 16, 1e-12);
+  // var per base batch of 16 is 4: r(4) = (4 + 4) / (1 + 4).
+  EXPECT_NEAR(noise.gain(64, 16), 8.0 / 5.0, 1e-12);
+  EXPECT_NEAR(noise.gain(16, 16), 1.0, 1e-12);
+  EXPECT_NEAR(noise.gain(8, 16), 8.0 / 12.0, 1e-12);
+  // One rank (no second batch size) and overflowed steps change nothing.
+  noise.update(5, 5, 16, 16, 16);
+  noise.update(NAN, 1, 16, 64, 16);
+  EXPECT_NEAR(noise.var(), 64, 1e-12);
+  GradientNoise restored;
+  restored.load_state_dict(nlohmann::json::parse(noise.state_dict().dump()));
+  EXPECT_EQ(restored.gain(64, 16), noise.gain(64, 16));
+}
+
+// Records drawn as x ~ N(mu, sigma^2 I) in d dimensions are the gradients of loss w.x: the
+// smoothed estimate over noisy steps lands near the analytic gain.
+TEST(GradientNoise, SampledGradientsEstimateTheAnalyticGain) {
+  const int d = 50, b = 8;
+  const double sigma = 1.0, mu = 0.6;  // |G|^2 = 18, tr(S) = 50
+  for (int ranks : {2, 4}) {
+    std::mt19937_64 rng(ranks);
+    std::normal_distribution<double> normal(0, sigma);
+    GradientNoise noise(0.99);
+    for (int step = 0; step < 2000; ++step) {
+      std::vector<double> global(d, 0.0);
+      double local_sqr = 0;
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<double> local(d, 0.0);
+        for (int i = 0; i < b; ++i) {
+          for (int k = 0; k < d; ++k) local[k] += (mu + normal(rng)) / b;
+        }
+        for (int k = 0; k < d; ++k) {
+          local_sqr += local[k] * local[k] / ranks;
+          global[k] += local[k] / ranks;
+        }
+      }
+      double global_sqr = 0;
+      for (double g : global) global_sqr += g * g;
+      noise.update(local_sqr, global_sqr, b, static_cast<double>(b * ranks), b);
+    }
+    const double var = 50.0 / b, sqr = 18.0, scale = ranks;
+    const double analytic = (var + sqr) / (var / scale + sqr);
+    EXPECT_NEAR(noise.gain(b * ranks, b), analytic, 0.05 * analytic) << ranks << " ranks";
+  }
+}
+
+TEST(ScalingRules, EachRuleGivesItsDocumentedFactor) {
+  using core::ScalingRule;
+  EXPECT_EQ(lr_factor(ScalingRule::kAdaScale, 4, 2.5, 10, 0), 2.5);
+  EXPECT_EQ(lr_factor(ScalingRule::kLinear, 4, 2.5, 10, 0), 4.0);
+  EXPECT_EQ(lr_factor(ScalingRule::kSqrt, 4, 2.5, 10, 0), 2.0);
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 10, 0), 2.0);    // no warm-up
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 25, 100), 0.5);  // a quarter of the way
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 150, 100), 2.0);
+}
+
+TEST(ThroughputModel, FitsTheFixedAndPerRecordCostsOfAMicroBatch) {
+  ThroughputModel model;
+  EXPECT_FALSE(model.ready());
+  // 2 ms + 0.1 ms a record; 3 ms of exposed all-reduce on 2 ranks.
+  model.observe({16, 1, 2}, 0.0036, 0.0066);
+  EXPECT_EQ(model.local_batches_measured(), 1u);
+  EXPECT_NEAR(model.micro_batch_seconds(32), 0.0072, 1e-12);  // one size: proportional
+  model.observe({32, 2, 2}, 2 * 0.0052, 2 * 0.0052 + 0.003);
+  EXPECT_NEAR(model.micro_batch_seconds(64), 0.0084, 1e-9);
+  EXPECT_NEAR(model.sync_seconds(2), 0.003, 1e-9);
+  EXPECT_NEAR(model.sync_seconds(4), 0.003, 1e-9);  // the nearest measured stands in
+  EXPECT_EQ(model.sync_seconds(1), 0.0);
+  EXPECT_NEAR(model.step_seconds({64, 3, 2}), 3 * 0.0084 + 0.003, 1e-9);
+  ThroughputModel restored;
+  restored.load_state_dict(nlohmann::json::parse(model.state_dict().dump()));
+  EXPECT_NEAR(restored.step_seconds({64, 3, 2}), model.step_seconds({64, 3, 2}), 1e-12);
+}
+
+ThroughputModel fitted(double alpha, double beta, double sync) {
+  ThroughputModel model;
+  for (std::int64_t b : {16, 64}) model.observe({b, 1, 2}, alpha + beta * b, alpha + beta * b + sync);
+  return model;
+}
+
+TEST(Goodput, NoiseMakesBiggerBatchesWorthTheirRecords) {
+  const BatchLimits limits{32, 1024, 4, 256, false, 64};
+  const ThroughputModel model = fitted(0.004, 0.0001, 0.002);
+  GradientNoise quiet, noisy;
+  quiet.update(1.0, 1.0 - 1e-9, 16, 32, 32);          // nearly no noise: gain 1
+  noisy.update(1000.0 / 16, 1000.0 / 32, 16, 32, 32);  // all noise: gain = scale
+  const BatchShape start{16, 1, 2};
+  const BatchChoice calm = choose_batch(model, quiet, limits, 2, start);
+  EXPECT_EQ(calm.shape.global(), 32) << "without noise the base batch is best";
+  const BatchChoice rough = choose_batch(model, noisy, limits, 2, start);
+  EXPECT_EQ(rough.shape.global(), 512) << "with only noise the largest local batch is best";
+  EXPECT_EQ(rough.shape.local_batch, 256);
+  EXPECT_FALSE(rough.exploring);
+}
+
+TEST(Goodput, AccumulationGoesPastTheLocalBoundWhenAllowed) {
+  BatchLimits limits{32, 1024, 4, 64, true, 8};
+  GradientNoise noisy;
+  noisy.update(1000.0 / 16, 1000.0 / 32, 16, 32, 32);
+  const BatchChoice c = choose_batch(fitted(0.004, 0.0001, 0.05), noisy, limits, 2, {16, 1, 2});
+  EXPECT_EQ(c.shape.local_batch, 64);
+  EXPECT_EQ(c.shape.accumulation, 8);  // the sync is dear: as many micro-batches as allowed
+  limits.accumulation = false;
+  EXPECT_EQ(choose_batch(fitted(0.004, 0.0001, 0.05), noisy, limits, 2, {16, 1, 2}).shape.accumulation, 1);
+}
+
+TEST(Goodput, OneMeasuredSizeIsFollowedByTryingTwiceIt) {
+  const BatchLimits limits{32, 1024, 4, 256, false, 64};
+  ThroughputModel model;
+  model.observe({16, 1, 2}, 0.004, 0.005);
+  GradientNoise noise;
+  const BatchShape start{16, 1, 2};
+  EXPECT_FALSE(choose_batch(model, noise, limits, 2, start).exploring) << "no noise estimate yet";
+  noise.update(2.0, 1.5, 16, 32, 32);
+  const BatchChoice c = choose_batch(model, noise, limits, 2, start);
+  EXPECT_TRUE(c.exploring);
+  EXPECT_EQ(c.shape.local_batch, 32);
+}
+
+TEST(Goodput, TheStartSplitsTheBaseBatchWithinTheBounds) {
+  EXPECT_EQ(initial_batch({64, 1024, 1, 0, false, 64}, 4), (BatchShape{16, 1, 4}));
+  EXPECT_EQ(initial_batch({64, 1024, 1, 0, false, 64}, 3), (BatchShape{22, 1, 3}));   // rounded up
+  EXPECT_EQ(initial_batch({64, 1024, 1, 8, true, 64}, 2), (BatchShape{8, 4, 2}));     // accumulates
+  EXPECT_EQ(initial_batch({64, 1024, 1, 8, false, 64}, 2), (BatchShape{8, 1, 2}));    // a smaller batch
+  EXPECT_EQ(initial_batch({64, 1024, 40, 0, false, 64}, 4), (BatchShape{40, 1, 4}));  // the lower bound
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer::detail
