@@ -281,7 +281,10 @@ each trial the batches trained, the latest checkpoint, the runs and the failures
             << "directory:   " << layout.dir << "\n"
             << "searcher:    " << core::to_string(config.searcher.name) << ", " << trials << " trial(s), metric "
             << config.searcher.metric << "\n"
-            << "resources:   " << config.resources.slots_per_trial << " slot(s) per trial on "
+            << "resources:   "
+            << (config.resources.elastic() ? std::to_string(config.resources.min_slots()) + " to " : std::string())
+            << config.resources.slots_per_trial << " slot(s) per trial on "
+            << (config.resources.elastic() ? std::to_string(config.resources.min_nodes()) + " to " : std::string())
             << config.resources.nodes() << " node(s)\n";
   for (const auto& job : core::recorded_jobs(layout)) {
     std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
@@ -311,6 +314,12 @@ each trial the batches trained, the latest checkpoint, the runs and the failures
               << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n"
               << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
               << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
+    for (std::size_t i = 0; i < progress.runs.size(); ++i) {
+      const core::TrialRun& run = progress.runs[i];
+      std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
+                << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
+                << "), from batch " << run.batches << ", started " << run.started << "\n";
+    }
     if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
     if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
   }

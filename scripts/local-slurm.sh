@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# A real single-node Slurm cluster (munge + slurmctld + slurmd) for hpctrial's `slurm` test
+# A real Slurm cluster (munge + slurmctld + slurmd) on this machine for hpctrial's `slurm` test
 # tier, on ports away from Slurm's defaults so that it never meets a site's cluster or another
-# test cluster. Needs root (slurmd runs jobs as their users).
+# test cluster. Needs root (slurmd runs jobs as their users). The default partition `debug` is
+# this machine's node; the partition `elastic` adds a second node, `hpctrial-b`, served by a
+# second slurmd on this machine (NodeHostname is this host, so `srun` and Open MPI's Slurm
+# launcher reach it), for the tests of jobs that ask for a range of nodes.
 #
 #   scripts/local-slurm.sh start [DIR]   start, wait until the node is idle, print SLURM_CONF=...
 #   scripts/local-slurm.sh stop [DIR]    stop the daemons started from DIR
@@ -18,6 +21,7 @@ action=${1:-}
 dir=${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}
 port=${HPCTRIAL_SLURM_PORT:-16817}
 conf=$dir/slurm.conf
+second=hpctrial-b
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
 
@@ -38,7 +42,7 @@ write_conf() {
   host=$(hostname -s)
   cpus=$(( $(nproc) > 4 ? $(nproc) : 4 ))  # declare at least 4 CPUs so 4-rank jobs fit
   memory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
-  install -d -m 0700 "$dir" "$dir/state" "$dir/spool"
+  install -d -m 0700 "$dir" "$dir/state" "$dir/spool-$host" "$dir/spool-$second"
   cat >"$conf" <<CONF
 # Written by hpctrial's scripts/local-slurm.sh: a single-node test cluster.
 ClusterName=hpctrial-test
@@ -52,11 +56,11 @@ CredType=cred/munge
 # A requeued job may start again only after cred_expire + 1 s (default 120 s).
 AuthInfo=cred_expire=10
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool-%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -70,7 +74,9 @@ JobRequeue=1
 MpiDefault=none
 MailProg=/bin/true
 NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=$second NodeHostname=$host NodeAddr=127.0.0.1 Port=$((port + 2)) CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=elastic Nodes=$host,$second Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 }
 
@@ -87,6 +93,12 @@ stop_daemon() {
   rm -f "$pidfile"
 }
 
+stop_all() {
+  local pidfile
+  for pidfile in "$dir"/slurmd*.pid; do [[ -e $pidfile ]] && stop_daemon "$pidfile"; done
+  stop_daemon "$dir/slurmctld.pid"
+}
+
 case $action in
   start)
     [[ $(id -u) -eq 0 ]] || die "needs root (slurmd runs jobs as their owners)"
@@ -96,20 +108,21 @@ case $action in
       echo "SLURM_CONF=$conf"
       exit 0
     fi
-    stop_daemon "$dir/slurmd.pid"
-    stop_daemon "$dir/slurmctld.pid"
+    stop_all
     write_conf
     slurmctld -f "$conf" -i || die "slurmctld did not start; see $dir/slurmctld.log"
-    slurmd -f "$conf" || die "slurmd did not start; see $dir/slurmd.log"
+    host=$(hostname -s)
+    slurmd -f "$conf" -N "$host" || die "slurmd did not start; see $dir/slurmd-$host.log"
+    slurmd -f "$conf" -N "$second" || die "the second slurmd did not start; see $dir/slurmd-$second.log"
     for _ in $(seq 150); do
-      state=$(SLURM_CONF=$conf sinfo -h -o %t 2>/dev/null | head -n 1 || true)
-      if [[ $state == idle* ]]; then
+      states=$(SLURM_CONF=$conf sinfo -h -N -o %t 2>/dev/null | sort -u | tr '\n' ' ' || true)
+      if [[ $states == "idle " ]]; then
         echo "SLURM_CONF=$conf"
         exit 0
       fi
       sleep 0.2
     done
-    die "the node did not become idle (state '${state:-none}'); see $dir/slurmctld.log and $dir/slurmd.log"
+    die "the nodes did not become idle (states '${states:-none}'); see $dir/slurmctld.log and $dir/slurmd-*.log"
     ;;
   test-setup)
     if [[ $(id -u) -ne 0 ]]; then
@@ -119,8 +132,7 @@ case $action in
     exec "$0" start "$dir"
     ;;
   stop)
-    stop_daemon "$dir/slurmd.pid"
-    stop_daemon "$dir/slurmctld.pid"
+    stop_all
     ;;
   status)
     [[ -f $conf ]] && running

@@ -125,6 +125,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   const Resources& r = c.resources;
   out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "slots_per_trial" << YAML::Value << r.slots_per_trial;
+  if (r.elastic()) out << YAML::Key << "min_slots_per_trial" << YAML::Value << r.min_slots_per_trial;
   out << YAML::Key << "slots_per_node" << YAML::Value << r.slots_per_node;
   out << YAML::Key << "cpus_per_slot" << YAML::Value << r.cpus_per_slot;
   out << YAML::Key << "gpus_per_slot" << YAML::Value << r.gpus_per_slot;

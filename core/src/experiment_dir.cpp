@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -102,7 +103,33 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
       // a record cut short by a crash: the one before stands
     }
   }
+  std::ifstream runs(runs_file(trial_dir));
+  for (std::string line; std::getline(runs, line);) {
+    try {
+      const json j = json::parse(line);
+      p.runs.push_back({j.value("started", std::string()), j.value("ranks", 0), j.value("batch", std::int64_t{0}),
+                        j.value("local_batch", std::int64_t{0}), j.value("accumulation", std::int64_t{1}),
+                        j.value("batches", std::int64_t{0})});
+    } catch (const json::exception&) {
+      // a line cut short by a crash
+    }
+  }
   return p;
+}
+
+std::optional<int> preferred_slots(const std::string& trial_dir, const Resources& resources) {
+  if (!resources.elastic()) return std::nullopt;
+  json state;
+  try {
+    state = read_json_file(elastic_file(trial_dir));
+  } catch (const IoError&) {
+    return std::nullopt;  // cut short by a crash: the run asks for what the config says
+  }
+  const auto it = state.find("preferred_slots");
+  if (it == state.end() || !it->is_number_integer()) return std::nullopt;
+  const int per_node = resources.slots_per_node;
+  const int slots = std::clamp(it->get<int>(), resources.min_slots(), resources.slots_per_trial);
+  return std::max(resources.min_slots(), slots / per_node * per_node);
 }
 
 void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason) {

@@ -77,6 +77,19 @@ core::Allocation detect_allocation(const core::EnvSource& env, const core::Comma
 
 namespace {
 
+// The ranks a run starts: slots_per_trial; an elastic job's granted slots, within its bounds.
+int ranks_for(const core::Resources& resources, const core::Allocation& allocation) {
+  if (!resources.elastic() || !allocation.in_job()) return resources.slots_per_trial;
+  const int granted = static_cast<int>(allocation.hosts.size()) * resources.slots_per_node;
+  if (granted < resources.min_slots()) {
+    throw SchedulerError(allocation.scheduler + " job " + allocation.job_id + " has " + std::to_string(granted) +
+                         " slots on " + std::to_string(allocation.hosts.size()) +
+                         " node(s), fewer than resources.min_slots_per_trial (" +
+                         std::to_string(resources.min_slots()) + ")");
+  }
+  return std::min(granted, resources.slots_per_trial);
+}
+
 // Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
 // this machine's cores.
 void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
@@ -90,7 +103,11 @@ void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const
                         "with resources.slots_per_trial " + std::to_string(c.np));
     }
     c.hostfile_path = trial_dir + "/launch/hostfile";
-    for (const auto& host : allocation.hosts) c.hostfile += host.name + " slots=" + std::to_string(host.slots) + "\n";
+    // An elastic job runs slots_per_node ranks on every node, however the scheduler spread its tasks.
+    for (const auto& host : allocation.hosts) {
+      const int slots = config.resources.elastic() ? config.resources.slots_per_node : host.slots;
+      c.hostfile += host.name + " slots=" + std::to_string(slots) + "\n";
+    }
     c.argv.insert(c.argv.end(), {"--hostfile", c.hostfile_path});
     const int per_node = std::min(config.resources.slots_per_node, c.np);
     c.argv.insert(c.argv.end(), {"--map-by", "ppr:" + std::to_string(per_node) + ":node:PE=" +
@@ -165,7 +182,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
                                    const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
   const ExperimentLayout layout{options.experiment_dir};
   MpirunCommand c;
-  c.np = options.np > 0 ? options.np : config.resources.slots_per_trial;
+  c.np = options.np > 0 ? options.np : ranks_for(config.resources, allocation);
   c.working_dir = options.working_dir.empty()
                       ? core::read_json_file(layout.state()).value("workdir", std::string())
                       : options.working_dir;

@@ -259,7 +259,18 @@ void Scheduler::hand_over(const core::HandOver& stopped) const {
     // A job of this trial alone (a search's array job is not submitted again); the values from
     // the submitter's environment are in this job's own, passed on by name.
     const std::string script = layout.trial_dir(stopped.trial) + "/resume.pbs";
-    core::write_file_atomic(script, render_script(stopped.config, {layout.dir, core::self_program(), stopped.trial}));
+    // PBS has no node ranges: an elastic trial's next job asks for the size its adaptive batch
+    // prefers (the launcher then starts as many ranks as the job got).
+    core::ExperimentConfig config = stopped.config;
+    if (const auto slots = core::preferred_slots(layout.trial_dir(stopped.trial), config.resources)) {
+      if (*slots != config.resources.slots_per_trial) {
+        core::log_info("the pbs job that resumes trial {} asks for {} slot(s), as its adaptive batch prefers",
+                       stopped.trial, *slots);
+      }
+      config.resources.slots_per_trial = *slots;
+      config.resources.min_slots_per_trial = 0;
+    }
+    core::write_file_atomic(script, render_script(config, {layout.dir, core::self_program(), stopped.trial}));
     core::SubmitRequest request;
     request.script = script;
     request.hold = stopped.hold;

@@ -67,9 +67,18 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     out << "#SBATCH " << option << "=" << directive_value(value, key) << "\n";
   };
   directive("--job-name", config.name, "name");
-  directive("--nodes", std::to_string(r.nodes()), "resources.slots_per_trial");
-  directive("--ntasks-per-node", std::to_string(std::min(r.slots_per_node, r.slots_per_trial)),
-            "resources.slots_per_node");
+  if (r.elastic()) {
+    // As many nodes as are free within the range: Slurm gives a job no more nodes than tasks,
+    // so the tasks are the most the job runs (packed on fewer nodes when fewer are granted); the
+    // launcher runs slots_per_node ranks on each node it got.
+    out << "# Elastic: any number of nodes in the range; the launcher starts as many ranks as granted.\n";
+    directive("--nodes", std::to_string(r.min_nodes()) + "-" + std::to_string(r.nodes()), "resources.min_slots_per_trial");
+    directive("--ntasks", std::to_string(r.slots_per_trial), "resources.slots_per_trial");
+  } else {
+    directive("--nodes", std::to_string(r.nodes()), "resources.slots_per_trial");
+    directive("--ntasks-per-node", std::to_string(std::min(r.slots_per_node, r.slots_per_trial)),
+              "resources.slots_per_node");
+  }
   directive("--cpus-per-task", std::to_string(r.cpus_per_slot), "resources.cpus_per_slot");
   if (r.gpus_per_slot > 0) {
     directive("--gpus-per-node", std::to_string(r.gpus_per_slot * std::min(r.slots_per_node, r.slots_per_trial)),

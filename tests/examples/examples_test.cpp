@@ -347,6 +347,42 @@ TEST_F(MlpExample, TheProgramTrainsOnTwoRanksLikeOnOne) {
   EXPECT_THAT(text.str(), HasSubstr("slots_per_trial: 2"));
 }
 
+// experiment-adaptive.yaml under `hpctrial run` on 2 ranks: the batch grows from the base batch,
+// the gain and the noise scale land in metrics.jsonl, and the model learns.
+TEST_F(MlpExample, TheAdaptiveConfigGrowsTheBatchAndLearns) {
+  const std::string experiment = (dir_.path() / "adaptive").string();
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(300);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const auto r = core::run_process({HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment-adaptive.yaml",
+                                    "--set", std::string("entrypoint=") + HPCTRIAL_MLP, "--set", "data.train=" + train_,
+                                    "--set", "data.validation=" + validation_, "--experiment", experiment,
+                                    "--oversubscribe"},
+                                   options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+  std::ifstream in(experiment + "/trial-0/metrics.jsonl");
+  double largest = 0, gain = 0, accuracy = 0;
+  bool noise = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "validation") accuracy = j["metrics"]["accuracy"].get<double>();
+    if (j["kind"] != "training") continue;
+    largest = std::max(largest, j["metrics"]["adaptive_batch_size"].get<double>());
+    gain = std::max(gain, j["metrics"]["adaptive_gain"].get<double>());
+    noise = noise || j["metrics"].contains("adaptive_noise_scale");
+  }
+  std::printf("[ measured ] adaptive mlp: largest batch %.0f, largest gain %.3f, final accuracy %.4f\n", largest, gain,
+              accuracy);
+  EXPECT_GT(largest, 64.0) << "the batch never grew";
+  EXPECT_GT(gain, 1.0);
+  EXPECT_TRUE(noise);
+  EXPECT_GT(accuracy, kAccuracyThreshold);
+  std::ifstream runs(experiment + "/trial-0/runs.jsonl");
+  std::string first;
+  ASSERT_TRUE(std::getline(runs, first));
+  EXPECT_EQ(nlohmann::json::parse(first)["ranks"], 2);
+}
+
 TEST_F(MlpExample, AWrongDataPathIsAClearErrorFromTheProgram) {
   core::RunOptions options;
   options.timeout = std::chrono::seconds(60);

@@ -86,7 +86,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
 
   json progress = {{"batches", loop.batches_trained},
                    {"epochs", loop.epochs_trained},
-                   {"records", loop.batches_trained * identity.global_batch},
+                   {"records", loop.records_trained(identity.global_batch)},
                    {"global_batch_size", identity.global_batch},
                    {"restart_count", loop.restart_count},
                    {"last_validation_batches", loop.last_validation_batches},
@@ -96,6 +96,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
                    {"ended_by_trial", loop.ended_by_trial},
                    {"reducer_states", loop.reducer_states},
                    {"stream_positions", loop.stream_positions},
+                   {"adaptive", loop.adaptive},
                    {"best_metric", loop.best_metric ? json(*loop.best_metric) : json(nullptr)}};
   c.add_text("progress", progress.dump());
   c.add_text("meta/config", identity.config_yaml);
@@ -115,7 +116,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
     c.attributes[checkpoint::kMetricAttribute] = text;
   }
   c.attributes["epochs"] = std::to_string(loop.epochs_trained);
-  c.attributes["records"] = std::to_string(loop.batches_trained * identity.global_batch);
+  c.attributes["records"] = std::to_string(loop.records_trained(identity.global_batch));
   c.attributes["restart_count"] = std::to_string(loop.restart_count);
   c.attributes["hpctrial_version"] = HPCTRIAL_VERSION;
   c.attributes["created"] = core::utc_now_iso();
@@ -211,6 +212,7 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
     loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
     loop.stream_positions = progress.contains("stream_positions") ? progress.at("stream_positions") : json();
+    loop.adaptive = progress.contains("adaptive") ? progress.at("adaptive") : json();
     loop.best_metric = progress.at("best_metric").is_null() ? std::nullopt
                                                             : std::optional<double>(progress.at("best_metric").get<double>());
     loop.last_validation = parse(contents, "meta/validation", path).get<MetricValues>();

@@ -56,6 +56,11 @@ struct LoopState {
   // Per rank, in rank order, {"pass", "offset"} of its training StreamDataset after the last
   // batch trained; null when the training data is not a stream.
   nlohmann::json stream_positions;
+  // The adaptive batch's state (adaptive_batch.h); null without one.
+  nlohmann::json adaptive;
+  std::int64_t records_trained(std::int64_t global_batch) const {
+    return adaptive.is_object() ? adaptive.at("records").get<std::int64_t>() : batches_trained * global_batch;
+  }
 };
 
 struct TrialIdentity {

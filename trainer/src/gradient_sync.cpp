@@ -1,5 +1,8 @@
 #include "gradient_sync.h"
 
+#include <chrono>
+#include <limits>
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -229,6 +232,11 @@ void GradientSync::launch(Bucket& bucket) {
     bucket.flat.div_(static_cast<double>(world_size_ * options_.aggregation_frequency));
   }
   bucket.clean = true;
+  if (measure_) {
+    // This rank's share of the mean: its own gradient divided by the ranks.
+    local_sqr_ += bucket.reductions_in_batch > 1 ? std::numeric_limits<double>::quiet_NaN()
+                                                 : torch::dot(bucket.flat, bucket.flat).item<double>();
+  }
   const auto count = static_cast<std::size_t>(bucket.flat.numel());
   // The gradients are already divided by the number of ranks (and aggregated batches), so a
   // sum is their mean - with no pass over the buffer - and 16-bit rounding cannot overflow.
@@ -245,7 +253,9 @@ void GradientSync::complete(Bucket& bucket) {
   if (!bucket.work) return;
   comm::WorkHandle work = std::move(bucket.work);
   bucket.work.reset();
+  const auto started = std::chrono::steady_clock::now();
   work->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   torch::NoGradGuard no_grad;
   if (bucket.staging.defined()) bucket.flat.copy_(bucket.staging);
   if (bucket.snapshot.defined()) {
@@ -254,6 +264,17 @@ void GradientSync::complete(Bucket& bucket) {
   }
   bucket.holds_mean = true;
 }
+
+std::pair<double, double> GradientSync::take_norms() {
+  torch::NoGradGuard no_grad;
+  double global_sqr = 0;
+  for (const auto& bucket : buckets_) global_sqr += torch::dot(bucket.flat, bucket.flat).item<double>();
+  const double world = static_cast<double>(world_size_);
+  const double local_sqr = std::exchange(local_sqr_, 0.0) * world * world;
+  return {local_sqr, global_sqr};
+}
+
+double GradientSync::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
 
 void GradientSync::zeroed(const std::vector<torch::Tensor>& parameters) {
   std::lock_guard<std::mutex> lock(mutex_);

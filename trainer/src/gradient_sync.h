@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
@@ -63,6 +64,17 @@ class GradientSync {
   void reduce(std::int64_t batch);
   // The optimizer zeroed these parameters' gradients: their buckets hold no mean any more.
   void zeroed(const std::vector<torch::Tensor>& parameters);
+
+  // The adaptive batch's measurements (adaptive_batch.h). With `on`, each bucket's squared norm
+  // is summed just before its all-reduce: this rank's own gradient.
+  void measure_norms(bool on) { measure_ = on; }
+  // After reduce(): this rank's squared norm (its own mean gradient, undivided) and the averaged
+  // gradient's; NaN for the first when a bucket was reduced twice in the step. Starts the next.
+  std::pair<double, double> take_norms();
+  // Seconds the training thread waited for all-reduces since the last call.
+  double take_wait_seconds();
+  // The batches a step accumulates from now on (the adaptive batch changes it between steps).
+  void set_aggregation_frequency(std::int64_t frequency) { options_.aggregation_frequency = frequency; }
 
   // Whether `parameter` is one of those synchronised (its TensorImpl).
   bool covers(const torch::Tensor& parameter) const;
@@ -108,6 +120,9 @@ class GradientSync {
   bool unscaled_seen_ = false;  // ... and from loss.backward() called directly
   std::size_t next_launch_ = 0;
   std::int64_t batch_ = -1;
+  bool measure_ = false;
+  double local_sqr_ = 0;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace hpctrial::trainer::detail

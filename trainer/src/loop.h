@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "adaptive_batch.h"
 #include "checkpointing.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
@@ -67,6 +68,29 @@ class Loop {
   nlohmann::json gather_stream_positions();
   nlohmann::json gather_reducer_states();
   void restore_reducer_states(const nlohmann::json& states);
+  // The adaptive batch (loop_adaptive.cpp).
+  void setup_adaptive();
+  void start_adaptive_step();
+  bool end_adaptive_micro_batch();  // true at the end of a step
+  void decide_adaptive_batch();
+  bool adaptive_period_reached(const Period& period) const;
+  void restart_training_data();
+  // The chief's records in the trial directory: this run's size and batch (runs.jsonl), the size
+  // an elastic trial's adaptive batch prefers for its next run (elastic.json).
+  void record_run() const;
+  void record_elastic_preference() const;
+  // Records taken from the training order by the batches trained.
+  std::int64_t records_trained() const { return adaptive_ ? adaptive_->records() : batches_trained_ * global_batch_; }
+  // Whether max_length is reached: batches, or with an adaptive batch the progress at a step's end.
+  bool reached_max_length() const {
+    if (!adaptive_) return batches_trained_ >= max_batches_;
+    return micro_in_step_ == 0 && adaptive_->progress() >= static_cast<double>(max_batches_) - 1e-9;
+  }
+  // The epoch of the last batch trained.
+  std::int64_t trained_epoch() const {
+    if (adaptive_) return last_step_epoch_;
+    return epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1));
+  }
   detail::LoopState loop_state() const;
   void apply(const detail::LoopState& state);
   void train_one_batch();
@@ -144,6 +168,16 @@ class Loop {
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
 
   LoopResult result_;
+
+  // The adaptive batch: its state, where the step under way stands.
+  std::unique_ptr<detail::AdaptiveBatchState> adaptive_;
+  std::uint64_t data_seed_ = 0;
+  std::int64_t micro_in_step_ = 0;        // micro-batches of the step under way trained
+  Clock::time_point step_started_;
+  double progress_before_step_ = 0;
+  std::int64_t step_epoch_ = 0;           // the statistical epoch the step under way is in
+  std::int64_t last_step_epoch_ = 0;
+  std::int64_t last_started_epoch_ = -1;
 };
 
 }  // namespace hpctrial::trainer::detail

@@ -79,8 +79,8 @@ void Loop::start_training_data(std::uint64_t data_seed) {
   sampler_ = std::make_unique<TrainingSampler>(
       StreamOrder(train_loader_->dataset().size(), data_seed, train_loader_->shuffle(),
                   static_cast<std::uint64_t>(records_per_epoch_)),
-      static_cast<std::uint64_t>(global_batch_), comm_.rank(), comm_.size(),
-      static_cast<std::uint64_t>(batches_trained_ * global_batch_));
+      static_cast<std::uint64_t>(adaptive_ ? adaptive_->shape().local_batch * comm_.size() : global_batch_), comm_.rank(),
+      comm_.size(), static_cast<std::uint64_t>(records_trained()));
   const DataLoader* loader = train_loader_.get();
   prefetcher_ = std::make_unique<Prefetcher>(
       [loader](const std::vector<std::int64_t>& indices) { return loader->read(indices); },

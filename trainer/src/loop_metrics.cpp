@@ -3,9 +3,12 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "autocast.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "loop.h"
 
@@ -40,6 +43,33 @@ MetricValues Loop::reduce_custom(bool training) {
   return nlohmann::json::parse(text).get<MetricValues>();
 }
 
+// Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
+// by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
+void Loop::trim_metrics(std::int64_t batches) {
+  const std::filesystem::path path = std::filesystem::path(options_.trial_dir) / "metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  std::int64_t dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    bool keep = true;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      keep = j.value("batches", std::int64_t{0}) <= batches;
+    } catch (const nlohmann::json::exception&) {
+      keep = false;  // a line cut short by the crash
+    }
+    if (keep) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped == 0) return;
+  core::write_file_atomic(path.string(), kept);
+  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path.string(), batches);
+}
+
 void Loop::report_training() {
   if (period_batches_ == 0) return;
   detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
@@ -59,10 +89,10 @@ void Loop::report_training() {
   for (auto& [name, list] : period_values_) values[name] = means[i++];
   for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
   if (values.count("loss")) last_loss_ = values["loss"];
-  if (log_) {
-    log_->write("training", batches_trained_, epoch_of_batch(batches_trained_ - 1),
-                batches_trained_ * global_batch_, values);
+  if (adaptive_) {
+    for (const auto& [name, value] : adaptive_->metrics()) values[name] = value;
   }
+  if (log_) log_->write("training", batches_trained_, trained_epoch(), records_trained(), values);
   period_values_.clear();
   period_batches_ = 0;
   last_report_batches_ = batches_trained_;
@@ -211,8 +241,7 @@ void Loop::validate() {
     }
   }
   if (log_) {
-    log_->write("validation", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
-                batches_trained_ * global_batch_, metrics);
+    log_->write("validation", batches_trained_, trained_epoch(), records_trained(), metrics);
   }
   result_.last_validation = metrics;
   last_validation_batches_ = batches_trained_;

@@ -37,4 +37,6 @@ std::string replaced_stop_handlers() {
 
 const std::atomic<bool>& stop_signal_received() { return g_stop_requested; }
 
+void clear_stop_signal() { g_stop_requested.store(false); }
+
 }  // namespace hpctrial::trainer::detail

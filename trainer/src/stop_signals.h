@@ -16,5 +16,7 @@ void install_stop_handlers();
 std::string replaced_stop_handlers();
 // Set once any of the signals arrived.
 const std::atomic<bool>& stop_signal_received();
+// Forgets a stop signal once it was acted on: a process that trains again after stopping.
+void clear_stop_signal();
 
 }  // namespace hpctrial::trainer::detail

@@ -130,14 +130,17 @@ void Loop::setup() {
   identity_.world_size = comm_.size();
   identity_.searcher_metric = config_.searcher.metric;
   identity_.global_batch = global_batch_;
+  setup_adaptive();
   resume();
 
-  start_training_data(derive_seed(trial_seed, kDataStream));
+  data_seed_ = derive_seed(trial_seed, kDataStream);
+  start_training_data(data_seed_);
 
   if (chief()) {
     core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
     result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
     log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
+    record_run();
   }
   progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
                                                  chief() && options_.progress_interval_s > 0);
@@ -165,6 +168,7 @@ detail::LoopState Loop::loop_state() const {
     auto& values = s.period_values[name];
     for (const auto& v : list) values.push_back(v.item<double>());
   }
+  if (adaptive_) s.adaptive = adaptive_->state_dict();
   return s;
 }
 
@@ -234,6 +238,16 @@ void Loop::resume() {
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
   apply(state);
   restore_reducer_states(state.reducer_states);
+  if (adaptive_) {
+    const bool rechosen = adaptive_->restore(state.adaptive);
+    last_step_epoch_ = adaptive_->epoch_at(std::max(0.0, adaptive_->progress() - 1e-6));
+    last_started_epoch_ = adaptive_->progress() > 0 ? last_step_epoch_ : -1;
+    if (rechosen && chief()) {
+      const BatchShape& shape = adaptive_->shape();
+      core::log_info("adaptive batch: resumed on {} ranks: {} records a step ({} x {} micro-batch(es) x {} ranks)",
+                     comm_.size(), shape.global(), shape.local_batch, shape.accumulation, shape.ranks);
+    }
+  }
   resumed_from_ = chosen;
   resumed_stream_positions_ = state.stream_positions;
   last_checkpoint_batches_ = batches_trained_;
@@ -243,37 +257,10 @@ void Loop::resume() {
     core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
   }
   if (result_.ended_by_trial) {
-    max_batches_ = batches_trained_;  // complete: nothing resumes a trial that ended itself
+    max_batches_ = adaptive_ ? 0 : batches_trained_;  // complete: nothing resumes a trial that ended itself
     if (chief()) core::log_info("the trial ended itself after {} batches (set_stop_requested); nothing to train",
                                 batches_trained_);
   }
-}
-
-// Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
-// by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
-void Loop::trim_metrics(std::int64_t batches) {
-  const std::filesystem::path path = std::filesystem::path(options_.trial_dir) / "metrics.jsonl";
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept;
-  std::int64_t dropped = 0;
-  for (std::string line; std::getline(in, line);) {
-    bool keep = true;
-    try {
-      const auto j = nlohmann::json::parse(line);
-      keep = j.value("batches", std::int64_t{0}) <= batches;
-    } catch (const nlohmann::json::exception&) {
-      keep = false;  // a line cut short by the crash
-    }
-    if (keep) {
-      kept += line + "\n";
-    } else {
-      ++dropped;
-    }
-  }
-  if (dropped == 0) return;
-  core::write_file_atomic(path.string(), kept);
-  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path.string(), batches);
 }
 
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
@@ -289,6 +276,7 @@ void Loop::save_checkpoint(bool wait) {
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
   context_->accumulators().synchronize_all();
+  record_elastic_preference();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
   if (!shards.empty()) {
@@ -323,10 +311,18 @@ void Loop::train_one_batch() {
   detail::record_phase(core::RankPhase::kBatch);
   faults_->at(detail::FaultPhase::kBatch, batch_idx);
   comm_.set_step(batch_idx);
-  const std::int64_t epoch = epoch_of_batch(batch_idx);
-  const bool epoch_start = batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
-  const bool epoch_end = epoch_of_batch(batch_idx + 1) != epoch;
-  if (epoch_start) call([&](Callback& c) { c.on_training_epoch_start(epoch); });
+  if (adaptive_ && micro_in_step_ == 0) start_adaptive_step();
+  // With an adaptive batch, epochs are statistical: a step ends one when its progress does.
+  const std::int64_t epoch = adaptive_ ? step_epoch_ : epoch_of_batch(batch_idx);
+  const bool epoch_start = adaptive_ ? micro_in_step_ == 0 && epoch != last_started_epoch_
+                                     : batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
+  const bool epoch_end = adaptive_ ? micro_in_step_ + 1 == adaptive_->shape().accumulation &&
+                                         adaptive_->epoch_after_step() != epoch
+                                   : epoch_of_batch(batch_idx + 1) != epoch;
+  if (epoch_start) {
+    last_started_epoch_ = epoch;
+    call([&](Callback& c) { c.on_training_epoch_start(epoch); });
+  }
 
   Batch batch;
   {
@@ -350,6 +346,7 @@ void Loop::train_one_batch() {
   for (auto& [name, metric] : metrics) period_values_[name].push_back(metric.tensor());
   ++period_batches_;
   ++batches_trained_;
+  if (adaptive_) end_adaptive_micro_batch();
   {
     detail::PhaseTimings::Scope t(timings_, "step_lr_schedulers");
     for (const auto& wrapped : context_->lr_schedulers()) {
@@ -379,7 +376,7 @@ LoopResult Loop::run() {
   faults_->at(detail::FaultPhase::kStartup, batches_trained_);
   call([](Callback& c) { c.on_training_start(); });
   for (auto& model : context_->models()) model->train();
-  while (batches_trained_ < max_batches_) {
+  while (!reached_max_length()) {
     train_one_batch();
 
     // The step boundary: batch-count triggers are the same on every rank; a stop request or
@@ -401,17 +398,21 @@ LoopResult Loop::run() {
     faults_->at(detail::FaultPhase::kAgreement, batches_trained_);
     comm_.allreduce(flags, 5, DType::kInt64, ReduceOp::kMax);
     if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
-    const bool last = batches_trained_ == max_batches_;
-    const bool validate_now =
-        flags[2] != 0 || (validation_period_.batches > 0 && batches_trained_ % validation_period_.batches == 0);
+    const bool last = reached_max_length();
+    const bool group_end = adaptive_ ? micro_in_step_ == 0
+                                     : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+    if (adaptive_ && group_end) decide_adaptive_batch();
+    const auto period_reached = [&](const Period& period) {
+      if (adaptive_) return adaptive_period_reached(period);
+      return period.batches > 0 && batches_trained_ % period.batches == 0;
+    };
+    const bool validate_now = flags[2] != 0 || period_reached(validation_period_);
     // Stops and checkpoints wait for the end of an aggregation group: the gradients accumulated
     // part way through one are in no checkpoint. Every rank agreed on the flags, so every rank
     // keeps the same pending requests.
     stop_pending_ = stop_pending_ || flags[0] != 0;
     trial_stop_pending_ = trial_stop_pending_ || flags[1] != 0;
-    checkpoint_pending_ = checkpoint_pending_ || flags[3] != 0 ||
-                          (checkpoint_period_.batches > 0 && batches_trained_ % checkpoint_period_.batches == 0);
-    const bool group_end = batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+    checkpoint_pending_ = checkpoint_pending_ || flags[3] != 0 || period_reached(checkpoint_period_);
     const bool stop = stop_pending_ && group_end && !last;
     const bool trial_ends = trial_stop_pending_ && group_end && !last;
 
@@ -426,7 +427,7 @@ LoopResult Loop::run() {
     } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
       save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
     }
-    progress_->update(batches_trained_, epoch_of_batch(batches_trained_ - 1), last_loss_);
+    progress_->update(batches_trained_, trained_epoch(), last_loss_);
     if (stop) {
       result_.stopped_early = true;
       core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
@@ -447,17 +448,16 @@ LoopResult Loop::run() {
   if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
   settle_sharded_checkpoint();
   finish_checkpoint();
-  progress_->update(batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)), last_loss_, true);
+  progress_->update(batches_trained_, trained_epoch(), last_loss_, true);
   progress_->finish();
   call([](Callback& c) { c.on_trial_shutdown(); });
   prefetcher_.reset();
 
   if (log_) {
-    log_->write("timings", batches_trained_, epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1)),
-                batches_trained_ * global_batch_, {}, {{"timings", timings_.summary()}});
+    log_->write("timings", batches_trained_, trained_epoch(), records_trained(), {}, {{"timings", timings_.summary()}});
     log_->sync();
-    core::log_info("trained {} batches ({} records); timings:\n{}", batches_trained_,
-                   batches_trained_ * global_batch_, timings_.table());
+    core::log_info("trained {} batches ({} records); timings:\n{}", batches_trained_, records_trained(),
+                   timings_.table());
   }
   result_.batches_trained = batches_trained_;
   result_.timings = timings_.summary();

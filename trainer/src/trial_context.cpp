@@ -74,6 +74,39 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
   }
 }
 
+TrialContext::LrFactor::LrFactor(torch::optim::Optimizer& optimizer, double factor)
+    : optimizer_(factor != 1 ? &optimizer : nullptr) {
+  if (optimizer_ == nullptr) return;
+  for (auto& group : optimizer.param_groups()) {
+    saved_.push_back(group.options().get_lr());
+    group.options().set_lr(saved_.back() * factor);
+  }
+}
+
+TrialContext::LrFactor::~LrFactor() {
+  if (optimizer_ == nullptr) return;
+  std::size_t i = 0;
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(saved_.at(i++));
+}
+
+void TrialContext::set_aggregation(std::int64_t frequency, std::int64_t first_batch) {
+  if (frequency < 1) throw InternalError("set_aggregation: " + std::to_string(frequency) + " batches a step");
+  settings_.aggregation_frequency = frequency;
+  aggregation_origin_ = first_batch;
+  if (gradient_sync_) gradient_sync_->set_aggregation_frequency(frequency);
+}
+
+void TrialContext::measure_gradient_noise(bool on) {
+  measure_noise_ = on;
+  if (gradient_sync_) gradient_sync_->measure_norms(on);
+}
+
+std::optional<std::pair<double, double>> TrialContext::take_gradient_norms() {
+  return std::exchange(gradient_norms_, std::nullopt);
+}
+
+double TrialContext::take_sync_wait_seconds() { return gradient_sync_ ? gradient_sync_->take_wait_seconds() : 0.0; }
+
 std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name) {
   return accumulators_->make(std::move(name));
 }
@@ -112,6 +145,7 @@ detail::GradientSync& TrialContext::gradient_sync() {
     options.compression = settings_.gradient_compression;
     options.aggregation_frequency = settings_.aggregation_frequency;
     gradient_sync_ = std::make_unique<detail::GradientSync>(parameters, communicator_, device_communicator_, options);
+    gradient_sync_->measure_norms(measure_noise_);
   }
   return *gradient_sync_;
 }
@@ -225,8 +259,17 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     }
     sync.reduce(batches_trained_);
   }
+  std::optional<std::pair<double, double>> norms;
+  if (measure_noise_ && settings_.distributed.size > 1) norms = gradient_sync().take_norms();
   // The gradients are the same on every rank now, so every rank finds the same inf or NaN.
   const bool skip = scaler != nullptr && scaler->unscale(optimizer);
+  if (norms) {
+    // Every rank measured its own gradient: their mean, in the scale of unscaled gradients.
+    double local = norms->first;
+    communicator_.allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
+    const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
+    if (!skip) gradient_norms_ = std::make_pair(local * unscale, norms->second * unscale);
+  }
   if (clip_grads && !skip) {
     std::vector<torch::Tensor> parameters;
     for (auto& group : optimizer.param_groups()) {
@@ -236,6 +279,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
   }
   if (!skip) {
     if (before_optimizer_step_) before_optimizer_step_();
+    const LrFactor scaled(optimizer, lr_factor_);
     optimizer.step();
   }
   if (auto_zero_grads) {

@@ -72,8 +72,13 @@ struct Resources {
   int cpus_per_slot = 1;
   int gpus_per_slot = 0;
   std::optional<std::uint64_t> memory_per_node_bytes;  // unset: the scheduler's default
+  // Elastic jobs: the fewest slots a run may start on (whole nodes); 0: slots_per_trial.
+  int min_slots_per_trial = 0;
 
   int nodes() const { return (slots_per_trial + slots_per_node - 1) / slots_per_node; }
+  int min_slots() const { return min_slots_per_trial > 0 ? min_slots_per_trial : slots_per_trial; }
+  int min_nodes() const { return (min_slots() + slots_per_node - 1) / slots_per_node; }
+  bool elastic() const { return min_slots() < slots_per_trial; }
 };
 
 // How gradients travel in the all-reduce: as they are, or rounded to a 16-bit float.

@@ -30,6 +30,14 @@ struct ExperimentLayout {
 // The launcher's record of a trial's attempts in its directory: {"starts": N, "failures": M}.
 inline std::string launcher_state_file(const std::string& trial_dir) { return trial_dir + "/launcher-state.json"; }
 
+// The chief's record of each run of a trial (each start of its ranks), a JSON line a run:
+// {"started", "ranks", "batch", "local_batch", "accumulation", "batches"} - the batch it
+// started with (an adaptive batch changes it later) and the batches trained before it.
+inline std::string runs_file(const std::string& trial_dir) { return trial_dir + "/runs.jsonl"; }
+// What the chief's adaptive batch prefers for the trial's next run, rewritten at each
+// checkpoint: {"preferred_slots": N} (docs/adaptive.md).
+inline std::string elastic_file(const std::string& trial_dir) { return trial_dir + "/elastic.json"; }
+
 // Where an experiment named `name` goes when no directory is given: runs/<name>, relative to the
 // working directory.
 std::string default_experiment_dir(const std::string& name);
@@ -57,12 +65,28 @@ std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout);
 // a job that resumes one trial of a search does). Safe against concurrent recorders.
 void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial = -1);
 
+// One run of a trial, from runs_file().
+struct TrialRun {
+  std::string started;  // UTC, ISO 8601
+  int ranks = 0;
+  std::int64_t batch = 0;         // records a step across the ranks, at the start
+  std::int64_t local_batch = 0;   // records a micro-batch, a rank
+  std::int64_t accumulation = 1;  // micro-batches a step
+  std::int64_t batches = 0;       // batches trained before the run
+};
+
+// The slots an elastic trial's next run should ask for: the chief's preference (elastic_file),
+// rounded down to whole nodes within [min_slots_per_trial, slots_per_trial]; nullopt when the
+// trial is not elastic or states none.
+std::optional<int> preferred_slots(const std::string& trial_dir, const Resources& resources);
+
 // How far a trial got, from what its launcher and chief left in the trial directory.
 struct TrialProgress {
   std::int64_t reported_step = -1;   // the last step rank 0 reported (heartbeat); -1: none
   int starts = 0;                    // runs of the launcher, over every job
   int failures = 0;                  // failures that counted against max_restarts
   std::string last_failure;          // the reason of the newest failure record
+  std::vector<TrialRun> runs;        // oldest first
 };
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
 

@@ -57,6 +57,10 @@ struct LoopOptions {
   // rank must not wait for its peers in their destructors. A multi-rank program aborts the job
   // here (MPI_Abort) and does not return; if it returns, the error propagates.
   std::function<void(int code, const std::string& message)> on_failure;
+  // Tests: the seconds a step of `local_batch` x `accumulation` records a rank on `ranks` ranks
+  // takes, as the adaptive batch's throughput model sees it, in place of the measured time (so
+  // that its choices repeat from run to run). Empty: measured.
+  std::function<double(std::int64_t local_batch, std::int64_t accumulation, int ranks)> adaptive_step_seconds;
 };
 
 struct LoopResult {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
@@ -257,6 +258,15 @@ class TrialContext {
   void before_optimizer_step() const {
     if (before_optimizer_step_) before_optimizer_step_();
   }
+  // The adaptive batch (docs/adaptive.md): from the batch `first_batch` on, a step accumulates
+  // `frequency` batches; optimizer steps multiply the learning rates by `factor` (and put them
+  // back after, so LR schedulers see their own); the squared norms of each step's gradients -
+  // the ranks' mean of their own, and the averaged one's - are measured on more than one rank.
+  void set_aggregation(std::int64_t frequency, std::int64_t first_batch);
+  void set_lr_factor(double factor) { lr_factor_ = factor; }
+  void measure_gradient_noise(bool on);
+  std::optional<std::pair<double, double>> take_gradient_norms();
+  double take_sync_wait_seconds();
   // A wrapped model whose gradients something else averages (a ZeRO engine, by reduce-scatter):
   // the gradient buckets leave its parameters out. Before start_training().
   void exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model);
@@ -274,7 +284,21 @@ class TrialContext {
   void divide_gradients(torch::optim::Optimizer& optimizer, double divisor);
   bool step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads, bool auto_zero_grads);
   detail::GradientSync& gradient_sync();
-  bool is_sync_batch() const { return (batches_trained_ + 1) % settings_.aggregation_frequency == 0; }
+  bool is_sync_batch() const {
+    return (batches_trained_ + 1 - aggregation_origin_) % settings_.aggregation_frequency == 0;
+  }
+  // Multiplies an optimizer's learning rates for its step, and puts them back.
+  class LrFactor {
+   public:
+    LrFactor(torch::optim::Optimizer& optimizer, double factor);
+    ~LrFactor();
+    LrFactor(const LrFactor&) = delete;
+    LrFactor& operator=(const LrFactor&) = delete;
+
+   private:
+    torch::optim::Optimizer* optimizer_;
+    std::vector<double> saved_;
+  };
 
   TrialSettings settings_;
   comm::Communicator& communicator_;
@@ -295,6 +319,10 @@ class TrialContext {
   bool epoch_end_ = false;
   bool stop_requested_ = false;
   std::int64_t batches_trained_ = 0;
+  std::int64_t aggregation_origin_ = 0;  // a batch that began a step
+  double lr_factor_ = 1;
+  bool measure_noise_ = false;
+  std::optional<std::pair<double, double>> gradient_norms_;
 };
 
 }  // namespace hpctrial::trainer

@@ -1,0 +1,267 @@
+// adaptive: what the adaptive batch (optimizations.adaptive_batch_size, AdaScale) gains, on the
+// mlp example's trial and data, in one run on N ranks:
+//   - wall time from the first step to a target validation accuracy: the adaptive batch against
+//     the example's fixed batch of 64 (goal <= 0.8) and against the best of several fixed
+//     batches, each with its learning rate scaled by the square root of its batch (goal <= 1.0);
+//   - the per-step cost of the estimators: a step of the adaptive batch held at the base batch
+//     against the same step without it (goal <= 2 %).
+//
+//   mpirun -np N build/benchmarks/adaptive [--quick] [--rounds N] [--target ACC] [--dir DIR]
+//
+// Every run trains a fresh trial directory, validates every 25 steps of the base batch, and stops
+// (set_stop_requested) at the first validation that reaches the target; a run that never does is
+// reported as such and left out of the ratios. Times are medians over the rounds, which rotate
+// the order of the runs. --quick: one round, fewer batches, a lower target: the test suite's smoke run.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/training_loop.h"
+#include "mlp_trial.h"
+#include "synthetic_data.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int rounds = 3;
+  double target = 0.80;
+  std::vector<std::int64_t> fixed = {64, 128, 256, 512};
+  std::int64_t max_epochs = 40;
+  std::int64_t cost_steps = 400;
+  std::string dir = "/tmp/hpctrial-bench-adaptive";
+};
+
+// Records when the validation accuracy first reaches the target, and ends the trial there.
+struct Outcome {
+  double seconds = -1;  // -1: not reached
+  std::int64_t batches = 0;
+  double accuracy = 0;
+};
+Outcome g_outcome;
+Clock::time_point g_started;
+
+class TargetCallback : public hpctrial::Callback {
+ public:
+  TargetCallback(hpctrial::TrialContext& context, double target) : context_(context), target_(target) {}
+  void on_training_start() override { g_started = Clock::now(); }
+  void on_validation_end(const hpctrial::MetricValues& metrics) override {
+    const auto it = metrics.find("accuracy");
+    if (it == metrics.end() || g_outcome.seconds >= 0) return;
+    g_outcome.accuracy = it->second;
+    g_outcome.batches = context_.current_train_batch();
+    if (it->second >= target_) {
+      g_outcome.seconds = std::chrono::duration<double>(Clock::now() - g_started).count();
+      context_.set_stop_requested(true);
+    }
+  }
+
+ private:
+  hpctrial::TrialContext& context_;
+  double target_;
+};
+
+class BenchTrial : public mlp_example::MlpTrial {
+ public:
+  BenchTrial(hpctrial::TrialContext& context, double target)
+      : MlpTrial(context), callback_(std::make_shared<TargetCallback>(context, target)) {}
+  std::map<std::string, std::shared_ptr<hpctrial::Callback>> build_callbacks() override {
+    return {{"target", callback_}};
+  }
+
+ private:
+  std::shared_ptr<TargetCallback> callback_;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "adaptive: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--quick") {
+      o.rounds = 1;
+      o.target = 0.5;
+      o.fixed = {64, 256};
+      o.max_epochs = 4;
+      o.cost_steps = 60;
+    } else if (arg == "--rounds") {
+      o.rounds = std::stoi(value());
+    } else if (arg == "--target") {
+      o.target = std::stod(value());
+    } else if (arg == "--dir") {
+      o.dir = value();
+    } else {
+      std::fprintf(stderr, "usage: mpirun -np N adaptive [--quick] [--rounds N] [--target ACC] [--dir DIR]\n");
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+hpctrial::core::ExperimentConfig config_of(const std::string& yaml) {
+  hpctrial::core::Diagnostics d;
+  auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
+  if (!d.empty()) {
+    std::fprintf(stderr, "%s\n", d.to_string().c_str());
+    std::exit(1);
+  }
+  return config;
+}
+
+std::string yaml(const Options& o, std::int64_t batch, double lr, const std::string& length,
+                 const std::string& optimizations) {
+  return "name: adaptive-bench\nentrypoint: ./mlp\nsearcher: {name: single, metric: validation_loss, max_length: " +
+         length + "}\nhyperparameters: {global_batch_size: " + std::to_string(batch) + ", learning_rate: " +
+         std::to_string(lr) + ", hidden: 64, classes: 10}\nmin_validation_period: {batches: 25}\n" +
+         "records_per_epoch: 8192\nscheduling_unit: 1000000\ndata: {train: " + o.dir + "/train.h5, validation: " +
+         o.dir + "/validation.h5}\n" + optimizations + "reproducibility: {experiment_seed: 7}\n";
+}
+
+hpctrial::trainer::LoopResult train(const Options& o, hpctrial::comm::MpiCommunicator& comm, const std::string& name,
+                                    const std::string& text, double target) {
+  const std::string trial_dir = o.dir + "/" + name;
+  if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
+  comm.barrier();
+  hpctrial::trainer::LoopOptions loop;
+  loop.trial_dir = trial_dir;
+  loop.progress_interval_s = 0;
+  loop.report_period_batches = 1000000;
+  loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+  g_outcome = {};
+  const auto result = hpctrial::trainer::run_training(
+      config_of(text), [&](hpctrial::TrialContext& c) { return std::make_unique<BenchTrial>(c, target); }, comm, loop);
+  if (comm.is_chief()) std::filesystem::remove_all(trial_dir);
+  return result;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+double step_ms(const hpctrial::trainer::LoopResult& result, hpctrial::comm::MpiCommunicator& comm) {
+  const auto& t = result.timings.at("train_batch");
+  double ms = t.at("total_s").get<double>() * 1000 / static_cast<double>(t.at("count").get<std::int64_t>());
+  comm.allreduce(&ms, 1, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hpctrial::comm::MpiEnvironment environment(&argc, &argv);
+  const Options o = parse(argc, argv);
+  hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  torch::set_num_threads(1);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(1);
+  hpctrial::comm::MpiCommunicator comm(environment.world());
+  if (comm.is_chief()) {
+    std::filesystem::create_directories(o.dir);
+    mlp_example::SyntheticSpec spec;
+    mlp_example::write_synthetic_dataset(o.dir + "/train.h5", spec);
+    spec.samples = 2048;
+    spec.seed = 2;
+    mlp_example::write_synthetic_dataset(o.dir + "/validation.h5", spec);
+  }
+  comm.barrier();
+
+  const std::string length = "{epochs: " + std::to_string(o.max_epochs) + "}";
+  struct Run {
+    std::string name;
+    std::string yaml;
+    std::vector<double> seconds;
+    std::int64_t batches = 0;
+    bool reached = true;
+  };
+  std::vector<Run> runs;
+  for (std::int64_t batch : o.fixed) {
+    const double lr = 0.05 * std::sqrt(static_cast<double>(batch) / 64.0);
+    runs.push_back({"fixed " + std::to_string(batch), yaml(o, batch, lr, length, "")});
+  }
+  runs.push_back({"adaptive", yaml(o, 64, 0.05, length,
+                                   "optimizations:\n  adaptive_batch_size: {enabled: true, max_batch_size: 2048, "
+                                   "local_batch_size_bounds: [16, 1024], decision_interval: 20}\n")});
+  for (int round = 0; round < o.rounds; ++round) {
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      Run& run = runs[(round + k) % runs.size()];
+      train(o, comm, "run", run.yaml, o.target);
+      double seconds = g_outcome.seconds;
+      comm.broadcast_async(&seconds, sizeof seconds, 0)->wait();
+      run.reached = run.reached && seconds >= 0;
+      run.seconds.push_back(seconds);
+      run.batches = g_outcome.batches;
+    }
+  }
+
+  // The estimators' cost: the adaptive batch held at the base batch against the same steps without.
+  const std::string steps = "{batches: " + std::to_string(o.cost_steps) + "}";
+  std::vector<double> plain_ms, measured_ms;
+  for (int round = 0; round < std::max(3, o.rounds); ++round) {
+    for (int k = 0; k < 2; ++k) {
+      const bool adaptive = (round + k) % 2 == 1;
+      const auto result =
+          train(o, comm, "cost", yaml(o, 64, 0.05, steps, adaptive ? "optimizations:\n  adaptive_batch_size: {enabled: "
+                                                                     "true, max_batch_size: 64, local_batch_size_bounds: "
+                                                                     "[32, 32]}\n" : ""), 2.0);
+      (adaptive ? measured_ms : plain_ms).push_back(step_ms(result, comm));
+    }
+  }
+
+  if (comm.is_chief()) {
+    std::printf("ranks %d, the mlp example (32-64-64-10, SGD momentum 0.9), 8192 records, target validation accuracy "
+                "%.2f, median of %d round(s)\n", comm.size(), o.target, o.rounds);
+    std::printf("run            seconds  batches\n");
+    double best = -1, example = -1, adaptive = -1;
+    std::string best_name;
+    for (const Run& run : runs) {
+      if (!run.reached) {
+        std::printf("%-12s not reached in %lld epochs\n", run.name.c_str(), static_cast<long long>(o.max_epochs));
+        continue;
+      }
+      const double s = median(run.seconds);
+      std::printf("%-12s %9.2f %8lld\n", run.name.c_str(), s, static_cast<long long>(run.batches));
+      if (run.name == "adaptive") {
+        adaptive = s;
+      } else {
+        if (run.name == "fixed 64") example = s;
+        if (best < 0 || s < best) {
+          best = s;
+          best_name = run.name;
+        }
+      }
+    }
+    if (adaptive > 0 && example > 0) {
+      std::printf("time to target, adaptive / fixed 64 (the example's): %.4f (goal <= 0.8)\n", adaptive / example);
+    }
+    if (adaptive > 0 && best > 0) {
+      std::printf("time to target, adaptive / best fixed (%s): %.4f (goal <= 1.0)\n", best_name.c_str(), adaptive / best);
+    }
+    const double plain = median(plain_ms), measured = median(measured_ms);
+    std::printf("step: %.4f ms without the estimators, %.4f ms with them\n", plain, measured);
+    std::printf("estimator cost: %.4f %% of a step (goal <= 2 %%)\n", (measured / plain - 1) * 100);
+  }
+  return 0;
+}

@@ -1,0 +1,79 @@
+// The checks across the experiment schema's sections: the hyperparameters against the
+// resources, the engine section against the rest.
+#include "config_schema.h"
+
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::core::detail {
+
+// Cross-section checks that need several sections at once.
+void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
+  const ConfigNode* hps = root.find("hyperparameters");
+  if (hps == nullptr) return;
+  for (const auto& [name, hp] : config.hyperparameters) {
+    const ConfigNode* node = hps->find(name);
+    const std::string path = "hyperparameters." + name;
+    if (config.searcher.name == Searcher::Name::kGrid && hp.count == 0 &&
+        (hp.type == Hyperparameter::Type::kInt || hp.type == Hyperparameter::Type::kDouble ||
+         hp.type == Hyperparameter::Type::kLog)) {
+      report(*node, path, d,
+             "the grid searcher needs `count` on every int, double and log range (how many grid "
+             "points); add e.g. count: 4");
+    }
+    if (name == "global_batch_size" && hp.type == Hyperparameter::Type::kConst) {
+      const std::string& text = hp.value.text();
+      const auto value = hp.value.is_scalar() && !hp.value.quoted() ? detail::parse_int(text)
+                                                                     : std::nullopt;
+      // Not a multiple of the slots: each slot trains global // slots records a batch, and the
+      // trial says so once when it starts (as Determined does).
+      if (!value || *value < config.resources.slots_per_trial) {
+        report(hp.value, path, d,
+               "must be an integer of at least resources.slots_per_trial (" +
+                   std::to_string(config.resources.slots_per_trial) + "), got " + describe(hp.value));
+      }
+    }
+  }
+}
+
+void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
+  if (!config.engine) return;
+  const ConfigNode* engine = root.find("engine");
+  if (engine == nullptr) return;
+  if (config.optimizations.aggregation_frequency != 1) {
+    const ConfigNode* opt = root.find("optimizations");
+    const ConfigNode* n = opt != nullptr ? opt->find("aggregation_frequency") : nullptr;
+    report(n != nullptr ? *n : *engine, "optimizations.aggregation_frequency", d,
+           "an engine trial accumulates gradients over engine.gradient_accumulation_steps micro-batches; remove "
+           "aggregation_frequency and set engine.gradient_accumulation_steps: " +
+               std::to_string(config.optimizations.aggregation_frequency));
+  }
+  if (config.engine->fp16.enabled) {
+    const ConfigNode* fp16 = engine->find("fp16");
+    const ConfigNode* enabled = fp16 != nullptr ? fp16->find("enabled") : nullptr;
+    const ConfigNode& at = enabled != nullptr ? *enabled : *engine;
+    if (config.engine->bf16) {
+      report(at, "engine.fp16.enabled", d,
+             "fp16 and bf16 are both enabled; choose one: bf16 (float32's range, no loss scaling; the CPU and "
+             "GPUs) or fp16 (GPUs, with dynamic loss scaling)");
+    } else if (config.resources.gpus_per_slot == 0) {
+      report(at, "engine.fp16.enabled", d,
+             "float16 training needs a GPU (LibTorch's CPU autocast computes in bfloat16 only) and "
+             "resources.gpus_per_slot is 0; set resources.gpus_per_slot, or use `bf16: {enabled: true}` on the CPU");
+    }
+  }
+  // A searched global_batch_size is checked by each trial when it starts.
+  std::optional<std::int64_t> global_batch_size;
+  for (const auto& [name, hp] : config.hyperparameters) {
+    if (name != "global_batch_size") continue;
+    if (hp.type != Hyperparameter::Type::kConst) return;
+    global_batch_size = hp.value.is_scalar() && !hp.value.quoted() ? parse_int(hp.value.text()) : std::nullopt;
+    if (!global_batch_size) return;  // reported by check_hyperparameters
+  }
+  std::string error;
+  if (!resolve_engine_batch_sizes(*config.engine, global_batch_size, config.resources.slots_per_trial, error)) {
+    report(*engine, "engine", d, error + " (with resources.slots_per_trial: " +
+                                     std::to_string(config.resources.slots_per_trial) + ")");
+  }
+}
+
+}  // namespace hpctrial::core::detail

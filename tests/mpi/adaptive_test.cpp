@@ -1,0 +1,321 @@
+// The adaptive batch under the real loop, on 2 and 4 ranks: the gain measured on a problem whose
+// gradient mean and variance are known, the learning rate each scaling rule gives, a run stopped
+// by SIGUSR2 and resumed bitwise, and a resume on fewer ranks that sees every record once a pass.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "../../trainer/src/stop_signals.h"
+#include "../unit/trainer/test_trial.h"
+#include "hpctrial/comm/communicator.h"
+#include "mpi_test_env.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using testing_mpi::env;
+using testing_trial::config_from;
+
+std::string shared_dir(const std::string& name) {
+  std::string dir;
+  if (env().is_chief()) {
+    dir = (std::filesystem::temp_directory_path() /
+           ("hpctrial-adaptive-" + std::to_string(::getpid()) + "-" + name)).string();
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  comm::MpiCommunicator comm(env().world());
+  comm.broadcast(dir, 0);
+  return dir;
+}
+
+// SGD that remembers the learning rate of each step it takes.
+class RecordingSgd : public torch::optim::SGD {
+ public:
+  using SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    lrs.push_back(param_groups().at(0).options().get_lr());
+    return SGD::step(std::move(closure));
+  }
+  std::vector<double> lrs;
+};
+
+// Records x ~ N(mu, sigma^2 I) in `dims` dimensions; the loss mean(w.x) has the per-record
+// gradient x whatever w is: |G|^2 = dims mu^2, tr(S) = dims sigma^2. The target holds each
+// record's index; the regression trial learns y = x.w* + noise from the same records.
+class AdaptiveTrial : public Trial {
+ public:
+  struct Options {
+    bool regression = false;
+    std::int64_t records = 4096;
+    std::vector<double>* lrs = nullptr;                      // the chief's, step by step
+    std::vector<std::vector<std::int64_t>>* seen = nullptr;  // this rank's indices, batch by batch
+    std::vector<torch::Tensor>* parameters_out = nullptr;
+    std::int64_t signal_after = -1;  // raise SIGUSR2 on `signal_rank` after this batch
+    int signal_rank = 0;
+  };
+  static constexpr int kDims = 100;
+  static constexpr double kMu = 0.3, kSigma = 1.0;
+
+  AdaptiveTrial(TrialContext& context, Options options) : context_(context), options_(options) {
+    torch::manual_seed(11);
+    const int dims = options_.regression ? 8 : kDims;
+    auto x = options_.regression ? torch::randn({options_.records, dims})
+                                 : torch::randn({options_.records, dims}) * kSigma + kMu;
+    auto index = torch::arange(options_.records, torch::kFloat32).unsqueeze(1);
+    auto y = options_.regression ? x.matmul(torch::linspace(-1, 1, dims)).unsqueeze(1) + 0.5 * torch::randn({options_.records, 1})
+                                 : torch::zeros({options_.records, 1});
+    dataset_ = std::make_shared<TensorDataset>(x, torch::cat({y, index}, 1));
+    torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
+    model_ = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(dims, 1).bias(options_.regression)));
+    optimizer_ = context.wrap_optimizer(std::make_shared<RecordingSgd>(
+        model_->parameters(), torch::optim::SGDOptions(context.hparam<double>("lr"))));
+  }
+  ~AdaptiveTrial() override {
+    if (options_.lrs != nullptr) *options_.lrs = optimizer_->lrs;
+    if (options_.parameters_out != nullptr) {
+      options_.parameters_out->clear();
+      for (const auto& p : model_->parameters()) options_.parameters_out->push_back(p.detach().clone());
+    }
+  }
+
+  Metrics train_batch(Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    const auto y = batch.target.select(1, 0);
+    if (options_.seen != nullptr) {
+      const auto index = batch.target.select(1, 1).to(torch::kInt64);
+      options_.seen->emplace_back(index.data_ptr<std::int64_t>(), index.data_ptr<std::int64_t>() + index.numel());
+    }
+    const auto out = model_->forward(batch.data).squeeze(1);
+    const auto loss = options_.regression ? torch::mse_loss(out, y) : out.mean();
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    if (batch_idx + 1 == options_.signal_after && context_.distributed().rank == options_.signal_rank) {
+      ::raise(SIGUSR2);
+    }
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data).squeeze(1), batch.target.select(1, 0))}};
+  }
+  DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  DataLoader build_validation_data_loader() override { return {dataset_, 64, false}; }
+
+ private:
+  TrialContext& context_;
+  Options options_;
+  std::shared_ptr<TensorDataset> dataset_;
+  torch::nn::Linear model_{nullptr};
+  std::shared_ptr<RecordingSgd> optimizer_;
+};
+
+// A step's time as a fixed cost per micro-batch, a cost per record and an all-reduce.
+double modelled_seconds(std::int64_t local_batch, std::int64_t accumulation, int ranks) {
+  return static_cast<double>(accumulation) * (0.004 + 0.0001 * static_cast<double>(local_batch)) + (ranks > 1 ? 0.003 : 0);
+}
+
+struct AdaptiveRun {
+  LoopResult result;
+  std::vector<nlohmann::json> training_lines;  // the chief's
+};
+
+AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::string& dir,
+                  AdaptiveTrial::Options options, bool modelled_time = true) {
+  LoopOptions loop;
+  loop.trial_dir = dir;
+  loop.progress_interval_s = 0;
+  loop.report_period_batches = 1;
+  loop.experiment_seed = 3;
+  loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+  loop.external_stop = &detail::stop_signal_received();
+  if (modelled_time) loop.adaptive_step_seconds = modelled_seconds;
+  detail::install_stop_handlers();
+  TrialFactory factory = [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<AdaptiveTrial>(context, options));
+  };
+  AdaptiveRun out;
+  out.result = run_training(config_from(yaml), factory, comm, loop);
+  detail::clear_stop_signal();
+  if (comm.is_chief()) {
+    std::ifstream in(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "training") out.training_lines.push_back(j);
+    }
+  }
+  return out;
+}
+
+std::string yaml(std::int64_t base, const std::string& adaptive, std::int64_t length = 300) {
+  return "name: adaptive\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: {batches: " +
+         std::to_string(length) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(base) +
+         ", lr: 0.01}\noptimizations:\n  adaptive_batch_size: {enabled: true, " + adaptive + "}\n";
+}
+
+// Batches of 8 records a rank (local bounds [8, 8]) against a base batch of 8: the scale is the
+// number of ranks, and the gain measured over 300 steps is within 10 % of the analytic one.
+TEST(AdaptiveBatch, TheMeasuredGainIsTheAnalyticOne) {
+  comm::MpiCommunicator comm(env().world());
+  const std::string dir = shared_dir("gain");
+  const int ranks = comm.size();
+  const AdaptiveRun run = train(comm, yaml(8, "max_batch_size: " + std::to_string(8 * ranks) +
+                                                  ", local_batch_size_bounds: [8, 8], smoothing: 0.99"),
+                                dir, {});
+  if (comm.is_chief()) {
+    ASSERT_FALSE(run.training_lines.empty());
+    const auto& last = run.training_lines.back()["metrics"];
+    const double var = AdaptiveTrial::kDims * AdaptiveTrial::kSigma * AdaptiveTrial::kSigma / 8.0;
+    const double sqr = AdaptiveTrial::kDims * AdaptiveTrial::kMu * AdaptiveTrial::kMu;
+    const double analytic = (var + sqr) / (var / ranks + sqr);
+    const double measured = last["adaptive_gain"].get<double>();
+    EXPECT_NEAR(measured, analytic, 0.1 * analytic) << ranks << " ranks";
+    EXPECT_EQ(last["adaptive_batch_size"].get<double>(), 8.0 * ranks);
+    EXPECT_NEAR(last["adaptive_noise_scale"].get<double>(), 1.0 / (0.3 * 0.3), 0.15 / (0.3 * 0.3));
+    // AdaScale: progress is the sum of the gains, and the run ends once it reaches 300 steps of
+    // the base batch - in fewer steps than 300.
+    EXPECT_GE(last["adaptive_progress"].get<double>(), 300.0);
+    EXPECT_LT(run.result.batches_trained, 300);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Each rule's factor on the learning rate (0.01) of the optimizer's step, at scale = ranks.
+TEST(AdaptiveBatch, EachScalingRuleGivesItsLearningRate) {
+  comm::MpiCommunicator comm(env().world());
+  const int ranks = comm.size();
+  for (const std::string rule : {"linear", "sqrt", "legw", "adascale"}) {
+    const std::string dir = shared_dir("rule-" + rule);
+    std::vector<double> lrs;
+    AdaptiveTrial::Options options;
+    options.lrs = &lrs;
+    // 4096 records an epoch, 8 a base step: LEGW's warm-up of 1/64 epoch is 8 base steps.
+    const AdaptiveRun run = train(comm, yaml(8, "max_batch_size: " + std::to_string(8 * ranks) +
+                                                    ", local_batch_size_bounds: [8, 8], scaling_rule: " + rule +
+                                                    ", legw_warmup_epochs: 0.015625", 20),
+                                  dir, options);
+    ASSERT_GE(lrs.size(), 5u) << rule;
+    const double scale = ranks;
+    if (rule == "linear") {
+      for (double lr : lrs) EXPECT_DOUBLE_EQ(lr, 0.01 * scale);
+    } else if (rule == "sqrt") {
+      for (double lr : lrs) EXPECT_DOUBLE_EQ(lr, 0.01 * std::sqrt(scale));
+    } else if (rule == "legw") {
+      // Progress counts gains; with no noise estimate before the first step the first gain is 1.
+      EXPECT_NEAR(lrs.at(0), 0.01 * std::sqrt(scale) * (1.0 / 8.0), 1e-12);
+      EXPECT_NEAR(lrs.back(), 0.01 * std::sqrt(scale), 1e-12);
+      for (std::size_t i = 1; i < lrs.size(); ++i) EXPECT_GE(lrs[i], lrs[i - 1]) << "step " << i;
+    } else {
+      EXPECT_NEAR(lrs.at(0), 0.01, 1e-12);  // no estimate yet: gain 1
+      for (std::size_t i = 1; i < lrs.size(); ++i) {
+        EXPECT_GT(lrs[i], 0.01) << "step " << i;
+        EXPECT_LE(lrs[i], 0.01 * scale + 1e-12) << "step " << i;
+      }
+    }
+    if (comm.is_chief()) std::filesystem::remove_all(dir);
+    comm.barrier();
+  }
+}
+
+const std::string kElastic = "max_batch_size: 256, local_batch_size_bounds: [2, 32], gradient_accumulation: true, "
+                             "decision_interval: 4";
+
+// Stopped by SIGUSR2 (on the chief, then on the last rank) after a decision changed the batch, and
+// resumed on as many ranks: the weights are bitwise those of an uninterrupted run.
+TEST(AdaptiveBatch, AStopAndAResumeOnAsManyRanksIsBitwiseTheUninterruptedRun) {
+  comm::MpiCommunicator comm(env().world());
+  AdaptiveTrial::Options base;
+  base.regression = true;
+  base.records = 512;
+  std::vector<torch::Tensor> straight;
+  const std::string straight_dir = shared_dir("straight");
+  base.parameters_out = &straight;
+  const AdaptiveRun reference = train(comm, yaml(16, kElastic, 80), straight_dir, base);
+  if (comm.is_chief()) {
+    std::set<double> batches;
+    for (const auto& line : reference.training_lines) batches.insert(line["metrics"]["adaptive_batch_size"].get<double>());
+    EXPECT_GT(batches.size(), 1u) << "the batch never changed: the test would not test a change";
+  }
+  for (const int stopping_rank : {0, comm.size() - 1}) {
+    const std::string dir = shared_dir("stop-" + std::to_string(stopping_rank));
+    std::vector<torch::Tensor> resumed;
+    AdaptiveTrial::Options options = base;
+    options.parameters_out = &resumed;
+    options.signal_after = 13;
+    options.signal_rank = stopping_rank;
+    const AdaptiveRun paused = train(comm, yaml(16, kElastic, 80), dir, options);
+    EXPECT_TRUE(paused.result.stopped_early);
+    options.signal_after = -1;
+    const AdaptiveRun rest = train(comm, yaml(16, kElastic, 80), dir, options);
+    EXPECT_FALSE(rest.result.stopped_early);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (std::size_t i = 0; i < straight.size(); ++i) {
+      EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "stopped by rank " << stopping_rank << ": parameter " << i;
+    }
+    if (comm.is_chief()) std::filesystem::remove_all(dir);
+  }
+  if (comm.is_chief()) std::filesystem::remove_all(straight_dir);
+}
+
+// Every rank's indices, batch by batch, put back into the training order: batch k of the
+// whole job is the ranks' slices in rank order.
+std::vector<std::int64_t> training_order(comm::Communicator& comm, const std::vector<std::vector<std::int64_t>>& seen) {
+  nlohmann::json mine = seen;
+  const auto all = comm.gather(mine.dump(), 0);
+  std::vector<std::int64_t> order;
+  if (!comm.is_chief()) return order;
+  std::vector<std::vector<std::vector<std::int64_t>>> ranks;
+  for (const auto& text : all) ranks.push_back(nlohmann::json::parse(text).get<std::vector<std::vector<std::int64_t>>>());
+  for (std::size_t batch = 0; batch < ranks.front().size(); ++batch) {
+    for (const auto& rank : ranks) order.insert(order.end(), rank.at(batch).begin(), rank.at(batch).end());
+  }
+  return order;
+}
+
+// Stopped part way and resumed on half the ranks (the world of 2 resumes on 1), where the batch
+// is chosen again: every pass over the 512 records sees each once, across the batch changes and
+// the restart.
+TEST(AdaptiveBatch, AResumeOnFewerRanksSeesEveryRecordOncePerPass) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = shared_dir("elastic");
+  AdaptiveTrial::Options options;
+  options.regression = true;
+  options.records = 512;
+  std::vector<std::vector<std::int64_t>> before, after;
+  options.seen = &before;
+  options.signal_after = 40;
+  options.signal_rank = world.size() - 1;
+  const AdaptiveRun paused = train(world, yaml(16, kElastic, 160), dir, options);
+  ASSERT_TRUE(paused.result.stopped_early);
+  std::vector<std::int64_t> order = training_order(world, before);
+  const int restarted = std::max(1, world.size() / 2);
+  auto group = world.split(world.rank() < restarted ? 0 : 1, world.rank());
+  if (world.rank() < restarted) {
+    options.seen = &after;
+    options.signal_after = -1;
+    const AdaptiveRun rest = train(*group, yaml(16, kElastic, 160), dir, options);
+    EXPECT_FALSE(rest.result.stopped_early);
+    const std::vector<std::int64_t> more = training_order(*group, after);
+    order.insert(order.end(), more.begin(), more.end());
+    if (group->is_chief()) {
+      ASSERT_GE(order.size(), 1024u) << "fewer than two passes";
+      for (std::size_t pass = 0; pass + 1 <= order.size() / 512; ++pass) {
+        std::map<std::int64_t, int> count;
+        for (std::size_t i = pass * 512; i < (pass + 1) * 512; ++i) ++count[order[i]];
+        EXPECT_EQ(count.size(), 512u) << "pass " << pass << " skipped records";
+        for (const auto& [index, n] : count) EXPECT_EQ(n, 1) << "pass " << pass << ": record " << index;
+      }
+    }
+  }
+  world.barrier();
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer
