@@ -77,6 +77,13 @@ int AdaptiveBatchState::preferred_ranks(int min, int max, int step) const {
   return best;
 }
 
+void AdaptiveBatchState::continue_fixed_run(std::int64_t batches) {
+  records_ = batches * limits_.base_batch;
+  steps_ = batches;
+  last_decision_step_ = batches;
+  progress_ = static_cast<double>(batches);
+}
+
 bool AdaptiveBatchState::restore(const nlohmann::json& state) {
   if (state.is_null()) return false;
   int saved_ranks = 0;

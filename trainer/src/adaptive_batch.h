@@ -42,6 +42,9 @@ class AdaptiveBatchState {
   // A checkpoint's state (null: a fresh start). The shape is kept when the ranks are as many as
   // when it was saved, and chosen again for this number otherwise; returns whether it was.
   bool restore(const nlohmann::json& state);
+  // A checkpoint of the same trial without an adaptive batch: `batches` of the base batch were
+  // trained, and so many steps of progress made.
+  void continue_fixed_run(std::int64_t batches);
   nlohmann::json state_dict() const;
 
   const BatchShape& shape() const { return shape_; }

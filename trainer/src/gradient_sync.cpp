@@ -15,6 +15,44 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
+// The sum of squares of the first `count` values of a flat bucket, in double precision: by a loop
+// over host memory (a step of a small model cannot afford several LibTorch calls), by LibTorch
+// on a device.
+template <typename T>
+double sum_of_squares(const T* values, std::int64_t count) {
+  double sums[4] = {0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    for (int k = 0; k < 4; ++k) sums[k] += static_cast<double>(values[i + k]) * static_cast<double>(values[i + k]);
+  }
+  for (; i < count; ++i) sums[0] += static_cast<double>(values[i]) * static_cast<double>(values[i]);
+  return (sums[0] + sums[1]) + (sums[2] + sums[3]);
+}
+
+double squared_norm(const torch::Tensor& flat, std::int64_t count) {
+  if (flat.is_cpu() && flat.scalar_type() == torch::kFloat32) return sum_of_squares(flat.data_ptr<float>(), count);
+  if (flat.is_cpu() && flat.scalar_type() == torch::kFloat64) return sum_of_squares(flat.data_ptr<double>(), count);
+  const torch::Tensor values = flat.narrow(0, 0, count);
+  return torch::dot(values, values).item<double>();
+}
+
+// One value of a flat bucket, read or written.
+double value_at(const torch::Tensor& flat, std::int64_t index) {
+  if (flat.is_cpu() && flat.scalar_type() == torch::kFloat32) return flat.data_ptr<float>()[index];
+  if (flat.is_cpu() && flat.scalar_type() == torch::kFloat64) return flat.data_ptr<double>()[index];
+  return flat.narrow(0, index, 1).item<double>();
+}
+
+void set_value(torch::Tensor& flat, std::int64_t index, double value) {
+  if (flat.is_cpu() && flat.scalar_type() == torch::kFloat32) {
+    flat.data_ptr<float>()[index] = static_cast<float>(value);
+  } else if (flat.is_cpu() && flat.scalar_type() == torch::kFloat64) {
+    flat.data_ptr<double>()[index] = value;
+  } else {
+    flat.narrow(0, index, 1).fill_(value);
+  }
+}
+
 using comm::DType;
 using comm::ReduceOp;
 
@@ -98,6 +136,7 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, comm::C
       bucket_of_[k] = buckets_.size();
     }
     bucket.parameters = std::move(members);
+    bucket.grads = numel;
     bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
     if (first.device().is_cpu()) {
       bucket.communicator = &host;
@@ -114,6 +153,13 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, comm::C
       bucket.staging = torch::empty({numel}, bucket.flat.options().dtype(type));
     }
     buckets_.push_back(std::move(bucket));
+  }
+  // The last bucket launched carries one more value, uncompressed: this rank's squared gradient
+  // norm when the adaptive batch measures it, so that the ranks' mean needs no collective of its own.
+  Bucket& last = buckets_.back();
+  if (!last.staging.defined() && (last.dtype == DType::kFloat32 || last.dtype == DType::kFloat64)) {
+    last.flat = torch::zeros({last.grads + 1}, last.flat.options());
+    carrier_ = true;
   }
   // Gradients that exist already came from a backward we did not scale.
   unscaled_seen_ = std::any_of(parameters_.begin(), parameters_.end(), [](const torch::Tensor& p) { return p.grad().defined(); });
@@ -234,8 +280,15 @@ void GradientSync::launch(Bucket& bucket) {
   bucket.clean = true;
   if (measure_) {
     // This rank's share of the mean: its own gradient divided by the ranks.
-    local_sqr_ += bucket.reductions_in_batch > 1 ? std::numeric_limits<double>::quiet_NaN()
-                                                 : torch::dot(bucket.flat, bucket.flat).item<double>();
+    const auto started = std::chrono::steady_clock::now();
+    local_sqr_ += bucket.reductions_in_batch > 1 || bucket.snapshot.defined()
+                      ? std::numeric_limits<double>::quiet_NaN()
+                      : squared_norm(bucket.flat, bucket.grads);
+    // The last bucket: every rank's norm travels in its extra value, summed with the gradients.
+    if (carrier_ && &bucket == &buckets_.back()) {
+      set_value(bucket.flat, bucket.grads, local_sqr_ / static_cast<double>(world_size_));
+    }
+    measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
   const auto count = static_cast<std::size_t>(bucket.flat.numel());
   // The gradients are already divided by the number of ranks (and aggregated batches), so a
@@ -265,16 +318,27 @@ void GradientSync::complete(Bucket& bucket) {
   bucket.holds_mean = true;
 }
 
-std::pair<double, double> GradientSync::take_norms() {
+GradientSync::Norms GradientSync::take_norms() {
   torch::NoGradGuard no_grad;
-  double global_sqr = 0;
-  for (const auto& bucket : buckets_) global_sqr += torch::dot(bucket.flat, bucket.flat).item<double>();
+  const auto started = std::chrono::steady_clock::now();
+  Norms norms;
+  for (const auto& bucket : buckets_) norms.global_sqr += squared_norm(bucket.flat, bucket.grads);
   const double world = static_cast<double>(world_size_);
-  const double local_sqr = std::exchange(local_sqr_, 0.0) * world * world;
-  return {local_sqr, global_sqr};
+  if (carrier_) {
+    // The ranks' norms, summed with the last bucket: their mean.
+    norms.local_sqr = value_at(buckets_.back().flat, buckets_.back().grads) * world * world;
+    norms.averaged = true;
+  } else {
+    norms.local_sqr = local_sqr_ * world * world;
+  }
+  local_sqr_ = 0;
+  measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return norms;
 }
 
 double GradientSync::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
+
+double GradientSync::take_measure_seconds() { return std::exchange(measure_seconds_, 0.0); }
 
 void GradientSync::zeroed(const std::vector<torch::Tensor>& parameters) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -320,7 +384,7 @@ bool GradientSync::covers(const torch::Tensor& parameter) const {
 
 std::vector<std::int64_t> GradientSync::bucket_bytes() const {
   std::vector<std::int64_t> out;
-  for (const auto& bucket : buckets_) out.push_back(static_cast<std::int64_t>(bucket.flat.nbytes()));
+  for (const auto& bucket : buckets_) out.push_back(bucket.grads * static_cast<std::int64_t>(bucket.flat.element_size()));
   return out;
 }
 

@@ -68,11 +68,19 @@ class GradientSync {
   // The adaptive batch's measurements (adaptive_batch.h). With `on`, each bucket's squared norm
   // is summed just before its all-reduce: this rank's own gradient.
   void measure_norms(bool on) { measure_ = on; }
-  // After reduce(): this rank's squared norm (its own mean gradient, undivided) and the averaged
+  // After reduce(): the squared norm of this rank's own mean gradient - the ranks' mean of it when
+  // `averaged` (it travelled with the last bucket), else this rank's alone - and the averaged
   // gradient's; NaN for the first when a bucket was reduced twice in the step. Starts the next.
-  std::pair<double, double> take_norms();
+  struct Norms {
+    double local_sqr = 0;
+    double global_sqr = 0;
+    bool averaged = false;
+  };
+  Norms take_norms();
   // Seconds the training thread waited for all-reduces since the last call.
   double take_wait_seconds();
+  // Seconds spent measuring norms since the last call.
+  double take_measure_seconds();
   // The batches a step accumulates from now on (the adaptive batch changes it between steps).
   void set_aggregation_frequency(std::int64_t frequency) { options_.aggregation_frequency = frequency; }
 
@@ -84,6 +92,7 @@ class GradientSync {
  private:
   struct Bucket {
     torch::Tensor flat;     // the gradients, each parameter's .grad a view into it
+    std::int64_t grads = 0;  // their number: the last bucket's flat holds one more value
     torch::Tensor staging;  // 16-bit copy when compressing
     std::vector<std::size_t> parameters;
     std::vector<std::int64_t> offsets;
@@ -121,8 +130,10 @@ class GradientSync {
   std::size_t next_launch_ = 0;
   std::int64_t batch_ = -1;
   bool measure_ = false;
+  bool carrier_ = false;  // the last bucket carries the ranks' norms
   double local_sqr_ = 0;
   double wait_seconds_ = 0;
+  double measure_seconds_ = 0;
 };
 
 }  // namespace hpctrial::trainer::detail

@@ -86,6 +86,11 @@ class Loop {
     if (!adaptive_) return batches_trained_ >= max_batches_;
     return micro_in_step_ == 0 && adaptive_->progress() >= static_cast<double>(max_batches_) - 1e-9;
   }
+  // What the progress lines count against max_length: batches, or with an adaptive batch the
+  // steps of the base batch its progress is worth.
+  std::int64_t progress_batches() const {
+    return adaptive_ ? static_cast<std::int64_t>(adaptive_->progress()) : batches_trained_;
+  }
   // The epoch of the last batch trained.
   std::int64_t trained_epoch() const {
     if (adaptive_) return last_step_epoch_;

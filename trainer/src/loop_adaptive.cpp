@@ -57,7 +57,14 @@ bool Loop::end_adaptive_micro_batch() {
   }
   std::optional<GradientNorms> norms;
   if (auto measured = context_->take_gradient_norms()) norms = GradientNorms{measured->first, measured->second};
-  adaptive_->end_step(norms, seconds, options_.adaptive_step_seconds ? 0.0 : sync);
+  // What the adaptive batch costs a step: measuring the gradients' norms (inside train_batch), and
+  // updating the estimates.
+  timings_.add("adaptive_norms", std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(context_->take_estimator_seconds())));
+  {
+    detail::PhaseTimings::Scope t(timings_, "adaptive_update");
+    adaptive_->end_step(norms, seconds, options_.adaptive_step_seconds ? 0.0 : sync);
+  }
   last_step_epoch_ = step_epoch_;
   return true;
 }

@@ -238,7 +238,13 @@ void Loop::resume() {
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
   apply(state);
   restore_reducer_states(state.reducer_states);
+  if (!adaptive_ && state.adaptive.is_object()) {
+    throw ConfigError(chosen + " was written with optimizations.adaptive_batch_size, whose batches change size: "
+                      "its place in the data and its progress are not counted in batches of one size; resume "
+                      "with the adaptive batch enabled");
+  }
   if (adaptive_) {
+    if (state.adaptive.is_null()) adaptive_->continue_fixed_run(batches_trained_);
     const bool rechosen = adaptive_->restore(state.adaptive);
     last_step_epoch_ = adaptive_->epoch_at(std::max(0.0, adaptive_->progress() - 1e-6));
     last_started_epoch_ = adaptive_->progress() > 0 ? last_step_epoch_ : -1;
@@ -357,7 +363,7 @@ void Loop::train_one_batch() {
   }
   if (epoch_end) {
     call([&](Callback& c) { c.on_training_epoch_end(epoch); });
-    result_.epochs_trained = epoch + 1;
+    result_.epochs_trained = adaptive_ ? adaptive_->epoch() : epoch + 1;
   }
 }
 
@@ -427,7 +433,7 @@ LoopResult Loop::run() {
     } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
       save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
     }
-    progress_->update(batches_trained_, trained_epoch(), last_loss_);
+    progress_->update(progress_batches(), trained_epoch(), last_loss_);
     if (stop) {
       result_.stopped_early = true;
       core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
@@ -448,7 +454,7 @@ LoopResult Loop::run() {
   if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
   settle_sharded_checkpoint();
   finish_checkpoint();
-  progress_->update(batches_trained_, trained_epoch(), last_loss_, true);
+  progress_->update(progress_batches(), trained_epoch(), last_loss_, true);
   progress_->finish();
   call([](Callback& c) { c.on_trial_shutdown(); });
   prefetcher_.reset();

@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -106,6 +107,11 @@ std::optional<std::pair<double, double>> TrialContext::take_gradient_norms() {
 }
 
 double TrialContext::take_sync_wait_seconds() { return gradient_sync_ ? gradient_sync_->take_wait_seconds() : 0.0; }
+
+double TrialContext::take_estimator_seconds() {
+  const double measured = gradient_sync_ ? gradient_sync_->take_measure_seconds() : 0.0;
+  return std::exchange(estimator_seconds_, 0.0) + measured;
+}
 
 std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name) {
   return accumulators_->make(std::move(name));
@@ -259,16 +265,20 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     }
     sync.reduce(batches_trained_);
   }
-  std::optional<std::pair<double, double>> norms;
+  std::optional<detail::GradientSync::Norms> norms;
   if (measure_noise_ && settings_.distributed.size > 1) norms = gradient_sync().take_norms();
   // The gradients are the same on every rank now, so every rank finds the same inf or NaN.
   const bool skip = scaler != nullptr && scaler->unscale(optimizer);
   if (norms) {
     // Every rank measured its own gradient: their mean, in the scale of unscaled gradients.
-    double local = norms->first;
-    communicator_.allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
+    double local = norms->local_sqr;
+    if (!norms->averaged) {
+      const auto started = std::chrono::steady_clock::now();
+      communicator_.allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
+      estimator_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
     const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
-    if (!skip) gradient_norms_ = std::make_pair(local * unscale, norms->second * unscale);
+    if (!skip) gradient_norms_ = std::make_pair(local * unscale, norms->global_sqr * unscale);
   }
   if (clip_grads && !skip) {
     std::vector<torch::Tensor> parameters;

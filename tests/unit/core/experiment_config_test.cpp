@@ -237,6 +237,25 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
                         "mixed_precision, gradient_compression, collective_timeout, adaptive_batch_size"));
 }
 
+TEST(ConfigErrors, MinSlotsPerTrial) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 4, slots_per_node: 2, min_slots_per_trial: 6}\n"),
+            "exp.yaml:4:73: resources.min_slots_per_trial: is 6, more than slots_per_trial (4), the most a run "
+            "takes; lower it");
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 4, slots_per_node: 2, min_slots_per_trial: 1}\n"),
+            "exp.yaml:4:73: resources.min_slots_per_trial: must be a multiple of slots_per_node (2): an elastic job "
+            "is granted whole nodes");
+  Diagnostics d;
+  const auto c = parse_experiment_config(
+      parse_config_text(base + "resources: {slots_per_trial: 8, slots_per_node: 2, min_slots_per_trial: 4}\n",
+                        "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  EXPECT_TRUE(c.resources.elastic());
+  EXPECT_EQ(c.resources.min_nodes(), 2);
+  EXPECT_EQ(c.resources.nodes(), 4);
+  EXPECT_FALSE(parse_experiment_config(parse_config_text(base, "exp.yaml", d), d).resources.elastic());
+}
+
 TEST(ConfigErrors, AdaptiveBatchSize) {
   const std::string base = std::string(kMinimal) + "optimizations:\n  adaptive_batch_size: ";
   EXPECT_EQ(one_error(base + "{enabled: true}\n"),

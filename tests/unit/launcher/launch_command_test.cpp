@@ -130,6 +130,34 @@ TEST(MpirunCommand, InAJobUsesAHostfileAndMapsAndBindsPerConfig) {
   EXPECT_FALSE(has(c.argv, "--oversubscribe"));
 }
 
+// An elastic job runs slots_per_node ranks on each node it was granted, however Slurm spread its
+// tasks, up to slots_per_trial; fewer nodes than min_slots_per_trial needs is an error.
+TEST(MpirunCommand, AnElasticJobStartsAsManyRanksAsItsNodesHold) {
+  const auto config = parse("resources: {slots_per_trial: 6, slots_per_node: 2, min_slots_per_trial: 2}\n");
+  core::Allocation one = slurm_job();
+  one.hosts = {{"node1", 6}};  // the six tasks packed on the one node granted
+  auto c = build_mpirun_command(config, one, options("/exp"), 0, core::MapEnv{});
+  EXPECT_EQ(after(c.argv, "-np"), "2");
+  EXPECT_EQ(c.hostfile, "node1 slots=2\n");
+  EXPECT_EQ(after(c.argv, "--map-by"), "ppr:2:node:PE=1");
+  core::Allocation three = slurm_job();
+  three.hosts = {{"node1", 2}, {"node2", 2}, {"node3", 2}};
+  c = build_mpirun_command(config, three, options("/exp"), 0, core::MapEnv{});
+  EXPECT_EQ(after(c.argv, "-np"), "6");
+  auto workstation = options("/exp");
+  workstation.oversubscribe = true;
+  const auto outside = build_mpirun_command(config, core::Allocation{}, workstation, 0, core::MapEnv{});
+  EXPECT_EQ(after(outside.argv, "-np"), "6") << "on a workstation: slots_per_trial";
+  const auto too_few = parse("resources: {slots_per_trial: 6, slots_per_node: 2, min_slots_per_trial: 4}\n");
+  try {
+    build_mpirun_command(too_few, one, options("/exp"), 0, core::MapEnv{});
+    FAIL() << "expected a SchedulerError";
+  } catch (const SchedulerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("slurm job 4242 has 2 slots on 1 node(s), fewer than "
+                                    "resources.min_slots_per_trial (4)"));
+  }
+}
+
 TEST(MpirunCommand, InAJobMoreRanksThanSlotsIsAnErrorNamingTheJob) {
   auto o = options("/exp");
   o.np = 9;

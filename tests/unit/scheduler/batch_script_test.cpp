@@ -91,6 +91,19 @@ TEST(BatchScript, DefaultsLeaveTheClusterToChoose) {
   expect_clean(s);
 }
 
+// An elastic trial asks for a range of nodes and, as the most it runs, slots_per_trial tasks
+// (Slurm gives no more nodes than tasks); a fixed one for its nodes and ranks per node.
+TEST(BatchScript, AnElasticTrialAsksForARangeOfNodes) {
+  const std::string s = render_batch_script(
+      parse("resources: {slots_per_trial: 8, slots_per_node: 2, min_slots_per_trial: 4, cpus_per_slot: 3}\n"), kOptions);
+  EXPECT_THAT(s, HasSubstr("#SBATCH --nodes=2-4\n#SBATCH --ntasks=8\n"));
+  EXPECT_THAT(s, Not(HasSubstr("--ntasks-per-node")));
+  EXPECT_THAT(s, HasSubstr("#SBATCH --cpus-per-task=3\n"));
+  expect_clean(s);
+  const std::string fixed = render_batch_script(parse("resources: {slots_per_trial: 8, slots_per_node: 2}\n"), kOptions);
+  EXPECT_THAT(fixed, HasSubstr("#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=2\n"));
+}
+
 // A search is one job array; each task runs the trial of its index, with its own output files.
 TEST(BatchScript, ASearchIsAJobArrayThrottledByMaxConcurrentTrials) {
   core::Diagnostics d;

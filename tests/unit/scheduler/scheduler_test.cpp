@@ -212,5 +212,36 @@ TEST_F(SchedulerOverFakes, PbsHandsAStoppedJobOverToAHeldSuccessorRecordedForIts
   EXPECT_EQ(core::recorded_jobs({dir_}).back().trial, 0);
 }
 
+// PBS has no node ranges: an elastic trial's successor asks for the size its adaptive batch
+// prefers (elastic.json), in whole nodes within the range.
+TEST_F(SchedulerOverFakes, PbsSizesAnElasticTrialsSuccessorAsItsAdaptiveBatchPrefers) {
+  std::ofstream(dir_ + "/experiment.yaml") << "name: x\n";
+  std::filesystem::create_directories(dir_ + "/trial-0");
+  std::ofstream(dir_ + "/trial-0/elastic.json") << "{\"preferred_slots\": 4}\n";
+  const pbs::Scheduler pbs{pbs::Client(runner(""))};
+  core::HandOver stopped;
+  core::Diagnostics d;
+  stopped.config = core::parse_experiment_config(
+      core::parse_config_text("name: x\nentrypoint: /opt/trial\nscheduler: {type: pbs}\n"
+                              "resources: {slots_per_trial: 8, slots_per_node: 2, min_slots_per_trial: 2}\n"
+                              "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n", "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  stopped.allocation.scheduler = "pbs";
+  stopped.allocation.job_id = "4.srv";
+  stopped.experiment_dir = dir_;
+  stopped.trial = 0;
+  stopped.run = [](const std::vector<std::string>& argv, const core::RunOptions&) {
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 0;
+    r.out = "5.srv\n";
+    return r;
+  };
+  pbs.hand_over(stopped);
+  std::ifstream in(dir_ + "/trial-0/resume.pbs");
+  const std::string script((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(script, HasSubstr("#PBS -l select=2:ncpus=2:mpiprocs=2"));
+}
+
 }  // namespace
 }  // namespace hpctrial

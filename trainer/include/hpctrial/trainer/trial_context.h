@@ -267,6 +267,8 @@ class TrialContext {
   void measure_gradient_noise(bool on);
   std::optional<std::pair<double, double>> take_gradient_norms();
   double take_sync_wait_seconds();
+  // Seconds spent measuring the gradient noise since the last call (norms and their all-reduce).
+  double take_estimator_seconds();
   // A wrapped model whose gradients something else averages (a ZeRO engine, by reduce-scatter):
   // the gradient buckets leave its parameters out. Before start_training().
   void exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model);
@@ -322,6 +324,7 @@ class TrialContext {
   std::int64_t aggregation_origin_ = 0;  // a batch that began a step
   double lr_factor_ = 1;
   bool measure_noise_ = false;
+  double estimator_seconds_ = 0;
   std::optional<std::pair<double, double>> gradient_norms_;
 };
 
