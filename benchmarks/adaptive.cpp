@@ -48,6 +48,8 @@ struct Options {
   std::int64_t max_epochs = 40;
   std::int64_t cost_steps = 400;
   std::string dir = "/tmp/hpctrial-bench-adaptive";
+  std::int64_t records = 32768;
+  double noise = 1.6;  // the spread of each class around its centre (the mlp example's is 1.0)
 };
 
 // Records when the validation accuracy first reaches the target, and ends the trial there.
@@ -108,10 +110,15 @@ Options parse(int argc, char** argv) {
       o.fixed = {64, 256};
       o.max_epochs = 4;
       o.cost_steps = 60;
+      o.records = 8192;
     } else if (arg == "--rounds") {
       o.rounds = std::stoi(value());
     } else if (arg == "--cost-steps") {
       o.cost_steps = std::stoll(value());
+    } else if (arg == "--noise") {
+      o.noise = std::stod(value());
+    } else if (arg == "--records") {
+      o.records = std::stoll(value());
     } else if (arg == "--epochs") {
       o.max_epochs = std::stoll(value());
     } else if (arg == "--target") {
@@ -141,7 +148,7 @@ std::string yaml(const Options& o, std::int64_t batch, double lr, const std::str
   return "name: adaptive-bench\nentrypoint: ./mlp\nsearcher: {name: single, metric: validation_loss, max_length: " +
          length + "}\nhyperparameters: {global_batch_size: " + std::to_string(batch) + ", learning_rate: " +
          std::to_string(lr) + ", hidden: 64, classes: 10}\nmin_validation_period: {batches: 25}\n" +
-         "records_per_epoch: 8192\nscheduling_unit: 1000000\ndata: {train: " + o.dir + "/train.h5, validation: " +
+         "records_per_epoch: " + std::to_string(o.records) + "\nscheduling_unit: 1000000\ndata: {train: " + o.dir + "/train.h5, validation: " +
          o.dir + "/validation.h5}\n" + optimizations + "reproducibility: {experiment_seed: 7}\n";
 }
 
@@ -197,8 +204,10 @@ int main(int argc, char** argv) {
   if (comm.is_chief()) {
     std::filesystem::create_directories(o.dir);
     mlp_example::SyntheticSpec spec;
+    spec.samples = o.records;
+    spec.noise = o.noise;
     mlp_example::write_synthetic_dataset(o.dir + "/train.h5", spec);
-    spec.samples = 2048;
+    spec.samples = 4096;
     spec.seed = 2;
     mlp_example::write_synthetic_dataset(o.dir + "/validation.h5", spec);
   }
@@ -256,8 +265,9 @@ int main(int argc, char** argv) {
   }
 
   if (comm.is_chief()) {
-    std::printf("ranks %d, the mlp example (32-64-64-10, SGD momentum 0.9), 8192 records, target validation accuracy "
-                "%.2f, median of %d round(s)\n", comm.size(), o.target, o.rounds);
+    std::printf("ranks %d, the mlp example's trial (32-64-64-10, SGD momentum 0.9, StepLR 0.7 an epoch) on %lld records "
+                "of its synthetic data with noise %.2f, target validation accuracy %.2f, median of %d round(s)\n",
+                comm.size(), static_cast<long long>(o.records), o.noise, o.target, o.rounds);
     std::printf("run            seconds  batches\n");
     double best = -1, example = -1, adaptive = -1;
     std::string best_name;

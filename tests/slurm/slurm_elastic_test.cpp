@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../support/slurm_jobs.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -22,28 +23,10 @@ using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing_support::TempDir;
 
-core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 60s) {
-  core::RunOptions options;
-  options.timeout = limit;
-  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-  return core::run_process(argv, options);
-}
-
-std::string job_field(const std::string& job, const std::string& field) {
-  const auto r = run({"scontrol", "-o", "show", "job", job});
-  const std::size_t at = r.out.find(" " + field + "=");
-  if (at == std::string::npos) return "";
-  const std::size_t start = at + field.size() + 2;
-  return r.out.substr(start, r.out.find(' ', start) - start);
-}
-
+using testing_support::job_field;
+core::RunResult run(const std::vector<std::string>& argv) { return testing_support::run_command(argv); }
 bool wait_for(const std::string& job, const std::string& state, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (job_field(job, "JobState") == state) return true;
-    std::this_thread::sleep_for(300ms);
-  }
-  return false;
+  return testing_support::wait_for_state(job, state, limit);
 }
 
 std::vector<nlohmann::json> json_lines(const std::string& path) {

@@ -17,6 +17,7 @@
 
 #include "../support/background_process.h"
 #include "../support/same_weights.h"
+#include "../support/slurm_jobs.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -29,14 +30,8 @@ using testing_support::processes_running;
 using testing_support::expect_same_weights;
 using testing_support::TempDir;
 
-const std::vector<std::pair<std::string, std::string>> kRootMpi = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
-                                                                    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-
 core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 60s) {
-  core::RunOptions options;
-  options.timeout = limit;
-  options.env_set = kRootMpi;
-  return core::run_process(argv, options);
+  return testing_support::run_command(argv, limit);
 }
 
 std::string read_file(const std::string& path) {
@@ -46,21 +41,9 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-std::string job_field(const std::string& job, const std::string& field) {
-  const auto r = run({"scontrol", "-o", "show", "job", job});
-  const std::size_t at = r.out.find(" " + field + "=");
-  if (at == std::string::npos) return "";
-  const std::size_t start = at + field.size() + 2;
-  return r.out.substr(start, r.out.find(' ', start) - start);
-}
-
+using testing_support::job_field;
 bool wait_for(const std::string& job, const std::string& state, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (job_field(job, "JobState") == state) return true;
-    std::this_thread::sleep_for(300ms);
-  }
-  return false;
+  return testing_support::wait_for_state(job, state, limit);
 }
 
 class SlurmExperiment : public testing::Test {

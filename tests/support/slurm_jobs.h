@@ -1,0 +1,42 @@
+// Commands against the local Slurm cluster of the slurm tier, and a job's fields as scontrol
+// prints them.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial::testing_support {
+
+// `argv` with a time limit, where mpirun may run as root.
+inline core::RunResult run_command(const std::vector<std::string>& argv,
+                                   std::chrono::seconds limit = std::chrono::seconds(60)) {
+  core::RunOptions options;
+  options.timeout = limit;
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  return core::run_process(argv, options);
+}
+
+// The value of `field` in `scontrol show job JOB` ("" when absent).
+inline std::string job_field(const std::string& job, const std::string& field) {
+  const auto r = run_command({"scontrol", "-o", "show", "job", job});
+  const std::size_t at = r.out.find(" " + field + "=");
+  if (at == std::string::npos) return "";
+  const std::size_t start = at + field.size() + 2;
+  return r.out.substr(start, r.out.find(' ', start) - start);
+}
+
+// Waits until the job's JobState is `state`; false after `limit`.
+inline bool wait_for_state(const std::string& job, const std::string& state, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (job_field(job, "JobState") == state) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  return false;
+}
+
+}  // namespace hpctrial::testing_support
