@@ -156,10 +156,12 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, comm::C
   }
   // The last bucket launched carries one more value, uncompressed: this rank's squared gradient
   // norm when the adaptive batch measures it, so that the ranks' mean needs no collective of its own.
-  Bucket& last = buckets_.back();
-  if (!last.staging.defined() && (last.dtype == DType::kFloat32 || last.dtype == DType::kFloat64)) {
-    last.flat = torch::zeros({last.grads + 1}, last.flat.options());
-    carrier_ = true;
+  if (!buckets_.empty()) {  // none when every model's gradients are averaged elsewhere (ZeRO)
+    Bucket& last = buckets_.back();
+    if (!last.staging.defined() && (last.dtype == DType::kFloat32 || last.dtype == DType::kFloat64)) {
+      last.flat = torch::zeros({last.grads + 1}, last.flat.options());
+      carrier_ = true;
+    }
   }
   // Gradients that exist already came from a backward we did not scale.
   unscaled_seen_ = std::any_of(parameters_.begin(), parameters_.end(), [](const torch::Tensor& p) { return p.grad().defined(); });
