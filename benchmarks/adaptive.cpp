@@ -1,5 +1,5 @@
 // adaptive: what the adaptive batch (optimizations.adaptive_batch_size, AdaScale) gains, on the
-// mlp example's trial and data, in one run on N ranks:
+// mlp example's trial, in one run on N ranks:
 //   - wall time from the first step to a target validation accuracy: the adaptive batch against
 //     the example's fixed batch of 64 (goal <= 0.8) and against the best of several fixed
 //     batches, each with its learning rate scaled by the square root of its batch (goal <= 1.0);
@@ -8,12 +8,23 @@
 //     the step (reading, copying and training its batch), with the adaptive batch held at the
 //     base batch (goal <= 2 %); the step's time without the adaptive batch is printed beside it.
 //
-//   mpirun -np N build/benchmarks/adaptive [--quick] [--rounds N] [--target ACC] [--dir DIR]
+//   mpirun -np N build/benchmarks/adaptive [--quick] [--rounds N] [--target ACC] [--lr LR]
+//       [--fixed 64,128,...] [--records N] [--epochs N] [--hidden N] [--teacher N]
+//       [--label-noise P] [--period RECORDS] [--cost-steps N] [--keep] [--dir DIR]
 //
-// Every run trains a fresh trial directory, validates every 25 steps of the base batch, and stops
+// The data: the mlp example's generator in its teacher mode (synthetic_data.h), 2^20 standard
+// normal records labelled by a random tanh network with a tenth of the labels random - a problem
+// that takes the trial thousands of steps, not the hundred the example's blobs take, and whose
+// gradient noise grows as it learns. The base learning rate (0.02 at the batch of 64) is the best
+// of 0.01, 0.02 and 0.05 for the fixed batch of 64 on this data: AdaScale assumes a base tuned
+// for its batch, and an untuned one flatters whichever side it happens to suit.
+//
+// Every run trains a fresh trial directory, validates every --period records (the same records
+// for every batch, so no run is measured more coarsely than another), and stops
 // (set_stop_requested) at the first validation that reaches the target; a run that never does is
 // reported as such and left out of the ratios. Times are medians over the rounds, which rotate
-// the order of the runs. --quick: one round, fewer batches, a lower target: the test suite's smoke run.
+// the order of the runs. --keep leaves each run's trial directory (metrics.jsonl) under --dir.
+// --quick: one round, fewer records and batches, a lower target: the test suite's smoke run.
 #include <dlfcn.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -43,13 +54,18 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   int rounds = 3;
-  double target = 0.80;
+  double target = 0.70;
   std::vector<std::int64_t> fixed = {64, 128, 256, 512};
-  std::int64_t max_epochs = 40;
+  std::int64_t max_epochs = 3;
   std::int64_t cost_steps = 400;
   std::string dir = "/tmp/hpctrial-bench-adaptive";
-  std::int64_t records = 32768;
-  double noise = 1.6;  // the spread of each class around its centre (the mlp example's is 1.0)
+  bool keep = false;  // keep each run's trial directory (its metrics.jsonl) for a look afterwards
+  std::int64_t records = 1 << 20;
+  std::int64_t teacher_hidden = 32;  // the labels' teacher network (synthetic_data.h)
+  double label_noise = 0.1;
+  std::int64_t hidden = 128;          // the trial's hidden units
+  double lr = 0.02;                   // at the base batch of 64
+  std::int64_t validation_period = 32768;  // records
 };
 
 // Records when the validation accuracy first reaches the target, and ends the trial there.
@@ -108,21 +124,40 @@ Options parse(int argc, char** argv) {
       o.rounds = 1;
       o.target = 0.5;
       o.fixed = {64, 256};
-      o.max_epochs = 4;
+      o.max_epochs = 2;
+      o.validation_period = 4096;
       o.cost_steps = 60;
-      o.records = 8192;
+      o.records = 16384;
     } else if (arg == "--rounds") {
       o.rounds = std::stoi(value());
     } else if (arg == "--cost-steps") {
       o.cost_steps = std::stoll(value());
-    } else if (arg == "--noise") {
-      o.noise = std::stod(value());
+    } else if (arg == "--teacher") {
+      o.teacher_hidden = std::stoll(value());
+    } else if (arg == "--label-noise") {
+      o.label_noise = std::stod(value());
+    } else if (arg == "--hidden") {
+      o.hidden = std::stoll(value());
+    } else if (arg == "--lr") {
+      o.lr = std::stod(value());
+    } else if (arg == "--period") {
+      o.validation_period = std::stoll(value());
+    } else if (arg == "--fixed") {
+      o.fixed.clear();
+      std::string list = value();
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        o.fixed.push_back(std::stoll(list.substr(at, end - at)));
+        at = end + 1;
+      }
     } else if (arg == "--records") {
       o.records = std::stoll(value());
     } else if (arg == "--epochs") {
       o.max_epochs = std::stoll(value());
     } else if (arg == "--target") {
       o.target = std::stod(value());
+    } else if (arg == "--keep") {
+      o.keep = true;
     } else if (arg == "--dir") {
       o.dir = value();
     } else {
@@ -147,7 +182,8 @@ std::string yaml(const Options& o, std::int64_t batch, double lr, const std::str
                  const std::string& optimizations) {
   return "name: adaptive-bench\nentrypoint: ./mlp\nsearcher: {name: single, metric: validation_loss, max_length: " +
          length + "}\nhyperparameters: {global_batch_size: " + std::to_string(batch) + ", learning_rate: " +
-         std::to_string(lr) + ", hidden: 64, classes: 10}\nmin_validation_period: {batches: 25}\n" +
+         std::to_string(lr) + ", hidden: " + std::to_string(o.hidden) + ", classes: 10}\nmin_validation_period: {records: " +
+         std::to_string(o.validation_period) + "}\n" +
          "records_per_epoch: " + std::to_string(o.records) + "\nscheduling_unit: 1000000\ndata: {train: " + o.dir + "/train.h5, validation: " +
          o.dir + "/validation.h5}\n" + optimizations + "reproducibility: {experiment_seed: 7}\n";
 }
@@ -165,7 +201,7 @@ hpctrial::trainer::LoopResult train(const Options& o, hpctrial::comm::MpiCommuni
   g_outcome = {};
   const auto result = hpctrial::trainer::run_training(
       config_of(text), [&](hpctrial::TrialContext& c) { return std::make_unique<BenchTrial>(c, target); }, comm, loop);
-  if (comm.is_chief()) std::filesystem::remove_all(trial_dir);
+  if (comm.is_chief() && !o.keep) std::filesystem::remove_all(trial_dir);
   return result;
 }
 
@@ -205,7 +241,8 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(o.dir);
     mlp_example::SyntheticSpec spec;
     spec.samples = o.records;
-    spec.noise = o.noise;
+    spec.teacher_hidden = o.teacher_hidden;
+    spec.label_noise = o.label_noise;
     mlp_example::write_synthetic_dataset(o.dir + "/train.h5", spec);
     spec.samples = 4096;
     spec.seed = 2;
@@ -224,17 +261,19 @@ int main(int argc, char** argv) {
   };
   std::vector<Run> runs;
   for (std::int64_t batch : o.fixed) {
-    const double lr = 0.05 * std::sqrt(static_cast<double>(batch) / 64.0);
+    const double lr = o.lr * std::sqrt(static_cast<double>(batch) / 64.0);
     runs.push_back({"fixed " + std::to_string(batch), yaml(o, batch, lr, length, ""), {}, 0, true});
   }
-  runs.push_back({"adaptive", yaml(o, 64, 0.05, length,
+  runs.push_back({"adaptive", yaml(o, 64, o.lr, length,
                                    "optimizations:\n  adaptive_batch_size: {enabled: true, max_batch_size: 2048, "
                                    "local_batch_size_bounds: [16, 1024], decision_interval: 20}\n"),
                   {}, 0, true});
   for (int round = 0; round < o.rounds; ++round) {
     for (std::size_t k = 0; k < runs.size(); ++k) {
       Run& run = runs[(round + k) % runs.size()];
-      train(o, comm, "run", run.yaml, o.target);
+      std::string dir_name = run.name;
+      std::replace(dir_name.begin(), dir_name.end(), ' ', '-');
+      train(o, comm, dir_name, run.yaml, o.target);
       double seconds = g_outcome.seconds;
       comm.broadcast_async(&seconds, sizeof seconds, 0)->wait();
       run.reached = run.reached && seconds >= 0;
@@ -265,9 +304,12 @@ int main(int argc, char** argv) {
   }
 
   if (comm.is_chief()) {
-    std::printf("ranks %d, the mlp example's trial (32-64-64-10, SGD momentum 0.9, StepLR 0.7 an epoch) on %lld records "
-                "of its synthetic data with noise %.2f, target validation accuracy %.2f, median of %d round(s)\n",
-                comm.size(), static_cast<long long>(o.records), o.noise, o.target, o.rounds);
+    std::printf("ranks %d, the mlp example's trial (32-%lld-%lld-10, SGD momentum 0.9, StepLR 0.7 an epoch) on %lld "
+                "records labelled by a teacher network of %lld tanh units with %.2f of the labels random, target "
+                "validation accuracy %.3f, median of %d round(s)\n",
+                comm.size(), static_cast<long long>(o.hidden), static_cast<long long>(o.hidden),
+                static_cast<long long>(o.records), static_cast<long long>(o.teacher_hidden), o.label_noise, o.target,
+                o.rounds);
     std::printf("run            seconds  batches\n");
     double best = -1, example = -1, adaptive = -1;
     std::string best_name;

@@ -112,18 +112,7 @@ TEST(Accumulators, ARestartAtAnotherWorldSizeKeepsTheSums) {
   world.barrier();
 }
 
-std::string shared_dir(const std::string& name) {
-  std::string dir;
-  if (env().is_chief()) {
-    dir = (std::filesystem::temp_directory_path() /
-           ("hpctrial-accum-" + std::to_string(::getpid()) + "-" + name)).string();
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  comm::MpiCommunicator comm(env().world());
-  comm.broadcast(dir, 0);
-  return dir;
-}
+std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-accum", name); }
 
 struct AccumulatorRun {
   LoopResult result;

@@ -33,19 +33,6 @@ inline std::shared_ptr<trainer::TensorDataset> mlp_dataset() {
   return std::make_shared<trainer::TensorDataset>(x, y);
 }
 
-// A fresh directory under the temporary directory, made by the chief, named on every rank.
-inline std::string shared_dir(const std::string& prefix, const std::string& name) {
-  std::string dir;
-  if (env().is_chief()) {
-    dir = (std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()) + "-" + name)).string();
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  comm::MpiCommunicator comm(env().world());
-  comm.broadcast(dir, 0);
-  return dir;
-}
-
 inline void remove_dir(const std::string& dir) {
   comm::MpiCommunicator(env().world()).barrier();
   if (env().is_chief()) std::filesystem::remove_all(dir);

@@ -31,19 +31,7 @@ class CountingCallback : public Callback {
   std::vector<std::string> checkpoints;
 };
 
-// A fresh directory for the run, named by the chief and shared by every rank.
-std::string shared_dir(const std::string& name) {
-  std::string dir;
-  if (env().is_chief()) {
-    dir = (std::filesystem::temp_directory_path() /
-           ("hpctrial-loop-" + std::to_string(::getpid()) + "-" + name)).string();
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  comm::MpiCommunicator comm(env().world());
-  comm.broadcast(dir, 0);
-  return dir;
-}
+std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-loop", name); }
 
 // Every rank of the test's world, one slot each.
 DistributedContext slots() { return {env().rank(), env().size(), env().rank(), env().size(), 1}; }
