@@ -77,6 +77,11 @@ void check_adaptive_batch(const ExperimentConfig& config, const ConfigNode& root
                               "engine.gradient_accumulation_steps, and set gradient_accumulation: true to let it "
                               "accumulate");
   }
+  if (config.engine && config.engine->train_micro_batch_size_per_gpu) {
+    report(*section, path, d, "chooses each rank's micro-batch itself; remove engine.train_micro_batch_size_per_gpu, "
+                              "and bound the micro-batch with local_batch_size_bounds: [min, " +
+                                  std::to_string(*config.engine->train_micro_batch_size_per_gpu) + "]");
+  }
 }
 
 }  // namespace detail

@@ -41,8 +41,9 @@ void AdaptiveBatchState::end_step(const std::optional<GradientNorms>& norms, dou
   ++steps_;
   progress_ += step_gain_;
   if (norms) {
-    const double local = static_cast<double>(shape_.local_batch * shape_.accumulation);
-    noise_.update(norms->local_sqr, norms->global_sqr, local, local * shape_.ranks,
+    const std::int64_t micro_batches = norms->local_micro_batches > 0 ? norms->local_micro_batches : shape_.accumulation;
+    const double local = static_cast<double>(shape_.local_batch * micro_batches);
+    noise_.update(norms->local_sqr, norms->global_sqr, local, static_cast<double>(shape_.global()),
                   static_cast<double>(limits_.base_batch));
   }
   if (step_seconds > 0) model_.observe(shape_, std::max(0.0, step_seconds - sync_seconds), step_seconds);

@@ -27,10 +27,12 @@
 namespace hpctrial::trainer::detail {
 
 // One step's squared gradient norms: the ranks' mean of their own gradients' and the averaged
-// gradient's (see gradient_noise.h).
+// gradient's (see gradient_noise.h). A rank's own gradient spans `local_micro_batches` of the
+// step's micro-batches (0: all of them; a ZeRO-2 engine measures only its last).
 struct GradientNorms {
   double local_sqr = 0;
   double global_sqr = 0;
+  std::int64_t local_micro_batches = 0;
 };
 
 class AdaptiveBatchState {

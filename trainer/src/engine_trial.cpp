@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "autocast.h"
@@ -79,7 +80,8 @@ void ModelEngine::backward(const torch::Tensor& unscaled_loss) {
   // Backward's gradients are averaged into this rank's shard as they come: in every micro-batch
   // (ZeRO-2), or in the last of the step (ZeRO-1; the ones before accumulate here).
   const detail::AutocastPause pause;  // backward runs in the types forward chose
-  sharded_->begin_backward(is_gradient_accumulation_boundary());
+  const bool boundary = is_gradient_accumulation_boundary();
+  sharded_->begin_backward(boundary, boundary && context_->measuring_gradient_noise());
   struct Disarm {
     detail::ShardedOptimizer& zero;
     bool done = false;
@@ -97,7 +99,7 @@ void ModelEngine::backward(const torch::Tensor& unscaled_loss) {
 }
 
 bool ModelEngine::is_gradient_accumulation_boundary() const {
-  return (micro_steps_ + 1) % accumulation_steps_ == 0;
+  return (micro_steps_ + 1 - micro_origin_) % accumulation_steps_ == 0;
 }
 
 void ModelEngine::step() {
@@ -127,14 +129,34 @@ void ModelEngine::step() {
 // With loss scaling, the shards are unscaled first, and the step is skipped on every rank when
 // any rank's shard is not finite: the global sum of squares, in float64, is then inf or NaN
 // (float32 gradients cannot overflow it).
+// With an adaptive batch, the same all-reduce carries the ranks' squared norms of their own
+// gradients, measured as the last backward handed them to the reduce-scatters: at stage 1 the
+// step's whole accumulated gradient, at stage 2 its last micro-batch's (divided by the
+// accumulation steps, as its loss was).
 void ModelEngine::sharded_step() {
   sharded_->reduce_gradients();
-  if (scaler_) sharded_->scale_shard_grads(1.0 / scaler_->get_scale());
-  double squares = 0;
-  if (gradient_clipping_ > 0 || scaler_) {
-    squares = sharded_->shard_grad_norm_squared();
-    context_->communicator().allreduce(&squares, 1, comm::DType::kFloat64, comm::ReduceOp::kSum);
+  const double unscale = scaler_ ? 1.0 / scaler_->get_scale() : 1.0;
+  if (scaler_) sharded_->scale_shard_grads(unscale);
+  const bool measure = context_->measuring_gradient_noise();
+  double sums[2] = {0, 0};  // the squared norm of the averaged gradient; the ranks' own
+  if (gradient_clipping_ > 0 || scaler_ || measure) {
+    const auto started = std::chrono::steady_clock::now();
+    sums[0] = sharded_->shard_grad_norm_squared();
+    if (measure) sums[1] = sharded_->take_local_norm_squared();
+    context_->communicator().allreduce(sums, measure ? 2 : 1, comm::DType::kFloat64, comm::ReduceOp::kSum);
+    if (measure) {
+      const bool whole = sharded_->stage() == 1 || accumulation_steps_ == 1;
+      const double micro = whole ? 1.0 : static_cast<double>(accumulation_steps_);
+      TrialContext::GradientNorms norms;
+      norms.global_sqr = sums[0];
+      norms.local_sqr = sums[1] / context_->distributed().size * unscale * unscale * micro * micro;
+      norms.local_micro_batches = whole ? 0 : 1;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() +
+                             sharded_->take_measure_seconds();
+      if (std::isfinite(sums[0])) context_->record_gradient_norms(norms, seconds);
+    }
   }
+  const double squares = sums[0];
   const bool skip = scaler_ && !std::isfinite(squares);
   if (scaler_) scaler_->record_unscaled(skip);
   if (gradient_clipping_ > 0 && !skip) {
@@ -144,6 +166,7 @@ void ModelEngine::sharded_step() {
   }
   if (!skip) {
     context_->before_optimizer_step();
+    const TrialContext::LrFactor scaled(*optimizer_, context_->lr_factor());
     sharded_->update();
   }
   sharded_->zero_grad();
@@ -201,7 +224,9 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   engine->accumulation_steps_ = batch_.accumulation_steps;
   engine->gradient_clipping_ = gradient_clipping_;
   engine->zero_stage_ = zero_stage_;
-  engine->micro_steps_ = current_train_batch_ * batch_.accumulation_steps;
+  engine->steps_origin_ = steps_origin_;
+  engine->micro_origin_ = micro_origin_;
+  engine->micro_steps_ = micro_steps_before(current_train_batch_);
   if (zero_stage_ >= 1 && context_.distributed().size == 1) {
     // Nothing to shard on one rank: the engine steps as at stage 0 (the same checkpoints).
     detail::ShardedOptimizer::check(*engine->optimizer_);
@@ -219,8 +244,30 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
 
 void EngineTrialContext::begin_global_batch(std::int64_t batch_idx) {
   current_train_batch_ = batch_idx;
-  for (auto& engine : engines_) engine->micro_steps_ = batch_idx * batch_.accumulation_steps;
-  context_.set_loop_position(context_.is_epoch_start(), context_.is_epoch_end(), batch_idx * batch_.accumulation_steps);
+  for (auto& engine : engines_) engine->micro_steps_ = micro_steps_before(batch_idx);
+  context_.set_loop_position(context_.is_epoch_start(), context_.is_epoch_end(), micro_steps_before(batch_idx));
+}
+
+void EngineTrialContext::reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation) {
+  if (micro_batch < 1 || accumulation < 1) {
+    throw InternalError("an engine batch of " + std::to_string(accumulation) + " micro-batch(es) of " +
+                        std::to_string(micro_batch));
+  }
+  micro_origin_ = micro_steps_before(batch_idx);
+  steps_origin_ = batch_idx;
+  batch_.micro_batch_size = micro_batch;
+  batch_.accumulation_steps = accumulation;
+  batch_.train_batch_size = micro_batch * accumulation * context_.distributed().size;
+  for (auto& engine : engines_) {
+    engine->train_batch_size_ = batch_.train_batch_size;
+    engine->micro_batch_size_ = micro_batch;
+    engine->accumulation_steps_ = accumulation;
+    engine->steps_origin_ = steps_origin_;
+    engine->micro_origin_ = micro_origin_;
+    engine->micro_steps_ = micro_origin_;
+  }
+  // The context's gradient averaging (stage 0) counts micro-batches from here.
+  context_.set_aggregation(accumulation, micro_origin_);
 }
 
 // --- EngineTrialRunner ------------------------------------------------------------------------
@@ -249,16 +296,19 @@ DataLoader EngineTrialRunner::build_training_data_loader() {
                       " (from the engine section and hyperparameters.global_batch_size); use "
                       "context.train_micro_batch_size_per_gpu()");
   }
-  if (steps == 1) return loader;
+  collate_micro_->store(micro);
+  // An adaptive batch may accumulate later: its loader splits from the start.
+  if (steps == 1 && !context_->trial_context().adaptive_batch()) return loader;
   // The loop reads this rank's share of a global batch at once; the runner splits it.
   DataLoaderOptions options = loader.options();
   if (options.collate()) {
     // A custom collate (padding) sees each micro-batch's samples alone, as it would in DeepSpeed.
     listed_micro_batches_ = true;
-    options.collate([collate = options.collate(), micro](std::vector<Batch> samples) {
+    options.collate([collate = options.collate(), micro_now = collate_micro_](std::vector<Batch> samples) {
+      const auto micro = static_cast<std::size_t>(micro_now->load());
       std::vector<Batch> micro_batches;
-      for (std::size_t start = 0; start < samples.size(); start += static_cast<std::size_t>(micro)) {
-        const auto end = std::min(samples.size(), start + static_cast<std::size_t>(micro));
+      for (std::size_t start = 0; start < samples.size(); start += micro) {
+        const auto end = std::min(samples.size(), start + micro);
         micro_batches.push_back(collate(std::vector<Batch>(samples.begin() + static_cast<std::ptrdiff_t>(start),
                                                            samples.begin() + static_cast<std::ptrdiff_t>(end))));
       }
@@ -267,6 +317,11 @@ DataLoader EngineTrialRunner::build_training_data_loader() {
   }
   if (loader.is_stream()) return DataLoader(loader.stream(), micro * steps, options);
   return DataLoader(loader.dataset_ptr(), micro * steps, options);
+}
+
+void EngineTrialRunner::reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation) {
+  context_->reshape(batch_idx, micro_batch, accumulation);
+  collate_micro_->store(micro_batch);
 }
 
 DataLoader EngineTrialRunner::build_validation_data_loader() { return trial_->build_validation_data_loader(); }
@@ -314,7 +369,7 @@ Metrics EngineTrialRunner::train_batch(Batch& batch, std::int64_t epoch_idx, std
   }
   const auto& engines = context_->model_engines();
   for (std::size_t i = 0; i < engines.size(); ++i) {
-    const std::int64_t stepped = engines[i]->micro_steps() - batch_idx * steps;
+    const std::int64_t stepped = engines[i]->micro_steps() - context_->micro_steps_before(batch_idx);
     if (stepped != steps) {
       throw ConfigError("train_batch called step() on model engine " + std::to_string(i) + " " +
                         std::to_string(stepped) + " time(s) in global batch " + std::to_string(batch_idx) + ", not " +

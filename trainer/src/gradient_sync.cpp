@@ -29,12 +29,16 @@ double sum_of_squares(const T* values, std::int64_t count) {
   return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
+}  // namespace
+
 double squared_norm(const torch::Tensor& flat, std::int64_t count) {
   if (flat.is_cpu() && flat.scalar_type() == torch::kFloat32) return sum_of_squares(flat.data_ptr<float>(), count);
   if (flat.is_cpu() && flat.scalar_type() == torch::kFloat64) return sum_of_squares(flat.data_ptr<double>(), count);
   const torch::Tensor values = flat.narrow(0, 0, count);
   return torch::dot(values, values).item<double>();
 }
+
+namespace {
 
 // One value of a flat bucket, read or written.
 double value_at(const torch::Tensor& flat, std::int64_t index) {

@@ -39,6 +39,11 @@
 
 namespace hpctrial::trainer::detail {
 
+// The sum of the squares of the first `count` values of a flat float32 or float64 tensor, in
+// double precision: a loop over host memory (a small model's step cannot afford several LibTorch
+// calls), LibTorch on a device.
+double squared_norm(const torch::Tensor& flat, std::int64_t count);
+
 class GradientSync {
  public:
   struct Options {

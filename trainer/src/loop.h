@@ -30,6 +30,8 @@
 
 namespace hpctrial::trainer::detail {
 
+class EngineTrialRunner;
+
 using Clock = std::chrono::steady_clock;
 
 // A period: every N batches, or every N seconds (measured on the chief).
@@ -74,6 +76,12 @@ class Loop {
   bool end_adaptive_micro_batch();  // true at the end of a step
   void decide_adaptive_batch();
   bool adaptive_period_reached(const Period& period) const;
+  // With an adaptive batch: the loop's batches a step, and a loop batch's records on a rank (an
+  // engine trial's loop batch is a whole step; a Trial's is one micro-batch).
+  std::int64_t loop_accumulation() const { return engine_runner_ ? 1 : adaptive_->shape().accumulation; }
+  std::int64_t loop_local_batch() const {
+    return adaptive_->shape().local_batch * (engine_runner_ ? adaptive_->shape().accumulation : 1);
+  }
   void restart_training_data();
   // The chief's records in the trial directory: this run's size and batch (runs.jsonl), the size
   // an elastic trial's adaptive batch prefers for its next run (elastic.json).
@@ -176,6 +184,7 @@ class Loop {
 
   // The adaptive batch: its state, where the step under way stands.
   std::unique_ptr<detail::AdaptiveBatchState> adaptive_;
+  EngineTrialRunner* engine_runner_ = nullptr;  // an engine trial's, with an adaptive batch
   std::uint64_t data_seed_ = 0;
   std::int64_t micro_in_step_ = 0;        // micro-batches of the step under way trained
   Clock::time_point step_started_;

@@ -11,6 +11,7 @@
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "loop.h"
 
 namespace hpctrial::trainer::detail {
@@ -18,10 +19,6 @@ namespace hpctrial::trainer::detail {
 void Loop::setup_adaptive() {
   const core::AdaptiveBatch& config = config_.optimizations.adaptive_batch_size;
   if (!config.enabled) return;
-  if (config_.engine) {
-    throw ConfigError("optimizations.adaptive_batch_size is not available to engine trials yet (their micro-batches "
-                      "and ZeRO's reductions do not follow a changing batch); use a Trial, or turn it off");
-  }
   if (train_loader_->is_stream()) {
     throw ConfigError("optimizations.adaptive_batch_size needs an indexed dataset: the batch changes size as it "
                       "trains, and each rank's StreamDataset reads its own records in its own batches; return a "
@@ -34,11 +31,13 @@ void Loop::setup_adaptive() {
   }
   adaptive_ = std::make_unique<AdaptiveBatchState>(config, global_batch_, records_per_epoch_, comm_.size());
   context_->measure_gradient_noise(true);
+  // An engine trial's loop batch is a whole step: the engine accumulates its micro-batches.
+  engine_runner_ = dynamic_cast<EngineTrialRunner*>(trial_.get());
 }
 
 void Loop::start_adaptive_step() {
   adaptive_->start_step();
-  context_->set_aggregation(adaptive_->shape().accumulation, batches_trained_);
+  if (!engine_runner_) context_->set_aggregation(adaptive_->shape().accumulation, batches_trained_);
   context_->set_lr_factor(adaptive_->lr_factor());
   progress_before_step_ = adaptive_->progress();
   step_epoch_ = adaptive_->epoch();
@@ -46,8 +45,8 @@ void Loop::start_adaptive_step() {
 }
 
 bool Loop::end_adaptive_micro_batch() {
-  adaptive_->end_micro_batch();
-  if (++micro_in_step_ < adaptive_->shape().accumulation) return false;
+  for (std::int64_t i = engine_runner_ ? adaptive_->shape().accumulation : 1; i > 0; --i) adaptive_->end_micro_batch();
+  if (++micro_in_step_ < loop_accumulation()) return false;
   micro_in_step_ = 0;
   const double sync = context_->take_sync_wait_seconds();
   double seconds = std::chrono::duration<double>(Clock::now() - step_started_).count();
@@ -56,14 +55,17 @@ bool Loop::end_adaptive_micro_batch() {
     seconds = options_.adaptive_step_seconds(shape.local_batch, shape.accumulation, shape.ranks);
   }
   std::optional<GradientNorms> norms;
-  if (auto measured = context_->take_gradient_norms()) norms = GradientNorms{measured->first, measured->second};
+  if (auto measured = context_->take_gradient_norms()) {
+    norms = GradientNorms{measured->local_sqr, measured->global_sqr, measured->local_micro_batches};
+  }
   // What the adaptive batch costs a step: measuring the gradients' norms (inside train_batch), and
   // updating the estimates.
   timings_.add("adaptive_norms", std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(context_->take_estimator_seconds())));
   {
     detail::PhaseTimings::Scope t(timings_, "adaptive_update");
-    adaptive_->end_step(norms, seconds, options_.adaptive_step_seconds ? 0.0 : sync);
+    const bool modelled = static_cast<bool>(options_.adaptive_step_seconds);
+    adaptive_->end_step(norms, seconds, modelled ? (comm_.size() > 1 ? options_.adaptive_sync_seconds : 0.0) : sync);
   }
   last_step_epoch_ = step_epoch_;
   return true;

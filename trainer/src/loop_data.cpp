@@ -8,6 +8,7 @@
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "loop.h"
 
 namespace hpctrial::trainer::detail {
@@ -76,10 +77,14 @@ void Loop::start_training_data(std::uint64_t data_seed) {
                                                options_.prefetch_depth);
     return;
   }
+  if (engine_runner_) {
+    // The engine takes the shape the batches are cut for, from the next one on.
+    engine_runner_->reshape(batches_trained_, adaptive_->shape().local_batch, adaptive_->shape().accumulation);
+  }
   sampler_ = std::make_unique<TrainingSampler>(
       StreamOrder(train_loader_->dataset().size(), data_seed, train_loader_->shuffle(),
                   static_cast<std::uint64_t>(records_per_epoch_)),
-      static_cast<std::uint64_t>(adaptive_ ? adaptive_->shape().local_batch * comm_.size() : global_batch_), comm_.rank(),
+      static_cast<std::uint64_t>(adaptive_ ? loop_local_batch() * comm_.size() : global_batch_), comm_.rank(),
       comm_.size(), static_cast<std::uint64_t>(records_trained()));
   const DataLoader* loader = train_loader_.get();
   prefetcher_ = std::make_unique<Prefetcher>(

@@ -83,6 +83,7 @@ void Loop::setup() {
   settings.data_config = detail::to_json(config_.data);
   settings.trial_seed = trial_seed;
   settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
+  settings.adaptive_batch = config_.optimizations.adaptive_batch_size.enabled;
   if (config_.engine) resolve_engine_batch(settings);
   settings.bucket_cap_mb = config_.optimizations.bucket_cap_mb;
   settings.gradient_compression = config_.optimizations.gradient_compression;
@@ -322,7 +323,7 @@ void Loop::train_one_batch() {
   const std::int64_t epoch = adaptive_ ? step_epoch_ : epoch_of_batch(batch_idx);
   const bool epoch_start = adaptive_ ? micro_in_step_ == 0 && epoch != last_started_epoch_
                                      : batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
-  const bool epoch_end = adaptive_ ? micro_in_step_ + 1 == adaptive_->shape().accumulation &&
+  const bool epoch_end = adaptive_ ? micro_in_step_ + 1 == loop_accumulation() &&
                                          adaptive_->epoch_after_step() != epoch
                                    : epoch_of_batch(batch_idx + 1) != epoch;
   if (epoch_start) {

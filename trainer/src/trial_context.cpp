@@ -102,7 +102,12 @@ void TrialContext::measure_gradient_noise(bool on) {
   if (gradient_sync_) gradient_sync_->measure_norms(on);
 }
 
-std::optional<std::pair<double, double>> TrialContext::take_gradient_norms() {
+void TrialContext::record_gradient_norms(const GradientNorms& norms, double seconds) {
+  gradient_norms_ = norms;
+  estimator_seconds_ += seconds;
+}
+
+std::optional<TrialContext::GradientNorms> TrialContext::take_gradient_norms() {
   return std::exchange(gradient_norms_, std::nullopt);
 }
 
@@ -278,7 +283,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
       estimator_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
     const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
-    if (!skip) gradient_norms_ = std::make_pair(local * unscale, norms->global_sqr * unscale);
+    if (!skip) gradient_norms_ = GradientNorms{local * unscale, norms->global_sqr * unscale, 0};
   }
   if (clip_grads && !skip) {
     std::vector<torch::Tensor> parameters;

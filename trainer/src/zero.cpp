@@ -4,8 +4,11 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <utility>
 
+#include "gradient_sync.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "state_io.h"
@@ -177,9 +180,11 @@ ShardedOptimizer::~ShardedOptimizer() {
   }
 }
 
-void ShardedOptimizer::begin_backward(bool reduce) {
+void ShardedOptimizer::begin_backward(bool reduce, bool measure) {
   if (options_.stage == 1 && !reduce) return;  // stage 1 accumulates whole gradients until the step's backward
   std::lock_guard<std::mutex> lock(mutex_);
+  measuring_ = measure;
+  local_sqr_ = 0;
   for (auto& reduction : reductions_) {
     const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
     reduction.waiting = bucket.end - bucket.first;
@@ -204,11 +209,13 @@ void ShardedOptimizer::end_backward() {
   if (!armed_) return;
   armed_ = false;
   reduce_rest();
+  measuring_ = false;
 }
 
 void ShardedOptimizer::disarm() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;
+  measuring_ = false;
 }
 
 void ShardedOptimizer::take_gradient(Reduction& reduction, std::size_t param) {
@@ -227,6 +234,11 @@ void ShardedOptimizer::launch(Reduction& reduction) {
   const auto& bucket = group.layout.buckets[reduction.bucket];
   if (!reduction.send.defined()) reduction.send = torch::zeros({bucket.part * comm_.size()}, group.flat.options());
   reduction.recv = torch::empty({bucket.part}, group.flat.options());
+  if (measuring_) {
+    const auto started = std::chrono::steady_clock::now();
+    local_sqr_ += squared_norm(reduction.send, reduction.send.numel());
+    measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
   reduction.work = comm_.reduce_scatter_async(reduction.send.data_ptr(), reduction.recv.data_ptr(),
                                               static_cast<std::size_t>(bucket.part), comm::DType::kFloat32,
                                               comm::ReduceOp::kAvg);
@@ -286,6 +298,16 @@ double ShardedOptimizer::shard_grad_norm_squared() const {
     }
   }
   return sum;
+}
+
+double ShardedOptimizer::take_local_norm_squared() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(local_sqr_, 0.0);
+}
+
+double ShardedOptimizer::take_measure_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(measure_seconds_, 0.0);
 }
 
 void ShardedOptimizer::scale_shard_grads(double factor) {

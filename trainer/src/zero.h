@@ -98,7 +98,9 @@ class ShardedOptimizer {
   // them; end_backward() reduces the buckets backward did not complete (parameters the loss
   // does not reach count as zero) and waits for all. Every rank calls both, as often, with the
   // same `reduce` (whether this backward ends the step's accumulation; stage 1 only reduces then).
-  void begin_backward(bool reduce = true);
+  // With `measure`, the squared norm of this rank's gradients in the buckets the backward
+  // reduces is summed before they leave (the adaptive batch's noise estimate; take_local_norm()).
+  void begin_backward(bool reduce = true, bool measure = false);
   void end_backward();
   // After a backward that threw: the hooks stop taking gradients (what is in flight finishes
   // in the destructor).
@@ -115,6 +117,10 @@ class ShardedOptimizer {
   // The sum of the squares of this rank's shard gradients (after reduce_gradients()); summed
   // over the ranks, the squared global norm of the averaged gradient.
   double shard_grad_norm_squared() const;
+  // The squared norm of this rank's gradients measured in the last measured backward, and the
+  // seconds spent measuring them; both start again from 0.
+  double take_local_norm_squared();
+  double take_measure_seconds();
   void scale_shard_grads(double factor);
   // The elements of optimizer state, and of gradients, this rank holds.
   std::int64_t state_elements() const;
@@ -173,6 +179,9 @@ class ShardedOptimizer {
 
   std::mutex mutex_;  // hooks may run on autograd's device threads
   bool armed_ = false;
+  bool measuring_ = false;
+  double local_sqr_ = 0;
+  double measure_seconds_ = 0;
   std::size_t next_launch_ = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;

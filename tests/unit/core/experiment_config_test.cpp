@@ -273,6 +273,13 @@ TEST(ConfigErrors, AdaptiveBatchSize) {
   EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64}\n  aggregation_frequency: 2\n"),
               HasSubstr("chooses how many batches each step accumulates itself; remove "
                         "optimizations.aggregation_frequency"));
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64}\nengine: {train_batch_size: 8, "
+                               "gradient_accumulation_steps: 2}\n"),
+              HasSubstr("chooses how many micro-batches each step accumulates itself; remove "
+                        "engine.gradient_accumulation_steps"));
+  EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64}\nengine: {train_micro_batch_size_per_gpu: 4}\n"),
+              HasSubstr("chooses each rank's micro-batch itself; remove engine.train_micro_batch_size_per_gpu, and "
+                        "bound the micro-batch with local_batch_size_bounds: [min, 4]"));
   Diagnostics d;
   const auto c = parse_experiment_config(parse_config_text(base + "{enabled: true, max_batch_size: 64}\n", "exp.yaml", d), d);
   ASSERT_TRUE(d.empty()) << d.to_string();

@@ -34,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -119,7 +120,7 @@ class ModelEngine {
   void eval() { model_->eval(); }
 
   // Optimizer steps taken (global batches trained), and micro-batches stepped.
-  std::int64_t global_steps() const { return micro_steps_ / accumulation_steps_; }
+  std::int64_t global_steps() const { return steps_origin_ + (micro_steps_ - micro_origin_) / accumulation_steps_; }
   std::int64_t micro_steps() const { return micro_steps_; }
   // The engine section, resolved: records a step across the ranks, a micro-batch, micro-batches a step.
   std::int64_t train_batch_size() const { return train_batch_size_; }
@@ -144,6 +145,10 @@ class ModelEngine {
   std::unique_ptr<detail::ShardedOptimizer> sharded_;  // ZeRO stage 1
   std::shared_ptr<GradScaler> scaler_;
   std::int64_t micro_steps_ = 0;
+  // Where the current accumulation began (an adaptive batch changes it as it trains): global
+  // batches and micro-batches trained then.
+  std::int64_t steps_origin_ = 0;
+  std::int64_t micro_origin_ = 0;
   std::int64_t train_batch_size_ = 0;
   std::int64_t micro_batch_size_ = 0;
   std::int64_t accumulation_steps_ = 1;
@@ -211,6 +216,13 @@ class EngineTrialContext {
   TrialContext& trial_context() const { return context_; }
   // Before the global batch `batch_idx`: every engine's micro-step count starts there.
   void begin_global_batch(std::int64_t batch_idx);
+  // The micro-batches trained before the global batch `batch_idx`.
+  std::int64_t micro_steps_before(std::int64_t batch_idx) const {
+    return micro_origin_ + (batch_idx - steps_origin_) * batch_.accumulation_steps;
+  }
+  // The adaptive batch (docs/adaptive.md): from the global batch `batch_idx` on, each rank trains
+  // `accumulation` micro-batches of `micro_batch` records a step.
+  void reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation);
 
  private:
   TrialContext& context_;
@@ -221,6 +233,8 @@ class EngineTrialContext {
   std::vector<std::shared_ptr<ModelEngine>> engines_;
   bool auto_grad_accumulation_ = true;
   std::int64_t current_train_batch_ = 0;
+  std::int64_t steps_origin_ = 0;  // as ModelEngine's
+  std::int64_t micro_origin_ = 0;
 };
 
 // An engine trial. Implement train_batch, evaluate_batch and the two data loaders; the training
@@ -267,11 +281,16 @@ class EngineTrialRunner final : public Trial {
   nlohmann::json save_state() override { return trial_->save_state(); }
   void load_state(const nlohmann::json& state) override { trial_->load_state(state); }
   EngineTrialContext& engine_context() const { return *context_; }
+  // The adaptive batch's shape from the global batch `batch_idx` on (EngineTrialContext::reshape);
+  // the training data must be read again in batches of micro_batch x accumulation.
+  void reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation);
 
  private:
   std::unique_ptr<EngineTrialContext> context_;  // outlives trial_
   std::unique_ptr<EngineTrial> trial_;
   bool listed_micro_batches_ = false;  // the loader's custom collate made a list of micro-batches
+  // The micro-batch the custom collate cuts, read by the loader's threads.
+  std::shared_ptr<std::atomic<std::int64_t>> collate_micro_ = std::make_shared<std::atomic<std::int64_t>>(0);
   std::int64_t validation_batch_ = 0;
   std::int64_t validated_at_ = -1;  // micro-batches trained when the current validation began
 };

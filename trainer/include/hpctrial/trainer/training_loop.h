@@ -61,6 +61,8 @@ struct LoopOptions {
   // takes, as the adaptive batch's throughput model sees it, in place of the measured time (so
   // that its choices repeat from run to run). Empty: measured.
   std::function<double(std::int64_t local_batch, std::int64_t accumulation, int ranks)> adaptive_step_seconds;
+  // With it, the part of a modelled step on more than one rank that waits for all-reduces.
+  double adaptive_sync_seconds = 0;
 };
 
 struct LoopResult {

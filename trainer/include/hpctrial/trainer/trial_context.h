@@ -71,6 +71,8 @@ struct TrialSettings {
   std::int64_t global_batch_size = 0;
   // The config's engine section, when it has one: the trial must be an engine trial.
   std::optional<core::EngineConfig> engine;
+  // optimizations.adaptive_batch_size is enabled: the batch changes shape as the trial trains.
+  bool adaptive_batch = false;
   double bucket_cap_mb = 25;
   core::GradientCompression gradient_compression = core::GradientCompression::kNone;
   int gpus_per_slot = 0;
@@ -263,9 +265,22 @@ class TrialContext {
   // back after, so LR schedulers see their own); the squared norms of each step's gradients -
   // the ranks' mean of their own, and the averaged one's - are measured on more than one rank.
   void set_aggregation(std::int64_t frequency, std::int64_t first_batch);
+  bool adaptive_batch() const { return settings_.adaptive_batch; }
   void set_lr_factor(double factor) { lr_factor_ = factor; }
+  double lr_factor() const { return lr_factor_; }
   void measure_gradient_noise(bool on);
-  std::optional<std::pair<double, double>> take_gradient_norms();
+  // Whether steps measure their gradients' norms: asked for, on more than one rank.
+  bool measuring_gradient_noise() const { return measure_noise_ && settings_.distributed.size > 1; }
+  // One step's squared gradient norms: the ranks' mean of their own gradients' (over
+  // `local_micro_batches` micro-batches each, 0 meaning all of the step's), and the averaged one's.
+  struct GradientNorms {
+    double local_sqr = 0;
+    double global_sqr = 0;
+    std::int64_t local_micro_batches = 0;
+  };
+  // Norms measured by an optimizer stepped elsewhere (a ZeRO engine's), and the seconds it took.
+  void record_gradient_norms(const GradientNorms& norms, double seconds);
+  std::optional<GradientNorms> take_gradient_norms();
   double take_sync_wait_seconds();
   // Seconds spent measuring the gradient noise since the last call (norms and their all-reduce).
   double take_estimator_seconds();
@@ -275,6 +290,19 @@ class TrialContext {
   // The communicator for tensors on `device`: the host's, or the device communicator (NCCL);
   // NotSupported for a GPU without one.
   comm::Communicator& communicator_for(const torch::Device& device) const;
+  // Multiplies an optimizer's learning rates for its step, and puts them back (the adaptive
+  // batch's factor; an optimizer stepped elsewhere, a ZeRO engine's, uses it too).
+  class LrFactor {
+   public:
+    LrFactor(torch::optim::Optimizer& optimizer, double factor);
+    ~LrFactor();
+    LrFactor(const LrFactor&) = delete;
+    LrFactor& operator=(const LrFactor&) = delete;
+
+   private:
+    torch::optim::Optimizer* optimizer_;
+    std::vector<double> saved_;
+  };
 
  private:
   c10::ScalarType mixed_precision_ = c10::ScalarType::Undefined;
@@ -289,18 +317,6 @@ class TrialContext {
   bool is_sync_batch() const {
     return (batches_trained_ + 1 - aggregation_origin_) % settings_.aggregation_frequency == 0;
   }
-  // Multiplies an optimizer's learning rates for its step, and puts them back.
-  class LrFactor {
-   public:
-    LrFactor(torch::optim::Optimizer& optimizer, double factor);
-    ~LrFactor();
-    LrFactor(const LrFactor&) = delete;
-    LrFactor& operator=(const LrFactor&) = delete;
-
-   private:
-    torch::optim::Optimizer* optimizer_;
-    std::vector<double> saved_;
-  };
 
   TrialSettings settings_;
   comm::Communicator& communicator_;
@@ -325,7 +341,7 @@ class TrialContext {
   double lr_factor_ = 1;
   bool measure_noise_ = false;
   double estimator_seconds_ = 0;
-  std::optional<std::pair<double, double>> gradient_norms_;
+  std::optional<GradientNorms> gradient_norms_;
 };
 
 }  // namespace hpctrial::trainer
