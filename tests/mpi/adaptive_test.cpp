@@ -17,11 +17,13 @@
 #include "../unit/trainer/test_trial.h"
 #include "hpctrial/comm/communicator.h"
 #include "mpi_test_env.h"
+#include "record_order.h"
 
 namespace hpctrial::trainer {
 namespace {
 
 using testing_mpi::env;
+using testing_mpi::training_order;
 using testing_trial::config_from;
 
 std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-adaptive", name); }
@@ -255,21 +257,6 @@ TEST(AdaptiveBatch, AStopAndAResumeOnAsManyRanksIsBitwiseTheUninterruptedRun) {
   if (comm.is_chief()) std::filesystem::remove_all(straight_dir);
 }
 
-// Every rank's indices, batch by batch, put back into the training order: batch k of the
-// whole job is the ranks' slices in rank order.
-std::vector<std::int64_t> training_order(comm::Communicator& comm, const std::vector<std::vector<std::int64_t>>& seen) {
-  nlohmann::json mine = seen;
-  const auto all = comm.gather(mine.dump(), 0);
-  std::vector<std::int64_t> order;
-  if (!comm.is_chief()) return order;
-  std::vector<std::vector<std::vector<std::int64_t>>> ranks;
-  for (const auto& text : all) ranks.push_back(nlohmann::json::parse(text).get<std::vector<std::vector<std::int64_t>>>());
-  for (std::size_t batch = 0; batch < ranks.front().size(); ++batch) {
-    for (const auto& rank : ranks) order.insert(order.end(), rank.at(batch).begin(), rank.at(batch).end());
-  }
-  return order;
-}
-
 // Stopped part way and resumed on half the ranks (the world of 2 resumes on 1), where the batch
 // is chosen again: every pass over the 512 records sees each once, across the batch changes and
 // the restart.
@@ -295,15 +282,7 @@ TEST(AdaptiveBatch, AResumeOnFewerRanksSeesEveryRecordOncePerPass) {
     EXPECT_FALSE(rest.result.stopped_early);
     const std::vector<std::int64_t> more = training_order(*group, after);
     order.insert(order.end(), more.begin(), more.end());
-    if (group->is_chief()) {
-      ASSERT_GE(order.size(), 1024u) << "fewer than two passes";
-      for (std::size_t pass = 0; pass + 1 <= order.size() / 512; ++pass) {
-        std::map<std::int64_t, int> count;
-        for (std::size_t i = pass * 512; i < (pass + 1) * 512; ++i) ++count[order[i]];
-        EXPECT_EQ(count.size(), 512u) << "pass " << pass << " skipped records";
-        for (const auto& [index, n] : count) EXPECT_EQ(n, 1) << "pass " << pass << ": record " << index;
-      }
-    }
+    if (group->is_chief()) testing_mpi::expect_each_record_once_a_pass(order, 512, 2, "resumed on fewer ranks");
   }
   world.barrier();
   if (env().is_chief()) std::filesystem::remove_all(dir);

@@ -171,6 +171,7 @@ void ModelEngine::sharded_step() {
   }
   sharded_->zero_grad();
   if (lr_scheduler_ && !skip) lr_scheduler_->step();
+  context_->add_sync_wait_seconds(sharded_->take_wait_seconds());
 }
 
 // --- EngineTrialContext -------------------------------------------------------------------------

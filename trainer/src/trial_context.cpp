@@ -111,7 +111,9 @@ std::optional<TrialContext::GradientNorms> TrialContext::take_gradient_norms() {
   return std::exchange(gradient_norms_, std::nullopt);
 }
 
-double TrialContext::take_sync_wait_seconds() { return gradient_sync_ ? gradient_sync_->take_wait_seconds() : 0.0; }
+double TrialContext::take_sync_wait_seconds() {
+  return std::exchange(sync_wait_seconds_, 0.0) + (gradient_sync_ ? gradient_sync_->take_wait_seconds() : 0.0);
+}
 
 double TrialContext::take_estimator_seconds() {
   const double measured = gradient_sync_ ? gradient_sync_->take_measure_seconds() : 0.0;

@@ -249,7 +249,9 @@ void ShardedOptimizer::complete(Reduction& reduction) {
   if (!reduction.work) return;
   comm::WorkHandle work = std::move(reduction.work);
   reduction.work.reset();
+  const auto started = std::chrono::steady_clock::now();
   work->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   torch::Tensor& grad = groups_[reduction.group].parts[reduction.bucket].mutable_grad();
   if (grad.defined()) {
     torch::NoGradGuard no_grad;
@@ -310,6 +312,11 @@ double ShardedOptimizer::take_measure_seconds() {
   return std::exchange(measure_seconds_, 0.0);
 }
 
+double ShardedOptimizer::take_wait_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(wait_seconds_, 0.0);
+}
+
 void ShardedOptimizer::scale_shard_grads(double factor) {
   torch::NoGradGuard no_grad;
   for (auto& group : groups_) {
@@ -331,7 +338,12 @@ void ShardedOptimizer::update() {
       gathers.push_back(comm_.allgather_async(start + part * rank, start, part, comm::DType::kFloat32));
     }
   }
+  const auto started = std::chrono::steady_clock::now();
   for (auto& work : gathers) work->wait();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
   for (auto& group : groups_) {
     for (auto& part : group.parts) part.mutable_grad() = torch::Tensor();
   }

@@ -121,6 +121,9 @@ class ShardedOptimizer {
   // seconds spent measuring them; both start again from 0.
   double take_local_norm_squared();
   double take_measure_seconds();
+  // Seconds spent waiting for reduce-scatters and all-gathers since the last call: the
+  // communication the steps did not hide (the adaptive batch's step-time model).
+  double take_wait_seconds();
   void scale_shard_grads(double factor);
   // The elements of optimizer state, and of gradients, this rank holds.
   std::int64_t state_elements() const;
@@ -182,6 +185,7 @@ class ShardedOptimizer {
   bool measuring_ = false;
   double local_sqr_ = 0;
   double measure_seconds_ = 0;
+  double wait_seconds_ = 0;
   std::size_t next_launch_ = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;

@@ -281,6 +281,9 @@ class TrialContext {
   // Norms measured by an optimizer stepped elsewhere (a ZeRO engine's), and the seconds it took.
   void record_gradient_norms(const GradientNorms& norms, double seconds);
   std::optional<GradientNorms> take_gradient_norms();
+  // Seconds the steps waited for gradient collectives since the last call: the all-reduces', and
+  // what an optimizer stepped elsewhere (a ZeRO engine's) adds.
+  void add_sync_wait_seconds(double seconds) { sync_wait_seconds_ += seconds; }
   double take_sync_wait_seconds();
   // Seconds spent measuring the gradient noise since the last call (norms and their all-reduce).
   double take_estimator_seconds();
@@ -341,6 +344,7 @@ class TrialContext {
   double lr_factor_ = 1;
   bool measure_noise_ = false;
   double estimator_seconds_ = 0;
+  double sync_wait_seconds_ = 0;
   std::optional<GradientNorms> gradient_norms_;
 };
 
