@@ -31,7 +31,7 @@ int run_launch(const std::vector<std::string>& args) {
       ("help,h", "show this help")
       ("experiment,e", po::value(&launch.experiment_dir)->value_name("DIR"), "the experiment directory")
       ("trial", po::value(&launch.trial_id)->value_name("ID"), "the trial to run (default 0)")
-      ("np,n", po::value(&launch.np)->value_name("N"), "number of ranks (default resources.slots_per_trial)")
+      ("np,n", po::value(&launch.np)->value_name("N"), "ranks to start (default: slots_per_trial)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
       ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
   po::variables_map vm;

@@ -46,8 +46,9 @@ Runs the experiment's trial with mpirun on this machine (or in the allocation it
 makes the experiment directory (default runs/<name>), writes the effective config there, and
 starts resources.slots_per_trial ranks. A grid or random search runs its trials one after
 the other (trial-0, trial-1, ...), or only the one --trial names. Running the same command
-again resumes from the latest checkpoint. Ctrl-C: checkpoint at the next step and stop (exit 75); Ctrl-C again:
-abort at once. A failed run restarts from its latest checkpoint up to max_restarts times.
+again resumes from the latest checkpoint. Ctrl-C: checkpoint at the next step and stop (exit
+75); Ctrl-C again: abort at once. A failed run restarts from its latest checkpoint up to
+max_restarts times.
 
 examples:
   hpctrial run examples/mlp/experiment.yaml
@@ -68,7 +69,7 @@ int run_run(const std::vector<std::string>& args) {
       ("set,s", po::value(&sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
        "override one config value (repeatable)")
       ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
-      ("np,n", po::value(&launch.np)->value_name("N"), "number of ranks (default resources.slots_per_trial)")
+      ("np,n", po::value(&launch.np)->value_name("N"), "ranks to start (default: slots_per_trial)")
       ("trial", po::value(&only_trial)->value_name("ID"), "run only this trial of a search (default: each in turn)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
       ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");

@@ -1,40 +1,62 @@
 #!/usr/bin/env bash
-# From a fresh clone to a trained model: installs the dependencies (Debian packages,
-# idempotent), builds hpctrial, and trains the mlp example on 2 ranks of this machine.
+# From a fresh clone to a trial that was stopped and resumed: installs the dependencies (Debian
+# packages, idempotent), builds what the example needs - the command, the worker, the trainer
+# library and the mlp example (the tests are scripts/test.sh's) - and runs the mlp example with
+# `hpctrial run` on 2 ranks of this machine: stops it part way with SIGINT (every rank
+# checkpoints, exit 75), runs the same command again to resume it to the end, and describes it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
-work=$build_dir/quickstart
+jobs=${HPCTRIAL_JOBS:-2}
+experiment=$build_dir/quickstart/mlp
+started=$SECONDS
 
 echo "==> installing dependencies (scripts/install-deps.sh)"
 "$root/scripts/install-deps.sh"
-echo "==> building hpctrial into $build_dir"
-"$root/scripts/build.sh"
-echo "==> $("$build_dir/cli/hpctrial" --version | head -n 1)"
+echo "==> building the command, the worker and the mlp example into $build_dir"
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${HPCTRIAL_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$build_dir" --parallel "$jobs" --target hpctrial hpctrial-worker mlp mlp_make_dataset
+hpctrial=$build_dir/cli/hpctrial
+echo "==> $("$hpctrial" --version | head -n 1)"
 
-echo "==> checking the example experiment"
-"$build_dir/cli/hpctrial" config validate "$root/examples/mlp/experiment.yaml"
-
-echo "==> writing a synthetic dataset into $work/data"
-mkdir -p "$work"
-cd "$work"
-"$build_dir/examples/mlp/mlp_make_dataset" data
-
-echo "==> training the mlp example on 2 ranks (mpirun -np 2)"
-mpirun_args=(-np 2)
-[[ $(nproc) -lt 2 ]] && mpirun_args+=(--oversubscribe)
+data=$build_dir/quickstart/data
+echo "==> writing a synthetic dataset into $data"
+"$build_dir/examples/mlp/mlp_make_dataset" "$data"
 if [[ $(id -u) -eq 0 ]]; then
   # Open MPI refuses to run as root unless told to.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-trial_dir=$work/runs/mlp
-rm -rf "$trial_dir"
-mpirun "${mpirun_args[@]}" "$build_dir/examples/mlp/mlp" \
-  --config "$root/examples/mlp/experiment.yaml" --trial-dir "$trial_dir" --progress-seconds 2
+# The example's config names ./mlp and data/*.h5 beside it; here they are the build's.
+run=("$hpctrial" run "$root/examples/mlp/experiment.yaml" --experiment "$experiment"
+     --set "entrypoint=$build_dir/examples/mlp/mlp" --set "data.train=$data/train.h5"
+     --set "data.validation=$data/validation.h5" --set searcher.max_length.batches=3000)
+[[ $(nproc) -lt 2 ]] && run+=(--oversubscribe)
+rm -rf "$experiment"
+
+echo "==> training the mlp example on 2 ranks: ${run[*]}"
+"${run[@]}" &
+pid=$!
+metrics=$experiment/trial-0/metrics.jsonl
+# Stopped once it has validated twice: as Ctrl-C would, every rank checkpoints after its step.
+until [[ $(grep -c '"kind":"validation"' "$metrics" 2>/dev/null) -ge 2 ]] || ! kill -0 "$pid" 2>/dev/null; do
+  sleep 0.2
+done
+echo "==> stopping it (SIGINT)"
+kill -INT "$pid" 2>/dev/null || true
+status=0
+wait "$pid" || status=$?
+if [[ $status -eq 75 ]]; then
+  echo "==> it stopped with exit code 75 after a durable checkpoint: running the same command resumes it"
+elif [[ $status -ne 0 ]]; then
+  echo "quickstart: the run failed with exit code $status; its logs are in $experiment/trial-0/logs" >&2
+  exit "$status"
+fi
+"${run[@]}"
 
 echo
-echo "The mlp example trained on 2 ranks. What it wrote:"
-echo "  metrics (one JSON line per report):  $trial_dir/metrics.jsonl"
-echo "  the effective config of the run:     $trial_dir/effective-config.yaml"
-echo "Its last validation:"
-grep '"kind":"validation"' "$trial_dir/metrics.jsonl" | tail -n 1
+echo "==> hpctrial describe $experiment"
+"$hpctrial" describe "$experiment"
+echo
+echo "The trial's metrics (one JSON line per report) are in $metrics; its last validation:"
+grep '"kind":"validation"' "$metrics" | tail -n 1
+echo "quickstart took $((SECONDS - started)) s"
