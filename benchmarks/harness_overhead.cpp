@@ -8,6 +8,7 @@
 //
 //   harness_overhead [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N]
 //                    [--prefetch N] [--blas-threads N] [--only plain|hpctrial]
+//                    [--with profiler|system-metrics]
 //
 // --stream: hpctrial reads the same samples from a StreamDataset (one sample at a time, a
 // permutation per pass, stacked by collate) instead of a TensorDataset.
@@ -22,6 +23,12 @@
 //
 // --only runs one side once and prints its rate: for counting instructions with
 // `valgrind --tool=callgrind`, which is deterministic where wall time on a shared machine is not.
+//
+// --with profiler|system-metrics compares hpctrial with itself instead: without the feature
+// against with it - a profiler window over the first batches of the warm-up (so outside the
+// measured steps), or system metrics every second. Goal: >= 0.99 (what the feature costs,
+// measured where it is configured but not recording, or sampling at a far shorter period than
+// its default).
 #include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
@@ -61,6 +68,7 @@ struct Setup {
   std::int64_t blas_threads = 1;  // hpctrial's default per rank (resources.cpus_per_slot: 1)
   std::string only;  // "plain" or "hpctrial": run one side once (for instruction counting)
   bool stream = false;  // hpctrial reads a StreamDataset
+  std::string with;     // "profiler" or "system-metrics": hpctrial without it against hpctrial with it
 };
 
 struct NetImpl : torch::nn::Module {
@@ -195,14 +203,16 @@ double checked(double rate, const char* side) {
 
 // One hpctrial run in a trial directory of its own under `scratch` (a used directory would
 // resume its finished trial and train nothing).
-double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& scratch) {
+// `profiling`: the config's profiling section (by default none: no system metrics either).
+double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& scratch,
+                                 const std::string& profiling = "{system_metrics_period: 0s}") {
   static int runs = 0;
   const std::string trial_dir = scratch + "/run-" + std::to_string(++runs);
   hpctrial::core::Diagnostics d;
   const std::string yaml = "name: harness-overhead\nentrypoint: ./bench\nsearcher: {name: single, metric: "
                            "validation_loss, max_length: {batches: " + std::to_string(s.steps) +
                            "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n" +
-                           "records_per_epoch: " + std::to_string(s.samples) + "\n";
+                           "records_per_epoch: " + std::to_string(s.samples) + "\nprofiling: " + profiling + "\n";
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   d.throw_if_any();
   hpctrial::comm::LocalCommunicator comm;
@@ -229,6 +239,41 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// hpctrial without and with a feature, in alternating rounds.
+int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
+  const std::int64_t window = std::max<std::int64_t>(1, s.warmup / 2);
+  const std::string with = s.with == "profiler"
+                               ? "{enabled: true, begin_on_batch: 1, end_after_batch: " + std::to_string(window) +
+                                     ", system_metrics_period: 0s}"
+                               : std::string("{system_metrics_period: 1s}");
+  std::printf("harness_overhead --with %s: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
+              "%d alternating rounds; with: profiling: %s\n",
+              s.with.c_str(), static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
+              static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
+              static_cast<long>(s.steps - s.warmup), s.rounds, with.c_str());
+  std::vector<double> without_rates, with_rates, ratios;
+  for (int round = 0; round < s.rounds; ++round) {
+    double a = 0, b = 0;
+    if (round % 2 == 0) {
+      a = hpctrial_steps_per_second(s, data, scratch);
+      b = hpctrial_steps_per_second(s, data, scratch, with);
+    } else {
+      b = hpctrial_steps_per_second(s, data, scratch, with);
+      a = hpctrial_steps_per_second(s, data, scratch);
+    }
+    without_rates.push_back(a);
+    with_rates.push_back(b);
+    ratios.push_back(b / a);
+    std::printf("  round %d: without %8.1f steps/s   with %8.1f steps/s   ratio %.4f\n", round + 1, a, b, b / a);
+  }
+  std::printf("hpctrial trained %ld steps in each of %d run(s)\n", static_cast<long>(s.steps), 2 * s.rounds);
+  std::printf("median: without %.1f steps/s, with %s %.1f steps/s, ratio %.4f (median of per-round ratios; goal >= 0.99)\n",
+              median(without_rates), s.with.c_str(), median(with_rates), median(ratios));
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -251,6 +296,11 @@ int main(int argc, char** argv) {
       s.only = argv[i + 1];
       continue;
     }
+    if (flag == "--with" && i + 1 < argc) {
+      s.with = argv[i + 1];
+      if (s.with != "profiler" && s.with != "system-metrics") fail("--with takes profiler or system-metrics");
+      continue;
+    }
     if (i + 1 >= argc) fail(flag + " needs a value");
     const std::int64_t value = std::stoll(argv[i + 1]);
     if (flag == "--steps") s.steps = value;
@@ -260,7 +310,7 @@ int main(int argc, char** argv) {
     else if (flag == "--prefetch") s.prefetch = value;
     else if (flag == "--blas-threads") s.blas_threads = value;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial] [--with profiler|system-metrics]\n", argv[0]);
       return 2;
     }
   }
@@ -295,6 +345,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(scratch, ignored);
     return 0;
   }
+  if (!s.with.empty()) return compare_with(s, data, scratch);
   std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
               "%d alternating rounds, %ld BLAS thread(s), prefetch depth %ld, hpctrial reads a %s\n",
               static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),

@@ -72,20 +72,6 @@ void print_row(std::ostream& out, const std::vector<std::string>& cells, const s
   out << "\n";
 }
 
-// JOB|EXPDIR for the verbs that read the experiment directory: a directory needs no job (an
-// experiment of `hpctrial run` has none), a job needs its directory to be found.
-Target experiment_target(const std::string& what) {
-  Target t = resolve_target(what, false);
-  if (t.jobs.experiment_dir.empty()) {
-    throw SchedulerError("cannot find the experiment directory of job " + t.job + " (its output file is not "
-                         "in one); give the experiment directory instead");
-  }
-  if (!fs::exists(core::ExperimentLayout{t.jobs.experiment_dir}.config())) {
-    throw ConfigError(t.jobs.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
-  }
-  return t;
-}
-
 // A job's state as the scheduler writes it, and whether it is held.
 std::string state_text(const core::JobStatus& job) {
   return (job.native_state.empty() ? core::to_string(job.state) : job.native_state) + (job.held() ? " (held)" : "");
@@ -246,24 +232,6 @@ job: give --rank.
     }
     return kExitOk;
   }
-}
-
-// A trial's hyperparameters: nested ones as dotted names, a constant list or map as its YAML.
-std::string hparams_text(const core::ExperimentConfig& resolved) {
-  std::string values;
-  std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
-      [&](const auto& hps, const std::string& prefix) {
-        for (const auto& [name, hp] : hps) {
-          if (hp.type == core::Hyperparameter::Type::kNested) {
-            list(hp.nested, prefix + name + ".");
-          } else {
-            values += (values.empty() ? "" : ", ") + prefix + name + "=" +
-                      (hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
-          }
-        }
-      };
-  list(resolved.hyperparameters, "");
-  return values;
 }
 
 int run_describe(const std::vector<std::string>& args) {

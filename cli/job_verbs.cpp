@@ -5,10 +5,12 @@
 #include <boost/program_options.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
 #include "verb.h"
 
@@ -71,6 +73,38 @@ std::string target_argument(const std::vector<std::string>& args, const char* ve
   }
   if (target.empty()) throw ConfigError(std::string("hpctrial ") + verb + ": give a job id or an experiment directory");
   return target;
+}
+
+// JOB|EXPDIR for the verbs that read the experiment directory: a directory needs no job (an
+// experiment of `hpctrial run` has none), a job needs its directory to be found.
+Target experiment_target(const std::string& what) {
+  Target t = resolve_target(what, false);
+  if (t.jobs.experiment_dir.empty()) {
+    throw SchedulerError("cannot find the experiment directory of job " + t.job + " (its output file is not "
+                         "in one); give the experiment directory instead");
+  }
+  if (!fs::exists(core::ExperimentLayout{t.jobs.experiment_dir}.config())) {
+    throw ConfigError(t.jobs.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
+  }
+  return t;
+}
+
+// A trial's hyperparameters: nested ones as dotted names, a constant list or map as its YAML.
+std::string hparams_text(const core::ExperimentConfig& resolved) {
+  std::string values;
+  std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
+      [&](const auto& hps, const std::string& prefix) {
+        for (const auto& [name, hp] : hps) {
+          if (hp.type == core::Hyperparameter::Type::kNested) {
+            list(hp.nested, prefix + name + ".");
+          } else {
+            values += (values.empty() ? "" : ", ") + prefix + name + "=" +
+                      (hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
+          }
+        }
+      };
+  list(resolved.hyperparameters, "");
+  return values;
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/scheduler.h"
 
 namespace hpctrial::cli {
@@ -28,5 +29,12 @@ Target resolve_target(const std::string& what, bool need_job = true);
 std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage,
                             const boost::program_options::options_description* options = nullptr,
                             boost::program_options::variables_map* vm = nullptr);
+
+// JOB|EXPDIR -> its experiment: resolve_target's, which must name an experiment directory (one
+// holding experiment.yaml). SchedulerError or ConfigError saying what was found instead.
+Target experiment_target(const std::string& what);
+
+// A trial's hyperparameters as "lr=0.1, layers.hidden=64" (its resolved config's values).
+std::string hparams_text(const core::ExperimentConfig& resolved);
 
 }  // namespace hpctrial::cli

@@ -36,6 +36,7 @@ Verb kill_verb();
 Verb jobs_verb();
 Verb logs_verb();
 Verb describe_verb();
+Verb plot_verb();
 Verb new_trial_verb();
 Verb rank_verb();  // internal: the parent of each rank, which mpirun starts
 

@@ -13,6 +13,7 @@ std::vector<Verb> builtin_verbs() {
       jobs_verb(),
       logs_verb(),
       describe_verb(),
+      plot_verb(),
       launch_verb(),
       checkpoint_verb(),
       new_trial_verb(),

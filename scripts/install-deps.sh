@@ -12,6 +12,9 @@ packages=(
   libtorch-dev libopenblas0-pthread openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   # configuration, command line, formatting, JSON
   libyaml-cpp-dev libboost-program-options-dev libfmt-dev nlohmann-json3-dev
+  # TensorBoard event files (protobuf messages, PNG images); `hpctrial plot` (PLplot, its cairo
+  # driver for PNG and SVG)
+  libprotobuf-dev protobuf-compiler libpng-dev libplplot-dev plplot-driver-cairo
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev shellcheck
   # the integration tier: a real local Slurm cluster
@@ -21,6 +24,8 @@ packages=(
   lmod tcl
   # reference comparisons (PyTorch DDP baseline, reading checkpoints from Python)
   python3 python3-torch python3-h5py
+  # reading TensorBoard event files back in tests
+  python3-protobuf
 )
 
 missing=()

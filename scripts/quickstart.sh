@@ -3,7 +3,8 @@
 # packages, idempotent), builds what the example needs - the command, the worker, the trainer
 # library and the mlp example (the tests are scripts/test.sh's) - and runs the mlp example with
 # `hpctrial run` on 2 ranks of this machine: stops it part way with SIGINT (every rank
-# checkpoints, exit 75), runs the same command again to resume it to the end, and describes it.
+# checkpoints, exit 75), runs the same command again to resume it to the end, describes it and
+# plots its metrics.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
@@ -59,4 +60,8 @@ echo "==> hpctrial describe $experiment"
 echo
 echo "The trial's metrics (one JSON line per report) are in $metrics; its last validation:"
 grep '"kind":"validation"' "$metrics" | tail -n 1
+echo
+echo "==> hpctrial plot $experiment"
+"$hpctrial" plot "$experiment" -o "$experiment/plot.png" -o "$experiment/plot.svg"
+echo "TensorBoard reads the event files in $experiment/trial-0/tensorboard (tensorboard --logdir $experiment)"
 echo "quickstart took $((SECONDS - started)) s"

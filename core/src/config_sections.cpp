@@ -242,6 +242,32 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   r.finish();
 }
 
+void read_profiling(MapReader& r, Profiling& p) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* n = r.get("enabled")) {
+    if (auto v = read_bool(*n, r.path("enabled"), d)) p.enabled = *v;
+  }
+  if (const ConfigNode* n = r.get("begin_on_batch")) {
+    if (auto v = read_int(*n, r.path("begin_on_batch"), d, 1, kMaxLength)) p.begin_on_batch = *v;
+  }
+  if (const ConfigNode* n = r.get("end_after_batch"); n != nullptr && !n->is_null()) {
+    if (auto v = read_int(*n, r.path("end_after_batch"), d, 1, kMaxLength)) {
+      if (*v < p.begin_on_batch) {
+        report(*n, r.path("end_after_batch"), d,
+               "must not come before begin_on_batch (" + std::to_string(p.begin_on_batch) + "), got " + describe(*n));
+      } else {
+        p.end_after_batch = *v;
+      }
+    }
+  }
+  if (const ConfigNode* n = r.get("system_metrics_period")) {
+    if (auto v = read_duration(*n, r.path("system_metrics_period"), d, 0, kMaxCollectiveTimeout)) {
+      p.system_metrics_period_seconds = *v;
+    }
+  }
+  r.finish();
+}
+
 void read_launcher(MapReader& r, LauncherConfig& l) {
   Diagnostics& d = r.diagnostics();
   for (auto [key, target] : {std::pair{"prefix", &l.prefix}, std::pair{"mpirun_args", &l.mpirun_args}}) {

@@ -208,6 +208,15 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
   out << YAML::Key << "scheduling_unit" << YAML::Value << c.scheduling_unit;
 
+  out << YAML::Key << "profiling" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "enabled" << YAML::Value << c.profiling.enabled;
+  out << YAML::Key << "begin_on_batch" << YAML::Value << c.profiling.begin_on_batch;
+  out << YAML::Key << "end_after_batch" << YAML::Value << c.profiling.last_batch();
+  out << YAML::Key << "system_metrics_period" << YAML::Value << YAML::DoubleQuoted
+      << (c.profiling.system_metrics_period_seconds == 0 ? std::string("0s")
+                                                          : format_duration(c.profiling.system_metrics_period_seconds));
+  out << YAML::EndMap;
+
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;
   emit_strings(out, c.launcher.prefix);

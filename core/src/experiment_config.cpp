@@ -100,6 +100,8 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
        }},
       {"checkpoint_storage", "checkpoint_storage: {host_path: /scratch/me/checkpoints}",
        [&](MapReader& r) { read_checkpoint_storage(r, config.checkpoint_storage); }},
+      {"profiling", "profiling: {enabled: true, begin_on_batch: 20, end_after_batch: 24}",
+       [&](MapReader& r) { read_profiling(r, config.profiling); }},
       {"launcher", "launcher: {prefix: [numactl, --interleave=all]}",
        [&](MapReader& r) { read_launcher(r, config.launcher); }},
       {"scheduler", "scheduler: {type: slurm, partition: gpu, time_limit: 4h}",

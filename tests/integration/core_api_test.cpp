@@ -1,5 +1,5 @@
 // The core API in a program that is not a trial: ranks stop together, whether one of them asks
-// or a signal arrives, and the chief's metrics land in metrics.jsonl.
+// or a signal arrives, and the chief's metrics land in metrics.jsonl and TensorBoard.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "../support/event_files.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/subprocess.h"
@@ -65,6 +66,13 @@ TEST(CoreApi, AStopRequestedOnOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_EQ(metrics[0]["metrics"]["rank"], 0);
   EXPECT_EQ(metrics[2]["kind"], "validation");
   EXPECT_EQ(metrics[2]["metrics"]["steps"], 5);
+  // The same values in the chief's TensorBoard event file.
+  const auto read = testing_support::read_events(testing_support::event_files(trial_dir + "/tensorboard"));
+  ASSERT_TRUE(read.ok) << read.error;
+  EXPECT_EQ(testing_support::scalars(read.events, "training/rank"),
+            (std::vector<std::pair<std::int64_t, double>>{{2, 0.0}, {4, 0.0}}));
+  EXPECT_EQ(testing_support::scalars(read.events, "validation/steps"),
+            (std::vector<std::pair<std::int64_t, double>>{{5, 5.0}}));
 }
 
 TEST(CoreApi, ASignalOnOneRankStopsEveryRank) {

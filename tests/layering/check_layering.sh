@@ -35,7 +35,7 @@ for scheduler in slurm pbs; do
 done
 
 # Sources: which headers each folder may include.
-if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core"; then
+if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard"; then
   fail "a host-side folder includes MPI, CUDA, NCCL or LibTorch"
 fi
 if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/comm" "$src/checkpoint" "$src/core"; then
@@ -51,7 +51,7 @@ if grep -rEn '== *"(slurm|pbs)"|"(slurm|pbs)" *==|!= *"(slurm|pbs)"' \
   fail "a scheduler name is compared outside slurm/, pbs/ and launcher/src/schedulers.cpp"
 fi
 
-product=(cli core comm launcher trainer checkpoint slurm pbs)
+product=(cli core comm launcher trainer checkpoint tensorboard slurm pbs)
 sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
 # One way to start a process and one way to publish a file.
 if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/subprocess.cpp'; then

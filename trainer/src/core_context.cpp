@@ -12,6 +12,7 @@
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/tensorboard/event_writer.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/comm/communicator.h"
@@ -84,6 +85,8 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   if (distributed_.is_chief()) {
     core::create_directories(trial_dir_);
     log_ = std::make_unique<detail::MetricsLog>((std::filesystem::path(trial_dir_) / "metrics.jsonl").string());
+    events_ = std::make_unique<tensorboard::EventWriter>((std::filesystem::path(trial_dir_) / "tensorboard").string());
+    log_->set_events(events_.get());
     if (config_) {
       core::write_file_atomic((std::filesystem::path(trial_dir_) / "effective-config.yaml").string(),
                               core::to_yaml(*config_));
@@ -163,6 +166,7 @@ CoreContext::~CoreContext() {
     rank_->abort(core::kExitFailed, "an exception left the scope of hpctrial::CoreContext; ending the job");
   }
   log_.reset();
+  events_.reset();
   if (std::uncaught_exceptions() == 0) rank_->finish();  // every rank got here: the goodbyes
   rank_.reset();
 }
@@ -174,11 +178,13 @@ int CoreContext::restart_count() const { return rank_->contract().restart_count;
 void CoreContext::report_training_metrics(std::int64_t batches, const MetricValues& metrics) {
   detail::record_step(batches);
   if (log_) log_->write("training", batches, 0, 0, metrics);
+  if (events_) events_->flush();
 }
 
 void CoreContext::report_validation_metrics(std::int64_t batches, const MetricValues& metrics) {
   detail::record_step(batches);
   if (log_) log_->write("validation", batches, 0, 0, metrics);
+  if (events_) events_->flush();
 }
 
 bool CoreContext::should_stop() {

@@ -25,6 +25,9 @@
 #include "launch_contract.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
+#include "nvtx_marker.h"
+#include "profiler.h"
+#include "system_metrics.h"
 #include "sharded_checkpoint.h"
 #include "stream_reader.h"
 
@@ -86,6 +89,11 @@ class Loop {
   // The chief's records in the trial directory: this run's size and batch (runs.jsonl), the size
   // an elastic trial's adaptive batch prefers for its next run (elastic.json).
   void record_run() const;
+  void start_outputs();
+  // The system metrics: whether their period has passed (the chief's clock), and every rank's
+  // sample gathered to the chief, which writes them.
+  bool time_to_sample_system() const;
+  void report_system();
   void record_elastic_preference() const;
   // Records taken from the training order by the batches trained.
   std::int64_t records_trained() const { return adaptive_ ? adaptive_->records() : batches_trained_ * global_batch_; }
@@ -141,6 +149,10 @@ class Loop {
   std::unique_ptr<detail::StopFile> stop_file_;
   std::unique_ptr<detail::FaultPlan> faults_;
   detail::PhaseTimings timings_;
+  std::unique_ptr<detail::PhaseMarker> nvtx_;         // NVTX ranges of the phases, in CUDA builds
+  std::unique_ptr<detail::BatchProfiler> profiler_;  // the profiler window's, when one is set
+  std::unique_ptr<detail::SystemMonitor> system_;    // when profiling.system_metrics_period > 0
+  Clock::time_point last_system_sample_;
   ReducerSpec reducers_ = Reducer::kAvg;
 
   std::int64_t global_batch_ = 0;

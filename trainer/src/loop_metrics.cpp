@@ -6,10 +6,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/core.h>
+
 #include "autocast.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/tensorboard/event_writer.h"
+#include "hpctrial/trainer/summary_writer.h"
 #include "loop.h"
 
 namespace hpctrial::trainer::detail {
@@ -41,6 +45,58 @@ MetricValues Loop::reduce_custom(bool training) {
   std::string text = chief() ? results.dump() : std::string();
   comm_.broadcast(text, 0);
   return nlohmann::json::parse(text).get<MetricValues>();
+}
+
+// What the run writes besides checkpoints: metrics.jsonl and the TensorBoard events (the chief),
+// the profiler's traces, the progress lines.
+void Loop::start_outputs() {
+  if (chief()) {
+    core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
+    result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
+    log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
+    tensorboard::EventWriter* events = context_->tensorboard_writer().events();
+    log_->set_events(events);
+    // TensorBoard drops what a crashed run wrote past the checkpoint, as trim_metrics does here.
+    if (batches_trained_ > 0) events->purge_from(batches_trained_ + 1);
+    record_run();
+  }
+  nvtx_ = detail::make_nvtx_marker();
+  timings_.set_marker(nvtx_.get());
+  if (const auto& window = context_->profiler_window()) {
+    const auto trace = std::filesystem::path(options_.trial_dir) / "tensorboard" / "traces" /
+                       fmt::format("rank-{}.batches-{}-{}.json", comm_.rank(), window->first, window->last);
+    profiler_ = std::make_unique<detail::BatchProfiler>(window->first, window->last, trace.string(), timings_);
+  }
+  progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
+                                                 chief() && options_.progress_interval_s > 0);
+  if (config_.profiling.system_metrics_period_seconds > 0) {
+    const torch::Device device = context_->device();
+    system_ = std::make_unique<detail::SystemMonitor>(device.is_cuda() ? std::max<int>(0, device.index()) : -1);
+    last_system_sample_ = Clock::now();
+  }
+}
+
+bool Loop::time_to_sample_system() const {
+  return system_ && chief() &&
+         std::chrono::duration<double>(Clock::now() - last_system_sample_).count() >=
+             static_cast<double>(config_.profiling.system_metrics_period_seconds);
+}
+
+// Written as "rank<R>/<name>": each rank's own figures, the chief's among them.
+void Loop::report_system() {
+  if (!system_) return;
+  const std::string mine = nlohmann::json(system_->sample()).dump();
+  const auto parts = comm_.gather(mine, 0);
+  last_system_sample_ = Clock::now();
+  if (!log_) return;
+  std::map<std::string, double> metrics;
+  for (std::size_t rank = 0; rank < parts.size(); ++rank) {
+    const nlohmann::json figures = nlohmann::json::parse(parts[rank]);  // alive through the loop over its items
+    for (const auto& [name, value] : figures.items()) {
+      metrics["rank" + std::to_string(rank) + "/" + name] = value.get<double>();
+    }
+  }
+  log_->write("system", batches_trained_, trained_epoch(), records_trained(), metrics);
 }
 
 // Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
@@ -92,7 +148,15 @@ void Loop::report_training() {
   if (adaptive_) {
     for (const auto& [name, value] : adaptive_->metrics()) values[name] = value;
   }
-  if (log_) log_->write("training", batches_trained_, trained_epoch(), records_trained(), values);
+  if (log_) {
+    log_->write("training", batches_trained_, trained_epoch(), records_trained(), values);
+    // The period's mean time of each phase, beside the metrics in TensorBoard.
+    SummaryWriter& writer = context_->tensorboard_writer();
+    for (const auto& [phase, ms] : timings_.period_means_ms()) {
+      writer.add_scalar("timings/" + phase + "_ms", ms, batches_trained_);
+    }
+    writer.flush();
+  }
   period_values_.clear();
   period_batches_ = 0;
   last_report_batches_ = batches_trained_;
@@ -242,6 +306,7 @@ void Loop::validate() {
   }
   if (log_) {
     log_->write("validation", batches_trained_, trained_epoch(), records_trained(), metrics);
+    context_->tensorboard_writer().flush();
   }
   result_.last_validation = metrics;
   last_validation_batches_ = batches_trained_;

@@ -11,6 +11,7 @@
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/tensorboard/event_writer.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -55,6 +56,9 @@ void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
   }
   core::write_fully(fd_, line.dump() + "\n", "to the metrics file " + path_);
+  if (events_ != nullptr) {
+    for (const auto& [name, value] : metrics) events_->add_scalar(kind + "/" + name, value, batches);
+  }
 }
 
 void MetricsLog::sync() {
@@ -67,11 +71,23 @@ void PhaseTimings::add(const std::string& phase, Clock::duration elapsed) {
     if (p.name == phase) target = &p;
   }
   if (target == nullptr) {
-    phases_.push_back({phase, 0, 0});
+    phases_.emplace_back();
+    phases_.back().name = phase;
     target = &phases_.back();
   }
   target->total_s += std::chrono::duration<double>(elapsed).count();
   ++target->count;
+}
+
+std::vector<std::pair<std::string, double>> PhaseTimings::period_means_ms() {
+  std::vector<std::pair<std::string, double>> out;
+  for (auto& p : phases_) {
+    const std::int64_t count = p.count - p.reported_count;
+    if (count > 0) out.emplace_back(p.name, 1000.0 * (p.total_s - p.reported_s) / static_cast<double>(count));
+    p.reported_s = p.total_s;
+    p.reported_count = p.count;
+  }
+  return out;
 }
 
 nlohmann::json PhaseTimings::summary() const {

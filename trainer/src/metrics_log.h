@@ -6,14 +6,20 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+namespace hpctrial::tensorboard {
+class EventWriter;
+}
+
 namespace hpctrial::trainer::detail {
 
 // Appends one JSON object per line to <trial dir>/metrics.jsonl (mode 0600). Each line is one
-// write(2), so a crash never leaves half a line followed by more data.
+// write(2), so a crash never leaves half a line followed by more data. With an event file, each
+// metric also goes to TensorBoard as the scalar "<kind>/<name>" at step `batches`.
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path);
@@ -27,11 +33,22 @@ class MetricsLog {
              const nlohmann::json& extra = nullptr);
   // Flushes what was written to disk.
   void sync();
+  // Null: metrics.jsonl only.
+  void set_events(tensorboard::EventWriter* events) { events_ = events; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  tensorboard::EventWriter* events_ = nullptr;
+};
+
+// Marks the phases as they run, where a profiler records them (profiler.h).
+class PhaseMarker {
+ public:
+  virtual ~PhaseMarker() = default;
+  virtual void begin(const char* phase) = 0;
+  virtual void end() = 0;
 };
 
 // Time spent in each phase of the loop (dataloader_next, to_device, train_batch, ...).
@@ -41,18 +58,30 @@ class PhaseTimings {
 
   class Scope {
    public:
-    Scope(PhaseTimings& timings, const char* phase) : timings_(timings), phase_(phase), start_(Clock::now()) {}
-    ~Scope() { timings_.add(phase_, Clock::now() - start_); }
+    Scope(PhaseTimings& timings, const char* phase)
+        : timings_(timings), phase_(phase), marker_(timings.marker_), start_(Clock::now()) {
+      if (marker_ != nullptr) marker_->begin(phase);
+    }
+    ~Scope() {
+      timings_.add(phase_, Clock::now() - start_);
+      if (marker_ != nullptr && marker_ == timings_.marker_) marker_->end();
+    }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
     PhaseTimings& timings_;
     const char* phase_;
+    PhaseMarker* marker_;
     Clock::time_point start_;
   };
 
   void add(const std::string& phase, Clock::duration elapsed);
+  // Null: no marker (outside a profiler window).
+  void set_marker(PhaseMarker* marker) { marker_ = marker; }
+  PhaseMarker* marker() const { return marker_; }
+  // Each phase's mean milliseconds since the last call (the phases that ran since), in loop order.
+  std::vector<std::pair<std::string, double>> period_means_ms();
   // {"train_batch": {"total_s": .., "mean_ms": .., "count": ..}, ...}, phases in loop order.
   nlohmann::json summary() const;
   // A table for the end of the log.
@@ -63,8 +92,11 @@ class PhaseTimings {
     std::string name;
     double total_s = 0;
     std::int64_t count = 0;
+    double reported_s = 0;  // total_s and count at the last period_means_ms()
+    std::int64_t reported_count = 0;
   };
   std::vector<Phase> phases_;
+  PhaseMarker* marker_ = nullptr;
 };
 
 // Progress lines on stderr, at most one every `interval`: in place with '\r' on a terminal,

@@ -25,6 +25,7 @@
 #include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
+#include "hpctrial/trainer/summary_writer.h"
 #include "launch_contract.h"
 #include "metrics_log.h"
 #include "prefetcher.h"
@@ -91,6 +92,10 @@ void Loop::setup() {
   settings.distributed = options_.distributed;
   settings.trial_id = options_.trial_id;
   settings.experiment_dir = options_.experiment_dir;
+  if (chief()) settings.tensorboard_dir = (std::filesystem::path(options_.trial_dir) / "tensorboard").string();
+  if (config_.profiling.enabled) {
+    settings.profiler_window = ProfilerWindow{config_.profiling.begin_on_batch, config_.profiling.last_batch()};
+  }
   {
     core::Diagnostics d;
     settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config_), "config", d));
@@ -137,14 +142,7 @@ void Loop::setup() {
   data_seed_ = derive_seed(trial_seed, kDataStream);
   start_training_data(data_seed_);
 
-  if (chief()) {
-    core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
-    result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
-    log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
-    record_run();
-  }
-  progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
-                                                 chief() && options_.progress_interval_s > 0);
+  start_outputs();
   last_validation_time_ = Clock::now();
   last_checkpoint_time_ = Clock::now();
 }
@@ -384,6 +382,7 @@ LoopResult Loop::run() {
   call([](Callback& c) { c.on_training_start(); });
   for (auto& model : context_->models()) model->train();
   while (!reached_max_length()) {
+    if (profiler_) profiler_->before_batch(batches_trained_ + 1);
     train_one_batch();
 
     // The step boundary: batch-count triggers are the same on every rank; a stop request or
@@ -399,11 +398,12 @@ LoopResult Loop::run() {
         chief() && checkpoint_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
     const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
-    std::int64_t flags[5] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
-                             time_to_checkpoint ? 1 : 0, writing_shards ? 1 : 0};
+    std::int64_t flags[6] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
+                             time_to_checkpoint ? 1 : 0, writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0};
     detail::record_phase(core::RankPhase::kAgreement);
     faults_->at(detail::FaultPhase::kAgreement, batches_trained_);
-    comm_.allreduce(flags, 5, DType::kInt64, ReduceOp::kMax);
+    comm_.allreduce(flags, 6, DType::kInt64, ReduceOp::kMax);
+    if (flags[5] != 0) report_system();
     if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
     const bool last = reached_max_length();
     const bool group_end = adaptive_ ? micro_in_step_ == 0
@@ -435,6 +435,7 @@ LoopResult Loop::run() {
       save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
     }
     progress_->update(progress_batches(), trained_epoch(), last_loss_);
+    if (profiler_) profiler_->after_batch(batches_trained_);
     if (stop) {
       result_.stopped_early = true;
       core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
@@ -450,6 +451,7 @@ LoopResult Loop::run() {
       break;
     }
   }
+  profiler_.reset();  // a window the run stopped inside of ends here
   detail::record_phase(core::RankPhase::kShutdown);
   if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
   if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
@@ -463,6 +465,7 @@ LoopResult Loop::run() {
   if (log_) {
     log_->write("timings", batches_trained_, trained_epoch(), records_trained(), {}, {{"timings", timings_.summary()}});
     log_->sync();
+    context_->tensorboard_writer().flush();
     core::log_info("trained {} batches ({} records); timings:\n{}", batches_trained_, records_trained(),
                    timings_.table());
   }

@@ -1,5 +1,7 @@
 #include "hpctrial/trainer/trial_context.h"
 
+#include "hpctrial/trainer/summary_writer.h"
+
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -422,6 +424,24 @@ void TrialContext::set_loop_position(bool epoch_start, bool epoch_end, std::int6
   epoch_start_ = epoch_start;
   epoch_end_ = epoch_end;
   batches_trained_ = batches_trained;
+  batch_started_ = true;
+}
+
+SummaryWriter& TrialContext::tensorboard_writer() {
+  if (!summary_writer_) {
+    // The default step is the harness's: the batches trained once the current one is done.
+    summary_writer_ = std::make_unique<SummaryWriter>(
+        settings_.tensorboard_dir, [this] { return batches_trained_ + (batch_started_ ? 1 : 0); });
+  }
+  return *summary_writer_;
+}
+
+void TrialContext::set_profiler(std::int64_t begin_batch, std::int64_t end_batch) {
+  if (begin_batch < 1 || end_batch < begin_batch) {
+    throw ConfigError("set_profiler(" + std::to_string(begin_batch) + ", " + std::to_string(end_batch) +
+                      "): batches are counted from 1 and the window must not end before it begins");
+  }
+  settings_.profiler_window = ProfilerWindow{begin_batch, end_batch};
 }
 
 }  // namespace hpctrial::trainer

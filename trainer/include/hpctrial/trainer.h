@@ -12,6 +12,7 @@
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
+#include "hpctrial/trainer/summary_writer.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
 

@@ -157,6 +157,19 @@ struct Reproducibility {
   std::optional<std::uint32_t> experiment_seed;
 };
 
+// What is recorded beside the metrics (Determined's profiling section): batches through LibTorch's
+// profiler, into a Chrome trace per rank, and the system metrics' period.
+struct Profiling {
+  bool enabled = false;
+  std::int64_t begin_on_batch = 1;  // the first batch recorded, counted from 1
+  // The last batch recorded; unset: begin_on_batch + 9.
+  std::optional<std::int64_t> end_after_batch;
+  // CPU, memory and I/O of each rank (and its GPU) every this many seconds; 0: none. Apart from
+  // `enabled`.
+  std::int64_t system_metrics_period_seconds = 60;
+  std::int64_t last_batch() const { return end_after_batch ? *end_after_batch : begin_on_batch + 9; }
+};
+
 struct CheckpointStorage {
   std::string type = "shared_fs";
   // Empty: <experiment dir>/checkpoints. Relative paths are relative to the config file.
@@ -217,6 +230,7 @@ struct ExperimentConfig {
   std::optional<EngineConfig> engine;  // present when the config has an `engine:` section
   Reproducibility reproducibility;
   CheckpointStorage checkpoint_storage;
+  Profiling profiling;
   int max_restarts = 5;
   // Training metrics are reported every this many batches (Determined's scheduling_unit).
   std::int64_t scheduling_unit = 100;

@@ -40,6 +40,10 @@ class Communicator;
 class MpiEnvironment;
 }  // namespace hpctrial::comm
 
+namespace hpctrial::tensorboard {
+class EventWriter;
+}
+
 namespace hpctrial::trainer {
 
 namespace detail {
@@ -69,8 +73,9 @@ class CoreContext {
   // How many times hpctrial's launcher restarted this trial before this run (0 outside it).
   int restart_count() const;
 
-  // Writes one line to <trial dir>/metrics.jsonl. Only the chief's call writes (reduce across
-  // ranks first if the values differ); other ranks' calls do nothing.
+  // Writes one line to <trial dir>/metrics.jsonl, and the values to TensorBoard's event files
+  // under <trial dir>/tensorboard/ ("training/<name>" at step `batches`). Only the chief's call
+  // writes (reduce across ranks first if the values differ); other ranks' calls do nothing.
   void report_training_metrics(std::int64_t batches, const MetricValues& metrics);
   void report_validation_metrics(std::int64_t batches, const MetricValues& metrics);
 
@@ -118,6 +123,7 @@ class CoreContext {
   nlohmann::json hparams_ = nlohmann::json::object();
   nlohmann::json data_config_ = nlohmann::json::object();
   std::string trial_dir_;
+  std::unique_ptr<tensorboard::EventWriter> events_;
   std::unique_ptr<detail::MetricsLog> log_;
   bool stop_requested_ = false;
   std::unique_ptr<detail::Accumulators> accumulators_;

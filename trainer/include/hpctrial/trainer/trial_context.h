@@ -51,6 +51,14 @@ class GradientSync;
 // trial calls scheduler.step() itself.
 enum class StepMode { EveryEpoch, EveryBatch, Manual };
 
+class SummaryWriter;
+
+// Batches first..last of a run (counted from 1), recorded by the profiler.
+struct ProfilerWindow {
+  std::int64_t first = 0;
+  std::int64_t last = 0;
+};
+
 struct DistributedContext {
   int rank = 0;
   int size = 1;
@@ -80,6 +88,10 @@ struct TrialSettings {
   int trial_id = 0;
   std::string experiment_dir;                                          // the experiment's identity
   nlohmann::json experiment_config = nlohmann::json::object();  // the effective config
+  // Where the chief's TensorBoard event files go; empty on other ranks (their writer drops all).
+  std::string tensorboard_dir;
+  // The config's profiling window, when profiling.enabled.
+  std::optional<ProfilerWindow> profiler_window;
 };
 
 class TrialContext {
@@ -204,6 +216,20 @@ class TrialContext {
   std::int64_t aggregation_frequency() const { return settings_.aggregation_frequency; }
   // The config's engine section, when it has one.
   const std::optional<core::EngineConfig>& engine_config() const { return settings_.engine; }
+
+  // --- TensorBoard and the profiler -----------------------------------------------------------
+  // The trial's TensorBoard writer (summary_writer.h), Determined's get_tensorboard_writer(): the
+  // chief's event files under <trial dir>/tensorboard/, which also hold every training and
+  // validation metric and the phase timings; on other ranks its calls do nothing.
+  SummaryWriter& tensorboard_writer();
+  // Determined's get_tensorboard_path(): the folder of the event files; empty on other ranks.
+  const std::string& tensorboard_path() const { return settings_.tensorboard_dir; }
+  // Records batches begin_batch to end_batch (counted from 1) with LibTorch's profiler, into a
+  // Chrome trace per rank under <trial dir>/tensorboard/traces/ (Determined's set_profiler; the
+  // config's profiling section does the same). Call it in the constructor, alike on every rank.
+  // ConfigError when the batches are not 1 <= begin_batch <= end_batch.
+  void set_profiler(std::int64_t begin_batch, std::int64_t end_batch);
+  const std::optional<ProfilerWindow>& profiler_window() const { return settings_.profiler_window; }
 
   // --- stopping -----------------------------------------------------------------------------
   // Ends the trial early (Determined's semantics): the ranks agree on it at the step boundary
@@ -346,6 +372,8 @@ class TrialContext {
   double estimator_seconds_ = 0;
   double sync_wait_seconds_ = 0;
   std::optional<GradientNorms> gradient_norms_;
+  std::unique_ptr<SummaryWriter> summary_writer_;
+  bool batch_started_ = false;
 };
 
 }  // namespace hpctrial::trainer

@@ -1,0 +1,159 @@
+// hpctrial plot JOB|EXPDIR: each trial's metrics against the batches trained, as PNG or SVG.
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "chart.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/search.h"
+#include "job_verbs.h"
+#include "verb.h"
+
+namespace po = boost::program_options;
+
+namespace hpctrial::cli {
+namespace {
+
+constexpr std::size_t kMaxDefaultPanels = 8;
+
+// One trial's values: "kind/name" -> (batches, value), in file order.
+using TrialMetrics = std::map<std::string, Series>;
+
+TrialMetrics read_metrics(const std::string& path) {
+  TrialMetrics out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a line cut short by a crash
+    }
+    const std::string kind = j.value("kind", "");
+    if (!j.contains("metrics") || !j["metrics"].is_object() || !j.contains("batches")) continue;
+    const double batches = j["batches"].get<double>();
+    for (const auto& [name, value] : j["metrics"].items()) {
+      if (!value.is_number()) continue;  // NaN and infinities are written as strings
+      Series& s = out[kind + "/" + name];
+      s.x.push_back(batches);
+      s.y.push_back(value.get<double>());
+    }
+  }
+  return out;
+}
+
+// The panels asked for: --metric NAME (every kind's) or KIND/NAME; by default every training and
+// validation metric, training first.
+std::vector<std::string> choose_metrics(const std::vector<TrialMetrics>& trials, const std::vector<std::string>& asked) {
+  std::set<std::string> present;
+  for (const auto& t : trials) {
+    for (const auto& [key, series] : t) present.insert(key);
+  }
+  std::vector<std::string> chosen;
+  if (asked.empty()) {
+    for (const char* kind : {"training/", "validation/"}) {
+      for (const auto& key : present) {
+        if (key.rfind(kind, 0) == 0) chosen.push_back(key);
+      }
+    }
+    if (chosen.size() > kMaxDefaultPanels) {
+      std::cerr << "hpctrial plot: " << chosen.size() << " metrics; drawing the first " << kMaxDefaultPanels
+                << " (choose with --metric)\n";
+      chosen.resize(kMaxDefaultPanels);
+    }
+    return chosen;
+  }
+  for (const auto& name : asked) {
+    std::size_t found = 0;
+    for (const auto& key : present) {
+      if (key == name || key.substr(key.find('/') + 1) == name) {
+        if (std::find(chosen.begin(), chosen.end(), key) == chosen.end()) chosen.push_back(key);
+        ++found;
+      }
+    }
+    if (found == 0) {
+      std::string known;
+      for (const auto& key : present) known += (known.empty() ? "" : ", ") + key;
+      throw ConfigError("hpctrial plot: no trial reported the metric '" + name + "'; the metrics are: " +
+                        (known.empty() ? "none yet" : known));
+    }
+  }
+  return chosen;
+}
+
+int run_plot(const std::vector<std::string>& args) {
+  std::vector<std::string> outputs, metrics;
+  std::vector<int> only_trials;
+  po::options_description options;
+  options.add_options()
+      ("output,o", po::value(&outputs)->composing(), "FILE.png or FILE.svg (again for both); default EXPDIR/plot.png")
+      ("metric", po::value(&metrics)->composing(), "a metric: NAME, or KIND/NAME (training/loss); again for more")
+      ("trial", po::value(&only_trials)->composing(), "only trial N; again for more");
+  po::variables_map vm;
+  const std::string what = target_argument(args, "plot", R"(usage: hpctrial plot JOB|EXPDIR [-o FILE.png|FILE.svg] [--metric NAME] [--trial N]
+
+Draws the training and validation metrics of each trial against the batches trained, from the
+trials' metrics.jsonl: a panel per metric, a curve per trial (a search's trials overlaid, the
+legend giving their hyperparameters). Works while the experiment runs.
+)", &options, &vm);
+  if (what.empty()) return kExitOk;
+  const Target t = experiment_target(what);
+  const core::ExperimentLayout layout{t.jobs.experiment_dir};
+  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  const int count = core::trial_count(config);
+  std::vector<int> trials;
+  for (int trial : only_trials) {
+    if (trial < 0 || trial >= count) {
+      throw ConfigError("hpctrial plot: the experiment in " + layout.dir + " has " + std::to_string(count) +
+                        " trial(s), numbered from 0; --trial " + std::to_string(trial) + " does not exist");
+    }
+    trials.push_back(trial);
+  }
+  if (trials.empty()) {
+    for (int trial = 0; trial < count; ++trial) trials.push_back(trial);
+  }
+
+  Chart chart;
+  chart.title = config.name + "  (" + layout.dir + ")";
+  std::vector<TrialMetrics> values;
+  for (int trial : trials) {
+    values.push_back(read_metrics(layout.trial_dir(trial) + "/metrics.jsonl"));
+    const std::string hparams = hparams_text(core::trial_config(config, trial));
+    chart.legend.push_back("trial " + std::to_string(trial) + (hparams.empty() ? "" : ": " + hparams));
+  }
+  for (const auto& key : choose_metrics(values, metrics)) {
+    Panel panel;
+    const auto slash = key.find('/');
+    panel.title = key.substr(slash + 1) + " (" + key.substr(0, slash) + ")";
+    panel.markers = key.rfind("training/", 0) != 0;
+    for (const auto& trial : values) {
+      const auto it = trial.find(key);
+      panel.series.push_back(it == trial.end() ? Series{} : it->second);
+    }
+    chart.panels.push_back(std::move(panel));
+  }
+  if (chart.panels.empty()) {
+    throw ConfigError("hpctrial plot: no trial of " + layout.dir + " has reported a metric yet");
+  }
+  if (outputs.empty()) outputs.push_back(layout.dir + "/plot.png");
+  for (const auto& path : outputs) {
+    draw_chart(chart, path);
+    std::cout << path << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Verb plot_verb() { return {"plot", "draw each trial's metrics against the batches trained (PNG, SVG)", run_plot}; }
+
+}  // namespace hpctrial::cli
