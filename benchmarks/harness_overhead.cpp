@@ -50,6 +50,7 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/training_loop.h"
+#include "../trainer/src/system_metrics.h"
 
 namespace {
 
@@ -265,6 +266,16 @@ int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
     with_rates.push_back(b);
     ratios.push_back(b / a);
     std::printf("  round %d: without %8.1f steps/s   with %8.1f steps/s   ratio %.4f\n", round + 1, a, b, b / a);
+  }
+  if (s.with == "system-metrics") {
+    // What one sample costs the rank that takes it, beside the rates' noise.
+    hpctrial::trainer::detail::SystemMonitor monitor;
+    constexpr int kSamples = 1000;
+    const auto start = Clock::now();
+    for (int i = 0; i < kSamples; ++i) monitor.sample();
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kSamples;
+    std::printf("one sample of the system metrics takes %.1f us: %.4f %% of each second at a 1 s period\n", us,
+                us / 1e4);
   }
   std::printf("hpctrial trained %ld steps in each of %d run(s)\n", static_cast<long>(s.steps), 2 * s.rounds);
   std::printf("median: without %.1f steps/s, with %s %.1f steps/s, ratio %.4f (median of per-round ratios; goal >= 0.99)\n",

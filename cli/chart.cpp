@@ -63,7 +63,7 @@ constexpr double kPanelTitle = 34;
 constexpr double kPlot = 230;
 constexpr double kPanelFoot = 58;
 constexpr double kLegendLine = 24;
-constexpr double kLeft = 0.08;
+constexpr double kLeft = 0.10;
 constexpr double kRight = 0.95;
 
 double page_height(const Chart& chart) {

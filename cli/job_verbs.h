@@ -34,7 +34,10 @@ std::string target_argument(const std::vector<std::string>& args, const char* ve
 // holding experiment.yaml). SchedulerError or ConfigError saying what was found instead.
 Target experiment_target(const std::string& what);
 
-// A trial's hyperparameters as "lr=0.1, layers.hidden=64" (its resolved config's values).
+// A trial's hyperparameters, (name, value) in the config's order: nested ones by dotted names,
+// a constant list or map as its YAML (its resolved config's values).
+std::vector<std::pair<std::string, std::string>> hparam_values(const core::ExperimentConfig& resolved);
+// The same as "lr=0.1, layers.hidden=64".
 std::string hparams_text(const core::ExperimentConfig& resolved);
 
 }  // namespace hpctrial::cli

@@ -90,6 +90,24 @@ std::vector<std::string> choose_metrics(const std::vector<TrialMetrics>& trials,
   return chosen;
 }
 
+// "trial N: lr=0.1, ...": the hyperparameters that tell the trials apart (all of one trial's).
+std::vector<std::string> legend(const core::ExperimentConfig& config, const std::vector<int>& trials) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> values;
+  for (int trial : trials) values.push_back(hparam_values(core::trial_config(config, trial)));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    std::string text;
+    for (std::size_t k = 0; k < values[i].size(); ++k) {
+      bool same_in_all = values.size() > 1;
+      for (const auto& other : values) same_in_all = same_in_all && other.size() == values[i].size() && other[k] == values[i][k];
+      if (same_in_all) continue;
+      text += (text.empty() ? "" : ", ") + values[i][k].first + "=" + values[i][k].second;
+    }
+    out.push_back("trial " + std::to_string(trials[i]) + (text.empty() ? "" : ": " + text));
+  }
+  return out;
+}
+
 int run_plot(const std::vector<std::string>& args) {
   std::vector<std::string> outputs, metrics;
   std::vector<int> only_trials;
@@ -103,7 +121,7 @@ int run_plot(const std::vector<std::string>& args) {
 
 Draws the training and validation metrics of each trial against the batches trained, from the
 trials' metrics.jsonl: a panel per metric, a curve per trial (a search's trials overlaid, the
-legend giving their hyperparameters). Works while the experiment runs.
+legend giving the hyperparameters that tell them apart). Works while the experiment runs.
 )", &options, &vm);
   if (what.empty()) return kExitOk;
   const Target t = experiment_target(what);
@@ -125,11 +143,8 @@ legend giving their hyperparameters). Works while the experiment runs.
   Chart chart;
   chart.title = config.name + "  (" + layout.dir + ")";
   std::vector<TrialMetrics> values;
-  for (int trial : trials) {
-    values.push_back(read_metrics(layout.trial_dir(trial) + "/metrics.jsonl"));
-    const std::string hparams = hparams_text(core::trial_config(config, trial));
-    chart.legend.push_back("trial " + std::to_string(trial) + (hparams.empty() ? "" : ": " + hparams));
-  }
+  for (int trial : trials) values.push_back(read_metrics(layout.trial_dir(trial) + "/metrics.jsonl"));
+  chart.legend = legend(config, trials);
   for (const auto& key : choose_metrics(values, metrics)) {
     Panel panel;
     const auto slash = key.find('/');

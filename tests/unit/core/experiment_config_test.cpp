@@ -174,6 +174,10 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.launcher.prefix, (std::vector<std::string>{"numactl", "--interleave=all"}));
   EXPECT_EQ(c.launcher.mpirun_args, (std::vector<std::string>{"--mca", "btl", "^openib"}));
   EXPECT_EQ(c.launcher.hang_timeout_seconds, 1200);
+  EXPECT_TRUE(c.profiling.enabled);
+  EXPECT_EQ(c.profiling.begin_on_batch, 20);
+  EXPECT_EQ(c.profiling.last_batch(), 24);
+  EXPECT_EQ(c.profiling.system_metrics_period_seconds, 30);
 
   EXPECT_EQ(c.scheduler.type, "slurm");
   EXPECT_EQ(c.scheduler.partition, "gpu-long");
@@ -451,6 +455,23 @@ TEST(ConfigErrors, GradientCompressionAndCollectiveTimeout) {
               HasSubstr("optimizations.collective_timeout: must be between 00:00:01 and"));
 }
 
+TEST(ConfigErrors, Profiling) {
+  const std::string base = kMinimal;
+  const ExperimentConfig defaults = parse_ok(base);
+  EXPECT_FALSE(defaults.profiling.enabled);
+  EXPECT_EQ(defaults.profiling.begin_on_batch, 1);
+  EXPECT_EQ(defaults.profiling.last_batch(), 10) << "ten batches from begin_on_batch";
+  EXPECT_EQ(defaults.profiling.system_metrics_period_seconds, 60);
+  EXPECT_EQ(parse_ok(base + "profiling: {begin_on_batch: 5}\n").profiling.last_batch(), 14);
+  EXPECT_EQ(parse_ok(base + "profiling: {system_metrics_period: 0s}\n").profiling.system_metrics_period_seconds, 0);
+  EXPECT_THAT(one_error(base + "profiling: {begin_on_batch: 8, end_after_batch: 3}\n"),
+              HasSubstr("profiling.end_after_batch: must not come before begin_on_batch (8), got \"3\""));
+  EXPECT_THAT(one_error(base + "profiling: {begin_on_batch: 0}\n"),
+              HasSubstr("profiling.begin_on_batch: must be"));
+  EXPECT_THAT(one_error(base + "profiling: {enabled: sometimes}\n"), HasSubstr("profiling.enabled:"));
+  EXPECT_THAT(one_error(base + "profiling: {sync_timings: true}\n"), HasSubstr("profiling.sync_timings: unknown key"));
+}
+
 TEST(ConfigErrors, Resources) {
   const std::string base = kMinimal;
   EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 6, slots_per_node: 4}\n"),
@@ -591,7 +612,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, engine, reproducibility, "
-                         "checkpoint_storage, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
+                         "checkpoint_storage, profiling, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
   }
 }
 
