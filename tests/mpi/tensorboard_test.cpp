@@ -10,9 +10,7 @@
 #include <thread>
 
 #include "../support/event_files.h"
-#include "../unit/trainer/test_trial.h"
-#include "hpctrial/comm/communicator.h"
-#include "hpctrial/comm/watchdog.h"
+#include "linear_trial_ranks.h"
 #include "hpctrial/trainer/summary_writer.h"
 #include "mpi_test_env.h"
 
@@ -26,20 +24,7 @@ namespace fs = std::filesystem;
 std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-tb", name); }
 
 LoopResult train(const std::string& yaml, LinearTrial::Options options, const std::string& dir) {
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
-  comm::MpiCommunicator communicator(env().world(), &watchdog);
-  LoopOptions loop;
-  loop.trial_dir = dir;
-  loop.progress_interval_s = 0;
-  loop.experiment_seed = 7;
-  loop.report_period_batches = 2;
-  loop.distributed = {env().rank(), env().size(), env().rank(), env().size(), 1};
-  TrialFactory factory = [&](TrialContext& context) {
-    return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
-  };
-  LoopResult result = run_training(config_from(yaml), factory, communicator, loop);
-  watchdog.finish();
-  return result;
+  return train_on_ranks(yaml, std::move(options), dir, /*report_period=*/2);
 }
 
 // metrics.jsonl's values of one kind: (batches, value) per metric name.

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <filesystem>
 
-#include "../unit/trainer/test_trial.h"
+#include "linear_trial_ranks.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/watchdog.h"
 #include "mpi_test_env.h"
@@ -33,25 +33,8 @@ class CountingCallback : public Callback {
 
 std::string shared_dir(const std::string& name) { return testing_mpi::shared_dir("hpctrial-loop", name); }
 
-// Every rank of the test's world, one slot each.
-DistributedContext slots() { return {env().rank(), env().size(), env().rank(), env().size(), 1}; }
-
 LoopResult train(const std::string& yaml, LinearTrial::Options options, const std::string& dir) {
-  // A hang fails the test within the watchdog's timeout instead of the test's.
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
-  comm::MpiCommunicator communicator(env().world(), &watchdog);
-  LoopOptions loop;
-  loop.trial_dir = dir;
-  loop.progress_interval_s = 0;
-  loop.experiment_seed = 7;
-  loop.distributed = slots();
-  const core::ExperimentConfig config = config_from(yaml);
-  TrialFactory factory = [&](TrialContext& context) {
-    return std::unique_ptr<Trial>(std::make_unique<LinearTrial>(context, options, nullptr));
-  };
-  LoopResult result = run_training(config, factory, communicator, loop);
-  watchdog.finish();
-  return result;
+  return train_on_ranks(yaml, std::move(options), dir);
 }
 
 // evaluate_full_dataset with a validation set of one batch: the ranks without a batch cannot see
