@@ -1,6 +1,7 @@
 #include "hpctrial/tensorboard/event_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -79,7 +80,15 @@ Histogram make_histogram(const std::vector<double>& values, int bins) {
   return h;
 }
 
-EventWriter::EventWriter(std::string log_dir) : log_dir_(std::move(log_dir)) {}
+EventWriter::EventWriter(std::string log_dir) : log_dir_(std::move(log_dir)) {
+  if (::mkdir(log_dir_.c_str(), 0700) == 0) {
+    ::chmod(log_dir_.c_str(), 0700);  // exactly, whatever the umask
+  } else if (errno != EEXIST) {
+    core::throw_errno("cannot create the TensorBoard folder " + log_dir_, errno);
+  }
+  open();
+  flush();
+}
 
 EventWriter::~EventWriter() {
   try {
@@ -92,7 +101,6 @@ EventWriter::~EventWriter() {
 
 void EventWriter::open() {
   static std::atomic<int> files{0};
-  core::create_directories(log_dir_);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
   path_ = (std::filesystem::path(log_dir_) / ("events.out.tfevents." + std::to_string(seconds) + "." + host_name() +
@@ -106,7 +114,6 @@ void EventWriter::open() {
 }
 
 void EventWriter::write_event(const std::string& serialized) {
-  if (fd_ < 0) open();
   std::string length;
   put_le(length, serialized.size(), 8);
   buffer_ += length;
@@ -117,7 +124,7 @@ void EventWriter::write_event(const std::string& serialized) {
 }
 
 void EventWriter::flush() {
-  if (buffer_.empty() || fd_ < 0) return;
+  if (buffer_.empty()) return;
   const std::string data = std::move(buffer_);
   buffer_.clear();
   core::write_fully(fd_, data, "to the TensorBoard event file " + path_);

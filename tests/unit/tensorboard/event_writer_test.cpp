@@ -1,5 +1,6 @@
 #include "hpctrial/tensorboard/event_writer.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <png.h>
 #include <sys/stat.h>
@@ -101,7 +102,7 @@ TEST(EventWriter, WritesRecordsThatTensorBoardsFormatReadsBack) {
   for (int i = 0; i < 20; ++i) image.pixels.push_back(static_cast<std::uint8_t>(i * 12));
   {
     EventWriter writer(log_dir);
-    EXPECT_TRUE(writer.path().empty()) << "no file before the first record";
+    EXPECT_TRUE(std::filesystem::exists(writer.path())) << "made with its first record";
     writer.purge_from(7);
     writer.add_scalar("training/loss", 0.25, 7);
     writer.add_scalar("training/loss", 0.125, 8);
@@ -158,6 +159,18 @@ TEST(EventWriter, BuffersUntilFlushAndEachWriterHasItsOwnFile) {
   // Many records: written as the buffer fills, without a flush.
   for (int i = 0; i < 5000; ++i) second.add_scalar("b", i, i);
   EXPECT_GT(std::filesystem::file_size(second.path()), 32768u);
+}
+
+TEST(EventWriter, MakesItsFolderButNeverTheFolderAboveIt) {
+  TempDir dir;
+  const auto gone = dir.path() / "trial-0";  // a trial directory removed under a run
+  try {
+    EventWriter writer((gone / "tensorboard").string());
+    FAIL() << "made " << writer.path();
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("cannot create the TensorBoard folder " + (gone / "tensorboard").string()));
+  }
+  EXPECT_FALSE(std::filesystem::exists(gone));
 }
 
 TEST(EventWriter, ACorruptedRecordIsCaughtByTheReader) {

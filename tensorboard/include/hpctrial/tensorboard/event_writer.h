@@ -43,10 +43,12 @@ struct Image {
 std::string encode_png(const Image& image);
 
 // One event file of a log directory, named as TensorBoard expects
-// (events.out.tfevents.<seconds>.<host>.<pid>.<n>), created with the directory (0700) on the first
-// record and private (0600). Records are buffered and written whole by flush() and when the
-// buffer fills; a record cut short by a crash is at the end of a file, where readers stop. Not
-// thread-safe: one writer per thread.
+// (events.out.tfevents.<seconds>.<host>.<pid>.<n>), private (0600), created with its first record
+// (the file version) by the constructor, which also makes the directory (0700) but never its
+// parent: a trial directory removed under a run is not made again. Records are buffered and
+// written whole by flush() and when the buffer fills; a record cut short by a crash is at the end
+// of a file, where readers stop. Not thread-safe: one writer per thread. IoError naming the path
+// when the directory or the file cannot be made.
 class EventWriter {
  public:
   explicit EventWriter(std::string log_dir);
@@ -67,7 +69,6 @@ class EventWriter {
   void flush();
 
   const std::string& log_dir() const { return log_dir_; }
-  // The file's path; empty until the first record.
   const std::string& path() const { return path_; }
 
  private:
