@@ -43,6 +43,8 @@ std::map<std::string, std::vector<std::pair<std::int64_t, double>>> logged(const
 TEST(TensorBoard, TheChiefWritesEveryMetricAndTheTrialsSummaries) {
   const std::string dir = shared_dir("metrics");
   LinearTrial::Options options;
+  // From the trial's constructor, before the loop has written anything.
+  options.setup = [](LinearTrial& trial) { trial.context_.tensorboard_writer().add_scalars("ctor", {{"x", 1.0}}, 0); };
   options.after_batch = [](LinearTrial& trial, std::int64_t batch_idx) {
     SummaryWriter& writer = trial.context_.tensorboard_writer();
     EXPECT_EQ(writer.enabled(), env().is_chief());
@@ -111,6 +113,8 @@ TEST(TensorBoard, TheChiefWritesEveryMetricAndTheTrialsSummaries) {
   EXPECT_EQ(images, 1);
   EXPECT_EQ(texts, 1);
   // add_scalars: a run per value, as torch.utils.tensorboard makes them.
+  EXPECT_EQ(testing_support::read_events(testing_support::event_files(dir + "/tensorboard/ctor_x")).events.size(), 2u)
+      << "the file version and the constructor's scalar";
   for (const auto& [run, value] : {std::pair{"pair_a", 1.0}, std::pair{"pair_b", 2.0}}) {
     const auto pair = testing_support::read_events(testing_support::event_files(dir + "/tensorboard/" + run));
     ASSERT_TRUE(pair.ok) << pair.error;

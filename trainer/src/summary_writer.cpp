@@ -66,7 +66,10 @@ tensorboard::EventWriter* SummaryWriter::events() {
 
 tensorboard::EventWriter& SummaryWriter::writer_for(const std::string& run) {
   auto& writer = runs_[run];
-  if (!writer) writer = std::make_unique<tensorboard::EventWriter>((std::filesystem::path(log_dir_) / run).string());
+  if (!writer) {
+    events();  // the log directory first: a run's folder is made inside it
+    writer = std::make_unique<tensorboard::EventWriter>((std::filesystem::path(log_dir_) / run).string());
+  }
   return *writer;
 }
 

@@ -101,6 +101,8 @@ void Loop::setup() {
     settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config_), "config", d));
     settings.experiment_config["hyperparameters"] = settings.hparams;
   }
+  // Before the trial is built: its constructor may already write to TensorBoard.
+  if (chief()) core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
