@@ -8,12 +8,13 @@
 //
 //   harness_overhead [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N]
 //                    [--prefetch N] [--blas-threads N] [--only plain|hpctrial]
-//                    [--with profiler|system-metrics]
+//                    [--with profiler|system-metrics] [--instructions]
 //
 // --stream: hpctrial reads the same samples from a StreamDataset (one sample at a time, a
 // permutation per pass, stacked by collate) instead of a TensorDataset.
 //
-// --quick: 200 steps (rate over the last 150), one round - the test suite's smoke run.
+// --quick: 200 steps (rate over 149 of them), one round - the test suite's smoke run; with
+// --instructions, 60 steps (count over 19).
 // Every hpctrial run trains a fresh trial directory and must train exactly --steps batches;
 // a side that trains a different number, or a rate that is not a positive number, ends the
 // benchmark with exit 1 rather than print a figure.
@@ -21,8 +22,14 @@
 // Both sides compute with --blas-threads OpenBLAS threads (default 1, what an hpctrial rank
 // with resources.cpus_per_slot: 1 uses).
 //
-// --only runs one side once and prints its rate: for counting instructions with
-// `valgrind --tool=callgrind`, which is deterministic where wall time on a shared machine is not.
+// --only runs one side once and prints its rate.
+//
+// --instructions counts what each side executes per step, which is deterministic where wall
+// time on a shared machine is not: it runs `--only plain` and `--only hpctrial` under
+// `valgrind --tool=callgrind --instr-atstart=no`; each side turns instrumentation on at the start
+// of step `warmup` and off at the start of the last step, so the count covers the same
+// steps - every thread's instructions in them, the batch reader's included - and nothing of
+// start-up or shutdown. Goal: hpctrial within 1 % of the plain loop.
 //
 // --with profiler|system-metrics compares hpctrial with itself instead: without the feature
 // against with it - a profiler window over the first batches of the warm-up (so outside the
@@ -30,7 +37,12 @@
 // measured where it is configured but not recording, or sampling at a far shorter period than
 // its default).
 #include <ATen/CPUGeneratorImpl.h>
-#include <dlfcn.h>
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_STOP_INSTRUMENTATION
+#endif
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -43,13 +55,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/subprocess.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/training_loop.h"
+#include "io_util.h"
 #include "../trainer/src/system_metrics.h"
 
 namespace {
@@ -64,13 +79,21 @@ struct Setup {
   std::int64_t batch = 64;
   std::int64_t steps = 3000;
   std::int64_t warmup = 300;
-  int rounds = 5;
+  int rounds = 9;
   std::int64_t prefetch = 2;
   std::int64_t blas_threads = 1;  // hpctrial's default per rank (resources.cpus_per_slot: 1)
   std::string only;  // "plain" or "hpctrial": run one side once (for instruction counting)
   bool stream = false;  // hpctrial reads a StreamDataset
   std::string with;     // "profiler" or "system-metrics": hpctrial without it against hpctrial with it
+  bool instructions = false;  // count instructions per step under callgrind
 };
+
+// The measured window: [start of step `warmup`, start of step `steps - 1`), on both sides. Under
+// callgrind, instrumentation is on exactly there (outside valgrind these are a few no-op
+// instructions).
+void window_begins() { CALLGRIND_START_INSTRUMENTATION; }
+void window_ends() { CALLGRIND_STOP_INSTRUMENTATION; }
+std::int64_t window_steps(const Setup& s) { return s.steps - 1 - s.warmup; }
 
 struct NetImpl : torch::nn::Module {
   NetImpl(std::int64_t in, std::int64_t hidden, std::int64_t out)
@@ -101,8 +124,16 @@ double plain_steps_per_second(const Setup& s, const Data& data) {
   torch::Tensor order;
   torch::Tensor running = torch::zeros({});
   Clock::time_point start;
+  Clock::time_point end;
   for (std::int64_t step = 0; step < s.steps; ++step) {
-    if (step == s.warmup) start = Clock::now();
+    if (step == s.warmup) {
+      window_begins();
+      start = Clock::now();
+    }
+    if (step == s.steps - 1) {
+      end = Clock::now();
+      window_ends();
+    }
     const std::int64_t offset = (step * s.batch) % s.samples;
     if (offset == 0 || !order.defined()) order = torch::randperm(s.samples);
     const auto index = order.slice(0, offset, std::min(offset + s.batch, s.samples));
@@ -119,7 +150,7 @@ double plain_steps_per_second(const Setup& s, const Data& data) {
       running.zero_();
     }
   }
-  return static_cast<double>(s.steps - s.warmup) / std::chrono::duration<double>(Clock::now() - start).count();
+  return static_cast<double>(window_steps(s)) / std::chrono::duration<double>(end - start).count();
 }
 
 // The rows of (x, y), one at a time, in a permutation per pass: what a stream reader hands out.
@@ -156,15 +187,18 @@ class BenchTrial : public hpctrial::Trial {
         net_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
   }
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
-    if (batch_idx == setup_.warmup) start_ = Clock::now();
+    if (batch_idx == setup_.warmup) {
+      window_begins();
+      start_ = Clock::now();
+    }
+    if (batch_idx == setup_.steps - 1) {
+      *rate_ = static_cast<double>(window_steps(setup_)) / std::chrono::duration<double>(Clock::now() - start_).count();
+      window_ends();
+    }
     ++*batches_;
     auto loss = torch::nll_loss(net_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
-    if (batch_idx == setup_.steps - 1) {
-      *rate_ = static_cast<double>(setup_.steps - 1 - setup_.warmup) /
-               std::chrono::duration<double>(Clock::now() - start_).count();
-    }
     return {{"loss", loss}};
   }
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
@@ -235,10 +269,7 @@ double hpctrial_steps_per_second(const Setup& s, const Data& data, const std::st
   return checked(rate, "hpctrial");
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using hpctrial::bench::median;
 
 // hpctrial without and with a feature, in alternating rounds.
 int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
@@ -251,7 +282,7 @@ int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
               "%d alternating rounds; with: profiling: %s\n",
               s.with.c_str(), static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
               static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
-              static_cast<long>(s.steps - s.warmup), s.rounds, with.c_str());
+              static_cast<long>(window_steps(s)), s.rounds, with.c_str());
   std::vector<double> without_rates, with_rates, ratios;
   for (int round = 0; round < s.rounds; ++round) {
     double a = 0, b = 0;
@@ -285,16 +316,63 @@ int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
   return 0;
 }
 
+// Instructions per step of one side, counted by callgrind in a child process (see --instructions).
+double instructions_per_step(const Setup& s, const std::string& side, const std::string& scratch) {
+  std::error_code error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  if (error) fail("cannot find this program's own path: " + error.message());
+  const std::string out = scratch + "/callgrind." + side;
+  std::vector<std::string> argv = {"valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                   "--callgrind-out-file=" + out, self, "--only", side,
+                                   "--steps", std::to_string(s.steps), "--warmup", std::to_string(s.warmup),
+                                   "--hidden", std::to_string(s.hidden), "--prefetch", std::to_string(s.prefetch),
+                                   "--blas-threads", std::to_string(s.blas_threads)};
+  if (s.stream) argv.push_back("--stream");
+  hpctrial::core::RunResult result;
+  try {
+    result = hpctrial::core::run_process(argv);
+  } catch (const std::exception& e) {
+    fail(std::string(e.what()) + " (--instructions needs valgrind: scripts/install-deps.sh installs it)");
+  }
+  if (!result.ok()) fail("the " + side + " side under callgrind failed: " + result.describe() + "\n" + result.err);
+  std::ifstream in(out);
+  double totals = -1;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("totals: ", 0) == 0) totals = std::stod(line.substr(8));
+  }
+  if (totals <= 0) fail("callgrind's output " + out + " has no instruction total");
+  return totals / static_cast<double>(window_steps(s));
+}
+
+int compare_instructions(const Setup& s, const std::string& scratch) {
+  std::printf("harness_overhead --instructions: MLP %ld-%ld-%ld-%ld, batch %ld, instructions of steps %ld to %ld "
+              "(every thread's) counted by callgrind\n",
+              static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
+              static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.warmup),
+              static_cast<long>(s.steps - 2));
+  const double plain = instructions_per_step(s, "plain", scratch);
+  const double harness = instructions_per_step(s, "hpctrial", scratch);
+  std::printf("instructions per step: plain %.0f, hpctrial %.0f, hpctrial - plain %+.0f, ratio %.4f "
+              "(goal <= 1.01)\n", plain, harness, harness - plain, harness / plain);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Setup s;
+  bool quick = false, steps_given = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--quick") {
-      s.steps = 200;
-      s.warmup = 50;
-      s.rounds = 1;
+      quick = true;
+      --i;
+      continue;
+    }
+    if (flag == "--instructions") {
+      s.instructions = true;
       --i;
       continue;
     }
@@ -314,22 +392,26 @@ int main(int argc, char** argv) {
     }
     if (i + 1 >= argc) fail(flag + " needs a value");
     const std::int64_t value = std::stoll(argv[i + 1]);
-    if (flag == "--steps") s.steps = value;
-    else if (flag == "--warmup") s.warmup = value;
+    if (flag == "--steps") s.steps = value, steps_given = true;
+    else if (flag == "--warmup") s.warmup = value, steps_given = true;
     else if (flag == "--rounds") s.rounds = static_cast<int>(value);
     else if (flag == "--hidden") s.hidden = value;
     else if (flag == "--prefetch") s.prefetch = value;
     else if (flag == "--blas-threads") s.blas_threads = value;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial] [--with profiler|system-metrics]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial] [--with profiler|system-metrics] [--instructions]\n", argv[0]);
       return 2;
     }
   }
-  hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(static_cast<int>(s.blas_threads));
+  // Under callgrind a step takes about half a second: the instruction count covers fewer steps.
+  if (!steps_given && (quick || s.instructions)) {
+    s.steps = s.instructions ? (quick ? 60 : 300) : 200;
+    s.warmup = s.instructions ? (quick ? 40 : 100) : 50;
   }
+  if (quick) s.rounds = 1;
+  if (s.warmup < 1 || window_steps(s) < 1) fail("--steps must exceed --warmup + 1, and --warmup be at least 1");
+  hpctrial::core::set_log_level(hpctrial::core::LogLevel::kWarning);
+  hpctrial::bench::set_openblas_threads(static_cast<int>(s.blas_threads));
   const Data data = make_data(s);
   // A fresh scratch directory per run, so that no run resumes another's trial.
   // mkdtemp replaces the trailing six characters of the pattern; $TMPDIR is honoured.
@@ -357,11 +439,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!s.with.empty()) return compare_with(s, data, scratch);
+  if (s.instructions) return compare_instructions(s, scratch);
   std::printf("harness_overhead: MLP %ld-%ld-%ld-%ld, batch %ld, %ld steps (rate over the last %ld), "
               "%d alternating rounds, %ld BLAS thread(s), prefetch depth %ld, hpctrial reads a %s\n",
               static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
               static_cast<long>(s.classes), static_cast<long>(s.batch), static_cast<long>(s.steps),
-              static_cast<long>(s.steps - s.warmup), s.rounds, static_cast<long>(s.blas_threads),
+              static_cast<long>(window_steps(s)), s.rounds, static_cast<long>(s.blas_threads),
               static_cast<long>(s.prefetch), s.stream ? "StreamDataset" : "TensorDataset");
   std::vector<double> plain, harness, ratios;
   for (int round = 0; round < s.rounds; ++round) {

@@ -1,6 +1,8 @@
-// What the I/O benchmarks share: medians, and reading from the device rather than the cache.
+// What the benchmarks share: medians, reading from the device rather than the cache, and the
+// number of OpenBLAS threads.
 #pragma once
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -22,6 +24,13 @@ inline void drop_cache(const std::string& path) {
   ::fdatasync(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
+}
+
+// OpenBLAS keeps a thread pool of its own, which torch::set_num_threads does not size: a
+// benchmark sets it the way hpctrial sets it for a rank (resources.cpus_per_slot).
+inline void set_openblas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(threads);
 }
 
 }  // namespace hpctrial::bench

@@ -15,8 +15,8 @@ packages=(
   # TensorBoard event files (protobuf messages, PNG images); `hpctrial plot` (PLplot, its cairo
   # driver for PNG and SVG)
   libprotobuf-dev protobuf-compiler libpng-dev libplplot-dev plplot-driver-cairo
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev shellcheck
+  # tests and benchmarks (valgrind: harness_overhead --instructions counts them with callgrind)
+  libgtest-dev libgmock-dev libbenchmark-dev shellcheck valgrind
   # the integration tier: a real local Slurm cluster
   slurmctld slurmd slurm-client munge
   # the install tier: modulefiles loaded by a real Lmod (Environment Modules conflicts with it in

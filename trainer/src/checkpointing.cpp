@@ -17,9 +17,6 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
-// A piece of a copied tensor small enough to be checksummed while it is still in cache.
-constexpr std::size_t kCopyPiece = std::size_t{256} << 10;
-
 using json = nlohmann::json;
 
 std::string hex(std::uint32_t value) {
@@ -333,16 +330,9 @@ void AsyncCheckpointWriter::run() {
       for (std::size_t k = 0; k < snapshot.deferred.size(); ++k) {
         const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
         if (!buffers[k]) buffers[k] = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(source.nbytes()));
-        // Copied in cache-sized pieces, each checksummed while it is still in cache.
-        const auto* from = static_cast<const std::uint8_t*>(source.data_ptr());
-        auto* to = static_cast<std::uint8_t*>(buffers[k]->data());
-        const auto total = static_cast<std::size_t>(source.nbytes());
-        std::uint32_t crc = 0;
-        for (std::size_t offset = 0; offset < total; offset += kCopyPiece) {
-          const std::size_t n = std::min(kCopyPiece, total - offset);
-          std::memcpy(to + offset, from + offset, n);
-          crc = checkpoint::crc32c(to + offset, n, crc);
-        }
+        // One pass over the live tensor: each piece is checksummed while it is in the cache.
+        const std::uint32_t crc = checkpoint::copy_crc32c(buffers[k]->data(), source.data_ptr(),
+                                                          static_cast<std::size_t>(source.nbytes()));
         snapshot.contents.add(snapshot.deferred[k].name, checkpoint_dtype(source.scalar_type()), source.sizes().vec(),
                               buffers[k]);
         snapshot.contents.datasets.back().crc32c = crc;

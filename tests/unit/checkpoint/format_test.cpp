@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <vector>
+#include <algorithm>
 
 #include "../../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
@@ -296,6 +298,46 @@ TEST(Crc32c, MatchesTheStandardCheckValue) {
   EXPECT_EQ(crc32c(text, 9), 0xe3069283u);
   EXPECT_EQ(crc32c(text + 4, 5, crc32c(text, 4)), 0xe3069283u);  // incremental
   EXPECT_EQ(crc32c(nullptr, 0), 0u);
+}
+
+// The bitwise definition: what the three-lane hardware path and the table must both agree with.
+std::uint32_t crc32c_bitwise(const unsigned char* p, std::size_t n) {
+  std::uint32_t crc = ~0u;
+  for (std::size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+  }
+  return ~crc;
+}
+
+TEST(Crc32c, EveryLengthAndAlignmentMatchesTheDefinition) {
+  std::vector<unsigned char> bytes(3 * 4096 * 2 + 3 * 256 + 100);
+  std::uint32_t x = 12345;
+  for (auto& b : bytes) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 16);
+  // Lengths around the lane sizes (3 x 256, 3 x 4096) and every alignment of the start.
+  for (std::size_t length : {0, 1, 7, 8, 9, 767, 768, 769, 1000, 12287, 12288, 12289, 24576 + 768 + 13}) {
+    for (std::size_t start = 0; start < 9; ++start) {
+      ASSERT_LE(start + length, bytes.size());
+      EXPECT_EQ(crc32c(bytes.data() + start, length), crc32c_bitwise(bytes.data() + start, length))
+          << "length " << length << " from byte " << start;
+    }
+  }
+}
+
+TEST(Crc32c, CopyChecksumsWhatItCopies) {
+  std::vector<unsigned char> from((std::size_t{1} << 18) + 77), to(from.size() + 32, 0xee);
+  std::uint32_t x = 7;
+  for (auto& b : from) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 16);
+  for (std::size_t offset : {0, 3, 16}) {  // destinations aligned and not
+    std::fill(to.begin(), to.end(), 0xee);
+    const std::uint32_t crc = copy_crc32c(to.data() + offset, from.data(), from.size(), 0);
+    EXPECT_EQ(crc, crc32c(from.data(), from.size())) << "offset " << offset;
+    EXPECT_TRUE(std::equal(from.begin(), from.end(), to.begin() + static_cast<std::ptrdiff_t>(offset))) << "offset " << offset;
+    EXPECT_EQ(to[offset + from.size()], 0xee) << "nothing is written past the end";
+    // Continuing a CRC, as the writer does piece by piece.
+    const std::uint32_t first = crc32c(from.data(), 1000);
+    EXPECT_EQ(copy_crc32c(to.data() + offset, from.data() + 1000, from.size() - 1000, first), crc);
+  }
 }
 
 }  // namespace

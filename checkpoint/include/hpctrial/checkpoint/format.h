@@ -127,6 +127,10 @@ struct Summary {
 Summary read_summary(const std::string& path);
 
 std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
+// Copies `size` bytes and returns their CRC-32C (continuing `crc`), reading the source from
+// memory once: each piece is checksummed while it is in the cache, and the destination is
+// written with streaming stores. For the bytes of a checkpoint taken while training runs.
+std::uint32_t copy_crc32c(void* to, const void* from, std::size_t size, std::uint32_t crc = 0);
 // The CRC-32C of A followed by B, from crc32c(A), crc32c(B) and B's size: the checksum of a
 // dataset from those of its pieces, written by several ranks.
 std::uint32_t crc32c_combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_size);
