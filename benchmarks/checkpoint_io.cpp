@@ -8,12 +8,15 @@
 // resources.cpus_per_slot: 1 uses; the cores left over are where the writer runs).
 // For each size (MiB of float32 state in 16 MiB tensors):
 //   in-loop     what an async checkpoint costs a real training loop, all told: a model of that
-//               size (SGD, batch 4) trained by hpctrial with a checkpoint every 6 batches, against
-//               the same run without checkpoints. The cost of a checkpoint is how much longer its
-//               cycle of 6 batches took than 6 batches of the run without: the training thread's
+//               size (SGD, batch 4) trained by hpctrial with a checkpoint every 10 batches. The
+//               cost of a checkpoint is how much longer its cycle of 6 batches took than 6 of
+//               the run's quiet batches (the median of those outside every cycle): the training thread's
 //               copy of buffers and progress, its wait for the writer's copy of the parameters
 //               before the next optimizer step, and the writer's competition for cores, memory
-//               and the device while training goes on.
+//               and the device while training goes on. The steady cost (the 2nd and 3rd
+//               checkpoints) is the figure; the first, which also allocates the buffers the
+//               writer reuses, is printed below it, with the CPU time a virtual machine's host
+//               took in a cycle beyond quiet batches (steal, from /proc/stat).
 //   stall       of that, the time the training thread is blocked (copying, then waiting).
 //   save        write_checkpoint: HDF5 layout, raw bytes with O_DIRECT, fsync, rename, dir fsync
 //   load        read_checkpoint with every dataset's CRC-32C checked (page cache dropped first)
@@ -35,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -78,11 +82,26 @@ void run_or_die(const std::vector<std::string>& argv) {
   }
 }
 
+// CPU time the host has taken from this virtual machine's cores, all cores together (the
+// steal column of /proc/stat; 0 on real hardware).
+double steal_seconds() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return stat ? steal / static_cast<double>(::sysconf(_SC_CLK_TCK)) : 0.0;
+}
+
+struct BatchStart {
+  Clock::time_point at;
+  double steal_s;
+};
+
 // A stack of 4096 x 4096 linear layers (64 MiB each) trained on random data; records when each
 // batch starts.
 class BigTrial : public hpctrial::Trial {
  public:
-  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<Clock::time_point>* starts)
+  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<BatchStart>* starts)
       : context_(context), starts_(starts) {
     torch::nn::Sequential net;
     for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
@@ -91,7 +110,7 @@ class BigTrial : public hpctrial::Trial {
     data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
   }
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t) override {
-    starts_->push_back(Clock::now());
+    starts_->push_back({Clock::now(), steal_seconds()});
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
@@ -105,7 +124,7 @@ class BigTrial : public hpctrial::Trial {
 
  private:
   hpctrial::TrialContext& context_;
-  std::vector<Clock::time_point>* starts_;
+  std::vector<BatchStart>* starts_;
   torch::nn::Sequential model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   std::shared_ptr<hpctrial::TensorDataset> data_;
@@ -114,14 +133,22 @@ class BigTrial : public hpctrial::Trial {
 struct Stall {
   double blocked_s;  // the training thread blocked: copying buffers and progress, then waiting for the writer's copy
   double in_loop_s;  // a checkpoint's cycle of batches beyond the same batches without checkpoints
+  double steal_s;    // the host's steal in that cycle beyond the same batches without checkpoints
+  double first_s;    // the first checkpoint's cycle, which also allocates the writer's buffers
 };
 
-constexpr int kEvery = 6, kBatches = 3 * kEvery + 2;
+struct Intervals {
+  std::vector<double> seconds;  // seconds[i]: from the start of batch i to the start of batch i + 1
+  std::vector<double> steal_s;  // the host's steal in the same interval
+};
 
-// The intervals between batch starts of one stall run (checkpoints every kEvery batches, or none),
-// and its phase timings.
-std::vector<double> stall_run(const std::string& dir, int mib, bool checkpoints, nlohmann::json* timings) {
-  const std::string period = checkpoints ? std::to_string(kEvery) : std::to_string(1000 * kBatches);
+// A checkpoint after batches 10, 20, 30 and 40; a cycle is the 6 intervals from the one it is
+// taken in; the 4 intervals after a cycle, and those before the first checkpoint, are quiet.
+constexpr int kEvery = 10, kCycle = 6, kBatches = 4 * kEvery + 2;
+
+// The intervals between batch starts of one stall run, and its phase timings.
+Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings) {
+  const std::string period = std::to_string(kEvery);
   const std::string yaml = "name: stall\nentrypoint: ./x\nsearcher: {name: single, metric: validation_loss, "
                            "max_length: {batches: " + std::to_string(kBatches) + "}}\nhyperparameters: "
                            "{global_batch_size: 4}\nmin_checkpoint_period: {batches: " + period + "}\n";
@@ -129,7 +156,7 @@ std::vector<double> stall_run(const std::string& dir, int mib, bool checkpoints,
   const auto root = hpctrial::core::parse_config_text(yaml, "stall.yaml", diagnostics);
   const auto config = hpctrial::core::parse_experiment_config(root, diagnostics);
   if (!diagnostics.empty()) throw hpctrial::ConfigError(diagnostics.to_string());
-  std::vector<Clock::time_point> starts;
+  std::vector<BatchStart> starts;
   hpctrial::comm::LocalCommunicator comm;
   hpctrial::trainer::LoopOptions options;
   options.trial_dir = dir + "/stall-run";
@@ -143,36 +170,54 @@ std::vector<double> stall_run(const std::string& dir, int mib, bool checkpoints,
     std::fprintf(stderr, "checkpoint_io: the stall run trained %zu batches, not %d\n", starts.size(), kBatches);
     std::exit(1);
   }
-  std::vector<double> interval;  // interval[i]: from the start of batch i to the start of batch i + 1
-  for (std::size_t i = 0; i + 1 < starts.size(); ++i) interval.push_back(std::chrono::duration<double>(starts[i + 1] - starts[i]).count());
+  Intervals interval;
+  for (std::size_t i = 0; i + 1 < starts.size(); ++i) {
+    interval.seconds.push_back(std::chrono::duration<double>(starts[i + 1].at - starts[i].at).count());
+    interval.steal_s.push_back(starts[i + 1].steal_s - starts[i].steal_s);
+  }
   if (std::getenv("CHECKPOINT_IO_DEBUG") != nullptr) {
-    std::fprintf(stderr, "%s checkpoints: ", checkpoints ? "with" : "without");
-    for (double d : interval) std::fprintf(stderr, "%.1f ", d * 1e3);
-    std::fprintf(stderr, "(ms per batch)\n");
+    std::fprintf(stderr, "intervals: ");
+    for (std::size_t i = 0; i < interval.seconds.size(); ++i) {
+      std::fprintf(stderr, "%.1f (%.0f) ", interval.seconds[i] * 1e3, interval.steal_s[i] * 1e3);
+    }
+    std::fprintf(stderr, "(ms per batch, and the host's steal in it)\n");
   }
   *timings = result.timings;
   return interval;
 }
 
-// What each async checkpoint cost training, per checkpoint.
+// What each async checkpoint cost training, per checkpoint. The base is the same run's quiet
+// intervals, next in time to the checkpoints (separate runs of the same model differ by more
+// than a checkpoint costs: memory placement, the host's load).
 Stall training_stall(const std::string& dir, int mib) {
-  nlohmann::json t, unused;
-  // The run without checkpoints first: the same model, data and batches, for the base.
-  const auto quiet = stall_run(dir, mib, false, &unused);
-  const auto loud = stall_run(dir, mib, true, &t);
-  const double base = median(std::vector<double>(quiet.begin() + 1, quiet.end()));  // the first batch warms up
-  // A checkpoint after batch k (k = 6, 12) is taken in interval k - 1 (capture, then the writer
-  // starts) and affects the intervals up to the next one's: its cycle is k - 1 ... k + 4.
-  std::vector<double> costs;
-  for (int k = kEvery; k + kEvery - 2 < static_cast<int>(loud.size()) && k < 3 * kEvery; k += kEvery) {
-    double cycle = 0;
-    for (int i = k - 1; i <= k + kEvery - 2; ++i) cycle += loud[static_cast<std::size_t>(i)];
-    costs.push_back(cycle - kEvery * base);
+  nlohmann::json t;
+  const auto run = stall_run(dir, mib, &t);
+  std::vector<double> quiet;
+  double quiet_steal = 0;
+  for (int i = 1; i + 1 < kBatches; ++i) {  // the first interval warms up
+    const int since = (i + 1) % kEvery;      // intervals since the last checkpoint's was taken
+    if ((i < kEvery - 1 || since >= kCycle) && i < 4 * kEvery - 1) {
+      quiet.push_back(run.seconds[static_cast<std::size_t>(i)]);
+      quiet_steal += run.steal_s[static_cast<std::size_t>(i)];
+    }
   }
+  quiet_steal /= static_cast<double>(quiet.size());
+  const double base = median(quiet);
+  // A checkpoint after batch k is taken in interval k - 1 (capture, then the writer starts); its
+  // cycle is k - 1 ... k + 4. The first also allocates the buffers the writer copies into, which
+  // later ones reuse: the steady cost is the mean of the second's and third's cycles.
+  const auto cycle = [&](const std::vector<double>& values, int k) {
+    double sum = 0;
+    for (int i = k - 1; i < k - 1 + kCycle; ++i) sum += values[static_cast<std::size_t>(i)];
+    return sum;
+  };
+  const double steady = (cycle(run.seconds, 2 * kEvery) + cycle(run.seconds, 3 * kEvery)) / 2 - kCycle * base;
+  const double steal = (cycle(run.steal_s, 2 * kEvery) + cycle(run.steal_s, 3 * kEvery)) / 2 - kCycle * quiet_steal;
+  const double first = cycle(run.seconds, kEvery) - kCycle * base;
   const double copies = t.at("checkpoint").at("count").get<double>();
   const double blocked = t.at("checkpoint").at("total_s").get<double>() +
                          (t.contains("checkpoint_copy_wait") ? t.at("checkpoint_copy_wait").at("total_s").get<double>() : 0.0);
-  return {blocked / copies, median(costs)};
+  return {blocked / copies, steady, steal, first};
 }
 
 }  // namespace
@@ -224,13 +269,13 @@ int main(int argc, char** argv) {
   std::printf("%-6s %9s %9s %9s %9s %9s %9s %11s %11s %8s %8s %8s %9s %9s\n", "MiB", "in-loop", "stall", "save ms",
               "save", "load", "dd write", "torch save", "torch load", "save/dd", "load/dd", "vs torch", "loop/save",
               "stall/save");
-  double worst_save_dd = 1e9, worst_load_dd = 1e9, worst_vs_torch = 1e9, worst_stall = 0, worst_in_loop = 0;
+  double worst_save_dd = 1e9, worst_load_dd = 1e9, worst_vs_torch = 1e9, worst_stall = 0, worst_in_loop = -1e9;
   for (int mib : sizes) {
     const int count = mib / 16;
     std::vector<torch::Tensor> tensors;
     for (int i = 0; i < count; ++i) tensors.push_back(torch::rand({4 * 1024 * 1024}));
     const std::string ours = dir + "/ckpt-1.h5", raw = dir + "/raw.bin", theirs = dir + "/torch.pt";
-    std::vector<double> stall, in_loop, save, load, dd_write, dd_read, torch_save, torch_load;
+    std::vector<double> stall, in_loop, steal, first, save, load, dd_write, dd_read, torch_save, torch_load;
     for (int round = 0; round < rounds; ++round) {
       hpctrial::checkpoint::Contents contents;
       for (int i = 0; i < count; ++i) {
@@ -239,6 +284,8 @@ int main(int argc, char** argv) {
       const Stall measured = training_stall(dir, mib);
       stall.push_back(measured.blocked_s);
       in_loop.push_back(measured.in_loop_s);
+      steal.push_back(measured.steal_s);
+      first.push_back(measured.first_s);
       save.push_back(seconds_of([&] { hpctrial::checkpoint::write_checkpoint(ours, contents); }));
       drop_cache(ours);
       load.push_back(seconds_of([&] { hpctrial::checkpoint::read_checkpoint(ours); }));
@@ -267,7 +314,9 @@ int main(int argc, char** argv) {
     std::printf("%-6d %9.1f %9.1f %9.1f %9.0f %9.0f %9.0f %11.0f %11.0f %8.2f %8.2f %8.2f %9.3f %9.3f\n", mib,
                 s_in_loop * 1e3, s_stall * 1e3, s_save * 1e3, r_save, r_load, r_ddw, r_ts, r_tl, r_save / r_ddw,
                 r_load / r_ddr, r_save / r_ts, s_in_loop / s_save, s_stall / s_save);
-    std::printf("%-6s %9s %9s %9s %9s %9s %9.0f  (dd read)\n", "", "", "", "", "", "", r_ddr);
+    std::printf("%-6s %9.1f %9s %9s %9s %9s %9.0f  (first checkpoint's in-loop cost, buffers allocated; dd read); "
+                "host steal in a cycle beyond quiet batches: %.0f ms\n", "", median(first) * 1e3, "", "",
+                "", "", r_ddr, median(steal) * 1e3);
     std::fflush(stdout);
     for (const auto& f : {ours, raw, theirs}) fs::remove(f);
     worst_save_dd = std::min(worst_save_dd, r_save / r_ddw);
