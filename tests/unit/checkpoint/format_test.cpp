@@ -338,6 +338,7 @@ TEST(Crc32c, CopyChecksumsWhatItCopies) {
     const std::uint32_t first = crc32c(from.data(), 1000);
     EXPECT_EQ(copy_crc32c(to.data() + offset, from.data() + 1000, from.size() - 1000, first), crc);
   }
+  EXPECT_EQ(copy_crc32c(nullptr, nullptr, 0, 5u), 5u) << "nothing to copy: the CRC goes on unchanged";
 }
 
 }  // namespace
