@@ -359,7 +359,10 @@ double instructions_per_step(const Setup& s, const std::string& side, const std:
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("totals: ", 0) == 0) totals = std::stod(line.substr(8));
   }
-  if (totals <= 0) fail("callgrind's output " + out + " has no instruction total");
+  if (totals <= 0) {
+    fail("callgrind's output " + out + " counts no instructions: this program was built without "
+         "<valgrind/callgrind.h>, so it cannot turn counting on (run scripts/install-deps.sh, then rebuild)");
+  }
   return totals / static_cast<double>(window_steps(s));
 }
 
