@@ -78,7 +78,7 @@ std::string stop_resume_on_gpu(const std::string& example, const std::string& pr
   std::ifstream metrics(a + "/trial-0/metrics.jsonl");
   std::string line, last_validation;
   while (std::getline(metrics, line)) {
-    if (line.find("\"validation\"") != std::string::npos) last_validation = line;
+    if (line.find("\"kind\":\"validation\"") != std::string::npos) last_validation = line;
   }
   return last_validation;
 }

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 namespace hpctrial::trainer::detail {
+
+// Whether autocast is on for `type` (the CPU, or CUDA) on the calling thread, with any LibTorch.
+bool autocast_enabled(c10::DeviceType type);
 
 // Autocast on for `device`'s kind (the CPU, or CUDA) with `dtype` for the scope's life, then
 // as it was; ScalarType::Undefined leaves everything as it is.
@@ -19,7 +23,7 @@ class AutocastScope {
 
  private:
   bool active_ = false;
-  bool cuda_ = false;
+  c10::DeviceType type_ = c10::DeviceType::CPU;
   bool was_enabled_ = false;
   c10::ScalarType was_dtype_ = c10::ScalarType::Undefined;
 };

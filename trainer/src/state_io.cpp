@@ -228,20 +228,6 @@ const OptimizerCodec* codec_for(torch::optim::Optimizer& optimizer) {
   return nullptr;
 }
 
-// LibTorch keys an optimizer's per-parameter state by the parameter's TensorImpl: by the text of
-// its address up to 1.x, by the address itself since 2.x.
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-template <typename Key = StateKey>
-Key state_key(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;  // what c10::guts::to_string wrote
-    text << p.unsafeGetTensorImpl();
-    return text.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
 struct SchedulerAccess : torch::optim::LRScheduler {
   static unsigned& count(torch::optim::LRScheduler& scheduler) { return scheduler.*(&SchedulerAccess::step_count_); }
 };
@@ -340,7 +326,7 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
   for (auto& group : optimizer.param_groups()) {
     json params = json::array();
     for (auto& p : group.params()) {
-      const auto it = optimizer.state().find(state_key(p));
+      const auto it = optimizer.state().find(optimizer_state_key(p));
       if (it != optimizer.state().end()) {
         Writer w{contents, prefix + "/state/" + std::to_string(index), deferred};
         codec->save_state(*it->second, w);
@@ -395,10 +381,10 @@ void load_optimizer(const checkpoint::Contents& contents, const std::string& pre
       for (auto& p : group.params()) {
         const std::string state_prefix = prefix + "/state/" + std::to_string(index++);
         const checkpoint::Dataset* scalars = contents.find(state_prefix + "/scalars");
-        optimizer.state().erase(state_key(p));
+        optimizer.state().erase(optimizer_state_key(p));
         if (scalars == nullptr) continue;  // no state yet for this parameter
         Reader r{contents, state_prefix, json::parse(scalars->text()), file, p.device()};
-        optimizer.state()[state_key(p)] = codec->load_state(r);
+        optimizer.state()[optimizer_state_key(p)] = codec->load_state(r);
       }
     }
   } catch (const json::exception& e) {

@@ -11,11 +11,28 @@
 
 #include <torch/torch.h>
 
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "hpctrial/checkpoint/format.h"
 
 namespace hpctrial::trainer::detail {
+
+// LibTorch keys an optimizer's per-parameter state by the parameter's TensorImpl: by the text of
+// its address up to 1.x, by the address itself since 2.x.
+using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // what c10::guts::to_string wrote
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 checkpoint::DType checkpoint_dtype(c10::ScalarType type);
 c10::ScalarType torch_dtype(checkpoint::DType dtype);

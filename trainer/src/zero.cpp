@@ -12,6 +12,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "state_io.h"
+#include "state_io.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -84,7 +85,7 @@ void reset_adagrad_state(torch::optim::Optimizer& optimizer, std::size_t group, 
   auto state = std::make_unique<torch::optim::AdagradParamState>();
   state->step(0);
   state->sum(torch::full_like(part, options.initial_accumulator_value()));
-  optimizer.state()[c10::guts::to_string(part.unsafeGetTensorImpl())] = std::move(state);
+  optimizer.state()[optimizer_state_key(part)] = std::move(state);
 }
 
 }  // namespace
@@ -143,7 +144,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     }
     // The optimizer forgets the whole parameters (no state was made for them yet, but Adagrad's)
     // and steps the parts.
-    for (const auto& p : group.params) optimizer_.state().erase(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    for (const auto& p : group.params) optimizer_.state().erase(optimizer_state_key(p));
     param_group.params() = group.parts;
     for (const auto& part : group.parts) reset_adagrad_state(optimizer_, g, part);
     group.first_part = first_part;

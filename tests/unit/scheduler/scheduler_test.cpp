@@ -80,7 +80,8 @@ TEST(SchedulerRegistry, ScheduledTypeIsANameInTheRegistryAndEachVetsItsOwnOption
 }
 
 TEST(SchedulerRegistry, LocalHasNoJobsAndSaysWhatToDoInstead) {
-  const core::Scheduler& local = launcher::scheduler("local");
+  const std::string name = "local";  // a named string: GCC 13 warns of a reference through a temporary
+  const core::Scheduler& local = launcher::scheduler(name);
   EXPECT_FALSE(local.available());
   const auto allocation = local.detect(core::MapEnv(), {});
   ASSERT_TRUE(allocation.has_value());

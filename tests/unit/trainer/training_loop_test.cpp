@@ -3,12 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <ATen/autocast_mode.h>
 
 #include <atomic>
 #include <fstream>
 #include <thread>
 
+#include "../../../trainer/src/autocast.h"
 #include "../../support/temp_dir.h"
 #include "test_trial.h"
 
@@ -180,7 +180,7 @@ TEST(TrainingLoop, MixedPrecisionRunsTheBatchFunctionsUnderBfloat16Autocast) {
   options.setup = [&](LinearTrial& t) {
     t.context_.configure_mixed_precision(torch::kBFloat16);
     t.model->weight.register_hook([&](torch::Tensor grad) {
-      autocast_in_backward.push_back(at::autocast::is_cpu_enabled());
+      autocast_in_backward.push_back(trainer::detail::autocast_enabled(c10::DeviceType::CPU));
       return grad;
     });
   };
@@ -194,7 +194,7 @@ TEST(TrainingLoop, MixedPrecisionRunsTheBatchFunctionsUnderBfloat16Autocast) {
     return {{"validation_loss", torch::mse_loss(out.to(torch::kFloat32), batch.target)}};
   };
   const auto first = run(base_yaml(40), options, a.path().string());
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(trainer::detail::autocast_enabled(c10::DeviceType::CPU));
   ASSERT_EQ(trained.size(), 40u);
   EXPECT_EQ(trained.front(), torch::kBFloat16);
   EXPECT_EQ(trained.back(), torch::kBFloat16);
