@@ -8,16 +8,22 @@
 // resources.cpus_per_slot: 1 uses; the cores left over are where the writer runs).
 // For each size (MiB of float32 state in 16 MiB tensors):
 //   in-loop     what an async checkpoint costs a real training loop, all told: a model of that
-//               size (SGD, batch 4) trained by hpctrial with a checkpoint every 10 batches. The
-//               cost of a checkpoint is how much longer its cycle of 6 batches took than 6 of
+//               size (SGD, batch 4) trained by hpctrial with a checkpoint every 20 batches. The
+//               cost of a checkpoint is how much longer its cycle of 10 batches took than 10 of
 //               the run's quiet batches (the median of those outside every cycle): the training thread's
 //               copy of buffers and progress, its wait for the writer's copy of the parameters
 //               before the next optimizer step, and the writer's competition for cores, memory
-//               and the device while training goes on. The steady cost (the 2nd and 3rd
+//               and the device while training goes on. The steady cost (the 2nd to 6th
 //               checkpoints) is the figure; the first, which also allocates the buffers the
 //               writer reuses, is printed below it, with the CPU time a virtual machine's host
 //               took in a cycle beyond quiet batches (steal, from /proc/stat).
 //   stall       of that, the time the training thread is blocked (copying, then waiting).
+//   raw write   the same measure for a run that checkpoints nothing but, where the checkpoints
+//               would be, starts a thread that writes as many bytes from a buffer filled before
+//               training (O_DIRECT, 16 MiB writes, fsync, as fast as the device takes them): what
+//               writing that many bytes at all costs training on this machine and filesystem,
+//               without a copy, a CRC or HDF5 (on a virtual machine, mostly the host's CPU for
+//               the virtual disk, taken from the guest's cores).
 //   save        write_checkpoint: HDF5 layout, raw bytes with O_DIRECT, fsync, rename, dir fsync
 //   load        read_checkpoint with every dataset's CRC-32C checked (page cache dropped first)
 //   dd write    dd if=/dev/zero bs=16M oflag=direct conv=fsync: sequential write, the limit
@@ -29,6 +35,11 @@
 // torch::save; in-loop cost <= 0.05 of the synchronous save.
 #include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -97,23 +108,78 @@ struct BatchStart {
   double steal_s;
 };
 
+// A checkpoint after batches 20, 40, ..., 120; a cycle is the 10 intervals from the one it is
+// taken in (long enough for the writer to finish: a sync save takes 6-8 batches' time at 256 MiB
+// and 1 GiB), and the 10 intervals after a cycle, and those before the first checkpoint, are
+// quiet.
+constexpr int kEvery = 20, kCycle = 10, kCheckpoints = 6, kBatches = kCheckpoints * kEvery + kCycle;
+
+// Writes `mib` MiB from one buffer, filled once, to a file of its own on a thread, each time it
+// is started: only the bytes of a checkpoint, without its copy, CRC or layout.
+class BackgroundWriter {
+ public:
+  BackgroundWriter(std::string path, int mib) : path_(std::move(path)), bytes_(static_cast<std::size_t>(mib) << 20) {
+    buffer_.reset(static_cast<char*>(std::aligned_alloc(4096, bytes_)));
+    if (!buffer_) throw std::bad_alloc();
+    std::memset(buffer_.get(), 1, bytes_);
+  }
+  ~BackgroundWriter() {
+    if (thread_.joinable()) thread_.join();
+    std::remove(path_.c_str());
+  }
+  BackgroundWriter(const BackgroundWriter&) = delete;
+  BackgroundWriter& operator=(const BackgroundWriter&) = delete;
+  void start() {
+    if (thread_.joinable()) thread_.join();
+    thread_ = std::thread([this] {
+      const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+      if (fd < 0) {
+        std::fprintf(stderr, "checkpoint_io: cannot open %s: %s\n", path_.c_str(), std::strerror(errno));
+        std::exit(1);
+      }
+      constexpr std::size_t kPiece = std::size_t{16} << 20;
+      for (std::size_t done = 0; done < bytes_;) {
+        const ssize_t n = ::write(fd, buffer_.get() + done, std::min(kPiece, bytes_ - done));
+        if (n <= 0) {
+          std::fprintf(stderr, "checkpoint_io: writing %s: %s\n", path_.c_str(), std::strerror(errno));
+          std::exit(1);
+        }
+        done += static_cast<std::size_t>(n);
+      }
+      ::fsync(fd);
+      ::close(fd);
+    });
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::string path_;
+  std::size_t bytes_;
+  std::unique_ptr<char, Free> buffer_;
+  std::thread thread_;
+};
+
 // A stack of 4096 x 4096 linear layers (64 MiB each) trained on random data; records when each
 // batch starts.
 class BigTrial : public hpctrial::Trial {
  public:
-  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<BatchStart>* starts)
-      : context_(context), starts_(starts) {
+  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<BatchStart>* starts, BackgroundWriter* raw)
+      : context_(context), starts_(starts), raw_(raw) {
     torch::nn::Sequential net;
     for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
     model_ = context.wrap_model(net);
     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-6)));
     data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
   }
-  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t) override {
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     starts_->push_back({Clock::now(), steal_seconds()});
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
+    // Where hpctrial would take a checkpoint after this batch.
+    if (raw_ != nullptr && (batch_idx + 1) % kEvery == 0 && batch_idx + 1 <= kCheckpoints * kEvery) raw_->start();
     return {{"loss", loss}};
   }
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
@@ -125,6 +191,7 @@ class BigTrial : public hpctrial::Trial {
  private:
   hpctrial::TrialContext& context_;
   std::vector<BatchStart>* starts_;
+  BackgroundWriter* raw_;
   torch::nn::Sequential model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   std::shared_ptr<hpctrial::TensorDataset> data_;
@@ -142,13 +209,10 @@ struct Intervals {
   std::vector<double> steal_s;  // the host's steal in the same interval
 };
 
-// A checkpoint after batches 10, 20, 30 and 40; a cycle is the 6 intervals from the one it is
-// taken in; the 4 intervals after a cycle, and those before the first checkpoint, are quiet.
-constexpr int kEvery = 10, kCycle = 6, kBatches = 4 * kEvery + 2;
-
-// The intervals between batch starts of one stall run, and its phase timings.
-Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings) {
-  const std::string period = std::to_string(kEvery);
+// The intervals between batch starts of one stall run, and its phase timings. With `raw`, the
+// run checkpoints nothing and starts `raw` where the checkpoints would be.
+Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings, BackgroundWriter* raw = nullptr) {
+  const std::string period = raw != nullptr ? "100000" : std::to_string(kEvery);
   const std::string yaml = "name: stall\nentrypoint: ./x\nsearcher: {name: single, metric: validation_loss, "
                            "max_length: {batches: " + std::to_string(kBatches) + "}}\nhyperparameters: "
                            "{global_batch_size: 4}\nmin_checkpoint_period: {batches: " + period + "}\n";
@@ -163,7 +227,7 @@ Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings) {
   options.progress_interval_s = 0;
   fs::remove_all(options.trial_dir);  // a used one would resume its finished trial
   const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
-    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64, &starts));
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64, &starts, raw));
   }, comm, options);
   fs::remove_all(options.trial_dir);
   if (starts.size() != static_cast<std::size_t>(kBatches)) {
@@ -189,14 +253,12 @@ Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings) {
 // What each async checkpoint cost training, per checkpoint. The base is the same run's quiet
 // intervals, next in time to the checkpoints (separate runs of the same model differ by more
 // than a checkpoint costs: memory placement, the host's load).
-Stall training_stall(const std::string& dir, int mib) {
-  nlohmann::json t;
-  const auto run = stall_run(dir, mib, &t);
+Stall cost_of_cycles(const Intervals& run) {
   std::vector<double> quiet;
   double quiet_steal = 0;
   for (int i = 1; i + 1 < kBatches; ++i) {  // the first interval warms up
     const int since = (i + 1) % kEvery;      // intervals since the last checkpoint's was taken
-    if ((i < kEvery - 1 || since >= kCycle) && i < 4 * kEvery - 1) {
+    if ((i < kEvery - 1 || since >= kCycle) && i < kCheckpoints * kEvery - 1) {
       quiet.push_back(run.seconds[static_cast<std::size_t>(i)]);
       quiet_steal += run.steal_s[static_cast<std::size_t>(i)];
     }
@@ -204,20 +266,40 @@ Stall training_stall(const std::string& dir, int mib) {
   quiet_steal /= static_cast<double>(quiet.size());
   const double base = median(quiet);
   // A checkpoint after batch k is taken in interval k - 1 (capture, then the writer starts); its
-  // cycle is k - 1 ... k + 4. The first also allocates the buffers the writer copies into, which
-  // later ones reuse: the steady cost is the mean of the second's and third's cycles.
+  // cycle is k - 1 ... k + kCycle - 2. The first also allocates the buffers the writer copies into, which
+  // later ones reuse: the steady cost is the mean of the cycles of the second to the last.
   const auto cycle = [&](const std::vector<double>& values, int k) {
     double sum = 0;
     for (int i = k - 1; i < k - 1 + kCycle; ++i) sum += values[static_cast<std::size_t>(i)];
     return sum;
   };
-  const double steady = (cycle(run.seconds, 2 * kEvery) + cycle(run.seconds, 3 * kEvery)) / 2 - kCycle * base;
-  const double steal = (cycle(run.steal_s, 2 * kEvery) + cycle(run.steal_s, 3 * kEvery)) / 2 - kCycle * quiet_steal;
+  double steady = 0, steal = 0;
+  for (int c = 2; c <= kCheckpoints; ++c) {
+    steady += cycle(run.seconds, c * kEvery) / (kCheckpoints - 1);
+    steal += cycle(run.steal_s, c * kEvery) / (kCheckpoints - 1);
+  }
+  steady -= kCycle * base;
+  steal -= kCycle * quiet_steal;
   const double first = cycle(run.seconds, kEvery) - kCycle * base;
+  return {0, steady, steal, first};
+}
+
+Stall training_stall(const std::string& dir, int mib) {
+  nlohmann::json t;
+  Stall stall = cost_of_cycles(stall_run(dir, mib, &t));
   const double copies = t.at("checkpoint").at("count").get<double>();
   const double blocked = t.at("checkpoint").at("total_s").get<double>() +
                          (t.contains("checkpoint_copy_wait") ? t.at("checkpoint_copy_wait").at("total_s").get<double>() : 0.0);
-  return {blocked / copies, steady, steal, first};
+  stall.blocked_s = blocked / copies;
+  return stall;
+}
+
+// The in-loop cost of writing the bytes alone (see "raw write" above).
+double raw_write_cost(const std::string& dir, int mib) {
+  BackgroundWriter writer(dir + "/raw-write.bin", mib);
+  nlohmann::json t;
+  const auto run = stall_run(dir, mib, &t, &writer);
+  return cost_of_cycles(run).in_loop_s;
 }
 
 }  // namespace
@@ -270,12 +352,13 @@ int main(int argc, char** argv) {
               "save", "load", "dd write", "torch save", "torch load", "save/dd", "load/dd", "vs torch", "loop/save",
               "stall/save");
   double worst_save_dd = 1e9, worst_load_dd = 1e9, worst_vs_torch = 1e9, worst_stall = 0, worst_in_loop = -1e9;
+  double worst_raw = -1e9;
   for (int mib : sizes) {
     const int count = mib / 16;
     std::vector<torch::Tensor> tensors;
     for (int i = 0; i < count; ++i) tensors.push_back(torch::rand({4 * 1024 * 1024}));
     const std::string ours = dir + "/ckpt-1.h5", raw = dir + "/raw.bin", theirs = dir + "/torch.pt";
-    std::vector<double> stall, in_loop, steal, first, save, load, dd_write, dd_read, torch_save, torch_load;
+    std::vector<double> stall, in_loop, steal, first, raw_costs, save, load, dd_write, dd_read, torch_save, torch_load;
     for (int round = 0; round < rounds; ++round) {
       hpctrial::checkpoint::Contents contents;
       for (int i = 0; i < count; ++i) {
@@ -286,6 +369,7 @@ int main(int argc, char** argv) {
       in_loop.push_back(measured.in_loop_s);
       steal.push_back(measured.steal_s);
       first.push_back(measured.first_s);
+      raw_costs.push_back(raw_write_cost(dir, mib));
       save.push_back(seconds_of([&] { hpctrial::checkpoint::write_checkpoint(ours, contents); }));
       drop_cache(ours);
       load.push_back(seconds_of([&] { hpctrial::checkpoint::read_checkpoint(ours); }));
@@ -317,6 +401,8 @@ int main(int argc, char** argv) {
     std::printf("%-6s %9.1f %9s %9s %9s %9s %9.0f  (first checkpoint's in-loop cost, buffers allocated; dd read); "
                 "host steal in a cycle beyond quiet batches: %.0f ms\n", "", median(first) * 1e3, "", "",
                 "", "", r_ddr, median(steal) * 1e3);
+    std::printf("%-6s %9.1f  (raw write: the in-loop cost of writing the same bytes alone; raw/save %.3f, "
+                "in-loop/raw %.2f)\n", "", median(raw_costs) * 1e3, median(raw_costs) / s_save, s_in_loop / median(raw_costs));
     std::fflush(stdout);
     for (const auto& f : {ours, raw, theirs}) fs::remove(f);
     worst_save_dd = std::min(worst_save_dd, r_save / r_ddw);
@@ -324,11 +410,12 @@ int main(int argc, char** argv) {
     worst_vs_torch = std::min(worst_vs_torch, r_save / r_ts);
     worst_stall = std::max(worst_stall, s_stall / s_save);
     worst_in_loop = std::max(worst_in_loop, s_in_loop / s_save);
+    worst_raw = std::max(worst_raw, median(raw_costs) / s_save);
   }
   fs::remove_all(dir);
   std::printf("worst ratios: save/dd %.2f, load/dd %.2f (goals >= 0.9), save vs torch::save %.2f (goal >= 3), "
-              "in-loop/save %.3f (goal <= 0.05), of which stall/save %.3f\n", worst_save_dd, worst_load_dd,
-              worst_vs_torch, worst_in_loop, worst_stall);
+              "in-loop/save %.3f (goal <= 0.05), of which stall/save %.3f; raw write/save %.3f\n", worst_save_dd,
+              worst_load_dd, worst_vs_torch, worst_in_loop, worst_stall, worst_raw);
   for (double r : {worst_save_dd, worst_load_dd, worst_vs_torch}) {
     if (!std::isfinite(r) || r <= 0) {
       std::fprintf(stderr, "checkpoint_io: a side measured no rate\n");
