@@ -395,9 +395,15 @@ TEST_F(MlpExample, AWrongDataPathIsAClearErrorFromTheProgram) {
 }
 
 TEST_F(MlpExample, SigusrToMpirunStopsEveryRankAfterTheSameBatch) {
-  std::vector<std::string> argv = {"timeout", "--preserve-status", "-s", "USR2", "3", HPCTRIAL_MPIRUN, "-np", "2",
+  // The signal goes to mpirun once the chief has written its first metrics, which it does after a
+  // collective with the other rank: both are training, their stop handlers in place. (A fixed
+  // delay raced with start-up on a slow machine: a rank not yet started dies of the signal.)
+  const std::string trial_dir = (dir_.path() / "stopped").string();
+  std::string command = "\"$0\" \"$@\" & job=$!; for _ in $(seq 600); do [ -s '" + trial_dir +
+                        "/metrics.jsonl' ] && break; sleep 0.1; done; kill -USR2 $job; wait $job";
+  std::vector<std::string> argv = {"bash", "-c", command, HPCTRIAL_MPIRUN, "-np", "2",
                                    HPCTRIAL_MLP, "--config", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment.yaml",
-                                   "--trial-dir", (dir_.path() / "stopped").string(), "--progress-seconds", "0",
+                                   "--trial-dir", trial_dir, "--progress-seconds", "0",
                                    "--set", "searcher.max_length.batches=10000000"};
   for (const auto& s : sources(2).overrides) {
     argv.push_back("--set");
