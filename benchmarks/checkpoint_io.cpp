@@ -134,14 +134,16 @@ class BackgroundWriter {
     thread_ = std::thread([this] {
       const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0600);
       if (fd < 0) {
-        std::fprintf(stderr, "checkpoint_io: cannot open %s: %s\n", path_.c_str(), std::strerror(errno));
+        std::fprintf(stderr, "checkpoint_io: cannot open %s for O_DIRECT writes: %s (pass --dir on a writable "
+                     "filesystem that supports O_DIRECT)\n", path_.c_str(), std::strerror(errno));
         std::exit(1);
       }
       constexpr std::size_t kPiece = std::size_t{16} << 20;
       for (std::size_t done = 0; done < bytes_;) {
         const ssize_t n = ::write(fd, buffer_.get() + done, std::min(kPiece, bytes_ - done));
         if (n <= 0) {
-          std::fprintf(stderr, "checkpoint_io: writing %s: %s\n", path_.c_str(), std::strerror(errno));
+          std::fprintf(stderr, "checkpoint_io: writing %s: %s (is its filesystem full?)\n", path_.c_str(),
+                       std::strerror(errno));
           std::exit(1);
         }
         done += static_cast<std::size_t>(n);
