@@ -1,0 +1,448 @@
+// hpctrial against the real OpenPBS server of the pbs tier (scripts/local-pbs.sh: server,
+// scheduler, comm and MoM on this host, queue workq). PBS runs no job as root, so every hpctrial
+// command runs as the ordinary user the script made (runuser), in an experiment directory that
+// user owns; the test reads PBS's own view with qstat. The faulty trial program trains (it fails
+// only when asked); each test says which behaviour of the real server it pins.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "../support/background_process.h"
+#include "../support/same_weights.h"
+#include "../support/temp_dir.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/core/text.h"
+
+namespace hpctrial {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using testing::HasSubstr;
+using testing::Not;
+using testing_support::expect_same_weights;
+using testing_support::processes_running;
+using testing_support::TempDir;
+namespace fs = std::filesystem;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+const std::string kPrefix = env_or("HPCTRIAL_PBS_PREFIX", "/opt/pbs");
+const std::string kUser = env_or("HPCTRIAL_PBS_USER", "pbsuser");
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+core::RunResult run_as(const std::vector<std::string>& argv, std::chrono::seconds limit, bool as_user) {
+  const passwd* pw = ::getpwnam(kUser.c_str());
+  std::vector<std::string> full;
+  if (as_user) {
+    // A login's environment, as the user has it: PBS's commands on PATH, USER naming them.
+    full = {"runuser", "-u", kUser, "--", "env", "-i", "HOME=" + std::string(pw != nullptr ? pw->pw_dir : "/"),
+            "USER=" + kUser, "LOGNAME=" + kUser, "PATH=" + kPrefix + "/bin:/usr/local/bin:/usr/bin:/bin",
+            "LANG=C.UTF-8"};
+  } else {
+    full = {"env", "PATH=" + kPrefix + "/bin:/usr/local/bin:/usr/bin:/bin", "OMPI_ALLOW_RUN_AS_ROOT=1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+  }
+  full.insert(full.end(), argv.begin(), argv.end());
+  core::RunOptions options;
+  options.timeout = limit;
+  return core::run_process(full, options);
+}
+
+// As the ordinary user.
+core::RunResult user(const std::vector<std::string>& argv, std::chrono::seconds limit = 120s) {
+  return run_as(argv, limit, true);
+}
+
+// PBS's record of a job, from `qstat -f -F json -x` (empty when the server does not know it).
+json pbs_job(const std::string& id) {
+  const auto r = run_as({"qstat", "-f", "-F", "json", "-x", id}, 30s, false);
+  if (!r.ok()) return json::object();
+  const json all = json::parse(r.out, nullptr, false);
+  if (!all.is_object() || !all.contains("Jobs") || !all["Jobs"].contains(id)) return json::object();
+  return all["Jobs"][id];
+}
+
+std::string state_of(const std::string& id) { return pbs_job(id).value("job_state", std::string()); }
+
+int exit_status(const std::string& id) {
+  const json job = pbs_job(id);
+  return job.contains("Exit_status") && job["Exit_status"].is_number_integer() ? job["Exit_status"].get<int>() : -1000;
+}
+
+bool wait_for(const std::function<bool()>& done, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(300ms);
+  }
+  return true;
+}
+
+bool wait_for_state(const std::string& id, const std::string& state, std::chrono::seconds limit) {
+  return wait_for([&] { return state_of(id) == state; }, limit);
+}
+
+class PbsServer : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the pbs tier runs its jobs as " << kUser << " and needs root to switch";
+    const passwd* pw = ::getpwnam(kUser.c_str());
+    if (pw == nullptr) GTEST_SKIP() << "no user " << kUser << ": scripts/local-pbs.sh start makes it";
+    const auto ping = run_as({"qstat", "-B"}, 30s, false);
+    if (!ping.ok()) {
+      GTEST_SKIP() << "no local PBS server answers (scripts/local-pbs.sh start builds and starts one where its "
+                      "source is available): " << ping.describe() << " " << ping.err;
+    }
+    // The experiment lives in a directory the user owns; the rest of dir_ stays root's.
+    fs::create_directories(user_dir());
+    ASSERT_EQ(::chown(user_dir().c_str(), pw->pw_uid, pw->pw_gid), 0);
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  }
+  void TearDown() override {
+    // Nothing of this test's left in the queue for the next one.
+    for (const std::string& id : submitted_) {
+      if (const std::string s = state_of(id); !s.empty() && s != "F" && s != "X") run_as({"qdel", "-W", "force", id}, 30s, false);
+    }
+  }
+
+  std::string user_dir() const { return (dir_.path() / "user").string(); }
+  std::string experiment() const { return user_dir() + "/exp"; }
+  std::string trial_dir(int trial = 0) const { return experiment() + "/trial-" + std::to_string(trial); }
+
+  // `batch_ms` is a number, or a categorical range that makes the searcher a grid.
+  std::string config(std::int64_t batches, const std::string& batch_ms, const std::string& scheduler, int slots = 2) {
+    const bool grid = batch_ms.find('{') != std::string::npos;
+    return dir_.write("exp.yaml",
+        "name: pbs-real\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+        "searcher: {name: " + (grid ? "grid" : "single") + ", metric: validation_loss, "
+        "max_length: {batches: " + std::to_string(batches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: " +
+        batch_ms + "}\n"
+        "resources: {slots_per_trial: " + std::to_string(slots) + ", slots_per_node: " + std::to_string(slots) + "}\n"
+        "min_checkpoint_period: {batches: 200}\n"
+        "reproducibility: {experiment_seed: 11}\n"
+        "scheduler: {type: pbs, queue: workq, " + scheduler + "}\n");
+  }
+  // The same experiment run uninterrupted on this machine, without the per-batch sleep (which
+  // changes no number); returns its final checkpoint of `trial`.
+  std::string straight_run(const std::string& config_path, std::int64_t batches, int trial = 0) {
+    const std::string dir = (dir_.path() / "straight").string();
+    if (!fs::exists(dir)) {
+      const auto r = run_as({HPCTRIAL_CLI, "run", config_path, "--set", "scheduler.type=local", "--set",
+                             "hyperparameters.batch_ms=0", "--experiment", dir}, 300s, false);
+      EXPECT_TRUE(r.ok()) << r.describe() << r.err;
+    }
+    return dir + "/trial-" + std::to_string(trial) + "/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
+  }
+  std::string submit(const std::string& config_path) {
+    const auto r = user({HPCTRIAL_CLI, "submit", config_path, "--experiment", experiment()});
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+    std::smatch m;
+    if (!std::regex_search(r.out, m, std::regex(R"(submitted pbs job (\S+))"))) return "";
+    submitted_.push_back(m[1].str());
+    return m[1].str();
+  }
+  // The jobs recorded in experiment.json, oldest first.
+  std::vector<std::string> recorded_jobs() {
+    std::vector<std::string> ids;
+    const json state = json::parse(read_file(experiment() + "/experiment.json"), nullptr, false);
+    if (state.is_object() && state.contains("jobs")) {
+      for (const auto& j : state["jobs"]) ids.push_back(j.value("id", std::string()));
+    }
+    for (const auto& id : ids) {
+      if (std::find(submitted_.begin(), submitted_.end(), id) == submitted_.end()) submitted_.push_back(id);
+    }
+    return ids;
+  }
+  std::string job_output(const std::string& id) const { return read_file(experiment() + "/pbs-" + id + ".out"); }
+  long long heartbeat(int trial = 0) const {
+    std::ifstream in(trial_dir(trial) + "/launch/heartbeat/rank-0");
+    std::string word;
+    long long step = -1;
+    in >> word >> step;
+    return step;
+  }
+  void wait_for_training(long long step) {
+    ASSERT_TRUE(wait_for([&] { return heartbeat() >= step; }, 120s))
+        << "no training seen; heartbeat " << heartbeat() << "\n" << read_file(experiment() + "/pbs-scheduler.out");
+  }
+  // Waits until the experiment's latest job ended other than stopped (75), each stopped one
+  // followed by its successor; false when that takes `limit`, or a stopped job has no successor
+  // 30 s after it ended. `jobs` gets the recorded jobs.
+  bool wait_for_chain(std::vector<std::string>& jobs, std::chrono::seconds limit) {
+    std::size_t count = 0;
+    auto since = std::chrono::steady_clock::now();
+    return wait_for([&] {
+      jobs = recorded_jobs();
+      if (jobs.size() != count) {
+        count = jobs.size();
+        since = std::chrono::steady_clock::now();
+      }
+      if (jobs.empty() || state_of(jobs.back()) != "F") return false;
+      // An array job that ended, here, had a subjob stopped: its successor comes next.
+      const bool stopped = exit_status(jobs.back()) == 75 || jobs.back().find("[]") != std::string::npos;
+      if (!stopped) return true;
+      if (std::chrono::steady_clock::now() - since > 30s) throw std::runtime_error("no successor of " + jobs.back());
+      return false;
+    }, limit);
+  }
+  // No process of PBS job `id` is left on this host.
+  void expect_no_process_of(const std::string& id) {
+    const std::string entry = "PBS_JOBID=" + id;
+    EXPECT_TRUE(wait_for([&] { return processes_running(HPCTRIAL_FAULTY_TRIAL, entry).empty() &&
+                                      processes_running("hpctrial", entry).empty(); }, 30s))
+        << "a process of job " << id << " outlived it";
+  }
+  // Every file the user's jobs wrote into the experiment directory is the user's alone.
+  void expect_private(const std::vector<std::string>& files) {
+    for (const std::string& file : files) {
+      struct stat st {};
+      ASSERT_EQ(::stat((experiment() + "/" + file).c_str(), &st), 0) << file;
+      EXPECT_EQ(st.st_mode & 0077, 0u) << file << " is readable by others";
+      EXPECT_EQ(st.st_uid, ::getpwnam(kUser.c_str())->pw_uid) << file;
+    }
+  }
+
+  TempDir dir_;
+  std::vector<std::string> submitted_;
+};
+
+// Submit, run, finish: PBS's record (F, exit 0), the files private to the user, the output of
+// the job in pbs-JOB.out, PBS's own copy of its output file back (which needs the MoM's $usecp),
+// and jobs, logs and describe as the user sees them.
+TEST_F(PbsServer, ASubmittedExperimentRunsToCompletion) {
+  const std::string job = submit(config(300, "0", "time_limit: 10m, preemption_grace: 30s"));
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for_state(job, "F", 180s)) << "state " << state_of(job) << "\n" << job_output(job);
+  EXPECT_EQ(exit_status(job), 0) << job_output(job);
+  EXPECT_EQ(pbs_job(job).value("run_count", 0), 1);
+  EXPECT_THAT(job_output(job), HasSubstr("trial 0 finished"));
+  EXPECT_TRUE(fs::exists(trial_dir() + "/checkpoints/ckpt-300.h5"));
+  expect_private({"job.pbs", "experiment.yaml", "experiment.json", "pbs-" + job + ".out"});
+  ASSERT_TRUE(wait_for([&] { return fs::exists(experiment() + "/pbs-scheduler.out"); }, 30s))
+      << "PBS did not copy its output file back";
+  expect_private({"pbs-scheduler.out"});
+  expect_no_process_of(job);
+
+  const auto jobs = user({HPCTRIAL_CLI, "jobs"});
+  ASSERT_TRUE(jobs.ok()) << jobs.describe() << jobs.err;
+  EXPECT_THAT(jobs.out, testing::ContainsRegex(std::regex_replace(job, std::regex(R"([.\[\]])"), R"(\$&)") +
+                                               " +pbs-real +F .*ckpt-300\\.h5 +" + experiment()));
+  EXPECT_THAT(jobs.err, Not(HasSubstr("pbs:"))) << "qstat answered hpctrial jobs with an error";
+  const auto describe = user({HPCTRIAL_CLI, "describe", job});
+  ASSERT_TRUE(describe.ok()) << describe.describe() << describe.err;
+  EXPECT_THAT(describe.out, HasSubstr("pbs:         " + job + " F, 0 restart(s), exit 0\n"));
+  EXPECT_THAT(describe.out, HasSubstr("batches:     300 of 300"));
+  const auto logs = user({HPCTRIAL_CLI, "logs", experiment()});
+  ASSERT_TRUE(logs.ok()) << logs.describe() << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("trial 0 finished"));
+}
+
+// pause of a running job: no signal (qsig would kill the job's login shell and the job); the
+// chief sees the stop request, the job exits 75 after a durable checkpoint and submits its
+// successor held; activate (qrls) resumes it, and the weights equal an uninterrupted run's.
+TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
+  constexpr int kBatches = 4000;  // ~20 s of 4 ms steps
+  const std::string exp = config(kBatches, "4", "time_limit: 10m, preemption_grace: 30s");
+  const std::string straight = straight_run(exp, kBatches);
+  const std::string first = submit(exp);
+  ASSERT_FALSE(first.empty());
+  wait_for_training(300);
+
+  const auto pause = user({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.out << pause.err;
+  EXPECT_THAT(pause.out, HasSubstr("pausing pbs job " + first));
+  ASSERT_TRUE(wait_for_state(first, "F", 120s)) << "state " << state_of(first) << "\n" << job_output(first);
+  EXPECT_EQ(exit_status(first), 75) << "the paused job ends as stopped, not killed\n" << job_output(first);
+  EXPECT_THAT(job_output(first), HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
+  const auto ids = recorded_jobs();
+  ASSERT_EQ(ids.size(), 2u) << job_output(first);
+  const std::string second = ids.back();
+  EXPECT_EQ(state_of(second), "H") << "the successor of a paused job waits for activate";
+  EXPECT_THAT(pbs_job(second).value("Submit_arguments", std::string()), HasSubstr("-h -W depend=afterany:" + first));
+  expect_no_process_of(first);
+  const auto verify = user({HPCTRIAL_CLI, "checkpoint", "verify", trial_dir() + "/checkpoints"});
+  EXPECT_TRUE(verify.ok()) << verify.out << verify.err;
+
+  const auto listed = user({HPCTRIAL_CLI, "jobs"});
+  ASSERT_TRUE(listed.ok()) << listed.err;
+  EXPECT_THAT(listed.out, HasSubstr(second));
+  EXPECT_THAT(listed.out, testing::ContainsRegex(" H \\(held\\) "));
+  EXPECT_THAT(user({HPCTRIAL_CLI, "describe", experiment()}).out, HasSubstr("pbs:         " + second + " H (held)"));
+  const auto again = user({HPCTRIAL_CLI, "pause", experiment()});
+  EXPECT_TRUE(again.ok()) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("already held"));
+
+  const auto activate = user({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  EXPECT_THAT(activate.out, HasSubstr("pbs job " + second + " released"));
+  // logs --follow prints the first job's run, then follows the successor until it ends.
+  const auto follow = user({HPCTRIAL_CLI, "logs", "--follow", experiment()}, 300s);
+  ASSERT_TRUE(follow.ok()) << follow.describe() << follow.err;
+  EXPECT_THAT(follow.out, HasSubstr("==> pbs job " + first + " <=="));
+  EXPECT_THAT(follow.out, HasSubstr("==> pbs job " + second + " <=="));
+  EXPECT_THAT(follow.out, HasSubstr("trial 0 finished"));
+  ASSERT_TRUE(wait_for_state(second, "F", 60s)) << state_of(second);
+  EXPECT_EQ(exit_status(second), 0) << job_output(second);
+  EXPECT_THAT(job_output(second), HasSubstr("resumed from "));
+  expect_same_weights(straight, trial_dir() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
+}
+
+// pause of a job that has not started holds it (qhold); activate releases it (qrls); kill of a
+// queued job deletes it. A job of the user's own that takes both CPUs keeps it queued.
+TEST_F(PbsServer, PauseHoldsAQueuedJobActivateReleasesItKillDeletesIt) {
+  const std::string blocker_script = dir_.write("blocker.sh", "#!/bin/bash\nsleep 600\n");
+  ::chmod(blocker_script.c_str(), 0755);
+  const auto blocker = user({"qsub", "-l", "select=1:ncpus=2", "-o", "/dev/null", "-j", "oe", blocker_script});
+  ASSERT_TRUE(blocker.ok()) << blocker.err;
+  const std::string blocker_id = core::trim(blocker.out);
+  submitted_.push_back(blocker_id);
+  ASSERT_TRUE(wait_for_state(blocker_id, "R", 60s));
+
+  const std::string job = submit(config(300, "0", "time_limit: 10m, preemption_grace: 30s"));
+  ASSERT_FALSE(job.empty());
+  EXPECT_EQ(state_of(job), "Q");
+  const auto pause = user({HPCTRIAL_CLI, "pause", job});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.err;
+  EXPECT_EQ(state_of(job), "H");
+  EXPECT_FALSE(fs::exists(trial_dir() + "/stop-request")) << "a queued job needs no stop request";
+  const auto activate = user({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.err;
+  EXPECT_EQ(state_of(job), "Q");
+  const auto kill = user({HPCTRIAL_CLI, "kill", experiment()});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  EXPECT_THAT(kill.out, HasSubstr("pbs job " + job + " cancelled"));
+  EXPECT_TRUE(wait_for_state(job, "F", 30s)) << state_of(job);
+  EXPECT_FALSE(fs::exists(trial_dir() + "/checkpoints")) << "the deleted job never ran";
+  const auto nothing = user({HPCTRIAL_CLI, "kill", experiment()});
+  EXPECT_FALSE(nothing.ok());
+  EXPECT_THAT(nothing.err, HasSubstr("has no queued or running pbs job to kill"));
+}
+
+// kill of a running job: qdel -W with the grace (the queue's kill_delay is 10 s); the login
+// shell dies of the SIGTERM at once, the launcher and ranks checkpoint, nothing is submitted,
+// no process is left, and every checkpoint verifies.
+TEST_F(PbsServer, KillOfARunningJobLeavesVerifiedCheckpointsAndNoProcess) {
+  const std::string job = submit(config(100000, "2", "time_limit: 10m, preemption_grace: 40s"));
+  ASSERT_FALSE(job.empty());
+  wait_for_training(300);
+  const auto kill = user({HPCTRIAL_CLI, "kill", job});
+  ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
+  EXPECT_THAT(kill.out, HasSubstr("pbs job " + job + " cancelled"));
+  ASSERT_TRUE(wait_for_state(job, "F", 90s)) << state_of(job) << "\n" << job_output(job);
+  expect_no_process_of(job);
+  EXPECT_THAT(job_output(job), HasSubstr("SIGTERM: waiting up to 40 s for the ranks' checkpoint, but pbs kills job " +
+                                         job + " 10 s after its SIGTERM (the queue's kill_delay)"));
+  EXPECT_THAT(job_output(job), HasSubstr("trial 0 stopped (terminate) after a durable checkpoint"));
+  EXPECT_EQ(recorded_jobs().size(), 1u) << "a deleted job submits no successor";
+  ASSERT_TRUE(fs::exists(trial_dir() + "/checkpoints/latest"));
+  const auto verify = user({HPCTRIAL_CLI, "checkpoint", "verify", trial_dir() + "/checkpoints"});
+  EXPECT_TRUE(verify.ok()) << verify.out << verify.err;
+}
+
+// The walltime: PBS sends no warning, so each job stops scheduler.preemption_grace before its
+// walltime with a checkpoint and submits its successor (afterany); each successor resumes, and
+// the last one finishes with the weights of an uninterrupted run.
+TEST_F(PbsServer, EachJobStopsBeforeItsWalltimeAndItsSuccessorResumes) {
+  // ~18 s of 6 ms steps; each job stops 45 s before its 1-minute walltime, after ~10 s of training.
+  constexpr int kBatches = 3000;
+  const std::string exp = config(kBatches, "6", "time_limit: 1m, preemption_grace: 45s");
+  const std::string straight = straight_run(exp, kBatches);
+  const std::string first = submit(exp);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(pbs_job(first)["Resource_List"].value("walltime", std::string()), "00:01:00");
+  std::vector<std::string> jobs;
+  ASSERT_TRUE(wait_for_chain(jobs, 300s)) << "the chain did not finish: " << jobs.size() << " job(s)\n"
+                                          << job_output(jobs.back());
+  ASSERT_GE(jobs.size(), 2u) << "the walltime never ran out";
+  for (std::size_t i = 0; i + 1 < jobs.size(); ++i) {
+    EXPECT_EQ(exit_status(jobs[i]), 75) << "job " << jobs[i] << " was not stopped before its walltime\n"
+                                        << job_output(jobs[i]);
+    EXPECT_THAT(job_output(jobs[i]), HasSubstr("trial 0 stopped (deadline) after a durable checkpoint"));
+    EXPECT_THAT(pbs_job(jobs[i + 1]).value("Submit_arguments", std::string()), HasSubstr("depend=afterany:" + jobs[i]));
+    EXPECT_THAT(job_output(jobs[i + 1]), HasSubstr("resumed from "));
+  }
+  EXPECT_EQ(exit_status(jobs.back()), 0) << job_output(jobs.back());
+  EXPECT_THAT(job_output(jobs.back()), HasSubstr("trial 0 finished"));
+  const auto describe = user({HPCTRIAL_CLI, "describe", experiment()});
+  ASSERT_TRUE(describe.ok()) << describe.err;
+  for (const auto& id : jobs) EXPECT_THAT(describe.out, HasSubstr("job:         pbs " + id + ", submitted "));
+  EXPECT_THAT(describe.out, HasSubstr("pbs:         " + jobs.back() + " F, 0 restart(s), exit 0\n"));
+  const auto logs = user({HPCTRIAL_CLI, "logs", experiment()});
+  ASSERT_TRUE(logs.ok()) << logs.err;
+  for (const auto& id : jobs) EXPECT_THAT(logs.out, HasSubstr("==> pbs job " + id + " <==\n"));
+  expect_same_weights(straight, trial_dir() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
+}
+
+// A grid is one array job (-J 0-1), a subjob per trial, side by side on the two CPUs: trial 0
+// finishes within its walltime; trial 1, slower, is stopped by its own and resumes alone in a
+// job of its own, while nothing of trial 0 runs again.
+TEST_F(PbsServer, AGridIsAnArrayJobAndASubjobStoppedByItsWalltimeResumesAlone) {
+  constexpr int kBatches = 2400;
+  // Trial 1 sleeps 8 ms a batch (~19 s of training), trial 0 none.
+  const std::string array =
+      submit(config(kBatches, "{type: categorical, vals: [0, 8]}", "time_limit: 1m, preemption_grace: 45s", 1));
+  ASSERT_THAT(array, testing::EndsWith("[]." + array.substr(array.find("].") + 2)));
+  EXPECT_THAT(read_file(experiment() + "/job.pbs"), HasSubstr("#PBS -J 0-1\n"));
+  const std::string base = array.substr(0, array.find('['));
+  const std::string rest = array.substr(array.find(']') + 1);
+  const std::string sub0 = base + "[0]" + rest, sub1 = base + "[1]" + rest;
+  // Both subjobs end (trial 1 stopped by its walltime), then trial 1's own jobs.
+  ASSERT_TRUE(wait_for([&] { return state_of(sub0) == "F" && state_of(sub1) == "F"; }, 180s))
+      << state_of(sub0) << " " << state_of(sub1) << "\n" << job_output(sub1);
+  std::vector<std::string> jobs;
+  ASSERT_TRUE(wait_for_chain(jobs, 300s)) << "trial 1 did not finish: " << jobs.size() << " job(s)\n"
+                                          << job_output(sub1);
+  ASSERT_GE(jobs.size(), 2u) << job_output(sub1);
+  EXPECT_EQ(exit_status(sub0), 0) << job_output(sub0);
+  EXPECT_EQ(exit_status(sub1), 75) << job_output(sub1);
+  EXPECT_THAT(job_output(sub1), HasSubstr("trial 1 stopped (deadline) after a durable checkpoint"));
+  EXPECT_EQ(jobs.front(), array);
+  for (std::size_t i = 1; i < jobs.size(); ++i) {
+    EXPECT_THAT(job_output(jobs[i]), HasSubstr("resumed from "));
+    EXPECT_THAT(job_output(jobs[i]), Not(HasSubstr("trial 0")));
+  }
+  // PBS refuses a dependency on a subjob ("cannot have dependancy on subjob or range"): the
+  // successor's launcher waits for the subjob's instead.
+  EXPECT_THAT(pbs_job(jobs[1]).value("Submit_arguments", std::string()), Not(HasSubstr("depend")));
+  EXPECT_THAT(job_output(sub1), HasSubstr("submitted to resume trial 1 once the launcher of subjob " + sub1));
+  EXPECT_THAT(read_file(trial_dir(1) + "/resume.pbs"), Not(HasSubstr("#PBS -J")));
+  EXPECT_EQ(exit_status(jobs.back()), 0) << job_output(jobs.back());
+  for (int trial : {0, 1}) {
+    EXPECT_TRUE(fs::exists(trial_dir(trial) + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5")) << trial;
+  }
+  const auto describe = user({HPCTRIAL_CLI, "describe", experiment()});
+  ASSERT_TRUE(describe.ok()) << describe.err;
+  EXPECT_THAT(describe.out, HasSubstr("pbs:         " + sub0 + " F, 0 restart(s), exit 0\n"));
+  EXPECT_THAT(describe.out, HasSubstr("pbs:         " + jobs.back() + " F, 0 restart(s), exit 0\n"));
+  const auto logs = user({HPCTRIAL_CLI, "logs", experiment(), "--trial", "1"});
+  ASSERT_TRUE(logs.ok()) << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("==> pbs job " + sub1 + " <==\n"));
+  EXPECT_THAT(logs.out, HasSubstr("trial 1 finished"));
+}
+
+}  // namespace
+}  // namespace hpctrial
