@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds hpctrial, and runs every test tier with CTest:
 # unit, mpi (under mpirun with 2 and 4 ranks), integration (the real hpctrial command and
-# mpirun), slurm (a real local Slurm cluster) and gpu (skipped where no GPU is visible).
+# mpirun), slurm (a real local Slurm cluster), pbs (a real local OpenPBS, built from its source
+# once per machine by scripts/local-pbs.sh) and gpu (skipped where no GPU is visible).
 # Extra arguments go to ctest, e.g. `scripts/test.sh -L unit` or `scripts/test.sh -R Config`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -132,13 +132,14 @@ std::optional<int> preferred_slots(const std::string& trial_dir, const Resources
   return std::max(resources.min_slots(), slots / per_node * per_node);
 }
 
-void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason) {
-  request_stop(layout.trial_dir(trial_id), reason);
+void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason, const std::string& job) {
+  request_stop(layout.trial_dir(trial_id), reason, job);
 }
 
-void request_stop(const std::string& trial_dir, const std::string& reason) {
-  write_file_atomic(stop_file(trial_dir),
-                    json{{"reason", reason}, {"time", utc_now_iso()}}.dump() + "\n");
+void request_stop(const std::string& trial_dir, const std::string& reason, const std::string& job) {
+  json request{{"reason", reason}, {"time", utc_now_iso()}};
+  if (!job.empty()) request["job"] = job;
+  write_file_atomic(stop_file(trial_dir), request.dump() + "\n");
 }
 
 std::string stop_reason(const std::string& trial_dir) {
@@ -149,6 +150,18 @@ std::string stop_reason(const std::string& trial_dir) {
     return j.is_object() ? j.value("reason", std::string("requested")) : std::string("requested");
   } catch (const json::exception&) {
     return "requested";  // a stop request all the same
+  }
+}
+
+bool stop_requested_for(const std::string& trial_dir, const std::string& job) {
+  if (job.empty()) return false;
+  std::ifstream in(stop_file(trial_dir));
+  if (!in) return false;
+  try {
+    const json j = json::parse(in);
+    return j.is_object() && j.value("job", std::string()) == job;
+  } catch (const json::exception&) {
+    return false;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
@@ -199,14 +201,59 @@ void prepare_attempt(const MpirunCommand& command, const std::string& trial_dir)
   core::create_directories(beats);
 }
 
-// A stop request, abort files and verdicts of an earlier run are spent.
-void clear_spent_requests(const std::string& trial_dir) {
-  ::unlink(core::stop_file(trial_dir).c_str());
+// A stop request, abort files and verdicts of an earlier run are spent; a stop request made for
+// this very job (`hpctrial pause` just as it started) is not.
+void clear_spent_requests(const std::string& trial_dir, const core::Allocation& allocation) {
+  if (!core::stop_requested_for(trial_dir, allocation.job_id)) ::unlink(core::stop_file(trial_dir).c_str());
   std::error_code ignored;
   for (const auto& entry : fs::directory_iterator(trial_dir + "/launch", ignored)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("abort-", 0) == 0 || name.rfind("verdict-", 0) == 0) fs::remove(entry.path(), ignored);
   }
+}
+
+constexpr auto kTrialLockWait = std::chrono::minutes(10);
+
+// One launcher per trial: a job that resumes a trial can start while the job before it is
+// still ending (PBS lets no job depend on a subjob of an array job). In a batch job the new
+// launcher waits for the old one to end; outside one, a second launcher is refused. The lock
+// (flock, released when the launcher ends however it ends) names its holder. A filesystem
+// without flock gets no lock.
+core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core::Allocation& allocation) {
+  const std::string path = trial_dir + "/.launcher.lock";
+  core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
+  const auto holder = [&] {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    text = core::trim(text);
+    return text.empty() ? std::string("another launcher") : text;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + kTrialLockWait;
+  for (bool said = false; ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0;) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      core::log_warning("cannot lock {} ({}); nothing keeps a second launcher off trial {}", path,
+                        std::strerror(errno), trial_id);
+      return fd;
+    }
+    if (!allocation.in_job()) {
+      throw Error("trial " + std::to_string(trial_id) + " in " + trial_dir + " is run by " + holder() +
+                  "; wait for it to end, or stop it (Ctrl-C there, or `hpctrial kill`)");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error("trial " + std::to_string(trial_id) + " in " + trial_dir + " is still run by " + holder() +
+                  " after 10 minutes; end that job (`hpctrial kill`), then submit the experiment again");
+    }
+    if (!said) core::log_info("trial {} is still run by {}; waiting for it to end", trial_id, holder());
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string job = allocation.in_job() ? allocation.scheduler + " job " + allocation.job_id + ", " : "";
+  const std::string me = "the launcher of " + job + "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::ftruncate(fd.get(), 0) == 0) core::write_fully(fd.get(), me, path);
+  return fd;
 }
 
 }  // namespace
@@ -267,12 +314,13 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   }
 
   core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
+  const core::UniqueFd trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
   json state = core::read_json_file(state_path);
   int starts = state.value("starts", 0);
   int failures = options.reset_failures ? 0 : state.value("failures", 0);
   const std::string working_dir = core::read_json_file(layout.state()).value("workdir", std::string());
   check_entrypoint(config, working_dir, env);
-  clear_spent_requests(trial_dir);
+  clear_spent_requests(trial_dir, allocation);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalFd signals;
 
@@ -297,9 +345,12 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     if (a.hang.empty() && code == kExitStopped) {
       std::string reason = core::stop_reason(trial_dir);  // `hpctrial pause` may have asked without a signal
       if (reason.empty()) reason = a.stop_requested ? a.stop_reason : "requested by the trial";
+      // A SIGTERM without warning is a delete, or a requeue by the scheduler or an operator.
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
-                     allocation.in_job() ? "it resumes when the job runs again"
-                                         : "run the same command again to resume");
+                     !allocation.in_job()    ? "run the same command again to resume"
+                     : reason == "terminate" ? "it resumes from it if the job runs again, or when the experiment "
+                                               "is submitted again"
+                                             : "it resumes when the job runs again");
       hand_over(allocation, reason, config, options, env, run);
       return kExitStopped;
     }

@@ -125,9 +125,19 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
       // TERM makes mpirun kill the ranks at once. A stop request reaches them if it did not.
       request_stop("terminate");
       if (loop.term_at == kNever) {
-        loop.term_at = Clock::now() + std::chrono::seconds(config_.scheduler.preemption_grace_seconds);
-        core::log_info("SIGTERM: waiting up to {} for the ranks' checkpoint",
-                       describe_seconds(config_.scheduler.preemption_grace_seconds));
+        const std::int64_t grace = config_.scheduler.preemption_grace_seconds;
+        loop.term_at = Clock::now() + std::chrono::seconds(grace);
+        const auto& kill_delay = allocation_.kill_delay_seconds;
+        if (kill_delay && *kill_delay < grace) {
+          // PBS's SIGKILL comes first, unless the job was deleted with a longer `qdel -W`.
+          core::log_warning("SIGTERM: waiting up to {} for the ranks' checkpoint, but {} kills job {} {} after its "
+                            "SIGTERM (the queue's kill_delay) unless it was deleted with a longer `qdel -W` "
+                            "(`hpctrial kill` gives scheduler.preemption_grace)",
+                            describe_seconds(grace), allocation_.scheduler, allocation_.job_id,
+                            describe_seconds(*kill_delay));
+        } else {
+          core::log_info("SIGTERM: waiting up to {} for the ranks' checkpoint", describe_seconds(grace));
+        }
       }
     } else {
       request_stop("preemption");

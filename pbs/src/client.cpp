@@ -58,8 +58,16 @@ JobInfo from_fields(const std::string& id, const std::function<std::optional<std
   return j;
 }
 
-bool unknown_job(const core::RunResult& r) {
-  return r.err.find("Unknown Job Id") != std::string::npos || r.err.find("Unknown job id") != std::string::npos;
+// Every line qstat wrote to stderr names a job it does not know: the others were printed.
+bool only_unknown_jobs(const core::RunResult& r) {
+  std::istringstream lines(r.err);
+  bool any = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (core::trim(line).empty()) continue;
+    if (line.find("Unknown Job Id") == std::string::npos && line.find("Unknown job id") == std::string::npos) return false;
+    any = true;
+  }
+  return any;
 }
 
 }  // namespace
@@ -157,47 +165,57 @@ std::string Client::submit(const Submit& s) const {
   return id;
 }
 
-void Client::signal(const std::string& job, const std::string& signal) const { checked({"qsig", "-s", signal, job}); }
-
 void Client::hold(const std::string& job) const { checked({"qhold", job}); }
 
 void Client::release(const std::string& job) const { checked({"qrls", job}); }
 
-void Client::cancel(const std::string& job) const { checked({"qdel", job}); }
+void Client::cancel(const std::string& job, std::optional<int> kill_delay_seconds) const {
+  std::vector<std::string> argv = {"qdel"};
+  if (kill_delay_seconds) argv.insert(argv.end(), {"-W", std::to_string(std::max(0, *kill_delay_seconds))});
+  argv.push_back(job);
+  checked(argv);
+}
 
-std::optional<std::vector<JobInfo>> Client::qstat(const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {"qstat", "-f", "-F", "json", "-x"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::string command = command_line(argv);
-  core::RunResult r = run_(argv, {});
-  if (r.ok()) return parse_qstat_json(r.out, command);
-  if (unknown_job(r)) return std::nullopt;
-  // Any other refusal: an older PBS without -F json, or a real failure, which the text form
-  // then reports.
+std::optional<std::vector<JobInfo>> Client::qstat(const std::vector<std::string>& args, bool as_json) const {
+  std::vector<std::string> argv;
+  std::string command;
+  core::RunResult r;
+  if (as_json) {
+    argv = {"qstat", "-f", "-F", "json", "-x"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    command = command_line(argv);
+    r = run_(argv, {});
+    if (r.ok()) return parse_qstat_json(r.out, command);
+    if (only_unknown_jobs(r)) {
+      auto known = parse_qstat_json(r.out.empty() ? "{}" : r.out, command);
+      if (known.empty()) return std::nullopt;
+      return known;
+    }
+  }
+  // Several jobs, or a refusal of -F json: an older PBS without it, or a real failure, which the
+  // text form then reports.
   argv = {"qstat", "-f", "-x"};
   argv.insert(argv.end(), args.begin(), args.end());
   command = command_line(argv);
   r = run_(argv, {});
   if (!r.ok()) {
-    if (unknown_job(r)) return std::nullopt;
-    throw SchedulerError(r.describe());
+    if (!only_unknown_jobs(r)) throw SchedulerError(r.describe());
+    auto known = parse_qstat_text(r.out, command);
+    if (known.empty()) return std::nullopt;
+    return known;
   }
   return parse_qstat_text(r.out, command);
 }
 
-std::vector<JobInfo> Client::job_tasks(const std::string& id) const {
-  const bool array = id.find("[]") != std::string::npos;
+std::vector<JobInfo> Client::jobs(const std::vector<std::string>& ids) const {
+  if (ids.empty()) return {};
   std::vector<std::string> args;
-  if (array) args.push_back("-t");
-  args.push_back(id);
-  auto jobs = qstat(args);
-  if (!jobs) return {};
-  if (array && jobs->size() > 1) {
-    // The array job itself comes first; its subjobs are what runs.
-    jobs->erase(std::remove_if(jobs->begin(), jobs->end(), [](const JobInfo& j) { return j.id.find("[]") != std::string::npos; }),
-                jobs->end());
+  if (std::any_of(ids.begin(), ids.end(), [](const std::string& id) { return id.find("[]") != std::string::npos; })) {
+    args.push_back("-t");
   }
-  return *jobs;
+  args.insert(args.end(), ids.begin(), ids.end());
+  // As text: given several jobs, OpenPBS 23.06 prints only the first one as JSON.
+  return qstat(args, false).value_or(std::vector<JobInfo>{});
 }
 
 std::optional<JobInfo> Client::job(const std::string& id) const {
@@ -207,7 +225,23 @@ std::optional<JobInfo> Client::job(const std::string& id) const {
 }
 
 std::vector<JobInfo> Client::user_jobs(const std::string& user) const {
-  return qstat({"-u", user}).value_or(std::vector<JobInfo>{});
+  // qstat refuses -u beside -f ("conflicting options"): qselect names the user's jobs, ended
+  // ones too (-x), and qstat describes them.
+  core::RunResult r = run_({"qselect", "-x", "-u", user}, {});
+  if (!r.ok()) r = checked({"qselect", "-u", user});  // a server without job history
+  std::vector<std::string> ids;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    line = core::trim(line);
+    if (line.empty()) continue;
+    if (!is_valid_job_id(line)) throw SchedulerError("qselect -u " + user + " printed \"" + line + "\", not a job id");
+    ids.push_back(line);
+  }
+  std::vector<JobInfo> mine;
+  for (JobInfo& job : jobs(ids)) {
+    if (job.owner.substr(0, job.owner.find('@')) == user) mine.push_back(std::move(job));
+  }
+  return mine;
 }
 
 }  // namespace hpctrial::pbs

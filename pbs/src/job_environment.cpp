@@ -6,6 +6,7 @@
 #include <regex>
 #include <sstream>
 
+#include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/text.h"
 
@@ -13,6 +14,18 @@ namespace hpctrial::pbs {
 namespace {
 
 constexpr std::size_t kMaxNodeFileBytes = 64u << 20;
+constexpr int kDefaultKillDelay = 10;  // PBS's, where the queue sets no kill_delay
+
+std::map<std::string, std::string> qstat_fields(const std::string& qstat_output) {
+  std::map<std::string, std::string> fields;
+  std::stringstream in(qstat_output);
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    fields[core::trim(line.substr(0, eq))] = core::trim(line.substr(eq + 3));
+  }
+  return fields;
+}
 
 }  // namespace
 
@@ -45,13 +58,7 @@ std::vector<core::Host> parse_node_file(const std::string& text, const std::stri
 }
 
 void apply_qstat(const std::string& qstat_output, core::Allocation& a) {
-  std::map<std::string, std::string> fields;
-  std::stringstream in(qstat_output);
-  for (std::string line; std::getline(in, line);) {
-    const auto eq = line.find(" = ");
-    if (eq == std::string::npos) continue;
-    fields[core::trim(line.substr(0, eq))] = core::trim(line.substr(eq + 3));
-  }
+  const std::map<std::string, std::string> fields = qstat_fields(qstat_output);
   if (const auto it = fields.find("run_count"); it != fields.end()) {
     if (it->second.empty() || it->second.size() > 6 || it->second.find_first_not_of("0123456789") != std::string::npos) {
       throw SchedulerError("qstat -f " + a.job_id + " printed run_count = " + it->second + "; expected a number");
@@ -77,6 +84,18 @@ void apply_qstat(const std::string& qstat_output, core::Allocation& a) {
   a.end_time = std::chrono::system_clock::from_time_t(std::mktime(&tm)) + std::chrono::seconds(seconds);
 }
 
+void apply_queue(const std::string& qstat_output, core::Allocation& a) {
+  a.kill_delay_seconds = kDefaultKillDelay;
+  const auto fields = qstat_fields(qstat_output);
+  const auto it = fields.find("kill_delay");
+  if (it == fields.end()) return;
+  if (it->second.empty() || it->second.size() > 7 || it->second.find_first_not_of("0123456789") != std::string::npos) {
+    throw SchedulerError("qstat -Qf printed kill_delay = " + it->second + " for the queue of PBS job " + a.job_id +
+                         "; expected seconds");
+  }
+  a.kill_delay_seconds = std::stoi(it->second);
+}
+
 std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const core::CommandRunner& run) {
   const auto job_id = env.get("PBS_JOBID");
   if (!job_id) return std::nullopt;
@@ -96,6 +115,11 @@ std::optional<core::Allocation> job_allocation(const core::EnvSource& env, const
   a.hosts = parse_node_file(text, *node_file);
   const core::RunResult qstat = run({"qstat", "-f", a.job_id}, {});
   if (qstat.ok()) apply_qstat(qstat.out, a);
+  // The time between PBS's SIGTERM (a qdel, the walltime) and its SIGKILL.
+  if (const auto queue = env.get("PBS_QUEUE"); queue && core::is_plain_word(*queue) && (*queue)[0] != '-') {
+    const core::RunResult q = run({"qstat", "-Qf", *queue}, {});
+    if (q.ok()) apply_queue(q.out, a);
+  }
   return a;
 }
 

@@ -1,9 +1,13 @@
 #include "hpctrial/pbs/scheduler.h"
 
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
@@ -34,6 +38,31 @@ int array_index(const std::string& id, int fallback) {
 
 namespace {
 
+// True when PBS's `job` is one of the experiment's: its output file lies in the experiment
+// directory. A recorded id names another job once the server was re-created and its ids began
+// again; that job is never shown, paused or deleted as the experiment's.
+bool of_experiment(const JobInfo& job, const std::string& experiment_dir) {
+  if (job.output_path.empty() || experiment_dir.empty()) return false;
+  const std::string dir = std::filesystem::path(job.output_path).parent_path().string();
+  struct stat a {}, b {};
+  return ::stat(dir.c_str(), &a) == 0 && ::stat(experiment_dir.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+std::map<std::string, JobInfo> by_id(std::vector<JobInfo> jobs) {
+  std::map<std::string, JobInfo> out;
+  for (JobInfo& job : jobs) out.emplace(job.id, std::move(job));
+  return out;
+}
+
+// True when `id` is a subjob of array job `array`: "1234[3].srv" of "1234[].srv".
+bool subjob_of(const std::string& id, const std::string& array) {
+  const std::size_t open = array.find("[]");
+  if (open == std::string::npos || id.compare(0, open + 1, array, 0, open + 1) != 0) return false;
+  const std::size_t close = id.find(']', open + 1);
+  return close != std::string::npos && close > open + 1 && id.substr(close + 1) == array.substr(open + 2);
+}
+
 std::string output_file(const std::string& experiment_dir, const std::string& job) {
   return experiment_dir + "/pbs-" + job + ".out";
 }
@@ -61,10 +90,11 @@ core::JobStatus status_of(const JobInfo& job, const std::string& experiment_dir)
   return s;
 }
 
+// The user PBS names as the owner of this process's jobs: the name of its user id.
 std::string user_name() {
+  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_name != nullptr) return pw->pw_name;
   if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
-  const char* login = ::getlogin();
-  return login != nullptr ? login : std::to_string(::getuid());
+  return std::to_string(::getuid());
 }
 
 // The ids of the PBS jobs that ran or run `trial`, oldest first: the array job's subjob for it
@@ -118,12 +148,14 @@ std::string Scheduler::submit(const core::SubmitRequest& request) const {
 }
 
 std::vector<core::JobStatus> Scheduler::live_jobs(const core::ExperimentLayout& layout) const {
-  std::vector<core::JobStatus> live;
+  std::vector<std::string> ids;
   for (const auto& earlier : core::recorded_jobs(layout)) {
-    if (earlier.scheduler != name() || !is_valid_job_id(earlier.id)) continue;
-    for (const JobInfo& job : client_.job_tasks(earlier.id)) {
-      if (job.active()) live.push_back(status_of(job, layout.dir));
-    }
+    if (earlier.scheduler == name() && is_valid_job_id(earlier.id)) ids.push_back(earlier.id);
+  }
+  std::vector<core::JobStatus> live;
+  for (const JobInfo& job : client_.jobs(ids)) {
+    if (job.id.find("[]") != std::string::npos) continue;  // an array job: its subjobs are what runs
+    if (job.active() && of_experiment(job, layout.dir)) live.push_back(status_of(job, layout.dir));
   }
   return live;
 }
@@ -143,6 +175,7 @@ std::vector<core::JobStatus> Scheduler::user_jobs() const {
   std::vector<core::JobStatus> jobs;
   for (const JobInfo& job : client_.user_jobs(user_name())) {
     if (!job.active() && job.state != "F" && job.state != "X") continue;
+    if (job.id.find("[]") != std::string::npos) continue;  // an array job: its subjobs are listed
     jobs.push_back(status_of(job, core::experiment_of_output(job.output_path)));
   }
   return jobs;
@@ -150,9 +183,13 @@ std::vector<core::JobStatus> Scheduler::user_jobs() const {
 
 std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const {
   std::vector<core::JobStatus> jobs;
-  for (const std::string& id : trial_job_ids(layout, trial, trials)) {
+  const std::vector<std::string> ids = trial_job_ids(layout, trial, trials);
+  const std::map<std::string, JobInfo> known = by_id(client_.jobs(ids));
+  for (const std::string& id : ids) {
     core::JobStatus s;
-    if (const auto job = client_.job(id)) s = status_of(*job, layout.dir);
+    if (const auto job = known.find(id); job != known.end() && of_experiment(job->second, layout.dir)) {
+      s = status_of(job->second, layout.dir);
+    }
     s.id = id;
     s.trial = trial;
     s.output = output_file(layout.dir, id);  // the job's own file, beside the others of the trial
@@ -164,8 +201,6 @@ std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout&
 std::vector<Scheduler::Unit> Scheduler::live_units(const core::JobTarget& target) const {
   std::vector<core::RecordedJob> jobs;
   if (!target.job.empty()) {
-    const auto job = client_.job(target.job);
-    if (!job) throw SchedulerError("pbs no longer knows job " + target.job + "; see its experiment directory");
     int trial = -1;
     if (!target.experiment_dir.empty()) {
       for (const auto& r : core::recorded_jobs({target.experiment_dir})) {
@@ -176,15 +211,23 @@ std::vector<Scheduler::Unit> Scheduler::live_units(const core::JobTarget& target
   } else {
     jobs = core::recorded_jobs({target.experiment_dir});
   }
+  std::vector<std::string> ids;
+  for (const auto& recorded : jobs) {
+    if (recorded.scheduler == name() && is_valid_job_id(recorded.id)) ids.push_back(recorded.id);
+  }
+  const std::vector<JobInfo> known = client_.jobs(ids);  // the array jobs' subjobs too
+  if (!target.job.empty() && known.empty()) {
+    throw SchedulerError("pbs no longer knows job " + target.job + "; see its experiment directory");
+  }
   std::vector<Unit> live;
   for (const auto& recorded : jobs) {
-    if (recorded.scheduler != name() || !is_valid_job_id(recorded.id)) continue;
-    auto job = client_.job(recorded.id);
-    if (!job || !job->active()) continue;
+    const auto job = std::find_if(known.begin(), known.end(), [&](const JobInfo& j) { return j.id == recorded.id; });
+    if (job == known.end() || !job->active()) continue;
+    if (target.job.empty() && !of_experiment(*job, target.experiment_dir)) continue;  // an id used again
     Unit unit{*job, array_index(recorded.id, std::max(0, recorded.trial)), {}};
     if (unit.array()) {
-      for (auto& sub : client_.job_tasks(recorded.id)) {
-        if (sub.active() && sub.id != recorded.id) unit.subjobs.push_back(std::move(sub));
+      for (const JobInfo& sub : known) {
+        if (sub.active() && subjob_of(sub.id, recorded.id)) unit.subjobs.push_back(sub);
       }
     }
     live.push_back(std::move(unit));
@@ -199,8 +242,10 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
       throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
                            job.output_path + "); pause it by its experiment directory instead");
     }
-    core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial, "pause");
-    client_.signal(job.id, "USR2");
+    // No signal: qsig signals every process of the job, and the job's top process, the user's
+    // login shell, dies of SIGUSR2 (and the job with it). The chief sees the request within a
+    // second and the ranks stop after their current step.
+    core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial, "pause", job.id);
     steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
   };
   for (const Unit& unit : live_units(target)) {
@@ -244,9 +289,20 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
     throw SchedulerError((target.job.empty() ? target.experiment_dir : target.job) +
                          " has no queued or running pbs job to kill");
   }
+  // The ranks get scheduler.preemption_grace between PBS's SIGTERM and its SIGKILL, not the
+  // queue's kill_delay (10 s by default): time for their checkpoint.
+  std::optional<int> grace;
+  if (!target.experiment_dir.empty()) {
+    try {
+      const core::ExperimentLayout layout{target.experiment_dir};
+      grace = static_cast<int>(core::load_experiment_config({layout.config(), "", {}}).scheduler.preemption_grace_seconds);
+    } catch (const Error& e) {
+      core::log_warning("{}; deleting with the queue's kill_delay", e.what());
+    }
+  }
   std::vector<std::string> cancelled;
   for (const Unit& unit : live) {
-    client_.cancel(unit.job.id);  // an array job with all its subjobs
+    client_.cancel(unit.job.id, grace);  // an array job with all its subjobs
     cancelled.push_back(unit.job.id);
   }
   return cancelled;
@@ -274,14 +330,19 @@ void Scheduler::hand_over(const core::HandOver& stopped) const {
     core::SubmitRequest request;
     request.script = script;
     request.hold = stopped.hold;
-    request.after = job;
+    // PBS lets no job depend on a subjob of an array job ("cannot have dependancy on subjob or
+    // range"): the successor of a subjob may start while it ends, and its launcher waits for
+    // this one's (one launcher per trial).
+    const bool subjob = array_index(job, -1) >= 0;
+    if (!subjob) request.after = job;
     for (const auto& var : stopped.config.scheduler.environment) {
       if (!core::refers_to_submitter(var.value) || stopped.env == nullptr) continue;
       if (const auto value = stopped.env->get(var.name)) request.env.emplace_back(var.name, *value);
     }
     const std::string id = Scheduler(Client(stopped.run)).submit(request);
     core::record_job(layout, name(), id, stopped.trial);
-    core::log_info("pbs job {} submitted to resume trial {} once job {} has ended{}", id, stopped.trial, job,
+    core::log_info("pbs job {} submitted to resume trial {} once {} has ended{}", id, stopped.trial,
+                   subjob ? "the launcher of subjob " + job : "job " + job,
                    stopped.hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
   } catch (const Error& e) {
     core::log_error("cannot submit the pbs job that resumes trial {} ({}); the checkpoint is durable: submit the "

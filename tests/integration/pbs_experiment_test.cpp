@@ -1,11 +1,13 @@
-// hpctrial on PBS, end to end, without a PBS server (none exists on these machines): the qsub
-// script that `hpctrial submit` writes is run by bash under the environment PBS gives a job
-// (PBS_JOBID, PBS_NODEFILE, PBS_O_WORKDIR, PBS_ENVIRONMENT), so the real launcher, mpirun and
-// trainer run; qsub, qstat, qsig, qhold, qrls and qdel are the stand-ins in tests/support/fake-pbs,
-// which record every command line and answer as PBS does.
+// hpctrial on PBS, end to end, without a PBS server (the pbs tier, tests/pbs/, runs against a real
+// one): the qsub script that `hpctrial submit` writes is run by bash under the environment PBS
+// gives a job (PBS_JOBID, PBS_NODEFILE, PBS_O_WORKDIR, PBS_ENVIRONMENT), as the child of a login
+// shell, so the real launcher, mpirun and trainer run; qsub, qstat, qhold, qrls and qdel are the
+// stand-ins in tests/support/fake-pbs, which record every command line and answer as the real
+// server does.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -86,8 +88,9 @@ class PbsExperiment : public testing::Test {
     EXPECT_TRUE(status.has_value()) << id << " did not end";
     return shell->exit_code();
   }
-  // Starts job `id` as PBS would: its script (as qsub got it) run by bash under PBS's variables,
-  // on a node file naming this host twice, its shell's pid where qsig finds it.
+  // Starts job `id` as PBS would: its script (as qsub got it) run under PBS's variables, on a node
+  // file naming this host twice, as the child of a login shell that leads the job's session and
+  // dies of the signals PBS sends (its pid where qdel finds it).
   std::unique_ptr<testing_support::BackgroundProcess> start_job(const std::string& id) {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
@@ -105,9 +108,17 @@ class PbsExperiment : public testing::Test {
                                        {"PBS_O_WORKDIR", dir_.path().string()}, {"PBS_ENVIRONMENT", "PBS_BATCH"},
                                        {"PBS_JOBNAME", "pbs-exp"}});
     return std::make_unique<testing_support::BackgroundProcess>(
-        std::vector<std::string>{"bash", "-c", "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; exec bash \"$0\"",
+        std::vector<std::string>{"setsid", "bash", "-c",
+                                 "echo $$ > \"$FAKE_PBS_DIR/$PBS_JOBID.pid\"; bash \"$0\"; exit $?",
                                  pbs_dir() + "/" + id + ".script"},
         variables, (dir_.path() / ("shell-" + id)).string());
+  }
+  // Waits until no process of job `id`'s session is left, as PBS's MoM does before a job ends.
+  bool wait_for_session_end(const std::string& id, std::chrono::seconds limit) const {
+    const pid_t leader = std::stoi(read_file(pbs_dir() + "/" + id + ".pid"));
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (::kill(-leader, 0) == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+    return ::kill(-leader, 0) != 0;
   }
   std::string state_of(const std::string& id) const { return core::trim(read_file(pbs_dir() + "/" + id + ".state")); }
   long long heartbeat() const {
@@ -208,8 +219,9 @@ TEST_F(PbsExperiment, AFailingTrialStopsAfterMaxRestartsAndSubmitsNoSuccessor) {
   EXPECT_EQ(records, 3) << "the first run and max_restarts: 2 restarts";
 }
 
-// hpctrial pause on a running PBS job: the stop request and qsig -s USR2; the ranks checkpoint,
-// the job submits its successor held (-h, afterany) and ends; activate releases it (qrls), and
+// hpctrial pause on a running PBS job: the stop request alone (qsig would kill the job's login
+// shell, and the job with it); the ranks checkpoint, the job submits its successor held (-h,
+// afterany) and ends; activate releases it (qrls), and
 // the successor ends with the weights of an uninterrupted run.
 TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   constexpr int kBatches = 3000;
@@ -229,7 +241,7 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   ASSERT_TRUE(status.has_value()) << "the paused job did not end";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << job_output(first);
   std::ofstream(pbs_dir() + "/" + first + ".state") << "F\n";
-  EXPECT_THAT(calls("qsig"), testing::ElementsAre("qsig -s USR2 1.fakepbs"));
+  EXPECT_TRUE(calls("qsig").empty()) << "no signal: the chief sees the stop request";
   const std::string second = latest_job();
   ASSERT_EQ(second, "2.fakepbs");
   EXPECT_EQ(state_of(second), "H") << "the successor of a paused job waits for activate";
@@ -271,7 +283,8 @@ TEST_F(PbsExperiment, PauseHoldsAQueuedJobAndKillDeletesIt) {
   EXPECT_THAT(second.err, HasSubstr("already has pbs job 1.fakepbs (state H, held)"));
   const auto kill = run({HPCTRIAL_CLI, "kill", experiment()});
   ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
-  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel 1.fakepbs"));
+  // qdel -W: the ranks get scheduler.preemption_grace (180 s by default), not the queue's kill_delay.
+  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel -W 180 1.fakepbs"));
   EXPECT_EQ(state_of(job), "F");
   const auto nothing = run({HPCTRIAL_CLI, "kill", experiment()});
   EXPECT_FALSE(nothing.ok());
@@ -290,7 +303,10 @@ TEST_F(PbsExperiment, ADeleteWithoutWarningCheckpointsAndSubmitsNothing) {
   const auto kill = run({HPCTRIAL_CLI, "kill", job});
   ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
   EXPECT_THAT(kill.out, HasSubstr("pbs job 1.fakepbs cancelled"));
-  ASSERT_TRUE(shell->wait(60s).has_value()) << "the job outlived its SIGTERM";
+  // The login shell dies of the SIGTERM at once; the launcher and the ranks checkpoint first.
+  ASSERT_TRUE(shell->wait(60s).has_value()) << "the login shell outlived its SIGTERM";
+  ASSERT_TRUE(wait_for_session_end(job, 60s)) << "the job outlived its SIGTERM\n" << job_output(job);
+  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel -W 20 1.fakepbs"));
   EXPECT_THAT(job_output(job), HasSubstr("trial 0 stopped (terminate) after a durable checkpoint"));
   EXPECT_EQ(calls("qsub").size(), 1u) << "a deleted job submits no successor";
   EXPECT_EQ(latest_job(), job);
@@ -337,7 +353,10 @@ TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
   ASSERT_GE(jobs.size(), 2u) << "the walltime never ran out";
   const auto submitted = calls("qsub");
   ASSERT_EQ(submitted.size(), jobs.size());
-  EXPECT_EQ(submitted[1], "qsub -W depend=afterany:1[1].fakepbs " + experiment() + "/trial-1/resume.pbs");
+  // No dependency: PBS refuses one on a subjob; the successor's launcher waits for this one's.
+  EXPECT_EQ(submitted[1], "qsub " + experiment() + "/trial-1/resume.pbs");
+  EXPECT_THAT(job_output("1[1].fakepbs"), HasSubstr("submitted to resume trial 1 once the launcher of subjob "
+                                                    "1[1].fakepbs has ended"));
   const std::string resume = read_file(experiment() + "/trial-1/resume.pbs");
   EXPECT_THAT(resume, Not(HasSubstr("#PBS -J"))) << "the job that resumes one trial is not an array";
   EXPECT_THAT(resume, HasSubstr("launch --experiment " + experiment() + " --trial 1\n"));
@@ -355,7 +374,7 @@ TEST_F(PbsExperiment, ASubjobStoppedByItsWalltimeResumesItsTrialAlone) {
   // kill deletes the array job, and with it the subjob still queued.
   const auto kill = run({HPCTRIAL_CLI, "kill", experiment()});
   ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
-  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel 1[].fakepbs"));
+  EXPECT_THAT(calls("qdel"), testing::ElementsAre("qdel -W 52 1[].fakepbs"));
   EXPECT_EQ(state_of("1[0].fakepbs"), "F");
 }
 

@@ -155,6 +155,20 @@ TEST(PbsJobEnvironment, ReadsTheRunCountAndTheEndFromQstat) {
   tm.tm_isdst = -1;
   ASSERT_TRUE(a->end_time.has_value());
   EXPECT_EQ(std::chrono::system_clock::to_time_t(*a->end_time), std::mktime(&tm));
+  EXPECT_FALSE(a->kill_delay_seconds.has_value()) << "no PBS_QUEUE, no queue asked";
+
+  // The queue's kill_delay (qstat -Qf QUEUE), PBS's 10 s where it sets none.
+  fake.asked.clear();
+  const auto queued = pbs::job_allocation(
+      core::MapEnv({{"PBS_JOBID", "77.server"}, {"PBS_NODEFILE", nodes}, {"PBS_QUEUE", "workq"}}), fake.runner());
+  ASSERT_TRUE(queued.has_value());
+  EXPECT_EQ(queued->kill_delay_seconds, 10);
+  EXPECT_EQ(fake.asked.back(), (std::vector<std::string>{"qstat", "-Qf", "workq"}));
+  core::Allocation q;
+  pbs::apply_queue("Queue: workq\n    queue_type = Execution\n    kill_delay = 120\n    enabled = True\n", q);
+  EXPECT_EQ(q.kill_delay_seconds, 120);
+  EXPECT_THAT(error_of([&] { pbs::apply_queue("Queue: workq\n    kill_delay = soon\n", q); }),
+              HasSubstr("kill_delay = soon"));
   EXPECT_THAT(error_of([&] { pbs::job_allocation(core::MapEnv(std::map<std::string, std::string>{{"PBS_JOBID", "77`x`"}}), fake.runner()); }),
               HasSubstr("PBS_JOBID is \"77`x`\", which is not a PBS job id"));
   EXPECT_FALSE(pbs::job_allocation(core::MapEnv{}, fake.runner()).has_value());

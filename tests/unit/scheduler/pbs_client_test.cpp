@@ -1,8 +1,8 @@
-// pbs::Client over a fake runner: the argv it runs, and how it reads qstat. There is no PBS
-// server here: the outputs below copy the shapes PBS Pro / OpenPBS print, as published by their
-// users (qstat -f -F json -x of PBS Pro 19.0, 20.0 and 2022: "Jobs" keyed by job id, numbers
-// unquoted, "host:/path" output paths; qstat -u USER -f -F json of PBS Pro 2024 leaving "Jobs"
-// out when nothing matches) and the "key = value" text of qstat -f with tab-continued lines.
+// pbs::Client over a fake runner: the argv it runs, and how it reads qstat (the pbs tier runs
+// it against a real server). The outputs below copy the shapes PBS Pro / OpenPBS print, as
+// published by their users and as OpenPBS 23.06 printed them on a real server (qstat -f -F json
+// -x: "Jobs" keyed by job id, numbers unquoted, "host:/path" output paths, "Jobs" left out when
+// nothing matches) and the "key = value" text of qstat -f with tab-continued lines.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -162,15 +162,15 @@ TEST(PbsClient, SubmitsByArgvWithValuesOnlyInTheEnvironment) {
 TEST(PbsClient, RunsTheJobVerbsByArgv) {
   FakePbs pbs;
   const Client client = pbs.client();
-  client.signal("1234.pbs1", "USR2");
   client.hold("1234.pbs1");
   client.release("1234.pbs1");
   client.cancel("1237[].pbs1");
+  client.cancel("1238.pbs1", 120);
   ASSERT_EQ(pbs.calls.size(), 4u);
-  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qsig", "-s", "USR2", "1234.pbs1"));
-  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qhold", "1234.pbs1"));
-  EXPECT_THAT(pbs.calls[2].argv, ElementsAre("qrls", "1234.pbs1"));
-  EXPECT_THAT(pbs.calls[3].argv, ElementsAre("qdel", "1237[].pbs1"));
+  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qhold", "1234.pbs1"));
+  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qrls", "1234.pbs1"));
+  EXPECT_THAT(pbs.calls[2].argv, ElementsAre("qdel", "1237[].pbs1"));
+  EXPECT_THAT(pbs.calls[3].argv, ElementsAre("qdel", "-W", "120", "1238.pbs1"));
   pbs.answers["qdel"] = answer(35, "", "qdel: Request invalid for state of job 1234.pbs1\n");
   EXPECT_THROW(client.cancel("1234.pbs1"), SchedulerError);
 }
@@ -203,20 +203,60 @@ TEST(PbsClient, AsksForJsonWithHistoryAndFallsBackToText) {
 
 TEST(PbsClient, ListsAnArraysSubjobsAndTheUsersJobs) {
   FakePbs pbs;
-  pbs.answers["qstat -f -F json -x -t 1237[].pbs1"] = answer(0, R"({"Jobs":{
-      "1237[].pbs1":{"Job_Name":"grid","job_state":"B"},
-      "1237[0].pbs1":{"Job_Name":"grid","job_state":"X","Exit_status":0},
-      "1237[1].pbs1":{"Job_Name":"grid","job_state":"R","run_count":1},
-      "1237[2].pbs1":{"Job_Name":"grid","job_state":"Q"}}})");
-  pbs.answers["qstat -f -F json -x -u alice"] = answer(0, kJson);
+  // Several jobs, or an array job's with -t, come as text (given several, OpenPBS 23.06 prints
+  // only the first as JSON).
+  pbs.answers["qstat -f -x -t 1237[].pbs1"] = answer(0,
+      "Job Id: 1237[].pbs1\n    Job_Name = grid\n    job_state = B\n\n"
+      "Job Id: 1237[0].pbs1\n    Job_Name = grid\n    job_state = X\n    Exit_status = 0\n\n"
+      "Job Id: 1237[1].pbs1\n    Job_Name = grid\n    job_state = R\n    run_count = 1\n\n"
+      "Job Id: 1237[2].pbs1\n    Job_Name = grid\n    job_state = Q\n\n");
   const Client client = pbs.client();
-  const auto tasks = client.job_tasks("1237[].pbs1");
-  ASSERT_EQ(tasks.size(), 3u);
-  EXPECT_EQ(tasks[0].id, "1237[0].pbs1");
-  EXPECT_EQ(tasks[1].state, "R");
-  EXPECT_EQ(tasks[2].state, "Q");
-  EXPECT_EQ(client.user_jobs("alice").size(), 2u);
-  EXPECT_THAT(pbs.calls.back().argv, ElementsAre("qstat", "-f", "-F", "json", "-x", "-u", "alice"));
+  const auto tasks = client.jobs({"1237[].pbs1"});
+  ASSERT_EQ(tasks.size(), 4u);
+  std::map<std::string, std::string> states;
+  for (const auto& t : tasks) states[t.id] = t.state;
+  EXPECT_EQ(states["1237[].pbs1"], "B");
+  EXPECT_EQ(states["1237[0].pbs1"], "X");
+  EXPECT_EQ(states["1237[1].pbs1"], "R");
+  EXPECT_EQ(states["1237[2].pbs1"], "Q");
+  EXPECT_THAT(pbs.calls.back().argv, ElementsAre("qstat", "-f", "-x", "-t", "1237[].pbs1"));
+
+  // A user's jobs: qstat refuses -u beside -f ("qstat: conflicting options."), so qselect names
+  // them and one qstat describes them; a job of another owner is left out.
+  pbs.calls.clear();
+  pbs.answers["qselect -x -u alice"] = answer(0, "1236.pbs1\n1238.pbs1\n");
+  pbs.answers["qstat -f -x 1236.pbs1 1238.pbs1"] =
+      answer(0, kText + "\nJob Id: 1238.pbs1\n    Job_Owner = bob@login1\n    job_state = R\n");
+  const auto mine = client.user_jobs("alice");
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].id, "1236.pbs1");
+  ASSERT_EQ(pbs.calls.size(), 2u);
+  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qselect", "-x", "-u", "alice"));
+  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qstat", "-f", "-x", "1236.pbs1", "1238.pbs1"));
+  // No job: no qstat at all; a line that is no job id is an error.
+  pbs.answers["qselect -x -u carol"] = answer(0, "");
+  EXPECT_TRUE(client.user_jobs("carol").empty());
+  pbs.answers["qselect -x -u dave"] = answer(0, "1236.pbs1; rm -rf /\n");
+  EXPECT_THROW(client.user_jobs("dave"), SchedulerError);
+}
+
+// Several jobs by one qstat, as OpenPBS 23.06 answers when it forgot one of them: the others on
+// stdout, "Unknown Job Id" for each forgotten one on stderr, exit 153.
+TEST(PbsClient, ReadsSeveralJobsByOneQstatThoughSomeAreForgotten) {
+  FakePbs pbs;
+  pbs.answers["qstat -f -x 1236.pbs1 9.pbs1"] = answer(153, kText, "qstat: Unknown Job Id 9.pbs1\n");
+  const Client client = pbs.client();
+  const auto jobs = client.jobs({"1236.pbs1", "9.pbs1"});
+  ASSERT_EQ(jobs.size(), 2u) << "the two jobs of the answer";
+  EXPECT_EQ(pbs.calls.size(), 1u);
+  // All forgotten: nothing, and no error.
+  pbs.answers["qstat -f -x 8.pbs1 9.pbs1"] =
+      answer(153, "", "qstat: Unknown Job Id 8.pbs1\nqstat: Unknown Job Id 9.pbs1\n");
+  EXPECT_TRUE(client.jobs({"8.pbs1", "9.pbs1"}).empty());
+  EXPECT_TRUE(client.jobs({}).empty());
+  // Another complaint beside them is an error.
+  pbs.answers["qstat -f -x 7.pbs1"] = answer(153, "", "qstat: Unknown Job Id 7.pbs1\nqstat: cannot connect to server\n");
+  EXPECT_THROW(client.jobs({"7.pbs1"}), SchedulerError);
 }
 
 }  // namespace

@@ -179,6 +179,40 @@ TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {
   }
 }
 
+// A running PBS job is paused by the stop request alone, naming the job: `qsig` signals every
+// process of the job, and the job's login shell dies of SIGUSR2 (with the job).
+TEST_F(SchedulerOverFakes, PbsPausesARunningJobWithTheStopRequestAlone) {
+  core::record_job({dir_}, "pbs", "6.srv", -1);
+  const pbs::Scheduler pbs{pbs::Client(runner(
+      "Job Id: 6.srv\n    job_state = R\n    Output_Path = login1:" + dir_ + "/pbs-scheduler.out\n"))};
+  const auto steps = pbs.pause({dir_, ""});
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
+  EXPECT_TRUE(core::stop_requested_for(dir_ + "/trial-0", "6.srv")) << "kept by the launcher of job 6.srv";
+  EXPECT_FALSE(core::stop_requested_for(dir_ + "/trial-0", "7.srv"));
+  for (const auto& argv : ran_) EXPECT_EQ(argv[0], "qstat") << "only qstat: no qsig, no qhold";
+  EXPECT_EQ(ran_.size(), 1u) << "one qstat for every job of the experiment";
+}
+
+// A recorded id PBS now gives to another job (the server was re-created and its ids began
+// again) is not the experiment's: describe shows it unknown, and kill and pause leave it alone.
+TEST_F(SchedulerOverFakes, PbsIgnoresAnotherJobThatGotARecordedIdAgain) {
+  core::record_job({dir_}, "pbs", "0.srv", -1);
+  std::filesystem::create_directories(dir_ + "-other");
+  const pbs::Scheduler pbs{pbs::Client(runner(
+      "Job Id: 0.srv\n    job_state = R\n    Job_Owner = u@h\n    Output_Path = h:" + dir_ + "-other/x.out\n"))};
+  const auto jobs = pbs.trial_jobs({dir_}, 0, 1);
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].id, "0.srv");
+  EXPECT_TRUE(jobs[0].native_state.empty()) << "shown as a job PBS no longer knows";
+  EXPECT_TRUE(pbs.live_jobs({dir_}).empty());
+  EXPECT_THROW(pbs.cancel({dir_, ""}), SchedulerError);
+  EXPECT_THROW(pbs.pause({dir_, ""}), SchedulerError);
+  for (const auto& argv : ran_) EXPECT_EQ(argv[0], "qstat") << "nothing deleted or held";
+  std::filesystem::remove_all(dir_ + "-other");
+}
+
 TEST_F(SchedulerOverFakes, PbsHandsAStoppedJobOverToAHeldSuccessorRecordedForItsTrial) {
   std::ofstream(dir_ + "/experiment.yaml") << "name: x\n";
   const pbs::Scheduler pbs{pbs::Client(runner(""))};

@@ -28,6 +28,9 @@ struct Allocation {
   int restart_count = 0;           // how many times the scheduler started this job before
   // When the scheduler ends the job (its time limit), if known.
   std::optional<std::chrono::system_clock::time_point> end_time;
+  // How long the scheduler waits between its SIGTERM to the job's processes and its SIGKILL,
+  // where known (PBS: the queue's kill_delay).
+  std::optional<int> kill_delay_seconds;
 
   bool in_job() const { return scheduler != "local"; }
   int total_slots() const;

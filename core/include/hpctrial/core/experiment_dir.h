@@ -91,10 +91,15 @@ struct TrialProgress {
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
 
 // Records a stop request for a trial (its reason: "pause", say) where the chief and the launcher
-// look for one; the signal that follows only makes them look sooner.
-void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason);
-void request_stop(const std::string& trial_dir, const std::string& reason);
+// look for one: the chief checks for it once a second, and a signal that follows only makes it
+// look sooner. `job`, when given, is the batch job the request is for: a launcher of that job
+// that starts after the request keeps it (any other discards it as spent).
+void request_stop(const ExperimentLayout& layout, int trial_id, const std::string& reason,
+                  const std::string& job = "");
+void request_stop(const std::string& trial_dir, const std::string& reason, const std::string& job = "");
 // The reason in a trial directory's stop request ("pause", "preemption", ...); empty: none.
 std::string stop_reason(const std::string& trial_dir);
+// True when the trial's stop request was made for batch job `job` (not empty).
+bool stop_requested_for(const std::string& trial_dir, const std::string& job);
 
 }  // namespace hpctrial::core

@@ -1,4 +1,4 @@
-// PBS Professional / OpenPBS commands (qsub, qsig, qhold, qrls, qdel, qstat), run by argv
+// PBS Professional / OpenPBS commands (qsub, qhold, qrls, qdel, qstat, qselect), run by argv
 // through a runner, never a shell. Every method throws SchedulerError naming the command and
 // what PBS said when it fails.
 //
@@ -61,21 +61,27 @@ class Client {
   };
   // Returns the job id qsub printed.
   std::string submit(const Submit& submit) const;
-  void signal(const std::string& job, const std::string& signal) const;  // qsig -s SIG: the job's shell
   void hold(const std::string& job) const;     // qhold: a queued job waits for qrls
   void release(const std::string& job) const;  // qrls
-  void cancel(const std::string& job) const;   // qdel
+  // qdel; with `kill_delay_seconds` (qdel -W N), the time a running job's processes get between
+  // PBS's SIGTERM and its SIGKILL instead of the queue's kill_delay.
+  void cancel(const std::string& job, std::optional<int> kill_delay_seconds = std::nullopt) const;
   // nullopt once PBS no longer knows the job.
   std::optional<JobInfo> job(const std::string& id) const;
-  // An array job's subjobs (qstat -t), or the job alone; empty once PBS forgot it.
-  std::vector<JobInfo> job_tasks(const std::string& id) const;
-  // This user's jobs that PBS still knows, finished ones too where the server keeps history.
+  // What PBS knows of each of `ids`, with an array job's subjobs too, by one `qstat -f -x [-t]`
+  // in text (each call takes a second or more on a busy server, and given several jobs
+  // OpenPBS 23.06 prints only the first as JSON); the ids it forgot are left out.
+  std::vector<JobInfo> jobs(const std::vector<std::string>& ids) const;
+  // This user's jobs that PBS still knows, finished ones too where the server keeps history:
+  // `qselect -x -u USER` (qstat refuses -u beside -f), then jobs() of those.
   std::vector<JobInfo> user_jobs(const std::string& user) const;
 
  private:
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
-  // qstat -f -x with `args`, as JSON where this PBS can, else as text; nullopt: unknown job.
-  std::optional<std::vector<JobInfo>> qstat(const std::vector<std::string>& args) const;
+  // qstat -f -x with `args`, as JSON where asked and this PBS can, else as text; nullopt:
+  // unknown job (of several, the known ones: PBS prints those and names each unknown one on
+  // stderr).
+  std::optional<std::vector<JobInfo>> qstat(const std::vector<std::string>& args, bool as_json = true) const;
   core::CommandRunner run_;
 };
 
