@@ -127,17 +127,13 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
       if (loop.term_at == kNever) {
         const std::int64_t grace = config_.scheduler.preemption_grace_seconds;
         loop.term_at = Clock::now() + std::chrono::seconds(grace);
-        const auto& kill_delay = allocation_.kill_delay_seconds;
-        if (kill_delay && *kill_delay < grace) {
-          // PBS's SIGKILL comes first, unless the job was deleted with a longer `qdel -W`.
-          core::log_warning("SIGTERM: waiting up to {} for the ranks' checkpoint, but {} kills job {} {} after its "
-                            "SIGTERM (the queue's kill_delay) unless it was deleted with a longer `qdel -W` "
-                            "(`hpctrial kill` gives scheduler.preemption_grace)",
-                            describe_seconds(grace), allocation_.scheduler, allocation_.job_id,
-                            describe_seconds(*kill_delay));
-        } else {
-          core::log_info("SIGTERM: waiting up to {} for the ranks' checkpoint", describe_seconds(grace));
-        }
+        const auto& kill_delay = allocation_.kill_delay_seconds;  // PBS's SIGKILL may come first
+        const bool sooner = kill_delay && *kill_delay < grace;
+        core::log(sooner ? core::LogLevel::kWarning : core::LogLevel::kInfo, "SIGTERM: waiting up to {} for the "
+                  "ranks' checkpoint{}", describe_seconds(grace), !sooner ? "" : ", but " + allocation_.scheduler +
+                  " kills job " + allocation_.job_id + " " + describe_seconds(*kill_delay) + " after its SIGTERM "
+                  "(the queue's kill_delay) unless it was deleted with a longer `qdel -W` (`hpctrial kill` gives "
+                  "scheduler.preemption_grace)");
       }
     } else {
       request_stop("preemption");

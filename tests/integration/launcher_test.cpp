@@ -216,6 +216,26 @@ TEST_F(Launcher, CtrlCStopsWithACheckpointAndASecondCtrlCAbortsAtOnce) {
   expect_no_rank_left();
 }
 
+// One launcher per trial: a second `hpctrial run` of a running experiment is refused at once,
+// naming the first, which goes on undisturbed. (In a batch job the second waits instead: a job
+// that resumes a trial may start while the one before it ends.)
+TEST_F(Launcher, ASecondLauncherOfARunningTrialIsRefusedAndTheFirstGoesOn) {
+  const std::string exp = config("", 100000, 2, 1);
+  auto first = start(exp);
+  wait_for_step(20);
+  auto second = run(exp, "", {}, 60s);
+  EXPECT_EQ(second->exit_code(), 1) << second->output();
+  EXPECT_THAT(second->output(), testing::ContainsRegex("trial 0 in " + trial() + " is run by the launcher of pid " +
+                                                       std::to_string(first->pid()) + " on \\S+; wait for it to end"));
+  const long long before = heartbeat(0);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_GT(heartbeat(0), before) << "the first run was disturbed";
+  first->signal(SIGINT);
+  ASSERT_TRUE(first->wait(60s).has_value()) << first->output();
+  EXPECT_EQ(first->exit_code(), 75) << first->output();
+  expect_no_rank_left();
+}
+
 TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
   const std::string exp = config("min_checkpoint_period: {batches: 2000}\n", 20000);
   auto p = start(exp);

@@ -269,6 +269,35 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   expect_same_weights(straight, experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
 }
 
+// A job that resumes a trial can start while the job before it still ends (PBS lets no job depend
+// on a subjob): its launcher waits for the other's, then resumes from its checkpoint.
+TEST_F(PbsExperiment, AJobOfATrialStillRunElsewhereWaitsForItsLauncher) {
+  const std::string first = submit(config(3000, "time_limit: 1h"));
+  ASSERT_EQ(first, "1.fakepbs");
+  auto shell = start_job(first);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 300) << job_output(first);
+  const std::string other = "99.fakepbs";
+  fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
+  std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
+  auto waiting = start_job(other);
+  const auto seen = std::chrono::steady_clock::now() + 30s;
+  while (job_output(other).find("waiting for it to end") == std::string::npos && std::chrono::steady_clock::now() < seen) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_THAT(job_output(other), HasSubstr("trial 0 is still run by the launcher of pbs job 1.fakepbs, pid "));
+  EXPECT_FALSE(waiting->wait(0ms).has_value());
+  const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.err;
+  ASSERT_TRUE(shell->wait(120s).has_value());
+  EXPECT_EQ(shell->exit_code(), 75) << job_output(first);
+  ASSERT_TRUE(waiting->wait(120s).has_value()) << job_output(other);
+  EXPECT_EQ(waiting->exit_code(), 0) << job_output(other);
+  EXPECT_THAT(job_output(other), HasSubstr("resumed from "));
+  EXPECT_THAT(job_output(other), HasSubstr("trial 0 finished"));
+}
+
 // pause holds a job that has not started; kill deletes every live job of the experiment; the
 // verbs take the job's id as well as the directory.
 TEST_F(PbsExperiment, PauseHoldsAQueuedJobAndKillDeletesIt) {

@@ -116,6 +116,12 @@ class PbsServer : public testing::Test {
       GTEST_SKIP() << "no local PBS server answers (scripts/local-pbs.sh start builds and starts one where its "
                       "source is available): " << ping.describe() << " " << ping.err;
     }
+    // The user runs the build tree's programs: every folder above them must let others in.
+    for (const char* program : {HPCTRIAL_CLI, HPCTRIAL_FAULTY_TRIAL}) {
+      ASSERT_TRUE(user({"test", "-x", program}, 30s).ok())
+          << kUser << " cannot run " << program << ": build with umask 022, or give others read and search "
+          << "permission on the build tree";
+    }
     // The experiment lives in a directory the user owns; the rest of dir_ stays root's.
     fs::create_directories(user_dir());
     ASSERT_EQ(::chown(user_dir().c_str(), pw->pw_uid, pw->pw_gid), 0);
