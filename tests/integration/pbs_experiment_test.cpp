@@ -120,6 +120,14 @@ class PbsExperiment : public testing::Test {
     while (::kill(-leader, 0) == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
     return ::kill(-leader, 0) != 0;
   }
+  // Waits (up to a minute) until job `id` has trained 300 batches; the failure shows its output.
+  testing::AssertionResult wait_for_training(const std::string& id) const {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+    if (heartbeat() >= 300) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "job " << id << " reached batch " << heartbeat() << ", not 300\n"
+                                       << job_output(id);
+  }
   std::string state_of(const std::string& id) const { return core::trim(read_file(pbs_dir() + "/" + id + ".state")); }
   long long heartbeat() const {
     std::ifstream in(experiment() + "/trial-0/launch/heartbeat/rank-0");
@@ -230,9 +238,7 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   const std::string first = submit(exp);
   ASSERT_EQ(first, "1.fakepbs");
   auto shell = start_job(first);
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
-  ASSERT_GE(heartbeat(), 300) << read_file(experiment() + "/pbs-" + first + ".out");
+  ASSERT_TRUE(wait_for_training(first));
 
   const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
   ASSERT_TRUE(pause.ok()) << pause.describe() << pause.out << pause.err;
@@ -275,9 +281,7 @@ TEST_F(PbsExperiment, AJobOfATrialStillRunElsewhereWaitsForItsLauncher) {
   const std::string first = submit(config(3000, "time_limit: 1h"));
   ASSERT_EQ(first, "1.fakepbs");
   auto shell = start_job(first);
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
-  ASSERT_GE(heartbeat(), 300) << job_output(first);
+  ASSERT_TRUE(wait_for_training(first));
   const std::string other = "99.fakepbs";
   fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
   std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
@@ -326,9 +330,7 @@ TEST_F(PbsExperiment, ADeleteWithoutWarningCheckpointsAndSubmitsNothing) {
   const std::string job = submit(config(100000, "time_limit: 1h, preemption_grace: 20s"));
   ASSERT_EQ(job, "1.fakepbs");
   auto shell = start_job(job);
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
-  ASSERT_GE(heartbeat(), 300) << job_output(job);
+  ASSERT_TRUE(wait_for_training(job));
   const auto kill = run({HPCTRIAL_CLI, "kill", job});
   ASSERT_TRUE(kill.ok()) << kill.describe() << kill.err;
   EXPECT_THAT(kill.out, HasSubstr("pbs job 1.fakepbs cancelled"));
