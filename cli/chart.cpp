@@ -2,14 +2,14 @@
 
 #include <fcntl.h>
 #include <plplot.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 
 #include "hpctrial/core/error.h"
@@ -188,19 +188,36 @@ void draw_chart(const Chart& chart, const std::string& path) {
 
   // Drawn beside the file, then published whole (private, as every file hpctrial writes): a reader
   // never sees half a chart, and PLplot, which ends the process on an error of its own, only
-  // opens a file already made.
+  // opens a file already made. The temporary has a name no one can guess, made with O_EXCL (a
+  // link planted in a shared directory is neither followed nor a reason to fail); PLplot
+  // reopens it by that name, and what is published is read through our own descriptor.
   const std::filesystem::path target(path);
-  const std::string temp = (target.parent_path() / ("." + target.filename().string() + "." +
-                                                     std::to_string(::getpid()) + ".tmp")).string();
-  {
-    const core::UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (fd.get() < 0) core::throw_errno("cannot write the chart " + path, errno);
-  }
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  std::string temp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
+  const core::UniqueFd fd(::mkostemp(temp.data(), O_CLOEXEC));  // O_RDWR | O_CREAT | O_EXCL, 0600
+  if (fd.get() < 0) core::throw_errno("cannot write the chart " + path + ": no temporary file in " + dir.string(), errno);
+  struct Removed {
+    const std::string& temp;
+    ~Removed() { ::unlink(temp.c_str()); }
+  } removed_at_exit{temp};
+  if (::fchmod(fd.get(), 0600) != 0) core::throw_errno("cannot set the mode of " + temp, errno);  // whatever the umask
   draw(chart, device, temp);
-  std::ifstream in(temp, std::ios::binary);
-  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::error_code ignored;
-  std::filesystem::remove(temp, ignored);
+  struct stat ours {}, named {};
+  if (::fstat(fd.get(), &ours) != 0 || ::lstat(temp.c_str(), &named) != 0 || ours.st_dev != named.st_dev ||
+      ours.st_ino != named.st_ino) {
+    throw IoError("the temporary chart " + temp + " was replaced while PLplot drew into it; draw the chart into a "
+                  "directory that only you can write (-o DIR/chart" + extension + ")");
+  }
+  std::string content;
+  char block[65536];
+  for (off_t offset = 0;;) {
+    const ssize_t n = ::pread(fd.get(), block, sizeof block, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) core::throw_errno("cannot read the chart back from " + temp, errno);
+    if (n == 0) break;
+    content.append(block, static_cast<std::size_t>(n));
+    offset += n;
+  }
   if (content.empty()) throw IoError("PLplot wrote nothing into " + path + " (its " + device + " driver failed)");
   core::write_file_atomic(path, content);
 }

@@ -41,7 +41,8 @@ struct LatestCheckpoint {
 std::optional<LatestCheckpoint> latest_checkpoint(const core::ExperimentLayout& layout, int trial) {
   std::string dir = layout.trial_dir(trial) + "/checkpoints";
   try {  // where the trainer put them: checkpoint_storage.host_path may say elsewhere
-    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), layout.trial_dir(trial), trial);
+    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), layout.trial_dir(trial), trial,
+                               core::experiment_identity(layout));
   } catch (const Error&) {
     // no readable experiment.yaml: the default place
   }

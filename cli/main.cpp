@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       std::cerr << "hpctrial " << name << ": " << e.what() << "\n";
       return cli::kExitFailure;
+    } catch (const std::exception& e) {
+      // Not one of ours: a library's error (a file of the wrong shape, memory). One line all
+      // the same, never a core dump.
+      std::cerr << "hpctrial " << name << ": " << e.what() << "\n";
+      return cli::kExitFailure;
     }
   }
   std::vector<std::string> names;

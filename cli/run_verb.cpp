@@ -122,7 +122,7 @@ int run_run(const std::vector<std::string>& args) {
                                     core::real_command_runner());
     return kExitOk;
   }
-  launcher::prepare_experiment(config, launch.experiment_dir);
+  launch.write_config = config;  // written by the launcher once it holds the trial
   for (int trial = std::max(only_trial, 0); trial < trials; ++trial) {
     launch.trial_id = trial;
     const int code = launcher::launch(launch, env, core::real_command_runner());

@@ -275,6 +275,7 @@ Contents read_checkpoint(const std::string& path, const ReadOptions& options) {
         std::lock_guard<std::mutex> lock(mutex);
         stop = true;
       }
+      arrived.notify_all();  // the reader may be waiting for a dataset this thread will not touch now
       reader.join();
       throw;
     }

@@ -15,6 +15,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/metric_order.h"
 
 namespace hpctrial::checkpoint {
 namespace {
@@ -115,8 +116,9 @@ void CheckpointStore::apply_retention(const std::string& keep) {
   for (const auto& info : all) {
     if (info.valid && info.metric) scored.push_back(&info);
   }
+  // Non-finite metrics (a diverged run's NaN) rank last: never kept as the best over a real one.
   std::stable_sort(scored.begin(), scored.end(), [&](const CheckpointInfo* a, const CheckpointInfo* b) {
-    return options_.smaller_is_better ? *a->metric < *b->metric : *a->metric > *b->metric;
+    return core::metric_better(*a->metric, *b->metric, options_.smaller_is_better);
   });
   for (int i = 0; i < options_.keep_best && i < static_cast<int>(scored.size()); ++i) kept.insert(scored[static_cast<std::size_t>(i)]->file);
   for (const auto& info : all) {
@@ -160,7 +162,8 @@ std::vector<CheckpointInfo> CheckpointStore::list(bool verify) const {
   return out;
 }
 
-std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<std::string>* problems) const {
+std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<std::string>* problems,
+                                                                    const Acceptor& accept) const {
   std::vector<std::string> candidates;
   if (const auto latest = latest_file()) {
     candidates.push_back(*latest);
@@ -180,7 +183,10 @@ std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<
     const std::string path = (fs::path(dir_) / name).string();
     try {
       Loaded loaded{path, *checkpoint_batches(name), read_checkpoint(path)};
+      if (accept) accept(loaded);
       return loaded;
+    } catch (const ConfigError&) {
+      throw;  // the acceptor's verdict on the whole store
     } catch (const Error& e) {
       problems->push_back(e.what());
     }

@@ -15,6 +15,7 @@
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/checkpoint/shared_write.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
 
 namespace hpctrial::checkpoint {
 namespace {
@@ -55,6 +56,30 @@ void write_all(FileSystem& fs, int fd, const char* data, std::size_t size, off_t
     size -= static_cast<std::size_t>(n);
     offset += n;
   }
+}
+
+// Writes with O_DIRECT. Some filesystems open a file with O_DIRECT and then refuse the writes
+// with EINVAL: returns how many bytes went out before such a refusal (`size` when none came).
+// IoError on any other failure.
+std::size_t write_direct(FileSystem& fs, int fd, const char* data, std::size_t size, off_t offset,
+                         const std::string& path) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = fs.pwrite(fd, data + done, std::min(size - done, kMaxIo), offset + static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL) return done;
+      core::throw_errno("cannot write " + path, errno);
+    }
+    if (n == 0) throw IoError("cannot write " + path + ": the write made no progress");
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
+}
+
+void warn_direct_io_refused(const std::string& path) {
+  core::log_warning("{}: the filesystem opened the file for direct I/O (O_DIRECT) but refused a direct write "
+                    "(EINVAL); writing the rest of it through the page cache", path);
 }
 
 struct Placed {
@@ -202,7 +227,8 @@ std::vector<Placed> lay_out(const std::string& temp, const Contents& contents, c
 }
 
 // Writes the large datasets' bytes at their offsets: whole 4 KiB blocks with O_DIRECT (when the
-// filesystem takes it), the tail through the page cache.
+// filesystem takes it), the tail through the page cache. A filesystem that opens the file with
+// O_DIRECT but refuses a direct write gets the rest of the file through the page cache.
 void write_raw(FileSystem& fs, const std::string& temp, const std::vector<Placed>& raw, bool direct_io) {
   SeamFd buffered(fs, fs.open(temp, O_WRONLY | O_CLOEXEC, 0));
   if (buffered.get() < 0) core::throw_errno("cannot open " + temp, errno);
@@ -218,7 +244,14 @@ void write_raw(FileSystem& fs, const std::string& temp, const std::vector<Placed
     std::size_t size = d->nbytes();
     std::size_t aligned = 0;
     if (direct.get() >= 0 && offset % Buffer::kAlignment == 0) aligned = size / Buffer::kAlignment * Buffer::kAlignment;
-    if (aligned > 0) write_all(fs, direct.get(), bytes, aligned, static_cast<off_t>(offset), temp);
+    if (aligned > 0) {
+      const std::size_t sent = write_direct(fs, direct.get(), bytes, aligned, static_cast<off_t>(offset), temp);
+      if (sent < aligned) {
+        warn_direct_io_refused(temp);
+        direct.close(temp);
+        aligned = sent;
+      }
+    }
     if (size > aligned) {
       write_all(fs, buffered.get(), bytes + aligned, size - aligned, static_cast<off_t>(offset + aligned), temp);
     }
@@ -355,7 +388,13 @@ void PieceWriter::write(std::uint64_t file_offset, const void* data, std::size_t
     return;
   }
   if (head > 0) write_all(fs_, buffered_, bytes, head, static_cast<off_t>(file_offset), temp_);
-  write_all(fs_, direct_, bytes + head, middle, static_cast<off_t>(file_offset + head), temp_);
+  const std::uint64_t sent = write_direct(fs_, direct_, bytes + head, middle, static_cast<off_t>(file_offset + head), temp_);
+  if (sent < middle) {
+    // Refused (EINVAL): this writer's bytes go through the page cache from here on.
+    warn_direct_io_refused(temp_);
+    SeamFd(fs_, std::exchange(direct_, -1)).close(temp_);
+    write_all(fs_, buffered_, bytes + head + sent, middle - sent, static_cast<off_t>(file_offset + head + sent), temp_);
+  }
   const std::uint64_t tail = size - head - middle;
   if (tail > 0) write_all(fs_, buffered_, bytes + head + middle, tail, static_cast<off_t>(file_offset + head + middle), temp_);
 }

@@ -239,6 +239,12 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   if (const ConfigNode* n = r.get("group_readable")) {
     if (auto v = read_bool(*n, r.path("group_readable"), d)) c.group_readable = *v;
   }
+  if (const ConfigNode* n = r.get("auto_overhead")) {
+    if (auto v = read_double(*n, r.path("auto_overhead"), d, 0.0, 0.5, true)) c.auto_overhead = *v;
+  }
+  if (const ConfigNode* n = r.get("auto_max_interval")) {
+    if (auto v = read_duration(*n, r.path("auto_max_interval"), d, 1, 7 * 24 * 3600)) c.auto_max_interval_seconds = *v;
+  }
   r.finish();
 }
 

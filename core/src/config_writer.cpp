@@ -120,6 +120,8 @@ std::string to_yaml(const ExperimentConfig& c) {
   if (c.min_checkpoint_period) {
     out << YAML::Key << "min_checkpoint_period" << YAML::Value;
     emit_length(out, *c.min_checkpoint_period);
+  } else {
+    out << YAML::Key << "min_checkpoint_period" << YAML::Value << (c.auto_checkpoint_period ? "auto" : "none");
   }
 
   const Resources& r = c.resources;
@@ -203,6 +205,8 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "save_trial_best" << YAML::Value << s.save_trial_best;
   out << YAML::Key << "async" << YAML::Value << s.async;
   out << YAML::Key << "group_readable" << YAML::Value << s.group_readable;
+  out << YAML::Key << "auto_overhead" << YAML::Value << s.auto_overhead;
+  out << YAML::Key << "auto_max_interval" << YAML::Value << format_duration(s.auto_max_interval_seconds);
   out << YAML::EndMap;
 
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;

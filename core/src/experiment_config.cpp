@@ -4,6 +4,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -19,6 +21,29 @@
 namespace hpctrial::core {
 
 using namespace detail;  // the schema's pieces (config_schema.h)
+
+namespace {
+
+// The name is a directory (runs/<name>, a folder in checkpoint_storage.host_path) and a job
+// name: one path component of a portable set, never "." or "..", never an option's look.
+std::string experiment_name_problem(const std::string& name) {
+  if (name.empty()) return "";  // read_string reports it
+  const auto bad = std::find_if(name.begin(), name.end(), [](unsigned char c) {
+    return !(std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == '+');
+  });
+  const std::string rule = "; it names the experiment's directory, so use letters, digits and . _ - +, "
+                           "starting with a letter or digit (e.g. mnist-cnn)";
+  if (bad != name.end()) {
+    const unsigned char c = static_cast<unsigned char>(*bad);
+    const std::string shown = c == ' ' ? "a space" : c == '/' ? "'/'" : std::isprint(c) ? "'" + std::string(1, *bad) + "'"
+                                                                                        : "a character outside ASCII";
+    return "\"" + name + "\" holds " + shown + rule;
+  }
+  if (!std::isalnum(static_cast<unsigned char>(name.front()))) return "\"" + name + "\" starts with '" + name.substr(0, 1) + "'" + rule;
+  return "";
+}
+
+}  // namespace
 
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
   ExperimentConfig config;
@@ -36,6 +61,8 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
       if (v->size() > kMaxNameLength) {
         report(*n, "name", d, "is " + std::to_string(v->size()) + " characters; keep it to " +
                                    std::to_string(kMaxNameLength));
+      } else if (const std::string why = experiment_name_problem(*v); !why.empty()) {
+        report(*n, "name", d, why);
       } else {
         config.name = *v;
       }
@@ -71,7 +98,12 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
     config.min_validation_period = read_length(*n, "min_validation_period", d, period_units);
   }
   if (const ConfigNode* n = top.get("min_checkpoint_period")) {
-    config.min_checkpoint_period = read_length(*n, "min_checkpoint_period", d, period_units);
+    if (n->is_scalar() && (n->text() == "auto" || n->text() == "none")) {
+      config.auto_checkpoint_period = n->text() == "auto";
+    } else {
+      config.auto_checkpoint_period = false;
+      config.min_checkpoint_period = read_length(*n, "min_checkpoint_period", d, period_units);
+    }
   }
 
   struct Section {

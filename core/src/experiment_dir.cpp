@@ -1,10 +1,13 @@
 #include "hpctrial/core/experiment_dir.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <cstdio>
+#include <random>
 #include <filesystem>
 #include <fstream>
 
@@ -18,21 +21,6 @@ namespace hpctrial::core {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return json::object();
-  try {
-    json j = json::parse(in);
-    return j.is_object() ? j : json::object();
-  } catch (const json::exception& e) {
-    throw IoError(path + " is not valid JSON (" + e.what() + "); remove it or restore it from a backup");
-  }
-}
-
-void write_json_file(const std::string& path, const json& value) {
-  write_file_atomic(path, value.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-}
-
 std::string default_experiment_dir(const std::string& name) { return (fs::path("runs") / name).string(); }
 
 std::string experiment_of_output(const std::string& output_file) {
@@ -42,10 +30,80 @@ std::string experiment_of_output(const std::string& output_file) {
   return fs::exists(layout.state()) && fs::exists(layout.config()) ? layout.dir : "";
 }
 
-std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id) {
+namespace {
+
+// Held while experiment.json is read, changed and written back; released when closed.
+UniqueFd lock_experiment(const ExperimentLayout& layout) {
+  const std::string path = layout.dir + "/.experiment.lock";
+  UniqueFd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (lock.get() < 0) throw_errno("cannot open " + path, errno);
+  lock_file_exclusive(lock.get(), path);
+  return lock;
+}
+
+std::optional<ExperimentIdentity> identity_in(const json& state, const std::string& path) {
+  const std::string id = json_field(state, "experiment_id", std::string(), path);
+  if (id.empty()) return std::nullopt;
+  return ExperimentIdentity{id, json_field(state, "experiment_name", std::string(), path),
+                            json_field(state, "host_folder", std::string(), path)};
+}
+
+std::string new_experiment_id() {
+  std::random_device random;
+  char text[17];
+  std::snprintf(text, sizeof text, "%08x%08x", random(), random());
+  return text;
+}
+
+// An experiment made before identities whose config put checkpoints in a host_path: they are
+// at host_path/trial-<id>, and stay there.
+bool kept_checkpoints_in_shared_store(const ExperimentLayout& layout) {
+  std::error_code ec;
+  if (!fs::exists(layout.config(), ec)) return false;
+  try {
+    return !load_experiment_config({layout.config(), "", {}}).checkpoint_storage.host_path.empty();
+  } catch (const Error&) {
+    return false;  // unreadable: it made no checkpoints we could find either
+  }
+}
+
+// The name as one path component (names are checked so since identities exist; older ones
+// may hold anything).
+std::string folder_name(std::string name) {
+  for (char& c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '+')) c = '_';
+  }
+  if (name.empty() || name.front() == '.') name.insert(0, "x");
+  return name;
+}
+
+}  // namespace
+
+std::optional<ExperimentIdentity> experiment_identity(const ExperimentLayout& layout) {
+  return identity_in(read_json_file(layout.state()), layout.state());
+}
+
+ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, const std::string& name) {
+  create_directories(layout.dir);
+  const UniqueFd lock = lock_experiment(layout);
+  json state = read_json_file(layout.state());
+  if (auto known = identity_in(state, layout.state())) return *known;
+  ExperimentIdentity identity{new_experiment_id(), name, ""};
+  if (!kept_checkpoints_in_shared_store(layout)) identity.host_folder = folder_name(name) + "-" + identity.id;
+  state["experiment_id"] = identity.id;
+  state["experiment_name"] = identity.name;
+  state["host_folder"] = identity.host_folder;
+  write_json_file(layout.state(), state);
+  return identity;
+}
+
+std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id,
+                           const std::optional<ExperimentIdentity>& identity) {
   if (config.checkpoint_storage.host_path.empty()) return (fs::path(trial_dir) / "checkpoints").string();
   fs::path base(config.checkpoint_storage.host_path);
   if (base.is_relative() && !config.source_path.empty()) base = fs::path(config.source_path).parent_path() / base;
+  if (!identity) base /= config.name;
+  else if (!identity->host_folder.empty()) base /= identity->host_folder;
   return (base / ("trial-" + std::to_string(trial_id))).string();
 }
 
@@ -55,17 +113,18 @@ std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
   if (!state.contains("jobs") || !state["jobs"].is_array()) return jobs;
   for (const auto& j : state["jobs"]) {
     if (!j.is_object()) continue;
-    jobs.push_back({j.value("id", std::string()), j.value("scheduler", std::string()),
-                    j.value("submitted", std::string()), j.value("trial", -1)});
+    const std::string& path = layout.state();
+    jobs.push_back({json_field(j, "id", std::string(), path), json_field(j, "scheduler", std::string(), path),
+                    json_field(j, "submitted", std::string(), path), json_field(j, "trial", -1, path)});
   }
   return jobs;
 }
 
 std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
   const json state = read_json_file(layout.state());
-  const std::string id = state.value("job_id", std::string());
+  const std::string id = json_field(state, "job_id", std::string(), layout.state());
   if (id.empty()) return std::nullopt;
-  RecordedJob job{id, state.value("scheduler", std::string()), ""};
+  RecordedJob job{id, json_field(state, "scheduler", std::string(), layout.state()), ""};
   for (const auto& recorded : recorded_jobs(layout)) {
     if (recorded.id == id) job.submitted = recorded.submitted;
   }
@@ -74,8 +133,7 @@ std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
 
 void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial) {
   // The subjobs of an array job may each record their successor at the same moment.
-  const UniqueFd lock(::open((layout.dir + "/.experiment.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (lock.get() >= 0) ::flock(lock.get(), LOCK_EX);  // released when closed
+  const UniqueFd lock = lock_experiment(layout);
   json state = read_json_file(layout.state());
   state["scheduler"] = scheduler;
   state["job_id"] = id;
@@ -92,9 +150,10 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   for (const auto& [rank, record] : read_heartbeats(heartbeat_dir(trial_dir))) {
     if (rank == 0) p.reported_step = record.step;
   }
-  const json state = read_json_file(launcher_state_file(trial_dir));
-  p.starts = state.value("starts", 0);
-  p.failures = state.value("failures", 0);
+  const std::string state_path = launcher_state_file(trial_dir);
+  const json state = read_json_file(state_path);
+  p.starts = json_field(state, "starts", 0, state_path);
+  p.failures = json_field(state, "failures", 0, state_path);
   std::ifstream records(trial_dir + "/failures.jsonl");
   for (std::string line; std::getline(records, line);) {
     try {

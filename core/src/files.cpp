@@ -1,12 +1,14 @@
 #include "hpctrial/core/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -63,6 +65,8 @@ int FileSystem::fsync(int fd) { return ::fsync(fd); }
 int FileSystem::close(int fd) { return ::close(fd); }
 int FileSystem::rename(const std::string& from, const std::string& to) { return ::rename(from.c_str(), to.c_str()); }
 int FileSystem::unlink(const std::string& path) { return ::unlink(path.c_str()); }
+int FileSystem::flock(int fd, int operation) { return ::flock(fd, operation); }
+int FileSystem::fcntl_lock(int fd, int command, struct ::flock* lock) { return ::fcntl(fd, command, lock); }
 
 FileSystem& posix_file_system() {
   static FileSystem fs;
@@ -119,6 +123,50 @@ void write_file_atomic(const std::string& path, std::string_view content, mode_t
   if (fs.close(fd) != 0) throw_errno("cannot close " + temp, errno);
   publish_file(temp, path, fs);
   published = true;
+}
+
+namespace {
+
+// The errors of a filesystem without flock (Lustre without -o flock, NFS without its lock
+// service).
+bool flock_unsupported(int error) { return error == ENOSYS || error == EOPNOTSUPP || error == ENOLCK; }
+// The same for open file description locks, and EINVAL: a kernel before 3.15, without them.
+bool ofd_lock_unsupported(int error) { return flock_unsupported(error) || error == EINVAL; }
+
+}  // namespace
+
+bool lock_file_exclusive(int fd, const std::string& path, LockWait wait, FileSystem& fs) {
+  const bool block = wait == LockWait::kWait;
+  int error = 0;
+  for (;;) {
+    if (fs.flock(fd, LOCK_EX | (block ? 0 : LOCK_NB)) == 0) return true;
+    error = errno;
+    if (error == EINTR) continue;
+    if (error == EWOULDBLOCK && !block) return false;
+    break;
+  }
+  if (!flock_unsupported(error)) throw_errno("cannot lock " + path, error);
+  // No flock here: an open file description lock on the whole file, owned like a flock lock by
+  // the open file description, so it conflicts with every other open of the file.
+  for (;;) {
+    struct ::flock whole {};
+    whole.l_type = F_WRLCK;
+    whole.l_whence = SEEK_SET;
+    whole.l_start = 0;
+    whole.l_len = 0;
+    if (fs.fcntl_lock(fd, block ? F_OFD_SETLKW : F_OFD_SETLK, &whole) == 0) return true;
+    const int ofd_error = errno;
+    if (ofd_error == EINTR) continue;
+    if ((ofd_error == EAGAIN || ofd_error == EACCES) && !block) return false;
+    if (ofd_lock_unsupported(ofd_error)) {
+      throw IoError("cannot lock " + path + ": its filesystem supports neither flock (" + std::strerror(error) +
+                    ") nor open file description locks (" + std::strerror(ofd_error) +
+                    "), so nothing would keep two hpctrial processes from using it at once; mount the filesystem "
+                    "with `-o flock` (Lustre), or on NFS run its lock service (NFSv4, or rpc.statd for NFSv3) "
+                    "or mount with `local_lock=flock` (locks on this node only)");
+    }
+    throw_errno("cannot lock " + path, ofd_error);
+  }
 }
 
 }  // namespace hpctrial::core

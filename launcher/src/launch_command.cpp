@@ -1,11 +1,14 @@
 // The experiment directory, where the launcher runs, and the mpirun command of one attempt.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -59,7 +62,12 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
   const ExperimentLayout layout{dir};
   const std::string workdir = experiment_workdir(config);
   config = resolve_experiment(std::move(config), dir);
-  core::create_directories(dir);
+  const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
+  core::create_directories(dir, mode);  // runs/ too, when it is made now
+  if (::chmod(dir.c_str(), mode) != 0) {  // the config says who may read it, now as when it was made
+    throw IoError("cannot set the mode of " + dir + ": " + std::strerror(errno));
+  }
+  core::ensure_experiment_identity(layout, config.name);  // before the config: an older experiment has one
   core::write_file_atomic(layout.config(), core::to_yaml(config));
   json state = core::read_json_file(layout.state());
   state["workdir"] = workdir;
@@ -184,7 +192,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   MpirunCommand c;
   c.np = options.np > 0 ? options.np : ranks_for(config.resources, allocation);
   c.working_dir = options.working_dir.empty()
-                      ? core::read_json_file(layout.state()).value("workdir", std::string())
+                      ? core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state())
                       : options.working_dir;
   std::string mpirun = options.mpirun;
   if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -21,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
@@ -217,8 +217,8 @@ constexpr auto kTrialLockWait = std::chrono::minutes(10);
 // One launcher per trial: a job that resumes a trial can start while the job before it is
 // still ending (PBS lets no job depend on a subjob of an array job). In a batch job the new
 // launcher waits for the old one to end; outside one, a second launcher is refused. The lock
-// (flock, released when the launcher ends however it ends) names its holder. A filesystem
-// without flock gets no lock.
+// (core::lock_file_exclusive: flock, or an open file description lock where the filesystem has
+// no flock; released when the launcher ends however it ends) names its holder.
 core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core::Allocation& allocation) {
   const std::string path = trial_dir + "/.launcher.lock";
   core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -230,12 +230,7 @@ core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core
     return text.empty() ? std::string("another launcher") : text;
   };
   const auto deadline = std::chrono::steady_clock::now() + kTrialLockWait;
-  for (bool said = false; ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0;) {
-    if (errno != EWOULDBLOCK && errno != EINTR) {
-      core::log_warning("cannot lock {} ({}); nothing keeps a second launcher off trial {}", path,
-                        std::strerror(errno), trial_id);
-      return fd;
-    }
+  for (bool said = false; !core::lock_file_exclusive(fd.get(), path, core::LockWait::kTry);) {
     if (!allocation.in_job()) {
       throw Error("trial " + std::to_string(trial_id) + " in " + trial_dir + " is run by " + holder() +
                   "; wait for it to end, or stop it (Ctrl-C there, or `hpctrial kill`)");
@@ -263,7 +258,8 @@ core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core
 // max_restarts, its directory removed), none to restart it.
 std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a, int code,
                                   const core::ExperimentConfig& config, const LaunchOptions& options,
-                                  const std::string& trial_dir, json& state, int starts, int failures) {
+                                  const std::string& trial_dir, json& state, int starts, int failures,
+                                  std::string& previous) {
   std::error_code ignored;
   const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
   if (!trial_dir_gone) {
@@ -284,6 +280,17 @@ std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a
     core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);
     return failure.exit_code;
   }
+  // The same failure at start-up as the attempt before, with no rank a step further: a
+  // deterministic mistake (a file it cannot read, a bad setting), which a restart only repeats.
+  const bool startup = failure.record.value("phase", std::string()) == core::phase_name(core::RankPhase::kStartup);
+  const std::string signature = startup ? what + " " + failure.record.at("last_steps").dump() : std::string();
+  const bool repeated = startup && signature == std::exchange(previous, signature);
+  if (repeated && failures <= config.max_restarts) {
+    core::log_error("trial {} failed: {}. The attempt before failed the same way at the same step, so it is not "
+                    "restarted again (it would fail the same way); fix the cause and run again. The failures are "
+                    "recorded in {}", options.trial_id, what, record_path);
+    return failure.exit_code;
+  }
   if (failures > config.max_restarts) {
     core::log_error("trial {} failed: {}. It has failed {} time(s) and max_restarts is {}, so it is not restarted; "
                     "the failures are recorded in {}", options.trial_id, what, failures, config.max_restarts,
@@ -296,7 +303,22 @@ std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a
 }
 
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  // A closed stdout or stderr (`hpctrial run ... | head`, a dropped terminal) fails writes with
+  // EPIPE, which every writer here tolerates: the rank logs keep everything. (Children start
+  // with the default disposition again: spawn_process resets it.)
+  ::signal(SIGPIPE, SIG_IGN);
   const ExperimentLayout layout{options.experiment_dir};
+  core::UniqueFd trial_lock;
+  if (options.write_config && !options.dry_run) {
+    // The config is replaced only by the launcher that holds the trial: a second run, refused
+    // because the trial is running, leaves the config that the first run's restarts read.
+    const core::ExperimentConfig& fresh = *options.write_config;
+    const std::string trial_dir = layout.trial_dir(options.trial_id);
+    core::create_directories(layout.dir, fresh.checkpoint_storage.group_readable ? 0750 : 0700);
+    core::create_directories(trial_dir, fresh.checkpoint_storage.group_readable ? 0750 : 0700);
+    trial_lock = lock_trial(trial_dir, options.trial_id, job_allocation(fresh, options, env, run));
+    prepare_experiment(fresh, layout.dir);
+  }
   if (!fs::exists(layout.config())) {
     throw ConfigError(layout.dir + " holds no experiment.yaml; create the experiment with `hpctrial run EXP.yaml` "
                       "or `hpctrial submit EXP.yaml`");
@@ -314,15 +336,17 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   }
 
   core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
-  const core::UniqueFd trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
+  if (trial_lock.get() < 0) trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
   json state = core::read_json_file(state_path);
-  int starts = state.value("starts", 0);
-  int failures = options.reset_failures ? 0 : state.value("failures", 0);
-  const std::string working_dir = core::read_json_file(layout.state()).value("workdir", std::string());
+  int starts = core::json_field(state, "starts", 0, state_path);
+  int failures = options.reset_failures ? 0 : core::json_field(state, "failures", 0, state_path);
+  const std::string working_dir =
+      core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state());
   check_entrypoint(config, working_dir, env);
   clear_spent_requests(trial_dir, allocation);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalFd signals;
+  std::string previous_failure;  // the last attempt's failure and steps, to tell a repeat
 
   while (true) {
     const MpirunCommand command = build_mpirun_command(config, allocation, options, starts, env);
@@ -360,7 +384,8 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     }
 
     // A failure: record it, then restart or give up.
-    if (const auto given_up = record_failure(supervisor, a, code, config, options, trial_dir, state, starts, ++failures)) {
+    if (const auto given_up = record_failure(supervisor, a, code, config, options, trial_dir, state, starts, ++failures,
+                                             previous_failure)) {
       return *given_up;
     }
   }

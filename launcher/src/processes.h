@@ -25,7 +25,7 @@ class SignalFd {
  public:
   SignalFd() {
     sigemptyset(&set_);
-    for (int s : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set_, s);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set_, s);
     if (::sigprocmask(SIG_BLOCK, &set_, &old_) != 0) core::throw_errno("cannot block the launcher's signals", errno);
     fd_ = ::signalfd(-1, &set_, SFD_CLOEXEC | SFD_NONBLOCK);
     if (fd_ < 0) core::throw_errno("cannot create a signalfd", errno);

@@ -1,6 +1,5 @@
 #include "supervisor.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -108,7 +107,7 @@ void Supervisor::begin(const MpirunCommand& command, pid_t child) {
 }
 
 // Ctrl-C asks for a stop, a second one aborts; SIGTERM asks for a stop and starts the grace;
-// SIGUSR1/SIGUSR2 (a preemption warning, `hpctrial pause`) ask for a stop.
+// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (a preemption warning, `hpctrial pause`) ask for one.
 void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
   for (int signal; (signal = signals.next()) != 0;) {
     if (signal == SIGCHLD) continue;  // reaped below
@@ -120,6 +119,7 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
     } else if (signal == SIGINT) {
       request_stop("interrupt");
       core::log_info("stopping after the current step with a checkpoint; press Ctrl-C again to abort now");
+
     } else if (signal == SIGTERM) {
       // Not forwarded: the scheduler signals every process of the job itself, and a second
       // TERM makes mpirun kill the ranks at once. A stop request reaches them if it did not.
@@ -136,7 +136,7 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
                   "scheduler.preemption_grace)");
       }
     } else {
-      request_stop("preemption");
+      request_stop(signal == SIGHUP ? "hangup" : "preemption");
     }
   }
 }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/core/batch_job.h"
@@ -20,7 +22,21 @@ constexpr std::size_t kMaxJobName = 236;
 // Options hpctrial sets itself: an extra directive may not change them, or rerun, successor
 // jobs, output and private files stop working. -l and -W are refused only for these resources
 // and attributes.
-const char* const kOwnOptions[] = {"-r", "-j", "-o", "-e", "-J", "-h", "-N", "-k"};
+constexpr const char* kOutput = "the job's output is kept in the experiment directory, where `hpctrial logs` reads it";
+const std::pair<char, const char*> kOwnOptions[] = {
+    {'r', "the job is rerunnable: PBS reruns it after a node fails, and it resumes from its latest checkpoint"},
+    {'j', kOutput},
+    {'o', kOutput},
+    {'e', kOutput},
+    {'k', kOutput},
+    {'J', "a search is one array job, one subjob per trial; set searcher.max_concurrent_trials to limit how many "
+          "run at once"},
+    {'h', "hpctrial holds and releases the job itself: `hpctrial pause` and `hpctrial activate`"},
+    {'N', "the job's name comes from the experiment's name; set name instead"},
+};
+// qsub's options that take no value (OpenPBS: -f -h -I -V -X -z): getopt reads the next letter
+// of their word as another option. The others take a value, attached or in the next word.
+constexpr const char* kQsubFlags = "fhIVXz";
 const char* const kOwnResources[] = {"select", "walltime", "nodes", "ncpus", "mpiprocs", "ngpus", "mem"};
 const char* const kOwnAttributes[] = {"umask", "depend", "max_run_subjobs"};
 
@@ -43,15 +59,33 @@ void check_extra_directive(const std::string& extra, const std::string& key) {
     throw ConfigError(key + ": \"" + extra + "\" must be one qsub option and its value, separated by one blank, "
                       "each of letters, digits and _@%+=:,./- only, e.g. \"-l place=scatter\"");
   }
-  const std::string& option = words[0];
-  for (const char* own : kOwnOptions) {
-    if (option == own) {
-      throw ConfigError(key + ": " + option + " is set by hpctrial itself (rerun, output files and successor jobs "
-                        "depend on it); remove it");
+  // The word as qsub's getopt reads it: options without a value, then at most one that takes
+  // a value, attached to it or in the next word.
+  const std::string& word = words[0];
+  std::string option, value;
+  for (std::size_t i = 1; i < word.size() && option.empty(); ++i) {
+    const char letter = word[i];
+    for (const auto& [own, reason] : kOwnOptions) {
+      if (letter != own) continue;
+      const std::string shown = std::string("-") + letter;
+      if (word == shown) {
+        throw ConfigError(key + ": " + shown + " is set by hpctrial itself (" + reason + "); remove it");
+      }
+      throw ConfigError(key + ": " + word + " sets " + shown + ": qsub takes an option's value attached to it, and "
+                        "several options in one word; " + shown + " is set by hpctrial itself (" + reason +
+                        "); remove it");
     }
+    if (std::strchr(kQsubFlags, letter) != nullptr) continue;
+    option = std::string("-") + letter;
+    value = word.substr(i + 1);
   }
-  if (words.size() == 2 && (option == "-l" || option == "-W")) {
-    for (const std::string& item : split(words[1], ',')) {
+  if (!value.empty() && words.size() == 2) {
+    throw ConfigError(key + ": \"" + extra + "\" must be one qsub option and its value: " + option + " has its value "
+                      "attached already (" + value + ")");
+  }
+  if (value.empty() && words.size() == 2) value = words[1];
+  if (!value.empty() && (option == "-l" || option == "-W")) {
+    for (const std::string& item : split(value, ',')) {
       const std::string name = name_of(item);
       const auto& own = option == "-l" ? std::vector<std::string>(std::begin(kOwnResources), std::end(kOwnResources))
                                        : std::vector<std::string>(std::begin(kOwnAttributes), std::end(kOwnAttributes));

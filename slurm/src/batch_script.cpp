@@ -1,7 +1,9 @@
 #include "hpctrial/slurm/batch_script.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/env.h"
@@ -14,10 +16,81 @@ namespace hpctrial::slurm {
 namespace {
 
 // Options hpctrial sets itself: an extra directive may not change them, or pause, requeue and
-// logs stop working.
-const char* const kOwnOptions[] = {"--requeue", "--no-requeue", "--open-mode", "--signal", "--output", "-o",
-                                   "--error", "-e", "--export", "--export-file", "--array", "-a", "--parsable",
-                                   "--wrap", "--hold", "-H"};
+// logs stop working. `letter` is the short form, if the option has one.
+struct OwnOption {
+  const char* name;  // without "--"
+  char letter;
+  const char* reason;
+};
+constexpr const char* kRequeues = "hpctrial requeues the job to resume it after a pause, a preemption or the time limit";
+constexpr const char* kOutput = "the job's output goes to the experiment directory, where `hpctrial logs` reads it";
+constexpr const char* kEnvironment = "the job's environment comes from scheduler.environment; set variables there";
+const OwnOption kOwnOptions[] = {
+    {"requeue", 0, kRequeues},
+    {"no-requeue", 0, kRequeues},
+    {"open-mode", 0, "every run of a requeued job appends to the same output files"},
+    {"signal", 0, "the launcher checkpoints on the USR2 that Slurm sends scheduler.preemption_grace before the end; "
+                  "set scheduler.preemption_grace instead"},
+    {"output", 'o', kOutput},
+    {"error", 'e', kOutput},
+    {"export", 0, kEnvironment},
+    {"export-file", 0, kEnvironment},
+    {"array", 'a', "a search is one job array, one task per trial; set searcher.max_concurrent_trials to limit "
+                   "how many run at once"},
+    {"parsable", 0, "hpctrial reads sbatch's answer to learn the job id"},
+    {"wrap", 0, "the batch script hpctrial writes is the job"},
+    {"hold", 'H', "hpctrial holds and releases the job itself: `hpctrial pause` and `hpctrial activate`"},
+};
+
+// sbatch's short options that take no value (Slurm 22.05: -H -O -Q -s -v -W, and -h -V, which
+// end sbatch): getopt reads the next letter of their word as another option. The others take
+// a value, attached or in the next word (-k an optional one, attached only).
+constexpr const char* kShortFlags = "HOQsvWhV";
+
+std::string own_refusal(const std::string& key, const std::string& option, const OwnOption& own) {
+  return key + ": " + option + " is set by hpctrial itself (" + own.reason + "); remove it";
+}
+
+// Why an extra directive would change an option of ours as sbatch reads it with getopt_long:
+// the long option, a unique prefix of it, or its short form with its value attached and after
+// other short options in one word; "" when it changes none.
+std::string refusal(const std::string& extra, const std::string& key) {
+  if (extra.rfind("--", 0) == 0) {
+    const std::string word = extra.substr(0, extra.find_first_of("= \t"));
+    const std::string name = word.substr(2);
+    if (name.empty()) return "";
+    std::vector<const OwnOption*> abbreviated;
+    for (const OwnOption& own : kOwnOptions) {
+      if (name == own.name) return own_refusal(key, word, own);  // an exact name wins over a longer one
+      if (std::string(own.name).rfind(name, 0) == 0) abbreviated.push_back(&own);
+    }
+    // No option of sbatch is a proper prefix of one of these: a prefix of ours is ours, or
+    // ambiguous, which sbatch refuses anyway.
+    if (abbreviated.empty()) return "";
+    std::string meant, reasons;
+    for (const OwnOption* own : abbreviated) {
+      meant += (meant.empty() ? "--" : " or --") + std::string(own->name);
+      if (reasons.find(own->reason) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + std::string(own->reason);
+    }
+    return key + ": " + word + " abbreviates " + meant + " (sbatch accepts any unambiguous prefix of a long option); " +
+           (abbreviated.size() == 1 ? meant + " is" : std::string("each is")) + " set by hpctrial itself (" + reasons +
+           "); remove it";
+  }
+  for (std::size_t i = 1; i < extra.size(); ++i) {
+    const char letter = extra[i];
+    for (const OwnOption& own : kOwnOptions) {
+      if (own.letter == 0 || own.letter != letter) continue;
+      const std::string option = std::string("-") + letter;
+      const std::string word = extra.substr(0, extra.find_first_of(" \t"));
+      if (word == option) return own_refusal(key, option, own);
+      return key + ": " + word + " sets " + option + " (--" + own.name + "): sbatch takes a short option's value "
+             "attached to it, and several short options in one word; " + option + " is set by hpctrial itself (" +
+             own.reason + "); remove it";
+    }
+    if (std::strchr(kShortFlags, letter) == nullptr || letter == '\0') return "";  // the rest is its value
+  }
+  return "";
+}
 
 // What Slurm's filename patterns would expand ('%j' and the like), escaped.
 std::string literal_filename(const std::string& path) {
@@ -111,13 +184,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   for (std::size_t i = 0; i < s.extra_directives.size(); ++i) {
     const std::string& extra = s.extra_directives[i];
     const std::string key = "scheduler.extra_directives[" + std::to_string(i) + "]";
-    const std::string option = extra.substr(0, extra.find_first_of("= "));
-    for (const char* own : kOwnOptions) {
-      if (option == own) {
-        throw ConfigError(key + ": " + option + " is set by hpctrial itself (requeue, signals and output files "
-                          "depend on it); remove it");
-      }
-    }
+    if (const std::string why = refusal(extra, key); !why.empty()) throw ConfigError(why);
     if (extra.find('#') != std::string::npos || extra.find_first_of(" \t") != std::string::npos) {
       throw ConfigError(key + ": \"" + extra + "\" must be one option without blanks or '#', e.g. "
                         "--constraint=a100 rather than -C a100");

@@ -4,12 +4,14 @@
 // (fail_mode: binary, as a library dying mid-message does). It prints "injected <mode> at <unix ms>" just before. With
 // hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device), so
 // that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
-// hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief).
+// hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief). With
+// hyperparameters.nan_from_batch, validation after that many batches reports NaN (a diverged run).
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,7 @@ class FaultyTrial : public hpctrial::Trial {
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
+    if (context.hparams().contains("nan_from_batch")) nan_from_batch_ = context.hparam<std::int64_t>("nan_from_batch");
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
@@ -45,6 +48,7 @@ class FaultyTrial : public hpctrial::Trial {
       }
     }
     if (batch_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(batch_ms_));
+    batches_seen_ = batch_idx + 1;
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
@@ -52,6 +56,9 @@ class FaultyTrial : public hpctrial::Trial {
   }
 
   hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    if (nan_from_batch_ >= 0 && batches_seen_ >= nan_from_batch_) {
+      return {{"validation_loss", torch::tensor(std::nan(""), torch::kFloat64)}};
+    }
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
   }
   torch::nn::Linear& model() { return model_; }
@@ -66,6 +73,8 @@ class FaultyTrial : public hpctrial::Trial {
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   int batch_ms_ = 0;
+  std::int64_t nan_from_batch_ = -1;
+  std::int64_t batches_seen_ = 0;
 };
 
 // The same trial validating the whole set on the chief. A trial class implements one of the two

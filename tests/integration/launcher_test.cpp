@@ -269,8 +269,12 @@ TEST_F(Launcher, DescribeNamesTheLatestCheckpointWhereverItIs) {
     ASSERT_TRUE(describe.wait(30s).has_value());
     const std::string out = describe.output();
     EXPECT_EQ(describe.exit_code(), 0) << out;
+    // A shared store keeps each experiment in a folder of its own, recorded in experiment.json.
+    std::ifstream record(experiment() + "/experiment.json");
+    const std::string folder = nlohmann::json::parse(record).at("host_folder").get<std::string>();
+    EXPECT_THAT(folder, testing::MatchesRegex("launched-[0-9a-f]{16}"));
     const std::string expected = storage.empty() ? trial() + "/checkpoints/ckpt-30.h5"
-                                                 : (dir_.path() / "elsewhere" / "trial-0" / "ckpt-30.h5").string();
+                                                 : (dir_.path() / "elsewhere" / folder / "trial-0" / "ckpt-30.h5").string();
     EXPECT_TRUE(std::filesystem::exists(expected)) << "the trainer wrote it elsewhere";
     EXPECT_THAT(out, HasSubstr("checkpoint:  " + expected + "\n")) << out;
     EXPECT_THAT(out, HasSubstr("batches:     30 of 30")) << out;

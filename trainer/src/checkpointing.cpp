@@ -8,6 +8,7 @@
 
 #include "hpctrial/build_config.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/text.h"
 #include "sharded_checkpoint.h"
@@ -43,6 +44,32 @@ std::string differences(const json& before, const json& now) {
     const json a = before.contains(name) ? before.at(name) : json("(none)");
     const json b = now.contains(name) ? now.at(name) : json("(none)");
     if (a != b) out += (out.empty() ? "" : ", ") + name + ": " + a.dump() + " -> " + b.dump();
+  }
+  return out;
+}
+
+// One value a batch, any value a metric can take (core::json_number).
+json period_values_json(const std::map<std::string, std::vector<double>>& period) {
+  json out = json::object();
+  for (const auto& [name, values] : period) {
+    json list = json::array();
+    for (double v : values) list.push_back(core::json_number(v));
+    out[name] = std::move(list);
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<double>> period_values_of(const json& period, const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  if (!period.is_object()) throw CheckpointError(path + ": progress's period_values is not a map: " + period.dump());
+  for (auto it = period.begin(); it != period.end(); ++it) {
+    if (!it.value().is_array()) throw CheckpointError(path + ": progress's period_values." + it.key() + " is not a list");
+    auto& values = out[it.key()];
+    for (const auto& v : it.value()) {
+      const auto number = core::number_of(v);
+      if (!number) throw CheckpointError(path + ": progress's period_values." + it.key() + " holds " + v.dump());
+      values.push_back(*number);
+    }
   }
   return out;
 }
@@ -89,16 +116,16 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
                    {"last_validation_batches", loop.last_validation_batches},
                    {"last_report_batches", loop.last_report_batches},
                    {"period_batches", loop.period_batches},
-                   {"period_values", loop.period_values},
+                   {"period_values", period_values_json(loop.period_values)},
                    {"ended_by_trial", loop.ended_by_trial},
                    {"reducer_states", loop.reducer_states},
                    {"stream_positions", loop.stream_positions},
                    {"adaptive", loop.adaptive},
-                   {"best_metric", loop.best_metric ? json(*loop.best_metric) : json(nullptr)}};
+                   {"best_metric", loop.best_metric ? core::json_number(*loop.best_metric) : json(nullptr)}};
   c.add_text("progress", progress.dump());
   c.add_text("meta/config", identity.config_yaml);
   c.add_text("meta/hparams", identity.hparams.dump());
-  c.add_text("meta/validation", json(loop.last_validation).dump());
+  c.add_text("meta/validation", core::json_numbers(loop.last_validation).dump());
   json callback_states = json::object();
   for (const auto& [name, callback] : callbacks) callback_states[name] = callback->state_dict();
   c.add_text("callbacks", callback_states.dump());
@@ -119,22 +146,86 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   c.attributes["created"] = core::utc_now_iso();
   c.attributes["world_size"] = std::to_string(identity.world_size);
   c.attributes["trial_id"] = std::to_string(identity.trial_id);
+  c.attributes["experiment_id"] = identity.experiment_id;
+  c.attributes["experiment_name"] = identity.experiment_name;
   c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));
   return snapshot;
+}
+
+namespace {
+
+// The loop's counters and metrics from `progress` and meta/validation.
+void read_progress(const checkpoint::Contents& contents, const std::string& path, LoopState& loop) {
+  const json progress = parse(contents, "progress", path);
+  try {
+    loop.batches_trained = progress.at("batches").get<std::int64_t>();
+    loop.epochs_trained = progress.at("epochs").get<std::int64_t>();
+    loop.restart_count = progress.at("restart_count").get<std::int64_t>();
+    loop.last_validation_batches = progress.at("last_validation_batches").get<std::int64_t>();
+    loop.last_report_batches = progress.at("last_report_batches").get<std::int64_t>();
+    loop.period_batches = progress.at("period_batches").get<std::int64_t>();
+    loop.period_values = period_values_of(progress.at("period_values"), path);
+    loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
+    loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
+    loop.stream_positions = progress.contains("stream_positions") ? progress.at("stream_positions") : json();
+    loop.adaptive = progress.contains("adaptive") ? progress.at("adaptive") : json();
+    const json& best = progress.at("best_metric");
+    loop.best_metric = best.is_null() ? std::nullopt : core::number_of(best);
+    if (!best.is_null() && !loop.best_metric) throw CheckpointError(path + ": progress's best_metric is " + best.dump());
+    loop.last_validation = core::numbers_of(parse(contents, "meta/validation", path), path + ": meta/validation");
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": progress is malformed: " + e.what());
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what());
+  }
+  if (loop.batches_trained < 0) throw CheckpointError(path + ": progress has a negative batch count");
+}
+
+// "'name' (id X, trial N)", or what the attributes lack.
+std::string who(const std::string& name, const std::string& id, const std::string& trial) {
+  return "'" + (name.empty() ? std::string("?") : name) + "' (id " + (id.empty() ? std::string("none") : id) +
+         ", trial " + trial + ")";
+}
+
+std::string attribute(const checkpoint::Contents& contents, const char* name) {
+  const auto it = contents.attributes.find(name);
+  return it == contents.attributes.end() ? std::string() : it->second;
+}
+
+}  // namespace
+
+void check_resumable(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity,
+                     bool allow_config_change) {
+  // Written before checkpoints named their experiment: only found in the experiment's own folder.
+  const std::string id = attribute(contents, "experiment_id");
+  const std::string trial = attribute(contents, "trial_id");
+  const bool other_experiment = !id.empty() && !identity.experiment_id.empty() && id != identity.experiment_id;
+  const bool other_trial = !trial.empty() && trial != std::to_string(identity.trial_id);
+  if (other_experiment || other_trial) {
+    throw ConfigError(path + " belongs to experiment " + who(attribute(contents, "experiment_name"), id, trial) +
+                      ", not to this one, " +
+                      who(identity.experiment_name, identity.experiment_id, std::to_string(identity.trial_id)) +
+                      ": a run resumes only its own checkpoints. Move that file out of the directory, or run the "
+                      "experiment it belongs to");
+  }
+  const json hparams = parse(contents, "meta/hparams", path);
+  if (hparams != identity.hparams && !allow_config_change) {
+    throw ConfigError(path + " was written with other hyperparameters (" + differences(hparams, identity.hparams) +
+                      "); resume with the config that wrote it, or pass --allow-config-change");
+  }
+  LoopState scratch;
+  read_progress(contents, path, scratch);
+  for (const char* text : {"callbacks", "trial_state"}) parse(contents, text, path);
 }
 
 void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded) {
+  check_resumable(contents, path, identity, allow_config_change);
   const json hparams = parse(contents, "meta/hparams", path);
   if (hparams != identity.hparams) {
-    const std::string changed = differences(hparams, identity.hparams);
-    if (!allow_config_change) {
-      throw ConfigError(path + " was written with other hyperparameters (" + changed +
-                        "); resume with the config that wrote it, or pass --allow-config-change");
-    }
     core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
-                      changed);
+                      differences(hparams, identity.hparams));
   }
   const auto& models = context.models();
   std::set<std::string> expected;
@@ -197,26 +288,7 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     set_device_rng_state(context.device(), tensor_of(contents.at("rng/cuda", path)).clone());
   }
 
-  const json progress = parse(contents, "progress", path);
-  try {
-    loop.batches_trained = progress.at("batches").get<std::int64_t>();
-    loop.epochs_trained = progress.at("epochs").get<std::int64_t>();
-    loop.restart_count = progress.at("restart_count").get<std::int64_t>();
-    loop.last_validation_batches = progress.at("last_validation_batches").get<std::int64_t>();
-    loop.last_report_batches = progress.at("last_report_batches").get<std::int64_t>();
-    loop.period_batches = progress.at("period_batches").get<std::int64_t>();
-    loop.period_values = progress.at("period_values").get<std::map<std::string, std::vector<double>>>();
-    loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
-    loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
-    loop.stream_positions = progress.contains("stream_positions") ? progress.at("stream_positions") : json();
-    loop.adaptive = progress.contains("adaptive") ? progress.at("adaptive") : json();
-    loop.best_metric = progress.at("best_metric").is_null() ? std::nullopt
-                                                            : std::optional<double>(progress.at("best_metric").get<double>());
-    loop.last_validation = parse(contents, "meta/validation", path).get<MetricValues>();
-  } catch (const json::exception& e) {
-    throw CheckpointError(path + ": progress is malformed: " + e.what());
-  }
-  if (loop.batches_trained < 0) throw CheckpointError(path + ": progress has a negative batch count");
+  read_progress(contents, path, loop);
 
   const json callback_states = parse(contents, "callbacks", path);
   for (const auto& [name, callback] : callbacks) {

@@ -64,6 +64,9 @@ struct LoopState {
 };
 
 struct TrialIdentity {
+  // The experiment's identity (core::ExperimentIdentity); empty when the trial runs alone.
+  std::string experiment_id;
+  std::string experiment_name;
   std::string config_yaml;
   nlohmann::json hparams;
   int trial_id = 0;
@@ -102,6 +105,13 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
 
 // The context's optimizers that ZeRO shards, by their index in context.optimizers().
 using ShardedOptimizers = std::map<std::size_t, ShardedOptimizer*>;
+
+// Whether a checkpoint that reads intact may be resumed by this trial, before anything is
+// restored: ConfigError for one of another experiment or trial, or (unless
+// `allow_config_change`) written with other hyperparameters; CheckpointError when its progress
+// cannot be read (the store then takes the previous one).
+void check_resumable(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity,
+                     bool allow_config_change);
 
 // Puts everything back. Refuses a checkpoint of another model (naming the tensor) and, unless
 // `allow_config_change`, one written with other hyperparameters. A sharded optimizer takes its

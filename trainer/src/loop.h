@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "adaptive_batch.h"
+#include "auto_checkpoint.h"
 #include "checkpointing.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
+#include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/trainer/sampler.h"
 #include "hpctrial/trainer/training_loop.h"
 #include "launch_contract.h"
@@ -56,8 +58,13 @@ class Loop {
   void setup();
   void resolve_engine_batch(TrialSettings& settings) const;
   void resume();
+  // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
+  // once the next step has waited for its copy, the whole cost sets the next interval.
+  void note_checkpoint_stall(double seconds);
+  void settle_checkpoint_cost();
   void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;
+  std::optional<core::ExperimentIdentity> experiment_identity() const;
   void save_checkpoint(bool wait);
   // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop_checkpoint.cpp):
   // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
@@ -176,6 +183,10 @@ class Loop {
   detail::TrialIdentity identity_;
   nlohmann::json settings_hparams_;
   Period checkpoint_period_;
+  // min_checkpoint_period: auto, on the chief: the period follows what checkpoints cost.
+  std::unique_ptr<AutoCheckpointPeriod> auto_checkpoint_;
+  std::optional<double> checkpoint_stall_s_;  // the last periodic checkpoint's stall, its copy wait to come
+  double copy_wait_before_s_ = 0;
   Clock::time_point last_checkpoint_time_;
   std::int64_t last_checkpoint_batches_ = -1;
   // Requests agreed at a step boundary, kept until the end of the aggregation group.

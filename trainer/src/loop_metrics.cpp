@@ -11,7 +11,9 @@
 #include "autocast.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/metric_order.h"
 #include "hpctrial/tensorboard/event_writer.h"
 #include "hpctrial/trainer/summary_writer.h"
 #include "loop.h"
@@ -24,7 +26,7 @@ using comm::ReduceOp;
 // Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
 // once; every rank gets the results.
 MetricValues Loop::reduce_custom(bool training) {
-  nlohmann::json results = nlohmann::json::object();
+  MetricValues results;
   for (const auto& wrapped : context_->reducers()) {
     if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
     const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
@@ -42,9 +44,9 @@ MetricValues Loop::reduce_custom(bool training) {
     wrapped.reducer->reset();
   }
   if (results.empty() && context_->reducers().empty()) return {};
-  std::string text = chief() ? results.dump() : std::string();
+  std::string text = chief() ? core::json_numbers(results).dump() : std::string();
   comm_.broadcast(text, 0);
-  return nlohmann::json::parse(text).get<MetricValues>();
+  return core::numbers_of(nlohmann::json::parse(text), "the reducers' results");
 }
 
 // What the run writes besides checkpoints: metrics.jsonl and the TensorBoard events (the chief),
@@ -85,7 +87,7 @@ bool Loop::time_to_sample_system() const {
 // Written as "rank<R>/<name>": each rank's own figures, the chief's among them.
 void Loop::report_system() {
   if (!system_) return;
-  const std::string mine = nlohmann::json(system_->sample()).dump();
+  const std::string mine = core::json_numbers(system_->sample()).dump();
   const auto parts = comm_.gather(mine, 0);
   last_system_sample_ = Clock::now();
   if (!log_) return;
@@ -93,7 +95,7 @@ void Loop::report_system() {
   for (std::size_t rank = 0; rank < parts.size(); ++rank) {
     const nlohmann::json figures = nlohmann::json::parse(parts[rank]);  // alive through the loop over its items
     for (const auto& [name, value] : figures.items()) {
-      metrics["rank" + std::to_string(rank) + "/" + name] = value.get<double>();
+      metrics["rank" + std::to_string(rank) + "/" + name] = core::number_of(value).value_or(std::nan(""));
     }
   }
   log_->write("system", batches_trained_, trained_epoch(), records_trained(), metrics);
@@ -311,8 +313,7 @@ void Loop::validate() {
   result_.last_validation = metrics;
   last_validation_batches_ = batches_trained_;
   if (const auto it = metrics.find(config_.searcher.metric); it != metrics.end()) {
-    const bool better = !best_metric_ || (config_.searcher.smaller_is_better ? it->second < *best_metric_
-                                                                             : it->second > *best_metric_);
+    const bool better = !best_metric_ || core::metric_better(it->second, *best_metric_, config_.searcher.smaller_is_better);
     if (better) best_metric_ = it->second;
   }
   last_validation_time_ = Clock::now();

@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "hpctrial/core/json_file.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/tensorboard/event_writer.h"
@@ -43,15 +44,7 @@ void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64
                        const nlohmann::json& extra) {
   nlohmann::json line = {{"kind", kind}, {"batches", batches}, {"epoch", epoch},
                          {"records", records}, {"time", iso_time_now()}};
-  nlohmann::json values = nlohmann::json::object();
-  for (const auto& [name, value] : metrics) {
-    if (std::isfinite(value)) {
-      values[name] = value;
-    } else {
-      values[name] = std::isnan(value) ? "NaN" : (value > 0 ? "Infinity" : "-Infinity");
-    }
-  }
-  line["metrics"] = values;
+  line["metrics"] = core::json_numbers(metrics);
   if (!extra.is_null()) {
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
   }
@@ -63,6 +56,13 @@ void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64
 
 void MetricsLog::sync() {
   if (::fsync(fd_) != 0) core::throw_errno("cannot flush the metrics file " + path_, errno);
+}
+
+double PhaseTimings::total_s(const std::string& phase) const {
+  for (const auto& p : phases_) {
+    if (p.name == phase) return p.total_s;
+  }
+  return 0;
 }
 
 void PhaseTimings::add(const std::string& phase, Clock::duration elapsed) {

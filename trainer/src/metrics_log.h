@@ -77,6 +77,8 @@ class PhaseTimings {
   };
 
   void add(const std::string& phase, Clock::duration elapsed);
+  // The seconds spent in `phase` so far (0 before it ran).
+  double total_s(const std::string& phase) const;
   // Null: no marker (outside a profiler window).
   void set_marker(PhaseMarker* marker) { marker_ = marker; }
   PhaseMarker* marker() const { return marker_; }

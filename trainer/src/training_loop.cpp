@@ -132,6 +132,16 @@ void Loop::setup() {
   max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
   validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
   checkpoint_period_ = to_period(config_.min_checkpoint_period, global_batch_, records_per_epoch_);
+  if (config_.auto_checkpoint_period && !config_.min_checkpoint_period && chief()) {
+    auto_checkpoint_ = std::make_unique<AutoCheckpointPeriod>(
+        config_.checkpoint_storage.auto_overhead,
+        static_cast<double>(config_.checkpoint_storage.auto_max_interval_seconds));
+    checkpoint_period_.seconds = auto_checkpoint_->interval_s();
+  }
+  if (const auto experiment = experiment_identity()) {
+    identity_.experiment_id = experiment->id;
+    identity_.experiment_name = experiment->name;
+  }
   identity_.config_yaml = core::to_yaml(config_);
   identity_.hparams = settings_hparams_;
   identity_.trial_id = options_.trial_id;
@@ -147,11 +157,6 @@ void Loop::setup() {
   start_outputs();
   last_validation_time_ = Clock::now();
   last_checkpoint_time_ = Clock::now();
-}
-
-std::string Loop::checkpoint_dir() const {
-  if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
-  return core::checkpoint_dir(config_, options_.trial_dir, options_.trial_id);
 }
 
 detail::LoopState Loop::loop_state() const {
@@ -186,87 +191,6 @@ void Loop::apply(const detail::LoopState& s) {
   period_values_.clear();
   for (const auto& [name, values] : s.period_values) {
     for (double v : values) period_values_[name].push_back(torch::tensor(v, torch::kFloat64));
-  }
-}
-
-// Every rank restores from the checkpoint the chief chose, so that all take the same one.
-void Loop::resume() {
-  const std::string dir = checkpoint_dir();
-  std::string chosen;  // empty: start fresh; "!" + reason: refuse to start
-  checkpoint::Contents contents;
-  if (chief()) {
-    checkpoint::StoreOptions store_options;
-    store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
-    store_options.keep_best = config_.checkpoint_storage.save_trial_best;
-    store_options.smaller_is_better = config_.searcher.smaller_is_better;
-    if (config_.checkpoint_storage.group_readable) {
-      store_options.file_mode = 0640;
-      store_options.dir_mode = 0750;
-    }
-    store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
-    store_->remove_temporaries();
-    std::vector<std::string> problems;
-    auto loaded = store_->load_latest(&problems);
-    for (const auto& problem : problems) core::log_warning("checkpoint not usable: {}", problem);
-    if (loaded) {
-      if (!problems.empty()) core::log_warning("resuming from the previous good checkpoint, {}", loaded->path);
-      chosen = loaded->path;
-      contents = std::move(loaded->contents);
-    } else if (!problems.empty() && !options_.allow_fresh_start) {
-      chosen = "!" + dir + " holds checkpoints but none is usable (see the warnings above); fix or remove them, or "
-               "pass --allow-fresh-start to train this trial again from the start";
-    } else if (!problems.empty()) {
-      core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
-    }
-    writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
-    context_->set_before_optimizer_step([this] {
-      detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
-      writer_->wait_for_copies();
-    });
-  }
-  comm_.broadcast(chosen, 0);
-  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
-  if (chosen.empty()) {
-    context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
-    return;
-  }
-  if (!chief()) contents = checkpoint::read_checkpoint(chosen);
-  detail::LoopState state = loop_state();
-  detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
-                  sharded_optimizers(*trial_, *context_));
-  // The starts of this trial before this one: more than the checkpoint's count + 1 when an
-  // attempt failed before its next checkpoint (the launcher counts those).
-  state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
-  apply(state);
-  restore_reducer_states(state.reducer_states);
-  if (!adaptive_ && state.adaptive.is_object()) {
-    throw ConfigError(chosen + " was written with optimizations.adaptive_batch_size, whose batches change size: "
-                      "its place in the data and its progress are not counted in batches of one size; resume "
-                      "with the adaptive batch enabled");
-  }
-  if (adaptive_) {
-    if (state.adaptive.is_null()) adaptive_->continue_fixed_run(batches_trained_);
-    const bool rechosen = adaptive_->restore(state.adaptive);
-    last_step_epoch_ = adaptive_->epoch_at(std::max(0.0, adaptive_->progress() - 1e-6));
-    last_started_epoch_ = adaptive_->progress() > 0 ? last_step_epoch_ : -1;
-    if (rechosen && chief()) {
-      const BatchShape& shape = adaptive_->shape();
-      core::log_info("adaptive batch: resumed on {} ranks: {} records a step ({} x {} micro-batch(es) x {} ranks)",
-                     comm_.size(), shape.global(), shape.local_batch, shape.accumulation, shape.ranks);
-    }
-  }
-  resumed_from_ = chosen;
-  resumed_stream_positions_ = state.stream_positions;
-  last_checkpoint_batches_ = batches_trained_;
-  // Every rank restored the same file: the weights are equal without a broadcast.
-  if (chief()) {
-    trim_metrics(batches_trained_);
-    core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
-  }
-  if (result_.ended_by_trial) {
-    max_batches_ = adaptive_ ? 0 : batches_trained_;  // complete: nothing resumes a trial that ended itself
-    if (chief()) core::log_info("the trial ended itself after {} batches (set_stop_requested); nothing to train",
-                                batches_trained_);
   }
 }
 
@@ -393,6 +317,7 @@ LoopResult Loop::run() {
         chief() && validation_period_.seconds > 0 &&
         std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
     detail::record_step(batches_trained_);
+    settle_checkpoint_cost();
     if (const auto* record = detail::RankRecord::current()) record->check();
     const bool stop_local = (options_.external_stop != nullptr && options_.external_stop->load()) ||
                             (stop_file_ && stop_file_->requested());
@@ -434,7 +359,9 @@ LoopResult Loop::run() {
     if (stop) {
       save_checkpoint(/*wait=*/true);
     } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
+      const auto started = Clock::now();
       save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
+      note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
     }
     progress_->update(progress_batches(), trained_epoch(), last_loss_);
     if (profiler_) profiler_->after_batch(batches_trained_);
@@ -473,6 +400,7 @@ LoopResult Loop::run() {
   }
   result_.batches_trained = batches_trained_;
   result_.timings = timings_.summary();
+  if (auto_checkpoint_) result_.auto_checkpoint_interval_s = checkpoint_period_.seconds;
   return result_;
 }
 

@@ -14,6 +14,11 @@
 #include <numeric>
 #include <vector>
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <future>
 
 #include "../../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
@@ -214,6 +219,51 @@ TEST(CheckpointFormat, AFlippedByteInDataIsFoundAndNamed) {
   write_checkpoint(path, sample());
   flip_byte(path, offset_of(path, "manifest") + 10);
   EXPECT_THAT(error_reading(path), HasSubstr("the manifest is corrupt"));
+}
+
+// Runs `read` in a thread of its own and fails the test, ending the process, if it has not
+// returned within a minute: a reader that waits forever on an error path hangs every resume.
+std::string without_hang(const std::function<std::string()>& read) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "the read did not return within 60 s";
+    std::fflush(nullptr);
+    std::_Exit(1);  // the stuck thread cannot be joined
+  }
+  return result.get();
+}
+
+// Many large datasets, so that the reader thread runs ahead of the checksums while this thread
+// fails on an early one: every error path of the handoff between them, again and again.
+TEST(CheckpointFormat, DamagedFilesFailEveryTimeWithoutAHang) {
+  TempDir dir;
+  Contents c;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<float> values(64 * 1024 + 7 * i, static_cast<float>(i));
+    c.add("model/0/t" + std::to_string(i), DType::kFloat32, {static_cast<std::int64_t>(values.size())}, values.data());
+  }
+  const std::string flipped = (dir.path() / "ckpt-1.h5").string();
+  write_checkpoint(flipped, c);
+  flip_byte(flipped, offset_of(flipped, "model/0/t0") + 1000);
+  const std::string truncated = (dir.path() / "ckpt-2.h5").string();
+  write_checkpoint(truncated, c);
+  std::filesystem::resize_file(truncated, static_cast<std::uintmax_t>(offset_of(truncated, "model/0/t3") + 100));
+  for (int round = 0; round < 200; ++round) {
+    ReadOptions options;
+    options.direct_io = round % 2 == 0;
+    const auto attempt = [&](const std::string& path) {
+      return without_hang([&] {
+        try {
+          read_checkpoint(path, options);
+        } catch (const CheckpointError& e) {
+          return std::string(e.what());
+        }
+        return std::string("read without error");
+      });
+    };
+    ASSERT_THAT(attempt(flipped), HasSubstr(flipped + ": dataset model/0/t0 is corrupt")) << "round " << round;
+    ASSERT_THAT(attempt(truncated), HasSubstr(truncated + ": ")) << "round " << round;
+  }
 }
 
 TEST(CheckpointFormat, TruncatedAndForeignFilesAreReported) {

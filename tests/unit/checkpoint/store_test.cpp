@@ -10,6 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +116,96 @@ TEST(CheckpointStore, RetentionKeepsTheNewestTheBestAndLatest) {
   files.clear();
   for (const auto& info : larger.list(true)) files.push_back(info.file);
   EXPECT_EQ(files, (std::vector<std::string>{"ckpt-600.h5", "ckpt-500.h5"}));  // 500 is newest-but-one and best (0.8)
+}
+
+// A diverged run's metrics (NaN, +-inf) rank after every finite one in both directions: the
+// finite best is kept, never a NaN in its place.
+TEST(CheckpointStore, RetentionRanksNonFiniteMetricsLast) {
+  for (const bool smaller : {true, false}) {
+    TempDir dir;
+    StoreOptions options;
+    options.keep_latest = 1;
+    options.keep_best = 1;
+    options.smaller_is_better = smaller;
+    CheckpointStore store(dir.path().string(), options);
+    const double nan = std::nan("");
+    const double inf = std::numeric_limits<double>::infinity();
+    const double metrics[] = {nan, 0.5, -inf, nan, inf, 0.7, nan};
+    for (int i = 0; i < 7; ++i) store.publish(state(100 * (i + 1), metrics[i]));
+    std::vector<std::string> files;
+    for (const auto& info : store.list(/*verify=*/true)) files.push_back(info.file);
+    EXPECT_EQ(files, (std::vector<std::string>{"ckpt-700.h5", smaller ? "ckpt-200.h5" : "ckpt-600.h5"})) << smaller;
+  }
+}
+
+// An acceptor's CheckpointError skips a checkpoint that reads intact (its progress cannot be
+// read) for the previous one; a ConfigError (another experiment's) ends the search.
+TEST(CheckpointStore, AnAcceptorSkipsOrRefusesACheckpoint) {
+  TempDir dir;
+  StoreOptions options;
+  options.keep_latest = 3;
+  CheckpointStore store(dir.path().string(), options);
+  for (int b : {100, 200, 300}) store.publish(state(b));
+  std::vector<std::string> problems;
+  auto loaded = store.load_latest(&problems, [](const CheckpointStore::Loaded& l) {
+    if (l.batches == 300) throw CheckpointError(l.path + ": progress is malformed");
+  });
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->batches, 200);
+  EXPECT_EQ(problems, (std::vector<std::string>{store.path_for(300) + ": progress is malformed"}));
+  problems.clear();
+  EXPECT_THROW(store.load_latest(&problems, [](const CheckpointStore::Loaded& l) {
+                 throw ConfigError(l.path + " belongs to another experiment");
+               }),
+               ConfigError);
+}
+
+// A resume from a damaged latest (a flipped byte in a large dataset's data, a truncated file)
+// falls back to the previous good one every time, and never hangs.
+TEST(CheckpointStore, ResumingFromDamagedFilesFallsBackEveryTime) {
+  TempDir dir;
+  StoreOptions options;
+  options.keep_latest = 3;
+  CheckpointStore store(dir.path().string(), options);
+  const auto big = [](std::int64_t batches) {
+    Contents c = state(batches);
+    for (int i = 0; i < 8; ++i) {
+      std::vector<float> values(50000 + i, static_cast<float>(i));
+      c.add("model/1/t" + std::to_string(i), DType::kFloat32, {static_cast<std::int64_t>(values.size())},
+            values.data());
+    }
+    return c;
+  };
+  store.publish(big(100));
+  store.publish(big(200));
+  store.publish(big(300));
+  {  // 300: a byte of an early dataset's data flipped; 200: cut short
+    std::fstream f(store.path_for(300), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const auto size = static_cast<long>(f.tellg());
+    f.seekg(size / 2);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(size / 2);
+    f.write(&c, 1);
+  }
+  std::filesystem::resize_file(store.path_for(200), std::filesystem::file_size(store.path_for(200)) / 2);
+  for (int round = 0; round < 200; ++round) {
+    auto result = std::async(std::launch::async, [&] {
+      std::vector<std::string> problems;
+      auto loaded = store.load_latest(&problems);
+      return std::make_pair(loaded ? loaded->batches : -1, problems.size());
+    });
+    if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      ADD_FAILURE() << "load_latest did not return within 60 s in round " << round;
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+    const auto [batches, problems] = result.get();
+    ASSERT_EQ(batches, 100) << "round " << round;
+    ASSERT_EQ(problems, 2u) << "round " << round;
+  }
 }
 
 TEST(CheckpointStore, ADamagedLatestFallsBackToThePreviousGoodOne) {

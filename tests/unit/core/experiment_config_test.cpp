@@ -61,6 +61,9 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.records_per_epoch, 0);
   EXPECT_FALSE(c.min_validation_period.has_value());
   EXPECT_FALSE(c.min_checkpoint_period.has_value());
+  EXPECT_TRUE(c.auto_checkpoint_period);  // periodic checkpoints by default
+  EXPECT_EQ(c.checkpoint_storage.auto_overhead, 0.01);
+  EXPECT_EQ(c.checkpoint_storage.auto_max_interval_seconds, 1800);
   EXPECT_EQ(c.resources.slots_per_trial, 1);
   EXPECT_EQ(c.resources.slots_per_node, 1);
   EXPECT_EQ(c.resources.cpus_per_slot, 1);
@@ -168,6 +171,9 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.checkpoint_storage.save_trial_best, 0);
   EXPECT_FALSE(c.checkpoint_storage.async);
   EXPECT_TRUE(c.checkpoint_storage.group_readable);
+  EXPECT_EQ(c.checkpoint_storage.auto_overhead, 0.02);
+  EXPECT_EQ(c.checkpoint_storage.auto_max_interval_seconds, 600);
+  EXPECT_FALSE(c.auto_checkpoint_period);
   EXPECT_EQ(c.max_restarts, 0);
   EXPECT_EQ(c.scheduling_unit, 50);
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
@@ -573,6 +579,42 @@ TEST(ConfigErrors, Strings) {
             "exp.yaml:1:1: name: must be a string, got null (an empty value)");
   EXPECT_THAT(one_error("name: " + std::string(200, 'x') + "\n" + tail),
               HasSubstr("name: is 200 characters; keep it to 128"));
+}
+
+TEST(ExperimentConfig, CheckpointPeriodIsAutoNoneOrALength) {
+  EXPECT_TRUE(parse_ok(std::string(kMinimal) + "min_checkpoint_period: auto\n").auto_checkpoint_period);
+  const ExperimentConfig none = parse_ok(std::string(kMinimal) + "min_checkpoint_period: none\n");
+  EXPECT_FALSE(none.auto_checkpoint_period);
+  EXPECT_FALSE(none.min_checkpoint_period.has_value());
+  const ExperimentConfig length = parse_ok(std::string(kMinimal) + "min_checkpoint_period: {batches: 50}\n");
+  EXPECT_FALSE(length.auto_checkpoint_period);
+  EXPECT_EQ(length.min_checkpoint_period->value, 50);
+  // Each form survives the effective config.
+  for (const char* form : {"auto", "none", "{batches: 50}"}) {
+    const ExperimentConfig c = parse_ok(std::string(kMinimal) + "min_checkpoint_period: " + form + "\n");
+    const ExperimentConfig again = parse_ok(to_yaml(c));
+    EXPECT_EQ(again.auto_checkpoint_period, c.auto_checkpoint_period) << form;
+    EXPECT_EQ(again.min_checkpoint_period.has_value(), c.min_checkpoint_period.has_value()) << form;
+  }
+  EXPECT_THAT(one_error(std::string(kMinimal) + "checkpoint_storage: {auto_overhead: 0}\n"),
+              HasSubstr("checkpoint_storage.auto_overhead"));
+}
+
+// The name is a directory: one safe path component, refused before anything is written.
+TEST(ConfigErrors, NamesThatAreNotOneSafePathComponent) {
+  const std::string tail = "entrypoint: ./t\nsearcher: {name: single, metric: l, max_length: {batches: 1}}\n";
+  const std::string rule = "; it names the experiment's directory, so use letters, digits and . _ - +, starting "
+                           "with a letter or digit (e.g. mnist-cnn)";
+  EXPECT_EQ(one_error("name: ..\n" + tail), "exp.yaml:1:7: name: \"..\" starts with '.'" + rule);
+  EXPECT_EQ(one_error("name: .hidden\n" + tail), "exp.yaml:1:7: name: \".hidden\" starts with '.'" + rule);
+  EXPECT_EQ(one_error("name: a/b\n" + tail), "exp.yaml:1:7: name: \"a/b\" holds '/'" + rule);
+  EXPECT_EQ(one_error("name: ../x\n" + tail), "exp.yaml:1:7: name: \"../x\" holds '/'" + rule);
+  EXPECT_EQ(one_error("name: -rf\n" + tail), "exp.yaml:1:7: name: \"-rf\" starts with '-'" + rule);
+  EXPECT_EQ(one_error("name: my run\n" + tail), "exp.yaml:1:7: name: \"my run\" holds a space" + rule);
+  EXPECT_EQ(one_error("name: \"a$b\"\n" + tail), "exp.yaml:1:7: name: \"a$b\" holds '$'" + rule);
+  for (const char* good : {"mnist-cnn", "lr_0.1", "v2+fp16", "A"}) {
+    EXPECT_EQ(parse_ok(std::string("name: ") + good + "\n" + tail).name, good);
+  }
 }
 
 TEST(ConfigErrors, CheckpointStorage) {

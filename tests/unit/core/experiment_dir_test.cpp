@@ -4,12 +4,104 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/metric_order.h"
 
 namespace hpctrial::core {
 namespace {
 
+using testing::HasSubstr;
 using testing_support::TempDir;
+
+// An identity is made once and kept; two experiments of one name differ by it; an experiment
+// made before identities, whose config used a host_path, keeps its checkpoints where they are.
+TEST(ExperimentIdentity, IsMadeOnceAndNamesTheExperimentsOwnFolder) {
+  TempDir dir;
+  const ExperimentLayout a{(dir.path() / "a").string()};
+  const ExperimentLayout b{(dir.path() / "b").string()};
+  EXPECT_FALSE(experiment_identity(a).has_value());
+  const ExperimentIdentity made = ensure_experiment_identity(a, "mlp");
+  EXPECT_THAT(made.id, testing::MatchesRegex("[0-9a-f]{16}"));
+  EXPECT_EQ(made.name, "mlp");
+  EXPECT_EQ(made.host_folder, "mlp-" + made.id);
+  EXPECT_EQ(ensure_experiment_identity(a, "renamed").id, made.id);
+  EXPECT_EQ(experiment_identity(a)->host_folder, made.host_folder);
+  EXPECT_NE(ensure_experiment_identity(b, "mlp").id, made.id);
+
+  ExperimentConfig config;
+  config.name = "mlp";
+  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, made), a.trial_dir(3) + "/checkpoints");
+  config.checkpoint_storage.host_path = "/scratch/ckpt";
+  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, made), "/scratch/ckpt/mlp-" + made.id + "/trial-3");
+  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, std::nullopt), "/scratch/ckpt/mlp/trial-3");
+
+  const ExperimentLayout older{(dir.path() / "older").string()};
+  dir.write("older/experiment.yaml", "name: mlp\nentrypoint: ./t\n"
+                                     "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
+                                     "checkpoint_storage: {host_path: /scratch/ckpt}\n");
+  const ExperimentIdentity kept = ensure_experiment_identity(older, "mlp");
+  EXPECT_EQ(kept.host_folder, "");
+  EXPECT_EQ(checkpoint_dir(config, older.trial_dir(0), 0, kept), "/scratch/ckpt/trial-0");
+}
+
+TEST(JsonFile, EveryValueOfADoubleRoundTrips) {
+  const double values[] = {0.25, -3.5e300, std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  for (const double v : values) {
+    const auto back = number_of(nlohmann::json::parse(json_number(v).dump()));
+    ASSERT_TRUE(back.has_value());
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(*back));
+    } else {
+      EXPECT_EQ(*back, v);
+    }
+  }
+  EXPECT_EQ(json_number(std::nan("")), "NaN");
+  EXPECT_TRUE(std::isnan(*number_of(nlohmann::json())));  // how NaN was once written
+  EXPECT_FALSE(number_of("nan").has_value());
+  const auto metrics = numbers_of(nlohmann::json::parse(R"({"a": 1.5, "b": "-Infinity", "c": null})"), "m");
+  EXPECT_EQ(metrics.at("a"), 1.5);
+  EXPECT_EQ(metrics.at("b"), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(metrics.at("c")));
+  try {
+    numbers_of(nlohmann::json::parse(R"({"a": [1]})"), "f.json: meta/validation");
+    ADD_FAILURE() << "a list was taken for a number";
+  } catch (const IoError& e) {
+    EXPECT_STREQ(e.what(), "f.json: meta/validation: \"a\" is not a number: [1]");
+  }
+}
+
+TEST(JsonFile, AFieldOfTheWrongTypeNamesTheFileAndTheKey) {
+  const auto state = nlohmann::json::parse(R"({"starts": "3", "failures": 2})");
+  EXPECT_EQ(json_field(state, "failures", 0, "s.json"), 2);
+  EXPECT_EQ(json_field(state, "missing", 7, "s.json"), 7);
+  try {
+    json_field(state, "starts", 0, "/x/launcher-state.json");
+    ADD_FAILURE() << "a string was taken for a number";
+  } catch (const IoError& e) {
+    EXPECT_STREQ(e.what(), "/x/launcher-state.json: \"starts\" holds \"3\", which is not a whole number; fix the "
+                           "file or remove it");
+  }
+}
+
+TEST(MetricOrder, NonFiniteValuesRankLastEitherWay) {
+  const double nan = std::nan("");
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const bool smaller : {true, false}) {
+    EXPECT_TRUE(metric_better(0.5, nan, smaller));
+    EXPECT_FALSE(metric_better(nan, 0.5, smaller));
+    EXPECT_TRUE(metric_better(1e300, inf, smaller));
+    EXPECT_TRUE(metric_better(-1e300, -inf, smaller));
+    EXPECT_FALSE(metric_better(-inf, 0.0, smaller));
+    EXPECT_FALSE(metric_better(nan, nan, smaller));
+  }
+  EXPECT_TRUE(metric_better(0.1, 0.2, true));
+  EXPECT_TRUE(metric_better(0.2, 0.1, false));
+}
 
 TEST(TrialProgress, ListsEachRunOfTheTrialAndSkipsALineCutShort) {
   TempDir dir;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <ctime>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,9 +73,13 @@ class CheckpointStore {
     std::int64_t batches = 0;
     Contents contents;
   };
-  // The newest good checkpoint, or nullopt. Each checkpoint rejected on the way is described in
-  // `problems` ("<path>: <reason>").
-  std::optional<Loaded> load_latest(std::vector<std::string>* problems) const;
+  // Judges a checkpoint that reads intact: throws CheckpointError to skip it for the previous
+  // one (its progress cannot be read, say), ConfigError to stop looking and propagate (a
+  // checkpoint of another experiment: not a damaged file, a mistake to report).
+  using Acceptor = std::function<void(const Loaded&)>;
+  // The newest good checkpoint (one that reads intact and that `accept` takes), or nullopt.
+  // Each checkpoint rejected on the way is described in `problems` ("<path>: <reason>").
+  std::optional<Loaded> load_latest(std::vector<std::string>* problems, const Acceptor& accept = {}) const;
   // The file `latest` names, when it names one in the right form.
   std::optional<std::string> latest_file() const;
   void remove_temporaries() const;

@@ -180,6 +180,10 @@ struct CheckpointStorage {
   // Checkpoint files 0640 and directories 0750 (members of the owner's group may read them, to
   // share a trained model) instead of the private 0600/0700.
   bool group_readable = false;
+  // min_checkpoint_period: auto checkpoints as often as keeps the measured cost of checkpoints
+  // within this share of training time, and at least every auto_max_interval_seconds.
+  double auto_overhead = 0.01;
+  std::int64_t auto_max_interval_seconds = 30 * 60;
 };
 
 // NAME=value for the ranks or the batch job. `value` may hold ${env:NAME} references to the
@@ -224,7 +228,11 @@ struct ExperimentConfig {
   Searcher searcher;
   std::int64_t records_per_epoch = 0;  // 0: from the training data loader
   std::optional<Length> min_validation_period;
+  // An explicit period; unset: see auto_checkpoint_period.
   std::optional<Length> min_checkpoint_period;
+  // `min_checkpoint_period: auto` (the default when the key is absent): periodic checkpoints at
+  // the interval checkpoint_storage.auto_overhead allows. False for an explicit period or `none`.
+  bool auto_checkpoint_period = true;
   Resources resources;
   Optimizations optimizations;
   std::optional<EngineConfig> engine;  // present when the config has an `engine:` section

@@ -46,9 +46,31 @@ std::string default_experiment_dir(const std::string& name);
 // empty when the file's directory is no experiment directory.
 std::string experiment_of_output(const std::string& output_file);
 
-// checkpoint_storage.host_path/trial-<id> when the config sets a host_path (a relative one is
-// taken from the config file's directory), else <trial dir>/checkpoints.
-std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id);
+// Who an experiment is, made once when its directory is first prepared and kept in
+// experiment.json: a random id (two experiments of one name, in two directories or one after
+// the other, differ by it), the name it was made with, and its folder in a shared
+// checkpoint_storage.host_path. Every checkpoint records the id and name; a run resumes,
+// prunes and cleans only checkpoints of its own experiment.
+struct ExperimentIdentity {
+  std::string id;    // 16 hex digits
+  std::string name;  // the config's name when the experiment was made
+  // The experiment's folder under host_path: "<name>-<id>". Empty for an experiment made before
+  // experiments had ids, whose checkpoints stay where they were (host_path/trial-<id>).
+  std::string host_folder;
+};
+// The identity recorded in experiment.json; nullopt when none is (no experiment there yet).
+std::optional<ExperimentIdentity> experiment_identity(const ExperimentLayout& layout);
+// The recorded identity, or a new one recorded now for an experiment called `name` (safe
+// against concurrent callers). An experiment directory that already has trials but no identity
+// was made before identities: it keeps its old checkpoint layout.
+ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, const std::string& name);
+
+// Where a trial's checkpoints go: checkpoint_storage.host_path/<host_folder>/trial-<id> when the
+// config sets a host_path (a relative one is taken from the config file's directory), else
+// <trial dir>/checkpoints. Without an identity (a trial run alone, outside an experiment
+// directory): host_path/<config name>/trial-<id>.
+std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id,
+                           const std::optional<ExperimentIdentity>& identity);
 
 // The batch jobs of an experiment, recorded in experiment.json when they are submitted.
 struct RecordedJob {

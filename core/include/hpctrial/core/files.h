@@ -3,6 +3,7 @@
 // pointer, the checkpoints themselves), private directories, whole writes.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -42,6 +43,10 @@ class FileSystem {
   virtual int close(int fd);
   virtual int rename(const std::string& from, const std::string& to);
   virtual int unlink(const std::string& path);
+  // The two ways to lock a file (lock_file_exclusive): flock(2), and fcntl(2) with
+  // F_OFD_SETLK / F_OFD_SETLKW.
+  virtual int flock(int fd, int operation);
+  virtual int fcntl_lock(int fd, int command, struct ::flock* lock);
 };
 FileSystem& posix_file_system();
 
@@ -61,6 +66,21 @@ void write_file_atomic(const std::string& path, std::string_view content, mode_t
 // 0700: private), whatever the umask. Directories that already exist keep their mode. IoError
 // names the directory that could not be made, and why.
 void create_directories(const std::string& path, mode_t mode = 0700);
+
+// Takes an exclusive advisory lock on the whole file open as `fd` (open for writing); `path`
+// names it in errors. The lock belongs to the open file description: it conflicts with other
+// processes and with other opens of the file in this process, and goes when the last
+// descriptor of it is closed. Every lock hpctrial takes on a file goes through here.
+// flock(2) first, as always. Where the filesystem has no flock (ENOSYS, EOPNOTSUPP, ENOLCK:
+// Lustre mounted without -o flock, NFS without its lock service), an open file description lock
+// (fcntl F_OFD_SETLKW), which Lustre and NFS have. Never no lock: IoError naming `path` and how
+// to mount the filesystem when it has neither, IoError with the system's reason on any other
+// failure.
+// kWait blocks until the lock is free and returns true; kTry returns false at once when someone
+// else holds it. Thread-safe.
+enum class LockWait { kWait, kTry };
+bool lock_file_exclusive(int fd, const std::string& path, LockWait wait = LockWait::kWait,
+                         FileSystem& fs = posix_file_system());
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR; IoError("cannot write
 // <what>: <reason>") otherwise.

@@ -60,6 +60,9 @@ struct LaunchOptions {
   // parent (run_rank_parent): e.g. {"/opt/hpctrial/bin/hpctrial", "_rank", "--"}. Empty: none.
   std::vector<std::string> rank_parent;
   std::string working_dir;     // where the ranks run; empty: as recorded in experiment.json
+  // `hpctrial run`: the config to prepare the experiment with (prepare_experiment), written
+  // once this launcher holds the trial, never while another runs it. Unset: as recorded.
+  std::optional<core::ExperimentConfig> write_config;
 };
 
 // Where the launcher runs: the first scheduler whose job environment is present, else none.

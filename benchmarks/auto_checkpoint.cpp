@@ -1,0 +1,158 @@
+// auto_checkpoint: what `min_checkpoint_period: auto` spends on checkpoints, against the same
+// training without any, in one run.
+//
+//   auto_checkpoint [--quick] [--mib 256] [--seconds 120] [--overhead 0.01] [--max-interval 20]
+//                   [--dir DIR]
+//
+// A model of --mib MiB of float32 parameters (4096 x 4096 layers, SGD) trains on 1 thread for
+// about --seconds, twice each, interleaved: with `min_checkpoint_period: none` and with `auto`
+// (checkpoint_storage.auto_overhead --overhead, auto_max_interval --max-interval, async
+// checkpoints into --dir). Printed: the interval auto chose, the checkpoints it took, each run's
+// time, and the share of training time spent on checkpoints, (auto - none) / none, against the
+// configured share. Goal: share <= overhead (the first checkpoint, which measures the cost, is
+// included; with a bound shorter than cost/overhead the share is cost/bound instead).
+// --quick: 64 MiB, about 6 s a run, a 2 s bound: the test suite's smoke run.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <hpctrial/trainer.h>
+
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/core/config_node.h"
+#include "hpctrial/core/diagnostics.h"
+#include "hpctrial/core/experiment_config.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+class BigTrial : public hpctrial::Trial {
+ public:
+  BigTrial(hpctrial::TrialContext& context, int layers) : context_(context) {
+    torch::nn::Sequential net;
+    for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
+    model_ = context.wrap_model(net);
+    optimizer_ = context.wrap_optimizer(
+        std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-6)));
+    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
+  }
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t) override {
+    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+
+ private:
+  hpctrial::TrialContext& context_;
+  torch::nn::Sequential model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+  std::shared_ptr<hpctrial::TensorDataset> data_;
+};
+
+struct Run {
+  double seconds = 0;
+  double interval_s = 0;
+  double checkpoints = 0;
+};
+
+Run train(const std::string& dir, int mib, std::int64_t batches, const std::string& period, double overhead,
+          int max_interval) {
+  const std::string yaml = "name: auto\nentrypoint: ./x\nsearcher: {name: single, metric: validation_loss, "
+                           "max_length: {batches: " + std::to_string(batches) + "}}\nhyperparameters: "
+                           "{global_batch_size: 4}\nmin_checkpoint_period: " + period + "\n"
+                           "checkpoint_storage: {auto_overhead: " + std::to_string(overhead) +
+                           ", auto_max_interval: " + std::to_string(max_interval) + "s}\n";
+  hpctrial::core::Diagnostics diagnostics;
+  const auto root = hpctrial::core::parse_config_text(yaml, "auto.yaml", diagnostics);
+  const auto config = hpctrial::core::parse_experiment_config(root, diagnostics);
+  if (!diagnostics.empty()) throw hpctrial::ConfigError(diagnostics.to_string());
+  hpctrial::comm::LocalCommunicator comm;
+  hpctrial::trainer::LoopOptions options;
+  options.trial_dir = dir + "/run";
+  options.progress_interval_s = 0;
+  fs::remove_all(options.trial_dir);
+  const auto start = Clock::now();
+  const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64));
+  }, comm, options);
+  Run run;
+  run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  run.interval_s = result.auto_checkpoint_interval_s;
+  // The periodic checkpoints (the one at the end, which both runs write, is "checkpoint_durable").
+  if (result.timings.contains("checkpoint")) run.checkpoints = result.timings.at("checkpoint").at("count").get<double>();
+  fs::remove_all(options.trial_dir);
+  return run;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = (fs::current_path() / "auto-checkpoint-scratch").string();
+  int mib = 256;
+  double seconds = 120;
+  double overhead = 0.01;
+  int max_interval = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      mib = 64;
+      seconds = 6;
+      max_interval = 2;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "auto_checkpoint: %s needs a value\n", arg.c_str());
+      return 2;
+    }
+    const std::string value = argv[++i];
+    if (arg == "--dir") dir = value;
+    else if (arg == "--mib") mib = std::max(64, std::stoi(value) / 64 * 64);
+    else if (arg == "--seconds") seconds = std::stod(value);
+    else if (arg == "--overhead") overhead = std::stod(value);
+    else if (arg == "--max-interval") max_interval = std::stoi(value);
+    else {
+      std::fprintf(stderr, "auto_checkpoint: unknown option %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  torch::set_num_threads(1);
+  fs::create_directories(dir);
+  // How many batches make about `seconds`: a short run without checkpoints measures a batch.
+  const Run probe = train(dir, mib, 20, "none", overhead, max_interval);
+  const auto batches = std::max<std::int64_t>(20, static_cast<std::int64_t>(seconds / (probe.seconds / 20)));
+  std::vector<double> none, with;
+  Run last;
+  for (int round = 0; round < 2; ++round) {
+    none.push_back(train(dir, mib, batches, "none", overhead, max_interval).seconds);
+    last = train(dir, mib, batches, "auto", overhead, max_interval);
+    with.push_back(last.seconds);
+  }
+  const double share = (median(with) - median(none)) / median(none);
+  std::printf("auto checkpoints of a %d MiB model, %lld batches on 1 thread, overhead %g, bound %d s\n", mib,
+              static_cast<long long>(batches), overhead, max_interval);
+  std::printf("interval chosen: %.2f s, %.0f periodic checkpoints in the last auto run\n", last.interval_s,
+              last.checkpoints);
+  std::printf("run without checkpoints: %.2f s, with auto: %.2f s (medians of 2)\n", median(none), median(with));
+  std::printf("share of training time on checkpoints: %.4f; configured share %.4f; share / configured %.2f\n", share,
+              overhead, share / overhead);
+  return 0;
+}

@@ -1,0 +1,34 @@
+// min_checkpoint_period: auto: the interval keeps measured checkpoint costs within the share of
+// training time, never past the wall-clock bound, and the first checkpoint comes early.
+#include "../../../trainer/src/auto_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+TEST(AutoCheckpointPeriod, TheFirstComesAfterAMinuteOrTheBound) {
+  EXPECT_EQ(AutoCheckpointPeriod(0.01, 1800).interval_s(), 60);
+  EXPECT_EQ(AutoCheckpointPeriod(0.01, 20).interval_s(), 20);
+  EXPECT_FALSE(AutoCheckpointPeriod(0.01, 1800).cost_s().has_value());
+}
+
+TEST(AutoCheckpointPeriod, TheIntervalIsTheCostOverTheShareWithinTheBound) {
+  AutoCheckpointPeriod period(0.01, 1800);
+  period.record_cost(0.5);
+  EXPECT_DOUBLE_EQ(period.interval_s(), 50);  // 0.5 s in every 50 s: 1 %
+  EXPECT_FALSE(period.bounded());
+  period.record_cost(1.5);
+  EXPECT_DOUBLE_EQ(*period.cost_s(), 1.0);  // the mean of the recent costs
+  EXPECT_DOUBLE_EQ(period.interval_s(), 100);
+  for (int i = 0; i < 8; ++i) period.record_cost(30);  // only the last 8 count
+  EXPECT_DOUBLE_EQ(*period.cost_s(), 30);
+  EXPECT_DOUBLE_EQ(period.interval_s(), 1800);  // 3000 s would be 1 %; the bound wins
+  EXPECT_TRUE(period.bounded());
+  AutoCheckpointPeriod generous(0.05, 1800);
+  generous.record_cost(2);
+  EXPECT_DOUBLE_EQ(generous.interval_s(), 40);
+}
+
+}  // namespace
+}  // namespace hpctrial::trainer::detail
