@@ -302,23 +302,34 @@ std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a
   return std::nullopt;
 }
 
+namespace {
+
+// `hpctrial run`: the config is written only by the launcher that holds the trial, so that a
+// second run, refused because the trial is running, leaves the config the first run's restarts
+// read. Returns the held lock (none without a config to write).
+core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvSource& env,
+                                  const core::CommandRunner& run) {
+  if (!options.write_config || options.dry_run) return core::UniqueFd();
+  const ExperimentLayout layout{options.experiment_dir};
+  const core::ExperimentConfig& fresh = *options.write_config;
+  const mode_t mode = fresh.checkpoint_storage.group_readable ? 0750 : 0700;
+  core::create_directories(layout.dir, mode);
+  core::create_directories(layout.trial_dir(options.trial_id), mode);
+  core::UniqueFd lock = lock_trial(layout.trial_dir(options.trial_id), options.trial_id,
+                                   job_allocation(fresh, options, env, run));
+  prepare_experiment(fresh, layout.dir);
+  return lock;
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   // A closed stdout or stderr (`hpctrial run ... | head`, a dropped terminal) fails writes with
   // EPIPE, which every writer here tolerates: the rank logs keep everything. (Children start
   // with the default disposition again: spawn_process resets it.)
   ::signal(SIGPIPE, SIG_IGN);
   const ExperimentLayout layout{options.experiment_dir};
-  core::UniqueFd trial_lock;
-  if (options.write_config && !options.dry_run) {
-    // The config is replaced only by the launcher that holds the trial: a second run, refused
-    // because the trial is running, leaves the config that the first run's restarts read.
-    const core::ExperimentConfig& fresh = *options.write_config;
-    const std::string trial_dir = layout.trial_dir(options.trial_id);
-    core::create_directories(layout.dir, fresh.checkpoint_storage.group_readable ? 0750 : 0700);
-    core::create_directories(trial_dir, fresh.checkpoint_storage.group_readable ? 0750 : 0700);
-    trial_lock = lock_trial(trial_dir, options.trial_id, job_allocation(fresh, options, env, run));
-    prepare_experiment(fresh, layout.dir);
-  }
+  core::UniqueFd trial_lock = prepare_held_trial(options, env, run);
   if (!fs::exists(layout.config())) {
     throw ConfigError(layout.dir + " holds no experiment.yaml; create the experiment with `hpctrial run EXP.yaml` "
                       "or `hpctrial submit EXP.yaml`");
