@@ -21,7 +21,9 @@ std::optional<double> AutoCheckpointPeriod::cost_s() const {
 double AutoCheckpointPeriod::interval_s() const {
   const auto cost = cost_s();
   if (!cost) return std::min(first_after_s_, max_interval_s_);
-  return std::min(*cost / overhead_, max_interval_s_);
+  // Never more often than the first: what the loop measures of an asynchronous checkpoint (its
+  // stall, the copy wait) is less than the writer costs a busy machine.
+  return std::min(std::max(*cost / overhead_, first_after_s_), max_interval_s_);
 }
 
 bool AutoCheckpointPeriod::bounded() const {

@@ -7,7 +7,7 @@
 // interval is C / s (SCR's SCR_CHECKPOINT_OVERHEAD), but never longer than the wall-clock bound,
 // which caps the work a crash loses (Young/Daly's interval grows with the time between failures;
 // the bound stands in for an unknown one). Before any checkpoint was measured, the first comes
-// after `first_after_s` (or the bound, if shorter).
+// after `first_after_s` (or the bound, if shorter); none comes sooner after another than that.
 #pragma once
 
 #include <cstddef>
