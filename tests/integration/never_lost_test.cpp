@@ -2,7 +2,7 @@
 // store stay apart and refuse each other's checkpoints; a metric that turns NaN resumes and is
 // ranked last; a closed terminal (SIGHUP, a closed stdout, SIGPIPE) stops with a checkpoint or
 // does nothing; a second run never replaces the config of a running one; a bad name or a damaged
-// state file is a one-line error.
+// state file is a one-line error; with no period set, a run checkpoints by itself.
 #include <signal.h>
 
 #include <chrono>
@@ -160,6 +160,29 @@ TEST_F(NeverLost, SighupStopsWithACheckpointAndTheSameCommandResumes) {
   again->signal(SIGINT);
   ASSERT_TRUE(again->wait(60s).has_value());
   EXPECT_THAT(again->output(), HasSubstr("resumed from " + ckpt));
+}
+
+// With no min_checkpoint_period, a run checkpoints by itself: the first after the bound (here
+// 1 s, shorter than the first minute), then at the interval its measured cost allows, within the
+// bound. The effective config and the log say so; a stop resumes from the last one.
+TEST_F(NeverLost, ByDefaultARunCheckpointsPeriodically) {
+  const std::string exp = config("checkpoint_storage: {auto_max_interval: 1s, save_trial_latest: 100}\n", 100000, 2, 20);
+  auto p = start(exp);
+  wait_for_step(150);  // 3 s of training
+  const fs::path checkpoints = fs::path(trial()) / "checkpoints";
+  const auto periodic = checkpoint_files(checkpoints);
+  EXPECT_GE(periodic.size(), 2u) << p->output();
+  p->signal(SIGINT);
+  ASSERT_TRUE(p->wait(60s).has_value()) << p->output();
+  EXPECT_EQ(p->exit_code(), 75) << p->output();
+  const std::string out = p->output();
+  EXPECT_THAT(out, testing::ContainsRegex("a checkpoint costs training [0-9.]+ s \\(its stall and its write\\): "
+                                          "checkpointing every 1 s \\(min_checkpoint_period: auto, bounded by "
+                                          "checkpoint_storage.auto_max_interval\\), [0-9.e+-]+ % of "
+                                          "training time"));
+  EXPECT_THAT(read_text(fs::path(experiment()) / "experiment.yaml"), HasSubstr("min_checkpoint_period: auto"));
+  EXPECT_THAT(read_text(fs::path(experiment()) / "experiment.yaml"), HasSubstr("auto_max_interval: 00:00:01"));
+  expect_no_rank_left();
 }
 
 // `hpctrial run ... | head`: a stdout and stderr nobody reads, and a SIGPIPE on top, neither

@@ -21,14 +21,16 @@ std::optional<double> AutoCheckpointPeriod::cost_s() const {
 double AutoCheckpointPeriod::interval_s() const {
   const auto cost = cost_s();
   if (!cost) return std::min(first_after_s_, max_interval_s_);
-  // Never more often than the first: what the loop measures of an asynchronous checkpoint (its
-  // stall, the copy wait) is less than the writer costs a busy machine.
+  // Never more often than the first: a small model's checkpoints would otherwise follow each
+  // other within seconds, each one a file to write, publish and prune.
   return std::min(std::max(*cost / overhead_, first_after_s_), max_interval_s_);
 }
 
-bool AutoCheckpointPeriod::bounded() const {
+AutoCheckpointPeriod::Limit AutoCheckpointPeriod::limit() const {
   const auto cost = cost_s();
-  return cost && *cost / overhead_ > max_interval_s_;
+  const double wanted = cost ? *cost / overhead_ : first_after_s_;
+  if (wanted >= max_interval_s_ || first_after_s_ >= max_interval_s_) return Limit::kBound;
+  return wanted < first_after_s_ ? Limit::kFloor : Limit::kShare;
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -1,8 +1,8 @@
 // min_checkpoint_period: auto - how often the chief checkpoints, from what checkpoints cost.
 // Internal to the trainer; no LibTorch.
 //
-// A checkpoint costs the training loop C seconds (its stall, and the next optimizer step's wait
-// for the background copy). Checkpointing every I seconds, measured from one checkpoint's start
+// A checkpoint costs training C seconds (the loop's stall, and its background write, counted
+// whole). Checkpointing every I seconds, measured from one checkpoint's start
 // to the next, spends C / I of the time on checkpoints; to keep that within the share `s`, the
 // interval is C / s (SCR's SCR_CHECKPOINT_OVERHEAD), but never longer than the wall-clock bound,
 // which caps the work a crash loses (Young/Daly's interval grows with the time between failures;
@@ -26,8 +26,9 @@ class AutoCheckpointPeriod {
   double interval_s() const;
   // The cost the interval is computed from (the mean of the recent ones); nullopt before any.
   std::optional<double> cost_s() const;
-  // True when the bound, not the share, sets the interval (checkpoints cost more than the share).
-  bool bounded() const;
+  // What sets the interval: the share, the one-a-minute floor, or the wall-clock bound.
+  enum class Limit { kShare, kFloor, kBound };
+  Limit limit() const;
   double overhead() const { return overhead_; }
 
  private:

@@ -322,6 +322,7 @@ void AsyncCheckpointWriter::submit(Snapshot snapshot) {
   changed_.wait(lock, [&] { return !busy_ && !pending_; });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   copying_ = !snapshot.deferred.empty();
+  write_seconds_.reset();
   pending_ = std::move(snapshot);
   changed_.notify_all();
 }
@@ -336,6 +337,11 @@ std::optional<std::string> AsyncCheckpointWriter::wait() {
   changed_.wait(lock, [&] { return !busy_ && !pending_; });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   return std::exchange(done_, std::nullopt);
+}
+
+std::optional<double> AsyncCheckpointWriter::take_write_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(write_seconds_, std::nullopt);
 }
 
 // A checkpoint other ranks write parts of: the chief's datasets into the laid-out file, then,
@@ -382,6 +388,7 @@ void AsyncCheckpointWriter::run() {
     Snapshot snapshot = std::move(*pending_);
     pending_.reset();
     busy_ = true;
+    const auto started = std::chrono::steady_clock::now();
     // Buffers for the deferred tensors, from the pool where a size matches.
     std::vector<std::shared_ptr<checkpoint::Buffer>> buffers;
     for (const auto& d : snapshot.deferred) {
@@ -435,6 +442,7 @@ void AsyncCheckpointWriter::run() {
       if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));
     }
     busy_ = false;
+    write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (error) {
       error_ = error;
     } else {

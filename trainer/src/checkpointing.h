@@ -134,6 +134,9 @@ class AsyncCheckpointWriter {
   void wait_for_copies();
   // The path of the last checkpoint made durable since the previous call, if any.
   std::optional<std::string> wait();
+  // Without waiting: the seconds the thread spent on the last checkpoint (copies, writing,
+  // publication), once it is done, and only once; nullopt while it is still being written.
+  std::optional<double> take_write_seconds();
 
  private:
   void run();
@@ -150,6 +153,7 @@ class AsyncCheckpointWriter {
   bool stopping_ = false;
   std::exception_ptr error_;
   std::optional<std::string> done_;
+  std::optional<double> write_seconds_;
   std::thread thread_;
 };
 

@@ -185,8 +185,8 @@ class Loop {
   Period checkpoint_period_;
   // min_checkpoint_period: auto, on the chief: the period follows what checkpoints cost.
   std::unique_ptr<AutoCheckpointPeriod> auto_checkpoint_;
-  std::optional<double> checkpoint_stall_s_;  // the last periodic checkpoint's stall, its copy wait to come
-  double copy_wait_before_s_ = 0;
+  std::optional<double> checkpoint_stall_s_;  // the last periodic checkpoint's stall, its write to come
+  std::optional<Clock::time_point> shards_since_;  // when every rank began writing its parts of it
   Clock::time_point last_checkpoint_time_;
   std::int64_t last_checkpoint_batches_ = -1;
   // Requests agreed at a step boundary, kept until the end of the aggregation group.

@@ -400,7 +400,10 @@ LoopResult Loop::run() {
   }
   result_.batches_trained = batches_trained_;
   result_.timings = timings_.summary();
-  if (auto_checkpoint_) result_.auto_checkpoint_interval_s = checkpoint_period_.seconds;
+  if (auto_checkpoint_) {
+    result_.auto_checkpoint_interval_s = checkpoint_period_.seconds;
+    result_.auto_checkpoint_cost_s = auto_checkpoint_->cost_s().value_or(0);
+  }
   return result_;
 }
 

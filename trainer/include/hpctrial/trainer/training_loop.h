@@ -72,8 +72,9 @@ struct LoopResult {
   bool ended_by_trial = false;  // the trial called set_stop_requested: complete, validated, checkpointed
   std::string checkpoint_path;  // the last checkpoint written (chief)
   // min_checkpoint_period: auto (chief): the seconds between periodic checkpoints it last chose
-  // from their measured cost; 0 with another period.
+  // from their measured cost, and that cost (the mean of the recent ones); 0 with another period.
   double auto_checkpoint_interval_s = 0;
+  double auto_checkpoint_cost_s = 0;
   // Per phase of the loop: {"train_batch": {"total_s", "mean_ms", "count"}, ...}
   nlohmann::json timings;
   MetricValues last_validation;
