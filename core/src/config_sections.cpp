@@ -191,6 +191,9 @@ void read_optimizations(MapReader& r, Optimizations& o) {
       o.collective_timeout_seconds = *v;
     }
   }
+  if (const ConfigNode* n = r.get("replica_check_period")) {
+    if (auto v = read_int(*n, r.path("replica_check_period"), d, 0, std::int64_t{1} << 40)) o.replica_check_period = *v;
+  }
   if (const ConfigNode* n = r.get("adaptive_batch_size")) read_adaptive_batch(*n, r.path("adaptive_batch_size"), d, o.adaptive_batch_size);
   r.finish();
 }

@@ -144,6 +144,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "gradient_compression" << YAML::Value << std::string(to_string(o.gradient_compression));
   out << YAML::Key << "collective_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(o.collective_timeout_seconds);
+  out << YAML::Key << "replica_check_period" << YAML::Value << o.replica_check_period;
   if (o.adaptive_batch_size.enabled) {
     const AdaptiveBatch& a = o.adaptive_batch_size;
     out << YAML::Key << "adaptive_batch_size" << YAML::Value << YAML::BeginMap;

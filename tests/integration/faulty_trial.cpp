@@ -6,6 +6,9 @@
 // that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
 // hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief). With
 // hyperparameters.nan_from_batch, validation after that many batches reports NaN (a diverged run).
+// Replicas made to differ: hyperparameters.halve_lr_on_validation halves the learning rate in a
+// callback's on_validation_end (which runs on the chief alone); hyperparameters.nudge_rank and
+// nudge_batch change one weight on that rank after that batch (a rank computing differently).
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -13,11 +16,26 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
 namespace {
+
+class HalveLearningRate : public hpctrial::Callback {
+ public:
+  explicit HalveLearningRate(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
+  void on_validation_end(const hpctrial::MetricValues&) override {
+    for (auto& group : optimizer_.param_groups()) {
+      auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
+      options.lr(options.lr() / 2);
+    }
+  }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+};
 
 class FaultyTrial : public hpctrial::Trial {
  public:
@@ -29,6 +47,17 @@ class FaultyTrial : public hpctrial::Trial {
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
     if (context.hparams().contains("nan_from_batch")) nan_from_batch_ = context.hparam<std::int64_t>("nan_from_batch");
+    if (context.hparams().contains("nudge_rank")) {
+      nudge_rank_ = context.hparam<int>("nudge_rank");
+      nudge_batch_ = context.hparam<std::int64_t>("nudge_batch");
+    }
+  }
+
+  std::map<std::string, std::shared_ptr<hpctrial::Callback>> build_callbacks() override {
+    if (!context_.hparams().contains("halve_lr_on_validation") || !context_.hparam<bool>("halve_lr_on_validation")) {
+      return {};
+    }
+    return {{"halve_lr", std::make_shared<HalveLearningRate>(*optimizer_)}};
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
@@ -52,6 +81,10 @@ class FaultyTrial : public hpctrial::Trial {
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
+    if (context_.distributed().rank == nudge_rank_ && batch_idx + 1 == nudge_batch_) {
+      torch::NoGradGuard no_grad;
+      model_->weight.view({-1})[3] += 1e-3;
+    }
     return {{"loss", loss}};
   }
 
@@ -74,6 +107,8 @@ class FaultyTrial : public hpctrial::Trial {
   std::shared_ptr<torch::optim::SGD> optimizer_;
   int batch_ms_ = 0;
   std::int64_t nan_from_batch_ = -1;
+  int nudge_rank_ = -1;
+  std::int64_t nudge_batch_ = -1;
   std::int64_t batches_seen_ = 0;
 };
 

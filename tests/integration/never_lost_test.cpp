@@ -2,7 +2,8 @@
 // store stay apart and refuse each other's checkpoints; a metric that turns NaN resumes and is
 // ranked last; a closed terminal (SIGHUP, a closed stdout, SIGPIPE) stops with a checkpoint or
 // does nothing; a second run never replaces the config of a running one; a bad name or a damaged
-// state file is a one-line error; with no period set, a run checkpoints by itself.
+// state file is a one-line error; with no period set, a run checkpoints by itself; replicas that
+// diverge end the run, naming the tensor and the ranks.
 #include <signal.h>
 
 #include <chrono>
@@ -279,6 +280,46 @@ TEST_F(NeverLost, DamagedStateFilesAreOneLineErrors) {
   p = describe();
   EXPECT_EQ(p->exit_code(), 1) << p->output();
   EXPECT_THAT(p->output(), HasSubstr(experiment() + "/experiment.json: \"job_id\" holds 5, which is not a string"));
+}
+
+}  // namespace
+}  // namespace hpctrial
+
+namespace hpctrial {
+namespace {
+
+// Replicas made to differ on the chief (a callback's on_validation_end, which runs there alone,
+// halves the learning rate) and on the last rank (one weight nudged): the run ends at the next
+// check, naming the first tensor that differs and the rank that holds another value than the
+// others, and no checkpoint of the diverged replicas is written.
+TEST_F(NeverLost, ReplicasThatDivergeOnTheChiefEndTheRunNamingTheTensorAndTheRank) {
+  const std::string exp = config("min_validation_period: {batches: 10}\nmin_checkpoint_period: {batches: 5}\n"
+                                 "optimizations: {replica_check_period: 5}\nmax_restarts: 0\n",
+                                 40, 3, 0, ", halve_lr_on_validation: true");
+  auto p = start(exp);
+  ASSERT_TRUE(p->wait(120s).has_value()) << p->output();
+  EXPECT_EQ(p->exit_code(), 1) << p->output();
+  EXPECT_THAT(p->output(), testing::ContainsRegex(
+                               "the ranks' replicas differ at batch 10: optimizer/0/param_groups \\(the optimizer's "
+                               "options, such as its learning rate\\) is not the same on every rank \\(checksums: "
+                               "ranks 1, 2 hold -?[0-9]+; rank 0 holds -?[0-9]+\\)"));
+  EXPECT_THAT(p->output(), HasSubstr("code that runs on the chief alone (on_validation_end"));
+  EXPECT_EQ(checkpoint_files(fs::path(trial()) / "checkpoints"), (std::set<std::string>{"ckpt-5.h5"}));
+  expect_no_rank_left();
+}
+
+TEST_F(NeverLost, ReplicasThatDivergeOnTheLastRankAreFoundBeforeTheCheckpoint) {
+  const std::string exp = config("min_checkpoint_period: {batches: 5}\nmax_restarts: 0\n", 40, 3, 0,
+                                 ", nudge_rank: 2, nudge_batch: 7");
+  auto p = start(exp);
+  ASSERT_TRUE(p->wait(120s).has_value()) << p->output();
+  EXPECT_EQ(p->exit_code(), 1) << p->output();
+  EXPECT_THAT(p->output(), testing::ContainsRegex(
+                               "the ranks' replicas differ before the checkpoint at batch 10: model/0/weight is not "
+                               "the same on every rank \\(checksums: ranks 0, 1 hold -?[0-9]+; rank 2 holds "
+                               "-?[0-9]+\\)"));
+  EXPECT_EQ(checkpoint_files(fs::path(trial()) / "checkpoints"), (std::set<std::string>{"ckpt-5.h5"}));
+  expect_no_rank_left();
 }
 
 }  // namespace

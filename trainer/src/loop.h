@@ -59,13 +59,15 @@ class Loop {
   void resolve_engine_batch(TrialSettings& settings) const;
   void resume();
   // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
-  // once the next step has waited for its copy, the whole cost sets the next interval.
+  // once its background write is done, the whole cost sets the next interval.
   void note_checkpoint_stall(double seconds);
   void settle_checkpoint_cost();
   void trim_metrics(std::int64_t batches);
   std::string checkpoint_dir() const;
   std::optional<core::ExperimentIdentity> experiment_identity() const;
   void save_checkpoint(bool wait);
+  // Every rank: the replicas' checksums compared (replica_check.h); `when` for the message.
+  void check_replicas(const std::string& when);
   // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop_checkpoint.cpp):
   // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
   void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);

@@ -2,8 +2,10 @@
 #include "checkpointing.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
+#include "engine_access.h"
 #include "hpctrial/core/logging.h"
 #include "loop.h"
+#include "replica_check.h"
 #include "sharded_checkpoint.h"
 #include "state_io.h"
 #include "zero.h"
@@ -18,6 +20,11 @@ ShardedSave save_shards(const ShardedOptimizers& sharded) {
 }
 
 }  // namespace
+
+void Loop::check_replicas(const std::string& when) {
+  detail::PhaseTimings::Scope t(timings_, "replica_check");
+  detail::check_replicas(comm_, detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
+}
 
 // The tests' fault hook in the middle of this rank's pieces (HPCTRIAL_FAULT's `shards`).
 std::function<void()> Loop::shard_fault_hook() const {

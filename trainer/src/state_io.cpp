@@ -23,8 +23,14 @@ struct Writer {
   std::string prefix;
   Deferred* deferred = nullptr;
   json scalars = json::object();
+  bool view = false;  // every tensor into `deferred`, wherever it lives: nothing is copied
   void tensor(const std::string& name, const torch::Tensor& t) {
-    if (t.defined()) add_or_defer(contents, deferred, prefix + "/" + name, t);
+    if (!t.defined()) return;
+    if (view) {
+      deferred->push_back({prefix + "/" + name, t.detach()});
+    } else {
+      add_or_defer(contents, deferred, prefix + "/" + name, t);
+    }
   }
   void tensors(const std::string& name, const std::deque<torch::Tensor>& list) {
     scalars[name + "_count"] = list.size();
@@ -307,8 +313,10 @@ void load_into(const checkpoint::Contents& contents, const std::string& name, to
   target.copy_(tensor_of(*d));
 }
 
-void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
-                    Deferred* deferred) {
+namespace {
+
+void write_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                     Deferred* deferred, bool view) {
   const OptimizerCodec* codec = codec_for(optimizer);
   if (codec == nullptr) {
     // Another optimizer class: LibTorch's own serialization keeps it whole.
@@ -329,6 +337,7 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
       const auto it = optimizer.state().find(optimizer_state_key(p));
       if (it != optimizer.state().end()) {
         Writer w{contents, prefix + "/state/" + std::to_string(index), deferred};
+        w.view = view;
         codec->save_state(*it->second, w);
         contents.add_text(w.prefix + "/scalars", w.scalars.dump());
       }
@@ -337,6 +346,19 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
     groups.push_back({{"params", params}, {"options", codec->save_options(group.options())}});
   }
   contents.add_text(prefix + "/param_groups", groups.dump());
+}
+
+}  // namespace
+
+void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                    Deferred* deferred) {
+  write_optimizer(contents, prefix, optimizer, deferred, /*view=*/false);
+}
+
+Deferred view_optimizer(checkpoint::Contents& texts, const std::string& prefix, torch::optim::Optimizer& optimizer) {
+  Deferred tensors;
+  write_optimizer(texts, prefix, optimizer, &tensors, /*view=*/true);
+  return tensors;
 }
 
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,

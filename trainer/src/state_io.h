@@ -59,6 +59,9 @@ void load_into(const checkpoint::Contents& contents, const std::string& name, to
 
 void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
                     Deferred* deferred = nullptr);
+// The optimizer's state as save_optimizer names it, copying no tensor: its tensors (on their
+// devices, live) returned, its texts (options, scalars) added to `texts`.
+Deferred view_optimizer(checkpoint::Contents& texts, const std::string& prefix, torch::optim::Optimizer& optimizer);
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
                     torch::optim::Optimizer& optimizer, const std::string& file);
 // The elements of the optimizer's per-parameter state tensors (what it holds in memory).

@@ -199,6 +199,7 @@ void Loop::apply(const detail::LoopState& s) {
 void Loop::save_checkpoint(bool wait) {
   const detail::PhaseRecord phase(core::RankPhase::kCheckpoint);
   faults_->at(detail::FaultPhase::kCheckpoint, batches_trained_);
+  check_replicas("before the checkpoint at batch " + std::to_string(batches_trained_));
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
   last_checkpoint_time_ = Clock::now();
@@ -356,6 +357,10 @@ LoopResult Loop::run() {
       report_training();
     }
     if (validate_now && !last) validate();
+    const std::int64_t check_period = config_.optimizations.replica_check_period;
+    if (check_period > 0 && group_end && batches_trained_ % check_period == 0) {
+      check_replicas("at batch " + std::to_string(batches_trained_));
+    }
     if (stop) {
       save_checkpoint(/*wait=*/true);
     } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {

@@ -8,6 +8,7 @@
 //   SchedulerError  - Slurm / PBS refused or failed a request
 //   CheckpointError - a checkpoint is missing, corrupt or does not match the trial
 //   NotSupported    - a valid request this build or backend cannot do
+//   DivergenceError - the ranks' replicas of the model or optimizer differ (trial code or a node)
 //   InternalError   - an invariant of ours broke (ENFORCE): a bug, never user input
 //
 // Thread safety: exceptions are plain values. Nothing here throws from a destructor.
@@ -49,6 +50,11 @@ class CheckpointError : public Error {
 };
 
 class NotSupported : public Error {
+ public:
+  using Error::Error;
+};
+
+class DivergenceError : public Error {
  public:
   using Error::Error;
 };

@@ -111,6 +111,9 @@ struct Optimizations {
   GradientCompression gradient_compression = GradientCompression::kNone;
   // A collective that has not finished after this long ends the job (the watchdog).
   std::int64_t collective_timeout_seconds = 1800;
+  // The ranks compare checksums of their replicated state (parameters, unsharded optimizer
+  // state) at every checkpoint and, when positive, every this many batches; 0: at checkpoints only.
+  std::int64_t replica_check_period = 0;
   AdaptiveBatch adaptive_batch_size;
 };
 
