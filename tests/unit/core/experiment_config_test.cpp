@@ -74,6 +74,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 25.0);
   EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kNone);
   EXPECT_EQ(c.optimizations.collective_timeout_seconds, 1800);
+  EXPECT_EQ(c.optimizations.replica_check_period, 0);
   EXPECT_FALSE(c.reproducibility.experiment_seed.has_value());
   EXPECT_EQ(c.checkpoint_storage.type, "shared_fs");
   EXPECT_EQ(c.checkpoint_storage.host_path, "");
@@ -164,6 +165,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
   EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kBFloat16);
   EXPECT_EQ(c.optimizations.collective_timeout_seconds, 600);
+  EXPECT_EQ(c.optimizations.replica_check_period, 500);
   EXPECT_EQ(c.reproducibility.experiment_seed, 4294967295u);
 
   EXPECT_EQ(c.checkpoint_storage.host_path, "/scratch/ckpt");
@@ -244,7 +246,8 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
               HasSubstr("exp.yaml:4:17: optimizations.zzz: unknown key; the keys here are: "
                         "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
                         "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
-                        "mixed_precision, gradient_compression, collective_timeout, adaptive_batch_size"));
+                        "mixed_precision, gradient_compression, collective_timeout, replica_check_period, "
+                        "adaptive_batch_size"));
 }
 
 TEST(ConfigErrors, MinSlotsPerTrial) {
@@ -457,6 +460,8 @@ TEST(ConfigErrors, GradientCompressionAndCollectiveTimeout) {
   EXPECT_THAT(one_error(base + "optimizations: {gradient_compression: fp8}\n"),
               HasSubstr("optimizations.gradient_compression: unknown gradient compression \"fp8\"; use "
                         "one of none, fp16, bf16"));
+  EXPECT_THAT(one_error(base + "optimizations: {replica_check_period: -1}\n"),
+              HasSubstr("optimizations.replica_check_period: must be"));
   EXPECT_THAT(one_error(base + "optimizations: {collective_timeout: 0s}\n"),
               HasSubstr("optimizations.collective_timeout: must be between 00:00:01 and"));
 }
