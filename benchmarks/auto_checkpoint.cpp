@@ -24,6 +24,7 @@
 
 #include <hpctrial/trainer.h>
 
+#include "big_trial.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
@@ -33,35 +34,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-class BigTrial : public hpctrial::Trial {
- public:
-  BigTrial(hpctrial::TrialContext& context, int layers) : context_(context) {
-    torch::nn::Sequential net;
-    for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
-    model_ = context.wrap_model(net);
-    optimizer_ = context.wrap_optimizer(
-        std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-6)));
-    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
-  }
-  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t) override {
-    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
-    context_.backward(loss);
-    context_.step_optimizer(*optimizer_);
-    return {{"loss", loss}};
-  }
-  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
-    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
-  }
-  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
-  hpctrial::DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
-
- private:
-  hpctrial::TrialContext& context_;
-  torch::nn::Sequential model_{nullptr};
-  std::shared_ptr<torch::optim::SGD> optimizer_;
-  std::shared_ptr<hpctrial::TensorDataset> data_;
-};
 
 struct Run {
   double seconds = 0;
@@ -88,7 +60,7 @@ Run train(const std::string& dir, int mib, std::int64_t batches, const std::stri
   fs::remove_all(options.trial_dir);
   const auto start = Clock::now();
   const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
-    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64));
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<hpctrial_bench::BigTrial>(context, mib / 64));
   }, comm, options);
   Run run;
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -58,6 +58,7 @@
 #include <hpctrial/trainer.h>
 
 #include "hpctrial/checkpoint/format.h"
+#include "big_trial.h"
 #include "io_util.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/subprocess.h"
@@ -163,42 +164,6 @@ class BackgroundWriter {
   std::thread thread_;
 };
 
-// A stack of 4096 x 4096 linear layers (64 MiB each) trained on random data; records when each
-// batch starts.
-class BigTrial : public hpctrial::Trial {
- public:
-  BigTrial(hpctrial::TrialContext& context, int layers, std::vector<BatchStart>* starts, BackgroundWriter* raw)
-      : context_(context), starts_(starts), raw_(raw) {
-    torch::nn::Sequential net;
-    for (int i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
-    model_ = context.wrap_model(net);
-    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-6)));
-    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({64, 4096}), torch::randn({64, 4096}));
-  }
-  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
-    starts_->push_back({Clock::now(), steal_seconds()});
-    auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
-    context_.backward(loss);
-    context_.step_optimizer(*optimizer_);
-    // Where hpctrial would take a checkpoint after this batch.
-    if (raw_ != nullptr && (batch_idx + 1) % kEvery == 0 && batch_idx + 1 <= kCheckpoints * kEvery) raw_->start();
-    return {{"loss", loss}};
-  }
-  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
-    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
-  }
-  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
-  hpctrial::DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
-
- private:
-  hpctrial::TrialContext& context_;
-  std::vector<BatchStart>* starts_;
-  BackgroundWriter* raw_;
-  torch::nn::Sequential model_{nullptr};
-  std::shared_ptr<torch::optim::SGD> optimizer_;
-  std::shared_ptr<hpctrial::TensorDataset> data_;
-};
-
 struct Stall {
   double blocked_s;  // the training thread blocked: copying buffers and progress, then waiting for the writer's copy
   double in_loop_s;  // a checkpoint's cycle of batches beyond the same batches without checkpoints
@@ -229,7 +194,12 @@ Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings, Ba
   options.progress_interval_s = 0;
   fs::remove_all(options.trial_dir);  // a used one would resume its finished trial
   const auto result = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
-    return std::unique_ptr<hpctrial::Trial>(std::make_unique<BigTrial>(context, mib / 64, &starts, raw));
+    // Records when each batch starts; with `raw`, starts it where hpctrial would checkpoint.
+    return std::unique_ptr<hpctrial::Trial>(std::make_unique<hpctrial_bench::BigTrial>(
+        context, mib / 64, [&starts](std::int64_t) { starts.push_back({Clock::now(), steal_seconds()}); },
+        [raw](std::int64_t batch_idx) {
+          if (raw != nullptr && (batch_idx + 1) % kEvery == 0 && batch_idx + 1 <= kCheckpoints * kEvery) raw->start();
+        }));
   }, comm, options);
   fs::remove_all(options.trial_dir);
   if (starts.size() != static_cast<std::size_t>(kBatches)) {

@@ -22,6 +22,7 @@ ShardedSave save_shards(const ShardedOptimizers& sharded) {
 }  // namespace
 
 void Loop::check_replicas(const std::string& when) {
+  if (comm_.size() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
   detail::check_replicas(comm_, detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
 }

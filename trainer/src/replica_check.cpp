@@ -14,17 +14,35 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
+template <typename Int>
+std::int64_t sum_as(const void* data, std::size_t count) {
+  const auto* values = static_cast<const Int*>(data);
+  std::uint64_t sum = 0;  // unsigned: wraps, as the device's int64 sum does
+  for (std::size_t i = 0; i < count; ++i) sum += static_cast<std::uint64_t>(static_cast<std::int64_t>(values[i]));
+  return static_cast<std::int64_t>(sum);
+}
+
 // The integer sum of the tensor's bits, as a 0-d int64 tensor on its device: each element read
-// as the integer of its size, so that any change of any bit changes the sum unless another
-// change cancels it exactly.
+// as the signed integer of its size, so that any change of any bit changes the sum unless
+// another change cancels it exactly. On the CPU, one pass without a temporary.
 torch::Tensor bit_sum(const torch::Tensor& tensor) {
   const torch::Tensor flat = tensor.detach().contiguous().view({-1});
-  const auto size = flat.element_size();
+  const auto size = static_cast<std::size_t>(flat.element_size());
   const c10::ScalarType as = size % 8 == 0   ? torch::kInt64
                              : size % 4 == 0 ? torch::kInt32
                              : size % 2 == 0 ? torch::kInt16
-                                             : torch::kUInt8;
-  return flat.view(as).sum(torch::kInt64);
+                                             : torch::kInt8;
+  if (!flat.device().is_cpu()) return flat.view(as).sum(torch::kInt64);
+  const void* data = flat.data_ptr();
+  const std::size_t bytes = static_cast<std::size_t>(flat.numel()) * size;
+  std::int64_t sum = 0;
+  switch (as) {
+    case torch::kInt64: sum = sum_as<std::int64_t>(data, bytes / 8); break;
+    case torch::kInt32: sum = sum_as<std::int32_t>(data, bytes / 4); break;
+    case torch::kInt16: sum = sum_as<std::int16_t>(data, bytes / 2); break;
+    default: sum = sum_as<std::int8_t>(data, bytes); break;
+  }
+  return torch::tensor(sum, torch::kInt64);
 }
 
 std::string ranks_text(const std::vector<int>& ranks) {
