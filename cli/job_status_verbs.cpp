@@ -239,7 +239,9 @@ int run_describe(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR
 
 Tells an experiment's story: its config, its batch jobs and their state in Slurm or PBS, and for
-each trial the batches trained, the latest checkpoint, the runs and the failures.
+each trial the batches trained, the latest checkpoint, the runs and the failures. A trial whose
+job stopped after a checkpoint but could not be handed back to the scheduler (a failed
+`scontrol requeue` or `qsub`, tried 3 times) shows the command that resumes it by hand.
 )");
   if (what.empty()) return kExitOk;
   const Target t = experiment_target(what);
@@ -290,6 +292,14 @@ each trial the batches trained, the latest checkpoint, the runs and the failures
                 << "), from batch " << run.batches << ", started " << run.started << "\n";
     }
     if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
+    if (const auto& failed = progress.failed_hand_over) {
+      // The job stopped after a durable checkpoint, but its scheduler did not take the trial back.
+      std::cout << "  hand-over:   failed at " << failed->time << " when job " << failed->job << " stopped ("
+                << failed->tries << (failed->tries == 1 ? " try" : " tries") << "): " << failed->error
+                << "; nothing resumes the trial until you do\n"
+                << "  resume with: " << (failed->resume.empty() ? "submit the experiment again" : failed->resume)
+                << "\n";
+    }
     if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
   }
   return kExitOk;

@@ -127,6 +127,9 @@ the queue, held (its allocation is freed). `hpctrial activate` resumes it from t
 A job that has not started yet is simply held. For a job array (a search), every task is
 paused; JOB_N pauses task N alone. On PBS, which lets no user requeue a job, the paused job
 submits the job that resumes it, held, before it ends.
+Only the experiment's own jobs are touched: a job id recorded for EXPDIR that the scheduler
+has since given to another job (a cluster started afresh, ids that wrapped) is refused with
+exit 1, and nothing is signalled.
 )");
   if (what.empty()) return kExitOk;
   const Target t = resolve_target(what);
@@ -158,6 +161,9 @@ int run_activate(const std::vector<std::string>& args) {
 Releases a paused (held) job, or every held task of a job array: it runs again when the
 scheduler starts it, and resumes from its latest checkpoint. On PBS: every held job of the
 experiment (qrls).
+Only the experiment's own jobs are touched: a job id recorded for EXPDIR that the scheduler
+has since given to another job (a cluster started afresh, ids that wrapped) is refused with
+exit 1, and nothing is signalled.
 )");
   if (what.empty()) return kExitOk;
   const Target t = resolve_target(what);
@@ -180,6 +186,9 @@ Cancels the job, or every task of a job array (Slurm: scancel; PBS: qdel of ever
 running job of the experiment). The ranks get the scheduler's SIGTERM and checkpoint if they can
 within the grace; the last published checkpoint stays valid either way, and submitting the
 experiment again resumes from it.
+Only the experiment's own jobs are touched: a job id recorded for EXPDIR that the scheduler
+has since given to another job (a cluster started afresh, ids that wrapped) is refused with
+exit 1, and nothing is signalled.
 )");
   if (what.empty()) return kExitOk;
   const Target t = resolve_target(what);

@@ -1,6 +1,7 @@
 #include "hpctrial/core/experiment_dir.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,14 @@ std::string experiment_of_output(const std::string& output_file) {
   const fs::path dir = fs::path(output_file).parent_path();
   const ExperimentLayout layout{dir.string()};
   return fs::exists(layout.state()) && fs::exists(layout.config()) ? layout.dir : "";
+}
+
+bool output_in_experiment(const std::string& output_file, const std::string& experiment_dir) {
+  if (output_file.empty() || experiment_dir.empty()) return false;
+  const std::string dir = fs::path(output_file).parent_path().string();
+  struct stat a {}, b {};
+  return ::stat(dir.c_str(), &a) == 0 && ::stat(experiment_dir.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
 }
 
 namespace {
@@ -144,6 +153,30 @@ void record_job(const ExperimentLayout& layout, const std::string& scheduler, co
   write_json_file(layout.state(), state);
 }
 
+void record_failed_hand_over(const std::string& trial_dir, const FailedHandOver& failed) {
+  const std::string path = launcher_state_file(trial_dir);
+  json state = read_json_file(path);
+  state[kFailedHandOverKey] = {{"time", failed.time}, {"job", failed.job}, {"tries", failed.tries},
+                               {"error", failed.error}, {"resume", failed.resume}};
+  write_json_file(path, state);
+}
+
+namespace {
+
+std::optional<FailedHandOver> failed_hand_over_in(const json& state, const std::string& path) {
+  const auto it = state.find(kFailedHandOverKey);
+  if (it == state.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) {
+    throw IoError(path + ": \"" + std::string(kFailedHandOverKey) + "\" holds " + it->dump() +
+                  ", which is not an object; fix the file or remove it");
+  }
+  return FailedHandOver{json_field(*it, "time", std::string(), path), json_field(*it, "job", std::string(), path),
+                        json_field(*it, "tries", 0, path), json_field(*it, "error", std::string(), path),
+                        json_field(*it, "resume", std::string(), path)};
+}
+
+}  // namespace
+
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const std::string trial_dir = layout.trial_dir(trial_id);
   TrialProgress p;
@@ -154,6 +187,7 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const json state = read_json_file(state_path);
   p.starts = json_field(state, "starts", 0, state_path);
   p.failures = json_field(state, "failures", 0, state_path);
+  p.failed_hand_over = failed_hand_over_in(state, state_path);
   std::ifstream records(trial_dir + "/failures.jsonl");
   for (std::string line; std::getline(records, line);) {
     try {

@@ -34,6 +34,7 @@
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/launcher.h"
 #include "hpctrial/launcher/schedulers.h"
+#include "hand_over.h"
 #include "launcher_internal.h"
 #include "processes.h"
 #include "supervisor.h"
@@ -110,13 +111,16 @@ void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions
 namespace {
 
 // Every rank stopped after a durable checkpoint inside a job: its scheduler takes the trial back
-// to the queue (held when the user paused it). A SIGTERM without warning is the scheduler's own
-// doing (a cancel, an admin's requeue or rerun, a preemption): it decides what follows.
+// to the queue (held when the user paused it); a command that fails is tried again, and a
+// hand-over that still fails is recorded with the command that resumes the trial by hand. A
+// SIGTERM without warning is the scheduler's own doing (a cancel, an admin's requeue or rerun, a
+// preemption): it decides what follows.
 void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
                const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
-  scheduler(allocation.scheduler)
-      .hand_over({allocation, config, options.experiment_dir, options.trial_id, reason == "pause", &env, run});
+  detail::hand_over_trial(scheduler(allocation.scheduler),
+                          {allocation, config, options.experiment_dir, options.trial_id, reason == "pause", &env, run},
+                          ExperimentLayout{options.experiment_dir}.trial_dir(options.trial_id));
 }
 
 // What ended an attempt that failed: its failure record (failures.jsonl), the sentence the
@@ -351,6 +355,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   json state = core::read_json_file(state_path);
   int starts = core::json_field(state, "starts", 0, state_path);
   int failures = options.reset_failures ? 0 : core::json_field(state, "failures", 0, state_path);
+  state.erase(core::kFailedHandOverKey);  // this start resumes the trial
   const std::string working_dir =
       core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state());
   check_entrypoint(config, working_dir, env);

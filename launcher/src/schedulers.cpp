@@ -34,7 +34,7 @@ class LocalScheduler final : public core::Scheduler {
   std::vector<core::PauseStep> pause(const core::JobTarget&) const override { throw no_jobs(); }
   std::vector<std::string> activate(const core::JobTarget&) const override { throw no_jobs(); }
   std::vector<std::string> cancel(const core::JobTarget&) const override { throw no_jobs(); }
-  void hand_over(const core::HandOver&) const override {}
+  std::optional<core::HandOverFailure> hand_over(const core::HandOver&) const override { return std::nullopt; }
 
  private:
   static ConfigError no_jobs() {

@@ -1,18 +1,17 @@
 #include "hpctrial/pbs/scheduler.h"
 
 #include <pwd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/pbs/batch_script.h"
 #include "hpctrial/pbs/job_environment.h"
@@ -42,11 +41,7 @@ namespace {
 // directory. A recorded id names another job once the server was re-created and its ids began
 // again; that job is never shown, paused or deleted as the experiment's.
 bool of_experiment(const JobInfo& job, const std::string& experiment_dir) {
-  if (job.output_path.empty() || experiment_dir.empty()) return false;
-  const std::string dir = std::filesystem::path(job.output_path).parent_path().string();
-  struct stat a {}, b {};
-  return ::stat(dir.c_str(), &a) == 0 && ::stat(experiment_dir.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
-         a.st_ino == b.st_ino;
+  return core::output_in_experiment(job.output_path, experiment_dir);
 }
 
 std::map<std::string, JobInfo> by_id(std::vector<JobInfo> jobs) {
@@ -308,13 +303,14 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
   return cancelled;
 }
 
-void Scheduler::hand_over(const core::HandOver& stopped) const {
+std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {
   const core::ExperimentLayout layout{stopped.experiment_dir};
   const std::string& job = stopped.allocation.job_id;
+  // A job of this trial alone (a search's array job is not submitted again); the values from
+  // the submitter's environment are in this job's own, passed on by name.
+  const std::string script = layout.trial_dir(stopped.trial) + "/resume.pbs";
+  core::SubmitRequest request;
   try {
-    // A job of this trial alone (a search's array job is not submitted again); the values from
-    // the submitter's environment are in this job's own, passed on by name.
-    const std::string script = layout.trial_dir(stopped.trial) + "/resume.pbs";
     // PBS has no node ranges: an elastic trial's next job asks for the size its adaptive batch
     // prefers (the launcher then starts as many ranks as the job got).
     core::ExperimentConfig config = stopped.config;
@@ -327,27 +323,48 @@ void Scheduler::hand_over(const core::HandOver& stopped) const {
       config.resources.min_slots_per_trial = 0;
     }
     core::write_file_atomic(script, render_script(config, {layout.dir, core::self_program(), stopped.trial}));
-    core::SubmitRequest request;
-    request.script = script;
-    request.hold = stopped.hold;
-    // PBS lets no job depend on a subjob of an array job ("cannot have dependancy on subjob or
-    // range"): the successor of a subjob may start while it ends, and its launcher waits for
-    // this one's (one launcher per trial).
-    const bool subjob = array_index(job, -1) >= 0;
-    if (!subjob) request.after = job;
-    for (const auto& var : stopped.config.scheduler.environment) {
-      if (!core::refers_to_submitter(var.value) || stopped.env == nullptr) continue;
-      if (const auto value = stopped.env->get(var.name)) request.env.emplace_back(var.name, *value);
-    }
-    const std::string id = Scheduler(Client(stopped.run)).submit(request);
-    core::record_job(layout, name(), id, stopped.trial);
-    core::log_info("pbs job {} submitted to resume trial {} once {} has ended{}", id, stopped.trial,
-                   subjob ? "the launcher of subjob " + job : "job " + job,
-                   stopped.hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
   } catch (const Error& e) {
-    core::log_error("cannot submit the pbs job that resumes trial {} ({}); the checkpoint is durable: submit the "
-                    "experiment again to resume", stopped.trial, e.what());
+    return core::HandOverFailure{"cannot write " + script + ", the script of the pbs job that resumes trial " +
+                                     std::to_string(stopped.trial) + ": " + e.what(),
+                                 core::shell_join({"hpctrial", "submit", layout.config(), "--experiment", layout.dir})};
   }
+  request.script = script;
+  request.hold = stopped.hold;
+  // PBS lets no job depend on a subjob of an array job ("cannot have dependancy on subjob or
+  // range"): the successor of a subjob may start while it ends, and its launcher waits for
+  // this one's (one launcher per trial).
+  const bool subjob = array_index(job, -1) >= 0;
+  if (!subjob) request.after = job;
+  std::string names;
+  for (const auto& var : stopped.config.scheduler.environment) {
+    if (!core::refers_to_submitter(var.value) || stopped.env == nullptr) continue;
+    if (const auto value = stopped.env->get(var.name)) {
+      request.env.emplace_back(var.name, *value);
+      names += (names.empty() ? "" : ",") + var.name;
+    }
+  }
+  std::string id;
+  try {
+    id = Scheduler(Client(stopped.run)).submit(request);
+  } catch (const Error& e) {
+    // By hand, once this job has ended: no dependency, not held (whoever runs it wants it to run).
+    std::vector<std::string> qsub = {"qsub"};
+    if (!names.empty()) qsub.insert(qsub.end(), {"-v", names});
+    qsub.push_back(script);
+    return core::HandOverFailure{"cannot submit the pbs job that resumes trial " + std::to_string(stopped.trial) +
+                                     ": " + e.what(),
+                                 core::shell_join(qsub)};
+  }
+  try {
+    core::record_job(layout, name(), id, stopped.trial);
+  } catch (const Error& e) {
+    core::log_warning("pbs job {} resumes trial {}, but it could not be recorded in {} ({}): give its id to "
+                      "`hpctrial pause`, `activate` and `kill`", id, stopped.trial, layout.state(), e.what());
+  }
+  core::log_info("pbs job {} submitted to resume trial {} once {} has ended{}", id, stopped.trial,
+                 subjob ? "the launcher of subjob " + job : "job " + job,
+                 stopped.hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
+  return std::nullopt;
 }
 
 }  // namespace hpctrial::pbs

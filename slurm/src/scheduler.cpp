@@ -5,6 +5,7 @@
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/slurm/batch_script.h"
 #include "hpctrial/slurm/job_environment.h"
@@ -44,6 +45,30 @@ core::JobStatus status_of(const JobInfo& job) {
   if (!s.live()) s.exit = job.exit_code;
   s.output = job.std_err.empty() ? job.std_out : job.std_err;
   return s;
+}
+
+// True when `task` is one of the experiment's: its output goes to the experiment directory, as
+// the script of `hpctrial submit` asks (--output, --error). A recorded id names another job once
+// the controller was started afresh (its ids begin again) or the ids wrapped.
+bool of_experiment(const JobInfo& task, const std::string& experiment_dir) {
+  return core::output_in_experiment(task.std_out, experiment_dir) ||
+         core::output_in_experiment(task.std_err, experiment_dir);
+}
+
+// Why a verb refuses a recorded job that is now another's: the job, what it is, and what to do.
+SchedulerError not_of_experiment(const JobInfo& task, const std::string& experiment_dir) {
+  const std::string output = task.std_out.empty() ? task.std_err : task.std_out;
+  return SchedulerError(
+      "slurm job " + task.display_id() + " is not the job of " + experiment_dir + ": it is job \"" + task.name +
+      "\" of user " + (task.user_id.empty() ? std::string("?") : task.user_id) + ", its output in " +
+      (output.empty() ? std::string("no file Slurm names") : output) + " (working directory " +
+      (task.work_dir.empty() ? std::string("unknown") : task.work_dir) + "). Slurm gave the id recorded in " +
+      core::ExperimentLayout{experiment_dir}.state() + " to another job (its controller started afresh, or its "
+      "ids wrapped), so the experiment's own job has ended; nothing was signalled, held, released or cancelled. "
+      "Submit the experiment again (`" +
+      core::shell_join({"hpctrial", "submit", core::ExperimentLayout{experiment_dir}.config(), "--experiment",
+                        experiment_dir}) +
+      "`) to resume it from its latest checkpoint");
 }
 
 // slurm-<job>.err, or slurm-<array>_<trial>.err for a task of a search: what the script's
@@ -86,6 +111,7 @@ std::vector<core::JobStatus> Scheduler::live_jobs(const core::ExperimentLayout& 
   const auto latest = core::latest_job(layout);
   if (!latest || !is_valid_job_id(latest->id)) return live;
   for (const JobInfo& task : client_.job_tasks(latest->id)) {
+    if (!of_experiment(task, layout.dir)) continue;  // the id given to another job
     if (core::JobStatus s = status_of(task); s.live()) live.push_back(std::move(s));
   }
   return live;
@@ -117,7 +143,7 @@ std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout&
   forgotten.trial = trial;
   forgotten.output = output_file(layout, latest->id, trial, trials);
   for (const JobInfo& task : client_.job_tasks(latest->id)) {
-    if (trial_of(task) != trial) continue;
+    if (trial_of(task) != trial || !of_experiment(task, layout.dir)) continue;
     core::JobStatus s = status_of(task);
     s.output = forgotten.output;
     return {s};
@@ -138,6 +164,13 @@ std::pair<std::string, std::vector<JobInfo>> Scheduler::target_tasks(const core:
   if (tasks.empty()) {
     throw SchedulerError("slurm no longer knows job " + job + " (it ended a while ago); see its experiment "
                          "directory for what it did");
+  }
+  // A job named by its id has the experiment directory its output lies in; one recorded for a
+  // directory must still be the experiment's before anything acts on it.
+  if (!target.experiment_dir.empty()) {
+    for (const JobInfo& task : tasks) {
+      if (!of_experiment(task, target.experiment_dir)) throw not_of_experiment(task, target.experiment_dir);
+    }
   }
   return {job, std::move(tasks)};
 }
@@ -186,15 +219,17 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
   return {job};
 }
 
-void Scheduler::hand_over(const core::HandOver& stopped) const {
+std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {
   const std::string& job = stopped.allocation.job_id;
   try {
     Client(stopped.run).requeue(job, stopped.hold);
     core::log_info("slurm job {} requeued after run {} of this job{}", job, stopped.allocation.restart_count + 1,
                    stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
+    return std::nullopt;
   } catch (const Error& e) {
-    core::log_error("cannot requeue slurm job {} ({}); the checkpoint is durable: submit the experiment again to "
-                    "resume", job, e.what());
+    // Slurm requeues a job that has ended as long as it still knows it (MinJobAge).
+    return core::HandOverFailure{"cannot requeue slurm job " + job + ": " + e.what(),
+                                 core::shell_join({"scontrol", stopped.hold ? "requeuehold" : "requeue", job})};
   }
 }
 

@@ -422,6 +422,64 @@ TEST_F(PbsExperiment, WithoutQstatTheConfigsTimeLimitSetsTheDeadline) {
   EXPECT_EQ(latest_job(), "2.fakepbs");
 }
 
+// The successor of a paused job cannot be submitted (the server is down as the job ends): qsub
+// is tried 3 times, 2 s and 6 s apart; the job still exits 75 (its checkpoint is durable), the
+// failure is recorded with the qsub that resumes the trial, describe shows it, and that command,
+// run by hand, resumes the trial to its end (whose launcher clears the record).
+TEST_F(PbsExperiment, ASuccessorThatCannotBeSubmittedIsRetriedThenRecordedWithTheCommandToResume) {
+  constexpr int kBatches = 3000;
+  const std::string exp = config(kBatches, "time_limit: 1h");
+  const std::string first = submit(exp);
+  ASSERT_EQ(first, "1.fakepbs");
+  auto shell = start_job(first);
+  ASSERT_TRUE(wait_for_training(first));
+  std::ofstream(pbs_dir() + "/qsub-down") << "\n";
+  const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.out << pause.err;
+  ASSERT_TRUE(shell->wait(120s).has_value()) << "the paused job did not end\n" << job_output(first);
+  EXPECT_EQ(shell->exit_code(), 75) << "stopped after a durable checkpoint\n" << job_output(first);
+  std::ofstream(pbs_dir() + "/" + first + ".state") << "F\n";
+
+  const std::string successor = "qsub -h -W depend=afterany:1.fakepbs " + experiment() + "/trial-0/resume.pbs";
+  EXPECT_THAT(calls("qsub"), testing::ElementsAre("qsub " + experiment() + "/job.pbs", successor, successor, successor));
+  EXPECT_EQ(latest_job(), first) << "no successor recorded";
+  const std::string output = job_output(first);
+  EXPECT_THAT(output, HasSubstr("qsub: cannot connect to server fakepbs (errno=111) (try 1 of 3); trying again in 2 s"));
+  EXPECT_THAT(output, HasSubstr("(try 2 of 3); trying again in 6 s"));
+  EXPECT_THAT(output, HasSubstr("trial 0 stopped after a durable checkpoint, but nothing will resume it: cannot "
+                                "submit the pbs job that resumes trial 0"));
+  const std::string by_hand = "qsub " + experiment() + "/trial-0/resume.pbs";
+  EXPECT_THAT(output, HasSubstr("(3 tries). Resume it by hand: " + by_hand));
+
+  const auto state = nlohmann::json::parse(read_file(experiment() + "/trial-0/launcher-state.json"));
+  ASSERT_TRUE(state.contains("failed_hand_over")) << state.dump();
+  const auto& failed = state["failed_hand_over"];
+  EXPECT_EQ(failed["job"], first);
+  EXPECT_EQ(failed["tries"], 3);
+  EXPECT_EQ(failed["resume"], by_hand);
+  EXPECT_THAT(failed["error"].get<std::string>(), HasSubstr("qsub: cannot connect to server fakepbs (errno=111)"));
+  auto describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_EQ(describe.exit_code, 0) << describe.err;
+  EXPECT_THAT(describe.out, HasSubstr("  hand-over:   failed at "));
+  EXPECT_THAT(describe.out, HasSubstr(" when job 1.fakepbs stopped (3 tries): cannot submit the pbs job that resumes "
+                                      "trial 0: "));
+  EXPECT_THAT(describe.out, HasSubstr("  resume with: " + by_hand + "\n"));
+
+  // The command as a user pastes it into a shell.
+  fs::remove(pbs_dir() + "/qsub-down");
+  const auto resumed = run({"bash", "-c", failed["resume"].get<std::string>()});
+  ASSERT_TRUE(resumed.ok()) << resumed.describe() << resumed.err;
+  const std::string second = core::trim(resumed.out);
+  ASSERT_EQ(second, "2.fakepbs");
+  EXPECT_EQ(run_job(second), 0) << job_output(second);
+  EXPECT_THAT(job_output(second), HasSubstr("resumed from "));
+  EXPECT_THAT(job_output(second), HasSubstr("trial 0 finished"));
+  EXPECT_TRUE(fs::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"));
+  describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_EQ(describe.exit_code, 0) << describe.err;
+  EXPECT_THAT(describe.out, Not(HasSubstr("hand-over:"))) << "the trial was resumed";
+}
+
 // A directory PBS cannot name in an #PBS -o line is refused before anything is written.
 TEST_F(PbsExperiment, AnExperimentDirectoryPbsCannotNameIsRefusedBeforeAnythingIsWritten) {
   const std::string odd = (dir_.path() / "my runs" / "exp").string();

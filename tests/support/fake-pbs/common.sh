@@ -5,7 +5,7 @@
 # and per job ID.state (Q, H, R, F), ID.script (what qsub was given), ID.pid (the job's login
 # shell, the leader of its session, written by the test that runs it), ID.stime and ID.env (the
 # -v variables' values). A file server-down makes qstat fail as it does when the server cannot
-# be reached.
+# be reached; a file qsub-down does the same to qsub.
 set -euo pipefail
 dir=${FAKE_PBS_DIR:?FAKE_PBS_DIR is not set}
 record() { printf '%s\n' "$*" >>"$dir/calls"; }

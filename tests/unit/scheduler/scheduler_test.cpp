@@ -5,12 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <unistd.h>
 
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/launcher/schedulers.h"
@@ -213,6 +215,111 @@ TEST_F(SchedulerOverFakes, PbsIgnoresAnotherJobThatGotARecordedIdAgain) {
   std::filesystem::remove_all(dir_ + "-other");
 }
 
+// The same for Slurm, where a verb refuses it outright: the message names the job, whose it is
+// and the experiment directory, and nothing is held, released, signalled or cancelled.
+TEST_F(SchedulerOverFakes, SlurmRefusesARecordedIdGivenToAnotherJob) {
+  core::record_job({dir_}, "slurm", "7", -1);
+  std::filesystem::create_directories(dir_ + "-other");
+  for (const std::string state : {"RUNNING", "PENDING"}) {
+    ran_.clear();
+    const slurm::Scheduler slurm{slurm::Client(runner(
+        "JobId=7 JobName=sleeper UserId=bob(1001) JobState=" + state + " Reason=JobHeldUser Restarts=0 "
+        "RunTime=00:00:09 WorkDir=" + dir_ + "-other StdOut=" + dir_ + "-other/out.txt StdErr=" + dir_ +
+        "-other/out.txt"))};
+    const std::vector<std::pair<const char*, std::function<void()>>> verbs = {
+        {"pause", [&] { slurm.pause({dir_, ""}); }},
+        {"activate", [&] { slurm.activate({dir_, ""}); }},
+        {"kill", [&] { slurm.cancel({dir_, ""}); }}};
+    for (const auto& [verb, act] : verbs) {
+      try {
+        act();
+        ADD_FAILURE() << verb << " acted on another job";
+      } catch (const SchedulerError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("slurm job 7 is not the job of " + dir_ + ": it is job \"sleeper\" of user "
+                                        "1001, its output in " + dir_ + "-other/out.txt (working directory " +
+                                        dir_ + "-other)")) << verb;
+        EXPECT_THAT(e.what(), HasSubstr("nothing was signalled, held, released or cancelled")) << verb;
+      }
+    }
+    for (const auto& argv : ran_) {
+      EXPECT_THAT(argv, ElementsAre("scontrol", "-o", "show", "job", "7")) << "only asked, never acted";
+    }
+    EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "") << "no stop request for another's job";
+    EXPECT_TRUE(slurm.live_jobs({dir_}).empty()) << "a new submit is not refused for another's job";
+    const auto jobs = slurm.trial_jobs({dir_}, 0, 1);
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_TRUE(jobs[0].native_state.empty()) << "describe shows the experiment's job as forgotten";
+  }
+  std::filesystem::remove_all(dir_ + "-other");
+}
+
+// A failing requeue is returned, with the command that requeues the job by hand (Slurm requeues
+// an ended job while it still knows it); the launcher records it.
+TEST_F(SchedulerOverFakes, SlurmReturnsAFailedRequeueWithTheCommandToRunByHand) {
+  const slurm::Scheduler slurm;
+  core::HandOver stopped;
+  stopped.allocation.scheduler = "slurm";
+  stopped.allocation.job_id = "12_3";
+  stopped.experiment_dir = dir_;
+  stopped.hold = true;
+  stopped.run = [](const std::vector<std::string>& argv, const core::RunOptions&) {
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 1;
+    r.err = "scontrol: error: Invalid job id specified";
+    return r;
+  };
+  const auto failed = slurm.hand_over(stopped);
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->resume, "scontrol requeuehold 12_3");
+  EXPECT_THAT(failed->error, HasSubstr("cannot requeue slurm job 12_3: 'scontrol requeuehold 12_3' exited with "
+                                       "code 1: scontrol: error: Invalid job id specified"));
+  stopped.run = [](const std::vector<std::string>& argv, const core::RunOptions&) {
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 0;
+    return r;
+  };
+  EXPECT_FALSE(slurm.hand_over(stopped).has_value());
+}
+
+TEST_F(SchedulerOverFakes, PbsReturnsAFailedSubmissionWithTheQsubToRunByHand) {
+  std::ofstream(dir_ + "/experiment.yaml") << "name: x\n";
+  const pbs::Scheduler pbs;
+  core::HandOver stopped;
+  core::Diagnostics d;
+  stopped.config = core::parse_experiment_config(
+      core::parse_config_text("name: x\nentrypoint: /opt/trial\nscheduler: {type: pbs, environment: {TOKEN: '${env:MY_TOKEN}'}}\n"
+                              "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n", "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  stopped.allocation.scheduler = "pbs";
+  stopped.allocation.job_id = "4.srv";
+  stopped.experiment_dir = dir_;
+  stopped.hold = true;
+  core::MapEnv env;
+  env.set("TOKEN", "secret");
+  stopped.env = &env;
+  Argvs submitted;
+  stopped.run = [&submitted](const std::vector<std::string>& argv, const core::RunOptions&) {
+    submitted.push_back(argv);
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 1;
+    r.err = "qsub: cannot connect to server srv (errno=111)";
+    return r;
+  };
+  const auto failed = pbs.hand_over(stopped);
+  ASSERT_TRUE(failed.has_value());
+  ASSERT_EQ(submitted.size(), 1u);
+  EXPECT_THAT(submitted[0], testing::Contains("depend=afterany:4.srv"));
+  // By hand, once the job has ended: no dependency and no hold; the submitter's values by name.
+  EXPECT_EQ(failed->resume, "qsub -v TOKEN " + dir_ + "/trial-0/resume.pbs");
+  EXPECT_THAT(failed->error, HasSubstr("cannot submit the pbs job that resumes trial 0: "));
+  EXPECT_THAT(failed->error, HasSubstr("qsub: cannot connect to server srv (errno=111)"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/trial-0/resume.pbs")) << "the script the command names";
+  EXPECT_FALSE(core::latest_job({dir_}).has_value()) << "no job recorded";
+}
+
 TEST_F(SchedulerOverFakes, PbsHandsAStoppedJobOverToAHeldSuccessorRecordedForItsTrial) {
   std::ofstream(dir_ + "/experiment.yaml") << "name: x\n";
   const pbs::Scheduler pbs{pbs::Client(runner(""))};
@@ -235,7 +342,7 @@ TEST_F(SchedulerOverFakes, PbsHandsAStoppedJobOverToAHeldSuccessorRecordedForIts
     r.out = "5.srv\n";
     return r;
   };
-  pbs.hand_over(stopped);
+  EXPECT_FALSE(pbs.hand_over(stopped).has_value());
   ASSERT_EQ(submitted.size(), 1u);
   EXPECT_EQ(submitted[0][0], "qsub");
   EXPECT_THAT(submitted[0], testing::Contains("-h"));

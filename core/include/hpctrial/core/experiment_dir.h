@@ -45,6 +45,12 @@ std::string default_experiment_dir(const std::string& name);
 // The experiment directory a batch job's output file lies in (a job writes its output there);
 // empty when the file's directory is no experiment directory.
 std::string experiment_of_output(const std::string& output_file);
+// True when a batch job's output file lies in `experiment_dir` (the same directory, however the
+// two paths name it: compared by device and inode): the job is one of the experiment's. A job id
+// recorded for an experiment names another job once the scheduler gives it again (a controller
+// or server started afresh, ids that wrapped); that job is never shown, paused, released or
+// cancelled as the experiment's.
+bool output_in_experiment(const std::string& output_file, const std::string& experiment_dir);
 
 // Who an experiment is, made once when its directory is first prepared and kept in
 // experiment.json: a random id (two experiments of one name, in two directories or one after
@@ -102,6 +108,21 @@ struct TrialRun {
 // trial is not elastic or states none.
 std::optional<int> preferred_slots(const std::string& trial_dir, const Resources& resources);
 
+// A hand-over of a stopped trial to its scheduler that failed after the launcher's retries (a
+// `scontrol requeue` or a `qsub` of the job that resumes it): nothing resumes the trial until a
+// user runs `resume`. Kept in launcher_state_file() under "failed_hand_over" until the trial's
+// launcher starts again.
+struct FailedHandOver {
+  std::string time;    // UTC, ISO 8601
+  std::string job;     // the batch job that stopped
+  int tries = 0;       // runs of the failing command
+  std::string error;   // what failed, and what the scheduler said the last time
+  std::string resume;  // the command that resumes the trial by hand, one shell line
+};
+inline constexpr const char* kFailedHandOverKey = "failed_hand_over";
+// Records `failed` in the trial's launcher state (safe against a crash: published atomically).
+void record_failed_hand_over(const std::string& trial_dir, const FailedHandOver& failed);
+
 // How far a trial got, from what its launcher and chief left in the trial directory.
 struct TrialProgress {
   std::int64_t reported_step = -1;   // the last step rank 0 reported (heartbeat); -1: none
@@ -109,6 +130,7 @@ struct TrialProgress {
   int failures = 0;                  // failures that counted against max_restarts
   std::string last_failure;          // the reason of the newest failure record
   std::vector<TrialRun> runs;        // oldest first
+  std::optional<FailedHandOver> failed_hand_over;  // since the last start of its launcher
 };
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
 

@@ -87,7 +87,15 @@ struct HandOver {
   int trial = 0;
   bool hold = false;           // paused by the user: held until activate
   const EnvSource* env = nullptr;
+  // Runs the scheduler's commands: the launcher's runner tries a failing command again
+  // (launcher/src/hand_over.cpp).
   CommandRunner run;
+};
+
+// A hand-over that did not happen: nothing will resume the trial until a user does.
+struct HandOverFailure {
+  std::string error;   // what failed, with what the scheduler said the last time
+  std::string resume;  // the command that resumes the trial by hand, one shell line
 };
 
 class Scheduler {
@@ -134,8 +142,9 @@ class Scheduler {
   virtual std::vector<std::string> cancel(const JobTarget& target) const = 0;
 
   // Every rank stopped after a durable checkpoint: the trial goes back to the queue to resume.
-  // Never throws: a failure is logged with what the user can do (the checkpoint is durable).
-  virtual void hand_over(const HandOver& stopped) const = 0;
+  // Never throws: a failure is returned with the command that resumes the trial by hand (the
+  // checkpoint is durable); the launcher records it where `hpctrial describe` shows it.
+  virtual std::optional<HandOverFailure> hand_over(const HandOver& stopped) const = 0;
 };
 
 }  // namespace hpctrial::core

@@ -35,7 +35,7 @@ class Scheduler final : public core::Scheduler {
   std::vector<core::PauseStep> pause(const core::JobTarget& target) const override;
   std::vector<std::string> activate(const core::JobTarget& target) const override;
   std::vector<std::string> cancel(const core::JobTarget& target) const override;
-  void hand_over(const core::HandOver& stopped) const override;
+  std::optional<core::HandOverFailure> hand_over(const core::HandOver& stopped) const override;
 
   // A live job of an experiment as PBS acts on it: a plain job, or an array job with its live
   // subjobs (PBS holds, releases and deletes an array job only as a whole).

@@ -34,7 +34,7 @@ class Scheduler final : public core::Scheduler {
   std::vector<core::PauseStep> pause(const core::JobTarget& target) const override;
   std::vector<std::string> activate(const core::JobTarget& target) const override;
   std::vector<std::string> cancel(const core::JobTarget& target) const override;
-  void hand_over(const core::HandOver& stopped) const override;
+  std::optional<core::HandOverFailure> hand_over(const core::HandOver& stopped) const override;
 
  private:
   // The job a target names (the experiment's latest Slurm job when it names none) and its tasks;

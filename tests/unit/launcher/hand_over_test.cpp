@@ -1,0 +1,151 @@
+// The launcher's hand-over of a stopped trial (launcher/src/hand_over.cpp): a failing scheduler
+// command tried again with a growing delay, and a hand-over that still fails recorded in the
+// trial's launcher state with the command that resumes the trial by hand.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <memory>
+
+#include "../../support/temp_dir.h"
+#include "hand_over.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/launcher/schedulers.h"
+
+namespace hpctrial::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using detail::RetryPolicy;
+using testing::ElementsAre;
+using testing::HasSubstr;
+
+// A runner whose commands fail `failures` times, then succeed; records each argv.
+struct FlakyRunner {
+  explicit FlakyRunner(int failures_, bool time_out_ = false) : failures(failures_), time_out(time_out_) {}
+  int failures;
+  bool time_out;
+  std::vector<std::vector<std::string>> ran;
+  core::CommandRunner runner() {
+    return [this](const std::vector<std::string>& argv, const core::RunOptions&) {
+      ran.push_back(argv);
+      core::RunResult r;
+      r.argv = argv;
+      r.timed_out = time_out;
+      r.exit_code = static_cast<int>(ran.size()) <= failures ? 1 : 0;
+      if (r.exit_code != 0) r.err = "slurm_requeue error: Unable to contact slurm controller (connect failure)";
+      return r;
+    };
+  }
+};
+
+// A policy whose waits are recorded instead of slept.
+RetryPolicy recording(std::vector<std::chrono::milliseconds>& waits) {
+  RetryPolicy policy;
+  policy.sleep = [&waits](std::chrono::milliseconds d) { waits.push_back(d); };
+  return policy;
+}
+
+TEST(RetryingRunner, RunsAFailingCommandThreeTimesWithAGrowingDelay) {
+  FlakyRunner flaky{100};
+  std::vector<std::chrono::milliseconds> waits;
+  auto tries = std::make_shared<int>(0);
+  const auto run = detail::retrying_runner(flaky.runner(), recording(waits), tries);
+  const core::RunResult r = run({"scontrol", "requeue", "12"}, {});
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(flaky.ran.size(), 3u);
+  EXPECT_EQ(*tries, 3);
+  EXPECT_THAT(waits, ElementsAre(2000ms, 6000ms)) << "8 s of waits in all, then the failure is returned";
+}
+
+TEST(RetryingRunner, StopsAtTheFirstSuccessAndNeverRepeatsACommandThatTimedOut) {
+  FlakyRunner flaky{1};
+  std::vector<std::chrono::milliseconds> waits;
+  auto tries = std::make_shared<int>(0);
+  EXPECT_TRUE(detail::retrying_runner(flaky.runner(), recording(waits), tries)({"qsub", "x"}, {}).ok());
+  EXPECT_EQ(flaky.ran.size(), 2u);
+  EXPECT_EQ(*tries, 2);
+  EXPECT_THAT(waits, ElementsAre(2000ms));
+
+  FlakyRunner slow{100, true};  // a qsub whose answer was lost may have submitted the job
+  waits.clear();
+  EXPECT_TRUE(detail::retrying_runner(slow.runner(), recording(waits), tries)({"qsub", "x"}, {}).timed_out);
+  EXPECT_EQ(slow.ran.size(), 1u);
+  EXPECT_EQ(*tries, 1);
+  EXPECT_TRUE(waits.empty());
+}
+
+class HandOverTrial : public testing::Test {
+ protected:
+  core::HandOver stopped(const std::string& scheduler, const std::string& job, bool hold) const {
+    core::HandOver h;
+    h.allocation.scheduler = scheduler;
+    h.allocation.job_id = job;
+    h.experiment_dir = dir_.path().string();
+    h.trial = 0;
+    h.hold = hold;
+    return h;
+  }
+  std::string trial_dir() const { return dir_.path().string() + "/trial-0"; }
+  testing_support::TempDir dir_;
+};
+
+TEST_F(HandOverTrial, AFailingRequeueIsTriedThreeTimesThenRecordedWithTheCommandToResume) {
+  std::filesystem::create_directories(trial_dir());
+  core::write_json_file(core::launcher_state_file(trial_dir()), {{"starts", 2}, {"failures", 1}});
+  FlakyRunner flaky{100};
+  core::HandOver h = stopped("slurm", "12", false);
+  h.run = flaky.runner();
+  std::vector<std::chrono::milliseconds> waits;
+  const auto failed = detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits));
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_THAT(flaky.ran, ElementsAre(ElementsAre("scontrol", "requeue", "12"), ElementsAre("scontrol", "requeue", "12"),
+                                     ElementsAre("scontrol", "requeue", "12")));
+  EXPECT_THAT(waits, ElementsAre(2000ms, 6000ms));
+  EXPECT_EQ(failed->tries, 3);
+  EXPECT_EQ(failed->job, "12");
+  EXPECT_EQ(failed->resume, "scontrol requeue 12");
+  EXPECT_THAT(failed->error, HasSubstr("cannot requeue slurm job 12: 'scontrol requeue 12' exited with code 1: "
+                                       "slurm_requeue error: Unable to contact slurm controller"));
+  // In the launcher state, beside what was there, as describe reads it.
+  const auto state = core::read_json_file(core::launcher_state_file(trial_dir()));
+  EXPECT_EQ(state["starts"], 2);
+  EXPECT_EQ(state["failures"], 1);
+  EXPECT_EQ(state[core::kFailedHandOverKey]["resume"], "scontrol requeue 12");
+  EXPECT_EQ(state[core::kFailedHandOverKey]["tries"], 3);
+  const auto progress = core::trial_progress({dir_.path().string()}, 0);
+  ASSERT_TRUE(progress.failed_hand_over.has_value());
+  EXPECT_EQ(progress.failed_hand_over->resume, "scontrol requeue 12");
+  EXPECT_EQ(progress.failed_hand_over->error, failed->error);
+  EXPECT_FALSE(progress.failed_hand_over->time.empty());
+}
+
+TEST_F(HandOverTrial, ARequeueThatSucceedsOnItsSecondTryRecordsNothing) {
+  std::filesystem::create_directories(trial_dir());
+  FlakyRunner flaky{1};
+  core::HandOver h = stopped("slurm", "13", true);
+  h.run = flaky.runner();
+  std::vector<std::chrono::milliseconds> waits;
+  EXPECT_FALSE(detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits)).has_value());
+  EXPECT_THAT(flaky.ran, ElementsAre(ElementsAre("scontrol", "requeuehold", "13"),
+                                     ElementsAre("scontrol", "requeuehold", "13")));
+  EXPECT_FALSE(core::trial_progress({dir_.path().string()}, 0).failed_hand_over.has_value());
+}
+
+TEST_F(HandOverTrial, ARecordOfTheWrongShapeIsAnErrorNamingTheFile) {
+  std::filesystem::create_directories(trial_dir());
+  std::ofstream(core::launcher_state_file(trial_dir())) << R"({"starts": 1, "failed_hand_over": "yes"})";
+  try {
+    core::trial_progress({dir_.path().string()}, 0);
+    FAIL() << "a string read as a hand-over record";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("launcher-state.json: \"failed_hand_over\" holds \"yes\", which is not an object"));
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::launcher
