@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "gradient_sync.h"
+#include "parallel/gradient_sync.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/mpi_environment.h"
 

@@ -63,7 +63,7 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/comm/communicator.h"
-#include "state_io.h"
+#include "state/state_io.h"
 
 namespace {
 

@@ -77,7 +77,7 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/trainer/training_loop.h"
 #include "io_util.h"
-#include "../trainer/src/system_metrics.h"
+#include "observe/system_metrics.h"
 
 namespace {
 

@@ -33,8 +33,8 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/mpi_environment.h"
 #include "hpctrial/core/subprocess.h"
-#include "sharded_checkpoint.h"
-#include "zero.h"
+#include "state/sharded_checkpoint.h"
+#include "parallel/zero.h"
 
 namespace {
 

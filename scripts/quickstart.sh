@@ -8,7 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
-jobs=${HPCTRIAL_JOBS:-2}
+jobs=${HPCTRIAL_JOBS:-$(nproc)}
 experiment=$build_dir/quickstart/mlp
 started=$SECONDS
 

@@ -11,4 +11,4 @@ build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
 cd "$build_dir"
-ctest --output-on-failure --parallel "${HPCTRIAL_JOBS:-2}" --timeout 600 "$@"
+ctest --output-on-failure --parallel "${HPCTRIAL_JOBS:-$(nproc)}" --timeout 600 "$@"

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The folder rules of docs/architecture.md, checked on the built programs and on the sources:
 #   - the hpctrial command loads no CUDA, NCCL or LibTorch (it starts fast on a login node);
-#   - a rank (the trainer, hpctrial-worker) loads no scheduler library;
+#   - a rank (the trainer, hpctrial-worker) loads no scheduler library; the rank runtime
+#     (rank/) no LibTorch and nothing of the trainer;
+#   - the trainer's folders: data/, parallel/, state/, adaptive/ and observe/ never include the
+#     loop (loop/) or the API's internals (api/);
+#   - tests and benchmarks reach a library's internals only through its include path (for the
+#     trainer: hpctrial_trainer_internal), never by a relative path into its src/;
 #   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
 #   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
 #   - one process spawner (core/src/subprocess.cpp) and one atomic publisher (core/src/files.cpp);
@@ -29,6 +34,11 @@ for rank_side in "$build/trainer/libhpctrial_trainer.so" "$build/trainer/hpctria
   done
 done
 
+rank_lib=$build/rank/libhpctrial_rank.so
+[[ -e $rank_lib ]] || fail "no $rank_lib"
+needed "$rank_lib" | grep -Eq '^lib(torch|c10|hpctrial_trainer|hpctrial_slurm|hpctrial_pbs|hpctrial_launcher)' &&
+  fail "libhpctrial_rank loads LibTorch, the trainer, a scheduler or the launcher"
+
 for scheduler in slurm pbs; do
   lib=$build/$scheduler/libhpctrial_$scheduler.so
   needed "$lib" | grep -Eq '^lib(torch|c10|cudart|nccl|mpi)' && fail "libhpctrial_$scheduler loads LibTorch, CUDA, NCCL or MPI"
@@ -38,8 +48,19 @@ done
 if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard"; then
   fail "a host-side folder includes MPI, CUDA, NCCL or LibTorch"
 fi
-if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/comm" "$src/checkpoint" "$src/core"; then
+if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/rank" "$src/comm" "$src/checkpoint" "$src/core"; then
   fail "rank-side code includes a scheduler or the launcher"
+fi
+if grep -rEn '#include <torch/|#include "hpctrial/trainer' "$src/rank"; then
+  fail "the rank runtime (rank/) includes LibTorch or the trainer"
+fi
+for folder in data parallel state adaptive observe; do
+  if grep -rEn '#include "(loop|api)/' "$src/trainer/src/$folder"; then
+    fail "trainer/src/$folder includes the loop or the API's internals"
+  fi
+done
+if grep -rEn '#include "(\.\./)+[a-z]+/src/' "$src/tests" "$src/benchmarks" "$src/examples"; then
+  fail "a test or benchmark includes a library's src/ by a relative path (link its include path instead)"
 fi
 if grep -rEn '#include "hpctrial/(slurm|pbs)/' "$src/cli"; then
   fail "the CLI includes a scheduler's own header instead of core/scheduler.h and the registry"
@@ -47,11 +68,11 @@ fi
 # Scheduler names compared as strings: only in slurm/, pbs/ and the registry.
 if grep -rEn '== *"(slurm|pbs)"|"(slurm|pbs)" *==|!= *"(slurm|pbs)"' \
      --include='*.cpp' --include='*.h' "$src/cli" "$src/launcher" "$src/core" "$src/trainer" "$src/comm" \
-     "$src/checkpoint" | grep -v 'launcher/src/schedulers.cpp'; then
+     "$src/checkpoint" "$src/rank" | grep -v 'launcher/src/schedulers.cpp'; then
   fail "a scheduler name is compared outside slurm/, pbs/ and launcher/src/schedulers.cpp"
 fi
 
-product=(cli core comm launcher trainer checkpoint tensorboard slurm pbs)
+product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs)
 sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
 # One way to start a process and one way to publish a file.
 if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/subprocess.cpp'; then

@@ -13,7 +13,7 @@
 #include <map>
 #include <set>
 
-#include "../../trainer/src/stop_signals.h"
+#include "hpctrial/rank/stop_signals.h"
 #include "../unit/trainer/test_trial.h"
 #include "hpctrial/comm/communicator.h"
 #include "mpi_test_env.h"
@@ -125,15 +125,15 @@ AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::
   loop.report_period_batches = 1;
   loop.experiment_seed = 3;
   loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
-  loop.external_stop = &detail::stop_signal_received();
+  loop.external_stop = &rank::stop_signal_received();
   if (modelled_time) loop.adaptive_step_seconds = modelled_seconds;
-  detail::install_stop_handlers();
+  rank::install_stop_handlers();
   TrialFactory factory = [&](TrialContext& context) {
     return std::unique_ptr<Trial>(std::make_unique<AdaptiveTrial>(context, options));
   };
   AdaptiveRun out;
   out.result = run_training(config_from(yaml), factory, comm, loop);
-  detail::clear_stop_signal();
+  rank::clear_stop_signal();
   if (comm.is_chief()) {
     std::ifstream in(dir + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) {

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "../../comm/src/float16.h"
+#include "float16.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/comm/watchdog.h"
 #include "mpi_test_env.h"

@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "../../trainer/src/stop_signals.h"
+#include "hpctrial/rank/stop_signals.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/nccl_communicator.h"

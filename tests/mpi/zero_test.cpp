@@ -12,8 +12,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "../../trainer/src/sharded_checkpoint.h"
-#include "../../trainer/src/zero.h"
+#include "state/sharded_checkpoint.h"
+#include "parallel/zero.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"

@@ -1,6 +1,6 @@
 // min_checkpoint_period: auto: the interval keeps measured checkpoint costs within the share of
 // training time, never past the wall-clock bound, and the first checkpoint comes early.
-#include "../../../trainer/src/auto_checkpoint.h"
+#include "loop/auto_checkpoint.h"
 
 #include <gtest/gtest.h>
 

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "../../../trainer/src/goodput.h"
-#include "../../../trainer/src/gradient_noise.h"
+#include "adaptive/goodput.h"
+#include "adaptive/gradient_noise.h"
 
 namespace hpctrial::trainer::detail {
 namespace {

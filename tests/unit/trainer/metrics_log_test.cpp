@@ -12,8 +12,8 @@
 
 #include <torch/torch.h>
 
-#include "../../../trainer/src/metrics_log.h"
-#include "../../../trainer/src/prefetcher.h"
+#include "observe/metrics_log.h"
+#include "data/prefetcher.h"
 #include "hpctrial/trainer/data.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"

@@ -5,7 +5,7 @@
 
 #include <torch/torch.h>
 
-#include "../../../trainer/src/state_io.h"
+#include "state/state_io.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/error.h"

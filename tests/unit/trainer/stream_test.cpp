@@ -9,7 +9,7 @@
 #include "../../support/metric_lines.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
-#include "../../../trainer/src/stream_reader.h"
+#include "data/stream_reader.h"
 #include "test_trial.h"
 
 namespace hpctrial::trainer {

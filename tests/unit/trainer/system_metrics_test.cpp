@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "../../../trainer/src/system_metrics.h"
+#include "observe/system_metrics.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/tensorboard/event_writer.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "../../../trainer/src/autocast.h"
+#include "parallel/autocast.h"
 #include "../../support/temp_dir.h"
 #include "test_trial.h"
 

@@ -44,12 +44,15 @@ namespace hpctrial::tensorboard {
 class EventWriter;
 }
 
+namespace hpctrial::rank {
+class RankBootstrap;
+class StopFile;
+}  // namespace hpctrial::rank
+
 namespace hpctrial::trainer {
 
 namespace detail {
 class MetricsLog;
-class RankBootstrap;
-class StopFile;
 }  // namespace detail
 
 class CoreContext {
@@ -116,8 +119,8 @@ class CoreContext {
   [[noreturn]] void abort(int code, const std::string& message) const;
 
  private:
-  std::unique_ptr<detail::RankBootstrap> rank_;
-  std::unique_ptr<detail::StopFile> stop_file_;
+  std::unique_ptr<rank::RankBootstrap> rank_;
+  std::unique_ptr<rank::StopFile> stop_file_;
   DistributedContext distributed_;
   std::optional<core::ExperimentConfig> config_;
   nlohmann::json hparams_ = nlohmann::json::object();

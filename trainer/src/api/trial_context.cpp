@@ -1,0 +1,447 @@
+#include "hpctrial/trainer/trial_context.h"
+
+#include "hpctrial/trainer/summary_writer.h"
+
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "hpctrial/core/error.h"
+#include "parallel/autocast.h"
+#include "parallel/gradient_sync.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/comm/communicator.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+torch::Device choose_device(const TrialSettings& settings) {
+  if (settings.gpus_per_slot == 0) return torch::kCPU;
+  const auto visible = static_cast<int>(torch::cuda::device_count());
+  if (visible == 0) {
+    throw ConfigError("resources.gpus_per_slot is " + std::to_string(settings.gpus_per_slot) +
+                      " but rank " + std::to_string(settings.distributed.rank) +
+                      " sees no GPU (LibTorch without CUDA, or no device visible); set "
+                      "resources.gpus_per_slot: 0 to train on the CPU");
+  }
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(settings.distributed.local_rank % visible));
+}
+
+std::string names_of(const nlohmann::json& object) {
+  std::string names;
+  for (auto it = object.begin(); it != object.end(); ++it) names += (names.empty() ? "" : ", ") + it.key();
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communicator,
+                           comm::Communicator* device_communicator)
+    : settings_(std::move(settings)),
+      communicator_(communicator),
+      device_communicator_(device_communicator),
+      device_(choose_device(settings_)),
+      accumulators_(std::make_unique<detail::Accumulators>(communicator)) {
+  if (device_.is_cuda()) {
+    core::log_info("trains on {}{}", device_.str(),
+                   device_communicator_ != nullptr ? " (gradients all-reduced by NCCL)" : "");
+  }
+  if (settings_.global_batch_size > 0) {
+    global_batch_size_ = settings_.global_batch_size;  // a whole number of records per rank
+    return;
+  }
+  const auto it = settings_.hparams.find("global_batch_size");
+  if (it == settings_.hparams.end()) {
+    throw ConfigError("hyperparameters.global_batch_size is required: the number of records in "
+                      "one batch across all slots, e.g. global_batch_size: 64");
+  }
+  if (!it->is_number_integer() || it->get<std::int64_t>() < 1) {
+    throw ConfigError("hyperparameters.global_batch_size must be a positive integer, got " + it->dump());
+  }
+  const std::int64_t requested = it->get<std::int64_t>();
+  const std::int64_t ranks = settings_.distributed.size;
+  if (requested < ranks) {
+    throw ConfigError("hyperparameters.global_batch_size (" + std::to_string(requested) +
+                      ") is smaller than the number of ranks (" + std::to_string(ranks) +
+                      "): every rank needs at least one record a batch");
+  }
+  global_batch_size_ = requested / ranks * ranks;
+  if (global_batch_size_ != requested && settings_.distributed.is_chief()) {
+    core::log_warning("hyperparameters.global_batch_size {} is not a multiple of the {} ranks: each trains {} "
+                      "records a batch, {} in all",
+                      requested, ranks, requested / ranks, global_batch_size_);
+  }
+}
+
+TrialContext::LrFactor::LrFactor(torch::optim::Optimizer& optimizer, double factor)
+    : optimizer_(factor != 1 ? &optimizer : nullptr) {
+  if (optimizer_ == nullptr) return;
+  for (auto& group : optimizer.param_groups()) {
+    saved_.push_back(group.options().get_lr());
+    group.options().set_lr(saved_.back() * factor);
+  }
+}
+
+TrialContext::LrFactor::~LrFactor() {
+  if (optimizer_ == nullptr) return;
+  std::size_t i = 0;
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(saved_.at(i++));
+}
+
+void TrialContext::set_aggregation(std::int64_t frequency, std::int64_t first_batch) {
+  if (frequency < 1) throw InternalError("set_aggregation: " + std::to_string(frequency) + " batches a step");
+  settings_.aggregation_frequency = frequency;
+  aggregation_origin_ = first_batch;
+  if (gradient_sync_) gradient_sync_->set_aggregation_frequency(frequency);
+}
+
+void TrialContext::measure_gradient_noise(bool on) {
+  measure_noise_ = on;
+  if (gradient_sync_) gradient_sync_->measure_norms(on);
+}
+
+void TrialContext::record_gradient_norms(const GradientNorms& norms, double seconds) {
+  gradient_norms_ = norms;
+  estimator_seconds_ += seconds;
+}
+
+std::optional<TrialContext::GradientNorms> TrialContext::take_gradient_norms() {
+  return std::exchange(gradient_norms_, std::nullopt);
+}
+
+double TrialContext::take_sync_wait_seconds() {
+  return std::exchange(sync_wait_seconds_, 0.0) + (gradient_sync_ ? gradient_sync_->take_wait_seconds() : 0.0);
+}
+
+double TrialContext::take_estimator_seconds() {
+  const double measured = gradient_sync_ ? gradient_sync_->take_measure_seconds() : 0.0;
+  return std::exchange(estimator_seconds_, 0.0) + measured;
+}
+
+std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name) {
+  return accumulators_->make(std::move(name));
+}
+
+TrialContext::~TrialContext() = default;
+
+void TrialContext::register_model(std::shared_ptr<torch::nn::Module> model) {
+  if (!model) throw ConfigError("wrap_model: the model is null");
+  if (gradient_sync_) {
+    throw ConfigError("wrap_model: a model was wrapped after training started; wrap every model in "
+                      "the trial's constructor");
+  }
+  models_.push_back(std::move(model));
+}
+
+void TrialContext::register_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  if (!optimizer) throw ConfigError("wrap_optimizer: the optimizer is null");
+  optimizers_.push_back(std::move(optimizer));
+}
+
+void TrialContext::register_lr_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler,
+                                         StepMode mode) {
+  if (!scheduler) throw ConfigError("wrap_lr_scheduler: the scheduler is null");
+  schedulers_.push_back({std::move(scheduler), mode});
+}
+
+detail::GradientSync& TrialContext::gradient_sync() {
+  if (!gradient_sync_) {
+    std::vector<torch::Tensor> parameters;
+    for (const auto& model : models_) {
+      if (std::find(unsynced_models_.begin(), unsynced_models_.end(), model.get()) != unsynced_models_.end()) continue;
+      for (const auto& p : model->parameters()) parameters.push_back(p);
+    }
+    detail::GradientSync::Options options;
+    options.bucket_cap_mb = settings_.bucket_cap_mb;
+    options.compression = settings_.gradient_compression;
+    options.aggregation_frequency = settings_.aggregation_frequency;
+    gradient_sync_ = std::make_unique<detail::GradientSync>(parameters, communicator_, device_communicator_, options);
+    gradient_sync_->measure_norms(measure_noise_);
+  }
+  return *gradient_sync_;
+}
+
+void TrialContext::configure_mixed_precision(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::BFloat16:
+      mixed_precision_ = dtype;
+      return;
+    case c10::ScalarType::Float:
+      mixed_precision_ = c10::ScalarType::Undefined;
+      return;
+    case c10::ScalarType::Half:
+      if (!device_.is_cuda()) {
+        throw NotSupported("configure_mixed_precision(torch::kFloat16) on the CPU: LibTorch's CPU autocast computes in "
+                           "bfloat16 only; use torch::kBFloat16 (float32's range, no loss scaling), or train on a GPU "
+                           "(resources.gpus_per_slot)");
+      }
+      mixed_precision_ = dtype;
+      return;
+    default:
+      throw ConfigError(std::string("configure_mixed_precision: ") + c10::toString(dtype) +
+                        " is not a mixed precision; use torch::kBFloat16, or torch::kFloat32 for none");
+  }
+}
+
+void TrialContext::backward(const torch::Tensor& loss, const torch::Tensor& gradient,
+                            c10::optional<bool> retain_graph, bool create_graph) {
+  const detail::AutocastPause pause;  // backward runs in the types forward chose
+  if (settings_.distributed.size == 1) {
+    loss.backward(gradient, retain_graph, create_graph);
+    return;
+  }
+  detail::GradientSync& sync = gradient_sync();
+  // With create_graph the gradients keep their graph for a second backward, so they must be the
+  // trial's own; the mean over ranks is then formed at the optimizer step instead.
+  const bool scaled = sync.begin_backward(batches_trained_, is_sync_batch(), /*prescale=*/!create_graph);
+  try {
+    if (!scaled) {
+      loss.backward(gradient, retain_graph, create_graph);
+    } else if (gradient.defined()) {
+      loss.backward(gradient * sync.loss_scale(), retain_graph, create_graph);
+    } else {
+      (loss * sync.loss_scale()).backward({}, retain_graph, create_graph);
+    }
+  } catch (...) {
+    sync.end_backward();
+    throw;
+  }
+  sync.end_backward();
+}
+
+std::shared_ptr<GradScaler> TrialContext::wrap_scaler(std::shared_ptr<GradScaler> scaler) {
+  if (!scaler) throw ConfigError("wrap_scaler: the scaler is null");
+  if (std::find(scalers_.begin(), scalers_.end(), scaler) != scalers_.end()) {
+    throw ConfigError("wrap_scaler: this scaler is wrapped already");
+  }
+  scalers_.push_back(scaler);
+  return scaler;
+}
+
+bool TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, const ClipGrads& clip_grads,
+                                  bool auto_zero_grads) {
+  return step(optimizer, nullptr, clip_grads, auto_zero_grads);
+}
+
+bool TrialContext::step_optimizer(torch::optim::Optimizer& optimizer, GradScaler& scaler, const ClipGrads& clip_grads,
+                                  bool auto_zero_grads) {
+  if (std::none_of(scalers_.begin(), scalers_.end(), [&](const auto& s) { return s.get() == &scaler; })) {
+    throw ConfigError("step_optimizer: this GradScaler was not wrapped; create it with context.wrap_scaler(...) so "
+                      "its scale is updated after each batch and checkpointed");
+  }
+  return step(optimizer, &scaler, clip_grads, auto_zero_grads);
+}
+
+bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, const ClipGrads& clip_grads,
+                        bool auto_zero_grads) {
+  const bool wrapped = std::any_of(optimizers_.begin(), optimizers_.end(),
+                                   [&](const auto& o) { return o.get() == &optimizer; });
+  if (!wrapped) {
+    throw ConfigError("step_optimizer: this optimizer was not wrapped; create it with "
+                      "context.wrap_optimizer(...) so its gradients are averaged and it is "
+                      "checkpointed");
+  }
+  if (!auto_zero_grads && settings_.aggregation_frequency > 1) {
+    // The group's mean is formed in the gradients themselves; kept after the step, the next
+    // group's would start from it. Determined requires the same.
+    throw ConfigError("step_optimizer(..., auto_zero_grads = false) with optimizations.aggregation_frequency " +
+                      std::to_string(settings_.aggregation_frequency) +
+                      ": the gradients must be zeroed after each step when batches are aggregated; pass "
+                      "auto_zero_grads = true, or set optimizations.aggregation_frequency: 1 in the experiment config");
+  }
+  // Gradients accumulate until the last batch of each aggregation group.
+  if (!is_sync_batch()) return false;
+  if (settings_.distributed.size == 1) {
+    // No communication at all: only the mean over the aggregated batches.
+    if (settings_.aggregation_frequency > 1) divide_gradients(optimizer, static_cast<double>(settings_.aggregation_frequency));
+  } else {
+    detail::GradientSync& sync = gradient_sync();
+    if (std::find(checked_optimizers_.begin(), checked_optimizers_.end(), &optimizer) == checked_optimizers_.end()) {
+      for (auto& group : optimizer.param_groups()) {
+        for (auto& p : group.params()) {
+          if (p.requires_grad() && p.numel() > 0 && !sync.covers(p)) {
+            throw ConfigError("step_optimizer: the optimizer has a parameter (shape " + c10::str(p.sizes()) +
+                              ") that belongs to no wrapped model, so its gradient would not be averaged "
+                              "across ranks; wrap the model that owns it with context.wrap_model");
+          }
+        }
+      }
+      checked_optimizers_.push_back(&optimizer);
+    }
+    sync.reduce(batches_trained_);
+  }
+  std::optional<detail::GradientSync::Norms> norms;
+  if (measure_noise_ && settings_.distributed.size > 1) norms = gradient_sync().take_norms();
+  // The gradients are the same on every rank now, so every rank finds the same inf or NaN.
+  const bool skip = scaler != nullptr && scaler->unscale(optimizer);
+  if (norms) {
+    // Every rank measured its own gradient: their mean, in the scale of unscaled gradients.
+    double local = norms->local_sqr;
+    if (!norms->averaged) {
+      const auto started = std::chrono::steady_clock::now();
+      communicator_.allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
+      estimator_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+    const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
+    if (!skip) gradient_norms_ = GradientNorms{local * unscale, norms->global_sqr * unscale, 0};
+  }
+  if (clip_grads && !skip) {
+    std::vector<torch::Tensor> parameters;
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& p : group.params()) parameters.push_back(p);
+    }
+    clip_grads(parameters);
+  }
+  if (!skip) {
+    if (before_optimizer_step_) before_optimizer_step_();
+    const LrFactor scaled(optimizer, lr_factor_);
+    optimizer.step();
+  }
+  if (auto_zero_grads) {
+    // Zeroed in place, as LibTorch 1.x's zero_grad() does, rather than set to none as 2.x's
+    // does by default: the gradients stay views of the all-reduce buckets, whatever the version.
+    std::vector<torch::Tensor> parameters;
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& p : group.params()) {
+        torch::Tensor& grad = p.mutable_grad();
+        if (grad.defined()) {
+          grad.detach_();
+          grad.zero_();
+        }
+        parameters.push_back(p);
+      }
+    }
+    if (gradient_sync_) gradient_sync_->zeroed(parameters);
+  }
+  return !skip;
+}
+
+void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double divisor) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) p.mutable_grad().div_(divisor);
+    }
+  }
+}
+
+void TrialContext::exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model) {
+  if (gradient_sync_) throw InternalError("exclude_from_gradient_sync after training started");
+  unsynced_models_.push_back(model.get());
+}
+
+comm::Communicator& TrialContext::communicator_for(const torch::Device& device) const {
+  if (device.is_cpu()) return communicator_;
+  if (device_communicator_ == nullptr) {
+    throw NotSupported("tensors on " + device.str() + " need a device communicator (NCCL), and this run has none; "
+                       "train on the CPU (resources.gpus_per_slot: 0) or build hpctrial with CUDA and NCCL");
+  }
+  return *device_communicator_;
+}
+
+void TrialContext::start_training() {
+  if (settings_.distributed.size > 1) gradient_sync();
+}
+
+void TrialContext::broadcast_model_state() {
+  if (settings_.distributed.size == 1) return;
+  torch::NoGradGuard no_grad;
+  // One buffer per dtype and device, broadcast in one collective each.
+  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
+  for (auto& model : models_) {
+    for (auto& p : model->parameters()) groups[{static_cast<int>(p.scalar_type()), p.device().str()}].push_back(p);
+    for (auto& b : model->buffers()) groups[{static_cast<int>(b.scalar_type()), b.device().str()}].push_back(b);
+  }
+  for (auto& [key, tensors] : groups) {
+    std::vector<torch::Tensor> parts;
+    for (auto& t : tensors) parts.push_back(t.reshape({-1}));
+    torch::Tensor flat = torch::cat(parts).contiguous();
+    comm::Communicator* communicator = &communicator_;
+    if (!flat.device().is_cpu()) {
+      if (device_communicator_ != nullptr) {
+        communicator = device_communicator_;
+      } else {
+        flat = flat.to(torch::kCPU);
+      }
+    }
+    communicator->broadcast_async(flat.data_ptr(), static_cast<std::size_t>(flat.nbytes()), 0)->wait();
+    std::int64_t offset = 0;
+    for (auto& t : tensors) {
+      const std::int64_t n = t.numel();
+      t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
+      offset += n;
+    }
+  }
+}
+
+torch::Tensor TrialContext::to_device(const torch::Tensor& tensor) const {
+  if (!tensor.defined() || tensor.device() == device_) return tensor;
+  return tensor.to(device_, /*non_blocking=*/true);
+}
+
+Batch TrialContext::to_device(const Batch& batch) const {
+  return batch.map_tensors([this](const torch::Tensor& t) { return to_device(t); });
+}
+
+const nlohmann::json& TrialContext::hparam_value(const std::string& name) const {
+  const auto it = settings_.hparams.find(name);
+  if (it == settings_.hparams.end()) {
+    throw ConfigError("hyperparameter '" + name + "' is not in the experiment config (it has: " +
+                      names_of(settings_.hparams) + "); add hyperparameters." + name + " to it");
+  }
+  return *it;
+}
+
+void TrialContext::throw_hparam_type(const std::string& name, const nlohmann::json& value) const {
+  throw ConfigError("hyperparameter '" + name + "' is " + value.dump() + " (" + value.type_name() +
+                    "), which the trial cannot read as the type it asked for");
+}
+
+std::shared_ptr<MetricReducer> TrialContext::wrap_reducer(std::shared_ptr<MetricReducer> reducer,
+                                                          const std::string& name, bool for_training,
+                                                          bool for_validation) {
+  if (!reducer) throw ConfigError("wrap_reducer: the reducer is null");
+  for (const auto& existing : reducers_) {
+    if (existing.name == name) throw ConfigError("wrap_reducer: a reducer named '" + name + "' exists already");
+  }
+  reducers_.push_back({reducer, name, for_training, for_validation});
+  return reducer;
+}
+
+std::shared_ptr<FunctionReducer> TrialContext::wrap_reducer(FunctionReducer::Function function,
+                                                            const std::string& name,
+                                                            bool for_training, bool for_validation) {
+  auto reducer = std::make_shared<FunctionReducer>(std::move(function));
+  wrap_reducer(std::static_pointer_cast<MetricReducer>(reducer), name, for_training, for_validation);
+  return reducer;
+}
+
+void TrialContext::set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained) {
+  epoch_start_ = epoch_start;
+  epoch_end_ = epoch_end;
+  batches_trained_ = batches_trained;
+  batch_started_ = true;
+}
+
+SummaryWriter& TrialContext::tensorboard_writer() {
+  if (!summary_writer_) {
+    // The default step is the harness's: the batches trained once the current one is done.
+    summary_writer_ = std::make_unique<SummaryWriter>(
+        settings_.tensorboard_dir, [this] { return batches_trained_ + (batch_started_ ? 1 : 0); });
+  }
+  return *summary_writer_;
+}
+
+void TrialContext::set_profiler(std::int64_t begin_batch, std::int64_t end_batch) {
+  if (begin_batch < 1 || end_batch < begin_batch) {
+    throw ConfigError("set_profiler(" + std::to_string(begin_batch) + ", " + std::to_string(end_batch) +
+                      "): batches are counted from 1 and the window must not end before it begins");
+  }
+  settings_.profiler_window = ProfilerWindow{begin_batch, end_batch};
+}
+
+}  // namespace hpctrial::trainer

@@ -1,0 +1,143 @@
+// The loop's adaptive batch (optimizations.adaptive_batch_size; docs/adaptive.md): each step's
+// gain and learning-rate factor, its measurements, and the choice of the next shape, which the
+// chief makes and every rank takes at the same step boundary.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/text.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/engine_trial.h"
+#include "loop/loop.h"
+
+namespace hpctrial::trainer::detail {
+
+void Loop::setup_adaptive() {
+  const core::AdaptiveBatch& config = config_.optimizations.adaptive_batch_size;
+  if (!config.enabled) return;
+  if (train_loader_->is_stream()) {
+    throw ConfigError("optimizations.adaptive_batch_size needs an indexed dataset: the batch changes size as it "
+                      "trains, and each rank's StreamDataset reads its own records in its own batches; return a "
+                      "Dataset from build_training_data_loader, or turn the adaptive batch off");
+  }
+  if (context_->optimizers().size() != 1) {
+    throw ConfigError("optimizations.adaptive_batch_size scales the learning rate of one optimizer by the gain of "
+                      "the gradients it steps with; the trial wraps " + std::to_string(context_->optimizers().size()) +
+                      " optimizers");
+  }
+  adaptive_ = std::make_unique<AdaptiveBatchState>(config, global_batch_, records_per_epoch_, comm_.size());
+  context_->measure_gradient_noise(true);
+  // An engine trial's loop batch is a whole step: the engine accumulates its micro-batches.
+  engine_runner_ = dynamic_cast<EngineTrialRunner*>(trial_.get());
+}
+
+void Loop::start_adaptive_step() {
+  adaptive_->start_step();
+  if (!engine_runner_) context_->set_aggregation(adaptive_->shape().accumulation, batches_trained_);
+  context_->set_lr_factor(adaptive_->lr_factor());
+  progress_before_step_ = adaptive_->progress();
+  step_epoch_ = adaptive_->epoch();
+  step_started_ = Clock::now();
+}
+
+bool Loop::end_adaptive_micro_batch() {
+  for (std::int64_t i = engine_runner_ ? adaptive_->shape().accumulation : 1; i > 0; --i) adaptive_->end_micro_batch();
+  if (++micro_in_step_ < loop_accumulation()) return false;
+  micro_in_step_ = 0;
+  const double sync = context_->take_sync_wait_seconds();
+  double seconds = std::chrono::duration<double>(Clock::now() - step_started_).count();
+  if (options_.adaptive_step_seconds) {
+    const BatchShape& shape = adaptive_->shape();
+    seconds = options_.adaptive_step_seconds(shape.local_batch, shape.accumulation, shape.ranks);
+  }
+  std::optional<GradientNorms> norms;
+  if (auto measured = context_->take_gradient_norms()) {
+    norms = GradientNorms{measured->local_sqr, measured->global_sqr, measured->local_micro_batches};
+  }
+  // What the adaptive batch costs a step: measuring the gradients' norms (inside train_batch), and
+  // updating the estimates.
+  timings_.add("adaptive_norms", std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(context_->take_estimator_seconds())));
+  {
+    detail::PhaseTimings::Scope t(timings_, "adaptive_update");
+    const bool modelled = static_cast<bool>(options_.adaptive_step_seconds);
+    adaptive_->end_step(norms, seconds, modelled ? (comm_.size() > 1 ? options_.adaptive_sync_seconds : 0.0) : sync);
+  }
+  last_step_epoch_ = step_epoch_;
+  return true;
+}
+
+// A collective at a step boundary every rank reaches alike: the chief's choice, broadcast.
+void Loop::decide_adaptive_batch() {
+  if (!adaptive_->decision_due()) return;
+  std::int64_t shape[3] = {0, 0, 0};
+  BatchChoice choice;
+  if (chief()) {
+    choice = adaptive_->decide();
+    shape[0] = choice.shape.local_batch;
+    shape[1] = choice.shape.accumulation;
+    shape[2] = choice.shape.ranks;
+  }
+  comm_.broadcast_async(shape, sizeof shape, 0)->wait();
+  const BatchShape chosen{shape[0], shape[1], static_cast<int>(shape[2])};
+  const bool changed = chosen != adaptive_->shape();
+  if (changed && chief()) {
+    core::log_info("adaptive batch: {} records a step ({} x {} micro-batch(es) x {} ranks) after step {}{}; gain {:.3f}, "
+                   "goodput {:.1f} base records/s", chosen.global(), chosen.local_batch, chosen.accumulation,
+                   chosen.ranks, adaptive_->steps(), choice.exploring ? ", measuring a larger local batch" : "",
+                   choice.gain, choice.goodput);
+  }
+  adaptive_->apply(chosen);
+  if (changed) restart_training_data();
+}
+
+bool Loop::adaptive_period_reached(const Period& period) const {
+  if (period.batches <= 0 || micro_in_step_ != 0) return false;
+  const auto every = static_cast<double>(period.batches);
+  return std::floor(adaptive_->progress() / every + 1e-9) > std::floor(progress_before_step_ / every + 1e-9);
+}
+
+void Loop::record_run() const {
+  nlohmann::json line = {{"started", core::utc_now_iso()},
+                         {"ranks", comm_.size()},
+                         {"batches", batches_trained_},
+                         {"restart", restart_count_}};
+  if (adaptive_) {
+    const BatchShape& shape = adaptive_->shape();
+    line["batch"] = shape.global();
+    line["local_batch"] = shape.local_batch;
+    line["accumulation"] = shape.accumulation;
+  } else {
+    line["batch"] = global_batch_;
+    line["local_batch"] = context_->per_slot_batch_size();
+    line["accumulation"] = config_.optimizations.aggregation_frequency;
+  }
+  std::ofstream out(core::runs_file(options_.trial_dir), std::ios::app);
+  out << line.dump() << "\n";
+  if (!out) core::log_warning("cannot record this run in {}", core::runs_file(options_.trial_dir));
+}
+
+void Loop::record_elastic_preference() const {
+  const core::Resources& resources = config_.resources;
+  if (!chief() || !adaptive_ || !resources.elastic()) return;
+  const int slots = adaptive_->preferred_ranks(resources.min_slots(), resources.slots_per_trial, resources.slots_per_node);
+  try {
+    core::write_file_atomic(core::elastic_file(options_.trial_dir), nlohmann::json{{"preferred_slots", slots}}.dump() + "\n");
+  } catch (const Error& e) {
+    core::log_warning("the preferred size of the next run was not recorded: {}", e.what());
+  }
+}
+
+// The batches read ahead were cut for the old shape: the order goes on from the records trained,
+// in batches of the new one.
+void Loop::restart_training_data() {
+  prefetcher_.reset();
+  sampler_.reset();
+  start_training_data(data_seed_);
+}
+
+}  // namespace hpctrial::trainer::detail

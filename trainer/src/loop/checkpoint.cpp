@@ -1,0 +1,118 @@
+// The loop's checkpoints that every rank writes part of (sharded_checkpoint.h).
+#include "state/checkpointing.h"
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/core/error.h"
+#include "api/engine_access.h"
+#include "hpctrial/core/logging.h"
+#include "loop/loop.h"
+#include "state/replica_check.h"
+#include "state/sharded_checkpoint.h"
+#include "state/state_io.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+ShardedSave save_shards(const ShardedOptimizers& sharded) {
+  ShardedSave mine;
+  for (const auto& [index, optimizer] : sharded) optimizer->save_shards(mine, "optimizer/" + std::to_string(index));
+  return mine;
+}
+
+}  // namespace
+
+void Loop::check_replicas(const std::string& when) {
+  if (comm_.size() == 1) return;
+  detail::PhaseTimings::Scope t(timings_, "replica_check");
+  detail::check_replicas(comm_, detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
+}
+
+// The tests' fault hook in the middle of this rank's pieces (HPCTRIAL_FAULT's `shards`).
+std::function<void()> Loop::shard_fault_hook() const {
+  if (faults_->empty()) return {};
+  return [faults = faults_.get(), step = batches_trained_] { faults->at(rank::FaultPhase::kCheckpoint, step, /*shards=*/true); };
+}
+
+// Every rank's parts of the sharded optimizers' state go straight from it into the file, in
+// parallel: no rank gathers the whole state, and the chief writes the rest. Synchronous: the
+// loop waits for it anyway (a stop, the end, `checkpoint_storage.async: false`).
+void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded) {
+  const ShardedSave mine = save_shards(sharded);
+  detail::Snapshot snapshot;
+  if (chief()) {
+    finish_checkpoint();  // the previous one, if still being written
+    snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/false, &mine.whole);
+  }
+  const std::string path =
+      detail::write_sharded_checkpoint(comm_, store_.get(), snapshot.contents, mine,
+                                       store_ ? store_->write_options() : checkpoint::WriteOptions{}, shard_fault_hook());
+  if (chief()) {
+    result_.checkpoint_path = path;
+    core::log_debug("checkpoint {} is durable (written by every rank)", path);
+    call([&](Callback& c) { c.on_checkpoint_end(path); });
+  }
+}
+
+// A periodic checkpoint: this rank's parts are copied now (the optimizer may step at once) and
+// laid out with the chief; a thread on each rank writes them, the chief's writer its datasets.
+// Each later step boundary asks whether every rank is done (the flags' all-reduce), and
+// settle_sharded_checkpoint publishes it then; the next checkpoint or the end waits for it.
+void Loop::start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded) {
+  ShardedSave mine = save_shards(sharded);
+  detail::Snapshot snapshot;
+  std::vector<checkpoint::DatasetSpec> own;
+  if (chief()) {
+    finish_checkpoint();
+    snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true, &mine.whole);
+    // In the order the writer holds them once it has copied the deferred tensors.
+    for (const auto& d : snapshot.contents.datasets) own.push_back({d.name, d.dtype, d.shape});
+    for (const auto& d : snapshot.deferred) {
+      own.push_back({d.name, checkpoint_dtype(d.tensor.scalar_type()), d.tensor.sizes().vec()});
+    }
+  }
+  PieceLayout layout = lay_out_pieces(comm_, store_.get(), std::move(own), snapshot.contents.attributes, mine);
+  sharded_in_flight_ = std::make_unique<ShardedWriteInFlight>(
+      std::move(layout), std::move(mine), store_ ? store_->write_options() : checkpoint::WriteOptions{},
+      shard_fault_hook(), chief());
+  if (chief()) {
+    snapshot.planned = sharded_in_flight_->planned();
+    const auto written = snapshot.planned->written;
+    try {
+      writer_->submit(std::move(snapshot));
+    } catch (const std::exception& e) {
+      written(e.what());  // every rank learns it when the checkpoint settles
+    }
+  }
+}
+
+// Collective, on every rank at the same step boundary: waits for this rank's parts, learns
+// whether every rank's are durable, and has the chief publish the file; a failure anywhere is
+// thrown on every rank.
+void Loop::settle_sharded_checkpoint() {
+  if (!sharded_in_flight_) return;
+  detail::PhaseTimings::Scope t(timings_, "checkpoint_settle");
+  const auto in_flight = std::move(sharded_in_flight_);
+  const std::string written = detail::agree(comm_, in_flight->wait());
+  std::string published;
+  if (chief()) {
+    if (written.empty()) {
+      try {
+        in_flight->publish(combine_piece_crcs(in_flight->mine().datasets, in_flight->layout().gathered));
+      } catch (const Error& e) {
+        in_flight->abandon(e.what());
+      }
+    } else {
+      in_flight->abandon(written);
+    }
+    try {
+      finish_checkpoint();
+    } catch (const Error& e) {
+      published = e.what();
+    }
+  }
+  comm_.broadcast(published, 0);
+  if (!written.empty()) throw CheckpointError("a sharded checkpoint was not written: " + written);
+  if (!published.empty()) throw CheckpointError("a sharded checkpoint was not published: rank 0: " + published);
+}
+
+}  // namespace hpctrial::trainer::detail

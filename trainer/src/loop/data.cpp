@@ -1,0 +1,162 @@
+// The loop's training data: an indexed dataset's order (sampler.h) or a stream, read ahead;
+// and the per-rank state a checkpoint carries besides the model: where each rank's stream
+// stands, and its custom training reducers.
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/engine_trial.h"
+#include "loop/loop.h"
+
+namespace hpctrial::trainer::detail {
+
+namespace {
+// Every rank's `mine`, on the chief as an array in rank order (null elsewhere). A collective.
+nlohmann::json gather_to_chief(comm::Communicator& comm, const nlohmann::json& mine) {
+  const auto parts = comm.gather(mine.dump(), 0);
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& part : parts) all.push_back(nlohmann::json::parse(part));
+  return all;
+}
+}  // namespace
+
+// An engine trial's batch: train_batch_size records a step, in gradient_accumulation_steps
+// micro-batches on each rank (hyperparameters.global_batch_size wins over train_batch_size).
+void Loop::resolve_engine_batch(TrialSettings& settings) const {
+  std::optional<std::int64_t> global_batch_size;
+  if (const auto it = settings.hparams.find("global_batch_size"); it != settings.hparams.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1) {
+      throw ConfigError("hyperparameters.global_batch_size must be a positive integer, got " + it->dump());
+    }
+    global_batch_size = it->get<std::int64_t>();
+  }
+  std::string error;
+  const auto batch = core::resolve_engine_batch(*config_.engine, global_batch_size, comm_.size(), error);
+  if (!batch) throw ConfigError("engine: " + error + " (with " + std::to_string(comm_.size()) + " ranks)");
+  settings.global_batch_size = batch->train_batch_size;
+  settings.aggregation_frequency = batch->accumulation_steps;
+  settings.engine = *config_.engine;
+  if (chief()) {
+    if (global_batch_size && config_.engine->train_batch_size && *config_.engine->train_batch_size != *global_batch_size) {
+      core::log_info("hyperparameters.global_batch_size ({}) overrides engine.train_batch_size ({})",
+                     *global_batch_size, *config_.engine->train_batch_size);
+    }
+    core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} rank(s)",
+                   batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm_.size());
+  }
+}
+
+std::int64_t Loop::training_records_per_epoch() const {
+  if (train_loader_->is_stream()) {
+    if (config_.records_per_epoch <= 0) {
+      throw ConfigError(
+          (config_.source_path.empty() ? std::string("the experiment config") : config_.source_path) +
+          ": records_per_epoch is required when the training data is a stream (StreamDataset), whose samples "
+          "cannot be counted; set records_per_epoch: N, the samples of one epoch over all ranks");
+    }
+    return config_.records_per_epoch;
+  }
+  const auto dataset_size = static_cast<std::int64_t>(train_loader_->dataset().size());
+  return static_cast<std::int64_t>(epoch_records(config_.records_per_epoch > 0 ? config_.records_per_epoch
+                                                                               : dataset_size,
+                                                 global_batch_, train_loader_->drop_last()));
+}
+
+// After resume(): the training stream goes on from batches_trained_.
+void Loop::start_training_data(std::uint64_t data_seed) {
+  const std::size_t workers = options_.prefetch_depth == 0 ? 0 : train_loader_->options().workers();
+  if (train_loader_->is_stream()) {
+    stream_trained_ = resumed_stream_position();
+    stream_reader_ = std::make_unique<StreamReader>(*train_loader_, stream_trained_, comm_.rank());
+    StreamReader* reader = stream_reader_.get();
+    prefetcher_ = std::make_unique<Prefetcher>([reader](const std::vector<std::int64_t>&) { return reader->next(); },
+                                               [] { return std::vector<std::int64_t>(); }, workers,
+                                               options_.prefetch_depth);
+    return;
+  }
+  if (engine_runner_) {
+    // The engine takes the shape the batches are cut for, from the next one on.
+    engine_runner_->reshape(batches_trained_, adaptive_->shape().local_batch, adaptive_->shape().accumulation);
+  }
+  sampler_ = std::make_unique<TrainingSampler>(
+      StreamOrder(train_loader_->dataset().size(), data_seed, train_loader_->shuffle(),
+                  static_cast<std::uint64_t>(records_per_epoch_)),
+      static_cast<std::uint64_t>(adaptive_ ? loop_local_batch() * comm_.size() : global_batch_), comm_.rank(),
+      comm_.size(), static_cast<std::uint64_t>(records_trained()));
+  const DataLoader* loader = train_loader_.get();
+  prefetcher_ = std::make_unique<Prefetcher>(
+      [loader](const std::vector<std::int64_t>& indices) { return loader->read(indices); },
+      [this] { return sampler_->next_batch(); }, workers, options_.prefetch_depth);
+}
+
+// This rank's stream position in the checkpoint resumed. Each rank reads a stream of its own, so
+// a resume needs the ranks that wrote the checkpoint.
+StreamPosition Loop::resumed_stream_position() const {
+  if (resumed_from_.empty()) return {};
+  const nlohmann::json& positions = resumed_stream_positions_;
+  if (!positions.is_array()) {
+    if (batches_trained_ == 0) return {};
+    throw CheckpointError(resumed_from_ + " was written by the trial while its training data was not a stream, and "
+                          "build_training_data_loader now returns a StreamDataset: where the stream stood is not "
+                          "known; resume with the loader the checkpoint was written with, or train the trial afresh "
+                          "elsewhere");
+  }
+  if (positions.size() != static_cast<std::size_t>(comm_.size())) {
+    throw CheckpointError(resumed_from_ + " holds where the training streams of " + std::to_string(positions.size()) +
+                          " rank(s) stood, and this run has " + std::to_string(comm_.size()) +
+                          ": each rank reads a StreamDataset of its own, so a resume needs as many ranks; resume "
+                          "with resources.slots_per_trial: " + std::to_string(positions.size()));
+  }
+  try {
+    const auto& mine = positions.at(static_cast<std::size_t>(comm_.rank()));
+    StreamPosition position{mine.at("pass").get<std::int64_t>(), mine.at("offset").get<std::uint64_t>()};
+    if (position.pass < 0) throw CheckpointError(resumed_from_ + ": a negative stream pass");
+    return position;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(resumed_from_ + ": progress/stream_positions is malformed: " + e.what());
+  }
+}
+
+// Every rank's stream position after the last batch trained; on the chief, one entry a rank.
+// A collective: every rank calls it.
+nlohmann::json Loop::gather_stream_positions() {
+  if (!stream_reader_) return nullptr;
+  return gather_to_chief(comm_, {{"pass", stream_trained_.pass}, {"offset", stream_trained_.offset}});
+}
+
+// Every rank's custom training reducers, part way through the reporting period; on the chief,
+// one entry a rank. A collective: every rank calls it.
+nlohmann::json Loop::gather_reducer_states() {
+  nlohmann::json mine = nlohmann::json::object();
+  bool any = false;
+  for (const auto& wrapped : context_->reducers()) {
+    if (!wrapped.for_training) continue;
+    any = true;
+    mine[wrapped.name] = wrapped.reducer->state_dict();
+  }
+  if (!any) return nullptr;
+  return gather_to_chief(comm_, mine);
+}
+
+// Each rank takes back its own reducers' state; saved by another number of ranks, the partial
+// period cannot be divided again, and the first report after the resume says only what follows.
+void Loop::restore_reducer_states(const nlohmann::json& states) {
+  if (!states.is_array()) return;
+  if (states.size() != static_cast<std::size_t>(comm_.size())) {
+    if (chief()) {
+      core::log_warning("the custom training reducers were saved by {} rank(s) and are resumed by {}: their first "
+                        "report after the resume covers only the batches after it", states.size(), comm_.size());
+    }
+    return;
+  }
+  const nlohmann::json& mine = states.at(static_cast<std::size_t>(comm_.rank()));
+  for (const auto& wrapped : context_->reducers()) {
+    if (!wrapped.for_training || !mine.contains(wrapped.name) || mine.at(wrapped.name).is_null()) continue;
+    wrapped.reducer->load_state_dict(mine.at(wrapped.name));
+  }
+}
+
+}  // namespace hpctrial::trainer::detail

@@ -1,0 +1,222 @@
+// The training loop of one trial (internal to the trainer): set-up and resume, batches,
+// checkpoints (training_loop.cpp); training data and the per-rank state checkpoints carry
+// (loop/data.cpp); metrics and validation (loop/metrics.cpp); checkpoints every rank writes part
+// of (loop/checkpoint.cpp).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "adaptive/adaptive_batch.h"
+#include "loop/auto_checkpoint.h"
+#include "state/checkpointing.h"
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/trainer/sampler.h"
+#include "hpctrial/trainer/training_loop.h"
+#include "hpctrial/rank/runtime.h"
+#include "observe/metrics_log.h"
+#include "data/prefetcher.h"
+#include "observe/nvtx_marker.h"
+#include "observe/profiler.h"
+#include "observe/system_metrics.h"
+#include "state/sharded_checkpoint.h"
+#include "data/stream_reader.h"
+
+namespace hpctrial::trainer::detail {
+
+class EngineTrialRunner;
+
+using Clock = std::chrono::steady_clock;
+
+// A period: every N batches, or every N seconds (measured on the chief).
+struct Period {
+  std::int64_t batches = 0;  // 0: not batch-based
+  double seconds = 0;        // 0: not time-based
+  bool enabled() const { return batches > 0 || seconds > 0; }
+};
+
+class Loop {
+ public:
+  Loop(const core::ExperimentConfig& config, const TrialFactory& factory, comm::Communicator& comm,
+       const LoopOptions& options)
+      : config_(config), factory_(factory), comm_(comm), options_(options) {}
+
+  LoopResult run();
+
+ private:
+  void setup();
+  void resolve_engine_batch(TrialSettings& settings) const;
+  void resume();
+  // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
+  // once its background write is done, the whole cost sets the next interval.
+  void note_checkpoint_stall(double seconds);
+  void settle_checkpoint_cost();
+  void trim_metrics(std::int64_t batches);
+  std::string checkpoint_dir() const;
+  std::optional<core::ExperimentIdentity> experiment_identity() const;
+  void save_checkpoint(bool wait);
+  // Every rank: the replicas' checksums compared (replica_check.h); `when` for the message.
+  void check_replicas(const std::string& when);
+  // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop/checkpoint.cpp):
+  // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
+  void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
+  void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
+  void settle_sharded_checkpoint();
+  std::function<void()> shard_fault_hook() const;
+  void finish_checkpoint();
+  // Training data (loop/data.cpp).
+  std::int64_t training_records_per_epoch() const;
+  void start_training_data(std::uint64_t data_seed);
+  StreamPosition resumed_stream_position() const;
+  nlohmann::json gather_stream_positions();
+  nlohmann::json gather_reducer_states();
+  void restore_reducer_states(const nlohmann::json& states);
+  // The adaptive batch (loop/adaptive.cpp).
+  void setup_adaptive();
+  void start_adaptive_step();
+  bool end_adaptive_micro_batch();  // true at the end of a step
+  void decide_adaptive_batch();
+  bool adaptive_period_reached(const Period& period) const;
+  // With an adaptive batch: the loop's batches a step, and a loop batch's records on a rank (an
+  // engine trial's loop batch is a whole step; a Trial's is one micro-batch).
+  std::int64_t loop_accumulation() const { return engine_runner_ ? 1 : adaptive_->shape().accumulation; }
+  std::int64_t loop_local_batch() const {
+    return adaptive_->shape().local_batch * (engine_runner_ ? adaptive_->shape().accumulation : 1);
+  }
+  void restart_training_data();
+  // The chief's records in the trial directory: this run's size and batch (runs.jsonl), the size
+  // an elastic trial's adaptive batch prefers for its next run (elastic.json).
+  void record_run() const;
+  void start_outputs();
+  // The system metrics: whether their period has passed (the chief's clock), and every rank's
+  // sample gathered to the chief, which writes them.
+  bool time_to_sample_system() const;
+  void report_system();
+  void record_elastic_preference() const;
+  // Records taken from the training order by the batches trained.
+  std::int64_t records_trained() const { return adaptive_ ? adaptive_->records() : batches_trained_ * global_batch_; }
+  // Whether max_length is reached: batches, or with an adaptive batch the progress at a step's end.
+  bool reached_max_length() const {
+    if (!adaptive_) return batches_trained_ >= max_batches_;
+    return micro_in_step_ == 0 && adaptive_->progress() >= static_cast<double>(max_batches_) - 1e-9;
+  }
+  // What the progress lines count against max_length: batches, or with an adaptive batch the
+  // steps of the base batch its progress is worth.
+  std::int64_t progress_batches() const {
+    return adaptive_ ? static_cast<std::int64_t>(adaptive_->progress()) : batches_trained_;
+  }
+  // The epoch of the last batch trained.
+  std::int64_t trained_epoch() const {
+    if (adaptive_) return last_step_epoch_;
+    return epoch_of_batch(std::max<std::int64_t>(0, batches_trained_ - 1));
+  }
+  detail::LoopState loop_state() const;
+  void apply(const detail::LoopState& state);
+  void train_one_batch();
+  void report_training();
+  void validate();
+  // This rank's share of the validation set through evaluate_batch; false when the trial does
+  // not override it.
+  bool evaluate_local_batches(std::map<std::string, std::vector<double>>& values);
+  MetricValues reduce_batch_metrics(std::map<std::string, std::vector<double>>& values);
+  MetricValues reduce_custom(bool training);
+  void call(const std::function<void(Callback&)>& hook) {
+    for (auto& [name, callback] : callbacks_) hook(*callback);
+  }
+  bool chief() const { return comm_.is_chief(); }
+  std::int64_t epoch_of_batch(std::int64_t batch) const {
+    return batch * global_batch_ / records_per_epoch_;
+  }
+
+  const core::ExperimentConfig& config_;
+  const TrialFactory& factory_;
+  comm::Communicator& comm_;
+  LoopOptions options_;
+
+  std::unique_ptr<TrialContext> context_;
+  std::unique_ptr<Trial> trial_;
+  std::unique_ptr<DataLoader> train_loader_;
+  std::unique_ptr<DataLoader> validation_loader_;
+  std::map<std::string, std::shared_ptr<Callback>> callbacks_;
+  std::unique_ptr<TrainingSampler> sampler_;     // an indexed dataset's order ...
+  std::unique_ptr<StreamReader> stream_reader_;  // ... or a stream
+  StreamPosition stream_trained_;                // the stream after the last batch trained
+  std::unique_ptr<detail::Prefetcher> prefetcher_;
+  std::unique_ptr<detail::MetricsLog> log_;
+  std::unique_ptr<detail::Progress> progress_;
+  std::unique_ptr<rank::StopFile> stop_file_;
+  std::unique_ptr<rank::FaultPlan> faults_;
+  detail::PhaseTimings timings_;
+  std::unique_ptr<detail::PhaseMarker> nvtx_;         // NVTX ranges of the phases, in CUDA builds
+  std::unique_ptr<detail::BatchProfiler> profiler_;  // the profiler window's, when one is set
+  std::unique_ptr<detail::SystemMonitor> system_;    // when profiling.system_metrics_period > 0
+  Clock::time_point last_system_sample_;
+  ReducerSpec reducers_ = Reducer::kAvg;
+
+  std::int64_t global_batch_ = 0;
+  std::int64_t records_per_epoch_ = 0;
+  std::int64_t max_batches_ = 0;
+  Period validation_period_;
+  std::int64_t batches_trained_ = 0;
+  std::int64_t last_validation_batches_ = -1;
+  Clock::time_point last_validation_time_;
+  std::int64_t last_report_batches_ = 0;
+  bool evaluate_by_batch_ = true;
+  bool evaluation_agreed_ = false;  // the ranks agreed on evaluate_by_batch_
+  bool checked_searcher_metric_ = false;
+
+  // Checkpoints (the chief writes them; every rank restores).
+  std::unique_ptr<checkpoint::CheckpointStore> store_;
+  std::unique_ptr<detail::AsyncCheckpointWriter> writer_;
+  // The sharded checkpoint being written while training goes on; gone before writer_, whose
+  // thread it releases.
+  std::unique_ptr<detail::ShardedWriteInFlight> sharded_in_flight_;
+  detail::TrialIdentity identity_;
+  nlohmann::json settings_hparams_;
+  Period checkpoint_period_;
+  // min_checkpoint_period: auto, on the chief: the period follows what checkpoints cost.
+  std::unique_ptr<AutoCheckpointPeriod> auto_checkpoint_;
+  std::optional<double> checkpoint_stall_s_;  // the last periodic checkpoint's stall, its write to come
+  std::optional<Clock::time_point> shards_since_;  // when every rank began writing its parts of it
+  Clock::time_point last_checkpoint_time_;
+  std::int64_t last_checkpoint_batches_ = -1;
+  // Requests agreed at a step boundary, kept until the end of the aggregation group.
+  bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed
+  bool trial_stop_pending_ = false;  // set_stop_requested: the trial ends, complete
+  bool checkpoint_pending_ = false;
+  std::int64_t restart_count_ = 0;
+  std::optional<double> best_metric_;
+  std::string resumed_from_;                // the checkpoint this run resumed; empty: a fresh start
+  nlohmann::json resumed_stream_positions_;
+
+  // Training metrics of the current reporting period.
+  std::map<std::string, std::vector<torch::Tensor>> period_values_;
+  std::int64_t period_batches_ = 0;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+
+  LoopResult result_;
+
+  // The adaptive batch: its state, where the step under way stands.
+  std::unique_ptr<detail::AdaptiveBatchState> adaptive_;
+  EngineTrialRunner* engine_runner_ = nullptr;  // an engine trial's, with an adaptive batch
+  std::uint64_t data_seed_ = 0;
+  std::int64_t micro_in_step_ = 0;        // micro-batches of the step under way trained
+  Clock::time_point step_started_;
+  double progress_before_step_ = 0;
+  std::int64_t step_epoch_ = 0;           // the statistical epoch the step under way is in
+  std::int64_t last_step_epoch_ = 0;
+  std::int64_t last_started_epoch_ = -1;
+};
+
+}  // namespace hpctrial::trainer::detail

@@ -1,0 +1,323 @@
+// The loop's metrics: training metrics reduced over a reporting period, validation (by batch
+// or evaluate_full_dataset), custom reducers.
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/core.h>
+
+#include "parallel/autocast.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/metric_order.h"
+#include "hpctrial/tensorboard/event_writer.h"
+#include "hpctrial/trainer/summary_writer.h"
+#include "loop/loop.h"
+
+namespace hpctrial::trainer::detail {
+
+using comm::DType;
+using comm::ReduceOp;
+
+// Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
+// once; every rank gets the results.
+MetricValues Loop::reduce_custom(bool training) {
+  MetricValues results;
+  for (const auto& wrapped : context_->reducers()) {
+    if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
+    const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
+    const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    const auto parts = comm_.gather(bytes, 0);
+    if (chief()) {
+      std::vector<std::vector<double>> per_slot;
+      for (const auto& part : parts) {
+        std::vector<double> values(part.size() / sizeof(double));
+        std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
+        per_slot.push_back(std::move(values));
+      }
+      results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
+    }
+    wrapped.reducer->reset();
+  }
+  if (results.empty() && context_->reducers().empty()) return {};
+  std::string text = chief() ? core::json_numbers(results).dump() : std::string();
+  comm_.broadcast(text, 0);
+  return core::numbers_of(nlohmann::json::parse(text), "the reducers' results");
+}
+
+// What the run writes besides checkpoints: metrics.jsonl and the TensorBoard events (the chief),
+// the profiler's traces, the progress lines.
+void Loop::start_outputs() {
+  if (chief()) {
+    core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
+    result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
+    log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
+    tensorboard::EventWriter* events = context_->tensorboard_writer().events();
+    log_->set_events(events);
+    // TensorBoard drops what a crashed run wrote past the checkpoint, as trim_metrics does here.
+    if (batches_trained_ > 0) events->purge_from(batches_trained_ + 1);
+    record_run();
+  }
+  nvtx_ = detail::make_nvtx_marker();
+  timings_.set_marker(nvtx_.get());
+  if (const auto& window = context_->profiler_window()) {
+    const auto trace = std::filesystem::path(options_.trial_dir) / "tensorboard" / "traces" /
+                       fmt::format("rank-{}.batches-{}-{}.json", comm_.rank(), window->first, window->last);
+    profiler_ = std::make_unique<detail::BatchProfiler>(window->first, window->last, trace.string(), timings_);
+  }
+  progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
+                                                 chief() && options_.progress_interval_s > 0);
+  if (config_.profiling.system_metrics_period_seconds > 0) {
+    const torch::Device device = context_->device();
+    system_ = std::make_unique<detail::SystemMonitor>(device.is_cuda() ? std::max<int>(0, device.index()) : -1);
+    last_system_sample_ = Clock::now();
+  }
+}
+
+bool Loop::time_to_sample_system() const {
+  return system_ && chief() &&
+         std::chrono::duration<double>(Clock::now() - last_system_sample_).count() >=
+             static_cast<double>(config_.profiling.system_metrics_period_seconds);
+}
+
+// Written as "rank<R>/<name>": each rank's own figures, the chief's among them.
+void Loop::report_system() {
+  if (!system_) return;
+  const std::string mine = core::json_numbers(system_->sample()).dump();
+  const auto parts = comm_.gather(mine, 0);
+  last_system_sample_ = Clock::now();
+  if (!log_) return;
+  std::map<std::string, double> metrics;
+  for (std::size_t rank = 0; rank < parts.size(); ++rank) {
+    const nlohmann::json figures = nlohmann::json::parse(parts[rank]);  // alive through the loop over its items
+    for (const auto& [name, value] : figures.items()) {
+      metrics["rank" + std::to_string(rank) + "/" + name] = core::number_of(value).value_or(std::nan(""));
+    }
+  }
+  log_->write("system", batches_trained_, trained_epoch(), records_trained(), metrics);
+}
+
+// Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
+// by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
+void Loop::trim_metrics(std::int64_t batches) {
+  const std::filesystem::path path = std::filesystem::path(options_.trial_dir) / "metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  std::int64_t dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    bool keep = true;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      keep = j.value("batches", std::int64_t{0}) <= batches;
+    } catch (const nlohmann::json::exception&) {
+      keep = false;  // a line cut short by the crash
+    }
+    if (keep) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped == 0) return;
+  core::write_file_atomic(path.string(), kept);
+  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path.string(), batches);
+}
+
+void Loop::report_training() {
+  if (period_batches_ == 0) return;
+  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
+  MetricValues values;
+  std::vector<double> means;
+  for (auto& [name, list] : period_values_) {
+    // Summed where the values live: one device-to-host copy per metric and period.
+    const torch::Device device = list.front().device();
+    for (auto& v : list) v = v.to(device, torch::kFloat64);
+    means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+  }
+  if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
+    comm_.allreduce(means, ReduceOp::kSum);
+    for (double& m : means) m /= comm_.size();
+  }
+  std::size_t i = 0;
+  for (auto& [name, list] : period_values_) values[name] = means[i++];
+  for (const auto& [name, value] : reduce_custom(true)) values[name] = value;
+  if (values.count("loss")) last_loss_ = values["loss"];
+  if (adaptive_) {
+    for (const auto& [name, value] : adaptive_->metrics()) values[name] = value;
+  }
+  if (log_) {
+    log_->write("training", batches_trained_, trained_epoch(), records_trained(), values);
+    // The period's mean time of each phase, beside the metrics in TensorBoard.
+    SummaryWriter& writer = context_->tensorboard_writer();
+    for (const auto& [phase, ms] : timings_.period_means_ms()) {
+      writer.add_scalar("timings/" + phase + "_ms", ms, batches_trained_);
+    }
+    writer.flush();
+  }
+  period_values_.clear();
+  period_batches_ = 0;
+  last_report_batches_ = batches_trained_;
+}
+
+bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& values) {
+  // One batch; false when evaluate_batch is not overridden.
+  const auto evaluate = [&](Batch batch) {
+    call([](Callback& c) { c.on_validation_step_start(); });
+    batch = context_->to_device(batch);
+    Metrics metrics;
+    try {
+      const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
+      metrics = trial_->evaluate_batch(batch);
+    } catch (const detail::NotOverridden&) {
+      return false;
+    }
+    MetricValues step;
+    for (auto& [name, metric] : metrics) {
+      step[name] = metric.item();
+      values[name].push_back(step[name]);
+    }
+    if (chief()) call([&](Callback& c) { c.on_validation_step_end(step); });
+    return true;
+  };
+  if (validation_loader_->is_stream()) {  // this rank's stream, pass 0
+    for (Batch batch : *validation_loader_) {
+      if (!evaluate(std::move(batch))) return false;
+    }
+    return true;
+  }
+  const auto batches = validation_batches(validation_loader_->dataset().size(),
+                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
+                                          comm_.rank(), comm_.size());
+  for (const auto& indices : batches) {
+    if (validation_loader_->drop_last() && static_cast<std::int64_t>(indices.size()) < validation_loader_->batch_size()) break;
+    if (!evaluate(validation_loader_->read(indices))) return false;
+  }
+  return true;
+}
+
+MetricValues Loop::reduce_batch_metrics(std::map<std::string, std::vector<double>>& values) {
+  // Every rank reduces the same metrics, even one that had no batch.
+  std::string names;
+  for (const auto& [name, list] : values) names += name + '\n';
+  std::set<std::string> all_names;
+  for (const auto& part : comm_.allgather(names)) {
+    std::size_t start = 0, end;
+    while ((end = part.find('\n', start)) != std::string::npos) {
+      all_names.insert(part.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  MetricValues out;
+  for (const auto& name : all_names) {
+    const auto& list = values[name];
+    const Reducer reducer = reducers_.reducer_for(name);
+    switch (reducer) {
+      case Reducer::kAvg: {
+        std::vector<double> sum_count = {0.0, static_cast<double>(list.size())};
+        for (double v : list) sum_count[0] += v;
+        comm_.allreduce(sum_count, ReduceOp::kSum);
+        out[name] = sum_count[1] > 0 ? sum_count[0] / sum_count[1] : std::nan("");
+        break;
+      }
+      case Reducer::kSum: {
+        std::vector<double> sum = {0.0};
+        for (double v : list) sum[0] += v;
+        comm_.allreduce(sum, ReduceOp::kSum);
+        out[name] = sum[0];
+        break;
+      }
+      case Reducer::kMax:
+      case Reducer::kMin: {
+        const bool max = reducer == Reducer::kMax;
+        std::vector<double> extreme = {max ? -std::numeric_limits<double>::infinity()
+                                           : std::numeric_limits<double>::infinity()};
+        for (double v : list) extreme[0] = max ? std::max(extreme[0], v) : std::min(extreme[0], v);
+        comm_.allreduce(extreme, max ? ReduceOp::kMax : ReduceOp::kMin);
+        out[name] = extreme[0];
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+void Loop::validate() {
+  const rank::PhaseRecord phase(core::RankPhase::kValidation);
+  faults_->at(rank::FaultPhase::kValidation, batches_trained_);
+  detail::PhaseTimings::Scope t(timings_, "validation");
+  call([](Callback& c) { c.on_validation_start(); });
+  for (const auto& wrapped : context_->reducers()) {
+    if (wrapped.for_validation) wrapped.reducer->reset();
+  }
+  for (auto& model : context_->models()) model->eval();
+  MetricValues metrics;
+  {
+    torch::NoGradGuard no_grad;
+    if (evaluate_by_batch_) {
+      std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
+      const bool overridden = evaluate_local_batches(values);
+      if (!evaluation_agreed_) {
+        // Only a rank with a validation batch learns whether evaluate_batch is overridden: every
+        // rank takes the same path from here, or one would all-gather while another broadcasts.
+        std::int64_t missing = overridden ? 0 : 1;
+        comm_.allreduce(&missing, 1, DType::kInt64, ReduceOp::kMax);
+        evaluation_agreed_ = true;
+        evaluate_by_batch_ = missing == 0;
+      }
+      if (evaluate_by_batch_) metrics = reduce_batch_metrics(values);
+    }
+    if (!evaluate_by_batch_) {
+      // evaluate_full_dataset runs on the chief; every rank gets its result.
+      const rank::PhaseRecord evaluating(core::RankPhase::kEvaluate);
+      faults_->at(rank::FaultPhase::kEvaluate, batches_trained_);
+      std::string bytes;
+      if (chief()) {
+        try {
+          const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
+          nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
+          bytes = values.dump();
+        } catch (const detail::NotOverridden&) {
+          bytes = "missing";
+        }
+      }
+      comm_.broadcast(bytes, 0);
+      if (bytes == "missing") {
+        throw ConfigError("the trial overrides neither evaluate_batch nor evaluate_full_dataset; "
+                          "implement one of them to validate");
+      }
+      metrics = nlohmann::json::parse(bytes).get<MetricValues>();
+    }
+  }
+  for (auto& model : context_->models()) model->train();
+  for (const auto& [name, value] : reduce_custom(false)) metrics[name] = value;
+
+  if (!checked_searcher_metric_) {
+    checked_searcher_metric_ = true;
+    if (metrics.count(config_.searcher.metric) == 0) {
+      std::string names;
+      for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("searcher.metric is '" + config_.searcher.metric +
+                        "' but validation reported only: " + (names.empty() ? "nothing" : names) +
+                        "; return it from evaluate_batch or change searcher.metric");
+    }
+  }
+  if (log_) {
+    log_->write("validation", batches_trained_, trained_epoch(), records_trained(), metrics);
+    context_->tensorboard_writer().flush();
+  }
+  result_.last_validation = metrics;
+  last_validation_batches_ = batches_trained_;
+  if (const auto it = metrics.find(config_.searcher.metric); it != metrics.end()) {
+    const bool better = !best_metric_ || core::metric_better(it->second, *best_metric_, config_.searcher.smaller_is_better);
+    if (better) best_metric_ = it->second;
+  }
+  last_validation_time_ = Clock::now();
+  if (chief()) call([&](Callback& c) { c.on_validation_end(metrics); });  // the chief only, as in the reference
+}
+
+}  // namespace hpctrial::trainer::detail

@@ -1,0 +1,162 @@
+// Where a trial's checkpoints are, which one it resumes from, and how often it checkpoints.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "state/checkpointing.h"
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/logging.h"
+#include "loop/loop.h"
+#include "api/engine_access.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer::detail {
+
+std::optional<core::ExperimentIdentity> Loop::experiment_identity() const {
+  if (options_.experiment_dir.empty()) return std::nullopt;
+  return core::experiment_identity(core::ExperimentLayout{options_.experiment_dir});
+}
+
+std::string Loop::checkpoint_dir() const {
+  if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
+  return core::checkpoint_dir(config_, options_.trial_dir, options_.trial_id, experiment_identity());
+}
+
+// Every rank restores from the checkpoint the chief chose, so that all take the same one.
+void Loop::resume() {
+  const std::string dir = checkpoint_dir();
+  std::string chosen;  // empty: start fresh; "!" + reason: refuse to start
+  checkpoint::Contents contents;
+  if (chief()) {
+    checkpoint::StoreOptions store_options;
+    store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
+    store_options.keep_best = config_.checkpoint_storage.save_trial_best;
+    store_options.smaller_is_better = config_.searcher.smaller_is_better;
+    if (config_.checkpoint_storage.group_readable) {
+      store_options.file_mode = 0640;
+      store_options.dir_mode = 0750;
+    }
+    store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
+    store_->remove_temporaries();
+    std::vector<std::string> problems;
+    std::optional<checkpoint::CheckpointStore::Loaded> loaded;
+    try {
+      loaded = store_->load_latest(&problems, [&](const checkpoint::CheckpointStore::Loaded& candidate) {
+        detail::check_resumable(candidate.contents, candidate.path, identity_, options_.allow_config_change);
+      });
+    } catch (const ConfigError& e) {
+      chosen = "?" + std::string(e.what());  // every rank fails with it, as a mistake in the config
+    }
+    for (const auto& problem : problems) core::log_warning("checkpoint not usable: {}", problem);
+    if (!chosen.empty()) {
+      // refused: said on every rank below
+    } else if (loaded) {
+      if (!problems.empty()) core::log_warning("resuming from the previous good checkpoint, {}", loaded->path);
+      chosen = loaded->path;
+      contents = std::move(loaded->contents);
+    } else if (!problems.empty() && !options_.allow_fresh_start) {
+      chosen = "!" + dir + " holds checkpoints but none is usable (see the warnings above); fix or remove them, or "
+               "pass --allow-fresh-start to train this trial again from the start";
+    } else if (!problems.empty()) {
+      core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
+    }
+    writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
+    context_->set_before_optimizer_step([this] {
+      detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
+      writer_->wait_for_copies();
+    });
+  }
+  comm_.broadcast(chosen, 0);
+  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
+  if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
+  if (chosen.empty()) {
+    context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
+    return;
+  }
+  if (!chief()) contents = checkpoint::read_checkpoint(chosen);
+  detail::LoopState state = loop_state();
+  detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
+                  sharded_optimizers(*trial_, *context_));
+  // The starts of this trial before this one: more than the checkpoint's count + 1 when an
+  // attempt failed before its next checkpoint (the launcher counts those).
+  state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
+  apply(state);
+  restore_reducer_states(state.reducer_states);
+  if (!adaptive_ && state.adaptive.is_object()) {
+    throw ConfigError(chosen + " was written with optimizations.adaptive_batch_size, whose batches change size: "
+                      "its place in the data and its progress are not counted in batches of one size; resume "
+                      "with the adaptive batch enabled");
+  }
+  if (adaptive_) {
+    if (state.adaptive.is_null()) adaptive_->continue_fixed_run(batches_trained_);
+    const bool rechosen = adaptive_->restore(state.adaptive);
+    last_step_epoch_ = adaptive_->epoch_at(std::max(0.0, adaptive_->progress() - 1e-6));
+    last_started_epoch_ = adaptive_->progress() > 0 ? last_step_epoch_ : -1;
+    if (rechosen && chief()) {
+      const BatchShape& shape = adaptive_->shape();
+      core::log_info("adaptive batch: resumed on {} ranks: {} records a step ({} x {} micro-batch(es) x {} ranks)",
+                     comm_.size(), shape.global(), shape.local_batch, shape.accumulation, shape.ranks);
+    }
+  }
+  resumed_from_ = chosen;
+  resumed_stream_positions_ = state.stream_positions;
+  last_checkpoint_batches_ = batches_trained_;
+  // Every rank restored the same file: the weights are equal without a broadcast.
+  if (chief()) {
+    trim_metrics(batches_trained_);
+    core::log_info("resumed from {} after {} batches (restart {})", chosen, batches_trained_, restart_count_);
+  }
+  if (result_.ended_by_trial) {
+    max_batches_ = adaptive_ ? 0 : batches_trained_;  // complete: nothing resumes a trial that ended itself
+    if (chief()) core::log_info("the trial ended itself after {} batches (set_stop_requested); nothing to train",
+                                batches_trained_);
+  }
+}
+
+// A periodic checkpoint's cost to training: the loop's stall, and the whole of its background
+// write (the copies, checksums, HDF5 and fsync), as if that had taken the CPU from training: on
+// a machine with spare cores it costs less, never more. The write's length is the writer
+// thread's own measure; where every rank writes parts, the step boundary that learns they all
+// finished ends it.
+void Loop::note_checkpoint_stall(double seconds) {
+  if (!auto_checkpoint_) return;
+  checkpoint_stall_s_ = seconds;
+  shards_since_.reset();
+  if (sharded_in_flight_) shards_since_ = Clock::now();
+}
+
+void Loop::settle_checkpoint_cost() {
+  if (!auto_checkpoint_ || !checkpoint_stall_s_) return;
+  std::optional<double> write_s = 0.0;
+  if (shards_since_) {
+    if (sharded_in_flight_) return;  // some rank is still writing
+    write_s = std::chrono::duration<double>(Clock::now() - *std::exchange(shards_since_, std::nullopt)).count();
+  } else if (config_.checkpoint_storage.async && writer_) {
+    write_s = writer_->take_write_seconds();
+    if (!write_s) return;  // still being written
+  }
+  const bool first = !auto_checkpoint_->cost_s();
+  const double before = auto_checkpoint_->interval_s();
+  auto_checkpoint_->record_cost(*std::exchange(checkpoint_stall_s_, std::nullopt) + *write_s);
+  checkpoint_period_.seconds = auto_checkpoint_->interval_s();
+  const double cost = *auto_checkpoint_->cost_s();
+  const bool moved = std::abs(checkpoint_period_.seconds - before) > 0.5 * before;
+  if (!first && !moved) return;
+  using Limit = AutoCheckpointPeriod::Limit;
+  const Limit limit = auto_checkpoint_->limit();
+  const std::string why = limit == Limit::kBound   ? "bounded by checkpoint_storage.auto_max_interval"
+                          : limit == Limit::kFloor ? "at most once a minute"
+                                                   : fmt::format("checkpoint_storage.auto_overhead {:g} %",
+                                                                 100 * auto_checkpoint_->overhead());
+  core::log_info("a checkpoint costs training {:.3f} s (its stall and its write): checkpointing every {:.0f} s "
+                 "(min_checkpoint_period: auto, {}), {:.2g} % of training time",
+                 cost, checkpoint_period_.seconds, why, 100 * cost / checkpoint_period_.seconds);
+}
+
+}  // namespace hpctrial::trainer::detail

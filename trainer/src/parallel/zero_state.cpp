@@ -1,0 +1,190 @@
+// ZeRO's optimizer state in checkpoints: gathered whole on save, cut into this rank's parts on
+// load, so that the file does not depend on the number of ranks, the stage or the buckets.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "hpctrial/core/error.h"
+#include "state/state_io.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+// The tensor fields of the state of parameter `index` under `prefix` (datasets
+// prefix/state/<index>/<field>, without the scalars).
+std::vector<std::string> state_fields(const checkpoint::Contents& contents, const std::string& prefix, std::size_t index) {
+  const std::string start = prefix + "/state/" + std::to_string(index) + "/";
+  std::vector<std::string> fields;
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind(start, 0) != 0) continue;
+    std::string field = d.name.substr(start.size());
+    if (field != "scalars") fields.push_back(std::move(field));
+  }
+  std::sort(fields.begin(), fields.end());
+  return fields;
+}
+
+std::string state_name(const std::string& prefix, std::size_t index, const std::string& field) {
+  return prefix + "/state/" + std::to_string(index) + "/" + field;
+}
+
+// The optimizer's own save of this rank's parts (as optimizer "s"), its type added to `out`
+// under `prefix`, and its parameter groups.
+nlohmann::json save_parts(torch::optim::Optimizer& optimizer, checkpoint::Contents& parts, checkpoint::Contents& out,
+                          const std::string& prefix) {
+  save_optimizer(parts, "s", optimizer);
+  out.add_text(prefix + "/type", parts.at("s/type", "the sharded optimizer").text());
+  return nlohmann::json::parse(parts.at("s/param_groups", "the sharded optimizer").text());
+}
+
+}  // namespace
+
+void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
+  checkpoint::Contents parts;
+  auto groups = save_parts(optimizer_, parts, contents, prefix);
+  const int ranks = comm_.size();
+  std::size_t first = 0;  // the index of the group's first parameter over all groups
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    nlohmann::json params = nlohmann::json::array();
+    for (std::size_t i = 0; i < group.params.size(); ++i) params.push_back(first + i);
+    groups[g]["params"] = params;
+    for (std::size_t b = 0; b < group.layout.buckets.size(); ++b) {
+      const auto& bucket = group.layout.buckets[b];
+      const std::size_t index = group.first_part + b;
+      // Every rank's part has state, or none has (they step together).
+      const checkpoint::Dataset* scalars = parts.find(state_name("s", index, "scalars"));
+      if (scalars == nullptr) continue;
+      for (const std::string& field : state_fields(parts, "s", index)) {
+        const torch::Tensor part = tensor_of(parts.at(state_name("s", index, field), "the shard"));
+        if (part.scalar_type() != torch::kFloat32 || part.numel() != bucket.part) {
+          throw InternalError("ZeRO: optimizer state field " + field + " is not a float32 part of a bucket");
+        }
+        auto whole = torch::empty({bucket.part * ranks}, part.options());
+        comm_.allgather(part.data_ptr(), whole.data_ptr(), static_cast<std::size_t>(bucket.part), comm::DType::kFloat32);
+        for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+          const auto piece = whole.narrow(0, group.layout.offsets[i] - bucket.begin, group.layout.numels[i]);
+          add_tensor(contents, state_name(prefix, first + i, field), piece.view(group.params[i].sizes()));
+        }
+      }
+      for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+        contents.add_text(state_name(prefix, first + i, "scalars"), scalars->text());
+      }
+    }
+    first += group.params.size();
+  }
+  contents.add_text(prefix + "/param_groups", groups.dump());
+}
+
+void ShardedOptimizer::save_shards(ShardedSave& out, const std::string& prefix) {
+  checkpoint::Contents parts;
+  auto groups = save_parts(optimizer_, parts, out.whole, prefix);
+  const std::int64_t rank = comm_.rank();
+  std::size_t first = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    nlohmann::json params = nlohmann::json::array();
+    for (std::size_t i = 0; i < group.params.size(); ++i) params.push_back(first + i);
+    groups[g]["params"] = params;
+    for (std::size_t b = 0; b < group.layout.buckets.size(); ++b) {
+      const auto& bucket = group.layout.buckets[b];
+      const std::size_t index = group.first_part + b;
+      const checkpoint::Dataset* scalars = parts.find(state_name("s", index, "scalars"));
+      if (scalars == nullptr) continue;
+      // This rank's part covers these elements of the group's buffer.
+      const std::int64_t mine = bucket.begin + rank * bucket.part, mine_end = mine + bucket.part;
+      for (const std::string& field : state_fields(parts, "s", index)) {
+        const checkpoint::Dataset& part = parts.at(state_name("s", index, field), "the shard");
+        if (part.dtype != checkpoint::DType::kFloat32 || part.nbytes() != static_cast<std::size_t>(bucket.part) * 4) {
+          throw InternalError("ZeRO: optimizer state field " + field + " is not a float32 part of a bucket");
+        }
+        for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+          out.datasets.push_back({state_name(prefix, first + i, field), checkpoint::DType::kFloat32,
+                                  group.params[i].sizes().vec()});
+          const std::int64_t lo = std::max(mine, group.layout.offsets[i]);
+          const std::int64_t hi = std::min(mine_end, group.layout.offsets[i] + group.layout.numels[i]);
+          if (lo >= hi) continue;
+          ShardPiece piece;
+          piece.dataset = out.datasets.size() - 1;
+          piece.offset = static_cast<std::uint64_t>(lo - group.layout.offsets[i]) * 4;
+          piece.buffer = part.data;
+          piece.from = static_cast<std::size_t>(lo - mine) * 4;
+          piece.size = static_cast<std::size_t>(hi - lo) * 4;
+          piece.crc = checkpoint::crc32c(static_cast<const char*>(part.data->data()) + piece.from, piece.size);
+          out.pieces.push_back(std::move(piece));
+        }
+      }
+      for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+        out.whole.add_text(state_name(prefix, first + i, "scalars"), scalars->text());
+      }
+    }
+    first += group.params.size();
+  }
+  out.whole.add_text(prefix + "/param_groups", groups.dump());
+}
+
+void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const std::string& prefix,
+                                  const std::string& file) {
+  checkpoint::Contents parts;
+  parts.add_text("s/type", contents.at(prefix + "/type", file).text());
+  nlohmann::json groups;
+  try {
+    groups = nlohmann::json::parse(contents.at(prefix + "/param_groups", file).text());
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(file + ": " + prefix + "/param_groups is not valid JSON: " + e.what());
+  }
+  if (!groups.is_array() || groups.size() != groups_.size()) {
+    throw ConfigError(file + ": " + prefix + " has " + std::to_string(groups.is_array() ? groups.size() : 0) +
+                      " parameter groups in the checkpoint and " + std::to_string(groups_.size()) +
+                      " in the trial: the trial changed since the checkpoint");
+  }
+  const int rank = comm_.rank();
+  std::size_t first = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    if (!groups[g].contains("params") || groups[g]["params"].size() != group.params.size()) {
+      throw ConfigError(file + ": " + prefix + " group " + std::to_string(g) + " has another number of parameters "
+                        "in the checkpoint than in the trial (" + std::to_string(group.params.size()) + ")");
+    }
+    nlohmann::json indices = nlohmann::json::array();
+    for (std::size_t b = 0; b < group.layout.buckets.size(); ++b) {
+      const auto& bucket = group.layout.buckets[b];
+      const std::size_t index = group.first_part + b;
+      indices.push_back(index);
+      // The state of the bucket's parameters, laid end to end as in the buffer; this rank keeps
+      // its part. Parameters without state (never stepped) contribute zeros.
+      const checkpoint::Dataset* scalars = nullptr;
+      std::vector<std::string> fields;
+      for (std::size_t i = bucket.first; i < bucket.end && scalars == nullptr; ++i) {
+        scalars = contents.find(state_name(prefix, first + i, "scalars"));
+        if (scalars != nullptr) fields = state_fields(contents, prefix, first + i);
+      }
+      if (scalars == nullptr) continue;
+      for (const std::string& field : fields) {
+        auto whole = torch::zeros({bucket.part * comm_.size()}, torch::kFloat32);
+        for (std::size_t i = bucket.first; i < bucket.end; ++i) {
+          const std::string name = state_name(prefix, first + i, field);
+          const checkpoint::Dataset* d = contents.find(name);
+          if (d == nullptr) continue;
+          const torch::Tensor piece = tensor_of(*d);
+          if (piece.numel() != group.layout.numels[i] || piece.scalar_type() != torch::kFloat32) {
+            throw ConfigError(file + ": " + name + " has " + std::to_string(piece.numel()) + " elements in the "
+                              "checkpoint but the parameter has " + std::to_string(group.layout.numels[i]) +
+                              ": the model changed since the checkpoint");
+          }
+          whole.narrow(0, group.layout.offsets[i] - bucket.begin, group.layout.numels[i]).copy_(piece.reshape({-1}));
+        }
+        add_tensor(parts, state_name("s", index, field), whole.narrow(0, bucket.part * rank, bucket.part));
+      }
+      parts.add_text(state_name("s", index, "scalars"), scalars->text());
+    }
+    groups[g]["params"] = indices;
+    first += group.params.size();
+  }
+  parts.add_text("s/param_groups", groups.dump());
+  load_optimizer(parts, "s", optimizer_, file);
+}
+
+}  // namespace hpctrial::trainer::detail

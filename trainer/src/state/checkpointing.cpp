@@ -1,0 +1,455 @@
+#include "state/checkpointing.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <set>
+
+#include "hpctrial/build_config.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/text.h"
+#include "state/sharded_checkpoint.h"
+#include "state/state_io.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using json = nlohmann::json;
+
+std::string hex(std::uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%08x", value);
+  return text;
+}
+
+json parse(const checkpoint::Contents& contents, const std::string& name, const std::string& path) {
+  try {
+    return json::parse(contents.at(name, path).text());
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": " + name + " is not valid JSON: " + e.what());
+  }
+}
+
+// The hyperparameters that differ, as "name: old -> new" lines.
+std::string differences(const json& before, const json& now) {
+  std::string out;
+  std::set<std::string> names;
+  for (auto it = before.begin(); it != before.end(); ++it) names.insert(it.key());
+  for (auto it = now.begin(); it != now.end(); ++it) names.insert(it.key());
+  for (const auto& name : names) {
+    const json a = before.contains(name) ? before.at(name) : json("(none)");
+    const json b = now.contains(name) ? now.at(name) : json("(none)");
+    if (a != b) out += (out.empty() ? "" : ", ") + name + ": " + a.dump() + " -> " + b.dump();
+  }
+  return out;
+}
+
+// One value a batch, any value a metric can take (core::json_number).
+json period_values_json(const std::map<std::string, std::vector<double>>& period) {
+  json out = json::object();
+  for (const auto& [name, values] : period) {
+    json list = json::array();
+    for (double v : values) list.push_back(core::json_number(v));
+    out[name] = std::move(list);
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<double>> period_values_of(const json& period, const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  if (!period.is_object()) throw CheckpointError(path + ": progress's period_values is not a map: " + period.dump());
+  for (auto it = period.begin(); it != period.end(); ++it) {
+    if (!it.value().is_array()) throw CheckpointError(path + ": progress's period_values." + it.key() + " is not a list");
+    auto& values = out[it.key()];
+    for (const auto& v : it.value()) {
+      const auto number = core::number_of(v);
+      if (!number) throw CheckpointError(path + ": progress's period_values." + it.key() + " holds " + v.dump());
+      values.push_back(*number);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                 const TrialIdentity& identity, bool defer, const checkpoint::Contents* whole_optimizers) {
+  Snapshot snapshot;
+  checkpoint::Contents& c = snapshot.contents;
+  Deferred* deferred = defer ? &snapshot.deferred : nullptr;
+  const auto& models = context.models();
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = "model/" + std::to_string(i) + "/";
+    for (const auto& item : models[i]->named_parameters()) add_or_defer(c, deferred, prefix + item.key(), item.value());
+    for (const auto& item : models[i]->named_buffers()) add_tensor(c, prefix + item.key(), item.value());
+  }
+  const auto& optimizers = context.optimizers();
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    const std::string prefix = "optimizer/" + std::to_string(i);
+    if (whole_optimizers != nullptr && whole_optimizers->find(prefix + "/type") != nullptr) {
+      for (const auto& d : whole_optimizers->datasets) {
+        if (d.name.rfind(prefix + "/", 0) == 0) c.datasets.push_back(d);  // shares the gathered buffer
+      }
+      continue;
+    }
+    save_optimizer(c, prefix, *optimizers[i], deferred);
+  }
+  const auto& schedulers = context.lr_schedulers();
+  for (std::size_t i = 0; i < schedulers.size(); ++i) {
+    const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
+    c.add("scheduler/" + std::to_string(i) + "/step_count", checkpoint::DType::kInt64, {}, &count);
+  }
+  const auto& scalers = context.scalers();
+  for (std::size_t i = 0; i < scalers.size(); ++i) c.add_text("scaler/" + std::to_string(i), scalers[i]->state_dict().dump());
+  add_tensor(c, "rng/cpu", cpu_rng_state());
+  if (context.device().is_cuda()) add_tensor(c, "rng/cuda", device_rng_state(context.device()));
+
+  json progress = {{"batches", loop.batches_trained},
+                   {"epochs", loop.epochs_trained},
+                   {"records", loop.records_trained(identity.global_batch)},
+                   {"global_batch_size", identity.global_batch},
+                   {"restart_count", loop.restart_count},
+                   {"last_validation_batches", loop.last_validation_batches},
+                   {"last_report_batches", loop.last_report_batches},
+                   {"period_batches", loop.period_batches},
+                   {"period_values", period_values_json(loop.period_values)},
+                   {"ended_by_trial", loop.ended_by_trial},
+                   {"reducer_states", loop.reducer_states},
+                   {"stream_positions", loop.stream_positions},
+                   {"adaptive", loop.adaptive},
+                   {"best_metric", loop.best_metric ? core::json_number(*loop.best_metric) : json(nullptr)}};
+  c.add_text("progress", progress.dump());
+  c.add_text("meta/config", identity.config_yaml);
+  c.add_text("meta/hparams", identity.hparams.dump());
+  c.add_text("meta/validation", core::json_numbers(loop.last_validation).dump());
+  json callback_states = json::object();
+  for (const auto& [name, callback] : callbacks) callback_states[name] = callback->state_dict();
+  c.add_text("callbacks", callback_states.dump());
+  c.add_text("trial_state", trial.save_state().dump());
+  if (!context.accumulators().empty()) c.add_text("accumulators", context.accumulators().state_dict().dump());
+
+  c.attributes[checkpoint::kBatchesAttribute] = std::to_string(loop.batches_trained);
+  const auto metric = loop.last_validation.find(identity.searcher_metric);
+  if (loop.last_validation_batches == loop.batches_trained && metric != loop.last_validation.end()) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.17g", metric->second);
+    c.attributes[checkpoint::kMetricAttribute] = text;
+  }
+  c.attributes["epochs"] = std::to_string(loop.epochs_trained);
+  c.attributes["records"] = std::to_string(loop.records_trained(identity.global_batch));
+  c.attributes["restart_count"] = std::to_string(loop.restart_count);
+  c.attributes["hpctrial_version"] = HPCTRIAL_VERSION;
+  c.attributes["created"] = core::utc_now_iso();
+  c.attributes["world_size"] = std::to_string(identity.world_size);
+  c.attributes["trial_id"] = std::to_string(identity.trial_id);
+  c.attributes["experiment_id"] = identity.experiment_id;
+  c.attributes["experiment_name"] = identity.experiment_name;
+  c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));
+  return snapshot;
+}
+
+namespace {
+
+// The loop's counters and metrics from `progress` and meta/validation.
+void read_progress(const checkpoint::Contents& contents, const std::string& path, LoopState& loop) {
+  const json progress = parse(contents, "progress", path);
+  try {
+    loop.batches_trained = progress.at("batches").get<std::int64_t>();
+    loop.epochs_trained = progress.at("epochs").get<std::int64_t>();
+    loop.restart_count = progress.at("restart_count").get<std::int64_t>();
+    loop.last_validation_batches = progress.at("last_validation_batches").get<std::int64_t>();
+    loop.last_report_batches = progress.at("last_report_batches").get<std::int64_t>();
+    loop.period_batches = progress.at("period_batches").get<std::int64_t>();
+    loop.period_values = period_values_of(progress.at("period_values"), path);
+    loop.ended_by_trial = progress.value("ended_by_trial", false);  // absent before it existed
+    loop.reducer_states = progress.contains("reducer_states") ? progress.at("reducer_states") : json();
+    loop.stream_positions = progress.contains("stream_positions") ? progress.at("stream_positions") : json();
+    loop.adaptive = progress.contains("adaptive") ? progress.at("adaptive") : json();
+    const json& best = progress.at("best_metric");
+    loop.best_metric = best.is_null() ? std::nullopt : core::number_of(best);
+    if (!best.is_null() && !loop.best_metric) throw CheckpointError(path + ": progress's best_metric is " + best.dump());
+    loop.last_validation = core::numbers_of(parse(contents, "meta/validation", path), path + ": meta/validation");
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": progress is malformed: " + e.what());
+  } catch (const IoError& e) {
+    throw CheckpointError(e.what());
+  }
+  if (loop.batches_trained < 0) throw CheckpointError(path + ": progress has a negative batch count");
+}
+
+// "'name' (id X, trial N)", or what the attributes lack.
+std::string who(const std::string& name, const std::string& id, const std::string& trial) {
+  return "'" + (name.empty() ? std::string("?") : name) + "' (id " + (id.empty() ? std::string("none") : id) +
+         ", trial " + trial + ")";
+}
+
+std::string attribute(const checkpoint::Contents& contents, const char* name) {
+  const auto it = contents.attributes.find(name);
+  return it == contents.attributes.end() ? std::string() : it->second;
+}
+
+}  // namespace
+
+void check_resumable(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity,
+                     bool allow_config_change) {
+  // Written before checkpoints named their experiment: only found in the experiment's own folder.
+  const std::string id = attribute(contents, "experiment_id");
+  const std::string trial = attribute(contents, "trial_id");
+  const bool other_experiment = !id.empty() && !identity.experiment_id.empty() && id != identity.experiment_id;
+  const bool other_trial = !trial.empty() && trial != std::to_string(identity.trial_id);
+  if (other_experiment || other_trial) {
+    throw ConfigError(path + " belongs to experiment " + who(attribute(contents, "experiment_name"), id, trial) +
+                      ", not to this one, " +
+                      who(identity.experiment_name, identity.experiment_id, std::to_string(identity.trial_id)) +
+                      ": a run resumes only its own checkpoints. Move that file out of the directory, or run the "
+                      "experiment it belongs to");
+  }
+  const json hparams = parse(contents, "meta/hparams", path);
+  if (hparams != identity.hparams && !allow_config_change) {
+    throw ConfigError(path + " was written with other hyperparameters (" + differences(hparams, identity.hparams) +
+                      "); resume with the config that wrote it, or pass --allow-config-change");
+  }
+  LoopState scratch;
+  read_progress(contents, path, scratch);
+  for (const char* text : {"callbacks", "trial_state"}) parse(contents, text, path);
+}
+
+void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
+             const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
+             const ShardedOptimizers& sharded) {
+  check_resumable(contents, path, identity, allow_config_change);
+  const json hparams = parse(contents, "meta/hparams", path);
+  if (hparams != identity.hparams) {
+    core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
+                      differences(hparams, identity.hparams));
+  }
+  const auto& models = context.models();
+  std::set<std::string> expected;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = "model/" + std::to_string(i) + "/";
+    for (auto& item : models[i]->named_parameters()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+    for (auto& item : models[i]->named_buffers()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+  }
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("model/", 0) == 0 && expected.count(d.name) == 0) {
+      throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
+                        "checkpoint (a different architecture or hyperparameters)");
+    }
+  }
+  const auto& optimizers = context.optimizers();
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    const std::string prefix = "optimizer/" + std::to_string(i);
+    if (contents.find(prefix + "/type") == nullptr) {
+      throw ConfigError(path + " has no " + prefix + ": the trial wraps more optimizers than when it was saved");
+    }
+    if (const auto it = sharded.find(i); it != sharded.end()) {
+      it->second->load_whole(contents, prefix, path);
+    } else {
+      load_optimizer(contents, prefix, *optimizers[i], path);
+    }
+  }
+  const auto& schedulers = context.lr_schedulers();
+  for (std::size_t i = 0; i < schedulers.size(); ++i) {
+    const auto& d = contents.at("scheduler/" + std::to_string(i) + "/step_count", path);
+    if (d.dtype != checkpoint::DType::kInt64 || d.nbytes() != 8) throw CheckpointError(path + ": a scheduler's step count is malformed");
+    std::int64_t count = 0;
+    std::memcpy(&count, d.data->data(), 8);
+    scheduler_step_count(*schedulers[i].scheduler) = static_cast<unsigned>(count);
+  }
+  const auto& scalers = context.scalers();
+  for (std::size_t i = 0; i < scalers.size(); ++i) {
+    const std::string name = "scaler/" + std::to_string(i);
+    if (contents.find(name) == nullptr) {
+      // Written before loss scaling was turned on: the scale starts where a new run's does.
+      core::log_warning("{} has no {}: the trial wraps more GradScalers than when it was saved; that one starts "
+                        "from its initial scale {}", path, name, scalers[i]->get_scale());
+      continue;
+    }
+    try {
+      scalers[i]->load_state_dict(parse(contents, name, path));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(path + ": " + name + " is malformed: " + e.what());
+    }
+  }
+  set_cpu_rng_state(tensor_of(contents.at("rng/cpu", path)).clone());
+  // A checkpoint from a CPU run resumed on a GPU (or the reverse) has no state for it: the
+  // device generator keeps its seed.
+  if (context.device().is_cuda() && contents.find("rng/cuda") != nullptr) {
+    set_device_rng_state(context.device(), tensor_of(contents.at("rng/cuda", path)).clone());
+  }
+
+  read_progress(contents, path, loop);
+
+  const json callback_states = parse(contents, "callbacks", path);
+  for (const auto& [name, callback] : callbacks) {
+    if (callback_states.contains(name)) callback->load_state_dict(callback_states.at(name));
+  }
+  if (contents.find("accumulators") != nullptr) {
+    try {
+      context.accumulators().load_state_dict(parse(contents, "accumulators", path));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(path + ": accumulators is malformed: " + e.what());
+    }
+  }
+  const json trial_state = parse(contents, "trial_state", path);
+  if (!trial_state.is_null()) trial.load_state(trial_state);
+}
+
+AsyncCheckpointWriter::AsyncCheckpointWriter(checkpoint::CheckpointStore& store)
+    : store_(store), thread_([this] { run(); }) {}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void AsyncCheckpointWriter::submit(Snapshot snapshot) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  copying_ = !snapshot.deferred.empty();
+  write_seconds_.reset();
+  pending_ = std::move(snapshot);
+  changed_.notify_all();
+}
+
+void AsyncCheckpointWriter::wait_for_copies() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !copying_; });
+}
+
+std::optional<std::string> AsyncCheckpointWriter::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return std::exchange(done_, std::nullopt);
+}
+
+std::optional<double> AsyncCheckpointWriter::take_write_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(write_seconds_, std::nullopt);
+}
+
+// A checkpoint other ranks write parts of: the chief's datasets into the laid-out file, then,
+// once the loop has learnt that every rank's pieces are durable, publication. `written` is called
+// whatever happens, since every rank waits for it.
+std::exception_ptr AsyncCheckpointWriter::write_planned(PlannedWrite& planned, const checkpoint::Contents& contents,
+                                                        std::exception_ptr error) {
+  const auto message = [](const std::exception_ptr& e) -> std::string {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "an unknown error";
+    }
+  };
+  bool reported = false;
+  if (!error) {
+    try {
+      auto crcs = write_planned_datasets(contents, planned.plan, store_.write_options());
+      planned.written({});
+      reported = true;
+      const auto shared = planned.pieces();
+      crcs.insert(crcs.end(), shared.begin(), shared.end());
+      store_.publish_planned(planned.plan, crcs);
+      return nullptr;
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!reported) planned.written(message(error));
+  try {
+    store_.abandon(planned.plan);
+  } catch (...) {  // the first error is the one to tell
+  }
+  return error;
+}
+
+void AsyncCheckpointWriter::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
+    if (!pending_) return;
+    Snapshot snapshot = std::move(*pending_);
+    pending_.reset();
+    busy_ = true;
+    const auto started = std::chrono::steady_clock::now();
+    // Buffers for the deferred tensors, from the pool where a size matches.
+    std::vector<std::shared_ptr<checkpoint::Buffer>> buffers;
+    for (const auto& d : snapshot.deferred) {
+      const auto bytes = static_cast<std::size_t>(d.tensor.nbytes());
+      const auto it = pool_.find(bytes);
+      if (it != pool_.end()) {
+        buffers.push_back(std::move(it->second));
+        pool_.erase(it);
+      } else {
+        buffers.push_back(nullptr);
+      }
+    }
+    lock.unlock();
+    std::exception_ptr error;
+    std::string path;
+    try {
+      // Copy the live tensors first: training waits for this before its next optimizer step.
+      for (std::size_t k = 0; k < snapshot.deferred.size(); ++k) {
+        const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
+        if (!buffers[k]) buffers[k] = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(source.nbytes()));
+        // One pass over the live tensor: each piece is checksummed while it is in the cache.
+        const std::uint32_t crc = checkpoint::copy_crc32c(buffers[k]->data(), source.data_ptr(),
+                                                          static_cast<std::size_t>(source.nbytes()));
+        snapshot.contents.add(snapshot.deferred[k].name, checkpoint_dtype(source.scalar_type()), source.sizes().vec(),
+                              buffers[k]);
+        snapshot.contents.datasets.back().crc32c = crc;
+        snapshot.contents.datasets.back().crc32c_known = true;
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    snapshot.deferred.clear();  // the live tensors are no longer needed
+    lock.lock();
+    copying_ = false;
+    changed_.notify_all();
+    lock.unlock();
+    if (snapshot.planned) {
+      error = write_planned(*snapshot.planned, snapshot.contents, error);
+      if (!error) path = snapshot.planned->plan.path;
+    } else if (!error) {
+      try {
+        path = store_.path_for(std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute)));
+        store_.publish(snapshot.contents);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    snapshot.contents = checkpoint::Contents();  // releases the buffers' other owners
+    lock.lock();
+    for (auto& buffer : buffers) {
+      if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));
+    }
+    busy_ = false;
+    write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (error) {
+      error_ = error;
+    } else {
+      done_ = path;
+    }
+    changed_.notify_all();
+  }
+}
+
+}  // namespace hpctrial::trainer::detail

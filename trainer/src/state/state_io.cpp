@@ -1,0 +1,455 @@
+#include "state/state_io.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+using checkpoint::DType;
+using json = nlohmann::json;
+
+struct Writer {
+  checkpoint::Contents& contents;
+  std::string prefix;
+  Deferred* deferred = nullptr;
+  json scalars = json::object();
+  bool view = false;  // every tensor into `deferred`, wherever it lives: nothing is copied
+  void tensor(const std::string& name, const torch::Tensor& t) {
+    if (!t.defined()) return;
+    if (view) {
+      deferred->push_back({prefix + "/" + name, t.detach()});
+    } else {
+      add_or_defer(contents, deferred, prefix + "/" + name, t);
+    }
+  }
+  void tensors(const std::string& name, const std::deque<torch::Tensor>& list) {
+    scalars[name + "_count"] = list.size();
+    for (std::size_t k = 0; k < list.size(); ++k) tensor(name + "/" + std::to_string(k), list[k]);
+  }
+};
+
+struct Reader {
+  const checkpoint::Contents& contents;
+  std::string prefix;
+  json scalars;
+  std::string file;
+  torch::Device device;
+  torch::Tensor tensor(const std::string& name) const {
+    const checkpoint::Dataset* d = contents.find(prefix + "/" + name);
+    if (d == nullptr) return {};
+    return tensor_of(*d).to(device).clone();
+  }
+  std::deque<torch::Tensor> tensors(const std::string& name) const {
+    std::deque<torch::Tensor> out;
+    const std::size_t count = scalars.value(name + "_count", std::size_t{0});
+    for (std::size_t k = 0; k < count; ++k) out.push_back(tensor(name + "/" + std::to_string(k)));
+    return out;
+  }
+  template <typename T>
+  T scalar(const char* name) const {
+    if (!scalars.contains(name)) {
+      throw CheckpointError(file + ": " + prefix + "/scalars has no '" + name + "'");
+    }
+    return scalars.at(name).get<T>();
+  }
+};
+
+// One optimizer type: its options and per-parameter state, both ways.
+struct OptimizerCodec {
+  const char* name;
+  bool (*matches)(torch::optim::Optimizer&);
+  json (*save_options)(torch::optim::OptimizerOptions&);
+  void (*load_options)(const json&, torch::optim::OptimizerOptions&);
+  void (*save_state)(torch::optim::OptimizerParamState&, Writer&);
+  std::unique_ptr<torch::optim::OptimizerParamState> (*load_state)(const Reader&);
+};
+
+template <typename O>
+bool is(torch::optim::Optimizer& optimizer) {
+  return dynamic_cast<O*>(&optimizer) != nullptr;
+}
+
+template <typename Options>
+Options& options_as(torch::optim::OptimizerOptions& options) {
+  return dynamic_cast<Options&>(options);
+}
+
+std::tuple<double, double> betas_of(const json& j) { return {j.at(0).get<double>(), j.at(1).get<double>()}; }
+
+// Adam and AdamW share their options and state fields.
+template <typename Opt, typename Options, typename State>
+OptimizerCodec adam_codec(const char* name) {
+  return {name, &is<Opt>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<Options>(o);
+            return {{"lr", s.lr()}, {"betas", {std::get<0>(s.betas()), std::get<1>(s.betas())}}, {"eps", s.eps()},
+                    {"weight_decay", s.weight_decay()}, {"amsgrad", s.amsgrad()}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<Options>(o);
+            s.lr(j.at("lr")).betas(betas_of(j.at("betas"))).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
+            s.amsgrad(j.at("amsgrad"));
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            auto& s = static_cast<State&>(p);
+            w.scalars["step"] = s.step();
+            w.tensor("exp_avg", s.exp_avg());
+            w.tensor("exp_avg_sq", s.exp_avg_sq());
+            w.tensor("max_exp_avg_sq", s.max_exp_avg_sq());
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<State>();
+            s->step(r.scalar<std::int64_t>("step")).exp_avg(r.tensor("exp_avg")).exp_avg_sq(r.tensor("exp_avg_sq"));
+            s->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
+            return s;
+          }};
+}
+
+const OptimizerCodec kCodecs[] = {
+    {"sgd", &is<torch::optim::SGD>,
+     [](torch::optim::OptimizerOptions& o) -> json {
+       auto& s = options_as<torch::optim::SGDOptions>(o);
+       return {{"lr", s.lr()}, {"momentum", s.momentum()}, {"dampening", s.dampening()},
+               {"weight_decay", s.weight_decay()}, {"nesterov", s.nesterov()}};
+     },
+     [](const json& j, torch::optim::OptimizerOptions& o) {
+       auto& s = options_as<torch::optim::SGDOptions>(o);
+       s.lr(j.at("lr")).momentum(j.at("momentum")).dampening(j.at("dampening")).weight_decay(j.at("weight_decay")).nesterov(j.at("nesterov"));
+     },
+     [](torch::optim::OptimizerParamState& p, Writer& w) {
+       w.tensor("momentum_buffer", static_cast<torch::optim::SGDParamState&>(p).momentum_buffer());
+     },
+     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+       auto s = std::make_unique<torch::optim::SGDParamState>();
+       s->momentum_buffer(r.tensor("momentum_buffer"));
+       return s;
+     }},
+    adam_codec<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>("adam"),
+    adam_codec<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>("adamw"),
+    {"adagrad", &is<torch::optim::Adagrad>,
+     [](torch::optim::OptimizerOptions& o) -> json {
+       auto& s = options_as<torch::optim::AdagradOptions>(o);
+       return {{"lr", s.lr()}, {"lr_decay", s.lr_decay()}, {"weight_decay", s.weight_decay()},
+               {"initial_accumulator_value", s.initial_accumulator_value()}, {"eps", s.eps()}};
+     },
+     [](const json& j, torch::optim::OptimizerOptions& o) {
+       auto& s = options_as<torch::optim::AdagradOptions>(o);
+       s.lr(j.at("lr")).lr_decay(j.at("lr_decay")).weight_decay(j.at("weight_decay"));
+       s.initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
+     },
+     [](torch::optim::OptimizerParamState& p, Writer& w) {
+       auto& s = static_cast<torch::optim::AdagradParamState&>(p);
+       w.scalars["step"] = s.step();
+       w.tensor("sum", s.sum());
+     },
+     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+       auto s = std::make_unique<torch::optim::AdagradParamState>();
+       s->step(r.scalar<std::int64_t>("step")).sum(r.tensor("sum"));
+       return s;
+     }},
+    {"rmsprop", &is<torch::optim::RMSprop>,
+     [](torch::optim::OptimizerOptions& o) -> json {
+       auto& s = options_as<torch::optim::RMSpropOptions>(o);
+       return {{"lr", s.lr()}, {"alpha", s.alpha()}, {"eps", s.eps()}, {"weight_decay", s.weight_decay()},
+               {"momentum", s.momentum()}, {"centered", s.centered()}};
+     },
+     [](const json& j, torch::optim::OptimizerOptions& o) {
+       auto& s = options_as<torch::optim::RMSpropOptions>(o);
+       s.lr(j.at("lr")).alpha(j.at("alpha")).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
+       s.momentum(j.at("momentum")).centered(j.at("centered"));
+     },
+     [](torch::optim::OptimizerParamState& p, Writer& w) {
+       auto& s = static_cast<torch::optim::RMSpropParamState&>(p);
+       w.scalars["step"] = s.step();
+       w.tensor("square_avg", s.square_avg());
+       w.tensor("momentum_buffer", s.momentum_buffer());
+       w.tensor("grad_avg", s.grad_avg());
+     },
+     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+       auto s = std::make_unique<torch::optim::RMSpropParamState>();
+       s->step(r.scalar<std::int64_t>("step")).square_avg(r.tensor("square_avg"));
+       s->momentum_buffer(r.tensor("momentum_buffer")).grad_avg(r.tensor("grad_avg"));
+       return s;
+     }},
+    {"lbfgs", &is<torch::optim::LBFGS>,
+     [](torch::optim::OptimizerOptions& o) -> json {
+       auto& s = options_as<torch::optim::LBFGSOptions>(o);
+       return {{"lr", s.lr()}, {"max_iter", s.max_iter()},
+               {"max_eval", s.max_eval() ? json(*s.max_eval()) : json(nullptr)},
+               {"tolerance_grad", s.tolerance_grad()}, {"tolerance_change", s.tolerance_change()},
+               {"history_size", s.history_size()},
+               {"line_search_fn", s.line_search_fn() ? json(*s.line_search_fn()) : json(nullptr)}};
+     },
+     [](const json& j, torch::optim::OptimizerOptions& o) {
+       auto& s = options_as<torch::optim::LBFGSOptions>(o);
+       s.lr(j.at("lr")).max_iter(j.at("max_iter")).tolerance_grad(j.at("tolerance_grad"));
+       s.tolerance_change(j.at("tolerance_change")).history_size(j.at("history_size"));
+       s.max_eval(j.at("max_eval").is_null() ? c10::optional<std::int64_t>() : j.at("max_eval").get<std::int64_t>());
+       s.line_search_fn(j.at("line_search_fn").is_null() ? c10::optional<std::string>()
+                                                         : j.at("line_search_fn").get<std::string>());
+     },
+     [](torch::optim::OptimizerParamState& p, Writer& w) {
+       auto& s = static_cast<torch::optim::LBFGSParamState&>(p);
+       w.scalars["func_evals"] = s.func_evals();
+       w.scalars["n_iter"] = s.n_iter();
+       w.scalars["t"] = s.t();
+       w.scalars["prev_loss"] = s.prev_loss();
+       w.tensor("d", s.d());
+       w.tensor("H_diag", s.H_diag());
+       w.tensor("prev_flat_grad", s.prev_flat_grad());
+       w.tensors("old_dirs", s.old_dirs());
+       w.tensors("old_stps", s.old_stps());
+       w.tensors("ro", s.ro());
+       w.scalars["has_al"] = s.al().has_value();
+       if (s.al()) w.tensors("al", std::deque<torch::Tensor>(s.al()->begin(), s.al()->end()));
+     },
+     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+       auto s = std::make_unique<torch::optim::LBFGSParamState>();
+       s->func_evals(r.scalar<std::int64_t>("func_evals")).n_iter(r.scalar<std::int64_t>("n_iter"));
+       s->t(r.scalar<double>("t")).prev_loss(r.scalar<double>("prev_loss"));
+       s->d(r.tensor("d")).H_diag(r.tensor("H_diag")).prev_flat_grad(r.tensor("prev_flat_grad"));
+       s->old_dirs(r.tensors("old_dirs")).old_stps(r.tensors("old_stps")).ro(r.tensors("ro"));
+       if (r.scalar<bool>("has_al")) {
+         const auto al = r.tensors("al");
+         s->al(std::vector<torch::Tensor>(al.begin(), al.end()));
+       }
+       return s;
+     }},
+};
+
+const OptimizerCodec* codec_for(torch::optim::Optimizer& optimizer) {
+  for (const auto& codec : kCodecs) {
+    if (codec.matches(optimizer)) return &codec;
+  }
+  return nullptr;
+}
+
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& count(torch::optim::LRScheduler& scheduler) { return scheduler.*(&SchedulerAccess::step_count_); }
+};
+
+}  // namespace
+
+checkpoint::DType checkpoint_dtype(c10::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32: return DType::kFloat32;
+    case torch::kFloat64: return DType::kFloat64;
+    case torch::kFloat16: return DType::kFloat16;
+    case torch::kBFloat16: return DType::kBFloat16;
+    case torch::kInt64: return DType::kInt64;
+    case torch::kInt32: return DType::kInt32;
+    case torch::kInt16: return DType::kInt16;
+    case torch::kInt8: return DType::kInt8;
+    case torch::kUInt8: return DType::kUInt8;
+    case torch::kBool: return DType::kBool;
+    default:
+      throw NotSupported(std::string("checkpointing tensors of type ") + c10::toString(type));
+  }
+}
+
+c10::ScalarType torch_dtype(checkpoint::DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return torch::kFloat32;
+    case DType::kFloat64: return torch::kFloat64;
+    case DType::kFloat16: return torch::kFloat16;
+    case DType::kBFloat16: return torch::kBFloat16;
+    case DType::kInt64: return torch::kInt64;
+    case DType::kInt32: return torch::kInt32;
+    case DType::kInt16: return torch::kInt16;
+    case DType::kInt8: return torch::kInt8;
+    case DType::kUInt8: return torch::kUInt8;
+    case DType::kBool: return torch::kBool;
+  }
+  throw InternalError("torch_dtype: unknown dtype");
+}
+
+void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor) {
+  const torch::Tensor host = tensor.detach().to(torch::kCPU).contiguous();
+  auto buffer = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(host.nbytes()));
+  if (buffer->size() > 0) std::memcpy(buffer->data(), host.data_ptr(), buffer->size());
+  contents.add(name, checkpoint_dtype(host.scalar_type()), host.sizes().vec(), std::move(buffer));
+}
+
+void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std::string& name,
+                  const torch::Tensor& tensor) {
+  if (deferred != nullptr && tensor.device().is_cpu()) {
+    deferred->push_back({name, tensor.detach()});
+  } else {
+    add_tensor(contents, name, tensor);
+  }
+}
+
+torch::Tensor tensor_of(const checkpoint::Dataset& dataset) {
+  auto keep = dataset.data;
+  return torch::from_blob(const_cast<void*>(keep->data()), dataset.shape, [keep](void*) {},
+                          torch::TensorOptions().dtype(torch_dtype(dataset.dtype)));
+}
+
+void load_into(const checkpoint::Contents& contents, const std::string& name, torch::Tensor& target,
+               const std::string& file) {
+  const checkpoint::Dataset* d = contents.find(name);
+  if (d == nullptr) {
+    throw ConfigError(file + " has no " + name + ", which the model has: the model changed since the checkpoint "
+                      "(a different architecture or hyperparameters); start a new trial, or resume with the "
+                      "config that wrote it");
+  }
+  if (d->shape != target.sizes().vec() || torch_dtype(d->dtype) != target.scalar_type()) {
+    throw ConfigError(file + ": " + name + " is " + checkpoint::to_string(d->dtype) + " " +
+                      c10::str(c10::IntArrayRef(d->shape)) + " in the checkpoint but " +
+                      checkpoint::to_string(checkpoint_dtype(target.scalar_type())) + " " + c10::str(target.sizes()) +
+                      " in the model: the config changed the model since the checkpoint");
+  }
+  torch::NoGradGuard no_grad;
+  target.copy_(tensor_of(*d));
+}
+
+namespace {
+
+void write_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                     Deferred* deferred, bool view) {
+  const OptimizerCodec* codec = codec_for(optimizer);
+  if (codec == nullptr) {
+    // Another optimizer class: LibTorch's own serialization keeps it whole.
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    contents.add_text(prefix + "/torch_archive", bytes.str());
+    contents.add_text(prefix + "/type", "torch_archive");
+    return;
+  }
+  contents.add_text(prefix + "/type", codec->name);
+  json groups = json::array();
+  std::size_t index = 0;
+  for (auto& group : optimizer.param_groups()) {
+    json params = json::array();
+    for (auto& p : group.params()) {
+      const auto it = optimizer.state().find(optimizer_state_key(p));
+      if (it != optimizer.state().end()) {
+        Writer w{contents, prefix + "/state/" + std::to_string(index), deferred};
+        w.view = view;
+        codec->save_state(*it->second, w);
+        contents.add_text(w.prefix + "/scalars", w.scalars.dump());
+      }
+      params.push_back(index++);
+    }
+    groups.push_back({{"params", params}, {"options", codec->save_options(group.options())}});
+  }
+  contents.add_text(prefix + "/param_groups", groups.dump());
+}
+
+}  // namespace
+
+void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, torch::optim::Optimizer& optimizer,
+                    Deferred* deferred) {
+  write_optimizer(contents, prefix, optimizer, deferred, /*view=*/false);
+}
+
+Deferred view_optimizer(checkpoint::Contents& texts, const std::string& prefix, torch::optim::Optimizer& optimizer) {
+  Deferred tensors;
+  write_optimizer(texts, prefix, optimizer, &tensors, /*view=*/true);
+  return tensors;
+}
+
+void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
+                    torch::optim::Optimizer& optimizer, const std::string& file) {
+  const std::string type = contents.at(prefix + "/type", file).text();
+  const OptimizerCodec* codec = codec_for(optimizer);
+  const std::string mine = codec != nullptr ? codec->name : "torch_archive";
+  if (type != mine) {
+    throw ConfigError(file + ": " + prefix + " was a " + type + " optimizer and is now " + mine +
+                      ": the trial changed since the checkpoint");
+  }
+  if (codec == nullptr) {
+    const std::string bytes = contents.at(prefix + "/torch_archive", file).text();
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer.load(archive);
+    return;
+  }
+  json groups;
+  try {
+    groups = json::parse(contents.at(prefix + "/param_groups", file).text());
+  } catch (const json::exception& e) {
+    throw CheckpointError(file + ": " + prefix + "/param_groups is not valid JSON: " + e.what());
+  }
+  auto& mine_groups = optimizer.param_groups();
+  if (!groups.is_array() || groups.size() != mine_groups.size()) {
+    throw ConfigError(file + ": " + prefix + " has " + std::to_string(groups.size()) +
+                      " parameter groups in the checkpoint and " + std::to_string(mine_groups.size()) +
+                      " in the trial: the trial changed since the checkpoint");
+  }
+  std::size_t index = 0;
+  try {
+    for (std::size_t g = 0; g < mine_groups.size(); ++g) {
+      auto& group = mine_groups[g];
+      if (groups[g].at("params").size() != group.params().size()) {
+        throw ConfigError(file + ": " + prefix + " group " + std::to_string(g) + " has " +
+                          std::to_string(groups[g].at("params").size()) + " parameters in the checkpoint and " +
+                          std::to_string(group.params().size()) + " in the trial");
+      }
+      codec->load_options(groups[g].at("options"), group.options());
+      for (auto& p : group.params()) {
+        const std::string state_prefix = prefix + "/state/" + std::to_string(index++);
+        const checkpoint::Dataset* scalars = contents.find(state_prefix + "/scalars");
+        optimizer.state().erase(optimizer_state_key(p));
+        if (scalars == nullptr) continue;  // no state yet for this parameter
+        Reader r{contents, state_prefix, json::parse(scalars->text()), file, p.device()};
+        optimizer.state()[optimizer_state_key(p)] = codec->load_state(r);
+      }
+    }
+  } catch (const json::exception& e) {
+    throw CheckpointError(file + ": " + prefix + ": malformed optimizer state: " + e.what());
+  }
+}
+
+std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
+  checkpoint::Contents contents;
+  save_optimizer(contents, "o", optimizer);
+  std::int64_t elements = 0;
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("o/state/", 0) == 0 && d.dtype != DType::kUInt8) {
+      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
+    }
+  }
+  return elements;
+}
+
+unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler) { return SchedulerAccess::count(scheduler); }
+
+torch::Tensor cpu_rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+torch::Tensor device_rng_state(const torch::Device& device) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_device_rng_state(const torch::Device& device, const torch::Tensor& state) {
+  auto generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+}  // namespace hpctrial::trainer::detail
