@@ -12,7 +12,7 @@
 // checkpoints, (auto - none) / none, against the configured share. Goal: share <= overhead (the
 // first checkpoint, which measures the cost, is included; with a bound shorter than
 // cost/overhead the share is cost/bound instead).
-// --quick: 64 MiB, about 6 s a run, a 2 s bound: the test suite's smoke run.
+// --quick: 64 MiB, about 4 s a run, a 2 s bound, one round: the test suite's smoke run.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -36,7 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kRounds = 3;
+constexpr int kRounds = 3;  // --quick: 1
 
 struct Run {
   double seconds = 0;
@@ -87,12 +87,14 @@ int main(int argc, char** argv) {
   double seconds = 120;
   double overhead = 0.01;
   int max_interval = 1800;
+  int rounds = kRounds;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       mib = 64;
-      seconds = 6;
+      seconds = 4;
       max_interval = 2;
+      rounds = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -117,7 +119,7 @@ int main(int argc, char** argv) {
   const auto batches = std::max<std::int64_t>(20, static_cast<std::int64_t>(seconds / (probe.seconds / 20)));
   std::vector<double> none, with;
   Run last;
-  for (int round = 0; round < kRounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     none.push_back(train(dir, mib, batches, "none", overhead, max_interval).seconds);
     last = train(dir, mib, batches, "auto", overhead, max_interval);
     with.push_back(last.seconds);
@@ -129,7 +131,7 @@ int main(int argc, char** argv) {
               "checkpoints in the last auto run\n", last.cost_s, last.interval_s,
               last.cost_s / overhead > max_interval ? "the bound" : "cost / overhead, at least 60 s", last.checkpoints);
   std::printf("run without checkpoints: %.2f s, with auto: %.2f s (the fastest of %d each, interleaved)\n",
-              fastest(none), fastest(with), kRounds);
+              fastest(none), fastest(with), rounds);
   // With the bound shorter than cost / overhead, the share it promises is cost / bound instead.
   const double promised = std::max(overhead, last.cost_s / max_interval);
   std::printf("share of training time on checkpoints: %.4f; configured share %.4f; promised share %.4f; share / "

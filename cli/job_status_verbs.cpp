@@ -39,9 +39,10 @@ struct LatestCheckpoint {
   std::int64_t batches = 0;
 };
 std::optional<LatestCheckpoint> latest_checkpoint(const core::ExperimentLayout& layout, int trial) {
-  std::string dir = layout.trial_dir(trial) + "/checkpoints";
+  const core::TrialLayout trial_layout = layout.trial(trial);
+  std::string dir = trial_layout.default_checkpoint_dir();
   try {  // where the trainer put them: checkpoint_storage.host_path may say elsewhere
-    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), layout.trial_dir(trial), trial,
+    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), trial_layout, trial,
                                core::experiment_identity(layout));
   } catch (const Error&) {
     // no readable experiment.yaml: the default place
@@ -192,7 +193,7 @@ job: give --rank.
   std::vector<core::JobStatus> jobs = t.scheduler->trial_jobs(layout, trial, trials);
   std::string path;
   if (rank >= 0) {
-    path = layout.trial_dir(trial) + "/logs/rank-" + std::to_string(rank) + ".log";
+    path = layout.trial(trial).rank_log(rank);
   } else if (!jobs.empty()) {
     for (std::size_t i = 0; i + 1 < jobs.size(); ++i) {
       if (!fs::exists(jobs[i].output)) continue;

@@ -83,8 +83,9 @@ Target experiment_target(const std::string& what) {
     throw SchedulerError("cannot find the experiment directory of job " + t.job + " (its output file is not "
                          "in one); give the experiment directory instead");
   }
-  if (!fs::exists(core::ExperimentLayout{t.jobs.experiment_dir}.config())) {
-    throw ConfigError(t.jobs.experiment_dir + " holds no experiment.yaml: it is not an experiment directory");
+  const core::ExperimentLayout layout{t.jobs.experiment_dir};
+  if (!fs::exists(layout.config())) {
+    throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config());
   }
   return t;
 }

@@ -143,7 +143,7 @@ legend giving the hyperparameters that tell them apart). Works while the experim
   Chart chart;
   chart.title = config.name + "  (" + layout.dir + ")";
   std::vector<TrialMetrics> values;
-  for (int trial : trials) values.push_back(read_metrics(layout.trial_dir(trial) + "/metrics.jsonl"));
+  for (int trial : trials) values.push_back(read_metrics(layout.trial(trial).metrics_file()));
   chart.legend = legend(config, trials);
   for (const auto& key : choose_metrics(values, metrics)) {
     Panel panel;
@@ -159,7 +159,7 @@ legend giving the hyperparameters that tell them apart). Works while the experim
   if (chart.panels.empty()) {
     throw ConfigError("hpctrial plot: no trial of " + layout.dir + " has reported a metric yet");
   }
-  if (outputs.empty()) outputs.push_back(layout.dir + "/plot.png");
+  if (outputs.empty()) outputs.push_back(layout.plot());
   for (const auto& path : outputs) {
     draw_chart(chart, path);
     std::cout << path << "\n";

@@ -111,7 +111,7 @@ int run_submit(const std::vector<std::string>& args) {
   }
   render(launcher::resolve_experiment(config, experiment_dir));  // a value the script refuses: nothing written
   const auto prepared = launcher::prepare_experiment(config, experiment_dir);
-  const std::string script = experiment_dir + "/" + batch.script_name();
+  const std::string script = layout.job_file(batch.script_name());
   core::SubmitRequest request;
   request.script = script;
   request.env = core::exported_environment(prepared, env);

@@ -67,7 +67,9 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
-SchedulerParameters=sched_interval=5
+# The scheduler looks at the queue every second, backfill too, and starts a batch job at once
+# (defaults 60 s, 30 s and 3 s): a requeued job starts again as soon as cred_expire allows.
+SchedulerParameters=sched_interval=1,bf_interval=1,batch_sched_delay=0
 ReturnToService=2
 KillWait=10
 JobRequeue=1

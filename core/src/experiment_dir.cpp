@@ -16,13 +16,12 @@
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/paths.h"
 #include "hpctrial/core/text.h"
 
 namespace hpctrial::core {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-std::string default_experiment_dir(const std::string& name) { return (fs::path("runs") / name).string(); }
 
 std::string experiment_of_output(const std::string& output_file) {
   if (output_file.empty()) return "";
@@ -43,7 +42,7 @@ namespace {
 
 // Held while experiment.json is read, changed and written back; released when closed.
 UniqueFd lock_experiment(const ExperimentLayout& layout) {
-  const std::string path = layout.dir + "/.experiment.lock";
+  const std::string path = layout.lock_file();
   UniqueFd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (lock.get() < 0) throw_errno("cannot open " + path, errno);
   lock_file_exclusive(lock.get(), path);
@@ -106,14 +105,16 @@ ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, co
   return identity;
 }
 
-std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id,
+std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& trial, int trial_id,
                            const std::optional<ExperimentIdentity>& identity) {
-  if (config.checkpoint_storage.host_path.empty()) return (fs::path(trial_dir) / "checkpoints").string();
-  fs::path base(config.checkpoint_storage.host_path);
-  if (base.is_relative() && !config.source_path.empty()) base = fs::path(config.source_path).parent_path() / base;
+  const std::string& host_path = config.checkpoint_storage.host_path;
+  if (host_path.empty()) return trial.default_checkpoint_dir();
+  // Loading made it absolute; only a config made in code still holds a relative one.
+  fs::path base(host_path);
+  if (base.is_relative()) base = resolve_user_path(host_path, fs::current_path(), "checkpoint_storage.host_path");
   if (!identity) base /= config.name;
   else if (!identity->host_folder.empty()) base /= identity->host_folder;
-  return (base / ("trial-" + std::to_string(trial_id))).string();
+  return (base / TrialLayout::folder(trial_id)).string();
 }
 
 std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
@@ -154,7 +155,7 @@ void record_job(const ExperimentLayout& layout, const std::string& scheduler, co
 }
 
 void record_failed_hand_over(const std::string& trial_dir, const FailedHandOver& failed) {
-  const std::string path = launcher_state_file(trial_dir);
+  const std::string path = TrialLayout{trial_dir}.launcher_state_file();
   json state = read_json_file(path);
   state[kFailedHandOverKey] = {{"time", failed.time}, {"job", failed.job}, {"tries", failed.tries},
                                {"error", failed.error}, {"resume", failed.resume}};
@@ -178,17 +179,17 @@ std::optional<FailedHandOver> failed_hand_over_in(const json& state, const std::
 }  // namespace
 
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
-  const std::string trial_dir = layout.trial_dir(trial_id);
+  const TrialLayout trial = layout.trial(trial_id);
   TrialProgress p;
-  for (const auto& [rank, record] : read_heartbeats(heartbeat_dir(trial_dir))) {
+  for (const auto& [rank, record] : read_heartbeats(trial.heartbeat_dir())) {
     if (rank == 0) p.reported_step = record.step;
   }
-  const std::string state_path = launcher_state_file(trial_dir);
+  const std::string state_path = trial.launcher_state_file();
   const json state = read_json_file(state_path);
   p.starts = json_field(state, "starts", 0, state_path);
   p.failures = json_field(state, "failures", 0, state_path);
   p.failed_hand_over = failed_hand_over_in(state, state_path);
-  std::ifstream records(trial_dir + "/failures.jsonl");
+  std::ifstream records(trial.failures_file());
   for (std::string line; std::getline(records, line);) {
     try {
       p.last_failure = json::parse(line).value("reason", std::string());
@@ -196,7 +197,7 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
       // a record cut short by a crash: the one before stands
     }
   }
-  std::ifstream runs(runs_file(trial_dir));
+  std::ifstream runs(trial.runs_file());
   for (std::string line; std::getline(runs, line);) {
     try {
       const json j = json::parse(line);
@@ -214,7 +215,7 @@ std::optional<int> preferred_slots(const std::string& trial_dir, const Resources
   if (!resources.elastic()) return std::nullopt;
   json state;
   try {
-    state = read_json_file(elastic_file(trial_dir));
+    state = read_json_file(TrialLayout{trial_dir}.elastic_file());
   } catch (const IoError&) {
     return std::nullopt;  // cut short by a crash: the run asks for what the config says
   }
@@ -232,11 +233,11 @@ void request_stop(const ExperimentLayout& layout, int trial_id, const std::strin
 void request_stop(const std::string& trial_dir, const std::string& reason, const std::string& job) {
   json request{{"reason", reason}, {"time", utc_now_iso()}};
   if (!job.empty()) request["job"] = job;
-  write_file_atomic(stop_file(trial_dir), request.dump() + "\n");
+  write_file_atomic(TrialLayout{trial_dir}.stop_file(), request.dump() + "\n");
 }
 
 std::string stop_reason(const std::string& trial_dir) {
-  std::ifstream in(stop_file(trial_dir));
+  std::ifstream in(TrialLayout{trial_dir}.stop_file());
   if (!in) return "";
   try {
     const json j = json::parse(in);
@@ -248,7 +249,7 @@ std::string stop_reason(const std::string& trial_dir) {
 
 bool stop_requested_for(const std::string& trial_dir, const std::string& job) {
   if (job.empty()) return false;
-  std::ifstream in(stop_file(trial_dir));
+  std::ifstream in(TrialLayout{trial_dir}.stop_file());
   if (!in) return false;
   try {
     const json j = json::parse(in);

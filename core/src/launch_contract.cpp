@@ -94,18 +94,6 @@ RankContract read_contract(const EnvSource& env) {
   return c;
 }
 
-std::string stop_file(const std::string& trial_dir) { return trial_dir + "/stop-request"; }
-std::string heartbeat_dir(const std::string& trial_dir) { return trial_dir + "/launch/heartbeat"; }
-std::string heartbeat_file(const std::string& heartbeat_dir, int rank) {
-  return heartbeat_dir + "/rank-" + std::to_string(rank);
-}
-std::string abort_file(const std::string& trial_dir, int restart_count) {
-  return trial_dir + "/launch/abort-" + std::to_string(restart_count);
-}
-std::string verdict_file(const std::string& trial_dir, int restart_count) {
-  return trial_dir + "/launch/verdict-" + std::to_string(restart_count);
-}
-
 const char* phase_name(RankPhase phase) { return kPhaseNames[static_cast<int>(phase)]; }
 
 std::optional<RankPhase> parse_phase(std::string_view name) {
@@ -225,14 +213,11 @@ std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& 
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (const dirent* entry = ::readdir(d)) {
-    const std::string name = entry->d_name;
-    if (name.rfind("rank-", 0) != 0 || name.size() > 14 ||
-        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() == 5) {
-      continue;
-    }
-    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::optional<int> rank = TrialLayout::heartbeat_rank(entry->d_name);
+    if (!rank) continue;
+    std::ifstream in(TrialLayout::heartbeat_file(dir, *rank), std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), {});
-    if (auto record = heartbeat_decode(text)) out.emplace_back(std::stoi(name.substr(5)), std::move(*record));
+    if (auto record = heartbeat_decode(text)) out.emplace_back(*rank, std::move(*record));
   }
   ::closedir(d);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

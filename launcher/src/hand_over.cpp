@@ -41,8 +41,8 @@ std::optional<core::FailedHandOver> hand_over_trial(const core::Scheduler& sched
   if (!failure) return std::nullopt;
   const core::FailedHandOver failed{core::utc_now_iso(), stopped.allocation.job_id, *tries, failure->error,
                                     failure->resume};
-  std::string recorded = "recorded in " + core::launcher_state_file(trial_dir) + "; `hpctrial describe " +
-                         stopped.experiment_dir + "` shows it";
+  std::string recorded = "recorded in " + core::TrialLayout{trial_dir}.launcher_state_file() +
+                         "; `hpctrial describe " + stopped.experiment_dir + "` shows it";
   try {
     core::record_failed_hand_over(trial_dir, failed);
   } catch (const Error& e) {

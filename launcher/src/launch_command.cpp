@@ -101,7 +101,7 @@ int ranks_for(const core::Resources& resources, const core::Allocation& allocati
 // Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
 // this machine's cores.
 void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
-                   const LaunchOptions& options, const std::string& trial_dir, const core::EnvSource& env) {
+                   const LaunchOptions& options, const core::TrialLayout& trial, const core::EnvSource& env) {
   if (allocation.in_job()) {
     const int slots = allocation.total_slots();
     if (c.np > slots && !options.oversubscribe) {
@@ -110,7 +110,7 @@ void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const
                         std::to_string(allocation.hosts.size()) + " node(s); ask for fewer (--np) or submit "
                         "with resources.slots_per_trial " + std::to_string(c.np));
     }
-    c.hostfile_path = trial_dir + "/launch/hostfile";
+    c.hostfile_path = trial.hostfile();
     // An elastic job runs slots_per_node ranks on every node, however the scheduler spread its tasks.
     for (const auto& host : allocation.hosts) {
       const int slots = config.resources.elastic() ? config.resources.slots_per_node : host.slots;
@@ -146,19 +146,19 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
                                                                   const LaunchOptions& options, int restart_count,
                                                                   const core::EnvSource& env) {
   const ExperimentLayout layout{options.experiment_dir};
-  const std::string trial_dir = layout.trial_dir(options.trial_id);
+  const core::TrialLayout trial = layout.trial(options.trial_id);
   std::vector<std::pair<std::string, std::string>> vars = {
       {core::kEnvExperimentDir, layout.dir},
       {core::kEnvConfig, layout.config()},
       {core::kEnvTrialId, std::to_string(options.trial_id)},
-      {core::kEnvTrialDir, trial_dir},
+      {core::kEnvTrialDir, trial.dir},
       {core::kEnvRestartCount, std::to_string(restart_count)},
       {core::kEnvScheduler, allocation.scheduler},
       {core::kEnvJobId, allocation.job_id},
-      {core::kEnvStopFile, core::stop_file(trial_dir)},
-      {core::kEnvHeartbeatDir, core::heartbeat_dir(trial_dir)},
-      {core::kEnvAbortFile, core::abort_file(trial_dir, restart_count)},
-      {core::kEnvVerdictFile, core::verdict_file(trial_dir, restart_count)},
+      {core::kEnvStopFile, trial.stop_file()},
+      {core::kEnvHeartbeatDir, trial.heartbeat_dir()},
+      {core::kEnvAbortFile, trial.abort_file(restart_count)},
+      {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
   };
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
@@ -197,7 +197,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   std::string mpirun = options.mpirun;
   if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");
   c.argv = {mpirun, "-np", std::to_string(c.np)};
-  add_placement(c, config, allocation, options, layout.trial_dir(options.trial_id), env);
+  add_placement(c, config, allocation, options, layout.trial(options.trial_id), env);
   // Output tagged by rank, which the launcher turns into "[rank N] " and per-rank files.
   c.argv.push_back("--tag-output");
   // On SIGTERM, mpirun waits this long before it kills the ranks: time for their emergency

@@ -200,7 +200,7 @@ void prepare_attempt(const MpirunCommand& command, const std::string& trial_dir)
     core::create_directories(fs::path(command.hostfile_path).parent_path().string());
     core::write_file_atomic(command.hostfile_path, command.hostfile);
   }
-  const std::string beats = core::heartbeat_dir(trial_dir);
+  const std::string beats = core::TrialLayout{trial_dir}.heartbeat_dir();
   fs::remove_all(beats);
   core::create_directories(beats);
 }
@@ -208,11 +208,11 @@ void prepare_attempt(const MpirunCommand& command, const std::string& trial_dir)
 // A stop request, abort files and verdicts of an earlier run are spent; a stop request made for
 // this very job (`hpctrial pause` just as it started) is not.
 void clear_spent_requests(const std::string& trial_dir, const core::Allocation& allocation) {
-  if (!core::stop_requested_for(trial_dir, allocation.job_id)) ::unlink(core::stop_file(trial_dir).c_str());
+  const core::TrialLayout trial{trial_dir};
+  if (!core::stop_requested_for(trial_dir, allocation.job_id)) ::unlink(trial.stop_file().c_str());
   std::error_code ignored;
-  for (const auto& entry : fs::directory_iterator(trial_dir + "/launch", ignored)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("abort-", 0) == 0 || name.rfind("verdict-", 0) == 0) fs::remove(entry.path(), ignored);
+  for (const auto& entry : fs::directory_iterator(trial.launch_dir(), ignored)) {
+    if (core::TrialLayout::is_attempt_file(entry.path().filename().string())) fs::remove(entry.path(), ignored);
   }
 }
 
@@ -224,7 +224,7 @@ constexpr auto kTrialLockWait = std::chrono::minutes(10);
 // (core::lock_file_exclusive: flock, or an open file description lock where the filesystem has
 // no flock; released when the launcher ends however it ends) names its holder.
 core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core::Allocation& allocation) {
-  const std::string path = trial_dir + "/.launcher.lock";
+  const std::string path = core::TrialLayout{trial_dir}.launcher_lock();
   core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (fd.get() < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
   const auto holder = [&] {
@@ -268,7 +268,7 @@ std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a
   const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
   if (!trial_dir_gone) {
     state["failures"] = failures;
-    core::write_json_file(core::launcher_state_file(trial_dir), state);
+    core::write_json_file(core::TrialLayout{trial_dir}.launcher_state_file(), state);
   }
   const Failure failure = describe_failure(supervisor, a, code, options.trial_id, starts, failures);
   const std::string& what = failure.what;
@@ -278,7 +278,7 @@ std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a
                     "recorded and the trial is not restarted", options.trial_id, what, trial_dir);
     return failure.exit_code;
   }
-  const std::string record_path = trial_dir + "/failures.jsonl";
+  const std::string record_path = core::TrialLayout{trial_dir}.failures_file();
   append_failure(record_path, failure.record);
   if (a.stop_requested) {
     core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);
@@ -335,15 +335,15 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   const ExperimentLayout layout{options.experiment_dir};
   core::UniqueFd trial_lock = prepare_held_trial(options, env, run);
   if (!fs::exists(layout.config())) {
-    throw ConfigError(layout.dir + " holds no experiment.yaml; create the experiment with `hpctrial run EXP.yaml` "
-                      "or `hpctrial submit EXP.yaml`");
+    throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config() +
+                      "; create the experiment with `hpctrial run EXP.yaml` or `hpctrial submit EXP.yaml`");
   }
   // The trial's own values of the search's ranges (and a clear error for a trial that does not exist).
   const core::ExperimentConfig config =
       core::trial_config(core::load_experiment_config({layout.config(), "", {}}), options.trial_id);
   const core::Allocation allocation = job_allocation(config, options, env, run);
   const std::string trial_dir = layout.trial_dir(options.trial_id);
-  const std::string state_path = core::launcher_state_file(trial_dir);
+  const std::string state_path = core::TrialLayout{trial_dir}.launcher_state_file();
 
   if (options.dry_run) {
     print_launch_plan(config, options, env, run);
@@ -378,7 +378,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
     if (a.hang.empty() && code == kExitFinished) {
-      ::unlink(core::stop_file(trial_dir).c_str());
+      ::unlink(core::TrialLayout{trial_dir}.stop_file().c_str());
       core::log_info("trial {} finished", options.trial_id);
       return kExitFinished;
     }

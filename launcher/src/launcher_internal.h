@@ -10,16 +10,17 @@
 #include <vector>
 
 #include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/layout.h"
 
 namespace hpctrial::launcher::detail {
 
 // Splits mpirun's --tag-output stream ("[1,3]<stdout>:text") into lines per rank: each line
-// goes to the launcher's own stdout or stderr as "[rank 3] text" and to
-// <logs dir>/rank-3.log; untagged lines (mpirun's own) as they are, and to mpirun.log.
+// goes to the launcher's own stdout or stderr as "[rank 3] text" and to the trial's
+// logs/rank-3.log; untagged lines (mpirun's own) as they are, and to logs/mpirun.log.
 // Keeps the last lines of each rank for failure records.
 class RankOutput {
  public:
-  RankOutput(std::string logs_dir, int out_fd, int err_fd);
+  RankOutput(core::TrialLayout trial, int out_fd, int err_fd);
   ~RankOutput();
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;
@@ -40,7 +41,7 @@ class RankOutput {
   void line(const std::string& text, bool from_stderr);
   int log_fd(int rank);
 
-  std::string logs_dir_;
+  core::TrialLayout trial_;
   int out_fd_, err_fd_;
   std::string pending_[2];
   std::map<int, int> fds_;

@@ -32,9 +32,9 @@ void write_all(int fd, const std::string& text) {
 
 }  // namespace
 
-RankOutput::RankOutput(std::string logs_dir, int out_fd, int err_fd)
-    : logs_dir_(std::move(logs_dir)), out_fd_(out_fd), err_fd_(err_fd) {
-  core::create_directories(logs_dir_);
+RankOutput::RankOutput(core::TrialLayout trial, int out_fd, int err_fd)
+    : trial_(std::move(trial)), out_fd_(out_fd), err_fd_(err_fd) {
+  core::create_directories(trial_.logs_dir());
 }
 
 RankOutput::~RankOutput() {
@@ -45,7 +45,7 @@ RankOutput::~RankOutput() {
 int RankOutput::log_fd(int rank) {
   const auto it = fds_.find(rank);
   if (it != fds_.end()) return it->second;
-  const std::string path = logs_dir_ + (rank < 0 ? "/mpirun.log" : "/rank-" + std::to_string(rank) + ".log");
+  const std::string path = rank < 0 ? trial_.mpirun_log() : trial_.rank_log(rank);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   fds_[rank] = fd;  // -1 when it cannot be opened: the terminal still gets the line
   return fd;

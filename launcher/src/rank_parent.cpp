@@ -20,6 +20,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/launcher/launcher.h"
 
@@ -80,7 +81,9 @@ int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource&
     const auto dir = env.get(core::kEnvHeartbeatDir);
     const auto abort_file = env.get(core::kEnvAbortFile);
     const bool ended_by_launcher = abort_file && !abort_file->empty() && ::access(abort_file->c_str(), F_OK) == 0;
-    if (rank && dir && !dir->empty() && !ended_by_launcher) record_end(core::heartbeat_file(*dir, *rank), status);
+    if (rank && dir && !dir->empty() && !ended_by_launcher) {
+      record_end(core::TrialLayout::heartbeat_file(*dir, *rank), status);
+    }
   };
   core::SpawnOptions options;
   options.capture_output = false;     // the rank's output is mpirun's, as if it ran alone

@@ -31,7 +31,7 @@ std::string describe_seconds(std::int64_t seconds) {
 Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
   Attempt a;
   attempt_ = &a;
-  detail::RankOutput output(trial_dir_ + "/logs", STDOUT_FILENO, STDERR_FILENO);
+  detail::RankOutput output(trial_, STDOUT_FILENO, STDERR_FILENO);
   output_ = &output;
   const core::Child child = spawn_mpirun(command);
   begin(command, child.pid);
@@ -218,7 +218,7 @@ void Supervisor::finish() {
     abort_attempt();
     output_->show_held();
     // Read now, with every rank ended: a record read during the attempt may predate its end.
-    const auto records = core::read_heartbeats(core::heartbeat_dir(trial_dir_));
+    const auto records = core::read_heartbeats(trial_.heartbeat_dir());
     for (const auto& [rank, record] : records) beats_[rank] = record;
     std::ifstream verdict_in(verdict_file_);
     const std::string verdict_text((std::istreambuf_iterator<char>(verdict_in)), {});
@@ -242,7 +242,7 @@ std::map<int, long long> Supervisor::steps() const {
 void Supervisor::request_stop(std::string reason) {
   if (attempt_->stop_requested) return;
   // `hpctrial pause` writes its request before it signals: its reason stands.
-  const std::string recorded = core::stop_reason(trial_dir_);
+  const std::string recorded = core::stop_reason(trial_.dir);
   if (!recorded.empty()) reason = recorded;
   attempt_->stop_requested = true;
   attempt_->stop_reason = reason;
@@ -252,7 +252,7 @@ void Supervisor::request_stop(std::string reason) {
     return;
   }
   try {
-    core::request_stop(trial_dir_, reason);
+    core::request_stop(trial_.dir, reason);
   } catch (const Error& e) {
     core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
   }
@@ -457,7 +457,7 @@ void Supervisor::check_progress(Clock::time_point now, int np, pid_t child) {
     }
   }
   bool progressed = false;
-  for (auto& [rank, record] : core::read_heartbeats(core::heartbeat_dir(trial_dir_))) {
+  for (auto& [rank, record] : core::read_heartbeats(trial_.heartbeat_dir())) {
     const auto it = beats_.find(rank);
     if (it == beats_.end() || it->second.step != record.step || record.end) progressed = true;
     beats_[rank] = std::move(record);

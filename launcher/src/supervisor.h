@@ -38,7 +38,7 @@ struct Attempt {
 class Supervisor {
  public:
   Supervisor(const core::ExperimentConfig& config, const core::Allocation& allocation, std::string trial_dir)
-      : config_(config), allocation_(allocation), trial_dir_(std::move(trial_dir)) {}
+      : config_(config), allocation_(allocation), trial_{std::move(trial_dir)} {}
 
   Attempt run(const MpirunCommand& command, SignalFd& signals);
 
@@ -86,7 +86,7 @@ class Supervisor {
   void finish();
 
   std::optional<core::HeartbeatRecord> fresh_record(int rank) const {
-    std::ifstream in(core::heartbeat_file(core::heartbeat_dir(trial_dir_), rank), std::ios::binary);
+    std::ifstream in(trial_.heartbeat_file(rank), std::ios::binary);
     return core::heartbeat_decode(std::string((std::istreambuf_iterator<char>(in)), {}));
   }
 
@@ -102,7 +102,7 @@ class Supervisor {
 
   const core::ExperimentConfig& config_;
   const core::Allocation& allocation_;
-  std::string trial_dir_;
+  core::TrialLayout trial_;
   Attempt* attempt_ = nullptr;
   detail::RankOutput* output_ = nullptr;
   pid_t child_ = -1;

@@ -37,6 +37,9 @@ int array_index(const std::string& id, int fallback) {
 
 namespace {
 
+// The script that resumes a stopped trial in a job of its own, kept in the trial's directory.
+constexpr const char* kResumeScript = "resume.pbs";
+
 // True when PBS's `job` is one of the experiment's: its output file lies in the experiment
 // directory. A recorded id names another job once the server was re-created and its ids began
 // again; that job is never shown, paused or deleted as the experiment's.
@@ -59,7 +62,7 @@ bool subjob_of(const std::string& id, const std::string& array) {
 }
 
 std::string output_file(const std::string& experiment_dir, const std::string& job) {
-  return experiment_dir + "/pbs-" + job + ".out";
+  return core::ExperimentLayout{experiment_dir}.job_file("pbs-" + job + ".out");
 }
 
 // The trial a job of the experiment runs: its array index, or the trial it was recorded for.
@@ -308,7 +311,7 @@ std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& 
   const std::string& job = stopped.allocation.job_id;
   // A job of this trial alone (a search's array job is not submitted again); the values from
   // the submitter's environment are in this job's own, passed on by name.
-  const std::string script = layout.trial_dir(stopped.trial) + "/resume.pbs";
+  const std::string script = layout.trial_dir(stopped.trial) + "/" + kResumeScript;
   core::SubmitRequest request;
   try {
     // PBS has no node ranges: an elastic trial's next job asks for the size its adaptive batch

@@ -18,6 +18,7 @@
 #include "hpctrial/checkpoint/h5_handle.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/layout.h"
 
 namespace hpctrial::rank {
 
@@ -106,7 +107,8 @@ std::string hostname() {
 
 }  // namespace
 
-RankRecord::RankRecord(const std::string& dir, int rank) : path_(core::heartbeat_file(dir, rank)) {
+RankRecord::RankRecord(const std::string& dir, int rank)
+    : path_(core::TrialLayout::heartbeat_file(dir, rank)) {
   if (g_record.load() != nullptr) throw InternalError("a RankRecord exists already in this process");
   core::UniqueFd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (fd.get() < 0) core::throw_errno("cannot create the heartbeat file " + path_, errno);

@@ -75,7 +75,7 @@ SchedulerError not_of_experiment(const JobInfo& task, const std::string& experim
 // --output/--error name (batch_script.cpp).
 std::string output_file(const core::ExperimentLayout& layout, const std::string& job, int trial, int trials) {
   const std::string base = job.substr(0, job.find('_'));
-  return layout.dir + "/slurm-" + (trials > 1 ? base + "_" + std::to_string(trial) : base) + ".err";
+  return layout.job_file("slurm-" + (trials > 1 ? base + "_" + std::to_string(trial) : base) + ".err");
 }
 
 }  // namespace

@@ -88,15 +88,24 @@ build_and_run_example() {
   [[ -f $project/runs/my-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
     { cat "$tmp/run.log"; fail "the stand-alone example left no final checkpoint"; }
   grep -q "starting 2 rank(s)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example did not run 2 ranks"; }
-  # What `hpctrial new-trial` writes builds and trains the same way.
+  # What `hpctrial new-trial` writes builds and trains the same way. From a moved prefix it must
+  # write the same project (built and trained above from the first prefix, as the stand-alone
+  # example is again here), so it is compared instead of built again.
   rm -rf "$tmp/demo"
-  if ! clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo' && cd '$tmp/demo' &&
-                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/new.log" 2>&1; then
-    cat "$tmp/new.log"
-    fail "the project of hpctrial new-trial did not build and run"
+  if [[ ! -d $tmp/demo-written ]]; then
+    if ! clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo' && cp -r '$tmp/demo' '$tmp/demo-written' &&
+                        cd '$tmp/demo' && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/new.log" 2>&1; then
+      cat "$tmp/new.log"
+      fail "the project of hpctrial new-trial did not build and run"
+    fi
+    [[ -f $tmp/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
+      { cat "$tmp/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
+  else
+    clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo'" >"$tmp/new.log" 2>&1 ||
+      { cat "$tmp/new.log"; fail "hpctrial new-trial failed from $prefix"; }
+    diff -r "$tmp/demo-written" "$tmp/demo" >"$tmp/new.diff" ||
+      { cat "$tmp/new.diff"; fail "hpctrial new-trial from $prefix wrote another project than from the first prefix"; }
   fi
-  [[ -f $tmp/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
-    { cat "$tmp/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
   # The centre's defaults in PREFIX/etc/hpctrial/site.yaml reach every config the command reads.
   mkdir -p "$prefix/etc/hpctrial"
   printf 'scheduler: {type: slurm, partition: centre-gpu, account: centre-acct}\n' >"$prefix/etc/hpctrial/site.yaml"

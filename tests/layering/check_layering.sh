@@ -10,6 +10,8 @@
 #   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
 #   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
 #   - one process spawner (core/src/subprocess.cpp) and one atomic publisher (core/src/files.cpp);
+#   - the experiment and trial directories' file and folder names spelled in one file
+#     (core/src/layout.cpp: core::ExperimentLayout, core::TrialLayout);
 #   - MPI communicators are owned by comm::MpiComm, CUDA streams and events by comm's handles;
 #   - no product source file over 500 lines, no launcher function over 80.
 # usage: check_layering.sh SOURCE_DIR BUILD_DIR
@@ -80,6 +82,20 @@ if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spa
 fi
 if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/files.cpp|include/hpctrial/core/files.h)'; then
   fail "a file is renamed into place outside core::publish_file (core/src/files.cpp)"
+fi
+# The experiment and trial directory layout: every name spelled once, in core/src/layout.cpp
+# (core::ExperimentLayout, core::TrialLayout). A literal that is the name, or path parts ending in
+# '/' and then the name; "logs" and "launch" only after '/' or '+' (they are verbs too).
+path_start='"(/|[A-Za-z0-9_.{}-]*/)?'
+names='(experiment\.(yaml|json)|\.experiment\.lock|plot\.png|metrics\.jsonl|failures\.jsonl|runs\.jsonl|elastic\.json|launcher-state\.json|effective-config\.yaml|core-state\.json|stop-request|\.launcher\.lock|mpirun\.log|hostfile)"'
+if sources | xargs grep -nE \
+     -e "${path_start}${names}" \
+     -e '"(checkpoints|tensorboard|traces|heartbeat)/?"' \
+     -e '(/|\+) *"(logs|launch)"' \
+     -e '"/(checkpoints|tensorboard|traces|logs|launch|heartbeat)(/|")' \
+     -e "${path_start}(trial-[^a-z]|rank-|abort-|verdict-)" |
+   grep -vE '^[^:]+:[0-9]+: *//' | grep -v '/core/src/layout\.cpp:'; then
+  fail "a file or folder name of the experiment layout is spelled outside core/src/layout.cpp (use core::ExperimentLayout / core::TrialLayout)"
 fi
 # Handles own what must be freed once: MPI communicators, CUDA streams and events.
 if sources | xargs grep -En 'MPI_Comm_(dup|free)\(' | grep -v 'comm/src/mpi_comm.cpp'; then

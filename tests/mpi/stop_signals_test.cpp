@@ -31,20 +31,20 @@ TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
       std::printf("[rank %d] NCCL not started here: %s\n", env().rank(), e.what());
     }
   }
-  trainer::detail::install_stop_handlers();
-  EXPECT_EQ(trainer::detail::replaced_stop_handlers(), "");
+  rank::install_stop_handlers();
+  EXPECT_EQ(rank::replaced_stop_handlers(), "");
   ::raise(SIGUSR2);
-  EXPECT_TRUE(trainer::detail::stop_signal_received().load());
+  EXPECT_TRUE(rank::stop_signal_received().load());
   communicator.barrier();
   watchdog.finish();
 }
 
 TEST(StopSignals, AReplacedHandlerIsNoticed) {
-  trainer::detail::install_stop_handlers();
+  rank::install_stop_handlers();
   ::signal(SIGUSR1, SIG_IGN);
-  EXPECT_EQ(trainer::detail::replaced_stop_handlers(), "SIGUSR1");
-  trainer::detail::install_stop_handlers();
-  EXPECT_EQ(trainer::detail::replaced_stop_handlers(), "");
+  EXPECT_EQ(rank::replaced_stop_handlers(), "SIGUSR1");
+  rank::install_stop_handlers();
+  EXPECT_EQ(rank::replaced_stop_handlers(), "");
 }
 
 }  // namespace

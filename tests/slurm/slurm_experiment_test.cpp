@@ -186,8 +186,10 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
 // early) or the launcher's own deadline: every run ends with a checkpoint and a requeue of the
 // same job, the next run resumes exactly there, and the end is the uninterrupted run's.
 TEST_F(SlurmExperiment, TheTimeLimitRequeuesAndEachRunResumesWhereTheLastStopped) {
-  constexpr int kBatches = 18000;  // ~45 s of 2.5 ms steps: at least two runs of a 1-minute job
-  const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 30s", 
+  // ~15 s of 2.5 ms steps; the launcher's deadline ends each run of the 1-minute job 10 s after it
+  // starts (sooner where Slurm's warning comes first): at least two runs.
+  constexpr int kBatches = 6000;
+  const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 50s",
                                  "fail_rank: -1, fail_batch: 0, fail_mode: none",
                                  "min_checkpoint_period: {batches: 1000}\n");
   const std::string straight = straight_run(exp, kBatches);

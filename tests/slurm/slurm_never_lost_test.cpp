@@ -113,7 +113,7 @@ TEST_F(SlurmNeverLost, VerbsRefuseARecordedJobIdThatSlurmGaveToAnotherJob) {
   const std::string held = other_job({"--hold"});
   ASSERT_TRUE(testing_support::wait_for_state(running, "RUNNING", 60s)) << job_field(running, "JobState");
   ASSERT_EQ(job_field(held, "JobState"), "PENDING");
-  const std::string stop = core::stop_file(experiment() + "/trial-0");
+  const std::string stop = core::ExperimentLayout{experiment()}.trial(0).stop_file();
   fs::remove(stop);  // what the killed job's launcher may have left
   for (const std::string& other : {running, held}) {
     core::record_job({experiment()}, "slurm", other);  // as `hpctrial submit` records its job

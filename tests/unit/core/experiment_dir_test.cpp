@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/error.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/metric_order.h"
 
@@ -34,10 +36,10 @@ TEST(ExperimentIdentity, IsMadeOnceAndNamesTheExperimentsOwnFolder) {
 
   ExperimentConfig config;
   config.name = "mlp";
-  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, made), a.trial_dir(3) + "/checkpoints");
+  EXPECT_EQ(checkpoint_dir(config, a.trial(3), 3, made), a.trial_dir(3) + "/checkpoints");
   config.checkpoint_storage.host_path = "/scratch/ckpt";
-  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, made), "/scratch/ckpt/mlp-" + made.id + "/trial-3");
-  EXPECT_EQ(checkpoint_dir(config, a.trial_dir(3), 3, std::nullopt), "/scratch/ckpt/mlp/trial-3");
+  EXPECT_EQ(checkpoint_dir(config, a.trial(3), 3, made), "/scratch/ckpt/mlp-" + made.id + "/trial-3");
+  EXPECT_EQ(checkpoint_dir(config, a.trial(3), 3, std::nullopt), "/scratch/ckpt/mlp/trial-3");
 
   const ExperimentLayout older{(dir.path() / "older").string()};
   dir.write("older/experiment.yaml", "name: mlp\nentrypoint: ./t\n"
@@ -45,7 +47,48 @@ TEST(ExperimentIdentity, IsMadeOnceAndNamesTheExperimentsOwnFolder) {
                                      "checkpoint_storage: {host_path: /scratch/ckpt}\n");
   const ExperimentIdentity kept = ensure_experiment_identity(older, "mlp");
   EXPECT_EQ(kept.host_folder, "");
-  EXPECT_EQ(checkpoint_dir(config, older.trial_dir(0), 0, kept), "/scratch/ckpt/trial-0");
+  EXPECT_EQ(checkpoint_dir(config, older.trial(0), 0, kept), "/scratch/ckpt/trial-0");
+}
+
+// The names of the experiment and trial directories, as docs/ and existing experiments know them.
+TEST(Layout, NamesTheFilesOfAnExperimentAndItsTrials) {
+  const ExperimentLayout e{"/e"};
+  EXPECT_EQ(e.config(), "/e/experiment.yaml");
+  EXPECT_EQ(e.state(), "/e/experiment.json");
+  EXPECT_EQ(e.lock_file(), "/e/.experiment.lock");
+  EXPECT_EQ(e.plot(), "/e/plot.png");
+  EXPECT_EQ(e.job_file("job.sbatch"), "/e/job.sbatch");
+  EXPECT_EQ(e.trial_dir(2), "/e/trial-2");
+  const TrialLayout t = e.trial(2);
+  EXPECT_EQ(t.dir, "/e/trial-2");
+  EXPECT_EQ(t.metrics_file(), "/e/trial-2/metrics.jsonl");
+  EXPECT_EQ(t.tensorboard_dir(), "/e/trial-2/tensorboard");
+  EXPECT_EQ(t.profiler_trace(1, 10, 19), "/e/trial-2/tensorboard/traces/rank-1.batches-10-19.json");
+  EXPECT_EQ(t.effective_config(), "/e/trial-2/effective-config.yaml");
+  EXPECT_EQ(t.core_state_file(), "/e/trial-2/core-state.json");
+  EXPECT_EQ(t.runs_file(), "/e/trial-2/runs.jsonl");
+  EXPECT_EQ(t.elastic_file(), "/e/trial-2/elastic.json");
+  EXPECT_EQ(t.default_checkpoint_dir(), "/e/trial-2/checkpoints");
+  EXPECT_EQ(t.launcher_state_file(), "/e/trial-2/launcher-state.json");
+  EXPECT_EQ(t.launcher_lock(), "/e/trial-2/.launcher.lock");
+  EXPECT_EQ(t.failures_file(), "/e/trial-2/failures.jsonl");
+  EXPECT_EQ(t.rank_log(3), "/e/trial-2/logs/rank-3.log");
+  EXPECT_EQ(t.mpirun_log(), "/e/trial-2/logs/mpirun.log");
+  EXPECT_EQ(t.hostfile(), "/e/trial-2/launch/hostfile");
+  EXPECT_EQ(default_experiment_dir("mlp"), "runs/mlp");
+}
+
+// Loading a config makes host_path absolute; a relative one left in a config made in code is
+// checked and taken from the working directory, never from the directory of config.source_path.
+TEST(CheckpointDir, ARelativeHostPathOfAConfigMadeInCodeIsTheWorkingDirectorys) {
+  ExperimentConfig config;
+  config.name = "mlp";
+  config.source_path = "/elsewhere/experiment.yaml";
+  config.checkpoint_storage.host_path = "ckpt/../store";
+  EXPECT_EQ(checkpoint_dir(config, TrialLayout{"/e/trial-1"}, 1, std::nullopt),
+            (std::filesystem::current_path() / "store" / "mlp" / "trial-1").lexically_normal().string());
+  config.checkpoint_storage.host_path = "~/ckpt";
+  EXPECT_THROW(checkpoint_dir(config, TrialLayout{"/e/trial-1"}, 1, std::nullopt), ConfigError);
 }
 
 TEST(JsonFile, EveryValueOfADoubleRoundTrips) {

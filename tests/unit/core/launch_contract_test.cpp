@@ -172,10 +172,27 @@ TEST(Verdict, RoundTrips) {
 }
 
 TEST(Paths, InTheTrialDirectory) {
-  EXPECT_EQ(stop_file("/e/trial-0"), "/e/trial-0/stop-request");
-  EXPECT_EQ(heartbeat_file(heartbeat_dir("/e/trial-0"), 3), "/e/trial-0/launch/heartbeat/rank-3");
-  EXPECT_EQ(abort_file("/e/trial-0", 2), "/e/trial-0/launch/abort-2");
-  EXPECT_EQ(verdict_file("/e/trial-0", 2), "/e/trial-0/launch/verdict-2");
+  const TrialLayout trial = ExperimentLayout{"/e"}.trial(0);
+  EXPECT_EQ(trial.dir, "/e/trial-0");
+  EXPECT_EQ(trial.stop_file(), "/e/trial-0/stop-request");
+  EXPECT_EQ(trial.heartbeat_file(3), "/e/trial-0/launch/heartbeat/rank-3");
+  EXPECT_EQ(TrialLayout::heartbeat_file(trial.heartbeat_dir(), 3), trial.heartbeat_file(3));
+  EXPECT_EQ(trial.abort_file(2), "/e/trial-0/launch/abort-2");
+  EXPECT_EQ(trial.verdict_file(2), "/e/trial-0/launch/verdict-2");
+  EXPECT_TRUE(TrialLayout::is_attempt_file("abort-2"));
+  EXPECT_TRUE(TrialLayout::is_attempt_file("verdict-0"));
+  EXPECT_FALSE(TrialLayout::is_attempt_file("heartbeat"));
+  // Joined without a doubled '/', and relative to the working directory with no directory.
+  EXPECT_EQ(TrialLayout{"runs/mlp/"}.metrics_file(), "runs/mlp/metrics.jsonl");
+  EXPECT_EQ(TrialLayout{""}.metrics_file(), "metrics.jsonl");
+}
+
+TEST(Paths, AHeartbeatFileNamesItsRank) {
+  EXPECT_EQ(TrialLayout::heartbeat_rank("rank-12"), 12);
+  EXPECT_EQ(TrialLayout::heartbeat_rank("rank-0"), 0);
+  for (const char* name : {"rank-", "rank-1x", "rank--1", "rank-1234567890", "notes.txt", "Rank-1"}) {
+    EXPECT_FALSE(TrialLayout::heartbeat_rank(name).has_value()) << name;
+  }
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ class HandOverTrial : public testing::Test {
 
 TEST_F(HandOverTrial, AFailingRequeueIsTriedThreeTimesThenRecordedWithTheCommandToResume) {
   std::filesystem::create_directories(trial_dir());
-  core::write_json_file(core::launcher_state_file(trial_dir()), {{"starts", 2}, {"failures", 1}});
+  core::write_json_file(core::TrialLayout{trial_dir()}.launcher_state_file(), {{"starts", 2}, {"failures", 1}});
   FlakyRunner flaky{100};
   core::HandOver h = stopped("slurm", "12", false);
   h.run = flaky.runner();
@@ -112,7 +112,7 @@ TEST_F(HandOverTrial, AFailingRequeueIsTriedThreeTimesThenRecordedWithTheCommand
   EXPECT_THAT(failed->error, HasSubstr("cannot requeue slurm job 12: 'scontrol requeue 12' exited with code 1: "
                                        "slurm_requeue error: Unable to contact slurm controller"));
   // In the launcher state, beside what was there, as describe reads it.
-  const auto state = core::read_json_file(core::launcher_state_file(trial_dir()));
+  const auto state = core::read_json_file(core::TrialLayout{trial_dir()}.launcher_state_file());
   EXPECT_EQ(state["starts"], 2);
   EXPECT_EQ(state["failures"], 1);
   EXPECT_EQ(state[core::kFailedHandOverKey]["resume"], "scontrol requeue 12");
@@ -138,7 +138,7 @@ TEST_F(HandOverTrial, ARequeueThatSucceedsOnItsSecondTryRecordsNothing) {
 
 TEST_F(HandOverTrial, ARecordOfTheWrongShapeIsAnErrorNamingTheFile) {
   std::filesystem::create_directories(trial_dir());
-  std::ofstream(core::launcher_state_file(trial_dir())) << R"({"starts": 1, "failed_hand_over": "yes"})";
+  std::ofstream(core::TrialLayout{trial_dir()}.launcher_state_file()) << R"({"starts": 1, "failed_hand_over": "yes"})";
   try {
     core::trial_progress({dir_.path().string()}, 0);
     FAIL() << "a string read as a hand-over record";

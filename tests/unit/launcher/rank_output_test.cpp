@@ -43,6 +43,7 @@ class RankOutputTest : public testing::Test {
   void feed(RankOutput& output, const std::string& text, bool from_stderr = false) {
     output.feed(text.data(), text.size(), from_stderr);
   }
+  core::TrialLayout trial() const { return core::TrialLayout{dir_.path().string()}; }
   std::string logs() const { return (dir_.path() / "logs").string(); }
 
   TempDir dir_;
@@ -52,7 +53,7 @@ class RankOutputTest : public testing::Test {
 
 TEST_F(RankOutputTest, TaggedLinesAreShownWithTheirRankAndFiledPerRank) {
   {
-    RankOutput output(logs(), out_, err_);
+    RankOutput output(trial(), out_, err_);
     feed(output, "[1,0]<stdout>:loss 0.5\n[1,1]<stdout>:loss 0.6\n");
     feed(output, "[1,1]<stderr>:warning: slow\n");
     // A line cut across two reads, and one whose text already names its rank.
@@ -76,7 +77,7 @@ TEST_F(RankOutputTest, MpirunsBoxesAreHeldUntilAFailureShowsThem) {
       "--------------------------------------------------------------------------\n"
       "mpirun detected that one or more processes exited with non-zero status\n"
       "--------------------------------------------------------------------------\n";
-  RankOutput output(logs(), out_, err_);
+  RankOutput output(trial(), out_, err_);
   feed(output, "plain words from mpirun\n", true);
   feed(output, box, true);
   feed(output, "[1,0]<stdout>:after the box\n");
@@ -89,7 +90,7 @@ TEST_F(RankOutputTest, MpirunsBoxesAreHeldUntilAFailureShowsThem) {
 }
 
 TEST_F(RankOutputTest, APartialLastLineIsWrittenOnFlushAndTheTailIsBounded) {
-  RankOutput output(logs(), out_, err_);
+  RankOutput output(trial(), out_, err_);
   for (int i = 0; i < 100; ++i) feed(output, "[1,2]<stdout>:line " + std::to_string(i) + "\n");
   feed(output, "[1,2]<stdout>:no newline");
   output.flush();
@@ -101,7 +102,7 @@ TEST_F(RankOutputTest, APartialLastLineIsWrittenOnFlushAndTheTailIsBounded) {
 }
 
 TEST_F(RankOutputTest, AVeryLongLineIsCutNotKeptWhole) {
-  RankOutput output(logs(), out_, err_);
+  RankOutput output(trial(), out_, err_);
   feed(output, std::string(200 * 1024, 'x'));
   EXPECT_EQ(read(logs() + "/mpirun.log").size(), 3u * (64 * 1024 + 1)) << "three full pieces so far";
 }

@@ -84,13 +84,11 @@ CoreContext::CoreContext(int& argc, char**& argv) {
       (config_ ? *config_ : defaults).optimizations.collective_timeout_seconds));
   if (distributed_.is_chief()) {
     core::create_directories(trial_dir_);
-    log_ = std::make_unique<detail::MetricsLog>((std::filesystem::path(trial_dir_) / "metrics.jsonl").string());
-    events_ = std::make_unique<tensorboard::EventWriter>((std::filesystem::path(trial_dir_) / "tensorboard").string());
+    const core::TrialLayout trial{trial_dir_};
+    log_ = std::make_unique<detail::MetricsLog>(trial.metrics_file());
+    events_ = std::make_unique<tensorboard::EventWriter>(trial.tensorboard_dir());
     log_->set_events(events_.get());
-    if (config_) {
-      core::write_file_atomic((std::filesystem::path(trial_dir_) / "effective-config.yaml").string(),
-                              core::to_yaml(*config_));
-    }
+    if (config_) core::write_file_atomic(trial.effective_config(), core::to_yaml(*config_));
     if (!contract.stop_file.empty()) stop_file_ = std::make_unique<rank::StopFile>(contract.stop_file);
   }
   rank::install_stop_handlers();
@@ -98,18 +96,10 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   load_state();
 }
 
-namespace {
-
-std::string state_path(const std::string& trial_dir) {
-  return (std::filesystem::path(trial_dir) / "core-state.json").string();
-}
-
-}  // namespace
-
 // The chief reads the saved state and every rank parses the same bytes: all start alike, or
 // all fail alike.
 void CoreContext::load_state() {
-  const std::string path = state_path(trial_dir_);
+  const std::string path = core::TrialLayout{trial_dir_}.core_state_file();
   std::string text;
   if (distributed_.is_chief() && std::filesystem::exists(path)) {
     std::ifstream in(path, std::ios::binary);
@@ -138,7 +128,7 @@ void CoreContext::save_state(const nlohmann::json& program_state) {
                                   {"accumulators", accumulators_->state_dict()},
                                   {"program_state", program_state}};
     try {
-      core::write_file_atomic(state_path(trial_dir_), state.dump(1) + "\n");
+      core::write_file_atomic(core::TrialLayout{trial_dir_}.core_state_file(), state.dump(1) + "\n");
     } catch (const Error& e) {
       error = e.what();
     }

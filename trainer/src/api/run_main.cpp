@@ -187,8 +187,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     if (!rank->alone()) options.on_failure = [&](int code, const std::string& message) { rank->fail(code, message); };
     if (chief) {
       core::create_directories(options.trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
-      core::write_file_atomic((std::filesystem::path(options.trial_dir) / "effective-config.yaml").string(),
-                              core::to_yaml(config));
+      core::write_file_atomic(core::TrialLayout{options.trial_dir}.effective_config(), core::to_yaml(config));
     }
 
     const TrialFactory factory = resolve(config);

@@ -116,9 +116,10 @@ void Loop::record_run() const {
     line["local_batch"] = context_->per_slot_batch_size();
     line["accumulation"] = config_.optimizations.aggregation_frequency;
   }
-  std::ofstream out(core::runs_file(options_.trial_dir), std::ios::app);
+  const std::string runs = core::TrialLayout{options_.trial_dir}.runs_file();
+  std::ofstream out(runs, std::ios::app);
   out << line.dump() << "\n";
-  if (!out) core::log_warning("cannot record this run in {}", core::runs_file(options_.trial_dir));
+  if (!out) core::log_warning("cannot record this run in {}", runs);
 }
 
 void Loop::record_elastic_preference() const {
@@ -126,7 +127,8 @@ void Loop::record_elastic_preference() const {
   if (!chief() || !adaptive_ || !resources.elastic()) return;
   const int slots = adaptive_->preferred_ranks(resources.min_slots(), resources.slots_per_trial, resources.slots_per_node);
   try {
-    core::write_file_atomic(core::elastic_file(options_.trial_dir), nlohmann::json{{"preferred_slots", slots}}.dump() + "\n");
+    core::write_file_atomic(core::TrialLayout{options_.trial_dir}.elastic_file(),
+                            nlohmann::json{{"preferred_slots", slots}}.dump() + "\n");
   } catch (const Error& e) {
     core::log_warning("the preferred size of the next run was not recorded: {}", e.what());
   }

@@ -3,15 +3,13 @@
 #include <torch/torch.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-
-#include <fmt/core.h>
 
 #include "parallel/autocast.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/json_file.h"
+#include "hpctrial/core/layout.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/metric_order.h"
 #include "hpctrial/tensorboard/event_writer.h"
@@ -54,7 +52,7 @@ MetricValues Loop::reduce_custom(bool training) {
 void Loop::start_outputs() {
   if (chief()) {
     core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
-    result_.metrics_path = (std::filesystem::path(options_.trial_dir) / "metrics.jsonl").string();
+    result_.metrics_path = core::TrialLayout{options_.trial_dir}.metrics_file();
     log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
     tensorboard::EventWriter* events = context_->tensorboard_writer().events();
     log_->set_events(events);
@@ -65,9 +63,9 @@ void Loop::start_outputs() {
   nvtx_ = detail::make_nvtx_marker();
   timings_.set_marker(nvtx_.get());
   if (const auto& window = context_->profiler_window()) {
-    const auto trace = std::filesystem::path(options_.trial_dir) / "tensorboard" / "traces" /
-                       fmt::format("rank-{}.batches-{}-{}.json", comm_.rank(), window->first, window->last);
-    profiler_ = std::make_unique<detail::BatchProfiler>(window->first, window->last, trace.string(), timings_);
+    const std::string trace =
+        core::TrialLayout{options_.trial_dir}.profiler_trace(comm_.rank(), window->first, window->last);
+    profiler_ = std::make_unique<detail::BatchProfiler>(window->first, window->last, trace, timings_);
   }
   progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,
                                                  chief() && options_.progress_interval_s > 0);
@@ -104,7 +102,7 @@ void Loop::report_system() {
 // Lines a run wrote after its last checkpoint (it crashed, or was killed) would be written again
 // by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
 void Loop::trim_metrics(std::int64_t batches) {
-  const std::filesystem::path path = std::filesystem::path(options_.trial_dir) / "metrics.jsonl";
+  const std::string path = core::TrialLayout{options_.trial_dir}.metrics_file();
   std::ifstream in(path);
   if (!in) return;
   std::string kept;
@@ -124,8 +122,8 @@ void Loop::trim_metrics(std::int64_t batches) {
     }
   }
   if (dropped == 0) return;
-  core::write_file_atomic(path.string(), kept);
-  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path.string(), batches);
+  core::write_file_atomic(path, kept);
+  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path, batches);
 }
 
 void Loop::report_training() {

@@ -25,7 +25,8 @@ std::optional<core::ExperimentIdentity> Loop::experiment_identity() const {
 
 std::string Loop::checkpoint_dir() const {
   if (!options_.checkpoint_dir.empty()) return options_.checkpoint_dir;
-  return core::checkpoint_dir(config_, options_.trial_dir, options_.trial_id, experiment_identity());
+  return core::checkpoint_dir(config_, core::TrialLayout{options_.trial_dir}, options_.trial_id,
+                              experiment_identity());
 }
 
 // Every rank restores from the checkpoint the chief chose, so that all take the same one.

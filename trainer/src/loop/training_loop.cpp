@@ -92,7 +92,7 @@ void Loop::setup() {
   settings.distributed = options_.distributed;
   settings.trial_id = options_.trial_id;
   settings.experiment_dir = options_.experiment_dir;
-  if (chief()) settings.tensorboard_dir = (std::filesystem::path(options_.trial_dir) / "tensorboard").string();
+  if (chief()) settings.tensorboard_dir = core::TrialLayout{options_.trial_dir}.tensorboard_dir();
   if (config_.profiling.enabled) {
     settings.profiler_window = ProfilerWindow{config_.profiling.begin_on_batch, config_.profiling.last_batch()};
   }

@@ -175,7 +175,10 @@ struct Profiling {
 
 struct CheckpointStorage {
   std::string type = "shared_fs";
-  // Empty: <experiment dir>/checkpoints. Relative paths are relative to the config file.
+  // Empty: each trial's <trial dir>/checkpoints. Else each trial's checkpoints go in a folder
+  // below it (core::checkpoint_dir). Loading makes a relative path absolute: relative to the
+  // file that sets it (a template's directory for a template's value), or to the working
+  // directory for --set.
   std::string host_path;
   int save_trial_latest = 1;
   int save_trial_best = 1;

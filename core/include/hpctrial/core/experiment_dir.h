@@ -1,12 +1,7 @@
-// The experiment directory, owned here once: every part of hpctrial that reads or writes it
-// (the launcher, the `hpctrial` verbs, the schedulers' hand-over, the trainer's checkpoints)
-// goes through these names.
-//
-//   <experiment>/experiment.yaml         the effective config (written by prepare_experiment)
-//   <experiment>/experiment.json         the launcher's record: where the ranks run, the jobs
-//   <experiment>/trial-<id>/             one per trial: metrics, checkpoints/, logs/rank-<N>.log,
-//                                        failures.jsonl, launcher-state.json, launch/ (the
-//                                        contract's stop, heartbeat, abort and verdict files)
+// What hpctrial records in an experiment directory and reads back from it: the experiment's
+// identity and batch jobs, a trial's progress, stop requests, and where a trial's checkpoints go.
+// The names of the directory's files and folders are in core/layout.h (ExperimentLayout,
+// TrialLayout).
 #pragma once
 
 #include <cstdint>
@@ -15,32 +10,9 @@
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/layout.h"
 
 namespace hpctrial::core {
-
-// The files of one experiment directory.
-struct ExperimentLayout {
-  std::string dir;
-
-  std::string config() const { return dir + "/experiment.yaml"; }
-  std::string state() const { return dir + "/experiment.json"; }
-  std::string trial_dir(int trial_id) const { return dir + "/trial-" + std::to_string(trial_id); }
-};
-
-// The launcher's record of a trial's attempts in its directory: {"starts": N, "failures": M}.
-inline std::string launcher_state_file(const std::string& trial_dir) { return trial_dir + "/launcher-state.json"; }
-
-// The chief's record of each run of a trial (each start of its ranks), a JSON line a run:
-// {"started", "ranks", "batch", "local_batch", "accumulation", "batches"} - the batch it
-// started with (an adaptive batch changes it later) and the batches trained before it.
-inline std::string runs_file(const std::string& trial_dir) { return trial_dir + "/runs.jsonl"; }
-// What the chief's adaptive batch prefers for the trial's next run, rewritten at each
-// checkpoint: {"preferred_slots": N} (docs/adaptive.md).
-inline std::string elastic_file(const std::string& trial_dir) { return trial_dir + "/elastic.json"; }
-
-// Where an experiment named `name` goes when no directory is given: runs/<name>, relative to the
-// working directory.
-std::string default_experiment_dir(const std::string& name);
 
 // The experiment directory a batch job's output file lies in (a job writes its output there);
 // empty when the file's directory is no experiment directory.
@@ -72,10 +44,13 @@ std::optional<ExperimentIdentity> experiment_identity(const ExperimentLayout& la
 ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, const std::string& name);
 
 // Where a trial's checkpoints go: checkpoint_storage.host_path/<host_folder>/trial-<id> when the
-// config sets a host_path (a relative one is taken from the config file's directory), else
-// <trial dir>/checkpoints. Without an identity (a trial run alone, outside an experiment
-// directory): host_path/<config name>/trial-<id>.
-std::string checkpoint_dir(const ExperimentConfig& config, const std::string& trial_dir, int trial_id,
+// config sets a host_path, else trial.default_checkpoint_dir() (<trial dir>/checkpoints).
+// Without an identity (a trial run alone, outside an experiment directory):
+// host_path/<config name>/trial-<id>.
+// Loading a config makes host_path absolute (relative to the file that sets it); a relative one
+// left in a config made in code is checked and taken from the working directory (ConfigError
+// when it is not a usable path).
+std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& trial, int trial_id,
                            const std::optional<ExperimentIdentity>& identity);
 
 // The batch jobs of an experiment, recorded in experiment.json when they are submitted.
@@ -93,7 +68,7 @@ std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout);
 // a job that resumes one trial of a search does). Safe against concurrent recorders.
 void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial = -1);
 
-// One run of a trial, from runs_file().
+// One run of a trial, from TrialLayout::runs_file().
 struct TrialRun {
   std::string started;  // UTC, ISO 8601
   int ranks = 0;
@@ -103,15 +78,15 @@ struct TrialRun {
   std::int64_t batches = 0;       // batches trained before the run
 };
 
-// The slots an elastic trial's next run should ask for: the chief's preference (elastic_file),
-// rounded down to whole nodes within [min_slots_per_trial, slots_per_trial]; nullopt when the
-// trial is not elastic or states none.
+// The slots an elastic trial's next run should ask for: the chief's preference
+// (TrialLayout::elastic_file), rounded down to whole nodes within [min_slots_per_trial,
+// slots_per_trial]; nullopt when the trial is not elastic or states none.
 std::optional<int> preferred_slots(const std::string& trial_dir, const Resources& resources);
 
 // A hand-over of a stopped trial to its scheduler that failed after the launcher's retries (a
 // `scontrol requeue` or a `qsub` of the job that resumes it): nothing resumes the trial until a
-// user runs `resume`. Kept in launcher_state_file() under "failed_hand_over" until the trial's
-// launcher starts again.
+// user runs `resume`. Kept in TrialLayout::launcher_state_file() under "failed_hand_over" until
+// the trial's launcher starts again.
 struct FailedHandOver {
   std::string time;    // UTC, ISO 8601
   std::string job;     // the batch job that stopped

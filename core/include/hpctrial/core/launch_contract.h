@@ -3,11 +3,11 @@
 //
 // - Exit codes: 0 finished; 75 (EX_TEMPFAIL) stopped on request after a durable checkpoint, to be
 //   resumed; 2 a mistake in the config or the command line; anything else a failure.
-// - Files in a trial directory: the stop request (written by `hpctrial pause` and the launcher,
-//   watched by the chief), one heartbeat per rank, the abort file of an attempt (written by the
-//   launcher when it ends the attempt; every rank that sees it kills itself), and the verdict of
-//   an attempt (written by the collective watchdog before it aborts the job: which ranks it found
-//   stuck, and why).
+// - Files in a trial directory (named by core::TrialLayout, core/layout.h): the stop request
+//   (written by `hpctrial pause` and the launcher, watched by the chief), one heartbeat per rank,
+//   the abort file of an attempt (written by the launcher when it ends the attempt; every rank
+//   that sees it kills itself), and the verdict of an attempt (written by the collective watchdog
+//   before it aborts the job: which ranks it found stuck, and why).
 // - The heartbeat record: a small fixed-layout text file per rank, updated in place, that says
 //   where the rank is (step, phase) and, once it has ended, how (exit code, fatal signal, or an
 //   abort with its message). The field writers are async-signal-safe: a fatal-signal handler and
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hpctrial/core/env.h"
+#include "hpctrial/core/layout.h"
 
 namespace hpctrial::core {
 
@@ -65,13 +66,6 @@ struct RankContract {
 // ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT
 // is not a whole number of 0 or more.
 RankContract read_contract(const EnvSource& env);
-
-// Paths inside a trial directory.
-std::string stop_file(const std::string& trial_dir);
-std::string heartbeat_dir(const std::string& trial_dir);
-std::string heartbeat_file(const std::string& heartbeat_dir, int rank);
-std::string abort_file(const std::string& trial_dir, int restart_count);
-std::string verdict_file(const std::string& trial_dir, int restart_count);
 
 // Where a rank is. kAgreement is the step boundary's collective (stop, validation and
 // checkpoint triggers); kEvaluate is evaluate_full_dataset.

@@ -40,8 +40,9 @@ struct LoopOptions {
   const std::atomic<bool>* external_stop = nullptr;
   // Reduces gradients that live on a GPU (NCCL); null on the CPU path.
   comm::Communicator* device_communicator = nullptr;
-  // Where checkpoints go; empty: checkpoint_storage.host_path/trial-<id>, else
-  // <trial_dir>/checkpoints. A run resumes from the latest good checkpoint there.
+  // Where checkpoints go; empty: as core::checkpoint_dir says (checkpoint_storage.host_path's
+  // folder of this experiment and trial, else <trial_dir>/checkpoints). A run resumes from the
+  // latest good checkpoint there.
   std::string checkpoint_dir;
   // With checkpoints present but none usable: start over rather than refuse.
   bool allow_fresh_start = false;
