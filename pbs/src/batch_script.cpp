@@ -158,7 +158,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   }
   directive("-l", select, "resources");
   if (s.time_limit_seconds) directive("-l", "walltime=" + format_walltime(*s.time_limit_seconds), "scheduler.time_limit");
-  if (!s.queue.empty()) directive("-q", s.queue, "scheduler.queue");
+  if (const std::string queue = s.option("queue"); !queue.empty()) directive("-q", queue, "scheduler.queue");
   if (!s.account.empty()) directive("-A", s.account, "scheduler.account");
   out << "# Rerunnable; one output stream, kept in the experiment directory; private files.\n"
       << "#PBS -r y\n#PBS -j oe\n";

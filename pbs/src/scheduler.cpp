@@ -119,6 +119,8 @@ std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, co
   return job_allocation(env, run);
 }
 
+std::vector<core::SchedulerOption> Scheduler::options() const { return {{"queue", true}}; }
+
 void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
   for (const auto& [key, message] : {std::pair<std::string, const char*>{"partition", "is a Slurm option; PBS calls it scheduler.queue"},
                                      {"qos", "is a Slurm option that PBS does not have; remove it"}}) {

@@ -162,9 +162,11 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     directive("--mem", std::to_string(mib) + "M", "resources.memory_per_node");
   }
   if (s.time_limit_seconds) directive("--time", format_time_limit(*s.time_limit_seconds), "scheduler.time_limit");
-  if (!s.partition.empty()) directive("--partition", s.partition, "scheduler.partition");
+  if (const std::string partition = s.option("partition"); !partition.empty()) {
+    directive("--partition", partition, "scheduler.partition");
+  }
   if (!s.account.empty()) directive("--account", s.account, "scheduler.account");
-  if (!s.qos.empty()) directive("--qos", s.qos, "scheduler.qos");
+  if (const std::string qos = s.option("qos"); !qos.empty()) directive("--qos", qos, "scheduler.qos");
   out << "# Requeued on preemption, pause and time limit; output appended across runs.\n";
   out << "#SBATCH --requeue\n#SBATCH --open-mode=append\n";
   directive("--signal", "B:USR2@" + std::to_string(s.preemption_grace_seconds), "scheduler.preemption_grace");

@@ -88,6 +88,8 @@ std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, co
 
 bool Scheduler::is_job_id(const std::string& text) const { return is_valid_job_id(text); }
 
+std::vector<core::SchedulerOption> Scheduler::options() const { return {{"partition", false}, {"qos", false}}; }
+
 void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
   if (const auto at = config.written_at.find("queue"); at != config.written_at.end()) {
     diagnostics.error(at->second, "scheduler.queue", "is a PBS option; Slurm calls it scheduler.partition");

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/event_files.h"
+#include "../support/read_file.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -18,13 +19,9 @@ namespace hpctrial {
 namespace {
 
 using testing::HasSubstr;
+using testing_support::read_file;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // PLplot's SVG writes each character of a text as a reference (&#x74;): the text as read.
 std::string svg_text(const std::string& svg) {

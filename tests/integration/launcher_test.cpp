@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <fstream>
-#include <iterator>
 #include <regex>
 
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "launcher_fixture.h"
 #include "hpctrial/checkpoint/format.h"
@@ -23,6 +23,7 @@ using testing::HasSubstr;
 using testing_launcher::Launcher;
 using testing_support::BackgroundProcess;
 using testing_support::processes_running;
+using testing_support::read_file;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -96,10 +97,6 @@ TEST_F(Launcher, AGridRunsEachTrialInTurnOrTheOneNamed) {
       "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none,\n"
       "                  lr: {type: categorical, vals: [0.5, 0.25]}}\n"
       "resources: {slots_per_trial: 1}\nreproducibility: {experiment_seed: 7}\n");
-  auto text = [](const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
   auto bad = run(grid, "", {"--trial", "2"});
   EXPECT_EQ(bad->exit_code(), 2);
   EXPECT_THAT(bad->output(), HasSubstr("--trial 2 does not exist: the grid searcher makes 2 trial(s), 0 to 1"));
@@ -108,8 +105,8 @@ TEST_F(Launcher, AGridRunsEachTrialInTurnOrTheOneNamed) {
   ASSERT_EQ(p->exit_code(), 0) << p->output();
   EXPECT_THAT(p->output(), HasSubstr("trial 0 finished"));
   EXPECT_THAT(p->output(), HasSubstr("trial 1 finished"));
-  EXPECT_THAT(text(experiment() + "/trial-0/effective-config.yaml"), HasSubstr("lr: 0.5"));
-  EXPECT_THAT(text(experiment() + "/trial-1/effective-config.yaml"), HasSubstr("lr: 0.25"));
+  EXPECT_THAT(read_file(experiment() + "/trial-0/effective-config.yaml"), HasSubstr("lr: 0.5"));
+  EXPECT_THAT(read_file(experiment() + "/trial-1/effective-config.yaml"), HasSubstr("lr: 0.25"));
   const std::string other = (dir_.path() / "one").string();
   auto one = run(grid, "", {"--trial", "1", "--experiment", other});
   ASSERT_EQ(one->exit_code(), 0) << one->output();

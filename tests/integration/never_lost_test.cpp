@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "../support/read_file.h"
 #include "launcher_fixture.h"
 
 namespace hpctrial {
@@ -23,16 +24,12 @@ using testing::Not;
 using testing_launcher::Launcher;
 using testing_support::BackgroundProcess;
 using testing_support::processes_running;
+using testing_support::read_file;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 nlohmann::json experiment_record(const std::string& dir) {
-  return nlohmann::json::parse(read_text(fs::path(dir) / "experiment.json"));
+  return nlohmann::json::parse(read_file(fs::path(dir) / "experiment.json"));
 }
 
 std::set<std::string> checkpoint_files(const fs::path& dir) {
@@ -50,7 +47,7 @@ class NeverLost : public Launcher {
   std::string store() const { return (dir_.path() / "store").string(); }
   // `name`'s experiment in `dir`, checkpointing every 10 batches into the shared store.
   std::string shared_config(const std::string& file, const std::string& name, std::int64_t batches = 30) {
-    const std::string text = read_text(config("checkpoint_storage: {host_path: " + store() + "}\n"
+    const std::string text = read_file(config("checkpoint_storage: {host_path: " + store() + "}\n"
                                               "min_checkpoint_period: {batches: 10}\n",
                                               batches, 2));
     return dir_.write(file, std::regex_replace(text, std::regex("^name: launched"), "name: " + name));
@@ -136,7 +133,7 @@ TEST_F(NeverLost, ANaNMetricRunResumesAndRetentionKeepsTheFiniteBest) {
   EXPECT_THAT(second->output(), Not(HasSubstr("malformed")));
   const auto kept = checkpoint_files(trial() + "/checkpoints");
   EXPECT_EQ(kept, (std::set<std::string>{"ckpt-10.h5", "ckpt-400.h5"})) << "the finite best was not kept";
-  EXPECT_THAT(read_text(trial() + "/metrics.jsonl"), HasSubstr("\"validation_loss\":\"NaN\""));
+  EXPECT_THAT(read_file(trial() + "/metrics.jsonl"), HasSubstr("\"validation_loss\":\"NaN\""));
 }
 
 // kill -HUP (a dropped ssh session): a stop with a checkpoint, exit 75, nothing left running, and
@@ -181,8 +178,8 @@ TEST_F(NeverLost, ByDefaultARunCheckpointsPeriodically) {
                                           "checkpointing every 1 s \\(min_checkpoint_period: auto, bounded by "
                                           "checkpoint_storage.auto_max_interval\\), [0-9.e+-]+ % of "
                                           "training time"));
-  EXPECT_THAT(read_text(fs::path(experiment()) / "experiment.yaml"), HasSubstr("min_checkpoint_period: auto"));
-  EXPECT_THAT(read_text(fs::path(experiment()) / "experiment.yaml"), HasSubstr("auto_max_interval: 00:00:01"));
+  EXPECT_THAT(read_file(fs::path(experiment()) / "experiment.yaml"), HasSubstr("min_checkpoint_period: auto"));
+  EXPECT_THAT(read_file(fs::path(experiment()) / "experiment.yaml"), HasSubstr("auto_max_interval: 00:00:01"));
   expect_no_rank_left();
 }
 
@@ -196,12 +193,12 @@ TEST_F(NeverLost, AClosedOutputAndSigpipeDoNotEndTheRun) {
                            "bash", HPCTRIAL_CLI, "run", exp, "--oversubscribe", "--experiment", experiment()},
                           env(), (dir_.path() / "shell.txt").string());
   wait_for_step(20);
-  const pid_t launcher = static_cast<pid_t>(std::stol(read_text(pid_file)));
+  const pid_t launcher = static_cast<pid_t>(std::stol(read_file(pid_file)));
   ASSERT_EQ(::kill(launcher, SIGPIPE), 0);
   ASSERT_TRUE(shell.wait(120s).has_value());
   EXPECT_THAT(shell.output(), HasSubstr("launcher exit 0")) << shell.output();
   EXPECT_TRUE(fs::exists(trial() + "/checkpoints/ckpt-2000.h5"));
-  EXPECT_THAT(read_text(trial() + "/logs/rank-0.log"), HasSubstr("2000"));
+  EXPECT_THAT(read_file(trial() + "/logs/rank-0.log"), HasSubstr("2000"));
   expect_no_rank_left();
 }
 
@@ -211,12 +208,12 @@ TEST_F(NeverLost, ASecondRunWithAnotherConfigLeavesTheFirstRunsConfig) {
   const std::string exp = config("", 100000, 2, 1);
   auto first = start(exp);
   wait_for_step(10);
-  const std::string written = read_text(experiment() + "/experiment.yaml");
+  const std::string written = read_file(experiment() + "/experiment.yaml");
   ASSERT_THAT(written, HasSubstr("batch_ms: 1"));
   auto second = run(exp, "", {"--set", "hyperparameters.batch_ms=7"}, 60s);
   EXPECT_EQ(second->exit_code(), 1) << second->output();
   EXPECT_THAT(second->output(), HasSubstr("is run by the launcher of pid " + std::to_string(first->pid())));
-  EXPECT_EQ(read_text(experiment() + "/experiment.yaml"), written) << "the refused run replaced the config";
+  EXPECT_EQ(read_file(experiment() + "/experiment.yaml"), written) << "the refused run replaced the config";
   first->signal(SIGINT);
   ASSERT_TRUE(first->wait(60s).has_value());
   EXPECT_EQ(first->exit_code(), 75) << first->output();

@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "../support/background_process.h"
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
@@ -34,15 +35,9 @@ using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing::Not;
 using testing_support::expect_same_weights;
+using testing_support::read_file;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 class PbsExperiment : public testing::Test {
  protected:

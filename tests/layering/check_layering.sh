@@ -7,11 +7,13 @@
 #     loop (loop/) or the API's internals (api/);
 #   - tests and benchmarks reach a library's internals only through its include path (for the
 #     trainer: hpctrial_trainer_internal), never by a relative path into its src/;
+#   - core/ in three floors: os/ < config/ (yaml-cpp private to it) < contract/; core names no
+#     scheduler's options (each scheduler declares its own);
 #   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
 #   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
-#   - one process spawner (core/src/subprocess.cpp) and one atomic publisher (core/src/files.cpp);
+#   - one process spawner (core/src/os/subprocess.cpp) and one atomic publisher (core/src/os/files.cpp);
 #   - the experiment and trial directories' file and folder names spelled in one file
-#     (core/src/layout.cpp: core::ExperimentLayout, core::TrialLayout);
+#     (core/src/contract/layout.cpp: core::ExperimentLayout, core::TrialLayout);
 #   - MPI communicators are owned by comm::MpiComm, CUDA streams and events by comm's handles;
 #   - no product source file over 500 lines, no launcher function over 80.
 # usage: check_layering.sh SOURCE_DIR BUILD_DIR
@@ -61,6 +63,29 @@ for folder in data parallel state adaptive observe; do
     fail "trainer/src/$folder includes the loop or the API's internals"
   fi
 done
+# core/ in three floors: os/ (errors, logging, files, processes) < config/ (the experiment config,
+# yaml-cpp private to it) < contract/ (launch contract, experiment and trial directories, Scheduler).
+core_os='(env|error|files|json_file|logging|paths|shell_quote|subprocess|text)'
+core_config='(config_node|diagnostics|experiment_config|search|metric_order)'
+core_header() { echo "$src/core/include/hpctrial/core/$1.h"; }
+os_files=("$src"/core/src/os/*.cpp)
+config_files=("$src"/core/src/config/*.cpp "$src"/core/src/config/*.h)
+for name in env error files json_file logging paths shell_quote subprocess text; do os_files+=("$(core_header "$name")"); done
+for name in config_node diagnostics experiment_config search metric_order; do config_files+=("$(core_header "$name")"); done
+if grep -En '#include "hpctrial/core/' "${os_files[@]}" | grep -Ev "hpctrial/core/$core_os\.h\""; then
+  fail "core's OS utilities (core/src/os/) include the config or the contracts"
+fi
+if grep -En '#include "hpctrial/core/' "${config_files[@]}" | grep -Ev "hpctrial/core/($core_os|$core_config)\.h\""; then
+  fail "core's config (core/src/config/) includes the contracts"
+fi
+if grep -rEln '#include <yaml-cpp' "$src" --include='*.cpp' --include='*.h' | grep -v '/core/src/config/' | grep -v '^'"$src"'/build'; then
+  fail "yaml-cpp is included outside core/src/config/"
+fi
+# core names no scheduler's options: each scheduler declares its own (Scheduler::options).
+if grep -rEn '\.(partition|qos|queue)\b|"(partition|qos|queue)"' --include='*.cpp' --include='*.h' "$src/core" |
+   grep -vE '^[^:]+:[0-9]+: *//'; then
+  fail "core/ names a scheduler's option; declare it in slurm/ or pbs/ (Scheduler::options)"
+fi
 if grep -rEn '#include "(\.\./)+[a-z]+/src/' "$src/tests" "$src/benchmarks" "$src/examples"; then
   fail "a test or benchmark includes a library's src/ by a relative path (link its include path instead)"
 fi
@@ -77,13 +102,13 @@ fi
 product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs)
 sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
 # One way to start a process and one way to publish a file.
-if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/subprocess.cpp'; then
-  fail "a process is started outside core::spawn_process (core/src/subprocess.cpp)"
+if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/os/subprocess.cpp'; then
+  fail "a process is started outside core::spawn_process (core/src/os/subprocess.cpp)"
 fi
 if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/files.cpp|include/hpctrial/core/files.h)'; then
-  fail "a file is renamed into place outside core::publish_file (core/src/files.cpp)"
+  fail "a file is renamed into place outside core::publish_file (core/src/os/files.cpp)"
 fi
-# The experiment and trial directory layout: every name spelled once, in core/src/layout.cpp
+# The experiment and trial directory layout: every name spelled once, in core/src/contract/layout.cpp
 # (core::ExperimentLayout, core::TrialLayout). A literal that is the name, or path parts ending in
 # '/' and then the name; "logs" and "launch" only after '/' or '+' (they are verbs too).
 path_start='"(/|[A-Za-z0-9_.{}-]*/)?'
@@ -94,8 +119,8 @@ if sources | xargs grep -nE \
      -e '(/|\+) *"(logs|launch)"' \
      -e '"/(checkpoints|tensorboard|traces|logs|launch|heartbeat)(/|")' \
      -e "${path_start}(trial-[^a-z]|rank-|abort-|verdict-)" |
-   grep -vE '^[^:]+:[0-9]+: *//' | grep -v '/core/src/layout\.cpp:'; then
-  fail "a file or folder name of the experiment layout is spelled outside core/src/layout.cpp (use core::ExperimentLayout / core::TrialLayout)"
+   grep -vE '^[^:]+:[0-9]+: *//' | grep -v '/core/src/contract/layout\.cpp:'; then
+  fail "a file or folder name of the experiment layout is spelled outside core/src/contract/layout.cpp (use core::ExperimentLayout / core::TrialLayout)"
 fi
 # Handles own what must be freed once: MPI communicators, CUDA streams and events.
 if sources | xargs grep -En 'MPI_Comm_(dup|free)\(' | grep -v 'comm/src/mpi_comm.cpp'; then

@@ -17,10 +17,10 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <thread>
 
 #include "../support/background_process.h"
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
@@ -35,6 +35,7 @@ using testing::HasSubstr;
 using testing::Not;
 using testing_support::expect_same_weights;
 using testing_support::processes_running;
+using testing_support::read_file;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
 
@@ -45,13 +46,6 @@ std::string env_or(const char* name, const std::string& fallback) {
 
 const std::string kPrefix = env_or("HPCTRIAL_PBS_PREFIX", "/opt/pbs");
 const std::string kUser = env_or("HPCTRIAL_PBS_USER", "pbsuser");
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 core::RunResult run_as(const std::vector<std::string>& argv, std::chrono::seconds limit, bool as_user) {
   const passwd* pw = ::getpwnam(kUser.c_str());

@@ -5,10 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
+#include "../support/read_file.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -17,19 +16,13 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing_support::read_file;
 using testing_support::TempDir;
 
 core::RunResult slurm(const std::vector<std::string>& argv) {
   core::RunOptions options;
   options.timeout = 30s;
   return core::run_process(argv, options);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // The value of `field` in `scontrol show job ID`, e.g. "JobState".

@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <thread>
 
 #include "../support/background_process.h"
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/slurm_jobs.h"
 #include "../support/temp_dir.h"
@@ -28,17 +28,11 @@ using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing_support::processes_running;
 using testing_support::expect_same_weights;
+using testing_support::read_file;
 using testing_support::TempDir;
 
 core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 60s) {
   return testing_support::run_command(argv, limit);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 using testing_support::job_field;

@@ -12,9 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
+#include "../support/read_file.h"
 #include "../support/slurm_jobs.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/experiment_dir.h"
@@ -28,15 +28,9 @@ using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing::Not;
 using testing_support::job_field;
+using testing_support::read_file;
 using testing_support::TempDir;
 namespace fs = std::filesystem;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 class SlurmNeverLost : public testing::Test {
  protected:

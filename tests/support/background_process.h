@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "read_file.h"
+
 namespace hpctrial::testing_support {
 
 class BackgroundProcess {
@@ -75,12 +77,7 @@ class BackgroundProcess {
   long long ended_unix_ms() const {
     return std::chrono::duration_cast<std::chrono::milliseconds>(ended_wall_.time_since_epoch()).count();
   }
-  std::string output() const {
-    std::ifstream in(output_path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
+  std::string output() const { return read_file(output_path_); }
 
  private:
   std::string output_path_;

@@ -8,10 +8,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "chart.h"
 
@@ -20,12 +19,8 @@ namespace {
 
 using testing::HasSubstr;
 using testing::StartsWith;
+using testing_support::read_file;
 using testing_support::TempDir;
-
-std::string read(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Text as PLplot's svg driver writes it: every character as a hexadecimal reference.
 std::string svg_text(const std::string& text) {
@@ -57,10 +52,10 @@ TEST(Chart, ALinkPlantedAtThePredictableTemporaryNameIsNotFollowed) {
 
   draw_chart(two_points(), target.string());
 
-  EXPECT_EQ(read(victim), "precious\n") << "the chart was written through the planted link";
+  EXPECT_EQ(read_file(victim), "precious\n") << "the chart was written through the planted link";
   EXPECT_TRUE(std::filesystem::is_symlink(planted)) << "the planted link was touched";
   EXPECT_EQ(std::filesystem::read_symlink(planted), victim);
-  const std::string svg = read(target);
+  const std::string svg = read_file(target);
   EXPECT_THAT(svg, HasSubstr("<svg"));
   EXPECT_THAT(svg, HasSubstr("</svg>\n")) << "the whole chart";
   EXPECT_THAT(svg, HasSubstr(svg_text("loss of exp")));
@@ -86,9 +81,9 @@ TEST(Chart, ALinkAtTheTargetIsReplacedNotFollowed) {
 
   draw_chart(two_points(), target.string());
 
-  EXPECT_EQ(read(victim), "precious\n");
+  EXPECT_EQ(read_file(victim), "precious\n");
   EXPECT_FALSE(std::filesystem::is_symlink(target));
-  EXPECT_THAT(read(target), StartsWith("\x89PNG"));
+  EXPECT_THAT(read_file(target), StartsWith("\x89PNG"));
 }
 
 TEST(Chart, AnUnknownExtensionNamesThePathAndTheFormats) {

@@ -3,26 +3,21 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "../../support/read_file.h"
 #include "hpctrial/core/experiment_config.h"
 
 namespace hpctrial::core {
 namespace {
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing_support::read_file;
 
 // Key paths documented as the first cell of a table row: | `resources.slots_per_trial` | ...
 std::set<std::string> documented_keys() {
-  const std::string text = read(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
+  const std::string text = read_file(HPCTRIAL_SOURCE_DIR "/docs/config-reference.md");
   std::set<std::string> keys;
   const std::regex row(R"(^\| `([a-z_.A-Z0-9]+)` \|)");
   std::istringstream lines(text);
@@ -83,7 +78,7 @@ TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
 
 // The first ```yaml block after `heading` in a Markdown file, parsed and validated.
 ExperimentConfig example_config(const std::string& path, const std::string& heading) {
-  const std::string text = read(path);
+  const std::string text = read_file(path);
   const std::size_t section = text.find(heading);
   EXPECT_NE(section, std::string::npos) << heading;
   const std::size_t start = text.find("```yaml\n", section);

@@ -6,8 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
 
@@ -15,20 +15,14 @@ namespace hpctrial::core {
 namespace {
 
 using testing::HasSubstr;
+using testing_support::read_file;
 using testing_support::TempDir;
-
-std::string read(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(WriteFileAtomic, WritesPrivateFilesAndLeavesNoTemporary) {
   TempDir dir;
   const auto path = dir.path() / "effective-config.yaml";
   write_file_atomic(path.string(), "a: 1\n");
-  EXPECT_EQ(read(path), "a: 1\n");
+  EXPECT_EQ(read_file(path), "a: 1\n");
   struct stat info {};
   ASSERT_EQ(::stat(path.c_str(), &info), 0);
   EXPECT_EQ(info.st_mode & 0777, 0600u);
@@ -45,7 +39,7 @@ TEST(WriteFileAtomic, ReplacesTheOldContentWhole) {
   const auto path = dir.path() / "latest";
   write_file_atomic(path.string(), std::string(100000, 'a'));
   write_file_atomic(path.string(), "ckpt-200.h5", 0644);
-  EXPECT_EQ(read(path), "ckpt-200.h5");
+  EXPECT_EQ(read_file(path), "ckpt-200.h5");
   struct stat info {};
   ASSERT_EQ(::stat(path.c_str(), &info), 0);
   EXPECT_EQ(info.st_mode & 0777, 0644u);
@@ -70,7 +64,7 @@ TEST(WriteFileAtomic, AFailedRenameLeavesTheOldFileAndNoTemporary) {
   std::filesystem::create_directory(target);  // a directory cannot be replaced by a file
   std::ofstream(target / "inside") << "keep";
   EXPECT_THROW(write_file_atomic(target.string(), "x"), IoError);
-  EXPECT_EQ(read(target / "inside"), "keep");
+  EXPECT_EQ(read_file(target / "inside"), "keep");
   int entries = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
     (void)entry;
@@ -122,7 +116,7 @@ TEST(WriteFileAtomic, AFailureAtAnyCallBeforeTheRenameLeavesTheOldContentAndNoTe
       EXPECT_THAT(e.what(), HasSubstr("No space left on device")) << e.what();
     }
     // Before the rename the old content stays; after it (the directory's fsync) the new one is there.
-    EXPECT_EQ(read(path), fail_at <= 3 ? "ckpt-150.h5\n" : "ckpt-200.h5\n") << fail_at;
+    EXPECT_EQ(read_file(path), fail_at <= 3 ? "ckpt-150.h5\n" : "ckpt-200.h5\n") << fail_at;
     int entries = 0;
     for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
       (void)entry;

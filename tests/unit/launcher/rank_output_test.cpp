@@ -8,9 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
-
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "launcher_internal.h"
 
@@ -20,14 +18,8 @@ namespace {
 using testing::ElementsAre;
 using testing::HasSubstr;
 using testing::Not;
+using testing_support::read_file;
 using testing_support::TempDir;
-
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class RankOutputTest : public testing::Test {
  protected:
@@ -63,10 +55,10 @@ TEST_F(RankOutputTest, TaggedLinesAreShownWithTheirRankAndFiledPerRank) {
     EXPECT_THAT(output.tail(0), ElementsAre("loss 0.5", "epoch 2"));
     EXPECT_TRUE(output.mpirun_text().empty());
   }
-  EXPECT_EQ(read(out_path_), "[rank 0] loss 0.5\n[rank 1] loss 0.6\n[rank 0] epoch 2\n[rank 1] INFO ready\n");
-  EXPECT_EQ(read(err_path_), "[rank 1] warning: slow\n") << "a rank's stderr stays stderr";
-  EXPECT_EQ(read(logs() + "/rank-0.log"), "loss 0.5\nepoch 2\n");
-  EXPECT_EQ(read(logs() + "/rank-1.log"), "loss 0.6\nwarning: slow\n[rank 1] INFO ready\n");
+  EXPECT_EQ(read_file(out_path_), "[rank 0] loss 0.5\n[rank 1] loss 0.6\n[rank 0] epoch 2\n[rank 1] INFO ready\n");
+  EXPECT_EQ(read_file(err_path_), "[rank 1] warning: slow\n") << "a rank's stderr stays stderr";
+  EXPECT_EQ(read_file(logs() + "/rank-0.log"), "loss 0.5\nepoch 2\n");
+  EXPECT_EQ(read_file(logs() + "/rank-1.log"), "loss 0.6\nwarning: slow\n[rank 1] INFO ready\n");
   struct stat st {};
   ASSERT_EQ(::stat((logs() + "/rank-0.log").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u) << "logs are private";
@@ -81,12 +73,12 @@ TEST_F(RankOutputTest, MpirunsBoxesAreHeldUntilAFailureShowsThem) {
   feed(output, "plain words from mpirun\n", true);
   feed(output, box, true);
   feed(output, "[1,0]<stdout>:after the box\n");
-  EXPECT_EQ(read(err_path_), "plain words from mpirun\n");
-  EXPECT_EQ(read(out_path_), "[rank 0] after the box\n") << "the box does not swallow what follows it";
+  EXPECT_EQ(read_file(err_path_), "plain words from mpirun\n");
+  EXPECT_EQ(read_file(out_path_), "[rank 0] after the box\n") << "the box does not swallow what follows it";
   EXPECT_THAT(output.mpirun_text(), HasSubstr("exited with non-zero status"));
-  EXPECT_THAT(read(logs() + "/mpirun.log"), HasSubstr("exited with non-zero status")) << "always filed";
+  EXPECT_THAT(read_file(logs() + "/mpirun.log"), HasSubstr("exited with non-zero status")) << "always filed";
   output.show_held();
-  EXPECT_EQ(read(err_path_), "plain words from mpirun\n" + box);
+  EXPECT_EQ(read_file(err_path_), "plain words from mpirun\n" + box);
 }
 
 TEST_F(RankOutputTest, APartialLastLineIsWrittenOnFlushAndTheTailIsBounded) {
@@ -98,13 +90,13 @@ TEST_F(RankOutputTest, APartialLastLineIsWrittenOnFlushAndTheTailIsBounded) {
   ASSERT_EQ(tail.size(), 30u);
   EXPECT_EQ(tail.back(), "no newline");
   EXPECT_EQ(tail.front(), "line 71");
-  EXPECT_THAT(read(out_path_), HasSubstr("[rank 2] no newline\n"));
+  EXPECT_THAT(read_file(out_path_), HasSubstr("[rank 2] no newline\n"));
 }
 
 TEST_F(RankOutputTest, AVeryLongLineIsCutNotKeptWhole) {
   RankOutput output(trial(), out_, err_);
   feed(output, std::string(200 * 1024, 'x'));
-  EXPECT_EQ(read(logs() + "/mpirun.log").size(), 3u * (64 * 1024 + 1)) << "three full pieces so far";
+  EXPECT_EQ(read_file(logs() + "/mpirun.log").size(), 3u * (64 * 1024 + 1)) << "three full pieces so far";
 }
 
 TEST(ParseMpirunFailure, ANonZeroExit) {

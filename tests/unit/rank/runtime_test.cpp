@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "hpctrial/rank/runtime.h"
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
 
@@ -20,15 +20,9 @@ namespace hpctrial::rank {
 namespace {
 
 using testing::HasSubstr;
+using testing_support::read_file;
 using testing_support::TempDir;
 using namespace std::chrono_literals;
-
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string message_of(const std::string& spec) {
   try {
@@ -114,8 +108,8 @@ TEST(StopFile, SeenOnceItExistsAndRemembered) {
 }
 
 core::HeartbeatRecord decoded(const std::string& path) {
-  const auto r = core::heartbeat_decode(read(path));
-  EXPECT_TRUE(r.has_value()) << read(path);
+  const auto r = core::heartbeat_decode(read_file(path));
+  EXPECT_TRUE(r.has_value()) << read_file(path);
   return r.value_or(core::HeartbeatRecord{});
 }
 

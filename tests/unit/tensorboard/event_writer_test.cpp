@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../../support/event_files.h"
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
 
@@ -16,12 +17,8 @@ namespace {
 
 using testing_support::event_files;
 using testing_support::read_events;
+using testing_support::read_file;
 using testing_support::TempDir;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // Decodes a PNG with libpng's own reader, into 8-bit pixels of the image's channels.
 Image decode_png(const std::string& bytes, int channels) {

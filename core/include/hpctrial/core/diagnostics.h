@@ -49,5 +49,7 @@ class Diagnostics {
 // The candidate closest to `word` by edit distance (transpositions count as one edit), or ""
 // when none is close enough to be a plausible typo.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// "unknown key; did you mean 'type'?", or "unknown key; the keys here are: a, b" when none is close.
+std::string unknown_key(const std::string& key, const std::vector<std::string>& known);
 
 }  // namespace hpctrial::core

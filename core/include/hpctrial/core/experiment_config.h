@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,8 +21,6 @@
 #include "hpctrial/core/diagnostics.h"
 
 namespace hpctrial::core {
-
-class Scheduler;
 
 // A training length or period: {batches: N}, {epochs: N}, {records: N} or {seconds: N}.
 enum class LengthUnit { kBatches, kEpochs, kRecords, kSeconds };
@@ -212,18 +211,23 @@ struct LauncherConfig {
 struct SchedulerConfig {
   // A name in the registry of schedulers (launcher/schedulers.h): "local", "slurm", "pbs".
   std::string type = "local";
-  std::string partition;  // Slurm
-  std::string queue;      // PBS
   std::string account;
-  std::string qos;        // Slurm
+  // The keys of scheduler: that belong to one scheduler (Slurm's partition and qos, PBS's queue),
+  // in the order written. Each scheduler declares and vets its own (Scheduler::options,
+  // check_scheduler_config in scheduler.h); a config loaded without the registry keeps them as
+  // they are (a stored config, checked when it was submitted).
+  std::vector<ConfigEntry> options;
   std::optional<std::int64_t> time_limit_seconds;
   std::int64_t preemption_grace_seconds = 180;
   std::vector<std::string> modules;
   std::vector<EnvVar> environment;
   std::vector<std::string> extra_directives;
-  // Where the user wrote type, partition, queue, account and qos ("type" -> exp.yaml:4:19), for
-  // the errors a scheduler reports about its own options (Scheduler::check_config).
+  // Where the user wrote type, account and each option ("type" -> exp.yaml:4:19), for the errors
+  // a scheduler reports about its own options (Scheduler::check_config).
   std::map<std::string, SourceLocation> written_at;
+
+  // The scalar value of option `key`; empty when the config does not set it.
+  std::string option(const std::string& key) const;
 };
 
 struct ExperimentConfig {
@@ -269,13 +273,18 @@ ExperimentConfig load_experiment_config(const ConfigSources& sources);
 // The same, with a site's defaults (a YAML map like a template; empty path: none) merged under
 // the template: site < template < config < --set.
 ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path);
-// The same, and scheduler.type must name one of `schedulers`, whose check_config() then vets
-// the scheduler.* options: what the commands that submit or run use.
+// The same, with `check` adding its problems to the config's own before any is thrown (the
+// registry's check of scheduler.*: load_experiment_config in scheduler.h).
+using ConfigCheck = std::function<void(const ExperimentConfig&, Diagnostics&)>;
 ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path,
-                                        const std::vector<const Scheduler*>& schedulers);
-// Reports a scheduler.type that names none of `schedulers`, and the options the named one rejects.
-void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
-                            Diagnostics& diagnostics);
+                                        const ConfigCheck& check);
+
+// The keys of scheduler: every scheduler has (type, account, time_limit, ...), in the reference's order.
+const std::vector<std::string>& scheduler_common_keys();
+// Checks a scheduler option's value: a name of letters, digits, '.', '_' and '-' (with
+// `allow_at`, optionally @server), which a batch script can hold unquoted.
+bool check_scheduler_name(const ConfigNode& node, const std::string& path, Diagnostics& diagnostics,
+                          bool allow_at);
 
 // Validates a tree (already merged and overridden). Problems go to `diagnostics`.
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics);
@@ -286,7 +295,7 @@ std::string to_yaml(const ExperimentConfig& config);
 // Parses "90s", "45m", "2h", "1d", "HH:MM:SS", "MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS" into
 // seconds; nullopt (with a reason) when the text is none of those.
 std::optional<std::int64_t> parse_duration(const std::string& text, std::string* reason);
-// Seconds as Slurm's "D-HH:MM:SS" / "HH:MM:SS".
+// Seconds as "D-HH:MM:SS" / "HH:MM:SS".
 std::string format_duration(std::int64_t seconds);
 // Parses "64G", "512M", "1.5T", "64GiB", "64gb" (binary units) into bytes.
 std::optional<std::uint64_t> parse_memory(const std::string& text, std::string* reason);

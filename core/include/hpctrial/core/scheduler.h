@@ -98,6 +98,13 @@ struct HandOverFailure {
   std::string resume;  // the command that resumes the trial by hand, one shell line
 };
 
+// A key of scheduler: that one scheduler has (Slurm's partition, PBS's queue). Its value is a
+// name (check_scheduler_name in experiment_config.h).
+struct SchedulerOption {
+  std::string key;
+  bool allow_at = false;  // "workq@server"
+};
+
 class Scheduler {
  public:
   virtual ~Scheduler() = default;
@@ -110,8 +117,10 @@ class Scheduler {
   virtual std::optional<Allocation> detect(const EnvSource& env, const CommandRunner& run) const = 0;
   // Whether `text` has the form of one of its job ids.
   virtual bool is_job_id(const std::string& text) const = 0;
-  // Reports the scheduler.* options it does not have (PBS has no partition, Slurm no queue) at
-  // the place the user wrote them (config.scheduler.written_at). Accepts all by default.
+  // The scheduler: keys of its own, beyond scheduler_common_keys(). None by default.
+  virtual std::vector<SchedulerOption> options() const;
+  // Reports the options of other schedulers it does not have (PBS has no partition, Slurm no
+  // queue) at the place the user wrote them (config.scheduler.written_at). Accepts all by default.
   virtual void check_config(const SchedulerConfig& config, Diagnostics& diagnostics) const;
 
   // The batch script of an experiment; ConfigError naming the key of a value it cannot write.
@@ -146,5 +155,14 @@ class Scheduler {
   // checkpoint is durable); the launcher records it where `hpctrial describe` shows it.
   virtual std::optional<HandOverFailure> hand_over(const HandOver& stopped) const = 0;
 };
+
+// Reports a scheduler.type that names none of `schedulers`, a scheduler: key that none of them
+// has, a value an option cannot take, and the options the named scheduler rejects.
+void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
+                            Diagnostics& diagnostics);
+// load_experiment_config (experiment_config.h) with check_scheduler_config: what the commands
+// that submit or run use.
+ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path,
+                                        const std::vector<const Scheduler*>& schedulers);
 
 }  // namespace hpctrial::core

@@ -22,6 +22,7 @@ class Scheduler final : public core::Scheduler {
   bool available() const override;
   std::optional<core::Allocation> detect(const core::EnvSource& env, const core::CommandRunner& run) const override;
   bool is_job_id(const std::string& text) const override;
+  std::vector<core::SchedulerOption> options() const override;
   void check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const override;
   std::string render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const override;
   std::string script_name() const override { return "job.sbatch"; }

@@ -43,19 +43,7 @@ std::string experiment_name_problem(const std::string& name) {
   return "";
 }
 
-}  // namespace
-
-ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
-  ExperimentConfig config;
-  if (!root.is_map()) {
-    d.error(root.where(), "",
-            root.is_null() ? "is empty; an experiment config needs at least name, entrypoint "
-                             "and searcher (see docs/config-reference.md)"
-                           : "must be a map of keys (name:, entrypoint:, ...), got " + root.kind_name());
-    return config;
-  }
-  MapReader top(&root, "", d);
-
+void read_name(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.require("name", "name: mnist-cnn")) {
     if (auto v = read_string(*n, "name", d)) {
       if (v->size() > kMaxNameLength) {
@@ -68,6 +56,10 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
       }
     }
   }
+}
+
+// description, entrypoint, hyperparameters and searcher: what the trial is and how it is searched.
+void read_trial_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("description")) {
     if (auto v = read_string(*n, "description", d, true)) config.description = *v;
   }
@@ -79,16 +71,18 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
       config.hyperparameters = read_hyperparameters(*n, "hyperparameters", d, 0);
     }
   }
-  {
-    const ConfigNode* n = top.require(
-        "searcher", "searcher: {name: single, metric: validation_loss, max_length: {batches: 1000}}");
-    if (n != nullptr && detail::expect_map(*n, "searcher", d,
-                                           "searcher: {name: single, metric: validation_loss, "
-                                           "max_length: {batches: 1000}}")) {
-      MapReader r(n, "searcher", d);
-      read_searcher(r, config.searcher);
-    }
+  const ConfigNode* n = top.require(
+      "searcher", "searcher: {name: single, metric: validation_loss, max_length: {batches: 1000}}");
+  if (n != nullptr && detail::expect_map(*n, "searcher", d,
+                                         "searcher: {name: single, metric: validation_loss, "
+                                         "max_length: {batches: 1000}}")) {
+    MapReader r(n, "searcher", d);
+    read_searcher(r, config.searcher);
   }
+}
+
+// records_per_epoch, min_validation_period and min_checkpoint_period.
+void read_periods(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("records_per_epoch")) {
     if (auto v = read_int(*n, "records_per_epoch", d, 1, kMaxLength)) config.records_per_epoch = *v;
   }
@@ -105,7 +99,10 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
       config.min_checkpoint_period = read_length(*n, "min_checkpoint_period", d, period_units);
     }
   }
+}
 
+// The map-valued sections, from resources to scheduler; an absent or null section keeps its defaults.
+void read_sections(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   struct Section {
     const char* key;
     const char* example;
@@ -146,7 +143,10 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
     MapReader r(n, section.key, d);
     section.read(r);
   }
+}
 
+// scheduling_unit, max_restarts, data and environment.
+void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("scheduling_unit")) {
     if (auto v = read_int(*n, "scheduling_unit", d, 1, kMaxLength)) config.scheduling_unit = *v;
   }
@@ -161,6 +161,25 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
     }
   }
   config.environment = read_environment(top.get("environment"), "environment", d);
+}
+
+}  // namespace
+
+ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
+  ExperimentConfig config;
+  if (!root.is_map()) {
+    d.error(root.where(), "",
+            root.is_null() ? "is empty; an experiment config needs at least name, entrypoint "
+                             "and searcher (see docs/config-reference.md)"
+                           : "must be a map of keys (name:, entrypoint:, ...), got " + root.kind_name());
+    return config;
+  }
+  MapReader top(&root, "", d);
+  read_name(top, config, d);
+  read_trial_keys(top, config, d);
+  read_periods(top, config, d);
+  read_sections(top, config, d);
+  read_run_keys(top, config, d);
   top.finish();
 
   check_hyperparameters(config, root, d);
@@ -182,9 +201,7 @@ ExperimentConfig load_experiment_config(const ConfigSources& sources) { return l
 
 namespace {
 
-// `schedulers` null: scheduler.type is any name (a stored config, checked when it was submitted).
-ExperimentConfig load(const ConfigSources& sources, const std::string& site_path,
-                      const std::vector<const Scheduler*>* schedulers) {
+ExperimentConfig load(const ConfigSources& sources, const std::string& site_path, const ConfigCheck& check) {
   Diagnostics d;
   ConfigNode root = load_config_file(sources.config_path, d);
   // Under the config: the template, then the site's defaults under both.
@@ -202,7 +219,7 @@ ExperimentConfig load(const ConfigSources& sources, const std::string& site_path
   d.throw_if_any();
   ExperimentConfig config = parse_experiment_config(root, d);
   config.source_path = sources.config_path;
-  if (schedulers != nullptr) check_scheduler_config(config, *schedulers, d);
+  if (check) check(config, d);
   d.sort();
   d.throw_if_any();
   return config;
@@ -211,12 +228,19 @@ ExperimentConfig load(const ConfigSources& sources, const std::string& site_path
 }  // namespace
 
 ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path) {
-  return load(sources, site_path, nullptr);
+  return load(sources, site_path, {});
 }
 
 ExperimentConfig load_experiment_config(const ConfigSources& sources, const std::string& site_path,
-                                        const std::vector<const Scheduler*>& schedulers) {
-  return load(sources, site_path, &schedulers);
+                                        const ConfigCheck& check) {
+  return load(sources, site_path, check);
+}
+
+std::string SchedulerConfig::option(const std::string& key) const {
+  for (const ConfigEntry& entry : options) {
+    if (entry.key == key) return entry.value.is_scalar() ? entry.value.text() : std::string();
+  }
+  return {};
 }
 
 }  // namespace hpctrial::core

@@ -205,6 +205,69 @@ std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const C
   return out;
 }
 
+namespace {
+
+// The minval, maxval, count and (for log) base of an int, double or log range; false when any
+// of them is missing or invalid, or minval is not below maxval.
+bool read_range(MapReader& r, const ConfigNode& node, const std::string& path, Diagnostics& d,
+                Hyperparameter& hp) {
+  const ConfigNode* min_node = r.require("minval", "minval: 1");
+  const ConfigNode* max_node = r.require("maxval", "maxval: 10");
+  bool ok = min_node != nullptr && max_node != nullptr;
+  for (auto [n, target, key] : {std::tuple{min_node, &hp.minval, "minval"},
+                                std::tuple{max_node, &hp.maxval, "maxval"}}) {
+    if (n == nullptr) continue;
+    if (hp.type == Hyperparameter::Type::kInt) {
+      const auto v = read_int(*n, r.path(key), d, -kMaxLength, kMaxLength);
+      if (v) *target = static_cast<double>(*v);
+      ok = ok && v.has_value();
+    } else {
+      const auto v = read_double(*n, r.path(key), d, -1e300, 1e300, false);
+      if (v) *target = *v;
+      ok = ok && v.has_value();
+    }
+  }
+  if (const ConfigNode* count = r.get("count")) {
+    const auto v = read_int(*count, r.path("count"), d, 1, kMaxTrials);
+    if (v) hp.count = *v;
+    ok = ok && v.has_value();
+  }
+  if (hp.type == Hyperparameter::Type::kLog) {
+    if (const ConfigNode* base = r.get("base")) {
+      const auto v = read_double(*base, r.path("base"), d, 0, 1e300, true);
+      if (v && *v == 1.0) {
+        report(*base, r.path("base"), d, "must not be 1 (every power of 1 is 1); e.g. base: 10");
+      } else if (v) {
+        hp.base = *v;
+      }
+      ok = ok && v.has_value() && *v != 1.0;
+    }
+  }
+  if (ok && !(hp.minval < hp.maxval)) {
+    report(node, path, d,
+           fmt::format("minval ({}) must be less than maxval ({}); for a single value use "
+                       "{{type: const, val: ...}}",
+                       hp.minval, hp.maxval));
+    ok = false;
+  }
+  return ok;
+}
+
+// The vals of a categorical hyperparameter; false when missing or not a non-empty list.
+bool read_categorical_vals(MapReader& r, Diagnostics& d, Hyperparameter& hp) {
+  const ConfigNode* vals = r.require("vals", "vals: [32, 64, 128]");
+  if (vals == nullptr) return false;
+  if (!vals->is_sequence() || vals->items().empty()) {
+    report(*vals, r.path("vals"), d,
+           "must be a non-empty list of choices, e.g. [32, 64, 128]; got " + describe(*vals));
+    return false;
+  }
+  hp.vals = vals->items();
+  return true;
+}
+
+}  // namespace
+
 std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const std::string& path,
                                                   Diagnostics& d, int depth) {
   Hyperparameter hp;
@@ -235,56 +298,9 @@ std::optional<Hyperparameter> read_hyperparameter(const ConfigNode& node, const 
       result = hp;
     }
   } else if (hp.type != Hyperparameter::Type::kCategorical) {
-    const ConfigNode* min_node = r.require("minval", "minval: 1");
-    const ConfigNode* max_node = r.require("maxval", "maxval: 10");
-    bool ok = min_node != nullptr && max_node != nullptr;
-    for (auto [n, target, key] : {std::tuple{min_node, &hp.minval, "minval"},
-                                  std::tuple{max_node, &hp.maxval, "maxval"}}) {
-      if (n == nullptr) continue;
-      if (hp.type == Hyperparameter::Type::kInt) {
-        const auto v = read_int(*n, r.path(key), d, -kMaxLength, kMaxLength);
-        if (v) *target = static_cast<double>(*v);
-        ok = ok && v.has_value();
-      } else {
-        const auto v = read_double(*n, r.path(key), d, -1e300, 1e300, false);
-        if (v) *target = *v;
-        ok = ok && v.has_value();
-      }
-    }
-    if (const ConfigNode* count = r.get("count")) {
-      const auto v = read_int(*count, r.path("count"), d, 1, kMaxTrials);
-      if (v) hp.count = *v;
-      ok = ok && v.has_value();
-    }
-    if (hp.type == Hyperparameter::Type::kLog) {
-      if (const ConfigNode* base = r.get("base")) {
-        const auto v = read_double(*base, r.path("base"), d, 0, 1e300, true);
-        if (v && *v == 1.0) {
-          report(*base, r.path("base"), d, "must not be 1 (every power of 1 is 1); e.g. base: 10");
-        } else if (v) {
-          hp.base = *v;
-        }
-        ok = ok && v.has_value() && *v != 1.0;
-      }
-    }
-    if (ok && !(hp.minval < hp.maxval)) {
-      report(node, path, d,
-             fmt::format("minval ({}) must be less than maxval ({}); for a single value use "
-                         "{{type: const, val: ...}}",
-                         hp.minval, hp.maxval));
-      ok = false;
-    }
-    if (ok) result = hp;
+    if (read_range(r, node, path, d, hp)) result = hp;
   } else {
-    if (const ConfigNode* vals = r.require("vals", "vals: [32, 64, 128]")) {
-      if (!vals->is_sequence() || vals->items().empty()) {
-        report(*vals, r.path("vals"), d,
-               "must be a non-empty list of choices, e.g. [32, 64, 128]; got " + describe(*vals));
-      } else {
-        hp.vals = vals->items();
-        result = hp;
-      }
-    }
+    if (read_categorical_vals(r, d, hp)) result = hp;
   }
   r.finish();
   return result;
@@ -311,5 +327,15 @@ std::string_view to_string(Searcher::Name name) { return choice_name(kSearcherNa
 
 std::string_view to_string(GradientCompression compression) { return choice_name(kCompressions, compression); }
 
+const std::vector<std::string>& scheduler_common_keys() {
+  static const std::vector<std::string> keys = {"type", "account", "time_limit", "preemption_grace",
+                                                "modules", "environment", "extra_directives"};
+  return keys;
+}
+
+bool check_scheduler_name(const ConfigNode& node, const std::string& path, Diagnostics& diagnostics,
+                          bool allow_at) {
+  return detail::read_scheduler_name(node, path, diagnostics, allow_at).has_value();
+}
 
 }  // namespace hpctrial::core

@@ -19,6 +19,9 @@ class MapReader {
   const ConfigNode* get(const std::string& key);
   // Like get(), and reports a missing key with an example of what to write.
   const ConfigNode* require(const std::string& key, const std::string& example);
+  // The entries no get() or require() asked for, in the order written.
+  std::vector<ConfigEntry> rest() const;
+  // Reports each of rest() as an unknown key, with the closest known one.
   void finish();
 
   std::string path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }

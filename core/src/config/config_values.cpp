@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 
 #include <fmt/core.h>
 
@@ -28,22 +29,17 @@ const ConfigNode* MapReader::require(const std::string& key, const std::string& 
 
 SourceLocation MapReader::where() const { return node_ != nullptr ? node_->where() : SourceLocation{}; }
 
-void MapReader::finish() {
-  if (!present()) return;
+std::vector<ConfigEntry> MapReader::rest() const {
+  std::vector<ConfigEntry> unread;
+  if (!present()) return unread;
   for (const auto& entry : node_->entries()) {
-    bool known = false;
-    for (const auto& k : known_) known = known || k == entry.key;
-    if (known) continue;
-    std::string message = "unknown key";
-    const std::string suggestion = closest_match(entry.key, known_);
-    if (!suggestion.empty()) {
-      message += "; did you mean '" + suggestion + "'?";
-    } else {
-      message += "; the keys here are: ";
-      for (std::size_t i = 0; i < known_.size(); ++i) message += (i ? ", " : "") + known_[i];
-    }
-    diagnostics_.error(entry.key_where, path(entry.key), message);
+    if (std::find(known_.begin(), known_.end(), entry.key) == known_.end()) unread.push_back(entry);
   }
+  return unread;
+}
+
+void MapReader::finish() {
+  for (const auto& entry : rest()) diagnostics_.error(entry.key_where, path(entry.key), unknown_key(entry.key, known_));
 }
 
 void report(const ConfigNode& node, const std::string& path, Diagnostics& d, std::string message) {

@@ -94,4 +94,12 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best;
 }
 
+std::string unknown_key(const std::string& key, const std::vector<std::string>& known) {
+  const std::string suggestion = closest_match(key, known);
+  if (!suggestion.empty()) return "unknown key; did you mean '" + suggestion + "'?";
+  std::string message = "unknown key; the keys here are: ";
+  for (std::size_t i = 0; i < known.size(); ++i) message += (i ? ", " : "") + known[i];
+  return message;
+}
+
 }  // namespace hpctrial::core

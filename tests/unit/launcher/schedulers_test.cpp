@@ -79,6 +79,26 @@ TEST(SchedulerRegistry, ScheduledTypeIsANameInTheRegistryAndEachVetsItsOwnOption
   EXPECT_EQ(config_errors("scheduler: {type: slurm, partition: gpu, qos: high, account: p1}\n"), "");
   EXPECT_EQ(config_errors("scheduler: {type: pbs, queue: workq@pbs01, account: p1}\n"), "");
   EXPECT_EQ(config_errors("scheduler: {partition: gpu, queue: workq}\n"), "");
+  // A key no scheduler has, and a value an option cannot take, whichever scheduler runs it.
+  EXPECT_EQ(config_errors("scheduler: {type: slurm, partiton: gpu}\n"),
+            "exp.yaml:4:26: scheduler.partiton: unknown key; did you mean 'partition'?");
+  EXPECT_THAT(config_errors("scheduler: {partition: \"gpu; rm -rf /\"}\n"),
+              HasSubstr("scheduler.partition: must be a name of letters, digits"));
+  EXPECT_THAT(config_errors("scheduler: {type: slurm, partition: a@b}\n"),
+              HasSubstr("scheduler.partition: must be a name of letters, digits, '.', '_' and '-', got \"a@b\""));
+}
+
+TEST(SchedulerRegistry, ErrorsInATemplateNameTheTemplateFile) {
+  testing_support::TempDir dir;
+  const std::string tmpl = dir.write("site.yaml", "scheduler:\n  tpye: slurm\n");
+  const std::string config = dir.write("exp.yaml", "name: t\nentrypoint: ./trial\n"
+                                                   "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n");
+  try {
+    core::load_experiment_config({config, tmpl, {}}, "", launcher::schedulers());
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), tmpl + ":2:3: scheduler.tpye: unknown key; did you mean 'type'?");
+  }
 }
 
 TEST(SchedulerRegistry, LocalHasNoJobsAndSaysWhatToDoInstead) {

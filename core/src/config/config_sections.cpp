@@ -306,15 +306,9 @@ void read_scheduler(MapReader& r, SchedulerConfig& s) {
     s.written_at["type"] = n->where();
     if (auto v = read_string(*n, r.path("type"), d)) s.type = *v;
   }
-  for (const auto& [key, at_allowed, target] :
-       {std::tuple<const char*, bool, std::string*>{"partition", false, &s.partition},
-        {"queue", true, &s.queue},
-        {"account", false, &s.account},
-        {"qos", false, &s.qos}}) {
-    if (const ConfigNode* n = r.get(key)) {
-      s.written_at[key] = n->where();
-      if (auto v = read_scheduler_name(*n, r.path(key), d, at_allowed)) *target = *v;
-    }
+  if (const ConfigNode* n = r.get("account")) {
+    s.written_at["account"] = n->where();
+    if (auto v = read_scheduler_name(*n, r.path("account"), d, false)) s.account = *v;
   }
   const ConfigNode* limit = r.get("time_limit");
   if (limit != nullptr) {
@@ -360,7 +354,9 @@ void read_scheduler(MapReader& r, SchedulerConfig& s) {
       }
     }
   }
-  r.finish();
+  // The rest belongs to one scheduler or another: the registry vets them (check_scheduler_config).
+  s.options = r.rest();
+  for (const ConfigEntry& option : s.options) s.written_at[option.key] = option.value.where();
 }
 
 void read_engine(MapReader& r, EngineConfig& e) {

@@ -168,15 +168,15 @@ TEST(PbsBatchScript, JobNamesAreSanitisedTheWayPbsAcceptsThem) {
 TEST(PbsBatchScript, ValuesPbsWouldMisreadAreRefusedWithTheirKey) {
   // The config reader refuses such values with their file and line; the script refuses them too.
   auto config = parse("scheduler: {type: pbs}\n");
-  config.scheduler.queue = "gpu q";
+  config.scheduler.options = {{"queue", {}, core::ConfigNode::scalar("gpu q")}};
   EXPECT_THAT(error_of(config), HasSubstr("scheduler.queue: \"gpu q\" cannot go into a #PBS line"));
-  config.scheduler.queue.clear();
+  config.scheduler.options.clear();
   for (const char* account : {"a#b", "\"x\"", "a b", "$(id)"}) {
     config.scheduler.account = account;
     EXPECT_THAT(error_of(config), HasSubstr("scheduler.account:")) << account;
   }
   auto two_lines = parse("scheduler: {type: pbs}\n");
-  two_lines.scheduler.queue = "a\nb";
+  two_lines.scheduler.options = {{"queue", {}, core::ConfigNode::scalar("a\nb")}};
   EXPECT_THAT(error_of(two_lines), HasSubstr("scheduler.queue: holds a line break"));
   // The output path of -o is host:path, split at blanks.
   EXPECT_THAT(error_of(parse(""), {"/scratch/my runs/exp", "/opt/hpctrial"}),

@@ -72,23 +72,17 @@ void emit_strings(YAML::Emitter& out, const std::vector<std::string>& values) {
   out << YAML::EndSeq;
 }
 
-}  // namespace
-
-std::string to_yaml(const ExperimentConfig& c) {
-  YAML::Emitter out;
-  out.SetIndent(2);
-  out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << c.name;
-  out << YAML::Key << "description" << YAML::Value << YAML::DoubleQuoted << c.description;
-
+void emit_entrypoint(YAML::Emitter& out, const Entrypoint& entrypoint) {
   out << YAML::Key << "entrypoint" << YAML::Value;
-  if (c.entrypoint.kind == Entrypoint::Kind::kLibrary) {
-    out << c.entrypoint.library + ":" + c.entrypoint.trial_class;
+  if (entrypoint.kind == Entrypoint::Kind::kLibrary) {
+    out << entrypoint.library + ":" + entrypoint.trial_class;
   } else {
     out << YAML::Flow;
-    emit_strings(out, c.entrypoint.argv);
+    emit_strings(out, entrypoint.argv);
   }
+}
 
+void emit_hyperparameters(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "hyperparameters" << YAML::Value;
   if (c.hyperparameters.empty()) out << YAML::Flow;
   out << YAML::BeginMap;
@@ -97,19 +91,24 @@ std::string to_yaml(const ExperimentConfig& c) {
     emit_hyperparameter(out, hp);
   }
   out << YAML::EndMap;
+}
 
+void emit_searcher(YAML::Emitter& out, const Searcher& searcher) {
   out << YAML::Key << "searcher" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << std::string(to_string(c.searcher.name));
-  out << YAML::Key << "metric" << YAML::Value << YAML::DoubleQuoted << c.searcher.metric;
-  out << YAML::Key << "smaller_is_better" << YAML::Value << c.searcher.smaller_is_better;
+  out << YAML::Key << "name" << YAML::Value << std::string(to_string(searcher.name));
+  out << YAML::Key << "metric" << YAML::Value << YAML::DoubleQuoted << searcher.metric;
+  out << YAML::Key << "smaller_is_better" << YAML::Value << searcher.smaller_is_better;
   out << YAML::Key << "max_length" << YAML::Value;
-  emit_length(out, c.searcher.max_length);
-  if (c.searcher.name != Searcher::Name::kGrid) {
-    out << YAML::Key << "max_trials" << YAML::Value << c.searcher.max_trials;
+  emit_length(out, searcher.max_length);
+  if (searcher.name != Searcher::Name::kGrid) {
+    out << YAML::Key << "max_trials" << YAML::Value << searcher.max_trials;
   }
-  out << YAML::Key << "max_concurrent_trials" << YAML::Value << c.searcher.max_concurrent_trials;
+  out << YAML::Key << "max_concurrent_trials" << YAML::Value << searcher.max_concurrent_trials;
   out << YAML::EndMap;
+}
 
+// records_per_epoch, min_validation_period and min_checkpoint_period.
+void emit_periods(YAML::Emitter& out, const ExperimentConfig& c) {
   if (c.records_per_epoch > 0) {
     out << YAML::Key << "records_per_epoch" << YAML::Value << c.records_per_epoch;
   }
@@ -123,8 +122,9 @@ std::string to_yaml(const ExperimentConfig& c) {
   } else {
     out << YAML::Key << "min_checkpoint_period" << YAML::Value << (c.auto_checkpoint_period ? "auto" : "none");
   }
+}
 
-  const Resources& r = c.resources;
+void emit_resources(YAML::Emitter& out, const Resources& r) {
   out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "slots_per_trial" << YAML::Value << r.slots_per_trial;
   if (r.elastic()) out << YAML::Key << "min_slots_per_trial" << YAML::Value << r.min_slots_per_trial;
@@ -135,8 +135,25 @@ std::string to_yaml(const ExperimentConfig& c) {
     out << YAML::Key << "memory_per_node" << YAML::Value << format_memory(*r.memory_per_node_bytes);
   }
   out << YAML::EndMap;
+}
 
-  const Optimizations& o = c.optimizations;
+void emit_adaptive_batch(YAML::Emitter& out, const AdaptiveBatch& a) {
+  out << YAML::Key << "adaptive_batch_size" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "enabled" << YAML::Value << true;
+  out << YAML::Key << "max_batch_size" << YAML::Value << a.max_batch_size;
+  if (a.max_local_batch > 0) {
+    out << YAML::Key << "local_batch_size_bounds" << YAML::Value << YAML::Flow << YAML::BeginSeq
+        << a.min_local_batch << a.max_local_batch << YAML::EndSeq;
+  }
+  out << YAML::Key << "gradient_accumulation" << YAML::Value << a.gradient_accumulation;
+  out << YAML::Key << "scaling_rule" << YAML::Value << std::string(to_string(a.scaling_rule));
+  out << YAML::Key << "legw_warmup_epochs" << YAML::Value << number(a.legw_warmup_epochs);
+  out << YAML::Key << "decision_interval" << YAML::Value << a.decision_interval;
+  out << YAML::Key << "smoothing" << YAML::Value << number(a.smoothing);
+  out << YAML::EndMap;
+}
+
+void emit_optimizations(YAML::Emitter& out, const Optimizations& o) {
   out << YAML::Key << "optimizations" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "aggregation_frequency" << YAML::Value << o.aggregation_frequency;
   out << YAML::Key << "average_training_metrics" << YAML::Value << o.average_training_metrics;
@@ -145,49 +162,35 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "collective_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(o.collective_timeout_seconds);
   out << YAML::Key << "replica_check_period" << YAML::Value << o.replica_check_period;
-  if (o.adaptive_batch_size.enabled) {
-    const AdaptiveBatch& a = o.adaptive_batch_size;
-    out << YAML::Key << "adaptive_batch_size" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "enabled" << YAML::Value << true;
-    out << YAML::Key << "max_batch_size" << YAML::Value << a.max_batch_size;
-    if (a.max_local_batch > 0) {
-      out << YAML::Key << "local_batch_size_bounds" << YAML::Value << YAML::Flow << YAML::BeginSeq
-          << a.min_local_batch << a.max_local_batch << YAML::EndSeq;
-    }
-    out << YAML::Key << "gradient_accumulation" << YAML::Value << a.gradient_accumulation;
-    out << YAML::Key << "scaling_rule" << YAML::Value << std::string(to_string(a.scaling_rule));
-    out << YAML::Key << "legw_warmup_epochs" << YAML::Value << number(a.legw_warmup_epochs);
-    out << YAML::Key << "decision_interval" << YAML::Value << a.decision_interval;
-    out << YAML::Key << "smoothing" << YAML::Value << number(a.smoothing);
-    out << YAML::EndMap;
-  }
+  if (o.adaptive_batch_size.enabled) emit_adaptive_batch(out, o.adaptive_batch_size);
   out << YAML::EndMap;
+}
 
-  if (c.engine) {
-    const EngineConfig& e = *c.engine;
-    out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
-    if (e.train_batch_size) out << YAML::Key << "train_batch_size" << YAML::Value << *e.train_batch_size;
-    if (e.train_micro_batch_size_per_gpu) {
-      out << YAML::Key << "train_micro_batch_size_per_gpu" << YAML::Value << *e.train_micro_batch_size_per_gpu;
-    }
-    if (e.gradient_accumulation_steps) {
-      out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << *e.gradient_accumulation_steps;
-    }
-    out << YAML::Key << "gradient_clipping" << YAML::Value << number(e.gradient_clipping);
-    out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
-        << YAML::Value << e.zero_stage << YAML::Key << "reduce_bucket_size" << YAML::Value << e.reduce_bucket_size
-        << YAML::EndMap;
-    out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
-        << YAML::Value << e.bf16 << YAML::EndMap;
-    out << YAML::Key << "fp16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
-        << YAML::Value << e.fp16.enabled << YAML::Key << "loss_scale" << YAML::Value << number(e.fp16.loss_scale)
-        << YAML::Key << "initial_scale_power" << YAML::Value << e.fp16.initial_scale_power << YAML::Key
-        << "loss_scale_window" << YAML::Value << e.fp16.loss_scale_window << YAML::Key << "hysteresis"
-        << YAML::Value << e.fp16.hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
-        << number(e.fp16.min_loss_scale) << YAML::EndMap;
-    out << YAML::EndMap;
+void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
+  out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
+  if (e.train_batch_size) out << YAML::Key << "train_batch_size" << YAML::Value << *e.train_batch_size;
+  if (e.train_micro_batch_size_per_gpu) {
+    out << YAML::Key << "train_micro_batch_size_per_gpu" << YAML::Value << *e.train_micro_batch_size_per_gpu;
   }
+  if (e.gradient_accumulation_steps) {
+    out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << *e.gradient_accumulation_steps;
+  }
+  out << YAML::Key << "gradient_clipping" << YAML::Value << number(e.gradient_clipping);
+  out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
+      << YAML::Value << e.zero_stage << YAML::Key << "reduce_bucket_size" << YAML::Value << e.reduce_bucket_size
+      << YAML::EndMap;
+  out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
+      << YAML::Value << e.bf16 << YAML::EndMap;
+  out << YAML::Key << "fp16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
+      << YAML::Value << e.fp16.enabled << YAML::Key << "loss_scale" << YAML::Value << number(e.fp16.loss_scale)
+      << YAML::Key << "initial_scale_power" << YAML::Value << e.fp16.initial_scale_power << YAML::Key
+      << "loss_scale_window" << YAML::Value << e.fp16.loss_scale_window << YAML::Key << "hysteresis"
+      << YAML::Value << e.fp16.hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
+      << number(e.fp16.min_loss_scale) << YAML::EndMap;
+  out << YAML::EndMap;
+}
 
+void emit_reproducibility(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "reproducibility" << YAML::Value;
   if (!c.reproducibility.experiment_seed) out << YAML::Flow;
   out << YAML::BeginMap;
@@ -195,8 +198,9 @@ std::string to_yaml(const ExperimentConfig& c) {
     out << YAML::Key << "experiment_seed" << YAML::Value << *c.reproducibility.experiment_seed;
   }
   out << YAML::EndMap;
+}
 
-  const CheckpointStorage& s = c.checkpoint_storage;
+void emit_checkpoint_storage(YAML::Emitter& out, const CheckpointStorage& s) {
   out << YAML::Key << "checkpoint_storage" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << s.type;
   if (!s.host_path.empty()) {
@@ -209,10 +213,9 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "auto_overhead" << YAML::Value << s.auto_overhead;
   out << YAML::Key << "auto_max_interval" << YAML::Value << format_duration(s.auto_max_interval_seconds);
   out << YAML::EndMap;
+}
 
-  out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
-  out << YAML::Key << "scheduling_unit" << YAML::Value << c.scheduling_unit;
-
+void emit_profiling(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "profiling" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "enabled" << YAML::Value << c.profiling.enabled;
   out << YAML::Key << "begin_on_batch" << YAML::Value << c.profiling.begin_on_batch;
@@ -221,7 +224,9 @@ std::string to_yaml(const ExperimentConfig& c) {
       << (c.profiling.system_metrics_period_seconds == 0 ? std::string("0s")
                                                           : format_duration(c.profiling.system_metrics_period_seconds));
   out << YAML::EndMap;
+}
 
+void emit_launcher(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;
   emit_strings(out, c.launcher.prefix);
@@ -230,14 +235,16 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "hang_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(c.launcher.hang_timeout_seconds);
   out << YAML::EndMap;
+}
 
-  const SchedulerConfig& sc = c.scheduler;
+void emit_scheduler(YAML::Emitter& out, const SchedulerConfig& sc) {
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << sc.type;
-  for (const auto& [key, value] : {std::pair{"partition", &sc.partition}, std::pair{"queue", &sc.queue},
-                                   std::pair{"account", &sc.account}, std::pair{"qos", &sc.qos}}) {
-    if (!value->empty()) out << YAML::Key << key << YAML::Value << *value;
+  for (const ConfigEntry& option : sc.options) {
+    out << YAML::Key << option.key << YAML::Value;
+    emit_node(out, option.value);
   }
+  if (!sc.account.empty()) out << YAML::Key << "account" << YAML::Value << sc.account;
   if (sc.time_limit_seconds) {
     out << YAML::Key << "time_limit" << YAML::Value << YAML::DoubleQuoted
         << format_duration(*sc.time_limit_seconds);
@@ -251,7 +258,30 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "extra_directives" << YAML::Value << YAML::Flow;
   emit_strings(out, sc.extra_directives);
   out << YAML::EndMap;
+}
 
+}  // namespace
+
+std::string to_yaml(const ExperimentConfig& c) {
+  YAML::Emitter out;
+  out.SetIndent(2);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << c.name;
+  out << YAML::Key << "description" << YAML::Value << YAML::DoubleQuoted << c.description;
+  emit_entrypoint(out, c.entrypoint);
+  emit_hyperparameters(out, c);
+  emit_searcher(out, c.searcher);
+  emit_periods(out, c);
+  emit_resources(out, c.resources);
+  emit_optimizations(out, c.optimizations);
+  if (c.engine) emit_engine(out, *c.engine);
+  emit_reproducibility(out, c);
+  emit_checkpoint_storage(out, c.checkpoint_storage);
+  out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
+  out << YAML::Key << "scheduling_unit" << YAML::Value << c.scheduling_unit;
+  emit_profiling(out, c);
+  emit_launcher(out, c);
+  emit_scheduler(out, c.scheduler);
   out << YAML::Key << "data" << YAML::Value;
   emit_node(out, c.data);
   out << YAML::Key << "environment" << YAML::Value;
