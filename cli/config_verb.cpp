@@ -10,6 +10,7 @@
 #include "hpctrial/launcher/schedulers.h"
 #include "site_defaults.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 
@@ -43,33 +44,16 @@ std::string summarize(const core::ExperimentConfig& c) {
 }
 
 int run_config(const std::vector<std::string>& args) {
-  std::string template_path;
+  ConfigArgs config_args;
   std::string output_path;
-  std::vector<std::string> overrides;
-  po::options_description options("options");
-  options.add_options()
-      ("help,h", "show this help")
-      ("template,t", po::value(&template_path)->value_name("T.yaml"),
-       "merge this template under the config (config values win, lists concatenate, maps merge)")
-      ("set,s", po::value(&overrides)->value_name("KEY.PATH=VALUE")->composing(),
-       "override one value (repeatable); VALUE is YAML, e.g. 4, true, [a,b]")
+  std::vector<std::string> positional;
+  VerbArgs command_line(kUsage);
+  command_line.add_config_options(config_args, ConfigHelp::kDetailed);
+  command_line.add_options()
       ("output,o", po::value(&output_path)->value_name("FILE"),
        "show: write the effective config to FILE (atomically, mode 0600) instead of stdout");
-  po::options_description hidden;
-  std::vector<std::string> positional;
-  hidden.add_options()("positional", po::value(&positional));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("positional", -1);
-
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << kUsage << options;
-    return kExitOk;
-  }
+  command_line.positional("positional", &positional);
+  if (!command_line.parse(args)) return kExitOk;
   if (positional.empty()) {
     std::cerr << "hpctrial config: say what to do: validate or show\n"
               << "run 'hpctrial config --help' for usage\n";
@@ -97,9 +81,9 @@ int run_config(const std::vector<std::string>& args) {
 
   int exit_code = kExitOk;
   for (const auto& file : files) {
-    core::ConfigSources sources{file, template_path, overrides};
     try {
-      const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
+      const core::ExperimentConfig config =
+          core::load_experiment_config(config_args.sources(file), site_defaults_path(), launcher::schedulers());
       if (action == "show" && !output_path.empty()) {
         core::write_file_atomic(output_path, core::to_yaml(config));
         std::cout << "wrote the effective config of " << file << " to " << output_path << "\n";

@@ -25,6 +25,7 @@
 #include "hpctrial/launcher/schedulers.h"
 #include "job_verbs.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -80,22 +81,15 @@ std::string state_text(const core::JobStatus& job) {
 }
 
 int run_jobs(const std::vector<std::string>& args) {
-  po::options_description options("options");
   bool all = false;
-  options.add_options()("help,h", "show this help")("all,a", po::bool_switch(&all),
-                                                    "also list this user's jobs that are not hpctrial's");
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(options).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << R"(usage: hpctrial jobs [--all]
+  VerbArgs command_line(R"(usage: hpctrial jobs [--all]
 
 Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
 ended), one line per task of a job array, with what their experiment directories say: batches
 trained and the latest checkpoint.
-)" << "\n" << options;
-    return kExitOk;
-  }
+)" "\n");
+  command_line.add_options()("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's");
+  if (!command_line.parse(args)) return kExitOk;
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
   const auto progress_cells = [](const std::string& dir, int trial, bool running) {

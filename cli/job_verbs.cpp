@@ -13,6 +13,7 @@
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -53,24 +54,13 @@ Target resolve_target(const std::string& what, bool need_job) {
 
 std::string target_argument(const std::vector<std::string>& args, const char* verb, const char* usage,
                             const po::options_description* own, po::variables_map* vm_out) {
-  po::options_description options("options");
-  options.add_options()("help,h", "show this help");
-  if (own != nullptr) options.add(*own);
-  po::options_description hidden;
+  VerbArgs command_line(std::string(usage) + "\n");
+  if (own != nullptr) command_line.add(*own);
   std::string target;
-  hidden.add_options()("target", po::value(&target));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("target", 1);
-  po::variables_map local;
-  po::variables_map& vm = vm_out != nullptr ? *vm_out : local;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << usage << "\n" << options;
-    return "";
-  }
+  command_line.positional("target", &target);
+  const bool go_on = command_line.parse(args);
+  if (vm_out != nullptr) *vm_out = command_line.values();
+  if (!go_on) return "";
   if (target.empty()) throw ConfigError(std::string("hpctrial ") + verb + ": give a job id or an experiment directory");
   return target;
 }

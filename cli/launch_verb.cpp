@@ -9,6 +9,7 @@
 #include "hpctrial/launcher/launcher.h"
 #include "launch_options.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 
@@ -26,26 +27,19 @@ failed more than max_restarts times (see DIR/trial-<id>/failures.jsonl).
 
 int run_launch(const std::vector<std::string>& args) {
   launcher::LaunchOptions launch;
-  po::options_description options("options");
-  options.add_options()
-      ("help,h", "show this help")
+  VerbArgs command_line(kUsage);
+  command_line.add_options()
       ("experiment,e", po::value(&launch.experiment_dir)->value_name("DIR"), "the experiment directory")
       ("trial", po::value(&launch.trial_id)->value_name("ID"), "the trial to run (default 0)")
       ("np,n", po::value(&launch.np)->value_name("N"), "ranks to start (default: slots_per_trial)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
       ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(options).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << kUsage << options;
-    return kExitOk;
-  }
+  if (!command_line.parse(args)) return kExitOk;
   if (launch.experiment_dir.empty()) {
     std::cerr << "hpctrial launch: give the experiment directory with --experiment DIR\n";
     return kExitUsage;
   }
-  if (launch.trial_id < 0 || (vm.count("np") && launch.np < 1)) {
+  if (launch.trial_id < 0 || (command_line.given("np") && launch.np < 1)) {
     std::cerr << "hpctrial launch: --trial must be 0 or more and --np at least 1\n";
     return kExitUsage;
   }

@@ -10,6 +10,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -55,23 +56,12 @@ std::string camel_case(const std::string& name) {
 
 int run_new_trial(const std::vector<std::string>& args) {
   std::string name, dir;
-  po::options_description options("options");
-  options.add_options()("help,h", "show this help")("dir,d", po::value(&dir)->value_name("DIR"),
-                                                     "where to write the project (default ./NAME)")(
-      "engine", "an engine trial (ModelEngine, ZeRO) rather than a Trial");
-  po::options_description hidden;
-  hidden.add_options()("name", po::value(&name));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("name", 1);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << kUsage << options;
-    return kExitOk;
-  }
+  VerbArgs command_line(kUsage);
+  command_line.add_options()
+      ("dir,d", po::value(&dir)->value_name("DIR"), "where to write the project (default ./NAME)")
+      ("engine", "an engine trial (ModelEngine, ZeRO) rather than a Trial");
+  command_line.positional("name", &name);
+  if (!command_line.parse(args)) return kExitOk;
   if (name.empty()) throw ConfigError("hpctrial new-trial: give the trial's name, e.g. `hpctrial new-trial segmenter`");
   const bool valid = std::islower(static_cast<unsigned char>(name[0])) && name.size() <= 64 &&
                      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
@@ -88,7 +78,7 @@ int run_new_trial(const std::vector<std::string>& args) {
   core::create_directories(dir, 0755);
   std::string dashed = name;
   replace_all(dashed, "_", "-");
-  const bool engine = vm.count("engine") != 0;
+  const bool engine = command_line.given("engine");
   const EmbeddedFile* files = engine ? kStandaloneEngineProject : kStandaloneProject;
   const std::size_t count = engine ? kStandaloneEngineProject_count : kStandaloneProject_count;
   for (std::size_t i = 0; i < count; ++i) {

@@ -18,6 +18,7 @@
 #include "launch_options.h"
 #include "site_defaults.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -58,49 +59,33 @@ examples:
 )";
 
 int run_run(const std::vector<std::string>& args) {
-  core::ConfigSources sources;
+  ConfigArgs config_args;
   std::string experiment_dir;
   int only_trial = -1;
   launcher::LaunchOptions launch;
-  po::options_description options("options");
-  options.add_options()
-      ("help,h", "show this help")
-      ("template,t", po::value(&sources.template_path)->value_name("T.yaml"), "merge this template under the config")
-      ("set,s", po::value(&sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
-       "override one config value (repeatable)")
+  VerbArgs command_line(kUsage);
+  command_line.add_config_options(config_args);
+  command_line.add_options()
       ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
       ("np,n", po::value(&launch.np)->value_name("N"), "ranks to start (default: slots_per_trial)")
       ("trial", po::value(&only_trial)->value_name("ID"), "run only this trial of a search (default: each in turn)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
       ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
-  po::options_description hidden;
-  hidden.add_options()("config", po::value(&sources.config_path));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << kUsage << options;
-    return kExitOk;
-  }
-  if (sources.config_path.empty()) {
-    std::cerr << "hpctrial run: give the experiment config, e.g. 'hpctrial run experiment.yaml'\n";
-    return kExitUsage;
-  }
-  if (vm.count("trial") && only_trial < 0) {
+  command_line.add_config_file(config_args);
+  if (!command_line.parse(args)) return kExitOk;
+  if (config_args.config_path.empty()) return missing_config("run");
+  if (command_line.given("trial") && only_trial < 0) {
     std::cerr << "hpctrial run: --trial must be 0 or more\n";
     return kExitUsage;
   }
-  if (vm.count("np") && launch.np < 1) {
+  if (command_line.given("np") && launch.np < 1) {
     std::cerr << "hpctrial run: --np must be at least 1\n";
     return kExitUsage;
   }
   core::ProcessEnv env;
   core::init_logging(env);
-  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
+  const core::ExperimentConfig config =
+      core::load_experiment_config(config_args.sources(), site_defaults_path(), launcher::schedulers());
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   launch.experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   launch.worker = find_worker();

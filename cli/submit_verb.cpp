@@ -25,6 +25,7 @@
 #include "job_verbs.h"
 #include "site_defaults.h"
 #include "verb.h"
+#include "verb_args.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -51,38 +52,21 @@ examples:
 )";
 
 int run_submit(const std::vector<std::string>& args) {
-  core::ConfigSources sources;
-  std::string experiment_dir, scheduler;
+  ConfigArgs config_args;
+  std::string experiment_dir;
   bool dry_run = false;
-  po::options_description options("options");
-  options.add_options()
-      ("help,h", "show this help")
-      ("template,t", po::value(&sources.template_path)->value_name("T.yaml"), "merge this template under the config")
-      ("set,s", po::value(&sources.overrides)->value_name("KEY.PATH=VALUE")->composing(),
-       "override one config value (repeatable)")
-      ("scheduler", po::value(&scheduler)->value_name("slurm|pbs"), "the scheduler (default scheduler.type)")
+  VerbArgs command_line(kUsage);
+  command_line.add_config_options(config_args);
+  command_line.add_scheduler_option(config_args);
+  command_line.add_options()
       ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
       ("dry-run", po::bool_switch(&dry_run), "print the batch script; write and submit nothing");
-  po::options_description hidden;
-  hidden.add_options()("config", po::value(&sources.config_path));
-  po::options_description all;
-  all.add(options).add(hidden);
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << kUsage << options;
-    return kExitOk;
-  }
-  if (sources.config_path.empty()) {
-    std::cerr << "hpctrial submit: give the experiment config, e.g. 'hpctrial submit experiment.yaml'\n";
-    return kExitUsage;
-  }
-  if (!scheduler.empty()) sources.overrides.push_back("scheduler.type=" + scheduler);
+  command_line.add_config_file(config_args);
+  if (!command_line.parse(args)) return kExitOk;
+  if (config_args.config_path.empty()) return missing_config("submit");
   core::ProcessEnv env;
-  const core::ExperimentConfig config = core::load_experiment_config(sources, site_defaults_path(), launcher::schedulers());
+  const core::ExperimentConfig config =
+      core::load_experiment_config(config_args.sources(), site_defaults_path(), launcher::schedulers());
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   const core::ExperimentLayout layout{experiment_dir};
