@@ -1,6 +1,7 @@
 #include "hpctrial/comm/communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <mutex>
@@ -44,24 +45,12 @@ void reduce16(void* in, void* inout, int* length, MPI_Datatype*) {
   }
 }
 
-struct Ops16 {
-  MPI_Op half[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
-  MPI_Op bfloat[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-};
-
-Ops16& ops16() {
-  static Ops16 ops;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    using namespace detail;
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kSum>, 1, &ops.half[0]));
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kMax>, 1, &ops.half[1]));
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<half_to_float, float_to_half, ReduceOp::kMin>, 1, &ops.half[2]));
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kSum>, 1, &ops.bfloat[0]));
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kMax>, 1, &ops.bfloat[1]));
-    HPCTRIAL_MPI_CHECK(MPI_Op_create(&reduce16<bfloat16_to_float, float_to_bfloat16, ReduceOp::kMin>, 1, &ops.bfloat[2]));
-  });
-  return ops;
+// The reductions of one 16-bit format: sum, max, min (MpiCommunicator::mpi_op's order).
+template <float (*Widen)(std::uint16_t), std::uint16_t (*Narrow)(float)>
+std::array<MpiOp, 3> reductions16() {
+  return {MpiOp::create(&reduce16<Widen, Narrow, ReduceOp::kSum>, true),
+          MpiOp::create(&reduce16<Widen, Narrow, ReduceOp::kMax>, true),
+          MpiOp::create(&reduce16<Widen, Narrow, ReduceOp::kMin>, true)};
 }
 
 MPI_Datatype to_mpi(DType dtype) {
@@ -80,10 +69,8 @@ MPI_Datatype to_mpi(DType dtype) {
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op to_mpi(DType dtype, ReduceOp op) {
-  const int index = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
-  if (dtype == DType::kFloat16) return ops16().half[index];
-  if (dtype == DType::kBFloat16) return ops16().bfloat[index];
+// MPI's built-in reduction for `op` (16-bit floats have their own: MpiCommunicator::mpi_op).
+MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: return MPI_SUM;
@@ -118,11 +105,11 @@ void divide(void* data, std::size_t count, DType dtype, int divisor) {
   }
 }
 
-void allreduce_on(MPI_Comm comm, int size, void* data, std::size_t count, DType dtype, ReduceOp op) {
+// `mpi_op` is the MPI reduction of `op` for `dtype` (MpiCommunicator::mpi_op).
+void allreduce_on(MPI_Comm comm, int size, void* data, std::size_t count, DType dtype, ReduceOp op, MPI_Op mpi_op) {
   const std::size_t element = dtype_size(dtype);
   const std::size_t piece = std::max<std::size_t>(1, kMaxPieceBytes / element);
   auto* bytes = static_cast<char*>(data);
-  const MPI_Op mpi_op = to_mpi(dtype, op);
   for (std::size_t done = 0; done < count; done += piece) {
     const auto n = static_cast<int>(std::min(piece, count - done));
     HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes + done * element, n, to_mpi(dtype), mpi_op, comm));
@@ -147,11 +134,10 @@ char* block_of(void* data, int block, std::size_t count, std::size_t element) {
 // packed into a contiguous buffer of size blocks when it is not the whole block, and received
 // into a buffer of its own when `recv` lies in `send` (MPI has no in-place form for that).
 void reduce_scatter_on(MPI_Comm comm, int rank, int size, const void* send, void* recv, std::size_t count,
-                       DType dtype, ReduceOp op) {
+                       DType dtype, ReduceOp op, MPI_Op mpi_op) {
   const std::size_t element = dtype_size(dtype);
   const std::size_t piece = std::max<std::size_t>(1, kMaxPieceBytes / (element * static_cast<std::size_t>(size)));
   const bool in_place = recv == block_of(const_cast<void*>(send), rank, count, element);
-  const MPI_Op mpi_op = to_mpi(dtype, op);
   std::vector<char> packed, received;
   for (std::size_t off = 0; off < count; off += piece) {
     const std::size_t n = std::min(piece, count - off);
@@ -264,7 +250,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog)
     : comm_(MpiComm::dup(comm)), async_comm_(MpiComm::dup(comm)), watchdog_(watchdog) {
   HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
   HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
-  ops16();  // created while every rank is here
+  half_ops_ = reductions16<detail::half_to_float, detail::float_to_half>();
+  bfloat_ops_ = reductions16<detail::bfloat16_to_float, detail::float_to_bfloat16>();
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -273,7 +260,14 @@ MpiCommunicator::~MpiCommunicator() {
     stopping_ = true;
   }
   wake_.notify_all();
-  if (worker_.joinable()) worker_.join();  // then the members free both communicators
+  if (worker_.joinable()) worker_.join();  // then the members free both communicators and the reductions
+}
+
+MPI_Op MpiCommunicator::mpi_op(DType dtype, ReduceOp op) const {
+  const std::size_t index = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
+  if (dtype == DType::kFloat16) return half_ops_[index].get();
+  if (dtype == DType::kBFloat16) return bfloat_ops_[index].get();
+  return to_mpi(op);
 }
 
 WorkHandle MpiCommunicator::enqueue(const char* operation, std::function<void(MPI_Comm)> run) {
@@ -307,7 +301,8 @@ WorkHandle MpiCommunicator::allreduce_async(void* data, std::size_t count, DType
   check_reduction(dtype, op);
   if (size_ == 1 || count == 0) return completed_work();
   const int size = size_;
-  return enqueue("allreduce", [=](MPI_Comm comm) { allreduce_on(comm, size, data, count, dtype, op); });
+  const MPI_Op reduction = mpi_op(dtype, op);
+  return enqueue("allreduce", [=](MPI_Comm comm) { allreduce_on(comm, size, data, count, dtype, op, reduction); });
 }
 
 WorkHandle MpiCommunicator::broadcast_async(void* data, std::size_t bytes, int root) {
@@ -322,8 +317,10 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const void* send, void* recv, s
   if (size_ == 1) return LocalCommunicator().reduce_scatter_async(send, recv, count, dtype, op);
   if (count == 0) return completed_work();
   const int rank = rank_, size = size_;
-  return enqueue("reduce_scatter",
-                 [=](MPI_Comm comm) { reduce_scatter_on(comm, rank, size, send, recv, count, dtype, op); });
+  const MPI_Op reduction = mpi_op(dtype, op);
+  return enqueue("reduce_scatter", [=](MPI_Comm comm) {
+    reduce_scatter_on(comm, rank, size, send, recv, count, dtype, op, reduction);
+  });
 }
 
 WorkHandle MpiCommunicator::allgather_async(const void* send, void* recv, std::size_t count, DType dtype) {
@@ -338,7 +335,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t c
   if (size_ == 1) return LocalCommunicator().reduce_scatter(send, recv, count, dtype, op);
   if (count == 0) return;
   Watchdog::Scope watch(watchdog_, "reduce_scatter");
-  reduce_scatter_on(comm_.get(), rank_, size_, send, recv, count, dtype, op);
+  reduce_scatter_on(comm_.get(), rank_, size_, send, recv, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
@@ -352,7 +349,7 @@ void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, Redu
   check_reduction(dtype, op);
   if (size_ == 1 || count == 0) return;
   Watchdog::Scope watch(watchdog_, "allreduce");
-  allreduce_on(comm_.get(), size_, data, count, dtype, op);
+  allreduce_on(comm_.get(), size_, data, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::broadcast(std::string& bytes, int root) {

@@ -34,4 +34,27 @@ void MpiComm::reset() noexcept {
   comm_ = MPI_COMM_NULL;
 }
 
+MpiOp MpiOp::create(MPI_User_function* function, bool commutative) {
+  MPI_Op op = MPI_OP_NULL;
+  HPCTRIAL_MPI_CHECK(MPI_Op_create(function, commutative ? 1 : 0, &op));
+  return MpiOp(op);
+}
+
+MpiOp& MpiOp::operator=(MpiOp&& other) noexcept {
+  if (this != &other) {
+    reset();
+    op_ = other.op_;
+    other.op_ = MPI_OP_NULL;
+  }
+  return *this;
+}
+
+void MpiOp::reset() noexcept {
+  if (op_ == MPI_OP_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && MPI_Op_free(&op_) != MPI_SUCCESS) core::log_warning("MPI_Op_free of a reduction failed");
+  op_ = MPI_OP_NULL;
+}
+
 }  // namespace hpctrial::comm

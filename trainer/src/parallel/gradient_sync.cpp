@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
 namespace {
@@ -64,16 +66,45 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // As in DDP, the first bucket is small, so that the first all-reduce starts early in backward.
 constexpr double kFirstBucketMb = 1.0;
 
+// The DType of a parameter's gradients, refusing types MPI cannot average.
 DType dtype_of(c10::ScalarType type) {
-  switch (type) {
-    case torch::kFloat32: return DType::kFloat32;
-    case torch::kFloat64: return DType::kFloat64;
-    case torch::kFloat16: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    default:
-      throw NotSupported(std::string("averaging gradients of type ") + c10::toString(type) +
-                         " across ranks; parameters must be float32, float64, float16 or bfloat16");
+  const std::optional<DType> dtype = to_dtype(type);
+  if (dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
+    return *dtype;
   }
+  throw NotSupported(std::string("averaging gradients of type ") + c10::toString(type) +
+                     " across ranks; parameters must be float32, float64, float16 or bfloat16");
+}
+
+// The parameters' indices grouped into buckets of about `bucket_cap_mb`, in launch order.
+std::vector<std::vector<std::size_t>> group_into_gradient_buckets(const std::vector<torch::Tensor>& parameters,
+                                                                  double bucket_cap_mb) {
+  struct Open {
+    std::vector<std::size_t> parameters;
+    double bytes = 0;
+  };
+  // Fill buckets walking the parameters backwards, one open bucket per (dtype, device).
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<std::size_t>> closed;
+  const double cap = bucket_cap_mb * kMiB;
+  for (std::size_t k = parameters.size(); k-- > 0;) {
+    const torch::Tensor& p = parameters[k];
+    dtype_of(p.scalar_type());  // refuses types MPI cannot average, before anything is built
+    Open& bucket = open[{static_cast<int>(p.scalar_type()), p.device().str()}];
+    const double limit = closed.empty() ? std::min(cap, kFirstBucketMb * kMiB) : cap;
+    if (!bucket.parameters.empty() && bucket.bytes + static_cast<double>(p.nbytes()) > limit) {
+      closed.push_back(std::move(bucket.parameters));
+      bucket = Open{};
+    }
+    bucket.parameters.push_back(k);
+    bucket.bytes += static_cast<double>(p.nbytes());
+  }
+  for (auto& [key, bucket] : open) {
+    if (!bucket.parameters.empty()) closed.push_back(std::move(bucket.parameters));
+  }
+  // Launch order: the bucket whose first parameter comes earliest in backward goes first.
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.front() > b.front(); });
+  return closed;
 }
 
 }  // namespace
@@ -103,32 +134,7 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& parameters, comm::C
   }
   bucket_of_.assign(parameters_.size(), 0);
 
-  // Fill buckets walking the parameters backwards, one open bucket per (dtype, device).
-  struct Open {
-    std::vector<std::size_t> parameters;
-    double bytes = 0;
-  };
-  std::map<std::pair<int, std::string>, Open> open;
-  std::vector<std::vector<std::size_t>> closed;
-  const double cap = options_.bucket_cap_mb * kMiB;
-  for (std::size_t k = parameters_.size(); k-- > 0;) {
-    const torch::Tensor& p = parameters_[k];
-    dtype_of(p.scalar_type());  // refuses types MPI cannot average, before anything is built
-    Open& bucket = open[{static_cast<int>(p.scalar_type()), p.device().str()}];
-    const double limit = closed.empty() ? std::min(cap, kFirstBucketMb * kMiB) : cap;
-    if (!bucket.parameters.empty() && bucket.bytes + static_cast<double>(p.nbytes()) > limit) {
-      closed.push_back(std::move(bucket.parameters));
-      bucket = Open{};
-    }
-    bucket.parameters.push_back(k);
-    bucket.bytes += static_cast<double>(p.nbytes());
-  }
-  for (auto& [key, bucket] : open) {
-    if (!bucket.parameters.empty()) closed.push_back(std::move(bucket.parameters));
-  }
-  // Launch order: the bucket whose first parameter comes earliest in backward goes first.
-  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.front() > b.front(); });
-
+  std::vector<std::vector<std::size_t>> closed = group_into_gradient_buckets(parameters_, options_.bucket_cap_mb);
   for (auto& members : closed) {
     Bucket bucket;
     const torch::Tensor& first = parameters_[members.front()];
@@ -301,7 +307,7 @@ void GradientSync::launch(Bucket& bucket) {
   // sum is their mean - with no pass over the buffer - and 16-bit rounding cannot overflow.
   if (bucket.staging.defined()) {
     bucket.staging.copy_(bucket.flat);
-    const DType narrow = bucket.staging.scalar_type() == torch::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+    const DType narrow = dtype_of(bucket.staging.scalar_type());
     bucket.work = bucket.communicator->allreduce_async(bucket.staging.data_ptr(), count, narrow, ReduceOp::kSum);
   } else {
     bucket.work = bucket.communicator->allreduce_async(bucket.flat.data_ptr(), count, bucket.dtype, ReduceOp::kSum);

@@ -192,6 +192,49 @@ std::string attribute(const checkpoint::Contents& contents, const char* name) {
   return it == contents.attributes.end() ? std::string() : it->second;
 }
 
+// Every wrapped model's parameters and buffers; a model tensor in the checkpoint that no model
+// has is refused.
+void restore_model_tensors(const checkpoint::Contents& contents, const std::string& path, TrialContext& context) {
+  const auto& models = context.models();
+  std::set<std::string> expected;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = "model/" + std::to_string(i) + "/";
+    for (auto& item : models[i]->named_parameters()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+    for (auto& item : models[i]->named_buffers()) {
+      load_into(contents, prefix + item.key(), item.value(), path);
+      expected.insert(prefix + item.key());
+    }
+  }
+  for (const auto& d : contents.datasets) {
+    if (d.name.rfind("model/", 0) == 0 && expected.count(d.name) == 0) {
+      throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
+                        "checkpoint (a different architecture or hyperparameters)");
+    }
+  }
+}
+
+// The wrapped GradScalers' states; one the checkpoint lacks keeps its initial scale.
+void restore_grad_scalers(const checkpoint::Contents& contents, const std::string& path, TrialContext& context) {
+  const auto& scalers = context.scalers();
+  for (std::size_t i = 0; i < scalers.size(); ++i) {
+    const std::string name = "scaler/" + std::to_string(i);
+    if (contents.find(name) == nullptr) {
+      // Written before loss scaling was turned on: the scale starts where a new run's does.
+      core::log_warning("{} has no {}: the trial wraps more GradScalers than when it was saved; that one starts "
+                        "from its initial scale {}", path, name, scalers[i]->get_scale());
+      continue;
+    }
+    try {
+      scalers[i]->load_state_dict(parse(contents, name, path));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(path + ": " + name + " is malformed: " + e.what());
+    }
+  }
+}
+
 }  // namespace
 
 void check_resumable(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity,
@@ -227,25 +270,7 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
                       differences(hparams, identity.hparams));
   }
-  const auto& models = context.models();
-  std::set<std::string> expected;
-  for (std::size_t i = 0; i < models.size(); ++i) {
-    const std::string prefix = "model/" + std::to_string(i) + "/";
-    for (auto& item : models[i]->named_parameters()) {
-      load_into(contents, prefix + item.key(), item.value(), path);
-      expected.insert(prefix + item.key());
-    }
-    for (auto& item : models[i]->named_buffers()) {
-      load_into(contents, prefix + item.key(), item.value(), path);
-      expected.insert(prefix + item.key());
-    }
-  }
-  for (const auto& d : contents.datasets) {
-    if (d.name.rfind("model/", 0) == 0 && expected.count(d.name) == 0) {
-      throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
-                        "checkpoint (a different architecture or hyperparameters)");
-    }
-  }
+  restore_model_tensors(contents, path, context);
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     const std::string prefix = "optimizer/" + std::to_string(i);
@@ -266,21 +291,7 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     std::memcpy(&count, d.data->data(), 8);
     scheduler_step_count(*schedulers[i].scheduler) = static_cast<unsigned>(count);
   }
-  const auto& scalers = context.scalers();
-  for (std::size_t i = 0; i < scalers.size(); ++i) {
-    const std::string name = "scaler/" + std::to_string(i);
-    if (contents.find(name) == nullptr) {
-      // Written before loss scaling was turned on: the scale starts where a new run's does.
-      core::log_warning("{} has no {}: the trial wraps more GradScalers than when it was saved; that one starts "
-                        "from its initial scale {}", path, name, scalers[i]->get_scale());
-      continue;
-    }
-    try {
-      scalers[i]->load_state_dict(parse(contents, name, path));
-    } catch (const ConfigError& e) {
-      throw CheckpointError(path + ": " + name + " is malformed: " + e.what());
-    }
-  }
+  restore_grad_scalers(contents, path, context);
   set_cpu_rng_state(tensor_of(contents.at("rng/cpu", path)).clone());
   // A checkpoint from a CPU run resumed on a GPU (or the reverse) has no state for it: the
   // device generator keeps its seed.

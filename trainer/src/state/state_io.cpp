@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -115,116 +116,134 @@ OptimizerCodec adam_codec(const char* name) {
           }};
 }
 
+OptimizerCodec sgd_codec() {
+  return {"sgd", &is<torch::optim::SGD>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<torch::optim::SGDOptions>(o);
+            return {{"lr", s.lr()}, {"momentum", s.momentum()}, {"dampening", s.dampening()},
+                    {"weight_decay", s.weight_decay()}, {"nesterov", s.nesterov()}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<torch::optim::SGDOptions>(o);
+            s.lr(j.at("lr")).momentum(j.at("momentum")).dampening(j.at("dampening"));
+            s.weight_decay(j.at("weight_decay")).nesterov(j.at("nesterov"));
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            w.tensor("momentum_buffer", static_cast<torch::optim::SGDParamState&>(p).momentum_buffer());
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<torch::optim::SGDParamState>();
+            s->momentum_buffer(r.tensor("momentum_buffer"));
+            return s;
+          }};
+}
+
+OptimizerCodec adagrad_codec() {
+  return {"adagrad", &is<torch::optim::Adagrad>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<torch::optim::AdagradOptions>(o);
+            return {{"lr", s.lr()}, {"lr_decay", s.lr_decay()}, {"weight_decay", s.weight_decay()},
+                    {"initial_accumulator_value", s.initial_accumulator_value()}, {"eps", s.eps()}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<torch::optim::AdagradOptions>(o);
+            s.lr(j.at("lr")).lr_decay(j.at("lr_decay")).weight_decay(j.at("weight_decay"));
+            s.initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            auto& s = static_cast<torch::optim::AdagradParamState&>(p);
+            w.scalars["step"] = s.step();
+            w.tensor("sum", s.sum());
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<torch::optim::AdagradParamState>();
+            s->step(r.scalar<std::int64_t>("step")).sum(r.tensor("sum"));
+            return s;
+          }};
+}
+
+OptimizerCodec rmsprop_codec() {
+  return {"rmsprop", &is<torch::optim::RMSprop>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<torch::optim::RMSpropOptions>(o);
+            return {{"lr", s.lr()}, {"alpha", s.alpha()}, {"eps", s.eps()}, {"weight_decay", s.weight_decay()},
+                    {"momentum", s.momentum()}, {"centered", s.centered()}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<torch::optim::RMSpropOptions>(o);
+            s.lr(j.at("lr")).alpha(j.at("alpha")).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
+            s.momentum(j.at("momentum")).centered(j.at("centered"));
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            auto& s = static_cast<torch::optim::RMSpropParamState&>(p);
+            w.scalars["step"] = s.step();
+            w.tensor("square_avg", s.square_avg());
+            w.tensor("momentum_buffer", s.momentum_buffer());
+            w.tensor("grad_avg", s.grad_avg());
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<torch::optim::RMSpropParamState>();
+            s->step(r.scalar<std::int64_t>("step")).square_avg(r.tensor("square_avg"));
+            s->momentum_buffer(r.tensor("momentum_buffer")).grad_avg(r.tensor("grad_avg"));
+            return s;
+          }};
+}
+
+OptimizerCodec lbfgs_codec() {
+  return {"lbfgs", &is<torch::optim::LBFGS>,
+          [](torch::optim::OptimizerOptions& o) -> json {
+            auto& s = options_as<torch::optim::LBFGSOptions>(o);
+            return {{"lr", s.lr()}, {"max_iter", s.max_iter()},
+                    {"max_eval", s.max_eval() ? json(*s.max_eval()) : json(nullptr)},
+                    {"tolerance_grad", s.tolerance_grad()}, {"tolerance_change", s.tolerance_change()},
+                    {"history_size", s.history_size()},
+                    {"line_search_fn", s.line_search_fn() ? json(*s.line_search_fn()) : json(nullptr)}};
+          },
+          [](const json& j, torch::optim::OptimizerOptions& o) {
+            auto& s = options_as<torch::optim::LBFGSOptions>(o);
+            s.lr(j.at("lr")).max_iter(j.at("max_iter")).tolerance_grad(j.at("tolerance_grad"));
+            s.tolerance_change(j.at("tolerance_change")).history_size(j.at("history_size"));
+            s.max_eval(j.at("max_eval").is_null() ? c10::optional<std::int64_t>()
+                                                  : j.at("max_eval").get<std::int64_t>());
+            s.line_search_fn(j.at("line_search_fn").is_null() ? c10::optional<std::string>()
+                                                              : j.at("line_search_fn").get<std::string>());
+          },
+          [](torch::optim::OptimizerParamState& p, Writer& w) {
+            auto& s = static_cast<torch::optim::LBFGSParamState&>(p);
+            w.scalars["func_evals"] = s.func_evals();
+            w.scalars["n_iter"] = s.n_iter();
+            w.scalars["t"] = s.t();
+            w.scalars["prev_loss"] = s.prev_loss();
+            w.tensor("d", s.d());
+            w.tensor("H_diag", s.H_diag());
+            w.tensor("prev_flat_grad", s.prev_flat_grad());
+            w.tensors("old_dirs", s.old_dirs());
+            w.tensors("old_stps", s.old_stps());
+            w.tensors("ro", s.ro());
+            w.scalars["has_al"] = s.al().has_value();
+            if (s.al()) w.tensors("al", std::deque<torch::Tensor>(s.al()->begin(), s.al()->end()));
+          },
+          [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+            auto s = std::make_unique<torch::optim::LBFGSParamState>();
+            s->func_evals(r.scalar<std::int64_t>("func_evals")).n_iter(r.scalar<std::int64_t>("n_iter"));
+            s->t(r.scalar<double>("t")).prev_loss(r.scalar<double>("prev_loss"));
+            s->d(r.tensor("d")).H_diag(r.tensor("H_diag")).prev_flat_grad(r.tensor("prev_flat_grad"));
+            s->old_dirs(r.tensors("old_dirs")).old_stps(r.tensors("old_stps")).ro(r.tensors("ro"));
+            if (r.scalar<bool>("has_al")) {
+              const auto al = r.tensors("al");
+              s->al(std::vector<torch::Tensor>(al.begin(), al.end()));
+            }
+            return s;
+          }};
+}
+
 const OptimizerCodec kCodecs[] = {
-    {"sgd", &is<torch::optim::SGD>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::SGDOptions>(o);
-       return {{"lr", s.lr()}, {"momentum", s.momentum()}, {"dampening", s.dampening()},
-               {"weight_decay", s.weight_decay()}, {"nesterov", s.nesterov()}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::SGDOptions>(o);
-       s.lr(j.at("lr")).momentum(j.at("momentum")).dampening(j.at("dampening")).weight_decay(j.at("weight_decay")).nesterov(j.at("nesterov"));
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       w.tensor("momentum_buffer", static_cast<torch::optim::SGDParamState&>(p).momentum_buffer());
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::SGDParamState>();
-       s->momentum_buffer(r.tensor("momentum_buffer"));
-       return s;
-     }},
+    sgd_codec(),
     adam_codec<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>("adam"),
     adam_codec<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>("adamw"),
-    {"adagrad", &is<torch::optim::Adagrad>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::AdagradOptions>(o);
-       return {{"lr", s.lr()}, {"lr_decay", s.lr_decay()}, {"weight_decay", s.weight_decay()},
-               {"initial_accumulator_value", s.initial_accumulator_value()}, {"eps", s.eps()}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::AdagradOptions>(o);
-       s.lr(j.at("lr")).lr_decay(j.at("lr_decay")).weight_decay(j.at("weight_decay"));
-       s.initial_accumulator_value(j.at("initial_accumulator_value")).eps(j.at("eps"));
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       auto& s = static_cast<torch::optim::AdagradParamState&>(p);
-       w.scalars["step"] = s.step();
-       w.tensor("sum", s.sum());
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::AdagradParamState>();
-       s->step(r.scalar<std::int64_t>("step")).sum(r.tensor("sum"));
-       return s;
-     }},
-    {"rmsprop", &is<torch::optim::RMSprop>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::RMSpropOptions>(o);
-       return {{"lr", s.lr()}, {"alpha", s.alpha()}, {"eps", s.eps()}, {"weight_decay", s.weight_decay()},
-               {"momentum", s.momentum()}, {"centered", s.centered()}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::RMSpropOptions>(o);
-       s.lr(j.at("lr")).alpha(j.at("alpha")).eps(j.at("eps")).weight_decay(j.at("weight_decay"));
-       s.momentum(j.at("momentum")).centered(j.at("centered"));
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       auto& s = static_cast<torch::optim::RMSpropParamState&>(p);
-       w.scalars["step"] = s.step();
-       w.tensor("square_avg", s.square_avg());
-       w.tensor("momentum_buffer", s.momentum_buffer());
-       w.tensor("grad_avg", s.grad_avg());
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::RMSpropParamState>();
-       s->step(r.scalar<std::int64_t>("step")).square_avg(r.tensor("square_avg"));
-       s->momentum_buffer(r.tensor("momentum_buffer")).grad_avg(r.tensor("grad_avg"));
-       return s;
-     }},
-    {"lbfgs", &is<torch::optim::LBFGS>,
-     [](torch::optim::OptimizerOptions& o) -> json {
-       auto& s = options_as<torch::optim::LBFGSOptions>(o);
-       return {{"lr", s.lr()}, {"max_iter", s.max_iter()},
-               {"max_eval", s.max_eval() ? json(*s.max_eval()) : json(nullptr)},
-               {"tolerance_grad", s.tolerance_grad()}, {"tolerance_change", s.tolerance_change()},
-               {"history_size", s.history_size()},
-               {"line_search_fn", s.line_search_fn() ? json(*s.line_search_fn()) : json(nullptr)}};
-     },
-     [](const json& j, torch::optim::OptimizerOptions& o) {
-       auto& s = options_as<torch::optim::LBFGSOptions>(o);
-       s.lr(j.at("lr")).max_iter(j.at("max_iter")).tolerance_grad(j.at("tolerance_grad"));
-       s.tolerance_change(j.at("tolerance_change")).history_size(j.at("history_size"));
-       s.max_eval(j.at("max_eval").is_null() ? c10::optional<std::int64_t>() : j.at("max_eval").get<std::int64_t>());
-       s.line_search_fn(j.at("line_search_fn").is_null() ? c10::optional<std::string>()
-                                                         : j.at("line_search_fn").get<std::string>());
-     },
-     [](torch::optim::OptimizerParamState& p, Writer& w) {
-       auto& s = static_cast<torch::optim::LBFGSParamState&>(p);
-       w.scalars["func_evals"] = s.func_evals();
-       w.scalars["n_iter"] = s.n_iter();
-       w.scalars["t"] = s.t();
-       w.scalars["prev_loss"] = s.prev_loss();
-       w.tensor("d", s.d());
-       w.tensor("H_diag", s.H_diag());
-       w.tensor("prev_flat_grad", s.prev_flat_grad());
-       w.tensors("old_dirs", s.old_dirs());
-       w.tensors("old_stps", s.old_stps());
-       w.tensors("ro", s.ro());
-       w.scalars["has_al"] = s.al().has_value();
-       if (s.al()) w.tensors("al", std::deque<torch::Tensor>(s.al()->begin(), s.al()->end()));
-     },
-     [](const Reader& r) -> std::unique_ptr<torch::optim::OptimizerParamState> {
-       auto s = std::make_unique<torch::optim::LBFGSParamState>();
-       s->func_evals(r.scalar<std::int64_t>("func_evals")).n_iter(r.scalar<std::int64_t>("n_iter"));
-       s->t(r.scalar<double>("t")).prev_loss(r.scalar<double>("prev_loss"));
-       s->d(r.tensor("d")).H_diag(r.tensor("H_diag")).prev_flat_grad(r.tensor("prev_flat_grad"));
-       s->old_dirs(r.tensors("old_dirs")).old_stps(r.tensors("old_stps")).ro(r.tensors("ro"));
-       if (r.scalar<bool>("has_al")) {
-         const auto al = r.tensors("al");
-         s->al(std::vector<torch::Tensor>(al.begin(), al.end()));
-       }
-       return s;
-     }},
+    adagrad_codec(),
+    rmsprop_codec(),
+    lbfgs_codec(),
 };
 
 const OptimizerCodec* codec_for(torch::optim::Optimizer& optimizer) {
@@ -240,7 +259,7 @@ struct SchedulerAccess : torch::optim::LRScheduler {
 
 }  // namespace
 
-checkpoint::DType checkpoint_dtype(c10::ScalarType type) {
+std::optional<core::DType> to_dtype(c10::ScalarType type) {
   switch (type) {
     case torch::kFloat32: return DType::kFloat32;
     case torch::kFloat64: return DType::kFloat64;
@@ -252,12 +271,11 @@ checkpoint::DType checkpoint_dtype(c10::ScalarType type) {
     case torch::kInt8: return DType::kInt8;
     case torch::kUInt8: return DType::kUInt8;
     case torch::kBool: return DType::kBool;
-    default:
-      throw NotSupported(std::string("checkpointing tensors of type ") + c10::toString(type));
+    default: return std::nullopt;
   }
 }
 
-c10::ScalarType torch_dtype(checkpoint::DType dtype) {
+c10::ScalarType to_scalar_type(core::DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return torch::kFloat32;
     case DType::kFloat64: return torch::kFloat64;
@@ -270,7 +288,12 @@ c10::ScalarType torch_dtype(checkpoint::DType dtype) {
     case DType::kUInt8: return torch::kUInt8;
     case DType::kBool: return torch::kBool;
   }
-  throw InternalError("torch_dtype: unknown dtype");
+  throw InternalError("to_scalar_type: unknown dtype");
+}
+
+checkpoint::DType checkpoint_dtype(c10::ScalarType type) {
+  if (const std::optional<DType> dtype = to_dtype(type)) return *dtype;
+  throw NotSupported(std::string("checkpointing tensors of type ") + c10::toString(type));
 }
 
 void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor) {
@@ -292,7 +315,7 @@ void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std:
 torch::Tensor tensor_of(const checkpoint::Dataset& dataset) {
   auto keep = dataset.data;
   return torch::from_blob(const_cast<void*>(keep->data()), dataset.shape, [keep](void*) {},
-                          torch::TensorOptions().dtype(torch_dtype(dataset.dtype)));
+                          torch::TensorOptions().dtype(to_scalar_type(dataset.dtype)));
 }
 
 void load_into(const checkpoint::Contents& contents, const std::string& name, torch::Tensor& target,
@@ -303,7 +326,7 @@ void load_into(const checkpoint::Contents& contents, const std::string& name, to
                       "(a different architecture or hyperparameters); start a new trial, or resume with the "
                       "config that wrote it");
   }
-  if (d->shape != target.sizes().vec() || torch_dtype(d->dtype) != target.scalar_type()) {
+  if (d->shape != target.sizes().vec() || to_scalar_type(d->dtype) != target.scalar_type()) {
     throw ConfigError(file + ": " + name + " is " + checkpoint::to_string(d->dtype) + " " +
                       c10::str(c10::IntArrayRef(d->shape)) + " in the checkpoint but " +
                       checkpoint::to_string(checkpoint_dtype(target.scalar_type())) + " " + c10::str(target.sizes()) +

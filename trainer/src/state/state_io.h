@@ -11,12 +11,14 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/dtype.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -34,8 +36,12 @@ Key optimizer_state_key(const torch::Tensor& p) {
   }
 }
 
+// The one table between LibTorch's scalar types and hpctrial's DType (collectives and checkpoints).
+// to_dtype: nullopt for a type hpctrial neither moves nor stores (complex, quantized, ...).
+std::optional<core::DType> to_dtype(c10::ScalarType type);
+c10::ScalarType to_scalar_type(core::DType dtype);
+// to_dtype, or NotSupported for a type a checkpoint cannot hold.
 checkpoint::DType checkpoint_dtype(c10::ScalarType type);
-c10::ScalarType torch_dtype(checkpoint::DType dtype);
 
 // A host copy of `tensor` (the stall of an async checkpoint).
 void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor);

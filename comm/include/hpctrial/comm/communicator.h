@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -164,12 +165,17 @@ class MpiCommunicator final : public Communicator {
   class Task;
   WorkHandle enqueue(const char* operation, std::function<void(MPI_Comm)> run);
   void worker_loop();
+  // The reduction of `op` for `dtype`: MPI's own, or one of ours for 16-bit floats.
+  MPI_Op mpi_op(DType dtype, ReduceOp op) const;
 
   MpiComm comm_;        // synchronous collectives, caller's thread
   MpiComm async_comm_;  // async collectives, worker thread
   int rank_ = 0;
   int size_ = 1;
   Watchdog* watchdog_ = nullptr;
+  // 16-bit float reductions (sum, max, min), freed with the communicator after its worker stops.
+  std::array<MpiOp, 3> half_ops_;
+  std::array<MpiOp, 3> bfloat_ops_;
 
   std::mutex mutex_;
   std::condition_variable wake_;

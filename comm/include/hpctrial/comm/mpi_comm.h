@@ -1,4 +1,5 @@
-// An owned MPI communicator: freed with MPI_Comm_free when the handle goes, once.
+// An owned MPI communicator: freed with MPI_Comm_free when the handle goes, once; and MpiOp, an
+// owned user-defined reduction, freed the same way with MPI_Op_free.
 //
 // Move-only, like std::unique_ptr. dup() makes the private communicators hpctrial talks on (the
 // collectives, the watchdog, the background queue), each switched to MPI_ERRORS_RETURN so that
@@ -33,6 +34,31 @@ class MpiComm {
   explicit MpiComm(MPI_Comm comm) : comm_(comm) {}
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// An owned user-defined reduction: freed with MPI_Op_free when the handle goes, once. Move-only;
+// a handle still alive after MPI_Finalize frees nothing; the destructor never throws.
+class MpiOp {
+ public:
+  MpiOp() = default;
+  // MPI_Op_create of `function` (commutative or not). Throws CommError.
+  static MpiOp create(MPI_User_function* function, bool commutative);
+
+  ~MpiOp() { reset(); }
+  MpiOp(MpiOp&& other) noexcept : op_(other.op_) { other.op_ = MPI_OP_NULL; }
+  MpiOp& operator=(MpiOp&& other) noexcept;
+  MpiOp(const MpiOp&) = delete;
+  MpiOp& operator=(const MpiOp&) = delete;
+
+  MPI_Op get() const { return op_; }
+  explicit operator bool() const { return op_ != MPI_OP_NULL; }
+  // Frees the operation now (before MPI_Finalize); logs a failure, never throws.
+  void reset() noexcept;
+
+ private:
+  explicit MpiOp(MPI_Op op) : op_(op) {}
+
+  MPI_Op op_ = MPI_OP_NULL;
 };
 
 }  // namespace hpctrial::comm
