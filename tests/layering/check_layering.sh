@@ -15,7 +15,8 @@
 #   - the experiment and trial directories' file and folder names spelled in one file
 #     (core/src/contract/layout.cpp: core::ExperimentLayout, core::TrialLayout);
 #   - MPI communicators are owned by comm::MpiComm, CUDA streams and events by comm's handles;
-#   - no product source file over 500 lines, no launcher function over 80.
+#   - no product source file over 500 lines; no function over 80 in launcher/, core/, cli/, rank/,
+#     trainer/ and comm/.
 # usage: check_layering.sh SOURCE_DIR BUILD_DIR
 set -u
 src=$1
@@ -105,7 +106,7 @@ sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '
 if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/os/subprocess.cpp'; then
   fail "a process is started outside core::spawn_process (core/src/os/subprocess.cpp)"
 fi
-if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/files.cpp|include/hpctrial/core/files.h)'; then
+if sources | xargs grep -En '(::rename|[^_]rename)\(' | grep -Ev 'core/(src/os/files.cpp|include/hpctrial/core/files.h)'; then
   fail "a file is renamed into place outside core::publish_file (core/src/os/files.cpp)"
 fi
 # The experiment and trial directory layout: every name spelled once, in core/src/contract/layout.cpp
@@ -129,9 +130,10 @@ fi
 if sources | xargs grep -En '(cudaStream|cudaEvent)(Create|Destroy)' | grep -v 'comm/src/cuda_handles.h'; then
   fail "a CUDA stream or event is made or destroyed outside comm/src/cuda_handles.h"
 fi
-# Top-level function bodies in the launcher: at most 80 lines each.
-long=$(awk -v max=80 -f "$src/tests/layering/function_lengths.awk" "$src"/launcher/src/*.cpp)
-[[ -n $long ]] && fail "launcher functions over 80 lines (file:line: lines): $long"
+# Top-level function bodies: at most 80 lines each, in the folders held to it so far.
+long=$(find "$src"/launcher "$src"/core "$src"/cli "$src"/rank "$src"/trainer "$src"/comm -name '*.cpp' -print0 |
+       xargs -0 awk -v max=80 -f "$src/tests/layering/function_lengths.awk")
+[[ -n $long ]] && fail "functions over 80 lines (file:line: lines): $long"
 while read -r lines file; do
   [[ $file == total ]] && continue
   (( lines > 500 )) && fail "$file has $lines lines (split it: at most 500)"

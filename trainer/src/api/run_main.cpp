@@ -128,6 +128,51 @@ std::unique_ptr<comm::Communicator> make_device_communicator(const core::Experim
   return comm::make_nccl_communicator(mpi.world(), mpi.local_rank(), watchdog);
 }
 
+// The training loop's options: from the arguments, the config, the launch contract and the
+// ranks' layout. With other ranks, a failure in the loop ends them all.
+LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfig& config,
+                              rank::RankBootstrap& bootstrap, comm::Communicator* device_comm) {
+  const core::RankContract& contract = bootstrap.contract();
+  const comm::MpiEnvironment& mpi = bootstrap.mpi();
+  LoopOptions options;
+  options.trial_dir = args.trial_dir.empty() ? core::default_experiment_dir(config.name)
+                                             : args.trial_dir;
+  options.trial_id = contract.trial_id;
+  options.experiment_dir = contract.experiment_dir;
+  options.restart_count = contract.restart_count;
+  options.experiment_seed = *config.reproducibility.experiment_seed;
+  options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
+  options.progress_interval_s = args.progress_seconds;
+  options.report_period_batches = config.scheduling_unit;
+  options.external_stop = &rank::stop_signal_received();
+  options.device_communicator = device_comm;
+  options.allow_fresh_start = args.allow_fresh_start;
+  options.allow_config_change = args.allow_config_change;
+  options.stop_file = contract.stop_file;
+  options.fault = contract.fault;
+  if (!bootstrap.alone()) {
+    options.on_failure = [&bootstrap](int code, const std::string& message) { bootstrap.fail(code, message); };
+  }
+  return options;
+}
+
+// The chief says how training ended; the exit code says it to the launcher.
+int report_training_end(const LoopResult& result, bool chief) {
+  if (result.stopped_early) {
+    if (chief) {
+      core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
+                     result.batches_trained, result.checkpoint_path);
+    }
+    return kExitStopped;
+  }
+  if (chief) {
+    core::log_info("finished{}: {} batches; metrics in {}",
+                   result.ended_by_trial ? " early, as the trial asked (set_stop_requested)" : "",
+                   result.batches_trained, result.metrics_path);
+  }
+  return kExitFinished;
+}
+
 // The factory, chosen once the config is known (HPCTRIAL_MAIN: fixed; the worker: from the
 // config's entrypoint).
 using FactoryResolver = std::function<TrialFactory(const core::ExperimentConfig&)>;
@@ -168,23 +213,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     rank::install_stop_handlers();
     config.reproducibility.experiment_seed = agree_on_seed(config, communicator);
 
-    LoopOptions options;
-    options.trial_dir = args.trial_dir.empty() ? core::default_experiment_dir(config.name)
-                                               : args.trial_dir;
-    options.trial_id = contract.trial_id;
-    options.experiment_dir = contract.experiment_dir;
-    options.restart_count = contract.restart_count;
-    options.experiment_seed = *config.reproducibility.experiment_seed;
-    options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
-    options.progress_interval_s = args.progress_seconds;
-    options.report_period_batches = config.scheduling_unit;
-    options.external_stop = &rank::stop_signal_received();
-    options.device_communicator = device_comm.get();
-    options.allow_fresh_start = args.allow_fresh_start;
-    options.allow_config_change = args.allow_config_change;
-    options.stop_file = contract.stop_file;
-    options.fault = contract.fault;
-    if (!rank->alone()) options.on_failure = [&](int code, const std::string& message) { rank->fail(code, message); };
+    const LoopOptions options = make_loop_options(args, config, *rank, device_comm.get());
     if (chief) {
       core::create_directories(options.trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
       core::write_file_atomic(core::TrialLayout{options.trial_dir}.effective_config(), core::to_yaml(config));
@@ -193,19 +222,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     const TrialFactory factory = resolve(config);
     const LoopResult result = run_training(config, factory, communicator, options);
     rank->finish();  // every rank got here: the goodbyes of a good end
-    if (result.stopped_early) {
-      if (chief) {
-        core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
-                       result.batches_trained, result.checkpoint_path);
-      }
-      return kExitStopped;
-    }
-    if (chief) {
-      core::log_info("finished{}: {} batches; metrics in {}",
-                     result.ended_by_trial ? " early, as the trial asked (set_stop_requested)" : "",
-                     result.batches_trained, result.metrics_path);
-    }
-    return kExitFinished;
+    return report_training_end(result, chief);
   } catch (const ConfigError& e) {
     return rank->fail(kExitConfig, e.what());
   } catch (const po::error& e) {

@@ -37,6 +37,37 @@ std::string names_of(const nlohmann::json& object) {
   return names.empty() ? "none" : names;
 }
 
+// Refuses an optimizer with a parameter whose gradient the sync does not average across ranks.
+void require_parameters_in_gradient_sync(torch::optim::Optimizer& optimizer, const detail::GradientSync& sync) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.requires_grad() && p.numel() > 0 && !sync.covers(p)) {
+        throw ConfigError("step_optimizer: the optimizer has a parameter (shape " + c10::str(p.sizes()) +
+                          ") that belongs to no wrapped model, so its gradient would not be averaged "
+                          "across ranks; wrap the model that owns it with context.wrap_model");
+      }
+    }
+  }
+}
+
+// Zeroes the optimizer's gradients in place, as LibTorch 1.x's zero_grad() does, rather than
+// setting them to none as 2.x's does by default: the gradients stay views of the all-reduce
+// buckets, whatever the version. Returns the optimizer's parameters.
+std::vector<torch::Tensor> zero_gradients_in_place(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> parameters;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      torch::Tensor& grad = p.mutable_grad();
+      if (grad.defined()) {
+        grad.detach_();
+        grad.zero_();
+      }
+      parameters.push_back(p);
+    }
+  }
+  return parameters;
+}
+
 }  // namespace
 
 TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communicator,
@@ -261,15 +292,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
   } else {
     detail::GradientSync& sync = gradient_sync();
     if (std::find(checked_optimizers_.begin(), checked_optimizers_.end(), &optimizer) == checked_optimizers_.end()) {
-      for (auto& group : optimizer.param_groups()) {
-        for (auto& p : group.params()) {
-          if (p.requires_grad() && p.numel() > 0 && !sync.covers(p)) {
-            throw ConfigError("step_optimizer: the optimizer has a parameter (shape " + c10::str(p.sizes()) +
-                              ") that belongs to no wrapped model, so its gradient would not be averaged "
-                              "across ranks; wrap the model that owns it with context.wrap_model");
-          }
-        }
-      }
+      require_parameters_in_gradient_sync(optimizer, sync);
       checked_optimizers_.push_back(&optimizer);
     }
     sync.reduce(batches_trained_);
@@ -302,19 +325,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     optimizer.step();
   }
   if (auto_zero_grads) {
-    // Zeroed in place, as LibTorch 1.x's zero_grad() does, rather than set to none as 2.x's
-    // does by default: the gradients stay views of the all-reduce buckets, whatever the version.
-    std::vector<torch::Tensor> parameters;
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& p : group.params()) {
-        torch::Tensor& grad = p.mutable_grad();
-        if (grad.defined()) {
-          grad.detach_();
-          grad.zero_();
-        }
-        parameters.push_back(p);
-      }
-    }
+    const std::vector<torch::Tensor> parameters = zero_gradients_in_place(optimizer);
     if (gradient_sync_) gradient_sync_->zeroed(parameters);
   }
   return !skip;

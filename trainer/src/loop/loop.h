@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -56,8 +57,11 @@ class Loop {
 
  private:
   void setup();
+  TrialSettings make_trial_settings(std::uint64_t trial_seed) const;
   void resolve_engine_batch(TrialSettings& settings) const;
   void resume();
+  // The chief: opens the checkpoint store in `dir` and picks the checkpoint resume() restores.
+  std::string choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents);
   // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
   // once its background write is done, the whole cost sets the next interval.
   void note_checkpoint_stall(double seconds);
@@ -124,6 +128,11 @@ class Loop {
   detail::LoopState loop_state() const;
   void apply(const detail::LoopState& state);
   void train_one_batch();
+  // The step boundary after each batch: the ranks agree on their requests, and validate,
+  // checkpoint or stop alike; true when training ends there.
+  bool step_boundary();
+  std::array<std::int64_t, 6> agree_on_step_requests();
+  LoopResult finish_run();
   void report_training();
   void validate();
   // This rank's share of the validation set through evaluate_batch; false when the trial does

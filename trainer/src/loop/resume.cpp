@@ -29,50 +29,57 @@ std::string Loop::checkpoint_dir() const {
                               experiment_identity());
 }
 
+// The chief opens the checkpoint store in `dir` and picks the checkpoint to resume, whose contents
+// it reads into `contents`. Returns its path; empty: start fresh; "!" or "?" + reason: refuse to
+// start (a "?" as a mistake in the config).
+std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents) {
+  std::string chosen;
+  checkpoint::StoreOptions store_options;
+  store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
+  store_options.keep_best = config_.checkpoint_storage.save_trial_best;
+  store_options.smaller_is_better = config_.searcher.smaller_is_better;
+  if (config_.checkpoint_storage.group_readable) {
+    store_options.file_mode = 0640;
+    store_options.dir_mode = 0750;
+  }
+  store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
+  store_->remove_temporaries();
+  std::vector<std::string> problems;
+  std::optional<checkpoint::CheckpointStore::Loaded> loaded;
+  try {
+    loaded = store_->load_latest(&problems, [&](const checkpoint::CheckpointStore::Loaded& candidate) {
+      detail::check_resumable(candidate.contents, candidate.path, identity_, options_.allow_config_change);
+    });
+  } catch (const ConfigError& e) {
+    chosen = "?" + std::string(e.what());  // every rank fails with it, as a mistake in the config
+  }
+  for (const auto& problem : problems) core::log_warning("checkpoint not usable: {}", problem);
+  if (!chosen.empty()) {
+    // refused: said on every rank below
+  } else if (loaded) {
+    if (!problems.empty()) core::log_warning("resuming from the previous good checkpoint, {}", loaded->path);
+    chosen = loaded->path;
+    contents = std::move(loaded->contents);
+  } else if (!problems.empty() && !options_.allow_fresh_start) {
+    chosen = "!" + dir + " holds checkpoints but none is usable (see the warnings above); fix or remove them, or "
+             "pass --allow-fresh-start to train this trial again from the start";
+  } else if (!problems.empty()) {
+    core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
+  }
+  writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
+  context_->set_before_optimizer_step([this] {
+    detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
+    writer_->wait_for_copies();
+  });
+  return chosen;
+}
+
 // Every rank restores from the checkpoint the chief chose, so that all take the same one.
 void Loop::resume() {
   const std::string dir = checkpoint_dir();
   std::string chosen;  // empty: start fresh; "!" + reason: refuse to start
   checkpoint::Contents contents;
-  if (chief()) {
-    checkpoint::StoreOptions store_options;
-    store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
-    store_options.keep_best = config_.checkpoint_storage.save_trial_best;
-    store_options.smaller_is_better = config_.searcher.smaller_is_better;
-    if (config_.checkpoint_storage.group_readable) {
-      store_options.file_mode = 0640;
-      store_options.dir_mode = 0750;
-    }
-    store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
-    store_->remove_temporaries();
-    std::vector<std::string> problems;
-    std::optional<checkpoint::CheckpointStore::Loaded> loaded;
-    try {
-      loaded = store_->load_latest(&problems, [&](const checkpoint::CheckpointStore::Loaded& candidate) {
-        detail::check_resumable(candidate.contents, candidate.path, identity_, options_.allow_config_change);
-      });
-    } catch (const ConfigError& e) {
-      chosen = "?" + std::string(e.what());  // every rank fails with it, as a mistake in the config
-    }
-    for (const auto& problem : problems) core::log_warning("checkpoint not usable: {}", problem);
-    if (!chosen.empty()) {
-      // refused: said on every rank below
-    } else if (loaded) {
-      if (!problems.empty()) core::log_warning("resuming from the previous good checkpoint, {}", loaded->path);
-      chosen = loaded->path;
-      contents = std::move(loaded->contents);
-    } else if (!problems.empty() && !options_.allow_fresh_start) {
-      chosen = "!" + dir + " holds checkpoints but none is usable (see the warnings above); fix or remove them, or "
-               "pass --allow-fresh-start to train this trial again from the start";
-    } else if (!problems.empty()) {
-      core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
-    }
-    writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
-    context_->set_before_optimizer_step([this] {
-      detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
-      writer_->wait_for_copies();
-    });
-  }
+  if (chief()) chosen = choose_resume_checkpoint(dir, contents);
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
   if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));

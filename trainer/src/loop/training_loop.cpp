@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -72,15 +73,9 @@ Period to_period(const std::optional<Length>& length, std::int64_t global_batch,
 
 }  // namespace
 
-void Loop::setup() {
-  faults_ = std::make_unique<rank::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
-  if (chief() && !options_.stop_file.empty()) stop_file_ = std::make_unique<rank::StopFile>(options_.stop_file);
-  const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
-  torch::manual_seed(derive_seed(trial_seed, kTorchStream));
-
+TrialSettings Loop::make_trial_settings(std::uint64_t trial_seed) const {
   TrialSettings settings;
   settings.hparams = detail::trial_hparams(config_);
-  settings_hparams_ = settings.hparams;
   settings.data_config = detail::to_json(config_.data);
   settings.trial_seed = trial_seed;
   settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
@@ -101,6 +96,17 @@ void Loop::setup() {
     settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config_), "config", d));
     settings.experiment_config["hyperparameters"] = settings.hparams;
   }
+  return settings;
+}
+
+void Loop::setup() {
+  faults_ = std::make_unique<rank::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
+  if (chief() && !options_.stop_file.empty()) stop_file_ = std::make_unique<rank::StopFile>(options_.stop_file);
+  const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
+  torch::manual_seed(derive_seed(trial_seed, kTorchStream));
+
+  TrialSettings settings = make_trial_settings(trial_seed);
+  settings_hparams_ = settings.hparams;
   // Before the trial is built: its constructor may already write to TensorBoard.
   if (chief()) core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
@@ -293,98 +299,93 @@ void Loop::train_one_batch() {
   }
 }
 
-LoopResult Loop::run() {
-  rank::record_phase(core::RankPhase::kStartup);
-  setup();
-  if (options_.external_stop == &rank::stop_signal_received()) {
-    // The trial's constructor may have loaded a library that installs handlers of its own.
-    const std::string replaced = rank::replaced_stop_handlers();
-    if (!replaced.empty()) {
-      core::log_warning("the handler of {} was replaced while the trial was set up; hpctrial installs its "
-                        "own again so that stop requests reach the trial", replaced);
-      rank::install_stop_handlers();
-    }
-  }
-  faults_->at(rank::FaultPhase::kStartup, batches_trained_);
-  call([](Callback& c) { c.on_training_start(); });
-  for (auto& model : context_->models()) model->train();
-  while (!reached_max_length()) {
-    if (profiler_) profiler_->before_batch(batches_trained_ + 1);
-    train_one_batch();
+// Every rank's requests after the batch just trained, agreed on (the maximum over the ranks): a
+// stop, the trial's stop, a validation by time, a checkpoint by time, a sharded checkpoint still
+// being written, a sample of the system metrics.
+std::array<std::int64_t, 6> Loop::agree_on_step_requests() {
+  const bool time_to_validate =
+      chief() && validation_period_.seconds > 0 &&
+      std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
+  rank::record_step(batches_trained_);
+  settle_checkpoint_cost();
+  if (const auto* record = rank::RankRecord::current()) record->check();
+  const bool stop_local = (options_.external_stop != nullptr && options_.external_stop->load()) ||
+                          (stop_file_ && stop_file_->requested());
+  const bool time_to_checkpoint =
+      chief() && checkpoint_period_.seconds > 0 &&
+      std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
+  const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
+  std::array<std::int64_t, 6> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
+                                       time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0,
+                                       writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0};
+  rank::record_phase(core::RankPhase::kAgreement);
+  faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
+  comm_.allreduce(flags.data(), 6, DType::kInt64, ReduceOp::kMax);
+  return flags;
+}
 
-    // The step boundary: batch-count triggers are the same on every rank; a stop request or
-    // a time trigger is agreed on, so that every rank takes the same branch here.
-    const bool time_to_validate =
-        chief() && validation_period_.seconds > 0 &&
-        std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
-    rank::record_step(batches_trained_);
-    settle_checkpoint_cost();
-    if (const auto* record = rank::RankRecord::current()) record->check();
-    const bool stop_local = (options_.external_stop != nullptr && options_.external_stop->load()) ||
-                            (stop_file_ && stop_file_->requested());
-    const bool time_to_checkpoint =
-        chief() && checkpoint_period_.seconds > 0 &&
-        std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
-    const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
-    std::int64_t flags[6] = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0, time_to_validate ? 1 : 0,
-                             time_to_checkpoint ? 1 : 0, writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0};
-    rank::record_phase(core::RankPhase::kAgreement);
-    faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
-    comm_.allreduce(flags, 6, DType::kInt64, ReduceOp::kMax);
-    if (flags[5] != 0) report_system();
-    if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
-    const bool last = reached_max_length();
-    const bool group_end = adaptive_ ? micro_in_step_ == 0
-                                     : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
-    if (adaptive_ && group_end) decide_adaptive_batch();
-    const auto period_reached = [&](const Period& period) {
-      if (adaptive_) return adaptive_period_reached(period);
-      return period.batches > 0 && batches_trained_ % period.batches == 0;
-    };
-    const bool validate_now = flags[2] != 0 || period_reached(validation_period_);
-    // Stops and checkpoints wait for the end of an aggregation group: the gradients accumulated
-    // part way through one are in no checkpoint. Every rank agreed on the flags, so every rank
-    // keeps the same pending requests.
-    stop_pending_ = stop_pending_ || flags[0] != 0;
-    trial_stop_pending_ = trial_stop_pending_ || flags[1] != 0;
-    checkpoint_pending_ = checkpoint_pending_ || flags[3] != 0 || period_reached(checkpoint_period_);
-    const bool stop = stop_pending_ && group_end && !last;
-    const bool trial_ends = trial_stop_pending_ && group_end && !last;
+// The step boundary: batch-count triggers are the same on every rank; a stop request or a time
+// trigger is agreed on, so that every rank takes the same branch here. True when training ends.
+bool Loop::step_boundary() {
+  const std::array<std::int64_t, 6> flags = agree_on_step_requests();
+  if (flags[5] != 0) report_system();
+  if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
+  const bool last = reached_max_length();
+  const bool group_end = adaptive_ ? micro_in_step_ == 0
+                                   : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+  if (adaptive_ && group_end) decide_adaptive_batch();
+  const auto period_reached = [&](const Period& period) {
+    if (adaptive_) return adaptive_period_reached(period);
+    return period.batches > 0 && batches_trained_ % period.batches == 0;
+  };
+  const bool validate_now = flags[2] != 0 || period_reached(validation_period_);
+  // Stops and checkpoints wait for the end of an aggregation group: the gradients accumulated
+  // part way through one are in no checkpoint. Every rank agreed on the flags, so every rank
+  // keeps the same pending requests.
+  stop_pending_ = stop_pending_ || flags[0] != 0;
+  trial_stop_pending_ = trial_stop_pending_ || flags[1] != 0;
+  checkpoint_pending_ = checkpoint_pending_ || flags[3] != 0 || period_reached(checkpoint_period_);
+  const bool stop = stop_pending_ && group_end && !last;
+  const bool trial_ends = trial_stop_pending_ && group_end && !last;
 
-    // Not at a stop: the period's values travel in the checkpoint, so that a resumed run reports
-    // exactly what an uninterrupted one would.
-    if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last) {
-      report_training();
-    }
-    if (validate_now && !last) validate();
-    const std::int64_t check_period = config_.optimizations.replica_check_period;
-    if (check_period > 0 && group_end && batches_trained_ % check_period == 0) {
-      check_replicas("at batch " + std::to_string(batches_trained_));
-    }
-    if (stop) {
-      save_checkpoint(/*wait=*/true);
-    } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
-      const auto started = Clock::now();
-      save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
-      note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
-    }
-    progress_->update(progress_batches(), trained_epoch(), last_loss_);
-    if (profiler_) profiler_->after_batch(batches_trained_);
-    if (stop) {
-      result_.stopped_early = true;
-      core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
-                     result_.checkpoint_path.empty() ? "written by the chief" : result_.checkpoint_path);
-      break;
-    }
-    if (trial_ends) {
-      // Determined's set_stop_requested: the trial is complete, validated and checkpointed below
-      // like one that reached max_length, and nothing resumes it.
-      result_.ended_by_trial = true;
-      core::log_info("the trial asked to stop (set_stop_requested) after batch {} of {}: it ends here, complete",
-                     batches_trained_, max_batches_);
-      break;
-    }
+  // Not at a stop: the period's values travel in the checkpoint, so that a resumed run reports
+  // exactly what an uninterrupted one would.
+  if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last) {
+    report_training();
   }
+  if (validate_now && !last) validate();
+  const std::int64_t check_period = config_.optimizations.replica_check_period;
+  if (check_period > 0 && group_end && batches_trained_ % check_period == 0) {
+    check_replicas("at batch " + std::to_string(batches_trained_));
+  }
+  if (stop) {
+    save_checkpoint(/*wait=*/true);
+  } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
+    const auto started = Clock::now();
+    save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
+    note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
+  }
+  progress_->update(progress_batches(), trained_epoch(), last_loss_);
+  if (profiler_) profiler_->after_batch(batches_trained_);
+  if (stop) {
+    result_.stopped_early = true;
+    core::log_info("stop requested: stopping after batch {} of {}; checkpoint {}", batches_trained_, max_batches_,
+                   result_.checkpoint_path.empty() ? "written by the chief" : result_.checkpoint_path);
+    return true;
+  }
+  if (trial_ends) {
+    // Determined's set_stop_requested: the trial is complete, validated and checkpointed below
+    // like one that reached max_length, and nothing resumes it.
+    result_.ended_by_trial = true;
+    core::log_info("the trial asked to stop (set_stop_requested) after batch {} of {}: it ends here, complete",
+                   batches_trained_, max_batches_);
+    return true;
+  }
+  return false;
+}
+
+// After the last batch: the last validation and checkpoint unless stopped, the outputs closed.
+LoopResult Loop::finish_run() {
   profiler_.reset();  // a window the run stopped inside of ends here
   rank::record_phase(core::RankPhase::kShutdown);
   if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
@@ -410,6 +411,29 @@ LoopResult Loop::run() {
     result_.auto_checkpoint_cost_s = auto_checkpoint_->cost_s().value_or(0);
   }
   return result_;
+}
+
+LoopResult Loop::run() {
+  rank::record_phase(core::RankPhase::kStartup);
+  setup();
+  if (options_.external_stop == &rank::stop_signal_received()) {
+    // The trial's constructor may have loaded a library that installs handlers of its own.
+    const std::string replaced = rank::replaced_stop_handlers();
+    if (!replaced.empty()) {
+      core::log_warning("the handler of {} was replaced while the trial was set up; hpctrial installs its "
+                        "own again so that stop requests reach the trial", replaced);
+      rank::install_stop_handlers();
+    }
+  }
+  faults_->at(rank::FaultPhase::kStartup, batches_trained_);
+  call([](Callback& c) { c.on_training_start(); });
+  for (auto& model : context_->models()) model->train();
+  while (!reached_max_length()) {
+    if (profiler_) profiler_->before_batch(batches_trained_ + 1);
+    train_one_batch();
+    if (step_boundary()) break;
+  }
+  return finish_run();
 }
 
 }  // namespace detail
