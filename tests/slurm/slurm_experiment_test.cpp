@@ -105,12 +105,14 @@ class SlurmExperiment : public testing::Test {
     in >> word >> step;
     return step;
   }
+  // No rank of this test's experiment may outlive its job (ranks of other tests may run).
   void expect_no_rank_left() const {
+    const std::string mine = "HPCTRIAL_EXPERIMENT_DIR=" + experiment();
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (!processes_running(HPCTRIAL_FAULTY_TRIAL).empty() && std::chrono::steady_clock::now() < until) {
+    while (!processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(100ms);
     }
-    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL).empty()) << "a rank outlived its job";
+    EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty()) << "a rank outlived its job";
   }
   TempDir dir_;
 };

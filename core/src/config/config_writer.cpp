@@ -240,9 +240,15 @@ void emit_launcher(YAML::Emitter& out, const ExperimentConfig& c) {
 void emit_scheduler(YAML::Emitter& out, const SchedulerConfig& sc) {
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << sc.type;
+  // The scheduler's own options as written (a name each: check_scheduler_config), then the account.
   for (const ConfigEntry& option : sc.options) {
-    out << YAML::Key << option.key << YAML::Value;
-    emit_node(out, option.value);
+    const std::string value = sc.option(option.key);
+    if (!option.value.is_scalar()) {
+      out << YAML::Key << option.key << YAML::Value;
+      emit_node(out, option.value);
+    } else if (!value.empty()) {
+      out << YAML::Key << option.key << YAML::Value << value;
+    }
   }
   if (!sc.account.empty()) out << YAML::Key << "account" << YAML::Value << sc.account;
   if (sc.time_limit_seconds) {

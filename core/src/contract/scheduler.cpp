@@ -36,14 +36,16 @@ void check_scheduler_config(const ExperimentConfig& config, const std::vector<co
                             Diagnostics& diagnostics) {
   const SchedulerConfig& s = config.scheduler;
   std::vector<SchedulerOption> declared;
-  std::vector<std::string> known = scheduler_common_keys();
   for (const Scheduler* scheduler : schedulers) {
     for (const SchedulerOption& option : scheduler->options()) {
-      if (find_option(declared, option.key) != nullptr) continue;
-      declared.push_back(option);
-      known.push_back(option.key);
+      if (find_option(declared, option.key) == nullptr) declared.push_back(option);
     }
   }
+  // The keys of scheduler: as the config reference lists them: type, the schedulers' own, the rest.
+  const std::vector<std::string>& common = scheduler_common_keys();
+  std::vector<std::string> known = {common.front()};
+  for (const SchedulerOption& option : declared) known.push_back(option.key);
+  known.insert(known.end(), common.begin() + 1, common.end());
   for (const ConfigEntry& entry : s.options) {
     const std::string path = "scheduler." + entry.key;
     if (const SchedulerOption* option = find_option(declared, entry.key)) {

@@ -268,7 +268,9 @@ struct ConfigSources {
   std::vector<std::string> overrides;
 };
 
-// Reads, merges, overrides and validates. Throws ConfigError listing every problem.
+// Reads, merges, overrides and validates. Throws ConfigError listing every problem. The keys of
+// scheduler: beyond the common ones are kept as written: the registry's check (scheduler.h) vets
+// them, as `hpctrial config`, `run` and `submit` do; a stored config was vetted when submitted.
 ExperimentConfig load_experiment_config(const ConfigSources& sources);
 // The same, with a site's defaults (a YAML map like a template; empty path: none) merged under
 // the template: site < template < config < --set.
