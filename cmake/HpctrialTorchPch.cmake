@@ -5,10 +5,23 @@
 #
 # hpctrial_share_torch_pch(DIR...): every executable defined under DIR (recursively) that links
 # hpctrial::trainer or hpctrial_trainer_internal reuses hpctrial_torch_pch's precompiled header.
+# hpctrial_share_torch_pch(TESTS DIR...): the same, but a test (a program that links GoogleTest)
+# reuses hpctrial_test_pch's, which adds GoogleTest's headers and compiles at -O1 (see below).
 add_library(hpctrial_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
 # The definitions and include paths of a program that links the trainer, for the header to be valid in it.
 target_link_libraries(hpctrial_torch_pch PRIVATE hpctrial::trainer hpctrial_warnings)
 target_precompile_headers(hpctrial_torch_pch PRIVATE <torch/torch.h>)
+
+# The tests' programs that use the trainer compile at -O1 (where the build type optimizes): what they run fast is in
+# LibTorch and the trainer, which keep their optimization, and -O1 makes each of their LibTorch
+# sources about a third quicker to compile. The benchmarks and examples keep the build type's.
+set(_hpctrial_test_optimization $<$<OR:$<CONFIG:RelWithDebInfo>,$<CONFIG:Release>,$<CONFIG:MinSizeRel>>:-O1>)
+if(HPCTRIAL_BUILD_TESTS)
+  add_library(hpctrial_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
+  target_link_libraries(hpctrial_test_pch PRIVATE hpctrial::trainer GTest::gtest GTest::gmock hpctrial_warnings)
+  target_compile_options(hpctrial_test_pch PRIVATE ${_hpctrial_test_optimization})
+  target_precompile_headers(hpctrial_test_pch PRIVATE <torch/torch.h> <gtest/gtest.h> <gmock/gmock.h>)
+endif()
 
 function(_hpctrial_targets_under dir out)
   get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
@@ -21,11 +34,13 @@ function(_hpctrial_targets_under dir out)
 endfunction()
 
 function(hpctrial_share_torch_pch)
+  cmake_parse_arguments(ARG "" "" "TESTS" ${ARGN})
   # A header precompiled without -fPIC is invalid in programs built position-independent.
   if(CMAKE_POSITION_INDEPENDENT_CODE)
     return()
   endif()
-  foreach(dir ${ARGN})
+  set(dirs ${ARG_UNPARSED_ARGUMENTS} ${ARG_TESTS})
+  foreach(dir ${dirs})
     _hpctrial_targets_under(${dir} targets)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
@@ -34,7 +49,12 @@ function(hpctrial_share_torch_pch)
       endif()
       get_target_property(libraries ${target} LINK_LIBRARIES)
       if(libraries MATCHES "(hpctrial::trainer|hpctrial_trainer_internal)")
-        target_precompile_headers(${target} REUSE_FROM hpctrial_torch_pch)
+        if(ARG_TESTS AND libraries MATCHES "GTest::")
+          target_precompile_headers(${target} REUSE_FROM hpctrial_test_pch)
+          target_compile_options(${target} PRIVATE ${_hpctrial_test_optimization})
+        else()
+          target_precompile_headers(${target} REUSE_FROM hpctrial_torch_pch)
+        endif()
       endif()
     endforeach()
   endforeach()
