@@ -20,7 +20,7 @@
 #include "record_order.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace adaptive_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_mpi::env;
 using testing_mpi::training_order;
@@ -288,5 +288,5 @@ TEST(AdaptiveBatch, AResumeOnFewerRanksSeesEveryRecordOncePerPass) {
   if (env().is_chief()) std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace adaptive_test
 }  // namespace hpctrial::trainer

@@ -16,7 +16,7 @@
 #include "synthetic_data.h"
 
 namespace hpctrial {
-namespace {
+namespace ddp_equivalence_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_mpi::env;
 
@@ -165,5 +165,5 @@ TEST_F(DdpEquivalence, SmallBucketsAndCompressionStillTrainTheSameModel) {
   }
 }
 
-}  // namespace
+}  // namespace ddp_equivalence_test
 }  // namespace hpctrial

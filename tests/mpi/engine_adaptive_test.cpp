@@ -19,7 +19,7 @@
 #include "record_order.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace engine_adaptive_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_mpi::env;
 using testing_mpi::training_order;
@@ -287,5 +287,5 @@ TEST(EngineAdaptiveBatch, AStopAndAResumeAtStageTwoIsBitwiseTheUninterruptedRun)
   if (comm.is_chief()) std::filesystem::remove_all(straight_dir);
 }
 
-}  // namespace
+}  // namespace engine_adaptive_test
 }  // namespace hpctrial::trainer

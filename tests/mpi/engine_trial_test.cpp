@@ -21,7 +21,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace engine_trial_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_mpi::env;
@@ -509,5 +509,5 @@ TEST(EngineTrial, MistakesAreConfigErrorsOnEveryRank) {
   remove_dir(dir);
 }
 
-}  // namespace
+}  // namespace engine_trial_test
 }  // namespace hpctrial::trainer

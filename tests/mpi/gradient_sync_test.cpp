@@ -17,7 +17,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial {
-namespace {
+namespace gradient_sync_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_mpi::env;
@@ -302,5 +302,5 @@ TEST_F(GradientSyncTest, CreateGraphAfterAnOrdinaryBackwardInTheStepIsAClearErro
   }
 }
 
-}  // namespace
+}  // namespace gradient_sync_test
 }  // namespace hpctrial

@@ -24,7 +24,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace loss_scaling_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_mpi::env;
@@ -414,5 +414,5 @@ TEST(LossScaling, AScalerMustBeWrapped) {
   remove_dir(dir);
 }
 
-}  // namespace
+}  // namespace loss_scaling_test
 }  // namespace hpctrial::trainer

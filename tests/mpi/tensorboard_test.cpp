@@ -15,7 +15,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace tensorboard_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_mpi::env;
 using namespace testing_trial;
@@ -225,5 +225,5 @@ TEST(Profiler, SetProfilerChoosesTheWindow) {
   EXPECT_EQ(names.count("batch 3"), 0u);
 }
 
-}  // namespace
+}  // namespace tensorboard_test
 }  // namespace hpctrial::trainer

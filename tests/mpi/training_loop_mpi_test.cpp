@@ -14,7 +14,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace training_loop_mpi_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_mpi::env;
 using namespace testing_trial;
@@ -162,5 +162,5 @@ TEST(TrainingLoopRanks, AStreamCheckpointNeedsTheRanksThatWroteIt) {
   comm.barrier();
 }
 
-}  // namespace
+}  // namespace training_loop_mpi_test
 }  // namespace hpctrial::trainer

@@ -20,7 +20,7 @@
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer::detail {
-namespace {
+namespace zero_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::ElementsAre;
 using testing::HasSubstr;
@@ -337,5 +337,5 @@ TEST_F(ShardedCheckpoint, ARankThatCannotWriteFailsEveryRankAndPublishesNothing)
   }
 }
 
-}  // namespace
+}  // namespace zero_test
 }  // namespace hpctrial::trainer::detail

@@ -12,7 +12,7 @@
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace accumulator_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 
@@ -123,5 +123,5 @@ TEST(Accumulators, MessagesCarryExactDoubles) {
   EXPECT_EQ(back, values);
 }
 
-}  // namespace
+}  // namespace accumulator_test
 }  // namespace hpctrial::trainer

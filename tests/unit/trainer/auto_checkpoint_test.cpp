@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace hpctrial::trainer::detail {
-namespace {
+namespace auto_checkpoint_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 TEST(AutoCheckpointPeriod, TheFirstComesAfterAMinuteOrTheBound) {
   EXPECT_EQ(AutoCheckpointPeriod(0.01, 1800).interval_s(), 60);
@@ -35,5 +35,5 @@ TEST(AutoCheckpointPeriod, TheIntervalIsTheCostOverTheShareWithinTheBound) {
   EXPECT_EQ(short_bound.limit(), AutoCheckpointPeriod::Limit::kBound);
 }
 
-}  // namespace
+}  // namespace auto_checkpoint_test
 }  // namespace hpctrial::trainer::detail

@@ -15,7 +15,7 @@
 #include "test_trial.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace batch_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::ElementsAre;
 using testing::HasSubstr;
@@ -308,5 +308,5 @@ TEST(NamedBatches, DropLastWithAnEpochSmallerThanTheBatchIsAClearError) {
               HasSubstr("drop_last with an epoch of 60 records and a global batch of 64 leaves no batch"));
 }
 
-}  // namespace
+}  // namespace batch_test
 }  // namespace hpctrial::trainer

@@ -11,7 +11,7 @@
 #include "adaptive/gradient_noise.h"
 
 namespace hpctrial::trainer::detail {
-namespace {
+namespace goodput_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 TEST(GradientNoise, ExactNormsGiveTheTrueSignalAndNoise) {
   // |G|^2 = 4, tr(S) = 64: E|g_M|^2 = 4 + 64 / M.
@@ -150,5 +150,5 @@ TEST(Goodput, TheStartSplitsTheBaseBatchWithinTheBounds) {
   EXPECT_EQ(initial_batch({64, 1024, 40, 0, false, 64}, 4), (BatchShape{40, 1, 4}));  // the lower bound
 }
 
-}  // namespace
+}  // namespace goodput_test
 }  // namespace hpctrial::trainer::detail

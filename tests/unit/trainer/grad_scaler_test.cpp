@@ -12,7 +12,7 @@
 #include "hpctrial/trainer/grad_scaler.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace grad_scaler_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 
@@ -203,5 +203,5 @@ TEST(GradScaler, BadOptionsAreConfigErrors) {
   EXPECT_THAT(error_of(floor), HasSubstr("min_scale must be between 0 and init_scale"));
 }
 
-}  // namespace
+}  // namespace grad_scaler_test
 }  // namespace hpctrial::trainer

@@ -8,7 +8,7 @@
 #include "hpctrial/trainer/data.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace hdf5_dataset_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_support::TempDir;
@@ -146,5 +146,5 @@ TEST(DataLoader, IteratesTheWholeDatasetInOrder) {
   EXPECT_THROW(DataLoader(loader.dataset_ptr(), 0), ConfigError);
 }
 
-}  // namespace
+}  // namespace hdf5_dataset_test
 }  // namespace hpctrial::trainer

@@ -19,7 +19,7 @@
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::trainer::detail {
-namespace {
+namespace metrics_log_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing::MatchesRegex;
@@ -180,5 +180,5 @@ TEST(Prefetcher, StopsCleanlyWithBatchesStillQueued) {
   SUCCEED();
 }
 
-}  // namespace
+}  // namespace metrics_log_test
 }  // namespace hpctrial::trainer::detail

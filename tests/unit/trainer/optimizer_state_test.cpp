@@ -11,7 +11,7 @@
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::trainer::detail {
-namespace {
+namespace optimizer_state_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing_support::TempDir;
 
@@ -97,5 +97,5 @@ TEST(OptimizerState, AnotherOptimizerTypeIsRefused) {
   }
 }
 
-}  // namespace
+}  // namespace optimizer_state_test
 }  // namespace hpctrial::trainer::detail

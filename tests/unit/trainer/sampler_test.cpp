@@ -11,7 +11,7 @@
 #include "hpctrial/trainer/random.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace sampler_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::ElementsAre;
 using testing::HasSubstr;
@@ -196,5 +196,5 @@ TEST(EpochRecords, DropLastKeepsWholeGlobalBatches) {
   }
 }
 
-}  // namespace
+}  // namespace sampler_test
 }  // namespace hpctrial::trainer

@@ -13,7 +13,7 @@
 #include "test_trial.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace stream_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::ElementsAre;
 using testing::HasSubstr;
@@ -270,5 +270,5 @@ TEST(TrialClass, AFullDatasetTrialRunsNoValidationStepHook) {
   EXPECT_EQ(*g_step_starts, 0) << "evaluate_full_dataset validates in one call: there is no validation step";
 }
 
-}  // namespace
+}  // namespace stream_test
 }  // namespace hpctrial::trainer

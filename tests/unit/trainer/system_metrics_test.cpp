@@ -14,7 +14,7 @@
 #include "hpctrial/trainer/summary_writer.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace system_metrics_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 TEST(SystemMonitor, MeasuresTheProcesssCpuMemoryAndIo) {
   detail::SystemMonitor monitor;
@@ -67,5 +67,5 @@ TEST(SummaryWriter, WritesNothingWithoutADirectoryAndRefusesBadImages) {
   EXPECT_EQ(std::filesystem::path(writer.events()->path()).parent_path(), log_dir);
 }
 
-}  // namespace
+}  // namespace system_metrics_test
 }  // namespace hpctrial::trainer

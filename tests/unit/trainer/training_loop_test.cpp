@@ -13,7 +13,7 @@
 #include "test_trial.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace training_loop_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::ElementsAre;
 using testing::HasSubstr;
@@ -502,5 +502,5 @@ TEST(TrainingLoop, AggregationFrequencyStepsEveryNthBatch) {
   EXPECT_FALSE(torch::equal(weights[4], weights[5]));
 }
 
-}  // namespace
+}  // namespace training_loop_test
 }  // namespace hpctrial::trainer

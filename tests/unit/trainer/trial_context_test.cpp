@@ -8,7 +8,7 @@
 #include "hpctrial/comm/communicator.h"
 
 namespace hpctrial::trainer {
-namespace {
+namespace trial_context_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 
@@ -196,5 +196,5 @@ TEST(Metric, TensorsAndNumbers) {
   EXPECT_EQ(ReducerSpec(Reducer::kMax).reducer_for("x"), Reducer::kMax);
 }
 
-}  // namespace
+}  // namespace trial_context_test
 }  // namespace hpctrial::trainer
