@@ -9,7 +9,7 @@
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
-namespace {
+namespace cli_checkpoint_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing::Not;
@@ -68,5 +68,5 @@ TEST(CliCheckpoint, ListInspectAndVerify) {
   EXPECT_THAT(wrong.err, HasSubstr("unknown action 'frobnicate'; use list, inspect or verify"));
 }
 
-}  // namespace
+}  // namespace cli_checkpoint_test
 }  // namespace hpctrial

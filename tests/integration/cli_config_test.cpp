@@ -12,7 +12,7 @@
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
-namespace {
+namespace cli_config_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing::StartsWith;
@@ -227,5 +227,5 @@ TEST(Cli, AMissingFileNamesIt) {
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/exp.yaml: cannot read: No such file or directory"));
 }
 
-}  // namespace
+}  // namespace cli_config_test
 }  // namespace hpctrial

@@ -19,7 +19,7 @@
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
-namespace {
+namespace core_api_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing::Not;
@@ -201,5 +201,5 @@ TEST(CoreApi, TheConfigIsReadAndHpctrialOptionsAreTakenOutOfArgv) {
   EXPECT_NE(bad.exit_code, 0);
 }
 
-}  // namespace
+}  // namespace core_api_test
 }  // namespace hpctrial

@@ -15,7 +15,7 @@
 #include "launcher_fixture.h"
 
 namespace hpctrial {
-namespace {
+namespace fault_matrix_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_launcher::Launcher;
@@ -178,5 +178,5 @@ TEST_F(Launcher, AFullDiskUnderTheHeartbeatsEndsTheRunWithThePath) {
   expect_no_rank_left();
 }
 
-}  // namespace
+}  // namespace fault_matrix_test
 }  // namespace hpctrial

@@ -9,7 +9,7 @@
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
-namespace {
+namespace fault_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_support::TempDir;
@@ -71,5 +71,5 @@ TEST(Faults, OneRankHangingIsEndedByTheWatchdog) {
   EXPECT_THAT(r.err, HasSubstr("rank 1 did not arrive: rank 1 is at step 20"));
 }
 
-}  // namespace
+}  // namespace fault_test
 }  // namespace hpctrial

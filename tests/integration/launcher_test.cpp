@@ -17,7 +17,7 @@
 #include "hpctrial/checkpoint/format.h"
 
 namespace hpctrial {
-namespace {
+namespace launcher_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing_launcher::Launcher;
@@ -329,5 +329,5 @@ TEST_F(Launcher, MistakesAreClearErrorsWithinSeconds) {
   EXPECT_THAT(missing->output(), HasSubstr("cannot read"));
 }
 
-}  // namespace
+}  // namespace launcher_test
 }  // namespace hpctrial

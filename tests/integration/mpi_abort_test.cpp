@@ -6,7 +6,7 @@
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
-namespace {
+namespace mpi_abort_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 
@@ -57,5 +57,5 @@ TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
   EXPECT_THAT(r.err, HasSubstr("rank 0 did not arrive: rank 0 is at step 3 and has entered 6 collectives"));
 }
 
-}  // namespace
+}  // namespace mpi_abort_test
 }  // namespace hpctrial

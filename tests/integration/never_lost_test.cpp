@@ -17,7 +17,7 @@
 #include "launcher_fixture.h"
 
 namespace hpctrial {
-namespace {
+namespace never_lost_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
 using testing::Not;
@@ -279,11 +279,11 @@ TEST_F(NeverLost, DamagedStateFilesAreOneLineErrors) {
   EXPECT_THAT(p->output(), HasSubstr(experiment() + "/experiment.json: \"job_id\" holds 5, which is not a string"));
 }
 
-}  // namespace
+}  // namespace never_lost_test
 }  // namespace hpctrial
 
 namespace hpctrial {
-namespace {
+namespace never_lost_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 // Replicas made to differ on the chief (a callback's on_validation_end, which runs there alone,
 // halves the learning rate) and on the last rank (one weight nudged): the run ends at the next
@@ -319,5 +319,5 @@ TEST_F(NeverLost, ReplicasThatDivergeOnTheLastRankAreFoundBeforeTheCheckpoint) {
   expect_no_rank_left();
 }
 
-}  // namespace
+}  // namespace never_lost_test
 }  // namespace hpctrial

@@ -29,7 +29,7 @@
 #include "hpctrial/core/text.h"
 
 namespace hpctrial {
-namespace {
+namespace pbs_experiment_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
@@ -485,5 +485,5 @@ TEST_F(PbsExperiment, AnExperimentDirectoryPbsCannotNameIsRefusedBeforeAnythingI
   EXPECT_TRUE(calls("qsub").empty());
 }
 
-}  // namespace
+}  // namespace pbs_experiment_test
 }  // namespace hpctrial
