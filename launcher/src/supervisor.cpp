@@ -20,6 +20,7 @@ namespace {
 constexpr auto kKillGrace = std::chrono::seconds(5);  // SIGTERM to mpirun, then SIGKILL to all
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
 constexpr auto kHeartbeatCheckStopping = std::chrono::milliseconds(50);
+constexpr auto kMpirunReapSingleHost = std::chrono::milliseconds(200);
 constexpr Clock::time_point kNever = Clock::time_point::max();
 
 }  // namespace
@@ -156,7 +157,9 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
       core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
       abort_attempt();
       kill_ranks(child_);
-      loop.mpirun_kill_at = now + std::chrono::seconds(1);
+      // Its report is not needed: a moment to reap its ranks on this host; on several, a
+      // second for its daemons to end theirs.
+      loop.mpirun_kill_at = now + (single_host_ ? kMpirunReapSingleHost : std::chrono::seconds(1));
     } else {
       core::log_warning("rank {} {}: the job ends", rank_failure_->rank, rank_failure_->how);
       loop.ranks_kill_at = now + std::chrono::seconds(1);
