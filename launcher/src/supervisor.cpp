@@ -157,8 +157,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
       core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
       abort_attempt();
       kill_ranks(child_);
-      // Its report is not needed: a moment to reap its ranks on this host; on several, a
-      // second for its daemons to end theirs.
+      // Its report is not needed: a moment to reap its ranks here, a second for daemons elsewhere.
       loop.mpirun_kill_at = now + (single_host_ ? kMpirunReapSingleHost : std::chrono::seconds(1));
     } else {
       core::log_warning("rank {} {}: the job ends", rank_failure_->rank, rank_failure_->how);
@@ -249,15 +248,12 @@ void Supervisor::request_stop(std::string reason) {
   if (!recorded.empty()) reason = recorded;
   attempt_->stop_requested = true;
   attempt_->stop_reason = reason;
-  if (!recorded.empty()) {
-    ::kill(child_, SIGUSR2);
-    core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
-    return;
-  }
-  try {
-    core::request_stop(trial_.dir, reason);
-  } catch (const Error& e) {
-    core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
+  if (recorded.empty()) {
+    try {
+      core::request_stop(trial_.dir, reason);
+    } catch (const Error& e) {
+      core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
+    }
   }
   ::kill(child_, SIGUSR2);  // mpirun forwards it to every rank
   core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
