@@ -12,9 +12,9 @@ add_library(hpctrial_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
 target_link_libraries(hpctrial_torch_pch PRIVATE hpctrial::trainer hpctrial_warnings)
 target_precompile_headers(hpctrial_torch_pch PRIVATE <torch/torch.h>)
 
-# The tests' programs that use the trainer compile at -O1 (where the build type optimizes): what they run fast is in
-# LibTorch and the trainer, which keep their optimization, and -O1 makes each of their LibTorch
-# sources about a third quicker to compile. The benchmarks and examples keep the build type's.
+# The tests that use the trainer compile at -O1 (where the build type optimizes): what they run
+# fast is in LibTorch and the trainer, which keep their optimization, and -O1 makes each of their
+# LibTorch sources about a third quicker to compile. Benchmarks and examples keep the build type's.
 set(_hpctrial_test_optimization $<$<OR:$<CONFIG:RelWithDebInfo>,$<CONFIG:Release>,$<CONFIG:MinSizeRel>>:-O1>)
 if(HPCTRIAL_BUILD_TESTS)
   add_library(hpctrial_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
