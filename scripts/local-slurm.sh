@@ -18,7 +18,7 @@
 set -euo pipefail
 
 action=${1:-}
-dir=${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}
+dir=$(realpath -m "${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}")  # the daemons run from /
 port=${HPCTRIAL_SLURM_PORT:-16817}
 conf=$dir/slurm.conf
 second=hpctrial-b

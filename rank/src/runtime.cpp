@@ -185,6 +185,8 @@ core::RankPhase current_phase() noexcept { return static_cast<core::RankPhase>(g
 
 void record_watchdog_abort() noexcept { record_end(core::RankEnd::Kind::kWatchdog, 1); }
 
+void record_exit(int code) noexcept { record_end(core::RankEnd::Kind::kExit, code); }
+
 void record_abort(int code, const std::string& message) noexcept {
   char* page = g_page.load();
   if (page == nullptr || g_ended.load()) return;

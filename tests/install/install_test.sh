@@ -3,8 +3,9 @@
 # plain PATH, the installed hpctrial runs, a project of one's own configures against the
 # exported CMake package, and the modulefiles load in a real Lmod (the Lua one, and the Tcl one
 # for Environment Modules), and, with nothing but `module load hpctrial`, the stand-alone
-# example and a `hpctrial new-trial` project build and train 2 ranks; all of it again after the
-# prefix has moved. No build path may remain in what was installed.
+# example and a `hpctrial new-trial` project build and train 2 ranks; all of it again, at the
+# same time, in a second install moved after it was installed. No build path may remain in what
+# was installed.
 #   install_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -43,17 +44,17 @@ check_prefix() {
   [[ $(echo "puts [info complete [read [open {$modules/$version}]]]" | tclsh) == 1 ]] || fail "the Tcl modulefile is not complete Tcl"
   local flavour loaded
   for flavour in lua tcl; do
-    [[ $flavour == tcl ]] && mv "$modules/$version.lua" "$tmp/hidden.lua"
+    [[ $flavour == tcl ]] && mv "$modules/$version.lua" "$work/hidden.lua"
     loaded=$(clean bash -c "source $lmod; module use '$prefix/share/modulefiles' && module load hpctrial &&
                             echo \"root=\$HPCTRIAL_ROOT cmake=\$CMAKE_PREFIX_PATH\" && hpctrial --version" 2>&1) ||
       fail "module load hpctrial ($flavour) failed: $loaded"
-    [[ $flavour == tcl ]] && mv "$tmp/hidden.lua" "$modules/$version.lua"
+    [[ $flavour == tcl ]] && mv "$work/hidden.lua" "$modules/$version.lua"
     grep -qxF "root=$prefix cmake=$prefix" <<<"$loaded" || fail "the $flavour modulefile set: $loaded"
     grep -q '^hpctrial [0-9]' <<<"$loaded" || fail "hpctrial did not run after module load ($flavour): $loaded"
   done
   # A project of one's own finds the package.
-  mkdir -p "$tmp/project"
-  cat >"$tmp/project/CMakeLists.txt" <<'CMAKE'
+  mkdir -p "$work/project"
+  cat >"$work/project/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.18)
 project(user_project CXX)
 find_package(hpctrial 0.1 CONFIG REQUIRED)
@@ -64,47 +65,42 @@ foreach(t trainer core checkpoint comm launcher slurm pbs)
 endforeach()
 message(STATUS "hpctrial found in ${hpctrial_DIR}")
 CMAKE
-  rm -rf "$tmp/project/build"
-  clean cmake -S "$tmp/project" -B "$tmp/project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/configure.log" 2>&1 ||
-    { cat "$tmp/configure.log"; fail "find_package(hpctrial) failed against $prefix"; }
-  grep -qF "hpctrial found in $prefix/lib/cmake/hpctrial" "$tmp/configure.log" ||
-    { cat "$tmp/configure.log"; fail "the package was found elsewhere than $prefix"; }
+  rm -rf "$work/project/build"
+  clean cmake -S "$work/project" -B "$work/project/build" -DCMAKE_PREFIX_PATH="$prefix" >"$work/configure.log" 2>&1 ||
+    { cat "$work/configure.log"; fail "find_package(hpctrial) failed against $prefix"; }
+  grep -qF "hpctrial found in $prefix/lib/cmake/hpctrial" "$work/configure.log" ||
+    { cat "$work/configure.log"; fail "the package was found elsewhere than $prefix"; }
 }
 
 # The installed stand-alone example, with nothing set but `module load hpctrial`, builds against
 # the prefix and trains 2 ranks.
 build_and_run_example() {
-  local prefix=$1 project=$tmp/standalone
+  local prefix=$1 build_new_trial=$2 project=$work/standalone
   rm -rf "$project"
   cp -r "$prefix/share/hpctrial/examples/standalone" "$project"
   local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
   if ! clean bash -c "$steps && cmake -S '$project' -B '$project/build' && cmake --build '$project/build'" \
-       >"$tmp/example.log" 2>&1; then
-    cat "$tmp/example.log"
+       >"$work/example.log" 2>&1; then
+    cat "$work/example.log"
     fail "the stand-alone example did not build against $prefix"
   fi
-  clean bash -c "$steps && cd '$project' && hpctrial run experiment.yaml" >"$tmp/run.log" 2>&1 ||
-    { cat "$tmp/run.log"; fail "the stand-alone example did not run"; }
+  clean bash -c "$steps && cd '$project' && hpctrial run experiment.yaml" >"$work/run.log" 2>&1 ||
+    { cat "$work/run.log"; fail "the stand-alone example did not run"; }
   [[ -f $project/runs/my-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
-    { cat "$tmp/run.log"; fail "the stand-alone example left no final checkpoint"; }
-  grep -q "starting 2 rank(s)" "$tmp/run.log" || { cat "$tmp/run.log"; fail "the example did not run 2 ranks"; }
-  # What `hpctrial new-trial` writes builds and trains the same way. From a moved prefix it must
-  # write the same project (built and trained above from the first prefix, as the stand-alone
-  # example is again here), so it is compared instead of built again.
-  rm -rf "$tmp/demo"
-  if [[ ! -d $tmp/demo-written ]]; then
-    if ! clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo' && cp -r '$tmp/demo' '$tmp/demo-written' &&
-                        cd '$tmp/demo' && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/new.log" 2>&1; then
-      cat "$tmp/new.log"
-      fail "the project of hpctrial new-trial did not build and run"
-    fi
-    [[ -f $tmp/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
-      { cat "$tmp/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
-  else
-    clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$tmp/demo'" >"$tmp/new.log" 2>&1 ||
-      { cat "$tmp/new.log"; fail "hpctrial new-trial failed from $prefix"; }
-    diff -r "$tmp/demo-written" "$tmp/demo" >"$tmp/new.diff" ||
-      { cat "$tmp/new.diff"; fail "hpctrial new-trial from $prefix wrote another project than from the first prefix"; }
+    { cat "$work/run.log"; fail "the stand-alone example left no final checkpoint"; }
+  grep -q "starting 2 rank(s)" "$work/run.log" || { cat "$work/run.log"; fail "the example did not run 2 ranks"; }
+  # `hpctrial new-trial` writes from every prefix the project it wrote from the first one; that
+  # one builds and trains the same way (built once: it is the stand-alone example renamed).
+  rm -rf "$work/demo"
+  clean bash -c "$steps && hpctrial new-trial demo_trial --dir '$work/demo'" >"$work/new.log" 2>&1 ||
+    { cat "$work/new.log"; fail "hpctrial new-trial failed from $prefix"; }
+  diff -r "$tmp/demo-written" "$work/demo" >"$work/new.diff" ||
+    { cat "$work/new.diff"; fail "hpctrial new-trial from $prefix wrote another project than from the first prefix"; }
+  if [[ $build_new_trial == yes ]]; then
+    clean bash -c "$steps && cd '$work/demo' && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" \
+      >"$work/new.log" 2>&1 || { cat "$work/new.log"; fail "the project of hpctrial new-trial did not build and run"; }
+    [[ -f $work/demo/runs/demo-trial/trial-0/checkpoints/ckpt-300.h5 ]] ||
+      { cat "$work/new.log"; fail "the project of hpctrial new-trial left no final checkpoint"; }
   fi
   # The centre's defaults in PREFIX/etc/hpctrial/site.yaml reach every config the command reads.
   mkdir -p "$prefix/etc/hpctrial"
@@ -121,26 +117,48 @@ build_and_run_example() {
 build_and_run_engine_project() {
   local prefix=$1
   local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
-  rm -rf "$tmp/engine"
-  if ! clean bash -c "$steps && hpctrial new-trial big_model --engine --dir '$tmp/engine' && cd '$tmp/engine' &&
-                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$tmp/engine.log" 2>&1; then
-    cat "$tmp/engine.log"
+  rm -rf "$work/engine"
+  if ! clean bash -c "$steps && hpctrial new-trial big_model --engine --dir '$work/engine' && cd '$work/engine' &&
+                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$work/engine.log" 2>&1; then
+    cat "$work/engine.log"
     fail "the project of hpctrial new-trial --engine did not build and run"
   fi
-  [[ -f $tmp/engine/runs/big-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
-    { cat "$tmp/engine.log"; fail "the engine project left no final checkpoint"; }
-  grep -q "engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)" "$tmp/engine.log" ||
-    { cat "$tmp/engine.log"; fail "the engine project did not train as its engine section says"; }
+  [[ -f $work/engine/runs/big-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$work/engine.log"; fail "the engine project left no final checkpoint"; }
+  grep -q "engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)" "$work/engine.log" ||
+    { cat "$work/engine.log"; fail "the engine project did not train as its engine section says"; }
 }
 
+# Installed twice: one prefix used where it was installed, one moved after its install.
 cmake --install "$build" --prefix "$tmp/first" >/dev/null
-check_prefix "$tmp/first"
-build_and_run_example "$tmp/first"
-build_and_run_engine_project "$tmp/first"
-mv "$tmp/first" "$tmp/moved"
-check_prefix "$tmp/moved"
-build_and_run_example "$tmp/moved"
-user_path=/bin:/usr/bin
-check_prefix "$tmp/moved"
-build_and_run_example "$tmp/moved"
+cmake --install "$build" --prefix "$tmp/installed" >/dev/null
+mv "$tmp/installed" "$tmp/moved"
+clean "$tmp/first/bin/hpctrial" new-trial demo_trial --dir "$tmp/demo-written" >/dev/null ||
+  fail "hpctrial new-trial failed from $tmp/first"
+in_place() {
+  check_prefix "$tmp/first"
+  build_and_run_example "$tmp/first" yes
+  build_and_run_engine_project "$tmp/first"
+}
+moved() {
+  check_prefix "$tmp/moved"
+  build_and_run_example "$tmp/moved" no
+  user_path=/bin:/usr/bin
+  check_prefix "$tmp/moved"
+  build_and_run_example "$tmp/moved" no
+}
+# The two prefixes at once (each build is one translation unit, one core), each in a work
+# directory of its own; a failure shows that chain's output.
+pids=()
+for chain in in_place moved; do
+  mkdir "$tmp/work-$chain"
+  (work=$tmp/work-$chain; "$chain") >"$tmp/$chain.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in 0 1; do
+  chain=$([[ $i == 0 ]] && echo in_place || echo moved)
+  wait "${pids[$i]}" || { cat "$tmp/$chain.log" >&2; failed=1; }
+done
+[[ $failed == 0 ]] || exit 1
 echo "install_test: in place and after a move, with PATH /usr/local/bin:/usr/bin:/bin and /bin:/usr/bin: installed, run, found by CMake and Lmod; the stand-alone example and new-trial projects (a trial, an engine trial) built and trained"

@@ -265,7 +265,7 @@ TEST_F(PbsServer, ASubmittedExperimentRunsToCompletion) {
 // chief sees the stop request, the job exits 75 after a durable checkpoint and submits its
 // successor held; activate (qrls) resumes it, and the weights equal an uninterrupted run's.
 TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
-  constexpr int kBatches = 4000;  // ~20 s of 4 ms steps
+  constexpr int kBatches = 1500;  // ~6 s of 4 ms steps
   const std::string exp = config(kBatches, "4", "time_limit: 10m, preemption_grace: 30s");
   const std::string straight = straight_run(exp, kBatches);
   const std::string first = submit(exp);

@@ -88,6 +88,11 @@ TEST_F(SlurmElastic, AJobWithANodeRangeResumesOnTheNodesItIsGrantedAfterARequeue
   ASSERT_TRUE(requeue.ok()) << requeue.describe() << requeue.err;
   ASSERT_TRUE(wait_for(job, "COMPLETED", 240s)) << "state " << job_field(job, "JobState");
   EXPECT_EQ(job_field(job, "NumNodes"), "1");
+  // The first run's launcher saw its ranks' stop through, though Open MPI's finalize waits on a
+  // daemon that the requeue's SIGTERM also reached (Slurm would SIGKILL it at KillWait).
+  std::ifstream err_in(experiment + "/slurm-" + job + ".err");
+  const std::string err((std::istreambuf_iterator<char>(err_in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(err, HasSubstr("trial 0 stopped (terminate) after a durable checkpoint")) << err;
 
   const auto lines = json_lines(runs);
   ASSERT_EQ(lines.size(), 2u);

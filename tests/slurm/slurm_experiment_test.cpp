@@ -140,13 +140,8 @@ TEST_F(SlurmExperiment, ASubmittedExperimentRunsToCompletionWithPrivateFiles) {
 }
 
 TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
-  constexpr int kBatches = 3000;
+  constexpr int kBatches = 1500;
   const std::string exp = config(kBatches, 2);
-  // The same experiment, uninterrupted, on this machine.
-  const auto straight = run({HPCTRIAL_CLI, "run", exp, "--set", "scheduler.type=local", "--experiment",
-                             (dir_.path() / "straight").string()}, 180s);
-  ASSERT_TRUE(straight.ok()) << straight.describe() << straight.err;
-
   const std::string job = submit(exp);
   ASSERT_FALSE(job.empty());
   ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
@@ -165,6 +160,8 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
   ASSERT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/latest"));
   EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"))
       << "paused before the end";
+  // While the job is held: the same experiment, uninterrupted, on this machine.
+  const std::string straight = straight_run(exp, kBatches);
 
   const auto activate = run({HPCTRIAL_CLI, "activate", experiment()});
   ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
@@ -174,17 +171,16 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
   const std::string all = read_file(experiment() + "/slurm-" + job + ".err");
   EXPECT_THAT(all, HasSubstr("resumed from ")) << "the output file keeps every run (append)";
   EXPECT_THAT(all, HasSubstr("trial 0 stopped (pause)")) << "the first run's output is still there";
-  const std::string end = "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
-  expect_same_weights((dir_.path() / "straight").string() + end, experiment() + end);
+  expect_same_weights(straight, final_checkpoint(kBatches));
 }
 
 // The time limit, with Slurm's warning (--signal=B:USR2@grace, which may come up to a minute
 // early) or the launcher's own deadline: every run ends with a checkpoint and a requeue of the
 // same job, the next run resumes exactly there, and the end is the uninterrupted run's.
 TEST_F(SlurmExperiment, TheTimeLimitRequeuesAndEachRunResumesWhereTheLastStopped) {
-  // ~15 s of 2.5 ms steps; the launcher's deadline ends each run of the 1-minute job 10 s after it
-  // starts (sooner where Slurm's warning comes first): at least two runs.
-  constexpr int kBatches = 6000;
+  // ~11 s of 2.5 ms steps; the launcher's deadline ends each run of the 1-minute job 10 s after it
+  // starts (sooner where Slurm's warning comes first), start-up included: at least two runs.
+  constexpr int kBatches = 4500;
   const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 50s",
                                  "fail_rank: -1, fail_batch: 0, fail_mode: none",
                                  "min_checkpoint_period: {batches: 1000}\n");
@@ -219,11 +215,10 @@ TEST_F(SlurmExperiment, TheTimeLimitRequeuesAndEachRunResumesWhereTheLastStopped
 // the job, Slurm requeues it itself; the next run resumes from the last published checkpoint (the
 // ranks' emergency one when it was written in time) and no step is counted twice.
 TEST_F(SlurmExperiment, ARequeueWithoutWarningResumesFromTheLastPublishedCheckpoint) {
-  constexpr int kBatches = 8000;
+  constexpr int kBatches = 3000;
   const std::string exp = config(kBatches, 2, "time_limit: 30m, preemption_grace: 20s",
                                  "fail_rank: -1, fail_batch: 0, fail_mode: none",
                                  "min_checkpoint_period: {batches: 500}\n");
-  const std::string straight = straight_run(exp, kBatches);
   const std::string job = submit(exp);
   ASSERT_FALSE(job.empty());
   ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
@@ -240,6 +235,8 @@ TEST_F(SlurmExperiment, ARequeueWithoutWarningResumesFromTheLastPublishedCheckpo
   const std::string at = m[1];
   EXPECT_GE(std::stoll(at), 1000);
   expect_no_rank_left();
+  // While Slurm holds the requeued job back (its credentials' expiry): the uninterrupted run.
+  const std::string straight = straight_run(exp, kBatches);
 
   ASSERT_TRUE(wait_for(job, "COMPLETED", 180s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
   EXPECT_EQ(job_field(job, "Restarts"), "1");
@@ -278,7 +275,7 @@ TEST_F(SlurmExperiment, ATrialThatAlwaysFailsEndsTheJobAfterMaxRestarts) {
 // which resumes from its checkpoint, and each trial ends with the weights of its own
 // uninterrupted run. jobs, logs and describe see every task.
 TEST_F(SlurmExperiment, AGridIsOneJobArrayAndARequeueOfOneTaskLeavesTheOthersAlone) {
-  constexpr int kBatches = 4000;
+  constexpr int kBatches = 2500;
   const std::string exp = dir_.write("grid.yaml",
       "name: grid-exp\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
       "searcher: {name: grid, metric: validation_loss, max_length: {batches: " + std::to_string(kBatches) + "}}\n"
@@ -312,6 +309,12 @@ TEST_F(SlurmExperiment, AGridIsOneJobArrayAndARequeueOfOneTaskLeavesTheOthersAlo
 
   const auto requeue = run({"scontrol", "requeue", task1});
   ASSERT_TRUE(requeue.ok()) << requeue.describe() << requeue.err;
+  // While Slurm holds task 1 back: trial 1 alone, uninterrupted, on this machine.
+  const std::string straight = (dir_.path() / "straight").string();
+  const auto r = run({HPCTRIAL_CLI, "run", exp, "--trial", "1", "--set", "scheduler.type=local", "--set",
+                      "hyperparameters.batch_ms=0", "--experiment", straight}, 180s);
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_FALSE(std::filesystem::exists(straight + "/trial-0")) << "--trial 1 runs trial 1 alone";
   for (const std::string& task : {job + "_0", task1, job + "_2"}) {
     ASSERT_TRUE(wait_for(task, "COMPLETED", 240s)) << task << " is " << job_field(task, "JobState");
   }
@@ -331,11 +334,6 @@ TEST_F(SlurmExperiment, AGridIsOneJobArrayAndARequeueOfOneTaskLeavesTheOthersAlo
     const std::string t = std::to_string(trial);
     EXPECT_THAT(read_file(experiment() + "/trial-" + t + "/effective-config.yaml"), HasSubstr("lr: " + lrs[trial]));
   }
-  const std::string straight = (dir_.path() / "straight").string();
-  const auto r = run({HPCTRIAL_CLI, "run", exp, "--trial", "1", "--set", "scheduler.type=local", "--set",
-                      "hyperparameters.batch_ms=0", "--experiment", straight}, 180s);
-  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
-  EXPECT_FALSE(std::filesystem::exists(straight + "/trial-0")) << "--trial 1 runs trial 1 alone";
   const std::string end = "/trial-1/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5";
   expect_same_weights(straight + end, experiment() + end);
 

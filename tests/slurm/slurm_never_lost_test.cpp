@@ -145,7 +145,7 @@ TEST_F(SlurmNeverLost, VerbsRefuseARecordedJobIdThatSlurmGaveToAnotherJob) {
 // resumes the trial, and describe shows it; that command, run by hand, then activate, resume
 // the trial to its end.
 TEST_F(SlurmNeverLost, AFailingRequeueIsRetriedThenRecordedAndShownWithTheCommandToResume) {
-  constexpr int kBatches = 2000;
+  constexpr int kBatches = 1000;
   // A scontrol first on the job's PATH (sbatch --export=ALL passes the submitter's) whose
   // requeues fail, and which runs the real one for everything else.
   const auto real = run({"bash", "-c", "command -v scontrol"});

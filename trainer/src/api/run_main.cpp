@@ -25,6 +25,7 @@
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
 #include "hpctrial/rank/bootstrap.h"
+#include "hpctrial/rank/runtime.h"
 #include "hpctrial/rank/stop_signals.h"
 
 namespace po = boost::program_options;
@@ -222,7 +223,10 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     const TrialFactory factory = resolve(config);
     const LoopResult result = run_training(config, factory, communicator, options);
     rank->finish();  // every rank got here: the goodbyes of a good end
-    return report_training_end(result, chief);
+    const int code = report_training_end(result, chief);
+    // The stop's checkpoint is durable: the launcher may end this rank if finalizing hangs.
+    if (code == kExitStopped) rank::record_exit(code);
+    return code;
   } catch (const ConfigError& e) {
     return rank->fail(kExitConfig, e.what());
   } catch (const po::error& e) {

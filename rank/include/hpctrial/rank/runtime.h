@@ -103,6 +103,13 @@ void record_watchdog_abort() noexcept;
 // before MPI_Abort.
 void record_abort(int code, const std::string& message) noexcept;
 
+// Records now that this rank exits with `code`, before MPI_Finalize: call it once nothing is
+// left to do but finalize. Open MPI's finalize waits on its daemons, and after a scheduler's
+// SIGTERM to every process of a multi-node job (a requeue, a preemption) they no longer answer;
+// the launcher, reading the record, ends a rank that waits there instead of the scheduler's
+// SIGKILL at the end of its KillWait.
+void record_exit(int code) noexcept;
+
 class AbortWatch {
  public:
   explicit AbortWatch(std::string path);  // an empty path watches nothing
