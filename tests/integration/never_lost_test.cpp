@@ -186,7 +186,7 @@ TEST_F(NeverLost, ByDefaultARunCheckpointsPeriodically) {
 // `hpctrial run ... | head`: a stdout and stderr nobody reads, and a SIGPIPE on top, neither
 // end the run; the rank logs keep everything.
 TEST_F(NeverLost, AClosedOutputAndSigpipeDoNotEndTheRun) {
-  const std::string exp = config("", 2000, 2, 5);
+  const std::string exp = config("", 2000, 2, 2);
   const std::string pid_file = (dir_.path() / "launcher.pid").string();
   BackgroundProcess shell({"bash", "-c", "\"$@\" > >(exit 0) 2>&1 & echo $! > " + pid_file +
                                              "; wait $!; echo \"launcher exit $?\"",

@@ -158,7 +158,7 @@ class PbsExperiment : public testing::Test {
 // submits the job that resumes the trial (afterany: this job), and exits; each successor resumes
 // where the last stopped, until the end, with the weights of an uninterrupted run.
 TEST_F(PbsExperiment, EachJobBeforeItsWalltimeSubmitsTheOneThatResumes) {
-  constexpr int kBatches = 6000;  // ~18 s of 3 ms steps; each job trains for ~6 s of its minute
+  constexpr int kBatches = 3500;  // ~10 s of 3 ms steps; each job trains for ~6 s of its minute
   const std::string exp = config(kBatches, "time_limit: 1m, preemption_grace: 52s");
   const std::string straight = straight_run(exp, kBatches);
   std::string job = submit(exp);
@@ -227,7 +227,7 @@ TEST_F(PbsExperiment, AFailingTrialStopsAfterMaxRestartsAndSubmitsNoSuccessor) {
 // afterany) and ends; activate releases it (qrls), and
 // the successor ends with the weights of an uninterrupted run.
 TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
-  constexpr int kBatches = 3000;
+  constexpr int kBatches = 1500;
   const std::string exp = config(kBatches, "time_limit: 1h");
   const std::string straight = straight_run(exp, kBatches);
   const std::string first = submit(exp);
@@ -422,7 +422,7 @@ TEST_F(PbsExperiment, WithoutQstatTheConfigsTimeLimitSetsTheDeadline) {
 // failure is recorded with the qsub that resumes the trial, describe shows it, and that command,
 // run by hand, resumes the trial to its end (whose launcher clears the record).
 TEST_F(PbsExperiment, ASuccessorThatCannotBeSubmittedIsRetriedThenRecordedWithTheCommandToResume) {
-  constexpr int kBatches = 3000;
+  constexpr int kBatches = 1500;
   const std::string exp = config(kBatches, "time_limit: 1h");
   const std::string first = submit(exp);
   ASSERT_EQ(first, "1.fakepbs");
