@@ -3,7 +3,8 @@
 //
 //   checkpoint_io [--quick] [--dir DIR] [--sizes 256,1024] [--rounds 3] [--threads 1]
 //
-// --quick: 64 MiB, one round - the test suite's smoke run. Sizes are multiples of 64 MiB.
+// --quick: 64 MiB, one round, two checkpoints in the stall runs - the test suite's smoke run.
+// Sizes are multiples of 64 MiB.
 // --threads: LibTorch's and OpenBLAS's threads for training (default 1, what a rank with
 // resources.cpus_per_slot: 1 uses; the cores left over are where the writer runs).
 // For each size (MiB of float32 state in 16 MiB tensors):
@@ -109,11 +110,13 @@ struct BatchStart {
   double steal_s;
 };
 
-// A checkpoint after batches 20, 40, ..., 120; a cycle is the 10 intervals from the one it is
-// taken in (long enough for the writer to finish: a sync save takes 6-8 batches' time at 256 MiB
-// and 1 GiB), and the 10 intervals after a cycle, and those before the first checkpoint, are
-// quiet.
-constexpr int kEvery = 20, kCycle = 10, kCheckpoints = 6, kBatches = kCheckpoints * kEvery + kCycle;
+// A checkpoint after batches 20, 40, ..., 120 (--quick: 20, 40); a cycle is the 10 intervals from
+// the one it is taken in (long enough for the writer to finish: a sync save takes 6-8 batches'
+// time at 256 MiB and 1 GiB), and the 10 intervals after a cycle, and those before the first
+// checkpoint, are quiet.
+constexpr int kEvery = 20, kCycle = 10;
+int g_checkpoints = 6;  // the first, whose cycle allocates, and the steady ones after it
+int batches() { return g_checkpoints * kEvery + kCycle; }
 
 // Writes `mib` MiB from one buffer, filled once, to a file of its own on a thread, each time it
 // is started: only the bytes of a checkpoint, without its copy, CRC or layout.
@@ -181,7 +184,7 @@ struct Intervals {
 Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings, BackgroundWriter* raw = nullptr) {
   const std::string period = raw != nullptr ? "100000" : std::to_string(kEvery);
   const std::string yaml = "name: stall\nentrypoint: ./x\nsearcher: {name: single, metric: validation_loss, "
-                           "max_length: {batches: " + std::to_string(kBatches) + "}}\nhyperparameters: "
+                           "max_length: {batches: " + std::to_string(batches()) + "}}\nhyperparameters: "
                            "{global_batch_size: 4}\nmin_checkpoint_period: {batches: " + period + "}\n";
   hpctrial::core::Diagnostics diagnostics;
   const auto root = hpctrial::core::parse_config_text(yaml, "stall.yaml", diagnostics);
@@ -198,12 +201,12 @@ Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings, Ba
     return std::unique_ptr<hpctrial::Trial>(std::make_unique<hpctrial_bench::BigTrial>(
         context, mib / 64, [&starts](std::int64_t) { starts.push_back({Clock::now(), steal_seconds()}); },
         [raw](std::int64_t batch_idx) {
-          if (raw != nullptr && (batch_idx + 1) % kEvery == 0 && batch_idx + 1 <= kCheckpoints * kEvery) raw->start();
+          if (raw != nullptr && (batch_idx + 1) % kEvery == 0 && batch_idx + 1 <= g_checkpoints * kEvery) raw->start();
         }));
   }, comm, options);
   fs::remove_all(options.trial_dir);
-  if (starts.size() != static_cast<std::size_t>(kBatches)) {
-    std::fprintf(stderr, "checkpoint_io: the stall run trained %zu batches, not %d\n", starts.size(), kBatches);
+  if (starts.size() != static_cast<std::size_t>(batches())) {
+    std::fprintf(stderr, "checkpoint_io: the stall run trained %zu batches, not %d\n", starts.size(), batches());
     std::exit(1);
   }
   Intervals interval;
@@ -228,9 +231,9 @@ Intervals stall_run(const std::string& dir, int mib, nlohmann::json* timings, Ba
 Stall cost_of_cycles(const Intervals& run) {
   std::vector<double> quiet;
   double quiet_steal = 0;
-  for (int i = 1; i + 1 < kBatches; ++i) {  // the first interval warms up
+  for (int i = 1; i + 1 < batches(); ++i) {  // the first interval warms up
     const int since = (i + 1) % kEvery;      // intervals since the last checkpoint's was taken
-    if ((i < kEvery - 1 || since >= kCycle) && i < kCheckpoints * kEvery - 1) {
+    if ((i < kEvery - 1 || since >= kCycle) && i < g_checkpoints * kEvery - 1) {
       quiet.push_back(run.seconds[static_cast<std::size_t>(i)]);
       quiet_steal += run.steal_s[static_cast<std::size_t>(i)];
     }
@@ -246,9 +249,9 @@ Stall cost_of_cycles(const Intervals& run) {
     return sum;
   };
   double steady = 0, steal = 0;
-  for (int c = 2; c <= kCheckpoints; ++c) {
-    steady += cycle(run.seconds, c * kEvery) / (kCheckpoints - 1);
-    steal += cycle(run.steal_s, c * kEvery) / (kCheckpoints - 1);
+  for (int c = 2; c <= g_checkpoints; ++c) {
+    steady += cycle(run.seconds, c * kEvery) / (g_checkpoints - 1);
+    steal += cycle(run.steal_s, c * kEvery) / (g_checkpoints - 1);
   }
   steady -= kCycle * base;
   steal -= kCycle * quiet_steal;
@@ -286,6 +289,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") {
       sizes = {64};
       rounds = 1;
+      g_checkpoints = 2;
       --i;
       continue;
     }

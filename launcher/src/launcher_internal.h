@@ -61,6 +61,7 @@ struct RankFailure {
   std::string phase;    // where it was (core::RankPhase's name); empty: unknown
   long long step = -1;  // the last step it finished
   std::string message;  // its own words, when it recorded an error
+  bool by_watchdog = false;  // its collective watchdog ended the job, after writing its verdict
 };
 // What mpirun said about the first rank that failed.
 RankFailure parse_mpirun_failure(const std::string& mpirun_text);

@@ -148,11 +148,10 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
   // A rank that failed: end the others now (mpirun would give them the whole grace), then
   // mpirun, if it does not end by itself.
   if (!rank_failure_ && (rank_failure_ = find_failed_rank(now, output_->mpirun_text()))) {
-    // Without the rank's own code, mpirun's words are the only other witness, and ranks the
-    // launcher killed first would muddle them: a moment for mpirun's report first. (mpirun
-    // itself would wait odls_base_sigkill_timeout, the preemption grace, before it ends the
-    // others.)
-    const bool exact = rank_failure_->exit_code || rank_failure_->signal;
+    // Without the rank's own code or a watchdog's verdict, mpirun's words are the only other
+    // witness, and ranks the launcher killed first would muddle them: a moment for mpirun's
+    // report first. (mpirun would wait odls_base_sigkill_timeout before it ends the others.)
+    const bool exact = rank_failure_->exit_code || rank_failure_->signal || rank_failure_->by_watchdog;
     if (exact) {
       core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
       abort_attempt();
@@ -307,6 +306,7 @@ std::optional<detail::RankFailure> Supervisor::failure_of_records() const {
   for (const auto& [rank, record] : beats_) {
     if (record.end && record.end->kind == core::RankEnd::Kind::kWatchdog) {
       f.rank = rank;
+      f.by_watchdog = true;  // its verdict is written
       f.how = record.end->describe();
       return f;
     }
