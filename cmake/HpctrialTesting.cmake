@@ -4,11 +4,13 @@ include(GoogleTest)
 # Open MPI refuses to run as root unless told; tests set this themselves, users need not.
 set(HPCTRIAL_MPI_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 
-# hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]):
+# hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]
+#                    [CONCURRENT gtest-filter]):
 # a gtest binary, each of its tests its own CTest entry with the label (default: unit) and
-# any further test properties.
+# any further test properties. The tests that CONCURRENT matches get the label alone: they run
+# beside other tests, where the PROPERTIES would say otherwise (RUN_SERIAL).
 function(hpctrial_unit_test name)
-  cmake_parse_arguments(ARG "" "LABEL" "SOURCES;LIBS;PROPERTIES" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABEL;CONCURRENT" "SOURCES;LIBS;PROPERTIES" ${ARGN})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)
   endif()
@@ -16,7 +18,13 @@ function(hpctrial_unit_test name)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock hpctrial_warnings)
   target_compile_definitions(${name} PRIVATE
     HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  gtest_discover_tests(${name}
+  if(ARG_CONCURRENT)
+    gtest_discover_tests(${name} TEST_FILTER "${ARG_CONCURRENT}"
+      PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300
+      DISCOVERY_TIMEOUT 60)
+    set(rest TEST_FILTER "-${ARG_CONCURRENT}")
+  endif()
+  gtest_discover_tests(${name} ${rest}
     PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${ARG_PROPERTIES}
     DISCOVERY_TIMEOUT 60)
 endfunction()

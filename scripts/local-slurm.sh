@@ -84,21 +84,23 @@ CONF
 
 running() { SLURM_CONF=$conf timeout 5 scontrol ping 2>/dev/null | grep -q "is UP"; }
 
-stop_daemon() {
-  local pidfile=$1 pid
-  [[ -f $pidfile ]] || return 0
-  pid=$(cat "$pidfile")
-  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
-}
-
+# Every daemon started from $dir gets SIGTERM at once; those still there after 10 s, SIGKILL.
 stop_all() {
-  local pidfile
-  for pidfile in "$dir"/slurmd*.pid; do [[ -e $pidfile ]] && stop_daemon "$pidfile"; done
-  stop_daemon "$dir/slurmctld.pid"
+  local pidfile pid pids=()
+  for pidfile in "$dir"/slurmd*.pid "$dir/slurmctld.pid"; do
+    [[ -f $pidfile ]] || continue
+    pid=$(cat "$pidfile")
+    [[ -n $pid ]] && kill "$pid" 2>/dev/null && pids+=("$pid")
+    rm -f "$pidfile"
+  done
+  local alive
+  for _ in $(seq 100); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 
 case $action in
