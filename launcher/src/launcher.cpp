@@ -332,6 +332,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   // EPIPE, which every writer here tolerates: the rank logs keep everything. (Children start
   // with the default disposition again: spawn_process resets it.)
   ::signal(SIGPIPE, SIG_IGN);
+  detail::hold_warning_signals();
   const ExperimentLayout layout{options.experiment_dir};
   core::UniqueFd trial_lock = prepare_held_trial(options, env, run);
   if (!fs::exists(layout.config())) {

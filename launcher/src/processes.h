@@ -21,6 +21,18 @@
 namespace hpctrial::launcher::detail {
 
 // The signals the launcher handles, read from a signalfd in its poll loop.
+// A warning or a pause (USR1, USR2) that comes while the launcher starts waits, blocked, for the
+// SignalFd: call it first. The batch script ignores them until the launcher is there, and an
+// ignored signal never reaches a signalfd. SIGTERM, SIGINT and SIGHUP still end a launcher that
+// has not started the ranks (one waiting for a trial's lock, say).
+inline void hold_warning_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  for (int s : {SIGUSR1, SIGUSR2}) ::signal(s, SIG_DFL);
+}
+
 class SignalFd {
  public:
   SignalFd() {

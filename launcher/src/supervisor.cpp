@@ -21,6 +21,7 @@ constexpr auto kKillGrace = std::chrono::seconds(5);  // SIGTERM to mpirun, then
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
 constexpr auto kHeartbeatCheckStopping = std::chrono::milliseconds(50);
 constexpr auto kMpirunReapSingleHost = std::chrono::milliseconds(200);
+constexpr auto kMpirunSetUp = std::chrono::seconds(2);  // before it, a signal would kill mpirun
 constexpr Clock::time_point kNever = Clock::time_point::max();
 
 }  // namespace
@@ -163,10 +164,8 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
       loop.ranks_kill_at = now + std::chrono::seconds(1);
     }
   }
-  // Ranks stopped on request: mpirun would give the stragglers the whole grace before it
-  // kills them, though they only finish; end them after a moment.
-  // Every rank has ended with 75, though mpirun, which saw a non-zero exit, would hold on to
-  // them until its SIGKILL timeout; nothing is left to wait for.
+  // Ranks stopped on request (exit 75 recorded): mpirun would hold the stragglers, which only
+  // finish, until its SIGKILL timeout. End them after a moment, or once every rank has ended.
   if (stopped_at_ != Clock::time_point{} && !stop_finished_ &&
       (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_stopped(np))) {
     stop_finished_ = true;
@@ -247,14 +246,16 @@ void Supervisor::request_stop(std::string reason) {
   if (!recorded.empty()) reason = recorded;
   attempt_->stop_requested = true;
   attempt_->stop_reason = reason;
-  if (recorded.empty()) {
-    try {
-      core::request_stop(trial_.dir, reason);
-    } catch (const Error& e) {
-      core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
-    }
+  bool on_disk = !recorded.empty();
+  try {
+    if (!on_disk) core::request_stop(trial_.dir, reason);
+    on_disk = true;
+  } catch (const Error& e) {
+    core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
   }
-  ::kill(child_, SIGUSR2);  // mpirun forwards it to every rank
+  // mpirun forwards it to every rank once it has set itself up; a younger one would die of it,
+  // and the ranks read the request on disk within a second anyway.
+  if (!on_disk || Clock::now() - started_ > kMpirunSetUp) ::kill(child_, SIGUSR2);
   core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
 }
 

@@ -297,6 +297,40 @@ TEST_F(PbsExperiment, AJobOfATrialStillRunElsewhereWaitsForItsLauncher) {
   EXPECT_THAT(job_output(other), HasSubstr("trial 0 finished"));
 }
 
+// A warning (USR2) that comes while a job's launcher has not yet started the ranks - here it
+// waits for the launcher of the job before - does not end the job: the launcher holds it, and
+// once it runs the trial, stops it with a checkpoint as for any warning.
+TEST_F(PbsExperiment, AWarningBeforeTheRanksStartIsHeldUntilTheLauncherCanStopThem) {
+  const std::string first = submit(config(1500, "time_limit: 1h"));
+  ASSERT_EQ(first, "1.fakepbs");
+  auto shell = start_job(first);
+  ASSERT_TRUE(wait_for_training(first));
+  const std::string other = "99.fakepbs";
+  fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
+  std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
+  auto waiting = start_job(other);
+  const auto seen = std::chrono::steady_clock::now() + 30s;
+  while (job_output(other).find("waiting for it to end") == std::string::npos && std::chrono::steady_clock::now() < seen) {
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_THAT(job_output(other), HasSubstr("trial 0 is still run by the launcher of pbs job 1.fakepbs, pid "));
+  // The batch shell, as Slurm's `--signal=B:USR2` reaches it: the job script, which is now the
+  // launcher (exec).
+  const auto launcher = testing_support::processes_running(HPCTRIAL_CLI, "PBS_JOBID=" + other);
+  ASSERT_EQ(launcher.size(), 1u);
+  ::kill(launcher.front(), SIGUSR2);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE(waiting->wait(0ms).has_value()) << "the warning ended the waiting job\n" << job_output(other);
+  const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.err;
+  ASSERT_TRUE(shell->wait(120s).has_value());
+  EXPECT_EQ(shell->exit_code(), 75) << job_output(first);
+  ASSERT_TRUE(waiting->wait(120s).has_value()) << job_output(other);
+  EXPECT_EQ(waiting->exit_code(), 75) << job_output(other);
+  EXPECT_THAT(job_output(other), HasSubstr("resumed from "));
+  EXPECT_THAT(job_output(other), HasSubstr("trial 0 stopped (preemption) after a durable checkpoint"));
+}
+
 // pause holds a job that has not started; kill deletes every live job of the experiment; the
 // verbs take the job's id as well as the directory.
 TEST_F(PbsExperiment, PauseHoldsAQueuedJobAndKillDeletesIt) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,10 +31,15 @@ inline std::string job_field(const std::string& job, const std::string& field) {
 }
 
 // Waits until the job's JobState is `state`; false after `limit`.
+// False at once when the job has ended in another state: it never gets there.
 inline bool wait_for_state(const std::string& job, const std::string& state, std::chrono::seconds limit) {
+  static const std::set<std::string> kEnded = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"};
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (job_field(job, "JobState") == state) return true;
+    const std::string now = job_field(job, "JobState");
+    if (now == state) return true;
+    if (kEnded.count(now) > 0) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   return false;

@@ -30,6 +30,10 @@ std::string render_job_body(const ExperimentConfig& config, const JobBodyOptions
   const SchedulerConfig& s = config.scheduler;
   std::ostringstream out;
   out << "\numask 077  # what the job writes is private\n";
+  // A warning (USR2) or a pause (USR1/USR2) before the launcher handles signals would end the
+  // job: ignored until then, when the launcher takes them over. It loses none that matters: it
+  // keeps its own deadline before the job's end, and a pause's request is on disk.
+  out << "trap '' USR1 USR2\n";
   if (!s.modules.empty()) {
     out << "# Modules (scheduler.modules)\n";
     for (std::size_t i = 0; i < s.modules.size(); ++i) {

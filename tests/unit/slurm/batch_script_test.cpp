@@ -77,6 +77,9 @@ scheduler:
   EXPECT_EQ(s.rfind("#!/bin/bash -l\n", 0), 0u) << "modules need a login shell";
   // Every directive comes before the first command, or Slurm stops reading them.
   EXPECT_LT(s.rfind("#SBATCH"), s.find("\numask"));
+  // Slurm's warning or a pause before the launcher handles them would end the job; the module
+  // loads take seconds.
+  EXPECT_LT(s.find("\ntrap '' USR1 USR2\n"), s.find("module load"));
   expect_clean(s);
 }
 
