@@ -108,6 +108,19 @@ class PbsExperiment : public testing::Test {
                                  pbs_dir() + "/" + id + ".script"},
         variables, (dir_.path() / ("shell-" + id)).string());
   }
+  // Job `other`, with `first`'s script, started while `first` still runs its trial: returned once
+  // its launcher says it waits for `first`'s (or after 30 s).
+  std::unique_ptr<testing_support::BackgroundProcess> start_job_after(const std::string& first, const std::string& other) {
+    fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
+    std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
+    auto waiting = start_job(other);
+    const auto seen = std::chrono::steady_clock::now() + 30s;
+    while (job_output(other).find("waiting for it to end") == std::string::npos &&
+           std::chrono::steady_clock::now() < seen) {
+      std::this_thread::sleep_for(100ms);
+    }
+    return waiting;
+  }
   // Waits until no process of job `id`'s session is left, as PBS's MoM does before a job ends.
   bool wait_for_session_end(const std::string& id, std::chrono::seconds limit) const {
     const pid_t leader = std::stoi(read_file(pbs_dir() + "/" + id + ".pid"));
@@ -278,13 +291,7 @@ TEST_F(PbsExperiment, AJobOfATrialStillRunElsewhereWaitsForItsLauncher) {
   auto shell = start_job(first);
   ASSERT_TRUE(wait_for_training(first));
   const std::string other = "99.fakepbs";
-  fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
-  std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
-  auto waiting = start_job(other);
-  const auto seen = std::chrono::steady_clock::now() + 30s;
-  while (job_output(other).find("waiting for it to end") == std::string::npos && std::chrono::steady_clock::now() < seen) {
-    std::this_thread::sleep_for(100ms);
-  }
+  auto waiting = start_job_after(first, other);
   EXPECT_THAT(job_output(other), HasSubstr("trial 0 is still run by the launcher of pbs job 1.fakepbs, pid "));
   EXPECT_FALSE(waiting->wait(0ms).has_value());
   const auto pause = run({HPCTRIAL_CLI, "pause", experiment()});
@@ -306,13 +313,7 @@ TEST_F(PbsExperiment, AWarningBeforeTheRanksStartIsHeldUntilTheLauncherCanStopTh
   auto shell = start_job(first);
   ASSERT_TRUE(wait_for_training(first));
   const std::string other = "99.fakepbs";
-  fs::copy_file(pbs_dir() + "/" + first + ".script", pbs_dir() + "/" + other + ".script");
-  std::ofstream(pbs_dir() + "/" + other + ".state") << "Q\n";
-  auto waiting = start_job(other);
-  const auto seen = std::chrono::steady_clock::now() + 30s;
-  while (job_output(other).find("waiting for it to end") == std::string::npos && std::chrono::steady_clock::now() < seen) {
-    std::this_thread::sleep_for(100ms);
-  }
+  auto waiting = start_job_after(first, other);
   ASSERT_THAT(job_output(other), HasSubstr("trial 0 is still run by the launcher of pbs job 1.fakepbs, pid "));
   // The batch shell, as Slurm's `--signal=B:USR2` reaches it: the job script, which is now the
   // launcher (exec).
