@@ -4,15 +4,45 @@ include(GoogleTest)
 # Open MPI refuses to run as root unless told; tests set this themselves, users need not.
 set(HPCTRIAL_MPI_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 
+# CPU as a CTest resource: the resource spec names one "cpus" pool of as many slots as this
+# machine has cores (at least 2), and each test that keeps cores busy asks for them
+# (RESOURCE_GROUPS): 1 for a test process, all of them for a test whose timing must not share the
+# machine (mpirun with its ranks, a benchmark, a compiler). The slurm and pbs tiers ask for none:
+# their tests mostly wait on the scheduler, so they run beside whatever holds the cores, one test
+# of each tier at a time (their RESOURCE_LOCK). `ctest --parallel` may then exceed the cores by
+# those two (scripts/test.sh). The spec file reaches a plain `ctest` through CTestTestfile.cmake.
+include(ProcessorCount)
+ProcessorCount(HPCTRIAL_TEST_CPUS)
+if(HPCTRIAL_TEST_CPUS LESS 2)
+  set(HPCTRIAL_TEST_CPUS 2)
+endif()
+file(WRITE ${PROJECT_BINARY_DIR}/ctest-resources.json
+  "{\"version\": {\"major\": 1, \"minor\": 0},\n"
+  " \"local\": [{\"cpus\": [{\"id\": \"0\", \"slots\": ${HPCTRIAL_TEST_CPUS}}]}]}\n")
+file(WRITE ${PROJECT_BINARY_DIR}/ctest-resources.cmake
+  "set(CTEST_RESOURCE_SPEC_FILE \"${PROJECT_BINARY_DIR}/ctest-resources.json\")\n")
+set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY TEST_INCLUDE_FILES
+  ${PROJECT_BINARY_DIR}/ctest-resources.cmake)
+# The test properties that ask for one core, and for all of them.
+set(HPCTRIAL_ONE_CPU RESOURCE_GROUPS cpus:1)
+set(HPCTRIAL_ALL_CPUS RESOURCE_GROUPS cpus:${HPCTRIAL_TEST_CPUS})
+
 # hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]
-#                    [CONCURRENT gtest-filter]):
-# a gtest binary, each of its tests its own CTest entry with the label (default: unit) and
-# any further test properties. The tests that CONCURRENT matches get the label alone: they run
-# beside other tests, where the PROPERTIES would say otherwise (RUN_SERIAL).
+#                    [CPUS 1|all|none] [CONCURRENT gtest-filter]):
+# a gtest binary, each of its tests its own CTest entry with the label (default: unit), the
+# cores it asks for (default: 1) and any further test properties. The tests that CONCURRENT
+# matches ask for one core whatever CPUS says: they run beside other tests.
 function(hpctrial_unit_test name)
-  cmake_parse_arguments(ARG "" "LABEL;CONCURRENT" "SOURCES;LIBS;PROPERTIES" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABEL;CONCURRENT;CPUS" "SOURCES;LIBS;PROPERTIES" ${ARGN})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)
+  endif()
+  if(ARG_CPUS STREQUAL "all")
+    set(cpus ${HPCTRIAL_ALL_CPUS})
+  elseif(ARG_CPUS STREQUAL "none")
+    set(cpus "")
+  else()
+    set(cpus ${HPCTRIAL_ONE_CPU})
   endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock hpctrial_warnings)
@@ -20,12 +50,12 @@ function(hpctrial_unit_test name)
     HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
   if(ARG_CONCURRENT)
     gtest_discover_tests(${name} TEST_FILTER "${ARG_CONCURRENT}"
-      PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300
+      PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${HPCTRIAL_ONE_CPU}
       DISCOVERY_TIMEOUT 60)
     set(rest TEST_FILTER "-${ARG_CONCURRENT}")
   endif()
   gtest_discover_tests(${name} ${rest}
-    PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${ARG_PROPERTIES}
+    PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${cpus} ${ARG_PROPERTIES}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
@@ -48,6 +78,6 @@ function(hpctrial_mpi_test name)
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${extra} --timeout 240
                      $<TARGET_FILE:${name}>)
     set_tests_properties(${name}.np${np} PROPERTIES
-      LABELS mpi ENVIRONMENT "${HPCTRIAL_MPI_TEST_ENV}" RUN_SERIAL TRUE TIMEOUT 300)
+      LABELS mpi ENVIRONMENT "${HPCTRIAL_MPI_TEST_ENV}" ${HPCTRIAL_ALL_CPUS} TIMEOUT 300)
   endforeach()
 endfunction()
