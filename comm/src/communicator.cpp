@@ -204,8 +204,8 @@ const char* to_string(ReduceOp op) {
 // An async collective: queued by the caller, run by the worker thread.
 class MpiCommunicator::Task final : public Work {
  public:
-  Task(Watchdog* watchdog, const char* operation, std::function<void(MPI_Comm)> run)
-      : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation) : 0), run_(std::move(run)) {}
+  Task(Watchdog* watchdog, const char* operation, std::uint64_t channel, std::function<void(MPI_Comm)> run)
+      : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel) : 0), run_(std::move(run)) {}
 
   bool wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -247,11 +247,25 @@ class MpiCommunicator::Task final : public Work {
 };
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog)
-    : comm_(MpiComm::dup(comm)), async_comm_(MpiComm::dup(comm)), watchdog_(watchdog) {
+    : MpiCommunicator(comm, watchdog, Watchdog::kWorld) {}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Watchdog* watchdog, std::uint64_t channel)
+    : comm_(MpiComm::dup(comm)),
+      async_comm_(MpiComm::dup(comm)),
+      message_comm_(MpiComm::dup(comm)),
+      watchdog_(watchdog),
+      channel_(channel) {
   HPCTRIAL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
   HPCTRIAL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   half_ops_ = reductions16<detail::half_to_float, detail::float_to_half>();
   bfloat_ops_ = reductions16<detail::bfloat16_to_float, detail::float_to_bfloat16>();
+  if (watchdog_ == nullptr) return;
+  watchdog_->join_channel(channel_);
+  world_ranks_ = detail::world_ranks(comm_.get(), watchdog_->world());
+}
+
+std::uint64_t MpiCommunicator::next_split_channel(int color) {
+  return Watchdog::group_channel(channel_, splits_++, color);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -271,7 +285,7 @@ MPI_Op MpiCommunicator::mpi_op(DType dtype, ReduceOp op) const {
 }
 
 WorkHandle MpiCommunicator::enqueue(const char* operation, std::function<void(MPI_Comm)> run) {
-  auto task = std::make_shared<Task>(watchdog_, operation, std::move(run));
+  auto task = std::make_shared<Task>(watchdog_, operation, channel_, std::move(run));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
@@ -334,28 +348,28 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t c
   check_reduction(dtype, op);
   if (size_ == 1) return LocalCommunicator().reduce_scatter(send, recv, count, dtype, op);
   if (count == 0) return;
-  Watchdog::Scope watch(watchdog_, "reduce_scatter");
+  Watchdog::Scope watch(watchdog_, "reduce_scatter", channel_);
   reduce_scatter_on(comm_.get(), rank_, size_, send, recv, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   if (size_ == 1) return LocalCommunicator().allgather(send, recv, count, dtype);
   if (count == 0) return;
-  Watchdog::Scope watch(watchdog_, "allgather");
+  Watchdog::Scope watch(watchdog_, "allgather", channel_);
   allgather_on(comm_.get(), rank_, size_, send, recv, count, dtype);
 }
 
 void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op);
   if (size_ == 1 || count == 0) return;
-  Watchdog::Scope watch(watchdog_, "allreduce");
+  Watchdog::Scope watch(watchdog_, "allreduce", channel_);
   allreduce_on(comm_.get(), size_, data, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::broadcast(std::string& bytes, int root) {
   check_root(root, size_, "broadcast");
   if (size_ == 1) return;
-  Watchdog::Scope watch(watchdog_, "broadcast");
+  Watchdog::Scope watch(watchdog_, "broadcast", channel_);
   std::uint64_t length = bytes.size();
   HPCTRIAL_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_.get()));
   bytes.resize(length);
@@ -364,7 +378,7 @@ void MpiCommunicator::broadcast(std::string& bytes, int root) {
 
 std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
   if (bytes.size() > INT_MAX) throw CommError("allgather of " + std::to_string(bytes.size()) + " bytes: too large");
-  Watchdog::Scope watch(watchdog_, "allgather");
+  Watchdog::Scope watch(watchdog_, "allgather", channel_);
   const int mine = static_cast<int>(bytes.size());
   std::vector<int> sizes(static_cast<std::size_t>(size_));
   HPCTRIAL_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_.get()));
@@ -388,7 +402,7 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
 std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int root) {
   check_root(root, size_, "gather");
   if (bytes.size() > INT_MAX) throw CommError("gather of " + std::to_string(bytes.size()) + " bytes: too large");
-  Watchdog::Scope watch(watchdog_, "gather");
+  Watchdog::Scope watch(watchdog_, "gather", channel_);
   // Every rank learns the total first, so that all of them refuse a gather too large together.
   std::int64_t total = static_cast<std::int64_t>(bytes.size());
   HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, comm_.get()));
@@ -414,7 +428,7 @@ std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int r
 }
 
 void MpiCommunicator::barrier() {
-  Watchdog::Scope watch(watchdog_, "barrier");
+  Watchdog::Scope watch(watchdog_, "barrier", channel_);
   HPCTRIAL_MPI_CHECK(MPI_Barrier(comm_.get()));
 }
 
@@ -426,11 +440,11 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   check_color(color);
   MPI_Comm group = MPI_COMM_NULL;
   {
-    Watchdog::Scope watch(watchdog_, "split");
+    Watchdog::Scope watch(watchdog_, "split", channel_);
     HPCTRIAL_MPI_CHECK(MPI_Comm_split(comm_.get(), color, key, &group));
   }
   const MpiComm owned = MpiComm::adopt(group);  // the new communicator holds duplicates
-  return std::make_unique<MpiCommunicator>(owned.get(), watchdog_);
+  return std::make_unique<MpiCommunicator>(owned.get(), watchdog_, next_split_channel(color));
 }
 
 }  // namespace hpctrial::comm

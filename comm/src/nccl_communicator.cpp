@@ -55,16 +55,19 @@ struct SharedComm {
 
 class NcclWork final : public Work {
  public:
+  // `id`: the watchdog's for a collective, pending from its launch; 0 for a message, pending from
+  // its first wait (as number `number` of `channel`).
   NcclWork(std::shared_ptr<SharedComm> shared, CudaEvent done, int device, Watchdog* watchdog,
-           std::uint64_t id, const char* operation)
+           std::uint64_t id, const char* operation, std::uint64_t channel = 0, std::uint64_t number = 0)
       : shared_(std::move(shared)), done_(std::move(done)), device_(device), watchdog_(watchdog), id_(id),
-        operation_(operation) {}
+        operation_(operation), channel_(channel), number_(number) {}
   ~NcclWork() override {
-    if (watchdog_ != nullptr && !finished_) watchdog_->leave(id_);
+    if (watchdog_ != nullptr && !finished_ && id_ != 0) watchdog_->leave(id_);
   }
 
   bool wait(std::chrono::milliseconds timeout) override {
     if (finished_) return true;
+    if (watchdog_ != nullptr && id_ == 0) id_ = watchdog_->begin(operation_, channel_, number_);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
@@ -102,13 +105,15 @@ class NcclWork final : public Work {
   Watchdog* watchdog_;
   std::uint64_t id_;
   const char* operation_;
+  std::uint64_t channel_;
+  std::uint64_t number_;
   bool finished_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, int local_rank, Watchdog* watchdog)
-      : host_(comm, watchdog), watchdog_(watchdog), shared_(std::make_shared<SharedComm>()) {
+  NcclCommunicator(MPI_Comm comm, int local_rank, Watchdog* watchdog, std::uint64_t channel = Watchdog::kWorld)
+      : host_(comm, watchdog, channel), watchdog_(watchdog), shared_(std::make_shared<SharedComm>()) {
     int visible = 0;
     check_cuda(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
     if (visible == 0) throw CommError("NCCL: rank " + std::to_string(host_.rank()) + " sees no GPU");
@@ -173,6 +178,21 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // One stream runs the communicator's operations in order: a send waits for its receive.
+  WorkHandle send_async(const void* data, std::size_t count, DType dtype, int peer) override {
+    detail::message_bytes(count, dtype, peer, rank(), size(), "send");
+    return launch("send", host_.message_channel(rank(), peer), true, [&](ncclComm_t comm) {
+      return ncclSend(data, count, to_nccl(dtype), peer, comm, stream_.get());
+    });
+  }
+
+  WorkHandle recv_async(void* data, std::size_t count, DType dtype, int peer) override {
+    detail::message_bytes(count, dtype, peer, rank(), size(), "recv");
+    return launch("recv", host_.message_channel(peer, rank()), true, [&](ncclComm_t comm) {
+      return ncclRecv(data, count, to_nccl(dtype), peer, comm, stream_.get());
+    });
+  }
+
   void broadcast(std::string& bytes, int root) override { host_.broadcast(bytes, root); }
   using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return host_.allgather(bytes); }
@@ -184,28 +204,38 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     detail::check_color(color);
     MPI_Comm group = MPI_COMM_NULL;
-    HPCTRIAL_MPI_CHECK(MPI_Comm_split(host_.comm(), color, key, &group));
+    {
+      Watchdog::Scope watch(watchdog_, "split", host_.channel());
+      HPCTRIAL_MPI_CHECK(MPI_Comm_split(host_.comm(), color, key, &group));
+    }
     const MpiComm owned = MpiComm::adopt(group);
-    return std::make_unique<NcclCommunicator>(owned.get(), device_, watchdog_);
+    return std::make_unique<NcclCommunicator>(owned.get(), device_, watchdog_, host_.next_split_channel(color));
   }
 
  private:
   template <typename Call>
   WorkHandle launch(const char* operation, const Call& call) {
+    return launch(operation, host_.channel(), false, call);
+  }
+
+  // A message (`message`) is counted in its channel now and pending from its first wait.
+  template <typename Call>
+  WorkHandle launch(const char* operation, std::uint64_t channel, bool message, const Call& call) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     // The collective waits for what the default stream has queued (the gradients).
     check_cuda(cudaEventRecord(ready_.get(), cudaStreamLegacy), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent");
-    const std::uint64_t id = watchdog_ != nullptr ? watchdog_->enter(operation) : 0;
+    const std::uint64_t number = watchdog_ != nullptr && message ? watchdog_->count(channel) : 0;
+    const std::uint64_t id = watchdog_ != nullptr && !message ? watchdog_->enter(operation, channel) : 0;
     try {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       if (!shared_->comm) throw CommError(std::string("NCCL ") + operation + ": the communicator was aborted");
       check_nccl(call(shared_->comm.get()), operation);
       CudaEvent done = make_event(cudaEventDisableTiming);
       check_cuda(cudaEventRecord(done.get(), stream_.get()), "cudaEventRecord");
-      return std::make_shared<NcclWork>(shared_, std::move(done), device_, watchdog_, id, operation);
+      return std::make_shared<NcclWork>(shared_, std::move(done), device_, watchdog_, id, operation, channel, number);
     } catch (...) {
-      if (watchdog_ != nullptr) watchdog_->leave(id);
+      if (watchdog_ != nullptr && id != 0) watchdog_->leave(id);
       throw;
     }
   }

@@ -26,7 +26,80 @@ std::string join(const std::vector<std::string>& parts, const char* separator) {
   return out;
 }
 
+constexpr std::uint64_t kMessageBit = std::uint64_t{1} << 63;
+
+bool is_message(std::uint64_t channel) { return (channel & kMessageBit) != 0; }
+// A message channel: the bit, 15 bits of its communicator's channel, the ranks in 24 bits each.
+constexpr std::uint64_t kRankMask = 0xffffff;
+int message_from(std::uint64_t channel) { return static_cast<int>((channel >> 24) & kRankMask); }
+int message_to(std::uint64_t channel) { return static_cast<int>(channel & kRankMask); }
+
+// SplitMix64's finalizer: a well-mixed 64-bit value of its input.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// What `beat` entered in `channel`; false when the rank is not in it as far as it says.
+bool entered_in(const Watchdog::Heartbeat& beat, std::uint64_t channel, std::uint64_t& entered) {
+  if (channel == Watchdog::kWorld) {
+    entered = beat.entered;
+    return true;
+  }
+  for (std::uint64_t i = 0; i < beat.channels && i < Watchdog::kChannels; ++i) {
+    if (beat.counts[i].channel == channel) {
+      entered = beat.counts[i].entered;
+      return true;
+    }
+  }
+  entered = 0;
+  return false;
+}
+
+// "allreduce (collective #7, step 3)", "recv (message #2 from rank 1 to rank 0, step 3)".
+std::string describe(const Watchdog::Heartbeat& beat, const std::string& group) {
+  const auto channel = beat.pending_channel;
+  if (channel == Watchdog::kWorld) {
+    return fmt::format("{} (collective #{}, step {})", beat.operation, beat.pending_id, beat.pending_step);
+  }
+  if (is_message(channel)) {
+    return fmt::format("{} (message #{} from rank {} to rank {}, step {})", beat.operation, beat.pending_id,
+                       message_from(channel), message_to(channel), beat.pending_step);
+  }
+  return fmt::format("{} (collective #{} of the group of ranks {}, step {})", beat.operation, beat.pending_id,
+                     group.empty() ? "?" : group, beat.pending_step);
+}
+
+// What a rank that did not arrive has done in the channel.
+std::string progress(int rank, const Watchdog::Heartbeat& beat, std::uint64_t channel, std::uint64_t entered) {
+  if (channel == Watchdog::kWorld) {
+    return fmt::format("rank {} is at step {} and has entered {} collectives", rank, beat.step, entered);
+  }
+  if (is_message(channel)) {
+    return rank == message_from(channel)
+               ? fmt::format("rank {} is at step {} and has sent {} messages to rank {}", rank, beat.step, entered,
+                             message_to(channel))
+               : fmt::format("rank {} is at step {} and has received {} messages from rank {}", rank, beat.step,
+                             entered, message_from(channel));
+  }
+  return fmt::format("rank {} is at step {} and has entered {} collectives of that group", rank, beat.step, entered);
+}
+
 }  // namespace
+
+std::uint64_t Watchdog::group_channel(std::uint64_t parent, std::uint64_t split, int color) {
+  const std::uint64_t channel =
+      mix(mix(parent ^ 0x6a09e667f3bcc909ull) ^ (split * 0x100000001b3ull) ^ static_cast<std::uint32_t>(color)) &
+      ~kMessageBit;
+  return channel == kWorld ? 1 : channel;
+}
+
+std::uint64_t Watchdog::message_channel(std::uint64_t communicator, int from, int to) {
+  return kMessageBit | ((mix(communicator) & 0x7fff) << 48) | ((static_cast<std::uint64_t>(from) & kRankMask) << 24) |
+         (static_cast<std::uint64_t>(to) & kRankMask);
+}
 
 Watchdog::Watchdog(MPI_Comm world, Options options) : options_(options), started_(Clock::now()) {
   if (options_.timeout.count() <= 0) throw CommError("the watchdog timeout must be positive");
@@ -65,10 +138,28 @@ void Watchdog::finish() {
   shut_down();
 }
 
-std::uint64_t Watchdog::enter(const char* operation) {
+void Watchdog::join_channel(std::uint64_t channel) {
+  if (channel == kWorld) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  channels_.try_emplace(channel);
+}
+
+std::uint64_t Watchdog::enter(const char* operation, std::uint64_t channel) {
+  return begin(operation, channel, count(channel));
+}
+
+std::uint64_t Watchdog::count(std::uint64_t channel) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (channel == kWorld) return ++world_entered_;
+  Channel& entry = channels_[channel];
+  entry.last_id = entered_ + 1;  // the next operation's id: orders the channels by use
+  return ++entry.entered;
+}
+
+std::uint64_t Watchdog::begin(const char* operation, std::uint64_t channel, std::uint64_t number) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t id = ++entered_;
-  pending_.emplace(id, Pending{operation, step(), Clock::now()});
+  pending_.emplace(id, Pending{operation, step(), Clock::now(), channel, number});
   return id;
 }
 
@@ -86,13 +177,25 @@ Watchdog::Heartbeat Watchdog::snapshot(Clock::time_point now) {
   Heartbeat beat;
   beat.step = step();
   std::lock_guard<std::mutex> lock(mutex_);
-  beat.entered = entered_;
+  beat.entered = world_entered_;
   if (!pending_.empty()) {
     const auto& [id, pending] = *pending_.begin();
-    beat.pending_id = id;
+    beat.pending_id = pending.number;
+    beat.pending_channel = pending.channel;
     beat.pending_step = pending.step;
     beat.pending_age_s = seconds(now - pending.start);
     std::strncpy(beat.operation, pending.operation, sizeof(beat.operation) - 1);
+  }
+  // The pending operation's channel first, then the most recently used.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> order;  // (rank in the heartbeat, channel)
+  for (const auto& [channel, entry] : channels_) {
+    const bool first = channel == beat.pending_channel;
+    order.emplace_back(first ? 0 : ~entry.last_id, channel);
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [place, channel] : order) {
+    if (beat.channels == kChannels) break;
+    beat.counts[beat.channels++] = {channel, channels_[channel].entered};
   }
   return beat;
 }
@@ -155,7 +258,7 @@ void Watchdog::receive_heartbeats(Clock::time_point now) {
 
 void Watchdog::check_as_chief(Clock::time_point now) {
   const double timeout = seconds(options_.timeout);
-  // The rank that has waited longest in a collective, if longer than the timeout.
+  // The rank that has waited longest in an operation, if longer than the timeout.
   int waiter = -1;
   double longest = 0;
   for (int r = 0; r < size_; ++r) {
@@ -168,39 +271,69 @@ void Watchdog::check_as_chief(Clock::time_point now) {
     }
   }
   if (waiter < 0) return;
-  const Heartbeat stuck = peers_[static_cast<std::size_t>(waiter)].last;
+  Heartbeat stuck = peers_[static_cast<std::size_t>(waiter)].last;
+  Verdict verdict = judge(stuck, now);
+  std::string message = fmt::format("watchdog: {} has not finished after {:.0f} s "
+                                    "(optimizations.collective_timeout is {:.0f} s); ",
+                                    describe(stuck, members_of(stuck.pending_channel)), longest, timeout);
+  // A rank that did not arrive because it waits in another operation itself leads to the cause.
+  for (int hops = 0; hops < size_ && verdict.culprits.size() == 1; ++hops) {
+    const int culprit = verdict.culprits.front();
+    const PeerState& peer = peers_[static_cast<std::size_t>(culprit)];
+    if (!peer.heard_ever || seconds(now - peer.heard) > timeout || peer.last.pending_id == 0) break;
+    stuck = peer.last;
+    verdict = judge(stuck, now);
+    message += fmt::format("rank {} did not arrive: it waits in {}; ", culprit,
+                           describe(stuck, members_of(stuck.pending_channel)));
+  }
+  if (!verdict.absent.empty()) {
+    message += fmt::format("rank{} {} did not arrive: {}", verdict.absent.size() > 1 ? "s" : "",
+                           join(verdict.absent, ", "), join(verdict.details, "; "));
+  } else {
+    message += fmt::format("every rank entered it, so the transport between ranks {} is stuck",
+                           join(verdict.waiting, ", "));
+  }
+  abort_job(message, verdict.culprits);
+}
 
-  std::vector<std::string> absent, details, waiting;
-  std::vector<int> culprits;
+// The ranks whose heartbeats say they are in `channel`, for a message.
+std::string Watchdog::members_of(std::uint64_t channel) const {
+  std::vector<std::string> members;
+  for (int r = 0; r < size_; ++r) {
+    std::uint64_t entered = 0;
+    if (entered_in(peers_[static_cast<std::size_t>(r)].last, channel, entered)) members.push_back(std::to_string(r));
+  }
+  return join(members, ", ");
+}
+
+// A silent rank did not arrive wherever it is; a rank in the stuck operation's channel did not
+// when it has entered fewer of the channel's operations, and waits in it when its own oldest
+// operation is that one or an earlier one of the channel.
+Watchdog::Verdict Watchdog::judge(const Heartbeat& stuck, Clock::time_point now) const {
+  const double timeout = seconds(options_.timeout);
+  const std::uint64_t channel = stuck.pending_channel;
+  Verdict verdict;
   for (int r = 0; r < size_; ++r) {
     const PeerState& peer = peers_[static_cast<std::size_t>(r)];
     const double silent = seconds(now - (peer.heard_ever ? peer.heard : started_));
+    std::uint64_t entered = 0;
+    const bool listed = entered_in(peer.last, channel, entered);
+    const bool member = is_message(channel) ? r == message_from(channel) || r == message_to(channel) : listed;
     if (!peer.heard_ever || silent > timeout) {
-      absent.push_back(std::to_string(r));
-      culprits.push_back(r);
-      details.push_back(fmt::format("rank {} has sent no heartbeat for {:.1f} s (stopped, or its node is gone)",
-                                    r, silent));
-    } else if (peer.last.entered < stuck.pending_id) {
-      absent.push_back(std::to_string(r));
-      culprits.push_back(r);
-      details.push_back(fmt::format("rank {} is at step {} and has entered {} collectives", r, peer.last.step,
-                                    peer.last.entered));
-    } else if (peer.last.pending_id != 0 && peer.last.pending_id <= stuck.pending_id) {
-      waiting.push_back(std::to_string(r));
+      verdict.absent.push_back(std::to_string(r));
+      verdict.culprits.push_back(r);
+      verdict.details.push_back(
+          fmt::format("rank {} has sent no heartbeat for {:.1f} s (stopped, or its node is gone)", r, silent));
+    } else if (member && entered < stuck.pending_id) {
+      verdict.absent.push_back(std::to_string(r));
+      verdict.culprits.push_back(r);
+      verdict.details.push_back(progress(r, peer.last, channel, entered));
+    } else if (member && peer.last.pending_id != 0 && peer.last.pending_channel == channel &&
+               peer.last.pending_id <= stuck.pending_id) {
+      verdict.waiting.push_back(std::to_string(r));
     }
   }
-  std::string message = fmt::format(
-      "watchdog: {} (collective #{}, step {}) has not finished after {:.0f} s "
-      "(optimizations.collective_timeout is {:.0f} s); ",
-      stuck.operation, stuck.pending_id, stuck.pending_step, longest, timeout);
-  if (!absent.empty()) {
-    message += fmt::format("rank{} {} did not arrive: {}", absent.size() > 1 ? "s" : "", join(absent, ", "),
-                           join(details, "; "));
-  } else {
-    message += fmt::format("every rank entered it, so the transport between ranks {} is stuck",
-                           join(waiting, ", "));
-  }
-  abort_job(message, culprits);
+  return verdict;
 }
 
 void Watchdog::check_alone(const Heartbeat& mine) {
@@ -209,11 +342,11 @@ void Watchdog::check_alone(const Heartbeat& mine) {
   const double grace = std::max(5.0, 3 * seconds(options_.interval));
   const double timeout = seconds(options_.timeout);
   if (mine.pending_id == 0 || mine.pending_age_s <= timeout + grace) return;
-  abort_job(fmt::format(
-      "watchdog: {} (collective #{}, step {}) has not finished after {:.0f} s "
-      "(optimizations.collective_timeout is {:.0f} s) and the chief has not ended the job: rank 0 "
-      "probably did not arrive (stopped, or its node is gone)",
-      mine.operation, mine.pending_id, mine.pending_step, mine.pending_age_s, timeout), {0});
+  abort_job(fmt::format("watchdog: {} has not finished after {:.0f} s "
+                        "(optimizations.collective_timeout is {:.0f} s) and the chief has not ended the job: "
+                        "rank 0 probably did not arrive (stopped, or its node is gone)",
+                        describe(mine, std::to_string(rank_) + " and others"), mine.pending_age_s, timeout),
+            {0});
 }
 
 void Watchdog::shut_down() {

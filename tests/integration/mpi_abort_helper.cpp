@@ -3,7 +3,13 @@
 //   mpi_abort_helper abort RANK CODE   - RANK ends the job through MpiEnvironment::abort(CODE)
 //   mpi_abort_helper hang RANK SECONDS - RANK stops answering at step 3; the collective watchdog
 //                                        (timeout SECONDS) must end the job
+//   mpi_abort_helper hang-message RANK SECONDS - the ranks pass messages round a ring; RANK stops
+//                                        at step 3 before it sends
+//   mpi_abort_helper hang-group RANK SECONDS - the ranks of each parity reduce in a group of their
+//                                        own; RANK stops at step 3, the other group waits at a
+//                                        world barrier a second after its last step
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -31,6 +37,38 @@ int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
   return 0;
 }
 
+int run_hang_message(const MpiEnvironment& environment, int stuck_rank, int seconds) {
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
+  MpiCommunicator comm(environment.world(), &watchdog);
+  const int rank = comm.rank(), size = comm.size();
+  for (int step = 0; step < 10; ++step) {
+    comm.set_step(step);
+    if (step == 3 && rank == stuck_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+    std::int64_t out = step, in = -1;
+    auto sent = comm.send_async(&out, 1, DType::kInt64, (rank + 1) % size);
+    comm.recv_async(&in, 1, DType::kInt64, (rank + size - 1) % size)->wait();
+    sent->wait();
+  }
+  watchdog.finish();
+  return 0;
+}
+
+int run_hang_group(const MpiEnvironment& environment, int stuck_rank, int seconds) {
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
+  MpiCommunicator world(environment.world(), &watchdog);
+  const auto group = world.split(world.rank() % 2, world.rank());
+  std::vector<float> gradients(100, 1.0f);
+  for (int step = 0; step < 10; ++step) {
+    world.set_step(step);
+    if (step == 3 && world.rank() == stuck_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+    group->allreduce(gradients.data(), gradients.size(), DType::kFloat32, ReduceOp::kSum);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  world.barrier();
+  watchdog.finish();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,6 +77,8 @@ int main(int argc, char** argv) {
   const int rank = argc > 2 ? std::atoi(argv[2]) : 1;
   const int value = argc > 3 ? std::atoi(argv[3]) : 7;
   if (mode == "hang") return run_hang(environment, rank, value);
+  if (mode == "hang-message") return run_hang_message(environment, rank, value);
+  if (mode == "hang-group") return run_hang_group(environment, rank, value);
   if (environment.rank() == rank) {
     environment.abort(value, "injected failure: the data file vanished");
   }

@@ -57,5 +57,34 @@ TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
   EXPECT_THAT(r.err, HasSubstr("rank 0 did not arrive: rank 0 is at step 3 and has entered 6 collectives"));
 }
 
+// Messages and the collectives of a group are counted apart from the world's: a rank that did not
+// send is named with the messages it sent, the chief as another rank, and a waiting rank in the
+// chain (one that did not send because it waits itself) leads to the rank that stopped.
+TEST(CollectiveWatchdog, NamesTheRankThatDidNotSendAMessage) {
+  const auto r = run_ranks(4, "hang-message", 2, 2);
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("recv (message #4 from rank 2 to rank 3, step 3)"));
+  EXPECT_THAT(r.err, HasSubstr("rank 2 did not arrive: rank 2 is at step 3 and has sent 3 messages to rank 3"));
+}
+
+TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefDidNotSend) {
+  const auto r = run_ranks(2, "hang-message", 0, 2);
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watchdog: recv (message #4 from rank 0 to rank 1, step 3) has not finished after "));
+  EXPECT_THAT(r.err, HasSubstr("rank 0 did not arrive: rank 0 is at step 3 and has sent 3 messages to rank 1"));
+}
+
+TEST(CollectiveWatchdog, NamesTheGroupAndTheRankThatDidNotArriveInIt) {
+  const auto r = run_ranks(4, "hang-group", 2, 2);
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watchdog: allreduce (collective #4 of the group of ranks 0, 2, step 3) has not "
+                               "finished after "));
+  EXPECT_THAT(r.err, HasSubstr("rank 2 did not arrive: rank 2 is at step 3 and has entered 3 collectives of that "
+                               "group"));
+}
+
 }  // namespace mpi_abort_test
 }  // namespace hpctrial

@@ -1,7 +1,7 @@
 // Every collective of MpiCommunicator on 2 and 4 ranks: each type and reduction, odd and empty
 // sizes, reduce-scatter and all-gather of typed blocks (in place, and split into pieces), the
-// async handles (several in flight, mixed with synchronous calls), and the same calls on the
-// world of one.
+// async handles (several in flight, mixed with synchronous calls), messages between ranks (in
+// order, crossing, large, inside split groups) and the same calls on the world of one.
 #include "hpctrial/comm/communicator.h"
 
 #include <gmock/gmock.h>
@@ -359,6 +359,85 @@ TEST(MpiCommunicator, SplitGivesEachGroupItsOwnCollectives) {
   watchdog.finish();
 }
 
+// Every rank sends to both neighbours of a ring and receives from both, all posted before any
+// wait: the sends cross, in three rounds of 1, 1000 and 2^20 values (MPI's eager and rendezvous
+// protocols), each round's message behind the last one. A round's value names sender, round and
+// direction, so that a message taken out of order or from the wrong rank fails.
+TEST(MpiCommunicator, MessagesArriveInOrderWhileTheyCrossBetweenRanks) {
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  MpiCommunicator comm(env().world(), &watchdog);
+  const int r = comm.rank(), n = comm.size();
+  const int next = (r + 1) % n, previous = (r + n - 1) % n;
+  const std::vector<std::size_t> sizes = {1, 1000, std::size_t{1} << 20};
+  std::vector<std::vector<float>> to_next, to_previous, from_previous, from_next;
+  std::vector<WorkHandle> works;
+  for (std::size_t round = 0; round < sizes.size(); ++round) {
+    to_next.emplace_back(sizes[round], static_cast<float>(1000 * r + 10 * round + 1));
+    to_previous.emplace_back(sizes[round], static_cast<float>(1000 * r + 10 * round + 2));
+    from_previous.emplace_back(sizes[round], -1.0f);
+    from_next.emplace_back(sizes[round], -1.0f);
+  }
+  for (std::size_t round = 0; round < sizes.size(); ++round) {
+    works.push_back(comm.send_async(to_next[round].data(), sizes[round], DType::kFloat32, next));
+    works.push_back(comm.send_async(to_previous[round].data(), sizes[round], DType::kFloat32, previous));
+  }
+  for (std::size_t round = 0; round < sizes.size(); ++round) {
+    works.push_back(comm.recv_async(from_previous[round].data(), sizes[round], DType::kFloat32, previous));
+    works.push_back(comm.recv_async(from_next[round].data(), sizes[round], DType::kFloat32, next));
+  }
+  for (auto& work : works) work->wait();
+  for (std::size_t round = 0; round < sizes.size(); ++round) {
+    // With 2 ranks, next and previous are the same rank: its two messages of a round arrive in
+    // the order it sent them (to next first).
+    EXPECT_EQ(from_previous[round].front(), static_cast<float>(1000 * previous + 10 * round + 1));
+    EXPECT_EQ(from_next[round].back(), static_cast<float>(1000 * next + 10 * round + 2)) << round;
+    EXPECT_EQ(std::count(from_previous[round].begin(), from_previous[round].end(), from_previous[round][0]),
+              static_cast<std::ptrdiff_t>(sizes[round]));
+  }
+  // Every message was reported, then left: the next operation has the next id, and nothing waits.
+  const std::uint64_t probe = watchdog.enter("probe");
+  watchdog.leave(probe);
+  EXPECT_EQ(probe, 4 * sizes.size() + 1);
+  watchdog.finish();
+}
+
+// The stages of a pipeline: each pair of ranks of a split group passes a message down and one
+// back, on the group's ranks, while the world is busy with a collective of its own.
+TEST(MpiCommunicator, AGroupsRanksMessageEachOtherByTheirRankInTheGroup) {
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  MpiCommunicator world(env().world(), &watchdog);
+  const int rank = world.rank();
+  if (world.size() % 2 != 0) GTEST_SKIP() << "pairs need an even number of ranks";
+  const auto pipe = world.split(rank / 2, rank);
+  const int stage = pipe->rank(), other = 1 - stage;
+  std::vector<double> sum = {1.0};
+  auto reduction = world.allreduce_async(sum.data(), 1, DType::kFloat64, ReduceOp::kSum);
+  std::int64_t mine = 100 * rank, theirs = -1;
+  auto sent = pipe->send_async(&mine, 1, DType::kInt64, other);
+  auto received = pipe->recv_async(&theirs, 1, DType::kInt64, other);
+  received->wait();
+  sent->wait();
+  reduction->wait();
+  EXPECT_EQ(theirs, 100 * (rank / 2 * 2 + other));
+  EXPECT_EQ(sum[0], world.size());
+  watchdog.finish();
+}
+
+TEST(MpiCommunicator, AMessageToItselfOrOutsideTheGroupIsAClearError) {
+  MpiCommunicator comm(env().world());
+  float value = 0;
+  try {
+    comm.send_async(&value, 1, DType::kFloat32, comm.rank());
+    ADD_FAILURE() << "a message to the rank itself was accepted";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("send: peer rank " + std::to_string(comm.rank()) + " is not another rank of 0.." +
+                                    std::to_string(comm.size() - 1) + " (this is rank " +
+                                    std::to_string(comm.rank()) + ")"));
+  }
+  EXPECT_THROW(comm.recv_async(&value, 1, DType::kFloat32, comm.size()), CommError);
+  EXPECT_THROW(comm.recv_async(&value, 1, DType::kFloat32, -1), CommError);
+}
+
 TEST(LocalCommunicator, IsAWorldOfOne) {
   LocalCommunicator comm;
   std::vector<double> d = {2.0};
@@ -386,6 +465,8 @@ TEST(LocalCommunicator, IsAWorldOfOne) {
   EXPECT_EQ(group->size(), 1);
   EXPECT_EQ(group->rank(), 0);
   EXPECT_THROW(comm.split(-1, 0), CommError);
+  EXPECT_THROW(comm.send_async(out.data(), 2, DType::kFloat32, 0), CommError);  // no peer
+  EXPECT_THROW(comm.recv_async(out.data(), 2, DType::kFloat32, 1), CommError);
 }
 
 }  // namespace

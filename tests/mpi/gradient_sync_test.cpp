@@ -44,6 +44,12 @@ class CountingCommunicator final : public comm::Communicator {
   comm::WorkHandle allgather_async(const void* send, void* recv, std::size_t count, comm::DType dtype) override {
     return inner_.allgather_async(send, recv, count, dtype);
   }
+  comm::WorkHandle send_async(const void* data, std::size_t count, comm::DType dtype, int peer) override {
+    return inner_.send_async(data, count, dtype, peer);
+  }
+  comm::WorkHandle recv_async(void* data, std::size_t count, comm::DType dtype, int peer) override {
+    return inner_.recv_async(data, count, dtype, peer);
+  }
   void broadcast(std::string& bytes, int root) override { inner_.broadcast(bytes, root); }
   using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return inner_.allgather(bytes); }

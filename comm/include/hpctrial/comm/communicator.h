@@ -11,6 +11,12 @@
 // untouched until wait() has returned true. Synchronous calls may be made while async ones are
 // in flight (they travel on a communicator of their own).
 //
+// send_async and recv_async carry a message between two ranks (the stages of a pipeline). On
+// the host (MPI) they are independent of everything else in flight. On a device (NCCL) the
+// operations of a communicator run in one stream in the order they were issued, so a send waits
+// for its receive: messages that cross between two ranks at the same time need a communicator
+// for each direction (split), as the pipeline's are.
+//
 // One thread issues collectives on a communicator at a time. Failures throw CommError naming
 // the operation and the rank; an async failure is thrown from wait().
 #pragma once
@@ -80,6 +86,12 @@ class Communicator {
   // on every rank. `send` may be block rank() of `recv` (in place).
   virtual WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) = 0;
 
+  // The `count` values at `data` go to rank `peer`, which takes them with a recv_async of the
+  // same count and dtype from this rank; messages from one rank to another arrive in the order
+  // they were sent. Both return at once; `data` stays alive and untouched until wait() is true.
+  virtual WorkHandle send_async(const void* data, std::size_t count, DType dtype, int peer) = 0;
+  virtual WorkHandle recv_async(void* data, std::size_t count, DType dtype, int peer) = 0;
+
   virtual void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
     allreduce_async(data, count, dtype, op)->wait();
   }
@@ -124,6 +136,9 @@ class LocalCommunicator final : public Communicator {
   WorkHandle broadcast_async(void*, std::size_t, int root) override;
   WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
   WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) override;
+  // A world of one rank has no peer: CommError.
+  WorkHandle send_async(const void* data, std::size_t count, DType dtype, int peer) override;
+  WorkHandle recv_async(void* data, std::size_t count, DType dtype, int peer) override;
   void broadcast(std::string&, int root) override;
   using Communicator::allgather;
   std::vector<std::string> allgather(const std::string& bytes) override { return {bytes}; }
@@ -132,13 +147,17 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
 };
 
-// Host-memory collectives over MPI. Owns two duplicates of the given communicator (so
+// Host-memory collectives over MPI. Owns three duplicates of the given communicator (so
 // hpctrial's traffic never matches a user's messages): one for the calling thread's
-// synchronous collectives, one for a background thread that runs the async ones in order.
-// With a Watchdog, every collective is reported to it. Not copyable.
+// synchronous collectives, one for a background thread that runs the async ones in order, one
+// for messages (posted at once with MPI_Isend / MPI_Irecv, completed by wait()).
+// With a Watchdog, every operation is reported to it, on `channel`: the world's
+// (Watchdog::kWorld) for a communicator of all the watchdog's ranks, a group's for one made by
+// split(). Not copyable.
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm, Watchdog* watchdog = nullptr);
+  MpiCommunicator(MPI_Comm comm, Watchdog* watchdog, std::uint64_t channel);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -150,6 +169,8 @@ class MpiCommunicator final : public Communicator {
   WorkHandle broadcast_async(void* data, std::size_t bytes, int root) override;
   WorkHandle reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
   WorkHandle allgather_async(const void* send, void* recv, std::size_t count, DType dtype) override;
+  WorkHandle send_async(const void* data, std::size_t count, DType dtype, int peer) override;
+  WorkHandle recv_async(void* data, std::size_t count, DType dtype, int peer) override;
   void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, std::size_t count, DType dtype) override;
@@ -160,9 +181,16 @@ class MpiCommunicator final : public Communicator {
   void set_step(std::int64_t step) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   MPI_Comm comm() const { return comm_.get(); }
+  Watchdog* watchdog() const { return watchdog_; }
+  // The watchdog channel of this communicator's collectives, and of its messages to (or from) `peer`.
+  std::uint64_t channel() const { return channel_; }
+  std::uint64_t message_channel(int from, int to) const;
+  // The channel of the group split(color, ...) makes next (the same on every rank of it); counts the split.
+  std::uint64_t next_split_channel(int color);
 
  private:
   class Task;
+  class Message;
   WorkHandle enqueue(const char* operation, std::function<void(MPI_Comm)> run);
   void worker_loop();
   // The reduction of `op` for `dtype`: MPI's own, or one of ours for 16-bit floats.
@@ -170,9 +198,13 @@ class MpiCommunicator final : public Communicator {
 
   MpiComm comm_;        // synchronous collectives, caller's thread
   MpiComm async_comm_;  // async collectives, worker thread
+  MpiComm message_comm_;  // sends and receives
   int rank_ = 0;
   int size_ = 1;
   Watchdog* watchdog_ = nullptr;
+  std::uint64_t channel_ = 0;
+  std::uint64_t splits_ = 0;
+  std::vector<int> world_ranks_;  // of each rank here, in the watchdog's world
   // 16-bit float reductions (sum, max, min), freed with the communicator after its worker stops.
   std::array<MpiOp, 3> half_ops_;
   std::array<MpiOp, 3> bfloat_ops_;

@@ -12,8 +12,13 @@
 // the job on its own a little later. Heartbeats travel on a communicator of their own, so the
 // watchdog works while the training thread is blocked inside MPI.
 //
-// Collectives must be entered in the same order on every rank (they are, or MPI would
-// deadlock anyway), so the n-th collective of one rank is the n-th of every other.
+// Operations are counted by channel: the collectives of the world (the communicator the watchdog
+// was built on, and every communicator built on it directly), those of each group split from it
+// (Communicator::split; every rank of the group joins its channel as the group is made), and the
+// messages in one direction between two ranks (Communicator::send_async / recv_async; a send
+// and its receive are the same message of the channel). A channel's operations are entered in
+// the same order on every rank in it (they are, or MPI would deadlock anyway), so its n-th
+// operation on one rank is its n-th on every other: a rank that has entered fewer did not arrive.
 // enter/leave/set_step are thread-safe. finish() is collective: every rank calls it once
 // training has ended well, and the chief takes every rank's goodbye. The destructor never waits
 // for a peer: a rank that fails destroys its watchdog (or aborts) without finish().
@@ -57,9 +62,28 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Reports a collective issued by this rank; returns its sequence number for leave().
+  // The world's channel; a group split from channel `parent` by its `split`-th split (counted on
+  // the parent's communicator), for the ranks of `color`: the same on every rank of the group;
+  // the messages of the communicator on channel `communicator` from world rank `from` to world
+  // rank `to` (ranks below 2^24).
+  static constexpr std::uint64_t kWorld = 0;
+  static std::uint64_t group_channel(std::uint64_t parent, std::uint64_t split, int color);
+  static std::uint64_t message_channel(std::uint64_t communicator, int from, int to);
+  // This rank is in the group of `channel` (before its first operation, so that a rank that never
+  // arrives is seen to be in it).
+  void join_channel(std::uint64_t channel);
+  // The communicator the watchdog's ranks are numbered in (to translate a group's ranks).
+  MPI_Comm world() const { return comm_.get(); }
+
+  // Reports an operation issued by this rank on `channel`; returns the id for leave().
   // `operation` must be a string literal (it is kept, not copied).
-  std::uint64_t enter(const char* operation);
+  std::uint64_t enter(const char* operation, std::uint64_t channel = kWorld);
+  // enter() in two parts, for a message, which is done when its peer has taken it but is only
+  // seen to be done when the rank waits for it: count() when it is posted (its number in the
+  // channel), begin() when the rank first waits for it (it is pending from then on; the id for
+  // leave()).
+  std::uint64_t count(std::uint64_t channel);
+  std::uint64_t begin(const char* operation, std::uint64_t channel, std::uint64_t number);
   void leave(std::uint64_t id);
   void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
   std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
@@ -70,8 +94,8 @@ class Watchdog {
   // enter() on construction, leave() on destruction; a null watchdog makes it a no-op.
   class Scope {
    public:
-    Scope(Watchdog* watchdog, const char* operation)
-        : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation) : 0) {}
+    Scope(Watchdog* watchdog, const char* operation, std::uint64_t channel = kWorld)
+        : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel) : 0) {}
     ~Scope() {
       if (watchdog_) watchdog_->leave(id_);
     }
@@ -84,13 +108,23 @@ class Watchdog {
   };
 
   // What a rank tells the chief (fixed size, sent as bytes).
+  struct ChannelCount {
+    std::uint64_t channel = 0;
+    std::uint64_t entered = 0;
+  };
+  static constexpr std::size_t kChannels = 12;  // besides the world's
   struct Heartbeat {
-    std::uint64_t entered = 0;     // collectives entered so far
-    std::uint64_t pending_id = 0;  // oldest unfinished collective, 0 if none
+    std::uint64_t entered = 0;     // world collectives entered so far
+    std::uint64_t pending_id = 0;  // oldest unfinished operation: its number in its channel, 0 if none
+    std::uint64_t pending_channel = kWorld;
     std::int64_t step = -1;        // the step the rank is at
     std::int64_t pending_step = -1;
     double pending_age_s = 0;
     char operation[32] = {};
+    // The other channels this rank is in and the operations it entered in each: all of them, or
+    // the pending one's and the most recently used when there are more than kChannels.
+    std::uint64_t channels = 0;
+    ChannelCount counts[kChannels] = {};
   };
 
  private:
@@ -99,6 +133,12 @@ class Watchdog {
     const char* operation;
     std::int64_t step;
     Clock::time_point start;
+    std::uint64_t channel;
+    std::uint64_t number;  // in its channel
+  };
+  struct Channel {
+    std::uint64_t entered = 0;
+    std::uint64_t last_id = 0;  // of its latest operation
   };
   struct PeerState {
     Heartbeat last;
@@ -112,6 +152,13 @@ class Watchdog {
   void send_heartbeat(const Heartbeat& heartbeat, int tag);
   void receive_heartbeats(Clock::time_point now);
   void check_as_chief(Clock::time_point now);
+  // The ranks that have not arrived at the stuck operation, and why; the ranks waiting in it.
+  struct Verdict {
+    std::vector<std::string> absent, details, waiting;
+    std::vector<int> culprits;
+  };
+  Verdict judge(const Heartbeat& stuck, Clock::time_point now) const;
+  std::string members_of(std::uint64_t channel) const;
   void check_alone(const Heartbeat& mine);
   void stop_thread();
   void shut_down();
@@ -127,7 +174,9 @@ class Watchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  std::uint64_t entered_ = 0;
+  std::uint64_t entered_ = 0;                   // operations of every channel: the ids
+  std::map<std::uint64_t, Channel> channels_;   // every channel but the world's
+  std::uint64_t world_entered_ = 0;
   std::map<std::uint64_t, Pending> pending_;
   std::vector<std::function<void()>> abort_hooks_;
   std::atomic<std::int64_t> step_{-1};
