@@ -1,0 +1,120 @@
+#include "parallel/pipeline_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+void check_fill(std::size_t layers, int stages) {
+  if (stages < 1) throw ConfigError("a pipeline needs 1 stage or more, not " + std::to_string(stages));
+  if (layers < static_cast<std::size_t>(stages)) {
+    throw ConfigError("a pipeline of " + std::to_string(layers) + " layer(s) cannot fill " + std::to_string(stages) +
+                      " stages: each stage holds one layer or more; use fewer stages (engine.pipeline.stages)");
+  }
+}
+
+// Cuts the layers greedily, each stage taking layers while its weight stays within `bottleneck`
+// and enough are left for the stages after it. Empty when no such cut exists.
+std::vector<std::size_t> cut_within(const std::vector<std::int64_t>& weights, int stages, std::int64_t bottleneck) {
+  std::vector<std::size_t> bounds = {0};
+  std::size_t next = 0;
+  for (int stage = 0; stage < stages; ++stage) {
+    const std::size_t stages_after = static_cast<std::size_t>(stages - stage - 1);
+    std::int64_t weight = 0;
+    const std::size_t first = next;
+    while (next < weights.size() - stages_after && (next == first || weight + weights[next] <= bottleneck)) {
+      if (weight + weights[next] > bottleneck) return {};  // one layer alone is too heavy
+      weight += weights[next++];
+    }
+    bounds.push_back(next);
+  }
+  if (next != weights.size()) return {};
+  return bounds;
+}
+
+}  // namespace
+
+std::vector<std::size_t> partition_uniform(std::size_t layers, int stages) {
+  check_fill(layers, stages);
+  const std::size_t per = layers / static_cast<std::size_t>(stages);
+  const std::size_t extra = layers % static_cast<std::size_t>(stages);
+  std::vector<std::size_t> bounds = {0};
+  for (std::size_t s = 0; s < static_cast<std::size_t>(stages); ++s) bounds.push_back(bounds.back() + per + (s < extra));
+  return bounds;
+}
+
+std::vector<std::size_t> partition_parameters(const std::vector<std::int64_t>& weights, int stages) {
+  check_fill(weights.size(), stages);
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] < 0) throw InternalError("layer " + std::to_string(i) + " weighs " + std::to_string(weights[i]));
+  }
+  // The lightest heaviest stage: between the heaviest layer and all of them.
+  std::int64_t low = *std::max_element(weights.begin(), weights.end());
+  std::int64_t high = std::accumulate(weights.begin(), weights.end(), std::int64_t{0});
+  while (low < high) {
+    const std::int64_t middle = low + (high - low) / 2;
+    if (cut_within(weights, stages, middle).empty()) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  return cut_within(weights, stages, low);
+}
+
+std::vector<std::size_t> partition_explicit(const std::vector<std::size_t>& bounds, std::size_t layers, int stages) {
+  check_fill(layers, stages);
+  std::string given;
+  for (const auto bound : bounds) given += (given.empty() ? "" : ", ") + std::to_string(bound);
+  const std::string what = "the pipeline's stage bounds [" + given + "]";
+  if (bounds.size() != static_cast<std::size_t>(stages) + 1) {
+    throw ConfigError(what + " name " + std::to_string(bounds.size()) + " bounds; " + std::to_string(stages) +
+                      " stages need " + std::to_string(stages + 1) + ": the first layer of each stage, then " +
+                      std::to_string(layers) + " (the number of layers)");
+  }
+  if (bounds.front() != 0 || bounds.back() != layers) {
+    throw ConfigError(what + " must start at 0 and end at " + std::to_string(layers) + " (the number of layers)");
+  }
+  for (std::size_t s = 1; s < bounds.size(); ++s) {
+    if (bounds[s] <= bounds[s - 1]) {
+      throw ConfigError(what + " leave stage " + std::to_string(s - 1) +
+                        " without a layer; each bound must be above the one before");
+    }
+  }
+  return bounds;
+}
+
+std::vector<PipeOp> schedule_1f1b(int stages, int stage, std::int64_t micro_batches) {
+  if (stages < 1 || stage < 0 || stage >= stages || micro_batches < 1) {
+    throw InternalError("a 1F1B schedule of stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                        " over " + std::to_string(micro_batches) + " micro-batch(es)");
+  }
+  const std::int64_t warmup = std::min<std::int64_t>(stages - stage - 1, micro_batches);
+  std::vector<PipeOp> ops;
+  std::int64_t forward = 0, backward = 0;
+  for (; forward < warmup; ++forward) ops.push_back({PipeOp::Kind::kForward, forward});
+  for (; forward < micro_batches; ++forward, ++backward) {
+    ops.push_back({PipeOp::Kind::kForward, forward});
+    ops.push_back({PipeOp::Kind::kBackward, backward});
+  }
+  for (; backward < micro_batches; ++backward) ops.push_back({PipeOp::Kind::kBackward, backward});
+  return ops;
+}
+
+std::int64_t in_flight_1f1b(int stages, int stage, std::int64_t micro_batches) {
+  return std::min<std::int64_t>(stages - stage, micro_batches);
+}
+
+std::string to_string(const std::vector<PipeOp>& schedule) {
+  std::string out;
+  for (const auto& op : schedule) {
+    out += (out.empty() ? "" : " ") + std::string(op.kind == PipeOp::Kind::kForward ? "F" : "B") +
+           std::to_string(op.micro_batch);
+  }
+  return out;
+}
+
+}  // namespace hpctrial::trainer::detail
