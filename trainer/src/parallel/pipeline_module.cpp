@@ -1,0 +1,157 @@
+#include <torch/torch.h>
+
+#include <ATen/Context.h>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/trainer/pipeline.h"
+#include "parallel/pipeline_plan.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+// A function of a tensor as a module without parameters.
+class FunctionLayerImpl : public torch::nn::Module {
+ public:
+  explicit FunctionLayerImpl(std::function<torch::Tensor(const torch::Tensor&)> function)
+      : function_(std::move(function)) {}
+  torch::Tensor forward(const torch::Tensor& input) { return function_(input); }
+
+ private:
+  std::function<torch::Tensor(const torch::Tensor&)> function_;
+};
+TORCH_MODULE(FunctionLayer);
+
+torch::nn::AnyModule build_layer(const LayerSpec& spec, std::uint64_t seed, std::size_t index) {
+  torch::manual_seed(seed + index);
+  torch::nn::AnyModule layer = spec.build();
+  if (layer.is_empty()) throw ConfigError("pipeline layer " + std::to_string(index) + " (" + spec.name() + ") built no module");
+  return layer;
+}
+
+std::vector<std::size_t> partition(const std::vector<LayerSpec>& specs, const PipelineOptions& options) {
+  if (options.partition_method == "uniform") return detail::partition_uniform(specs.size(), options.stages);
+  if (options.partition_method == "explicit") {
+    return detail::partition_explicit(options.bounds, specs.size(), options.stages);
+  }
+  if (options.partition_method != "parameters") {
+    throw ConfigError("the pipeline's partition_method is '" + options.partition_method +
+                      "'; it is one of parameters, uniform or a list of stage bounds");
+  }
+  // Each layer is built once, alone, to count its parameters (as DeepSpeed does).
+  std::vector<std::int64_t> weights;
+  for (std::size_t i = 0; i < specs.size() && options.stages > 1; ++i) {
+    std::int64_t count = 0;
+    for (const auto& parameter : build_layer(specs[i], options.seed, i).ptr()->parameters()) count += parameter.numel();
+    weights.push_back(count);
+  }
+  if (options.stages == 1) return {0, specs.size()};
+  return detail::partition_parameters(weights, options.stages);
+}
+
+// The generators a recomputed forward must draw from as the first one did (dropout): the CPU's,
+// and the device's where the input lies on one.
+std::vector<at::Generator> generators(const torch::Device& device) {
+  std::vector<at::Generator> all = {at::globalContext().defaultGenerator(torch::kCPU)};
+  if (device.is_cuda()) all.push_back(at::globalContext().defaultGenerator(device));
+  return all;
+}
+
+// A run of layers whose activations are not kept: forward runs them without autograd; backward
+// runs them again from the saved input (with the same random draws) and back-propagates through
+// that, as PyTorch's (reentrant) torch.utils.checkpoint does.
+struct CheckpointedSegment : public torch::autograd::Function<CheckpointedSegment> {
+  using Run = std::function<torch::Tensor(const torch::Tensor&)>;
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& input, Run* run) {
+    context->save_for_backward({input});
+    context->saved_data["run"] = reinterpret_cast<std::int64_t>(run);
+    std::vector<torch::Tensor> states;
+    for (auto& generator : generators(input.device())) states.push_back(generator.get_state());
+    context->saved_data["random"] = states;
+    const torch::NoGradGuard no_grad;
+    return (*run)(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list gradients) {
+    auto* run = reinterpret_cast<Run*>(context->saved_data["run"].toInt());
+    const torch::Tensor input = context->get_saved_variables()[0].detach().requires_grad_(true);
+    auto now = generators(input.device());
+    const auto saved = context->saved_data["random"].toTensorVector();
+    std::vector<torch::Tensor> current;
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      current.push_back(now[i].get_state());
+      now[i].set_state(saved[i]);
+    }
+    torch::Tensor output;
+    {
+      const torch::AutoGradMode enabled(true);
+      output = (*run)(input);
+    }
+    for (std::size_t i = 0; i < now.size(); ++i) now[i].set_state(current[i]);
+    torch::autograd::backward({output}, {gradients[0]});
+    return {input.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+LayerSpec::LayerSpec(std::string name, Build build) : name_(std::move(name)), build_(std::move(build)) {
+  if (!build_) throw ConfigError("LayerSpec '" + name_ + "': no function builds the layer");
+}
+
+LayerSpec LayerSpec::function(std::string name, std::function<torch::Tensor(const torch::Tensor&)> function) {
+  if (!function) throw ConfigError("LayerSpec::function '" + name + "': the function is empty");
+  return LayerSpec(std::move(name), [function] { return torch::nn::AnyModule(FunctionLayer(function)); });
+}
+
+torch::nn::AnyModule LayerSpec::build() const { return build_(); }
+
+PipelineModuleImpl::PipelineModuleImpl(std::vector<LayerSpec> layers, PipelineLoss loss, int stage,
+                                       PipelineOptions options)
+    : specs_(std::move(layers)), loss_(std::move(loss)), stage_(stage), options_(std::move(options)) {
+  if (!loss_) throw ConfigError("PipelineModule: the loss function is empty; the last stage computes it");
+  if (options_.activation_checkpoint_interval < 0) {
+    throw ConfigError("the pipeline's activation_checkpoint_interval is " +
+                      std::to_string(options_.activation_checkpoint_interval) + "; it is 0 (none) or more");
+  }
+  bounds_ = partition(specs_, options_);
+  if (stage_ < 0 || stage_ >= options_.stages) {
+    throw InternalError("pipeline stage " + std::to_string(stage_) + " of " + std::to_string(options_.stages));
+  }
+  for (std::size_t i = first_layer(); i < end_layer(); ++i) {
+    layers_.push_back(build_layer(specs_[i], options_.seed, i));
+    register_module("layer" + std::to_string(i), layers_.back().ptr());
+  }
+  // The segments of activation checkpointing, kept while any backward may run them again.
+  const auto interval = static_cast<std::size_t>(options_.activation_checkpoint_interval);
+  for (std::size_t first = 0; interval > 0 && first < layers_.size(); first += interval) {
+    const std::size_t end = std::min(layers_.size(), first + interval);
+    segments_.push_back(std::make_unique<Segment>([this, first, end](const torch::Tensor& x) {
+      torch::Tensor y = x;
+      for (std::size_t i = first; i < end; ++i) y = layers_[i].forward(y);
+      return y;
+    }));
+  }
+}
+
+torch::nn::AnyModule& PipelineModuleImpl::layer(std::size_t index) {
+  if (index < first_layer() || index >= end_layer()) {
+    throw InternalError("pipeline layer " + std::to_string(index) + " is not on stage " + std::to_string(stage_));
+  }
+  return layers_[index - first_layer()];
+}
+
+torch::Tensor PipelineModuleImpl::forward(torch::Tensor input) {
+  const auto interval = static_cast<std::size_t>(options_.activation_checkpoint_interval);
+  if (interval == 0 || !is_training() || !torch::GradMode::is_enabled()) {
+    for (auto& layer : layers_) input = layer.forward(input);
+    return input;
+  }
+  // A segment's input must take a gradient, or backward would never reach its parameters.
+  if (!input.requires_grad()) input = input.detach().requires_grad_(true);
+  for (auto& segment : segments_) input = CheckpointedSegment::apply(input, segment.get());
+  return input;
+}
+
+}  // namespace hpctrial::trainer
