@@ -1,6 +1,7 @@
 #include "parallel/pipeline_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "hpctrial/core/error.h"
@@ -11,6 +12,19 @@ namespace hpctrial::trainer::detail {
 namespace {
 
 constexpr std::size_t kMaxDims = 6;
+
+// Adds the seconds from its construction to its end to `total`.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 std::string describe(const std::vector<std::int64_t>& sizes) {
   std::string out;
@@ -129,6 +143,7 @@ double PipelineRunner::train(const std::vector<torch::Tensor>& inputs, const std
   stage_inputs_.assign(count, {});
   outputs_.assign(count, {});
   loss_sum_ = 0;
+  compute_seconds_ = 0;
   held_ = peak_in_flight_ = 0;
   activations_posted_ = gradients_posted_ = 0;
   if (stage_ > 0) {
@@ -165,9 +180,13 @@ void PipelineRunner::forward(std::int64_t micro, const std::vector<torch::Tensor
   }
   stage_inputs_[index] = input;
   peak_in_flight_ = std::max(peak_in_flight_, ++held_);
-  torch::Tensor output = module_.forward(input);
+  torch::Tensor output;
+  {
+    const Stopwatch compute(compute_seconds_);
+    output = module_.forward(input);
+    if (stage_ == stages_ - 1) outputs_[index] = module_.loss(output, targets[index]);
+  }
   if (stage_ == stages_ - 1) {
-    outputs_[index] = module_.loss(output, targets[index]);
     loss_sum_ += outputs_[index].detach().item<double>();
     return;
   }
@@ -192,6 +211,7 @@ void PipelineRunner::forward(std::int64_t micro, const std::vector<torch::Tensor
 void PipelineRunner::backward(std::int64_t micro) {
   const auto index = static_cast<std::size_t>(micro);
   if (stage_ == stages_ - 1) {
+    const Stopwatch compute(compute_seconds_);
     (outputs_[index] / static_cast<double>(micro_batches_)).backward();
   } else {
     torch::Tensor gradient = take(next_gradient_);
@@ -199,7 +219,10 @@ void PipelineRunner::backward(std::int64_t micro) {
       next_gradient_ = post_receive(gradients_in_, output_shape_, gradient_pool_);
       ++gradients_posted_;
     }
-    outputs_[index].backward(gradient);
+    {
+      const Stopwatch compute(compute_seconds_);
+      outputs_[index].backward(gradient);
+    }
     gradient_pool_.push_back(std::move(gradient));
   }
   if (stage_ > 0) {

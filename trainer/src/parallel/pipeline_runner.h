@@ -42,6 +42,9 @@ class PipelineRunner {
                   std::int64_t micro_batches);
   // The most micro-batches whose activations this stage held at once in the last train().
   std::int64_t peak_in_flight() const { return peak_in_flight_; }
+  // Seconds the last train() spent in this stage's forwards and backwards (the loss included),
+  // not waiting for its neighbours (the benchmark's 1F1B ideal). On a GPU, what was launched.
+  double compute_seconds() const { return compute_seconds_; }
 
  private:
   // One direction between this stage and a neighbour.
@@ -88,6 +91,7 @@ class PipelineRunner {
   std::deque<std::pair<torch::Tensor, comm::WorkHandle>> sends_;  // kept alive until sent
   double loss_sum_ = 0;
   std::int64_t held_ = 0, peak_in_flight_ = 0;
+  double compute_seconds_ = 0;
 };
 
 }  // namespace hpctrial::trainer::detail
