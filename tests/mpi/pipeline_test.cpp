@@ -1,7 +1,7 @@
 // Pipeline parallelism on 2 and 4 ranks: a model of 8 layers cut into 2 and 4 stages trains, with
 // the 1F1B schedule over 4 and 8 micro-batches, within 1e-6 of the same layers as one model on
 // one rank with the same global batch; every stage gets the same loss; no stage holds more
-// micro-batches than 1F1B allows; activation checkpointing changes nothing but memory (dropout
+// micro-batches than 1F1B allows; clipping takes the global norm; activation checkpointing changes nothing but memory (dropout
 // included); validation gives the one model's loss; an activation whose shape changes is an error.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -55,7 +55,8 @@ struct Trained {
   std::int64_t peak = 0;
 };
 
-Trained train(comm::Communicator& pipe, std::int64_t micro, PipelineOptions options, double dropout = 0) {
+Trained train(comm::Communicator& pipe, std::int64_t micro, PipelineOptions options, double dropout = 0,
+              double clip = 0) {
   options.stages = pipe.size();
   options.seed = kSeed;
   Trained run;
@@ -69,6 +70,7 @@ Trained train(comm::Communicator& pipe, std::int64_t micro, PipelineOptions opti
     if (run.module->is_last_stage()) target_parts = targets.chunk(micro);
     torch::manual_seed(7 + step);  // the same dropout draws in every arrangement
     run.losses.push_back(runner.train(input_parts, target_parts, micro));
+    if (clip > 0) runner.clip_grad_norm(clip);
     optimizer.step();
     optimizer.zero_grad();
     run.peak = std::max(run.peak, runner.peak_in_flight());
@@ -83,7 +85,7 @@ struct OneModel {
   std::vector<double> losses;
 };
 
-OneModel train_one_model() {
+OneModel train_one_model(double clip = 0) {
   OneModel one;
   const auto specs = layers();
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -95,6 +97,7 @@ OneModel train_one_model() {
     const auto [inputs, targets] = batch(step);
     const torch::Tensor loss = cross_entropy(one.model->forward(inputs), targets);
     loss.backward();
+    if (clip > 0) torch::nn::utils::clip_grad_norm_(one.model->parameters(), clip);
     optimizer.step();
     optimizer.zero_grad();
     one.losses.push_back(loss.item<double>());
@@ -116,14 +119,15 @@ void expect_same_layers(PipelineModuleImpl& stage, const std::function<std::vect
   }
 }
 
-void expect_pipeline_equals_one_model(int stages, std::int64_t micro, const std::string& partition) {
+void expect_pipeline_equals_one_model(int stages, std::int64_t micro, const std::string& partition,
+                                      double clip = 0) {
   comm::MpiCommunicator world(env().world());
   if (world.size() % stages != 0) GTEST_SKIP() << stages << " stages do not divide " << world.size() << " ranks";
   const auto pipe = world.split(world.rank() / stages, world.rank());
   PipelineOptions options;
   options.partition_method = partition;
-  OneModel whole = train_one_model();
-  Trained pipelined = train(*pipe, micro, options);
+  OneModel whole = train_one_model(clip);
+  Trained pipelined = train(*pipe, micro, options, 0, clip);
   expect_same_layers(*pipelined.module, [&](std::size_t i) { return whole.model[i]->parameters(); }, 1e-6);
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_NEAR(pipelined.losses[step], whole.losses[step], 1e-6) << "step " << step;
@@ -135,6 +139,9 @@ TEST(Pipeline, TwoStagesOfFourMicroBatchesTrainAsOneModel) { expect_pipeline_equ
 TEST(Pipeline, TwoStagesOfEightMicroBatchesTrainAsOneModel) { expect_pipeline_equals_one_model(2, 8, "uniform"); }
 TEST(Pipeline, FourStagesOfFourMicroBatchesTrainAsOneModel) { expect_pipeline_equals_one_model(4, 4, "uniform"); }
 TEST(Pipeline, FourStagesOfEightMicroBatchesTrainAsOneModel) { expect_pipeline_equals_one_model(4, 8, "parameters"); }
+// Clipped by the norm of every stage's gradients together, as one model's would be (the clip is
+// below the gradients' norm at every step).
+TEST(Pipeline, ClippingTakesTheNormAcrossStages) { expect_pipeline_equals_one_model(2, 4, "uniform", 0.05); }
 
 // Recomputed segments draw the same dropout masks: the weights are those of the same pipeline
 // that keeps its activations, to the bit.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "hpctrial/core/error.h"
@@ -255,6 +256,29 @@ double PipelineRunner::finish(double loss_sum, std::int64_t micro_batches) {
   pipe_.broadcast(bytes, stages_ - 1);
   std::memcpy(&mean, bytes.data(), sizeof mean);
   return mean;
+}
+
+double PipelineRunner::clip_grad_norm(double max_norm) {
+  std::vector<torch::Tensor> gradients;
+  double squares = 0;
+  for (const auto& parameter : module_.parameters()) {
+    if (!parameter.grad().defined()) continue;
+    gradients.push_back(parameter.grad());
+    squares += parameter.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  // Every stage's sum, over the host (the pipe may be a device communicator).
+  double total = 0;
+  for (const auto& bytes : pipe_.allgather(std::string(reinterpret_cast<const char*>(&squares), sizeof squares))) {
+    double part = 0;
+    std::memcpy(&part, bytes.data(), sizeof part);
+    total += part;
+  }
+  const double norm = std::sqrt(total);
+  const double factor = max_norm / (norm + 1e-6);
+  if (factor < 1) {
+    for (auto& gradient : gradients) gradient.mul_(factor);
+  }
+  return norm;
 }
 
 double PipelineRunner::evaluate(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,

@@ -40,6 +40,10 @@ class PipelineRunner {
   // The same forward only, without gradients; micro-batches may differ in shape.
   double evaluate(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,
                   std::int64_t micro_batches);
+  // Scales the gradients of every stage's parameters together to a global L2 norm of at most
+  // `max_norm`, as torch::nn::utils::clip_grad_norm_ does on one model; returns the norm before
+  // (the same on every stage). A collective of the pipe.
+  double clip_grad_norm(double max_norm);
   // The most micro-batches whose activations this stage held at once in the last train().
   std::int64_t peak_in_flight() const { return peak_in_flight_; }
   // Seconds the last train() spent in this stage's forwards and backwards (the loss included),
