@@ -28,12 +28,14 @@ set(HPCTRIAL_ONE_CPU RESOURCE_GROUPS cpus:1)
 set(HPCTRIAL_ALL_CPUS RESOURCE_GROUPS cpus:${HPCTRIAL_TEST_CPUS})
 
 # hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]
-#                    [CPUS 1|all|none] [CONCURRENT gtest-filter]):
+#                    [CPUS 1|all|none] [CONCURRENT gtest-filter] [SUITES]):
 # a gtest binary, each of its tests its own CTest entry with the label (default: unit), the
 # cores it asks for (default: 1) and any further test properties. The tests that CONCURRENT
-# matches ask for one core whatever CPUS says: they run beside other tests.
+# matches ask for one core whatever CPUS says: they run beside other tests. With SUITES, each
+# test suite is one CTest entry instead (named after the suite, run as `--gtest_filter=Suite.*`):
+# for a program whose start-up is a good part of a test's time (LibTorch's is half a second).
 function(hpctrial_unit_test name)
-  cmake_parse_arguments(ARG "" "LABEL;CONCURRENT;CPUS" "SOURCES;LIBS;PROPERTIES" ${ARGN})
+  cmake_parse_arguments(ARG "SUITES" "LABEL;CONCURRENT;CPUS" "SOURCES;LIBS;PROPERTIES" ${ARGN})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)
   endif()
@@ -48,6 +50,13 @@ function(hpctrial_unit_test name)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main GTest::gmock hpctrial_warnings)
   target_compile_definitions(${name} PRIVATE
     HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  if(ARG_SUITES)
+    if(ARG_CONCURRENT OR ARG_PROPERTIES)
+      message(FATAL_ERROR "hpctrial_unit_test(${name}): SUITES takes neither CONCURRENT nor PROPERTIES")
+    endif()
+    _hpctrial_test_suites(${name} "${ARG_LABEL}" "${cpus}")
+    return()
+  endif()
   if(ARG_CONCURRENT)
     gtest_discover_tests(${name} TEST_FILTER "${ARG_CONCURRENT}"
       PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${HPCTRIAL_ONE_CPU}
@@ -57,6 +66,29 @@ function(hpctrial_unit_test name)
   gtest_discover_tests(${name} ${rest}
     PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${cpus} ${ARG_PROPERTIES}
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# One CTest entry a suite of the gtest program NAME: after each build the program lists its
+# suites (cmake/gtest_suites.cmake), and CTest reads that list through a file of
+# TEST_INCLUDE_FILES, as gtest_discover_tests does for single tests.
+function(_hpctrial_test_suites name label cpus)
+  set(suites ${CMAKE_CURRENT_BINARY_DIR}/${name}.suites)
+  add_custom_command(TARGET ${name} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -D EXE=$<TARGET_FILE:${name}> -D OUT=${suites}
+            -P ${PROJECT_SOURCE_DIR}/cmake/gtest_suites.cmake
+    VERBATIM)
+  set(tests ${CMAKE_CURRENT_BINARY_DIR}/${name}_suites_tests.cmake)
+  file(GENERATE OUTPUT ${tests} CONTENT "if(EXISTS \"${suites}\")
+  file(STRINGS \"${suites}\" suites)
+  foreach(suite IN LISTS suites)
+    add_test(\"\${suite}\" \"$<TARGET_FILE:${name}>\" \"--gtest_filter=\${suite}.*\")
+    set_tests_properties(\"\${suite}\" PROPERTIES LABELS \"${label}\" TIMEOUT 300 ${cpus})
+  endforeach()
+else()
+  add_test(${name}_NOT_BUILT ${name}_NOT_BUILT)
+endif()
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${tests})
 endfunction()
 
 # hpctrial_mpi_test(NAME SOURCES... LIBS ... [RANKS n ...]): a gtest binary with its own main

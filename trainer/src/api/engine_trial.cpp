@@ -143,13 +143,14 @@ void ModelEngine::sharded_step() {
     const auto started = std::chrono::steady_clock::now();
     sums[0] = sharded_->shard_grad_norm_squared();
     if (measure) sums[1] = sharded_->take_local_norm_squared();
-    context_->communicator().allreduce(sums, measure ? 2 : 1, comm::DType::kFloat64, comm::ReduceOp::kSum);
+    context_->data_parallel_communicator().allreduce(sums, measure ? 2 : 1, comm::DType::kFloat64,
+                                                     comm::ReduceOp::kSum);
     if (measure) {
       const bool whole = sharded_->stage() == 1 || accumulation_steps_ == 1;
       const double micro = whole ? 1.0 : static_cast<double>(accumulation_steps_);
       TrialContext::GradientNorms norms;
       norms.global_sqr = sums[0];
-      norms.local_sqr = sums[1] / context_->distributed().size * unscale * unscale * micro * micro;
+      norms.local_sqr = sums[1] / context_->data_parallel_size() * unscale * unscale * micro * micro;
       norms.local_micro_batches = whole ? 0 : 1;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() +
                              sharded_->take_measure_seconds();
@@ -228,7 +229,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   engine->steps_origin_ = steps_origin_;
   engine->micro_origin_ = micro_origin_;
   engine->micro_steps_ = micro_steps_before(current_train_batch_);
-  if (zero_stage_ >= 1 && context_.distributed().size == 1) {
+  if (zero_stage_ >= 1 && context_.data_parallel_size() == 1) {
     // Nothing to shard on one rank: the engine steps as at stage 0 (the same checkpoints).
     detail::ShardedOptimizer::check(*engine->optimizer_);
   } else if (zero_stage_ >= 1) {
@@ -279,6 +280,11 @@ EngineTrialRunner::EngineTrialRunner(TrialContext& context, const Make& make)
     : context_(std::make_unique<EngineTrialContext>(context)) {
   trial_ = make(*context_);
   if (!trial_) throw ConfigError("the engine trial factory returned no trial");
+  if (context.has_model_parallelism()) {
+    throw NotSupported("an engine trial with a model-parallel unit (set_mpu on its TrialContext): the engine's batch "
+                       "sizes are resolved over every rank, not over the data-parallel replicas; derive the trial "
+                       "from Trial to split the model itself");
+  }
   if (context_->model_engines().empty()) {
     throw ConfigError("the engine trial wrapped no model engine; build a ModelEngine from the model and its "
                       "optimizer and pass it to context.wrap_model_engine(...) in the constructor");

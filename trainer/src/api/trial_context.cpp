@@ -75,14 +75,24 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
     : settings_(std::move(settings)),
       communicator_(communicator),
       device_communicator_(device_communicator),
+      data_communicator_(&communicator),
+      data_device_communicator_(device_communicator),
       device_(choose_device(settings_)),
       accumulators_(std::make_unique<detail::Accumulators>(communicator)) {
   if (device_.is_cuda()) {
     core::log_info("trains on {}{}", device_.str(),
                    device_communicator_ != nullptr ? " (gradients all-reduced by NCCL)" : "");
   }
+  mpu_.data_parallel_rank = settings_.distributed.rank;
+  mpu_.data_parallel_world_size = settings_.distributed.size;
+  resolve_global_batch_size(settings_.distributed.size);
+}
+
+// The global batch of the trial's hyperparameters, a whole number of records for each of
+// `replicas` (an engine trial's comes resolved).
+void TrialContext::resolve_global_batch_size(int replicas) {
   if (settings_.global_batch_size > 0) {
-    global_batch_size_ = settings_.global_batch_size;  // a whole number of records per rank
+    global_batch_size_ = settings_.global_batch_size;  // a whole number of records per replica
     return;
   }
   const auto it = settings_.hparams.find("global_batch_size");
@@ -94,17 +104,19 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
     throw ConfigError("hyperparameters.global_batch_size must be a positive integer, got " + it->dump());
   }
   const std::int64_t requested = it->get<std::int64_t>();
-  const std::int64_t ranks = settings_.distributed.size;
-  if (requested < ranks) {
+  const std::string what = replicas == settings_.distributed.size ? "ranks" : "data-parallel replicas";
+  if (requested < replicas) {
     throw ConfigError("hyperparameters.global_batch_size (" + std::to_string(requested) +
-                      ") is smaller than the number of ranks (" + std::to_string(ranks) +
-                      "): every rank needs at least one record a batch");
+                      ") is smaller than the number of " + what + " (" + std::to_string(replicas) +
+                      "): every " + (replicas == settings_.distributed.size ? "rank" : "replica") +
+                      " needs at least one record a batch");
   }
-  global_batch_size_ = requested / ranks * ranks;
-  if (global_batch_size_ != requested && settings_.distributed.is_chief()) {
-    core::log_warning("hyperparameters.global_batch_size {} is not a multiple of the {} ranks: each trains {} "
+  const std::int64_t before = global_batch_size_;
+  global_batch_size_ = requested / replicas * replicas;
+  if (global_batch_size_ != requested && global_batch_size_ != before && settings_.distributed.is_chief()) {
+    core::log_warning("hyperparameters.global_batch_size {} is not a multiple of the {} {}: each trains {} "
                       "records a batch, {} in all",
-                      requested, ranks, requested / ranks, global_batch_size_);
+                      requested, replicas, what, requested / replicas, global_batch_size_);
   }
 }
 
@@ -190,7 +202,8 @@ detail::GradientSync& TrialContext::gradient_sync() {
     options.bucket_cap_mb = settings_.bucket_cap_mb;
     options.compression = settings_.gradient_compression;
     options.aggregation_frequency = settings_.aggregation_frequency;
-    gradient_sync_ = std::make_unique<detail::GradientSync>(parameters, communicator_, device_communicator_, options);
+    gradient_sync_ =
+        std::make_unique<detail::GradientSync>(parameters, *data_communicator_, data_device_communicator_, options);
     gradient_sync_->measure_norms(measure_noise_);
   }
   return *gradient_sync_;
@@ -221,7 +234,7 @@ void TrialContext::configure_mixed_precision(c10::ScalarType dtype) {
 void TrialContext::backward(const torch::Tensor& loss, const torch::Tensor& gradient,
                             c10::optional<bool> retain_graph, bool create_graph) {
   const detail::AutocastPause pause;  // backward runs in the types forward chose
-  if (settings_.distributed.size == 1) {
+  if (data_parallel_size() == 1) {
     loss.backward(gradient, retain_graph, create_graph);
     return;
   }
@@ -286,7 +299,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
   }
   // Gradients accumulate until the last batch of each aggregation group.
   if (!is_sync_batch()) return false;
-  if (settings_.distributed.size == 1) {
+  if (data_parallel_size() == 1) {
     // No communication at all: only the mean over the aggregated batches.
     if (settings_.aggregation_frequency > 1) divide_gradients(optimizer, static_cast<double>(settings_.aggregation_frequency));
   } else {
@@ -298,7 +311,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     sync.reduce(batches_trained_);
   }
   std::optional<detail::GradientSync::Norms> norms;
-  if (measure_noise_ && settings_.distributed.size > 1) norms = gradient_sync().take_norms();
+  if (measuring_gradient_noise()) norms = gradient_sync().take_norms();
   // The gradients are the same on every rank now, so every rank finds the same inf or NaN.
   const bool skip = scaler != nullptr && scaler->unscale(optimizer);
   if (norms) {
@@ -306,7 +319,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
     double local = norms->local_sqr;
     if (!norms->averaged) {
       const auto started = std::chrono::steady_clock::now();
-      communicator_.allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
+      data_communicator_->allreduce(&local, 1, comm::DType::kFloat64, comm::ReduceOp::kAvg);
       estimator_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
     const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
@@ -343,50 +356,6 @@ void TrialContext::divide_gradients(torch::optim::Optimizer& optimizer, double d
 void TrialContext::exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model) {
   if (gradient_sync_) throw InternalError("exclude_from_gradient_sync after training started");
   unsynced_models_.push_back(model.get());
-}
-
-comm::Communicator& TrialContext::communicator_for(const torch::Device& device) const {
-  if (device.is_cpu()) return communicator_;
-  if (device_communicator_ == nullptr) {
-    throw NotSupported("tensors on " + device.str() + " need a device communicator (NCCL), and this run has none; "
-                       "train on the CPU (resources.gpus_per_slot: 0) or build hpctrial with CUDA and NCCL");
-  }
-  return *device_communicator_;
-}
-
-void TrialContext::start_training() {
-  if (settings_.distributed.size > 1) gradient_sync();
-}
-
-void TrialContext::broadcast_model_state() {
-  if (settings_.distributed.size == 1) return;
-  torch::NoGradGuard no_grad;
-  // One buffer per dtype and device, broadcast in one collective each.
-  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
-  for (auto& model : models_) {
-    for (auto& p : model->parameters()) groups[{static_cast<int>(p.scalar_type()), p.device().str()}].push_back(p);
-    for (auto& b : model->buffers()) groups[{static_cast<int>(b.scalar_type()), b.device().str()}].push_back(b);
-  }
-  for (auto& [key, tensors] : groups) {
-    std::vector<torch::Tensor> parts;
-    for (auto& t : tensors) parts.push_back(t.reshape({-1}));
-    torch::Tensor flat = torch::cat(parts).contiguous();
-    comm::Communicator* communicator = &communicator_;
-    if (!flat.device().is_cpu()) {
-      if (device_communicator_ != nullptr) {
-        communicator = device_communicator_;
-      } else {
-        flat = flat.to(torch::kCPU);
-      }
-    }
-    communicator->broadcast_async(flat.data_ptr(), static_cast<std::size_t>(flat.nbytes()), 0)->wait();
-    std::int64_t offset = 0;
-    for (auto& t : tensors) {
-      const std::int64_t n = t.numel();
-      t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
-      offset += n;
-    }
-  }
 }
 
 torch::Tensor TrialContext::to_device(const torch::Tensor& tensor) const {

@@ -24,6 +24,12 @@ void Loop::setup_adaptive() {
                       "trains, and each rank's StreamDataset reads its own records in its own batches; return a "
                       "Dataset from build_training_data_loader, or turn the adaptive batch off");
   }
+  if (context_->has_model_parallelism()) {
+    throw ConfigError("optimizations.adaptive_batch_size with a model split over ranks (a model-parallel unit, "
+                      "or engine.pipeline): the adaptive batch measures the gradient noise across whole replicas of "
+                      "the model and reshapes every rank's batch alike, which hpctrial does not do for a model in "
+                      "parts; turn the adaptive batch off, or train the model whole on each rank");
+  }
   if (context_->optimizers().size() != 1) {
     throw ConfigError("optimizations.adaptive_batch_size scales the learning rate of one optimizer by the gain of "
                       "the gradients it steps with; the trial wraps " + std::to_string(context_->optimizers().size()) +

@@ -13,18 +13,29 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
-ShardedSave save_shards(const ShardedOptimizers& sharded) {
+}  // namespace
+
+// This rank's pieces of a checkpoint every rank writes part of: its shards of the ZeRO optimizers;
+// with a model split over ranks, on the first replica's rank of each part but the chief's, that
+// part whole (the chief writes its own with the rest), and then the datasets of every part.
+ShardedSave Loop::save_shards(const ShardedOptimizers& sharded) {
   ShardedSave mine;
-  for (const auto& [index, optimizer] : sharded) optimizer->save_shards(mine, "optimizer/" + std::to_string(index));
+  for (const auto& [index, optimizer] : sharded) {
+    optimizer->save_shards(mine, identity_.part + "optimizer/" + std::to_string(index));
+  }
+  if (identity_.parts > 1) {
+    if (!chief() && replica() == 0) add_whole_pieces(mine, capture_part(*context_, identity_.part, &mine.whole));
+    unite_datasets(comm_, mine);
+  }
   return mine;
 }
 
-}  // namespace
-
+// Within each data-parallel group: the replicas of one part of the model.
 void Loop::check_replicas(const std::string& when) {
-  if (comm_.size() == 1) return;
+  if (replicas() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
-  detail::check_replicas(comm_, detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
+  detail::check_replicas(context_->data_parallel_communicator(),
+                         detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
 }
 
 // The tests' fault hook in the middle of this rank's pieces (HPCTRIAL_FAULT's `shards`).

@@ -23,6 +23,46 @@ nlohmann::json gather_to_chief(comm::Communicator& comm, const nlohmann::json& m
 }
 }  // namespace
 
+// Every rank's model-parallel unit, checked against the others': as many replicas everywhere,
+// and each replica made of as many ranks. A rank's part of the model is its place among the
+// ranks of its replica (rank order); the first replica's rank of each part writes it into
+// checkpoints. ConfigError on every rank for units that do not fit together.
+void Loop::agree_on_model_parallelism() {
+  const ModelParallelUnit& mine = context_->mpu();
+  const std::string line = std::to_string(mine.data_parallel_rank) + " " + std::to_string(mine.data_parallel_world_size);
+  const auto all = comm_.size() > 1 ? comm_.allgather(line) : std::vector<std::string>{line};
+  const int replicas = mine.data_parallel_world_size;
+  std::vector<int> ranks_of_replica(static_cast<std::size_t>(replicas), 0);
+  int part = 0;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto space = all[r].find(' ');
+    const int replica = std::stoi(all[r].substr(0, space)), size = std::stoi(all[r].substr(space + 1));
+    if (size != replicas) {
+      throw ConfigError("the model-parallel units disagree: rank " + std::to_string(r) + " has data_parallel_world_size " +
+                        std::to_string(size) + " and rank " + std::to_string(comm_.rank()) + " " +
+                        std::to_string(replicas) + "; call context.set_mpu with the same number of replicas on "
+                        "every rank (or on none)");
+    }
+    if (static_cast<int>(r) < comm_.rank() && replica == mine.data_parallel_rank) ++part;
+    ++ranks_of_replica.at(static_cast<std::size_t>(replica));
+  }
+  const int parts = comm_.size() / replicas;
+  for (int replica = 0; replica < replicas; ++replica) {
+    if (ranks_of_replica[static_cast<std::size_t>(replica)] != parts) {
+      throw ConfigError("the model-parallel units disagree: data-parallel replica " + std::to_string(replica) +
+                        " has " + std::to_string(ranks_of_replica[static_cast<std::size_t>(replica)]) +
+                        " rank(s), not " + std::to_string(parts) + " (" + std::to_string(comm_.size()) + " ranks / " +
+                        std::to_string(replicas) + " replicas); give each rank of one replica the same "
+                        "data_parallel_rank");
+    }
+  }
+  identity_.parts = parts;
+  identity_.part = parts > 1 ? "model_parallel/" + std::to_string(part) + "/" : "";
+  if (parts > 1 && chief()) {
+    core::log_info("model parallelism: {} replica(s) of a model in {} parts", replicas, parts);
+  }
+}
+
 // An engine trial's batch: train_batch_size records a step, in gradient_accumulation_steps
 // micro-batches on each rank (hyperparameters.global_batch_size wins over train_batch_size).
 void Loop::resolve_engine_batch(TrialSettings& settings) const {
@@ -70,7 +110,8 @@ void Loop::start_training_data(std::uint64_t data_seed) {
   const std::size_t workers = options_.prefetch_depth == 0 ? 0 : train_loader_->options().workers();
   if (train_loader_->is_stream()) {
     stream_trained_ = resumed_stream_position();
-    stream_reader_ = std::make_unique<StreamReader>(*train_loader_, stream_trained_, comm_.rank());
+    // Each replica reads a stream of its own; the ranks of one replica read the same.
+    stream_reader_ = std::make_unique<StreamReader>(*train_loader_, stream_trained_, replica());
     StreamReader* reader = stream_reader_.get();
     prefetcher_ = std::make_unique<Prefetcher>([reader](const std::vector<std::int64_t>&) { return reader->next(); },
                                                [] { return std::vector<std::int64_t>(); }, workers,
@@ -84,11 +125,14 @@ void Loop::start_training_data(std::uint64_t data_seed) {
   sampler_ = std::make_unique<TrainingSampler>(
       StreamOrder(train_loader_->dataset().size(), data_seed, train_loader_->shuffle(),
                   static_cast<std::uint64_t>(records_per_epoch_)),
-      static_cast<std::uint64_t>(adaptive_ ? loop_local_batch() * comm_.size() : global_batch_), comm_.rank(),
-      comm_.size(), static_cast<std::uint64_t>(records_trained()));
+      static_cast<std::uint64_t>(adaptive_ ? loop_local_batch() * comm_.size() : global_batch_),
+      replica(), replicas(), static_cast<std::uint64_t>(records_trained()));
   const DataLoader* loader = train_loader_.get();
+  // A rank whose model-parallel unit reads no data takes the same batches without their records.
   prefetcher_ = std::make_unique<Prefetcher>(
-      [loader](const std::vector<std::int64_t>& indices) { return loader->read(indices); },
+      [loader, read = reads_data()](const std::vector<std::int64_t>& indices) {
+        return read ? loader->read(indices) : Batch();
+      },
       [this] { return sampler_->next_batch(); }, workers, options_.prefetch_depth);
 }
 

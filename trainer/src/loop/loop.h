@@ -78,8 +78,17 @@ class Loop {
   void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
   void settle_sharded_checkpoint();
   std::function<void()> shard_fault_hook() const;
+  detail::ShardedSave save_shards(const detail::ShardedOptimizers& sharded);
   void finish_checkpoint();
   // Training data (loop/data.cpp).
+  // Once the trial is built: the ranks' model-parallel units agree, and this rank's part is known.
+  void agree_on_model_parallelism();
+  // The data-parallel view: this rank's replica and their number; whether it reads records and
+  // whether its metrics count (its model-parallel unit's, every rank's without one).
+  int replica() const { return context_->data_parallel_rank(); }
+  int replicas() const { return context_->data_parallel_size(); }
+  bool reads_data() const { return context_->mpu().should_build_data_loader; }
+  bool reports_metrics() const { return context_->mpu().should_report_metrics; }
   std::int64_t training_records_per_epoch() const;
   void start_training_data(std::uint64_t data_seed);
   StreamPosition resumed_stream_position() const;

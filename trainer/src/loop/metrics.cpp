@@ -28,13 +28,16 @@ MetricValues Loop::reduce_custom(bool training) {
   for (const auto& wrapped : context_->reducers()) {
     if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
     const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
-    const std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    // '+' and the values; '-' from a rank whose model-parallel unit reports no metrics.
+    std::string bytes = reports_metrics() ? "+" : "-";
+    if (reports_metrics()) bytes.append(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
     const auto parts = comm_.gather(bytes, 0);
     if (chief()) {
       std::vector<std::vector<double>> per_slot;
       for (const auto& part : parts) {
-        std::vector<double> values(part.size() / sizeof(double));
-        std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
+        if (part.empty() || part[0] != '+') continue;
+        std::vector<double> values((part.size() - 1) / sizeof(double));
+        std::memcpy(values.data(), part.data() + 1, values.size() * sizeof(double));
         per_slot.push_back(std::move(values));
       }
       results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
@@ -138,8 +141,14 @@ void Loop::report_training() {
     means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
   }
   if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
+    // Over the ranks whose model-parallel unit reports metrics (every rank without one).
+    const double weight = reports_metrics() ? 1.0 : 0.0;
+    for (double& m : means) m *= weight;
+    means.push_back(weight);
     comm_.allreduce(means, ReduceOp::kSum);
-    for (double& m : means) m /= comm_.size();
+    const double reporting = means.back();
+    means.pop_back();
+    for (double& m : means) m /= reporting;
   }
   std::size_t i = 0;
   for (auto& [name, list] : period_values_) values[name] = means[i++];
@@ -177,23 +186,24 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
     MetricValues step;
     for (auto& [name, metric] : metrics) {
       step[name] = metric.item();
-      values[name].push_back(step[name]);
+      if (reports_metrics()) values[name].push_back(step[name]);  // as its model-parallel unit says
     }
     if (chief()) call([&](Callback& c) { c.on_validation_step_end(step); });
     return true;
   };
-  if (validation_loader_->is_stream()) {  // this rank's stream, pass 0
+  // A rank whose model-parallel unit reads no data evaluates its replica's batches without records.
+  if (validation_loader_->is_stream()) {  // this replica's stream, pass 0
     for (Batch batch : *validation_loader_) {
-      if (!evaluate(std::move(batch))) return false;
+      if (!evaluate(reads_data() ? std::move(batch) : Batch())) return false;
     }
     return true;
   }
   const auto batches = validation_batches(validation_loader_->dataset().size(),
-                                          static_cast<std::uint64_t>(validation_loader_->batch_size()),
-                                          comm_.rank(), comm_.size());
+                                          static_cast<std::uint64_t>(validation_loader_->batch_size()), replica(),
+                                          replicas());
   for (const auto& indices : batches) {
     if (validation_loader_->drop_last() && static_cast<std::int64_t>(indices.size()) < validation_loader_->batch_size()) break;
-    if (!evaluate(validation_loader_->read(indices))) return false;
+    if (!evaluate(reads_data() ? validation_loader_->read(indices) : Batch())) return false;
   }
   return true;
 }

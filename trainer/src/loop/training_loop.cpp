@@ -112,6 +112,7 @@ void Loop::setup() {
   context_ = std::make_unique<TrialContext>(std::move(settings), comm_, options_.device_communicator);
   trial_ = factory_(*context_);
   if (!trial_) throw ConfigError("the trial factory returned no trial");
+  agree_on_model_parallelism();
   if (config_.engine && dynamic_cast<EngineTrialRunner*>(trial_.get()) == nullptr) {
     throw ConfigError("the experiment config has an engine section, which configures engine trials, but the trial "
                       "is a Trial; remove the section (a Trial's batch comes from hyperparameters.global_batch_size "
@@ -151,7 +152,7 @@ void Loop::setup() {
   identity_.config_yaml = core::to_yaml(config_);
   identity_.hparams = settings_hparams_;
   identity_.trial_id = options_.trial_id;
-  identity_.world_size = comm_.size();
+  identity_.world_size = comm_.size();  // parts: agree_on_model_parallelism()
   identity_.searcher_metric = config_.searcher.metric;
   identity_.global_batch = global_batch_;
   setup_adaptive();
@@ -217,7 +218,7 @@ void Loop::save_checkpoint(bool wait) {
   record_elastic_preference();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  if (!shards.empty()) {
+  if (!shards.empty() || identity_.parts > 1) {
     wait ? save_sharded_checkpoint(state, shards) : start_sharded_checkpoint(state, shards);
     return;
   }

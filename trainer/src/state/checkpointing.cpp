@@ -76,20 +76,20 @@ std::map<std::string, std::vector<double>> period_values_of(const json& period, 
 
 }  // namespace
 
-Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
-                 const TrialIdentity& identity, bool defer, const checkpoint::Contents* whole_optimizers) {
-  Snapshot snapshot;
-  checkpoint::Contents& c = snapshot.contents;
-  Deferred* deferred = defer ? &snapshot.deferred : nullptr;
+namespace {
+
+// The wrapped models' tensors and the optimizers' state, under `part`.
+void add_model_state(checkpoint::Contents& c, Deferred* deferred, TrialContext& context, const std::string& part,
+                     const checkpoint::Contents* whole_optimizers) {
   const auto& models = context.models();
   for (std::size_t i = 0; i < models.size(); ++i) {
-    const std::string prefix = "model/" + std::to_string(i) + "/";
+    const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (const auto& item : models[i]->named_parameters()) add_or_defer(c, deferred, prefix + item.key(), item.value());
     for (const auto& item : models[i]->named_buffers()) add_tensor(c, prefix + item.key(), item.value());
   }
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    const std::string prefix = "optimizer/" + std::to_string(i);
+    const std::string prefix = part + "optimizer/" + std::to_string(i);
     if (whole_optimizers != nullptr && whole_optimizers->find(prefix + "/type") != nullptr) {
       for (const auto& d : whole_optimizers->datasets) {
         if (d.name.rfind(prefix + "/", 0) == 0) c.datasets.push_back(d);  // shares the gathered buffer
@@ -98,6 +98,23 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
     }
     save_optimizer(c, prefix, *optimizers[i], deferred);
   }
+}
+
+}  // namespace
+
+checkpoint::Contents capture_part(TrialContext& context, const std::string& part,
+                                  const checkpoint::Contents* whole_optimizers) {
+  checkpoint::Contents c;
+  add_model_state(c, nullptr, context, part, whole_optimizers);
+  return c;
+}
+
+Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
+                 const TrialIdentity& identity, bool defer, const checkpoint::Contents* whole_optimizers) {
+  Snapshot snapshot;
+  checkpoint::Contents& c = snapshot.contents;
+  add_model_state(c, defer ? &snapshot.deferred : nullptr, context, identity.part, whole_optimizers);
+  if (identity.parts > 1) c.add_text("meta/model_parallel", json({{"parts", identity.parts}}).dump());
   const auto& schedulers = context.lr_schedulers();
   for (std::size_t i = 0; i < schedulers.size(); ++i) {
     const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
@@ -194,11 +211,12 @@ std::string attribute(const checkpoint::Contents& contents, const char* name) {
 
 // Every wrapped model's parameters and buffers; a model tensor in the checkpoint that no model
 // has is refused.
-void restore_model_tensors(const checkpoint::Contents& contents, const std::string& path, TrialContext& context) {
+void restore_model_tensors(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
+                           const std::string& part) {
   const auto& models = context.models();
   std::set<std::string> expected;
   for (std::size_t i = 0; i < models.size(); ++i) {
-    const std::string prefix = "model/" + std::to_string(i) + "/";
+    const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (auto& item : models[i]->named_parameters()) {
       load_into(contents, prefix + item.key(), item.value(), path);
       expected.insert(prefix + item.key());
@@ -209,11 +227,30 @@ void restore_model_tensors(const checkpoint::Contents& contents, const std::stri
     }
   }
   for (const auto& d : contents.datasets) {
-    if (d.name.rfind("model/", 0) == 0 && expected.count(d.name) == 0) {
+    if (d.name.rfind(part + "model/", 0) == 0 && expected.count(d.name) == 0) {
       throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
                         "checkpoint (a different architecture or hyperparameters)");
     }
   }
+}
+
+// A model split over ranks resumes on as many parts: each rank takes its own.
+void check_model_parts(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity) {
+  int parts = 1;
+  if (contents.find("meta/model_parallel") != nullptr) {
+    try {
+      parts = parse(contents, "meta/model_parallel", path).at("parts").get<int>();
+    } catch (const json::exception& e) {
+      throw CheckpointError(path + ": meta/model_parallel is malformed: " + e.what());
+    }
+  }
+  if (parts == identity.parts) return;
+  const auto describe = [](int n) {
+    return n == 1 ? std::string("a model whole on every rank") : "a model split into " + std::to_string(n) + " parts";
+  };
+  throw ConfigError(path + " holds " + describe(parts) + " (model parallelism), and this run's model-parallel unit "
+                    "makes " + describe(identity.parts) + ": each rank resumes its own part, so resume with the "
+                    "model-parallel layout that wrote it (the number of replicas may change)");
 }
 
 // The wrapped GradScalers' states; one the checkpoint lacks keeps its initial scale.
@@ -270,10 +307,11 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
     core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
                       differences(hparams, identity.hparams));
   }
-  restore_model_tensors(contents, path, context);
+  check_model_parts(contents, path, identity);
+  restore_model_tensors(contents, path, context, identity.part);
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    const std::string prefix = "optimizer/" + std::to_string(i);
+    const std::string prefix = identity.part + "optimizer/" + std::to_string(i);
     if (contents.find(prefix + "/type") == nullptr) {
       throw ConfigError(path + " has no " + prefix + ": the trial wraps more optimizers than when it was saved");
     }
@@ -314,153 +352,6 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
   }
   const json trial_state = parse(contents, "trial_state", path);
   if (!trial_state.is_null()) trial.load_state(trial_state);
-}
-
-AsyncCheckpointWriter::AsyncCheckpointWriter(checkpoint::CheckpointStore& store)
-    : store_(store), thread_([this] { run(); }) {}
-
-AsyncCheckpointWriter::~AsyncCheckpointWriter() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  thread_.join();
-}
-
-void AsyncCheckpointWriter::submit(Snapshot snapshot) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !busy_ && !pending_; });
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  copying_ = !snapshot.deferred.empty();
-  write_seconds_.reset();
-  pending_ = std::move(snapshot);
-  changed_.notify_all();
-}
-
-void AsyncCheckpointWriter::wait_for_copies() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !copying_; });
-}
-
-std::optional<std::string> AsyncCheckpointWriter::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !busy_ && !pending_; });
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  return std::exchange(done_, std::nullopt);
-}
-
-std::optional<double> AsyncCheckpointWriter::take_write_seconds() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return std::exchange(write_seconds_, std::nullopt);
-}
-
-// A checkpoint other ranks write parts of: the chief's datasets into the laid-out file, then,
-// once the loop has learnt that every rank's pieces are durable, publication. `written` is called
-// whatever happens, since every rank waits for it.
-std::exception_ptr AsyncCheckpointWriter::write_planned(PlannedWrite& planned, const checkpoint::Contents& contents,
-                                                        std::exception_ptr error) {
-  const auto message = [](const std::exception_ptr& e) -> std::string {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return x.what();
-    } catch (...) {
-      return "an unknown error";
-    }
-  };
-  bool reported = false;
-  if (!error) {
-    try {
-      auto crcs = write_planned_datasets(contents, planned.plan, store_.write_options());
-      planned.written({});
-      reported = true;
-      const auto shared = planned.pieces();
-      crcs.insert(crcs.end(), shared.begin(), shared.end());
-      store_.publish_planned(planned.plan, crcs);
-      return nullptr;
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  if (!reported) planned.written(message(error));
-  try {
-    store_.abandon(planned.plan);
-  } catch (...) {  // the first error is the one to tell
-  }
-  return error;
-}
-
-void AsyncCheckpointWriter::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (true) {
-    changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
-    if (!pending_) return;
-    Snapshot snapshot = std::move(*pending_);
-    pending_.reset();
-    busy_ = true;
-    const auto started = std::chrono::steady_clock::now();
-    // Buffers for the deferred tensors, from the pool where a size matches.
-    std::vector<std::shared_ptr<checkpoint::Buffer>> buffers;
-    for (const auto& d : snapshot.deferred) {
-      const auto bytes = static_cast<std::size_t>(d.tensor.nbytes());
-      const auto it = pool_.find(bytes);
-      if (it != pool_.end()) {
-        buffers.push_back(std::move(it->second));
-        pool_.erase(it);
-      } else {
-        buffers.push_back(nullptr);
-      }
-    }
-    lock.unlock();
-    std::exception_ptr error;
-    std::string path;
-    try {
-      // Copy the live tensors first: training waits for this before its next optimizer step.
-      for (std::size_t k = 0; k < snapshot.deferred.size(); ++k) {
-        const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
-        if (!buffers[k]) buffers[k] = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(source.nbytes()));
-        // One pass over the live tensor: each piece is checksummed while it is in the cache.
-        const std::uint32_t crc = checkpoint::copy_crc32c(buffers[k]->data(), source.data_ptr(),
-                                                          static_cast<std::size_t>(source.nbytes()));
-        snapshot.contents.add(snapshot.deferred[k].name, checkpoint_dtype(source.scalar_type()), source.sizes().vec(),
-                              buffers[k]);
-        snapshot.contents.datasets.back().crc32c = crc;
-        snapshot.contents.datasets.back().crc32c_known = true;
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    snapshot.deferred.clear();  // the live tensors are no longer needed
-    lock.lock();
-    copying_ = false;
-    changed_.notify_all();
-    lock.unlock();
-    if (snapshot.planned) {
-      error = write_planned(*snapshot.planned, snapshot.contents, error);
-      if (!error) path = snapshot.planned->plan.path;
-    } else if (!error) {
-      try {
-        path = store_.path_for(std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute)));
-        store_.publish(snapshot.contents);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    snapshot.contents = checkpoint::Contents();  // releases the buffers' other owners
-    lock.lock();
-    for (auto& buffer : buffers) {
-      if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));
-    }
-    busy_ = false;
-    write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (error) {
-      error_ = error;
-    } else {
-      done_ = path;
-    }
-    changed_.notify_all();
-  }
 }
 
 }  // namespace hpctrial::trainer::detail

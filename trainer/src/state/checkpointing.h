@@ -3,6 +3,9 @@
 //
 //   model/<i>/<name>        parameters and buffers of wrapped model i, by their LibTorch names
 //   optimizer/<i>/...       see state_io.h
+//   model_parallel/<k>/model/..., model_parallel/<k>/optimizer/...   the same for part k of a
+//                           model split over ranks (a model-parallel unit), with
+//                           meta/model_parallel {"parts": n}
 //   scheduler/<i>/step_count, rng/cpu, sampler/records
 //   scaler/<i>              JSON: wrapped GradScaler i's scale and counters
 //   progress                JSON: batches, epochs, records, restart count, the loop's counters,
@@ -73,6 +76,10 @@ struct TrialIdentity {
   int world_size = 1;
   std::string searcher_metric;
   std::int64_t global_batch = 0;
+  // A model split over ranks (a model-parallel unit): its number of parts, and the prefix of this
+  // rank's part in a checkpoint, "model_parallel/<part>/" (empty for a whole model).
+  int parts = 1;
+  std::string part;
 };
 
 using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
@@ -102,6 +109,11 @@ struct Snapshot {
 Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks, const LoopState& loop,
                  const TrialIdentity& identity, bool defer = false,
                  const checkpoint::Contents* whole_optimizers = nullptr);
+
+// This rank's part of a model split over ranks (TrialIdentity::part): its models' tensors and its
+// optimizers' state under `part`, copied now; `whole_optimizers` as for capture.
+checkpoint::Contents capture_part(TrialContext& context, const std::string& part,
+                                  const checkpoint::Contents* whole_optimizers = nullptr);
 
 // The context's optimizers that ZeRO shards, by their index in context.optimizers().
 using ShardedOptimizers = std::map<std::size_t, ShardedOptimizer*>;

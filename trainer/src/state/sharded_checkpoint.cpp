@@ -30,7 +30,68 @@ std::vector<PieceRecord> decode(const std::string& bytes) {
   return out;
 }
 
+// A dataset's spec as one line: dtype, shape, name (which ends the line).
+std::string spec_line(const checkpoint::DatasetSpec& spec) {
+  std::string line = std::to_string(static_cast<int>(spec.dtype)) + " " + std::to_string(spec.shape.size());
+  for (const auto extent : spec.shape) line += " " + std::to_string(extent);
+  return line + " " + spec.name + "\n";
+}
+
+checkpoint::DatasetSpec parse_spec(const std::string& line) {
+  checkpoint::DatasetSpec spec;
+  std::size_t at = 0;
+  const auto number = [&] {
+    const std::size_t end = line.find(' ', at);
+    const std::int64_t value = std::stoll(line.substr(at, end - at));
+    at = end + 1;
+    return value;
+  };
+  spec.dtype = static_cast<checkpoint::DType>(number());
+  const auto rank = number();
+  for (std::int64_t d = 0; d < rank; ++d) spec.shape.push_back(number());
+  spec.name = line.substr(at);
+  return spec;
+}
+
 }  // namespace
+
+void add_whole_pieces(ShardedSave& mine, const checkpoint::Contents& part) {
+  for (const auto& d : part.datasets) {
+    const std::size_t index = mine.datasets.size();
+    mine.datasets.push_back({d.name, d.dtype, d.shape});
+    if (d.nbytes() == 0) continue;
+    ShardPiece piece;
+    piece.dataset = index;
+    piece.buffer = d.data;
+    piece.size = d.nbytes();
+    piece.crc = checkpoint::crc32c(d.data->data(), d.nbytes());
+    mine.pieces.push_back(std::move(piece));
+  }
+}
+
+void unite_datasets(comm::Communicator& comm, ShardedSave& mine) {
+  std::string lines;
+  for (const auto& spec : mine.datasets) lines += spec_line(spec);
+  std::vector<checkpoint::DatasetSpec> united;
+  std::map<std::string, std::size_t> index;
+  const auto all = comm.allgather(lines);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    std::size_t start = 0, end;
+    while ((end = all[r].find('\n', start)) != std::string::npos) {
+      checkpoint::DatasetSpec spec = parse_spec(all[r].substr(start, end - start));
+      start = end + 1;
+      const auto [it, added] = index.emplace(spec.name, united.size());
+      if (added) {
+        united.push_back(std::move(spec));
+      } else if (united[it->second].dtype != spec.dtype || united[it->second].shape != spec.shape) {
+        throw InternalError("rank " + std::to_string(r) + " writes " + spec.name + " with another type or shape "
+                            "than a rank before it");
+      }
+    }
+  }
+  for (auto& piece : mine.pieces) piece.dataset = index.at(mine.datasets.at(piece.dataset).name);
+  mine.datasets = std::move(united);
+}
 
 std::string agree(comm::Communicator& comm, const std::string& mine) {
   const auto all = comm.gather(mine, 0);

@@ -38,6 +38,16 @@
 
 namespace hpctrial::trainer::detail {
 
+// Adds each of `part`'s datasets to `mine` as a piece of its own covering it whole (a rank that
+// writes a part of a model split over ranks).
+void add_whole_pieces(ShardedSave& mine, const checkpoint::Contents& part);
+
+// Makes the ranks' datasets one list, the same on every rank: each name once, in rank order,
+// and each rank's pieces pointing into it. Where the ranks' lists differ (the parts of a model
+// split over ranks, ZeRO's shards of each part) a layout needs it first. A collective;
+// InternalError for a name two ranks give different types or shapes.
+void unite_datasets(comm::Communicator& comm, ShardedSave& mine);
+
 // Where this rank's pieces go (steps 1-2).
 struct PieceLayout {
   checkpoint::FilePlan plan;           // the chief's; empty elsewhere

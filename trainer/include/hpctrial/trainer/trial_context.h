@@ -68,6 +68,27 @@ struct DistributedContext {
   bool is_chief() const { return rank == 0; }
 };
 
+// Determined's ModelParallelUnit: where this rank stands when a model is split over several
+// ranks (tensor-parallel layers a trial writes itself, a pipeline's stages). The ranks that hold
+// the same part of the model in different replicas form its data-parallel group: gradients are
+// averaged and ZeRO's shards split among them, and the training and validation data are sharded
+// over the replicas, not the ranks. Without a unit, every rank is a replica of the whole model.
+struct ModelParallelUnit {
+  int data_parallel_rank = 0;
+  int data_parallel_world_size = 1;
+  // Whether this rank's metrics count (those of the ranks of one replica are usually the same
+  // loss, reported once).
+  bool should_report_metrics = true;
+  // Whether this rank reads training and validation records. Every rank builds its loaders (they
+  // set each epoch's length); on the others train_batch and evaluate_batch get batches without
+  // tensors.
+  bool should_build_data_loader = true;
+  // This rank's data-parallel group, ranked by data_parallel_rank: made by the trial with
+  // context.communicator().split(model-parallel position, data_parallel_rank). May be null with
+  // one replica.
+  std::shared_ptr<comm::Communicator> data_parallel_group;
+};
+
 // Where the context's settings come from (built by the harness from the experiment config).
 struct TrialSettings {
   nlohmann::json hparams = nlohmann::json::object();
@@ -193,9 +214,24 @@ class TrialContext {
   std::int64_t global_batch_size() const { return global_batch_size_; }
   // global_batch_size // ranks; global_batch_size() is then per_slot_batch_size() * ranks (the
   // remainder of a global batch that does not split evenly is dropped, with a warning).
-  std::int64_t per_slot_batch_size() const { return global_batch_size_ / settings_.distributed.size; }
+  // With a model-parallel unit, the global batch is split over the data-parallel replicas instead.
+  std::int64_t per_slot_batch_size() const { return global_batch_size_ / data_parallel_size(); }
   std::uint64_t trial_seed() const { return settings_.trial_seed; }
   const DistributedContext& distributed() const { return settings_.distributed; }
+
+  // --- model parallelism --------------------------------------------------------------------
+  // Sets this rank's ModelParallelUnit (Determined's set_mpu): call it in the trial's constructor,
+  // on every rank, before wrapping models into an engine or starting anything collective. The
+  // ranks' units must agree (as many replicas everywhere, each replica's ranks alike); the harness
+  // checks them once the trial is built. ConfigError for a unit that does not fit the ranks.
+  void set_mpu(ModelParallelUnit unit);
+  // The unit: the one set, or the world's (every rank its own replica).
+  const ModelParallelUnit& mpu() const { return mpu_; }
+  bool has_model_parallelism() const { return data_parallel_size() != settings_.distributed.size; }
+  int data_parallel_rank() const { return mpu_.data_parallel_rank; }
+  int data_parallel_size() const { return mpu_.data_parallel_world_size; }
+  // The communicator of this rank's data-parallel group (the world without a unit).
+  comm::Communicator& data_parallel_communicator() const { return *data_communicator_; }
 
   // --- position in the loop (valid inside train_batch) ---------------------------------------
   bool is_epoch_start() const { return epoch_start_; }
@@ -296,7 +332,7 @@ class TrialContext {
   double lr_factor() const { return lr_factor_; }
   void measure_gradient_noise(bool on);
   // Whether steps measure their gradients' norms: asked for, on more than one rank.
-  bool measuring_gradient_noise() const { return measure_noise_ && settings_.distributed.size > 1; }
+  bool measuring_gradient_noise() const { return measure_noise_ && data_parallel_size() > 1; }
   // One step's squared gradient norms: the ranks' mean of their own gradients' (over
   // `local_micro_batches` micro-batches each, 0 meaning all of the step's), and the averaged one's.
   struct GradientNorms {
@@ -316,8 +352,8 @@ class TrialContext {
   // A wrapped model whose gradients something else averages (a ZeRO engine, by reduce-scatter):
   // the gradient buckets leave its parameters out. Before start_training().
   void exclude_from_gradient_sync(const std::shared_ptr<torch::nn::Module>& model);
-  // The communicator for tensors on `device`: the host's, or the device communicator (NCCL);
-  // NotSupported for a GPU without one.
+  // The data-parallel group's communicator for tensors on `device`: the host's, or the device
+  // communicator (NCCL); NotSupported for a GPU without one.
   comm::Communicator& communicator_for(const torch::Device& device) const;
   // Multiplies an optimizer's learning rates for its step, and puts them back (the adaptive
   // batch's factor; an optimizer stepped elsewhere, a ZeRO engine's, uses it too).
@@ -347,9 +383,16 @@ class TrialContext {
     return (batches_trained_ + 1 - aggregation_origin_) % settings_.aggregation_frequency == 0;
   }
 
+  void resolve_global_batch_size(int replicas);
+
   TrialSettings settings_;
   comm::Communicator& communicator_;
   comm::Communicator* device_communicator_;
+  ModelParallelUnit mpu_;
+  comm::Communicator* data_communicator_;         // the world's, or the unit's group
+  comm::Communicator* data_device_communicator_;  // the device communicator of that group, or null
+  bool mpu_set_ = false;
+  bool training_started_ = false;
   std::unique_ptr<detail::GradientSync> gradient_sync_;
   std::vector<const torch::optim::Optimizer*> checked_optimizers_;
   std::function<void()> before_optimizer_step_;

@@ -1,0 +1,256 @@
+// A trial's own model parallelism through context.set_mpu, on 2 ranks (one replica of a model in
+// 2 parts) and 4 (two replicas): a hand-written 2-way tensor-parallel MLP trains like the whole
+// MLP on one rank with the same global batch; its checkpoint holds each part once, written by the
+// rank that owns it, and a run stopped by SIGUSR2 (on the chief, then on the last rank) resumes
+// bitwise; units that do not fit are refused with what to change.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/rank/stop_signals.h"
+#include "../unit/trainer/test_trial.h"
+#include "mpi_test_env.h"
+
+namespace hpctrial::trainer {
+namespace model_parallel_test {  // named: the target compiles its sources together (UNITY_BUILD)
+
+using testing_mpi::env;
+using testing_trial::config_from;
+
+constexpr std::int64_t kIn = 8, kHidden = 16, kOut = 4, kRecords = 512;
+constexpr int kParts = 2;
+
+// Megatron's MLP: the first layer split by its outputs, the second by its inputs; each part's
+// partial output is summed over the parts (forward: an all-reduce; backward: the gradient as it
+// is), then the second bias, which every part holds, is added. One part is the whole MLP.
+struct TensorParallelMlpImpl : torch::nn::Module {
+  TensorParallelMlpImpl(int part, int parts, comm::Communicator* group) : group_(group) {
+    torch::manual_seed(5);  // the whole model's weights, then this part's slices of them
+    const auto w1 = torch::randn({kHidden, kIn}) * 0.4, b1 = torch::randn({kHidden}) * 0.1;
+    const auto w2 = torch::randn({kOut, kHidden}) * 0.4;
+    const std::int64_t width = kHidden / parts, from = part * width;
+    this->w1 = register_parameter("w1", w1.narrow(0, from, width).clone());
+    this->b1 = register_parameter("b1", b1.narrow(0, from, width).clone());
+    this->w2 = register_parameter("w2", w2.narrow(1, from, width).clone());
+    this->b2 = register_parameter("b2", torch::zeros({kOut}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const auto partial = torch::nn::functional::linear(torch::relu(torch::nn::functional::linear(x, w1, b1)), w2);
+    if (group_ == nullptr) return partial + b2;
+    auto sum = partial.detach().contiguous().clone();
+    group_->allreduce(sum.data_ptr<float>(), static_cast<std::size_t>(sum.numel()), comm::DType::kFloat32,
+                      comm::ReduceOp::kSum);
+    return partial + (sum - partial.detach()) + b2;
+  }
+  torch::Tensor w1, b1, w2, b2;
+  comm::Communicator* group_;
+};
+TORCH_MODULE(TensorParallelMlp);
+
+// The MLP's regression; with `parts` > 1 ranks of one replica are consecutive: part rank % parts,
+// replica rank / parts.
+class TensorParallelTrial : public Trial {
+ public:
+  struct Options {
+    int parts = 1;
+    std::vector<torch::Tensor>* parameters_out = nullptr;
+    std::int64_t signal_after = -1;  // raise SIGUSR2 on `signal_rank` after this batch
+    int signal_rank = 0;
+    int replicas_given = 0;  // a unit with this many replicas instead (0: the layout's)
+  };
+
+  TensorParallelTrial(TrialContext& context, Options options) : context_(context), options_(options) {
+    torch::manual_seed(7);
+    const auto x = torch::randn({kRecords, kIn});
+    const auto y = torch::sin(x.matmul(torch::linspace(-1, 1, kIn * kOut).reshape({kIn, kOut})));
+    data_ = std::make_shared<TensorDataset>(x, y);
+    comm::Communicator& world = context.communicator();
+    const int part = world.rank() % options.parts, replica = world.rank() / options.parts;
+    if (options.parts > 1) {
+      ModelParallelUnit unit;
+      unit.data_parallel_rank = replica;
+      unit.data_parallel_world_size = options.replicas_given > 0 ? options.replicas_given : world.size() / options.parts;
+      unit.should_report_metrics = part == 0;  // the parts compute the same loss
+      unit.data_parallel_group = std::shared_ptr<comm::Communicator>(world.split(part, replica));
+      parts_group_ = world.split(replica, part);
+      context.set_mpu(std::move(unit));
+    }
+    model_ = context.wrap_model(TensorParallelMlp(part, options.parts, parts_group_.get()));
+    optimizer_ = context.wrap_optimizer(
+        std::make_shared<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(context.hparam<double>("lr"))));
+  }
+  ~TensorParallelTrial() override {
+    if (options_.parameters_out == nullptr) return;
+    options_.parameters_out->clear();
+    for (const auto& p : model_->parameters()) options_.parameters_out->push_back(p.detach().clone());
+  }
+
+  Metrics train_batch(Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    const auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    if (batch_idx + 1 == options_.signal_after && context_.distributed().rank == options_.signal_rank) ::raise(SIGUSR2);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(Batch& batch) override {
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
+  DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+
+ private:
+  TrialContext& context_;
+  Options options_;
+  std::shared_ptr<TensorDataset> data_;
+  std::unique_ptr<comm::Communicator> parts_group_;
+  TensorParallelMlp model_{nullptr};
+  std::shared_ptr<torch::optim::Adam> optimizer_;
+};
+
+std::string yaml(int slots, std::int64_t batches) {
+  return "name: tensor-parallel\nentrypoint: ./tensor_parallel\nhyperparameters: {global_batch_size: 32, lr: 0.01}\n"
+         "searcher: {name: single, metric: validation_loss, smaller_is_better: true, max_length: {batches: " +
+         std::to_string(batches) + "}}\nmin_validation_period: {batches: 10}\nresources: {slots_per_trial: " +
+         std::to_string(slots) + "}\n";
+}
+
+LoopResult train(comm::Communicator& comm, const std::string& dir, std::int64_t batches,
+                 TensorParallelTrial::Options options) {
+  LoopOptions loop;
+  loop.trial_dir = dir + "/trial";
+  loop.checkpoint_dir = dir + "/checkpoints";
+  loop.progress_interval_s = 0;
+  loop.experiment_seed = 3;
+  loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+  loop.external_stop = &rank::stop_signal_received();
+  rank::install_stop_handlers();
+  const TrialFactory factory = [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<TensorParallelTrial>(context, options));
+  };
+  LoopResult result = run_training(config_from(yaml(comm.size(), batches)), factory, comm, loop);
+  rank::clear_stop_signal();
+  return result;
+}
+
+// The whole MLP's parameters (w1, b1, w2, b2) from each part's, gathered over the parts of this
+// rank's replica.
+std::vector<torch::Tensor> whole(comm::Communicator& world, const std::vector<torch::Tensor>& mine) {
+  auto parts = world.split(world.rank() / kParts, world.rank() % kParts);
+  std::vector<torch::Tensor> out;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (i == 3) {
+      out.push_back(mine[i]);  // b2: every part's
+      continue;
+    }
+    const auto local = mine[i].contiguous();
+    auto gathered = torch::empty({kParts * local.numel()});
+    parts->allgather(local.data_ptr<float>(), gathered.data_ptr<float>(), static_cast<std::size_t>(local.numel()),
+                     comm::DType::kFloat32);
+    auto pieces = gathered.view({kParts, local.numel()});
+    std::vector<torch::Tensor> each;
+    for (int k = 0; k < kParts; ++k) each.push_back(pieces[k].view(local.sizes()));
+    out.push_back(torch::cat(each, i == 2 ? 1 : 0));  // w2 is split by its inputs
+  }
+  return out;
+}
+
+TEST(ModelParallel, ATensorParallelTrialTrainsLikeTheWholeModelOnOneRank) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = testing_mpi::shared_dir("hpctrial-model-parallel", "equivalence");
+  std::vector<torch::Tensor> split, reference;
+  TensorParallelTrial::Options options;
+  options.parts = kParts;
+  options.parameters_out = &split;
+  const LoopResult parallel = train(world, dir, 30, options);
+  comm::LocalCommunicator alone;
+  TensorParallelTrial::Options whole_options;
+  whole_options.parameters_out = &reference;
+  const LoopResult one =
+      train(alone, dir + "/reference-" + std::to_string(world.rank()), 30, whole_options);
+  const auto gathered = whole(world, split);
+  ASSERT_EQ(gathered.size(), reference.size());
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    const double scale = reference[i].abs().max().item<double>() + 1e-12;
+    EXPECT_LT((gathered[i] - reference[i]).abs().max().item<double>() / scale, 1e-6) << "parameter " << i;
+  }
+  EXPECT_NEAR(parallel.last_validation.at("validation_loss"), one.last_validation.at("validation_loss"), 1e-6);
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// Stopped by SIGUSR2 after batch 12 on `stopping_rank`, then resumed to batch 30: the weights of
+// an uninterrupted run, bit for bit.
+void expect_bitwise_resume(int stopping_rank) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = testing_mpi::shared_dir("hpctrial-model-parallel", "resume-" + std::to_string(stopping_rank));
+  TensorParallelTrial::Options options;
+  options.parts = kParts;
+  std::vector<torch::Tensor> straight, resumed;
+  options.parameters_out = &straight;
+  train(world, dir + "/straight", 30, options);
+  options.parameters_out = nullptr;
+  options.signal_after = 12;
+  options.signal_rank = stopping_rank;
+  const LoopResult stopped = train(world, dir + "/stopped", 30, options);
+  EXPECT_TRUE(stopped.stopped_early);
+  EXPECT_LT(stopped.batches_trained, 30);
+  if (env().is_chief()) {
+    // Each part once, under its own prefix, and the number of parts.
+    const auto contents = checkpoint::read_checkpoint(stopped.checkpoint_path);
+    for (int part = 0; part < kParts; ++part) {
+      const std::string prefix = "model_parallel/" + std::to_string(part) + "/";
+      EXPECT_NE(contents.find(prefix + "model/0/w1"), nullptr) << prefix;
+      EXPECT_NE(contents.find(prefix + "optimizer/0/type"), nullptr) << prefix;
+    }
+    EXPECT_EQ(contents.find("model/0/w1"), nullptr);
+    EXPECT_EQ(nlohmann::json::parse(contents.at("meta/model_parallel", "").text()).at("parts"), kParts);
+  }
+  options.signal_after = -1;
+  options.parameters_out = &resumed;
+  const LoopResult finished = train(world, dir + "/stopped", 30, options);
+  EXPECT_FALSE(finished.stopped_early);
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_TRUE(torch::equal(resumed[i], straight[i])) << "parameter " << i;
+
+  // The same checkpoint without the unit: every rank would take a part for the whole model.
+  options = {};
+  options.parts = 1;
+  try {
+    train(world, dir + "/stopped", 40, options);
+    ADD_FAILURE() << "a model split into parts was resumed as a whole";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("holds a model split into 2 parts"));
+    EXPECT_THAT(e.what(), testing::HasSubstr("this run's model-parallel unit makes a model whole on every rank"));
+  }
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+TEST(ModelParallel, AStopOnTheChiefResumesBitwise) { expect_bitwise_resume(0); }
+TEST(ModelParallel, AStopOnTheLastRankResumesBitwise) { expect_bitwise_resume(env().size() - 1); }
+
+TEST(ModelParallel, AUnitThatDoesNotFitTheRanksIsRefused) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = testing_mpi::shared_dir("hpctrial-model-parallel", "refused");
+  TensorParallelTrial::Options options;
+  options.parts = kParts;
+  options.replicas_given = 3;  // 3 replicas of 2 or 4 ranks
+  try {
+    train(world, dir, 10, options);
+    ADD_FAILURE() << "a unit of 3 replicas was accepted on " << world.size() << " ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("set_mpu on rank " + std::to_string(world.rank()) +
+                                             ": data_parallel_world_size is 3, which does not divide the " +
+                                             std::to_string(world.size()) + " ranks"));
+  }
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+}  // namespace model_parallel_test
+}  // namespace hpctrial::trainer
