@@ -1,5 +1,6 @@
 // The examples, as users run them: trained for a few hundred batches they must classify their
 // synthetic data well, and two runs must produce bitwise-identical weights.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <gmock/gmock.h>
@@ -617,6 +618,51 @@ TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
                                                               "--set", "engine.gradient_accumulation_steps=4"});
   EXPECT_EQ(uneven.exit_code, 2) << uneven.describe();
   EXPECT_THAT(uneven.err, HasSubstr("is not a multiple of gradient_accumulation_steps (4) x ranks (2) = 8"));
+}
+
+// The pipeline example: its classifier in 2 stages on 2 ranks learns the mlp example's data; under
+// `hpctrial run`, a rank of either stage killed in the middle of the schedule ends the run at once
+// with the record of that rank.
+TEST_F(MlpExample, ThePipelineExampleLearnsAndAKilledStageEndsTheRunNamingIt) {
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(240);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const std::string trial_dir = (dir_.path() / "pipeline").string();
+  const auto r = core::run_process({HPCTRIAL_MPIRUN, "-np", "2", "--oversubscribe", HPCTRIAL_PIPELINE, "--config",
+                                    HPCTRIAL_SOURCE_DIR "/examples/pipeline/experiment.yaml", "--trial-dir", trial_dir,
+                                    "--set", "data.train=" + train_, "--set", "data.validation=" + validation_,
+                                    "--progress-seconds", "0"},
+                                   options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, HasSubstr("engine: train_batch_size 64 = micro-batch 16 x 4 accumulation step(s) x 1 replica(s) "
+                               "of 2 pipeline stages"));
+  const auto v = validations(trial_dir + "/metrics.jsonl");
+  ASSERT_EQ(v.size(), 2u);
+  // Chance is ln(10) = 2.3.
+  EXPECT_LT(v.back()["metrics"]["validation_loss"].get<double>(), 0.5);
+
+  for (const int rank : {0, 1}) {
+    const std::string fault = "rank" + std::to_string(rank) + ":step40:batch:sigkill";
+    const std::string experiment = (dir_.path() / ("killed-" + std::to_string(rank))).string();
+    core::RunOptions killing = options;
+    killing.env_set.emplace_back("HPCTRIAL_FAULT", fault);
+    const auto k = core::run_process({HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/pipeline/experiment.yaml",
+                                      "--set", std::string("entrypoint=") + HPCTRIAL_PIPELINE, "--set",
+                                      "data.train=" + train_, "--set", "data.validation=" + validation_, "--set",
+                                      "max_restarts=0", "--experiment", experiment, "--oversubscribe"},
+                                     killing);
+    const std::string out = k.out + k.err;
+    EXPECT_NE(k.exit_code, 0) << out;
+    EXPECT_FALSE(k.timed_out) << out;
+    EXPECT_THAT(out, HasSubstr("trial 0 failed: rank " + std::to_string(rank) + " ")) << out;
+    std::ifstream in(experiment + "/trial-0/failures.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << out;
+    const auto record = nlohmann::json::parse(line);
+    EXPECT_EQ(record.value("rank", -1), rank) << line;
+    EXPECT_EQ(record.value("signal", 0), SIGKILL) << line;
+    EXPECT_THAT(record.value("reason", ""), HasSubstr("was killed by signal 9")) << line;
+  }
 }
 
 // The engine example (ZeRO-2) under `hpctrial run`, its periodic checkpoints written by every

@@ -67,6 +67,11 @@ void check_adaptive_batch(const ExperimentConfig& config, const ConfigNode& root
     report(*section, path, d, "enabled needs max_batch_size: the most records a step may take across the ranks, "
                               "e.g. max_batch_size: 1024");
   }
+  if (config.engine && config.engine->pipeline.stages > 1) {
+    report(*section, path, d, "measures the gradient noise across whole replicas of the model and reshapes every "
+                              "rank's batch alike, which hpctrial does not do for a model in pipeline stages; turn "
+                              "it off, or remove engine.pipeline");
+  }
   if (config.optimizations.aggregation_frequency != 1) {
     report(*section, path, d, "chooses how many batches each step accumulates itself; remove "
                               "optimizations.aggregation_frequency, and set gradient_accumulation: true to let it "

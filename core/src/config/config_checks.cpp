@@ -61,6 +61,20 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
              "resources.gpus_per_slot is 0; set resources.gpus_per_slot, or use `bf16: {enabled: true}` on the CPU");
     }
   }
+  if (config.engine->pipeline.stages > 1) {
+    const ConfigNode* pipeline = engine->find("pipeline");
+    const ConfigNode& at = pipeline != nullptr ? *pipeline : *engine;
+    if (config.engine->zero_stage >= 2) {
+      report(at, "engine.pipeline", d,
+             "a pipeline accumulates each micro-batch's gradients in its stage until the schedule ends, which "
+             "ZeRO-2's partitioned gradients cannot (DeepSpeed refuses it too); set zero_optimization.stage to 0 or 1");
+    }
+    if (config.engine->fp16.enabled) {
+      report(at, "engine.pipeline", d,
+             "hpctrial's pipeline does not scale losses yet, so fp16 cannot train in it; use `bf16: {enabled: true}` "
+             "(no loss scaling needed), or train without the pipeline");
+    }
+  }
   // A searched global_batch_size is checked by each trial when it starts.
   std::optional<std::int64_t> global_batch_size;
   for (const auto& [name, hp] : config.hyperparameters) {
@@ -70,9 +84,20 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
     if (!global_batch_size) return;  // reported by check_hyperparameters
   }
   std::string error;
-  if (!resolve_engine_batch_sizes(*config.engine, global_batch_size, config.resources.slots_per_trial, error)) {
-    report(*engine, "engine", d, error + " (with resources.slots_per_trial: " +
-                                     std::to_string(config.resources.slots_per_trial) + ")");
+  const int slots = config.resources.slots_per_trial;
+  const auto replicas = engine_replicas(*config.engine, slots, error);
+  if (!replicas) {
+    const ConfigNode* pipeline = engine->find("pipeline");
+    report(pipeline != nullptr ? *pipeline : *engine, "engine.pipeline", d,
+           error + " (resources.slots_per_trial: " + std::to_string(slots) + ")");
+    return;
+  }
+  if (!resolve_engine_batch_sizes(*config.engine, global_batch_size, *replicas, error)) {
+    const std::string pipeline = config.engine->pipeline.stages > 1
+                                     ? ", " + std::to_string(*replicas) + " data-parallel replica(s) of " +
+                                           std::to_string(config.engine->pipeline.stages) + " pipeline stages"
+                                     : std::string();
+    report(*engine, "engine", d, error + " (with resources.slots_per_trial: " + std::to_string(slots) + pipeline + ")");
   }
 }
 

@@ -1,6 +1,6 @@
 // The readers of the experiment schema's sections: searcher, resources, optimizations,
-// checkpoint_storage, launcher, scheduler and engine (the checks across sections are in
-// config_checks.cpp).
+// checkpoint_storage, launcher and scheduler (engine: config_engine.cpp; the checks across
+// sections are in config_checks.cpp).
 #include "config_schema.h"
 
 #include <fmt/core.h>
@@ -357,118 +357,6 @@ void read_scheduler(MapReader& r, SchedulerConfig& s) {
   // The rest belongs to one scheduler or another: the registry vets them (check_scheduler_config).
   s.options = r.rest();
   for (const ConfigEntry& option : s.options) s.written_at[option.key] = option.value.where();
-}
-
-void read_engine(MapReader& r, EngineConfig& e) {
-  Diagnostics& d = r.diagnostics();
-  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
-    if (const ConfigNode* n = r.get(key)) {
-      const std::string k = key;
-      auto& field = k == "train_batch_size" ? e.train_batch_size
-                    : k == "train_micro_batch_size_per_gpu" ? e.train_micro_batch_size_per_gpu
-                                                            : e.gradient_accumulation_steps;
-      field = read_int(*n, r.path(key), d, 1, kMaxLength);
-    }
-  }
-  if (const ConfigNode* n = r.get("gradient_clipping")) {
-    if (auto v = read_double(*n, r.path("gradient_clipping"), d, 0, 1e30, false)) e.gradient_clipping = *v;
-  }
-  if (const ConfigNode* n = r.get("zero_optimization")) {
-    if (expect_map(*n, r.path("zero_optimization"), d, "zero_optimization: {stage: 2}")) {
-      MapReader z(n, r.path("zero_optimization"), d);
-      if (const ConfigNode* stage = z.get("stage")) {
-        if (auto v = read_int(*stage, z.path("stage"), d, 0, 2)) e.zero_stage = static_cast<int>(*v);
-      }
-      if (const ConfigNode* size = z.get("reduce_bucket_size")) {
-        if (auto v = read_int(*size, z.path("reduce_bucket_size"), d, 1, kMaxLength)) e.reduce_bucket_size = *v;
-      }
-      z.finish();
-    }
-  }
-  if (const ConfigNode* n = r.get("bf16")) {
-    if (expect_map(*n, r.path("bf16"), d, "bf16: {enabled: true}")) {
-      MapReader b(n, r.path("bf16"), d);
-      if (const ConfigNode* enabled = b.get("enabled")) {
-        if (auto v = read_bool(*enabled, b.path("enabled"), d)) e.bf16 = *v;
-      }
-      b.finish();
-    }
-  }
-  if (const ConfigNode* n = r.get("fp16")) {
-    if (expect_map(*n, r.path("fp16"), d, "fp16: {enabled: true}")) {
-      MapReader f(n, r.path("fp16"), d);
-      auto& fp16 = e.fp16;
-      if (const ConfigNode* v = f.get("enabled")) {
-        if (auto x = read_bool(*v, f.path("enabled"), d)) fp16.enabled = *x;
-      }
-      if (const ConfigNode* v = f.get("loss_scale")) {
-        if (auto x = read_double(*v, f.path("loss_scale"), d, 0, 1e30, false)) fp16.loss_scale = *x;
-      }
-      if (const ConfigNode* v = f.get("initial_scale_power")) {
-        if (auto x = read_int(*v, f.path("initial_scale_power"), d, 0, 100)) fp16.initial_scale_power = static_cast<int>(*x);
-      }
-      if (const ConfigNode* v = f.get("loss_scale_window")) {
-        if (auto x = read_int(*v, f.path("loss_scale_window"), d, 1, kMaxLength)) fp16.loss_scale_window = *x;
-      }
-      if (const ConfigNode* v = f.get("hysteresis")) {
-        if (auto x = read_int(*v, f.path("hysteresis"), d, 1, 1'000'000)) fp16.hysteresis = static_cast<int>(*x);
-      }
-      if (const ConfigNode* v = f.get("min_loss_scale")) {
-        if (auto x = read_double(*v, f.path("min_loss_scale"), d, 0, 1e30, true)) fp16.min_loss_scale = *x;
-      }
-      if (fp16.min_loss_scale > std::ldexp(1.0, fp16.initial_scale_power)) {
-        report(*n, r.path("fp16"), d,
-               fmt::format("min_loss_scale ({}) is above the initial scale 2^initial_scale_power ({}); lower "
-                           "min_loss_scale or raise initial_scale_power",
-                           fp16.min_loss_scale, std::ldexp(1.0, fp16.initial_scale_power)));
-      }
-      f.finish();
-    }
-  }
-  r.finish();
-}
-
-std::optional<EngineBatch> resolve_engine_batch_sizes(const EngineConfig& engine,
-                                                      std::optional<std::int64_t> global_batch_size, int ranks,
-                                                      std::string& error) {
-  const auto total = global_batch_size ? global_batch_size : engine.train_batch_size;
-  const auto& micro = engine.train_micro_batch_size_per_gpu;
-  const auto& steps = engine.gradient_accumulation_steps;
-  const char* total_name =
-      global_batch_size ? "hyperparameters.global_batch_size (which sets train_batch_size)" : "train_batch_size";
-  EngineBatch b;
-  if (total && micro && steps) {
-    if (*micro * *steps * ranks != *total) {
-      error = fmt::format("{} is {} but train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x "
-                          "ranks ({}) is {}; change one of them, or leave one out to have it derived",
-                          total_name, *total, *micro, *steps, ranks, *micro * *steps * ranks);
-      return std::nullopt;
-    }
-    b = {*total, *micro, *steps};
-  } else if (total && (micro || steps)) {
-    const std::int64_t known = (micro ? *micro : *steps) * ranks;
-    if (*total % known != 0) {
-      error = fmt::format("{} ({}) is not a multiple of {} ({}) x ranks ({}) = {}; make it a multiple, e.g. {}",
-                          total_name, *total, micro ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps",
-                          micro ? *micro : *steps, ranks, known, std::max(known, *total / known * known));
-      return std::nullopt;
-    }
-    b = {*total, micro ? *micro : *total / known, steps ? *steps : *total / known};
-  } else if (total) {
-    if (*total % ranks != 0) {
-      error = fmt::format("{} ({}) is not a multiple of the {} ranks; make it a multiple, e.g. {}", total_name, *total,
-                          ranks, std::max<std::int64_t>(ranks, *total / ranks * ranks));
-      return std::nullopt;
-    }
-    b = {*total, *total / ranks, 1};
-  } else if (micro) {
-    b = {*micro * (steps ? *steps : 1) * ranks, *micro, steps ? *steps : 1};
-  } else {
-    error = "sets no batch size; set train_batch_size or train_micro_batch_size_per_gpu (or "
-            "hyperparameters.global_batch_size)";
-    return std::nullopt;
-  }
-  return b;
 }
 
 }  // namespace hpctrial::core::detail

@@ -187,6 +187,17 @@ void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
       << "loss_scale_window" << YAML::Value << e.fp16.loss_scale_window << YAML::Key << "hysteresis"
       << YAML::Value << e.fp16.hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
       << number(e.fp16.min_loss_scale) << YAML::EndMap;
+  out << YAML::Key << "pipeline" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stages"
+      << YAML::Value << e.pipeline.stages << YAML::Key << "partition_method" << YAML::Value;
+  if (e.pipeline.partition_method == "explicit") {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const auto bound : e.pipeline.bounds) out << bound;
+    out << YAML::EndSeq;
+  } else {
+    out << e.pipeline.partition_method;
+  }
+  out << YAML::Key << "activation_checkpoint_interval" << YAML::Value << e.pipeline.activation_checkpoint_interval
+      << YAML::EndMap;
   out << YAML::EndMap;
 }
 

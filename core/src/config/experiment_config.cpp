@@ -197,6 +197,16 @@ std::optional<EngineBatch> resolve_engine_batch(const EngineConfig& engine, std:
   return detail::resolve_engine_batch_sizes(engine, global_batch_size, ranks, error);
 }
 
+std::optional<int> engine_replicas(const EngineConfig& engine, int ranks, std::string& error) {
+  const int stages = engine.pipeline.stages;
+  if (stages < 1 || ranks % stages != 0) {
+    error = "pipeline.stages (" + std::to_string(stages) + ") does not divide the " + std::to_string(ranks) +
+            " ranks into data-parallel replicas of a whole pipeline; make the ranks a multiple of the stages";
+    return std::nullopt;
+  }
+  return ranks / stages;
+}
+
 ExperimentConfig load_experiment_config(const ConfigSources& sources) { return load_experiment_config(sources, ""); }
 
 namespace {

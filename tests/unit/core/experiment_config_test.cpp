@@ -906,6 +906,56 @@ TEST(EngineConfig, Fp16SectionIsReadAndWrittenBack) {
   EXPECT_EQ(defaults.min_loss_scale, 1);
 }
 
+TEST(EngineConfig, PipelineSectionIsReadAndWrittenBack) {
+  const ExperimentConfig c = parse_ok(std::string(kMinimal) +
+                                      "resources: {slots_per_trial: 8}\n"
+                                      "engine:\n"
+                                      "  train_batch_size: 64\n"
+                                      "  gradient_accumulation_steps: 4\n"
+                                      "  pipeline: {stages: 4, partition_method: [0, 2, 5, 7, 9], "
+                                      "activation_checkpoint_interval: 2}\n");
+  for (const ExperimentConfig& config : {c, parse_ok(to_yaml(c))}) {
+    ASSERT_TRUE(config.engine);
+    const auto& pipeline = config.engine->pipeline;
+    EXPECT_EQ(pipeline.stages, 4);
+    EXPECT_EQ(pipeline.partition_method, "explicit");
+    EXPECT_EQ(pipeline.bounds, (std::vector<std::int64_t>{0, 2, 5, 7, 9}));
+    EXPECT_EQ(pipeline.activation_checkpoint_interval, 2);
+  }
+  const auto uniform = parse_ok(std::string(kMinimal) + "resources: {slots_per_trial: 2}\n"
+                                "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: uniform}}\n");
+  EXPECT_EQ(uniform.engine->pipeline.partition_method, "uniform");
+  EXPECT_EQ(parse_ok(to_yaml(uniform)).engine->pipeline.partition_method, "uniform");
+  const auto defaults = parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->pipeline;
+  EXPECT_EQ(defaults.stages, 1);
+  EXPECT_EQ(defaults.partition_method, "parameters");
+  EXPECT_EQ(defaults.activation_checkpoint_interval, 0);
+  // The batch rule counts the data-parallel replicas: 8 ranks of 4 stages are 2 replicas.
+  std::string error;
+  EXPECT_EQ(engine_replicas(*c.engine, 8, error), 2);
+  EXPECT_FALSE(engine_replicas(*c.engine, 6, error));
+  EXPECT_THAT(error, HasSubstr("pipeline.stages (4) does not divide the 6 ranks"));
+}
+
+TEST(ConfigErrors, PipelineMistakesAreLocated) {
+  const std::string base = std::string(kMinimal) + "resources: {slots_per_trial: 4}\n";
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 3}}\n"),
+              HasSubstr("engine.pipeline: pipeline.stages (3) does not divide the 4 ranks into data-parallel replicas "
+                        "of a whole pipeline; make the ranks a multiple of the stages (resources.slots_per_trial: 4)"));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 7, pipeline: {stages: 2}}\n"),
+              HasSubstr("train_batch_size (7) is not a multiple of the 2 ranks; make it a multiple, e.g. 6 (with "
+                        "resources.slots_per_trial: 4, 2 data-parallel replica(s) of 2 pipeline stages)"));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: balanced}}\n"),
+              HasSubstr("engine.pipeline.partition_method: must be parameters (balance the parameter counts), uniform "
+                        "(balance the layer counts) or a list of bounds, e.g. [0, 4, 8]; got \"balanced\""));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: [0, 3, 3]}}\n"),
+              HasSubstr("the bounds must increase"));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: [0, 3, 5, 7]}}\n"),
+              HasSubstr("partition_method lists 4 bounds, which make 3 stage(s), but stages is 2"));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, checkpoint: 1}}\n"),
+              HasSubstr("engine.pipeline.checkpoint"));
+}
+
 TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
             "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 2, got \"5\"");

@@ -10,6 +10,7 @@
 #include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/pipeline.h"
 #include "hpctrial/trainer/random.h"
 #include "hpctrial/trainer/sampler.h"
 #include "hpctrial/trainer/summary_writer.h"
@@ -31,9 +32,14 @@ using trainer::EngineTrialContext;
 using trainer::GradScaler;
 using trainer::GradScalerOptions;
 using trainer::Hdf5Dataset;
+using trainer::LayerSpec;
 using trainer::Metrics;
 using trainer::ModelEngine;
+using trainer::ModelParallelUnit;
 using trainer::MetricValues;
+using trainer::PipelineLoss;
+using trainer::PipelineModule;
+using trainer::PipelineOptions;
 using trainer::Reducer;
 using trainer::StepMode;
 using trainer::StreamDataset;

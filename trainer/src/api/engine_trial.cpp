@@ -70,7 +70,15 @@ void ModelEngine::use_grad_scaler(std::shared_ptr<GradScaler> scaler) {
   scaler_ = std::move(scaler);
 }
 
+namespace {
+[[noreturn]] void refuse_on_pipeline(const char* call) {
+  throw ConfigError(std::string("ModelEngine::") + call + " on a pipeline engine: its forward, backward and step "
+                    "run together over the stages; call engine.train_batch(data) once a global batch instead");
+}
+}  // namespace
+
 void ModelEngine::backward(const torch::Tensor& unscaled_loss) {
+  if (pipeline_) refuse_on_pipeline("backward");
   at_micro_step();
   const torch::Tensor loss = scaler_ ? scaler_->scale(unscaled_loss) : unscaled_loss;
   if (!sharded_) {
@@ -103,6 +111,7 @@ bool ModelEngine::is_gradient_accumulation_boundary() const {
 }
 
 void ModelEngine::step() {
+  if (pipeline_) refuse_on_pipeline("step");
   at_micro_step();
   const bool boundary = is_gradient_accumulation_boundary();
   if (sharded_) {
@@ -179,7 +188,6 @@ void ModelEngine::sharded_step() {
 
 EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context) {
   const auto& engine = context.engine_config();
-  const std::int64_t ranks = context.distributed().size;
   if (!engine && context.aggregation_frequency() != 1) {
     throw ConfigError("optimizations.aggregation_frequency is " + std::to_string(context.aggregation_frequency()) +
                       ", but an engine trial accumulates gradients over engine.gradient_accumulation_steps "
@@ -187,10 +195,13 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
                       std::to_string(context.aggregation_frequency()) +
                       "}` to the experiment config and remove aggregation_frequency");
   }
-  // The loop resolved the engine section into the global batch and the accumulation steps.
+  if (engine && engine->pipeline.stages > 1) set_up_pipeline(engine->pipeline);
+  // The loop resolved the engine section into the global batch and the accumulation steps, over
+  // the data-parallel replicas.
+  const std::int64_t replicas = context.data_parallel_size();
   batch_.train_batch_size = context.global_batch_size();
   batch_.accumulation_steps = context.aggregation_frequency();
-  batch_.micro_batch_size = batch_.train_batch_size / (ranks * batch_.accumulation_steps);
+  batch_.micro_batch_size = batch_.train_batch_size / (replicas * batch_.accumulation_steps);
   if (engine) {
     gradient_clipping_ = engine->gradient_clipping;
     zero_stage_ = engine->zero_stage;
@@ -220,6 +231,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   if (engine->scaler_ && std::find(scalers.begin(), scalers.end(), engine->scaler_) == scalers.end()) {
     context_.wrap_scaler(engine->scaler_);
   }
+  if (pipe_) attach_pipeline(*engine);
   engine->context_ = &context_;
   engine->train_batch_size_ = batch_.train_batch_size;
   engine->micro_batch_size_ = batch_.micro_batch_size;
@@ -259,7 +271,7 @@ void EngineTrialContext::reshape(std::int64_t batch_idx, std::int64_t micro_batc
   steps_origin_ = batch_idx;
   batch_.micro_batch_size = micro_batch;
   batch_.accumulation_steps = accumulation;
-  batch_.train_batch_size = micro_batch * accumulation * context_.distributed().size;
+  batch_.train_batch_size = micro_batch * accumulation * context_.data_parallel_size();
   for (auto& engine : engines_) {
     engine->train_batch_size_ = batch_.train_batch_size;
     engine->micro_batch_size_ = micro_batch;
@@ -280,7 +292,7 @@ EngineTrialRunner::EngineTrialRunner(TrialContext& context, const Make& make)
     : context_(std::make_unique<EngineTrialContext>(context)) {
   trial_ = make(*context_);
   if (!trial_) throw ConfigError("the engine trial factory returned no trial");
-  if (context.has_model_parallelism()) {
+  if (context.has_model_parallelism() && context_->pipeline_stages() == 1) {
     throw NotSupported("an engine trial with a model-parallel unit (set_mpu on its TrialContext): the engine's batch "
                        "sizes are resolved over every rank, not over the data-parallel replicas; derive the trial "
                        "from Trial to split the model itself");
@@ -288,6 +300,15 @@ EngineTrialRunner::EngineTrialRunner(TrialContext& context, const Make& make)
   if (context_->model_engines().empty()) {
     throw ConfigError("the engine trial wrapped no model engine; build a ModelEngine from the model and its "
                       "optimizer and pass it to context.wrap_model_engine(...) in the constructor");
+  }
+  if (context_->pipeline_stages() > 1) {
+    for (const auto& engine : context_->model_engines()) {
+      if (!engine->is_pipeline()) {
+        throw ConfigError("engine.pipeline.stages is " + std::to_string(context_->pipeline_stages()) +
+                          ", but a wrapped engine's model is not a pipeline; build it with "
+                          "context.pipeline_module(layers, loss), or remove engine.pipeline");
+      }
+    }
   }
 }
 
@@ -337,7 +358,10 @@ Metrics EngineTrialRunner::train_batch(Batch& batch, std::int64_t epoch_idx, std
   const std::int64_t micro = context_->train_micro_batch_size_per_gpu();
   const std::int64_t steps = context_->gradient_accumulation_steps();
   std::vector<Batch> micro_batches;
-  if (listed_micro_batches_) {
+  if (batch.tensors().empty()) {
+    // A pipeline stage that reads no data: as many micro-batches, without records.
+    micro_batches.resize(static_cast<std::size_t>(steps));
+  } else if (listed_micro_batches_) {
     micro_batches = batch.items();
   } else if (steps == 1) {
     micro_batches.push_back(batch);
@@ -365,7 +389,10 @@ Metrics EngineTrialRunner::train_batch(Batch& batch, std::int64_t epoch_idx, std
       ++count;
     }
   }
-  const std::string how = context_->auto_grad_accumulation()
+  const std::string how = context_->pipeline_stages() > 1
+                              ? "with engine.pipeline, train_batch trains the global batch in one call of "
+                                "engine.train_batch(data)"
+                          : context_->auto_grad_accumulation()
                               ? "with automatic accumulation, each call of train_batch trains one micro-batch: "
                                 "data.next(), engine.backward(loss), engine.step()"
                               : "with disable_auto_grad_accumulation(), train_batch trains every micro-batch of the "

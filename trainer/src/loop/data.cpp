@@ -74,8 +74,15 @@ void Loop::resolve_engine_batch(TrialSettings& settings) const {
     global_batch_size = it->get<std::int64_t>();
   }
   std::string error;
-  const auto batch = core::resolve_engine_batch(*config_.engine, global_batch_size, comm_.size(), error);
-  if (!batch) throw ConfigError("engine: " + error + " (with " + std::to_string(comm_.size()) + " ranks)");
+  // Over the data-parallel replicas: a pipeline's stages share each micro-batch.
+  const auto replicas = core::engine_replicas(*config_.engine, comm_.size(), error);
+  if (!replicas) throw ConfigError("engine: " + error);
+  const auto batch = core::resolve_engine_batch(*config_.engine, global_batch_size, *replicas, error);
+  if (!batch) {
+    throw ConfigError("engine: " + error + " (with " + std::to_string(comm_.size()) + " ranks" +
+                      (*replicas != comm_.size() ? ", " + std::to_string(*replicas) + " data-parallel replica(s)" : "") +
+                      ")");
+  }
   settings.global_batch_size = batch->train_batch_size;
   settings.aggregation_frequency = batch->accumulation_steps;
   settings.engine = *config_.engine;
@@ -84,8 +91,14 @@ void Loop::resolve_engine_batch(TrialSettings& settings) const {
       core::log_info("hyperparameters.global_batch_size ({}) overrides engine.train_batch_size ({})",
                      *global_batch_size, *config_.engine->train_batch_size);
     }
-    core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} rank(s)",
-                   batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm_.size());
+    if (*replicas == comm_.size()) {
+      core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} rank(s)",
+                     batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm_.size());
+    } else {
+      core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} replica(s) of {} "
+                     "pipeline stages", batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps,
+                     *replicas, config_.engine->pipeline.stages);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "hpctrial/core/error.h"
+#include "parallel/autocast.h"
 #include "parallel/pipeline_plan.h"
 #include "state/state_io.h"
 
@@ -210,6 +211,7 @@ void PipelineRunner::forward(std::int64_t micro, const std::vector<torch::Tensor
 }
 
 void PipelineRunner::backward(std::int64_t micro) {
+  const AutocastPause pause;  // backward runs in the types forward chose
   const auto index = static_cast<std::size_t>(micro);
   if (stage_ == stages_ - 1) {
     const Stopwatch compute(compute_seconds_);
@@ -266,19 +268,24 @@ double PipelineRunner::clip_grad_norm(double max_norm) {
     gradients.push_back(parameter.grad());
     squares += parameter.grad().to(torch::kFloat64).pow(2).sum().item<double>();
   }
-  // Every stage's sum, over the host (the pipe may be a device communicator).
-  double total = 0;
-  for (const auto& bytes : pipe_.allgather(std::string(reinterpret_cast<const char*>(&squares), sizeof squares))) {
-    double part = 0;
-    std::memcpy(&part, bytes.data(), sizeof part);
-    total += part;
-  }
-  const double norm = std::sqrt(total);
+  const double norm = std::sqrt(sum_over_stages(squares));
   const double factor = max_norm / (norm + 1e-6);
   if (factor < 1) {
     for (auto& gradient : gradients) gradient.mul_(factor);
   }
   return norm;
+}
+
+// Every stage's value, summed over the host (the pipe may be a device communicator), in stage
+// order: the same sum on every stage.
+double PipelineRunner::sum_over_stages(double value) {
+  double total = 0;
+  for (const auto& bytes : pipe_.allgather(std::string(reinterpret_cast<const char*>(&value), sizeof value))) {
+    double part = 0;
+    std::memcpy(&part, bytes.data(), sizeof part);
+    total += part;
+  }
+  return total;
 }
 
 double PipelineRunner::evaluate(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets,

@@ -44,6 +44,8 @@ class PipelineRunner {
   // `max_norm`, as torch::nn::utils::clip_grad_norm_ does on one model; returns the norm before
   // (the same on every stage). A collective of the pipe.
   double clip_grad_norm(double max_norm);
+  // `value` summed over the stages; the same on every stage. A collective of the pipe.
+  double sum_over_stages(double value);
   // The most micro-batches whose activations this stage held at once in the last train().
   std::int64_t peak_in_flight() const { return peak_in_flight_; }
   // Seconds the last train() spent in this stage's forwards and backwards (the loss included),

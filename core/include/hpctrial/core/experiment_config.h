@@ -136,6 +136,16 @@ struct EngineConfig {
     int hysteresis = 2;  // overflows in a row skipped before the scale halves
     double min_loss_scale = 1;
   } fp16;
+  // pipeline: a model in `stages` pipeline stages (an engine trial whose model is a
+  // PipelineModule), on ranks = stages x data-parallel replicas.
+  struct Pipeline {
+    int stages = 1;
+    // "parameters" (balance parameter counts), "uniform" (balance layer counts) or "explicit"
+    // (`bounds`: the first layer of each stage, then the number of layers).
+    std::string partition_method = "parameters";
+    std::vector<std::int64_t> bounds;
+    int activation_checkpoint_interval = 0;  // layers a segment recomputed in backward; 0: none
+  } pipeline;
 };
 
 // The batch sizes an engine trial trains with: train_batch_size records a step across the
@@ -153,6 +163,9 @@ struct EngineBatch {
 // in `error` when the sizes do not agree or too few are set.
 std::optional<EngineBatch> resolve_engine_batch(const EngineConfig& engine, std::optional<std::int64_t> global_batch_size,
                                                 int ranks, std::string& error);
+// The data-parallel replicas of `ranks` with the engine's pipeline (ranks / stages); nullopt with
+// the reason in `error` when the stages do not divide them.
+std::optional<int> engine_replicas(const EngineConfig& engine, int ranks, std::string& error);
 
 struct Reproducibility {
   // Unset: chosen when the experiment is created, and recorded in its effective config.

@@ -48,6 +48,7 @@
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/grad_scaler.h"
 #include "hpctrial/trainer/metrics.h"
+#include "hpctrial/trainer/pipeline.h"
 #include "hpctrial/trainer/trial.h"
 #include "hpctrial/trainer/trial_context.h"
 
@@ -55,6 +56,7 @@ namespace hpctrial::trainer {
 
 namespace detail {
 class ShardedOptimizer;
+class PipelineRunner;
 struct EngineAccess;
 }  // namespace detail
 
@@ -105,6 +107,18 @@ class ModelEngine {
   void step();
   // Whether the next step() is the one that steps the optimizer.
   bool is_gradient_accumulation_boundary() const;
+
+  // A pipeline engine (its model the PipelineModule of context.pipeline_module(), with
+  // engine.pipeline in the config): one global batch, DeepSpeed's train_batch. Every micro-batch
+  // of `data` goes forward and backward through the stages in the 1F1B schedule (the inputs read
+  // on the first stage, the targets on the last); then the gradients are averaged over the
+  // data-parallel replicas and clipped to engine.gradient_clipping by their norm over every
+  // stage, and the optimizer and the LR scheduler step once. Returns the mean loss, on every
+  // rank. A collective of the pipeline's ranks; train_batch of the trial calls it once.
+  torch::Tensor train_batch(DataIterator& data);
+  // The same forward only, for the validation batch in `data`; the loss on every rank.
+  torch::Tensor eval_batch(DataIterator& data);
+  bool is_pipeline() const { return pipeline_ != nullptr; }
   // Loss scaling: backward() scales the loss, and the step divides the gradients by the scale
   // and is skipped, with the LR scheduler's, when any of them is inf or NaN on any rank.
   // engine.fp16 gives every engine one from its settings; a trial that keeps parts of its model
@@ -137,12 +151,14 @@ class ModelEngine {
   TrialContext& context() const;
   void at_micro_step() const;
   void sharded_step();
+  void pipeline_step();
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<torch::optim::LRScheduler> lr_scheduler_;
   TrialContext* context_ = nullptr;  // set by wrap_model_engine
   std::unique_ptr<detail::ShardedOptimizer> sharded_;  // ZeRO stage 1
+  std::unique_ptr<detail::PipelineRunner> pipeline_;   // a pipeline engine's stage
   std::shared_ptr<GradScaler> scaler_;
   std::int64_t micro_steps_ = 0;
   // Where the current accumulation began (an adaptive batch changes it as it trains): global
@@ -174,7 +190,16 @@ class EngineTrialContext {
   // train_batch is then called once per global batch, and runs its micro-batches itself:
   // gradient_accumulation_steps of them, each with backward() and step() on every engine.
   void disable_auto_grad_accumulation() { auto_grad_accumulation_ = false; }
-  bool auto_grad_accumulation() const { return auto_grad_accumulation_; }
+  bool auto_grad_accumulation() const { return auto_grad_accumulation_ && !pipe_; }
+
+  // engine.pipeline: this rank's stage of the pipeline (stage = rank % stages, its data-parallel
+  // replica rank / stages), and the PipelineModule of it built from the whole model's layers
+  // (only this stage's are constructed, each from the trial's seed and its index). Hand the
+  // module to a ModelEngine; train_batch is then called once per global batch and calls the
+  // engine's train_batch(data). ConfigError without engine.pipeline.
+  PipelineModule pipeline_module(std::vector<LayerSpec> layers, PipelineLoss loss) const;
+  int pipeline_stage() const { return stage_; }
+  int pipeline_stages() const;
 
   // The engine section, resolved for this run's ranks.
   std::int64_t train_batch_size() const { return batch_.train_batch_size; }
@@ -232,6 +257,11 @@ class EngineTrialContext {
   std::optional<GradScalerOptions> fp16_;  // engine.fp16's loss scaling
   std::vector<std::shared_ptr<ModelEngine>> engines_;
   bool auto_grad_accumulation_ = true;
+  // engine.pipeline: this rank's stage, and the ranks of its pipeline ranked by stage.
+  void set_up_pipeline(const core::EngineConfig::Pipeline& pipeline);
+  void attach_pipeline(ModelEngine& engine);
+  int stage_ = 0;
+  std::shared_ptr<comm::Communicator> pipe_;
   std::int64_t current_train_batch_ = 0;
   std::int64_t steps_origin_ = 0;  // as ModelEngine's
   std::int64_t micro_origin_ = 0;

@@ -1,0 +1,3 @@
+#include "pipeline_trial.h"
+
+HPCTRIAL_MAIN(pipeline_example::ClassifierTrial)
