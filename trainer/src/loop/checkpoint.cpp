@@ -35,7 +35,8 @@ void Loop::check_replicas(const std::string& when) {
   if (replicas() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
   detail::check_replicas(context_->data_parallel_communicator(),
-                         detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when);
+                         detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when,
+                         comm_.rank());
 }
 
 // The tests' fault hook in the middle of this rank's pieces (HPCTRIAL_FAULT's `shards`).

@@ -54,9 +54,9 @@ std::string ranks_text(const std::vector<int>& ranks) {
 }
 
 // "rank 0 holds 1234, ranks 1, 2, 3 hold 5678": the largest group first.
-std::string holders_text(const std::vector<std::int64_t>& values) {
+std::string holders_text(const std::vector<std::int64_t>& values, const std::vector<std::int64_t>& ranks) {
   std::map<std::int64_t, std::vector<int>> by_value;
-  for (std::size_t r = 0; r < values.size(); ++r) by_value[values[r]].push_back(static_cast<int>(r));
+  for (std::size_t r = 0; r < values.size(); ++r) by_value[values[r]].push_back(static_cast<int>(ranks[r]));
   std::vector<std::pair<std::int64_t, std::vector<int>>> groups(by_value.begin(), by_value.end());
   std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
     return a.second.size() != b.second.size() ? a.second.size() > b.second.size() : a.second.front() < b.second.front();
@@ -106,7 +106,7 @@ ReplicaChecksums replica_checksums(TrialContext& context, const ShardedOptimizer
   return out;
 }
 
-void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, const std::string& when) {
+void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, const std::string& when, int world_rank) {
   if (comm.size() == 1) return;
   // Bitwise complements turn the minimum into a maximum: one all-reduce gives both.
   const auto n = static_cast<std::int64_t>(mine.sums.size());
@@ -128,12 +128,16 @@ void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, cons
   if (first == mine.sums.size()) return;
   std::vector<std::int64_t> values(static_cast<std::size_t>(comm.size()));
   comm.allgather(&mine.sums[first], values.data(), 1, comm::DType::kInt64);
+  // Named by their ranks in the world (`comm` may be a data-parallel group).
+  std::vector<std::int64_t> ranks(static_cast<std::size_t>(comm.size()));
+  const std::int64_t me = world_rank < 0 ? comm.rank() : world_rank;
+  comm.allgather(&me, ranks.data(), 1, comm::DType::kInt64);
   const std::string& name = mine.names[first];
   const bool options = name.size() > 13 && name.compare(name.size() - 13, 13, "/param_groups") == 0;
   throw DivergenceError(
       "the ranks' replicas differ " + when + ": " + name + (options ? " (the optimizer's options, such as its "
                                                                       "learning rate)" : "") +
-      " is not the same on every rank (checksums: " + holders_text(values) + "). Every rank must make the same "
+      " is not the same on every rank (checksums: " + holders_text(values, ranks) + "). Every rank must make the same "
       "changes to the model and optimizers: code that runs on the chief alone (on_validation_end, "
       "on_checkpoint_end, a branch on the rank) must not change them; otherwise a rank computed differently "
       "(a faulty node). Training stops here, before replicas that differ are averaged or checkpointed");

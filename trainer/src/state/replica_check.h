@@ -36,6 +36,9 @@ ReplicaChecksums replica_checksums(TrialContext& context, const ShardedOptimizer
 // Compares `mine` across the ranks (every rank calls it, with the same names). Throws
 // DivergenceError on every rank when any entry differs, naming the first one, the ranks and
 // `when` ("at batch 500", "before the checkpoint at batch 500").
-void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, const std::string& when);
+// `comm`: the replicas (the world, or a data-parallel group); `world_rank` names this rank in the
+// message (its rank in `comm` when negative).
+void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, const std::string& when,
+                    int world_rank = -1);
 
 }  // namespace hpctrial::trainer::detail
