@@ -86,7 +86,8 @@ int run_jobs(const std::vector<std::string>& args) {
 
 Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
 ended), one line per task of a job array, with what their experiment directories say: batches
-trained and the latest checkpoint.
+trained and the latest checkpoint. A scheduler that cannot be asked is reported on stderr and
+the others' jobs are still listed; when none can be, the command fails.
 )" "\n");
   command_line.add_options()("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's");
   if (!command_line.parse(args)) return kExitOk;
@@ -106,6 +107,7 @@ trained and the latest checkpoint.
     if (scheduler->available()) here.push_back(scheduler);
   }
   if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
+  std::vector<std::string> unanswered;  // schedulers that could not be asked
   for (const core::Scheduler* scheduler : here) {
     try {
       for (const core::JobStatus& job : scheduler->user_jobs()) {
@@ -119,12 +121,22 @@ trained and the latest checkpoint.
       }
     } catch (const SchedulerError& e) {
       if (here.size() == 1) throw;
+      // The others' jobs are still listed; the exit status says the list is incomplete.
       std::cerr << "hpctrial jobs: " << scheduler->name() << ": " << e.what() << "\n";
+      unanswered.push_back(scheduler->name());
     }
   }
+  if (unanswered.size() == here.size()) {
+    throw SchedulerError("no scheduler on this machine could be asked for jobs (above); try again, or check that "
+                         "its controller is up");
+  }
   if (rows.size() == 1) {
-    std::cout << "no hpctrial jobs (the scheduler forgets a job some time after it ends; `hpctrial describe "
-                 "EXPDIR` still tells its story)\n";
+    std::string missing;
+    for (const auto& name : unanswered) missing += (missing.empty() ? "" : " and ") + name;
+    std::cout << "no hpctrial jobs"
+              << (missing.empty() ? "" : " in what answered (" + missing + " could not be asked; see above)")
+              << " (the scheduler forgets a job some time after it ends; `hpctrial describe EXPDIR` still tells its "
+                 "story)\n";
     return kExitOk;
   }
   std::vector<std::size_t> widths(rows.front().size(), 0);

@@ -288,9 +288,9 @@ TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
   EXPECT_TRUE(verify.ok()) << verify.out << verify.err;
 
   const auto listed = user({HPCTRIAL_CLI, "jobs"});
-  ASSERT_TRUE(listed.ok()) << listed.err;
-  EXPECT_THAT(listed.out, HasSubstr(second));
-  EXPECT_THAT(listed.out, testing::ContainsRegex(" H \\(held\\) "));
+  ASSERT_TRUE(listed.ok()) << listed.describe() << "\n" << listed.out << listed.err;
+  EXPECT_THAT(listed.out, HasSubstr(second)) << listed.err;
+  EXPECT_THAT(listed.out, testing::ContainsRegex(" H \\(held\\) ")) << listed.err;
   EXPECT_THAT(user({HPCTRIAL_CLI, "describe", experiment()}).out, HasSubstr("pbs:         " + second + " H (held)"));
   const auto again = user({HPCTRIAL_CLI, "pause", experiment()});
   EXPECT_TRUE(again.ok()) << again.err;
