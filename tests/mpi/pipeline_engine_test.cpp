@@ -2,7 +2,8 @@
 // 2 replicas, with and without ZeRO-1 over the replicas, and 4 stages): a pipeline of 8 layers
 // trains within 1e-6 of the same layers as one model on one rank with the same global batch,
 // validates alike, and a run stopped by SIGUSR2 on the first or on the last stage resumes
-// bitwise, and on fewer replicas within 1e-5.
+// bitwise, on fewer replicas within 1e-5, and on another number of stages and replicas within
+// 1e-5 over 100 more steps.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -229,6 +230,35 @@ TEST(PipelineEngine, AStopResumesOnFewerReplicas) {
   options.parameters_out = &whole;
   train(alone, dir + "/whole-" + std::to_string(world.rank()), setup, 20, options);
   expect_close(resumed, whole, 1e-5);
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// 2 stages x 2 replicas with ZeRO-1, stopped after global batch 7, resumed as 4 stages x 1
+// replica for 100 more: each stage takes its layers, and their optimizer state, from whichever
+// stage of the first run held them; within 1e-5 of the same layers trained whole on one rank.
+TEST(PipelineEngine, AStopResumesOnAnotherNumberOfStagesAndReplicas) {
+  comm::MpiCommunicator world(env().world());
+  if (world.size() != 4) GTEST_SKIP() << "2 stages x 2 replicas, then 4 stages, need 4 ranks";
+  const std::string dir = testing_mpi::shared_dir("hpctrial-pipeline-engine", "other-stages");
+  PipelineTrial::Options options;
+  options.signal_after = 7;
+  options.signal_rank = 1;
+  const LoopResult stopped = train(world, dir + "/run", {2, 1, 0.05}, 107, options);
+  EXPECT_TRUE(stopped.stopped_early);
+  EXPECT_EQ(stopped.batches_trained, 7);
+  std::map<std::string, torch::Tensor> resumed, whole;
+  options.signal_after = -1;
+  options.parameters_out = &resumed;
+  const LoopResult finished = train(world, dir + "/run", {4, 1, 0.05}, 107, options);
+  EXPECT_FALSE(finished.stopped_early);
+  EXPECT_EQ(finished.batches_trained, 107);
+  comm::LocalCommunicator alone;
+  options.pipeline = false;
+  options.parameters_out = &whole;
+  const LoopResult one = train(alone, dir + "/whole-" + std::to_string(world.rank()), {4, 1, 0.05}, 107, options);
+  expect_close(resumed, whole, 1e-5);
+  EXPECT_NEAR(finished.last_validation.at("validation_loss"), one.last_validation.at("validation_loss"), 1e-5);
   MPI_Barrier(env().world());
   if (env().is_chief()) std::filesystem::remove_all(dir);
 }

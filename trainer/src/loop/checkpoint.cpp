@@ -5,15 +5,13 @@
 #include "api/engine_access.h"
 #include "hpctrial/core/logging.h"
 #include "loop/loop.h"
+#include "state/pipeline_checkpoint.h"
 #include "state/replica_check.h"
 #include "state/sharded_checkpoint.h"
 #include "state/state_io.h"
 #include "parallel/zero.h"
 
 namespace hpctrial::trainer::detail {
-namespace {
-
-}  // namespace
 
 // This rank's pieces of a checkpoint every rank writes part of: its shards of the ZeRO optimizers;
 // with a model split over ranks, on the first replica's rank of each part but the chief's, that
@@ -21,7 +19,12 @@ namespace {
 ShardedSave Loop::save_shards(const ShardedOptimizers& sharded) {
   ShardedSave mine;
   for (const auto& [index, optimizer] : sharded) {
-    optimizer->save_shards(mine, identity_.part + "optimizer/" + std::to_string(index));
+    const std::string prefix = identity_.part + "optimizer/" + std::to_string(index);
+    optimizer->save_shards(mine, prefix);
+    if (identity_.parts > 1) {  // by the names of the model's parameters, as capture names a part's
+      const auto names = parameter_names(*context_, parameter_groups(*context_->optimizers()[index], optimizer));
+      mine.whole.add_text(prefix + "/param_names", names.dump());
+    }
   }
   if (identity_.parts > 1) {
     if (!chief() && replica() == 0) add_whole_pieces(mine, capture_part(*context_, identity_.part, &mine.whole));

@@ -58,6 +58,8 @@ void Loop::agree_on_model_parallelism() {
   }
   identity_.parts = parts;
   identity_.part = parts > 1 ? "model_parallel/" + std::to_string(part) + "/" : "";
+  // engine.pipeline's stages: the parts hold layers named by their place in the whole model.
+  identity_.pipeline = parts > 1 && config_.engine && config_.engine->pipeline.stages == parts;
   if (parts > 1 && chief()) {
     core::log_info("model parallelism: {} replica(s) of a model in {} parts", replicas, parts);
   }

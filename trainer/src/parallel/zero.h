@@ -143,6 +143,8 @@ class ShardedOptimizer {
   void zero_grad();
 
   const FlatLayout& layout(std::size_t group) const { return groups_.at(group).layout; }
+  // The model's parameters of each group, in the order save_whole numbers their state.
+  std::vector<std::vector<torch::Tensor>> parameter_groups() const;
   // This rank's part of bucket `bucket` of group `group` (an optimizer parameter).
   const torch::Tensor& part(std::size_t group, std::size_t bucket) const { return groups_.at(group).parts.at(bucket); }
 

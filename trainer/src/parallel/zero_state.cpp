@@ -41,6 +41,12 @@ nlohmann::json save_parts(torch::optim::Optimizer& optimizer, checkpoint::Conten
 
 }  // namespace
 
+std::vector<std::vector<torch::Tensor>> ShardedOptimizer::parameter_groups() const {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (const Group& group : groups_) out.push_back(group.params);
+  return out;
+}
+
 void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
   checkpoint::Contents parts;
   auto groups = save_parts(optimizer_, parts, contents, prefix);

@@ -11,6 +11,7 @@
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/text.h"
+#include "state/pipeline_checkpoint.h"
 #include "state/sharded_checkpoint.h"
 #include "state/state_io.h"
 #include "parallel/zero.h"
@@ -97,6 +98,11 @@ void add_model_state(checkpoint::Contents& c, Deferred* deferred, TrialContext& 
       continue;
     }
     save_optimizer(c, prefix, *optimizers[i], deferred);
+    // A part's optimizer state by the names of its parameters: another partition finds it (the
+    // loop adds them for ZeRO's, whose parameters are its own).
+    if (!part.empty()) {
+      c.add_text(prefix + "/param_names", parameter_names(context, parameter_groups(*optimizers[i], nullptr)).dump());
+    }
   }
 }
 
@@ -114,7 +120,11 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   Snapshot snapshot;
   checkpoint::Contents& c = snapshot.contents;
   add_model_state(c, defer ? &snapshot.deferred : nullptr, context, identity.part, whole_optimizers);
-  if (identity.parts > 1) c.add_text("meta/model_parallel", json({{"parts", identity.parts}}).dump());
+  if (identity.parts > 1) {
+    json parallel = {{"parts", identity.parts}};
+    if (identity.pipeline) parallel["pipeline"] = true;
+    c.add_text("meta/model_parallel", parallel.dump());
+  }
   const auto& schedulers = context.lr_schedulers();
   for (std::size_t i = 0; i < schedulers.size(); ++i) {
     const std::int64_t count = scheduler_step_count(*schedulers[i].scheduler);
@@ -234,17 +244,23 @@ void restore_model_tensors(const checkpoint::Contents& contents, const std::stri
   }
 }
 
-// A model split over ranks resumes on as many parts: each rank takes its own.
-void check_model_parts(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity) {
-  int parts = 1;
-  if (contents.find("meta/model_parallel") != nullptr) {
-    try {
-      parts = parse(contents, "meta/model_parallel", path).at("parts").get<int>();
-    } catch (const json::exception& e) {
-      throw CheckpointError(path + ": meta/model_parallel is malformed: " + e.what());
-    }
+// The parts of the model in the checkpoint (meta/model_parallel), and whether they are a
+// pipeline's stages.
+std::pair<int, bool> model_parts(const checkpoint::Contents& contents, const std::string& path) {
+  if (contents.find("meta/model_parallel") == nullptr) return {1, false};
+  try {
+    const json parallel = parse(contents, "meta/model_parallel", path);
+    return {parallel.at("parts").get<int>(), parallel.value("pipeline", false)};
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": meta/model_parallel is malformed: " + e.what());
   }
-  if (parts == identity.parts) return;
+}
+
+// A model split over ranks resumes on as many parts, each rank taking its own; a pipeline on any
+// number of stages.
+void check_model_parts(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity) {
+  const auto [parts, pipeline] = model_parts(contents, path);
+  if (parts == identity.parts || (pipeline && identity.pipeline)) return;
   const auto describe = [](int n) {
     return n == 1 ? std::string("a model whole on every rank") : "a model split into " + std::to_string(n) + " parts";
   };
@@ -298,16 +314,25 @@ void check_resumable(const checkpoint::Contents& contents, const std::string& pa
   for (const char* text : {"callbacks", "trial_state"}) parse(contents, text, path);
 }
 
-void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
+void restore(const checkpoint::Contents& file, const std::string& path, TrialContext& context, Trial& trial,
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded) {
-  check_resumable(contents, path, identity, allow_config_change);
+  check_resumable(file, path, identity, allow_config_change);
+  check_model_parts(file, path, identity);
+  // A pipeline written on another number of stages: this stage's layers from wherever they are.
+  const int parts = model_parts(file, path).first;
+  const auto repartitioned = parts != identity.parts ? std::optional(repartition(file, path, context, sharded,
+                                                                                 identity.part, identity.parts, parts))
+                                                     : std::nullopt;
+  const checkpoint::Contents& contents = repartitioned ? *repartitioned : file;
+  if (repartitioned && context.distributed().rank == 0) {
+    core::log_info("resuming a pipeline of {} stages from {}, written by {} stages", identity.parts, path, parts);
+  }
   const json hparams = parse(contents, "meta/hparams", path);
   if (hparams != identity.hparams) {
     core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
                       differences(hparams, identity.hparams));
   }
-  check_model_parts(contents, path, identity);
   restore_model_tensors(contents, path, context, identity.part);
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {

@@ -5,7 +5,8 @@
 //   optimizer/<i>/...       see state_io.h
 //   model_parallel/<k>/model/..., model_parallel/<k>/optimizer/...   the same for part k of a
 //                           model split over ranks (a model-parallel unit), with
-//                           meta/model_parallel {"parts": n}
+//                           meta/model_parallel {"parts": n}, and each part's
+//                           optimizer/<i>/param_names; a pipeline's stages add "pipeline": true
 //   scheduler/<i>/step_count, rng/cpu, sampler/records
 //   scaler/<i>              JSON: wrapped GradScaler i's scale and counters
 //   progress                JSON: batches, epochs, records, restart count, the loop's counters,
@@ -80,6 +81,9 @@ struct TrialIdentity {
   // rank's part in a checkpoint, "model_parallel/<part>/" (empty for a whole model).
   int parts = 1;
   std::string part;
+  // The parts are a pipeline's stages, whose layers are named by their index in the whole model:
+  // a checkpoint resumes on another number of stages (pipeline_checkpoint.h).
+  bool pipeline = false;
 };
 
 using Callbacks = std::map<std::string, std::shared_ptr<Callback>>;
