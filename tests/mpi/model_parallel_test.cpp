@@ -2,7 +2,8 @@
 // 2 parts) and 4 (two replicas): a hand-written 2-way tensor-parallel MLP trains like the whole
 // MLP on one rank with the same global batch; its checkpoint holds each part once, written by the
 // rank that owns it, and a run stopped by SIGUSR2 (on the chief, then on the last rank) resumes
-// bitwise; units that do not fit are refused with what to change.
+// bitwise; units that do not fit are refused with what to change. The same MLP in an engine trial
+// that sets its own unit trains alike, with ZeRO-1 over the replicas on 4 ranks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/rank/stop_signals.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "../unit/trainer/test_trial.h"
 #include "mpi_test_env.h"
 
@@ -247,6 +249,131 @@ TEST(ModelParallel, AUnitThatDoesNotFitTheRanksIsRefused) {
     EXPECT_THAT(e.what(), testing::HasSubstr("set_mpu on rank " + std::to_string(world.rank()) +
                                              ": data_parallel_world_size is 3, which does not divide the " +
                                              std::to_string(world.size()) + " ranks"));
+  }
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// The same MLP in an engine trial whose unit the trial sets (EngineTrialContext::set_mpu): the
+// engine section is resolved over the replicas, gradients averaged and ZeRO-1 sharded over the
+// data-parallel group.
+class EngineTensorParallelTrial : public EngineTrial {
+ public:
+  struct Options {
+    int parts = 1;
+    std::vector<torch::Tensor>* parameters_out = nullptr;
+    std::int64_t* micro_batch_out = nullptr;
+    bool unit_after_wrap = false;
+  };
+
+  EngineTensorParallelTrial(EngineTrialContext& context, Options options) : context_(context), options_(options) {
+    torch::manual_seed(7);
+    const auto x = torch::randn({kRecords, kIn});
+    const auto y = torch::sin(x.matmul(torch::linspace(-1, 1, kIn * kOut).reshape({kIn, kOut})));
+    data_ = std::make_shared<TensorDataset>(x, y);
+    comm::Communicator& world = context.communicator();
+    const int part = world.rank() % options.parts, replica = world.rank() / options.parts;
+    ModelParallelUnit unit;
+    if (options.parts > 1) {
+      unit.data_parallel_rank = replica;
+      unit.data_parallel_world_size = world.size() / options.parts;
+      unit.should_report_metrics = part == 0;
+      unit.data_parallel_group = std::shared_ptr<comm::Communicator>(world.split(part, replica));
+      parts_group_ = world.split(replica, part);
+      if (!options.unit_after_wrap) context.set_mpu(unit);
+    }
+    model_ = TensorParallelMlp(part, options.parts, parts_group_.get());
+    auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(),
+                                                          torch::optim::AdamOptions(context.hparam<double>("lr")));
+    engine_ = context.wrap_model_engine(std::make_shared<ModelEngine>(model_, optimizer));
+    if (options.unit_after_wrap) context.set_mpu(unit);
+    if (options.micro_batch_out != nullptr) *options.micro_batch_out = context.train_micro_batch_size_per_gpu();
+  }
+  ~EngineTensorParallelTrial() override {
+    if (options_.parameters_out == nullptr) return;
+    options_.parameters_out->clear();
+    for (const auto& p : model_->parameters()) options_.parameters_out->push_back(p.detach().clone());
+  }
+
+  Metrics train_batch(DataIterator& data, std::int64_t, std::int64_t) override {
+    const Batch batch = data.next();
+    const auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
+    engine_->backward(loss);
+    engine_->step();
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(DataIterator& data, std::int64_t) override {
+    const Batch batch = data.next();
+    return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
+  }
+  DataLoader build_training_data_loader() override { return {data_, context_.train_micro_batch_size_per_gpu()}; }
+  DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+
+ private:
+  EngineTrialContext& context_;
+  Options options_;
+  std::shared_ptr<TensorDataset> data_;
+  std::unique_ptr<comm::Communicator> parts_group_;
+  TensorParallelMlp model_{nullptr};
+  std::shared_ptr<ModelEngine> engine_;
+};
+
+LoopResult train_engine(comm::Communicator& comm, const std::string& dir, int zero,
+                        EngineTensorParallelTrial::Options options) {
+  LoopOptions loop;
+  loop.trial_dir = dir + "/trial";
+  loop.checkpoint_dir = dir + "/checkpoints";
+  loop.progress_interval_s = 0;
+  loop.experiment_seed = 3;
+  loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
+  const TrialFactory factory = [options](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<detail::EngineTrialRunner>(
+        context, [options](EngineTrialContext& engine) { return std::make_unique<EngineTensorParallelTrial>(engine, options); }));
+  };
+  const std::string yaml =
+      "name: tensor-parallel\nentrypoint: ./tensor_parallel\nhyperparameters: {lr: 0.01}\n"
+      "engine: {train_batch_size: 32, gradient_accumulation_steps: 2, zero_optimization: {stage: " +
+      std::to_string(zero) + "}}\nsearcher: {name: single, metric: validation_loss, smaller_is_better: true, "
+      "max_length: {batches: 20}}\nmin_validation_period: {batches: 10}\nresources: {slots_per_trial: " +
+      std::to_string(comm.size()) + "}\n";
+  return run_training(config_from(yaml), factory, comm, loop);
+}
+
+// On 2 ranks one replica of 2 parts (micro-batch 32 / (2 steps x 1 replica) = 16), on 4 two
+// replicas with ZeRO-1 over them (micro-batch 8): within 1e-6 of the whole MLP on one rank.
+TEST(ModelParallel, AnEngineTrialWithItsOwnUnitTrainsLikeTheWholeModelOnOneRank) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = testing_mpi::shared_dir("hpctrial-model-parallel", "engine");
+  const int replicas = world.size() / kParts;
+  std::vector<torch::Tensor> split, reference;
+  std::int64_t micro = 0;
+  EngineTensorParallelTrial::Options options;
+  options.parts = kParts;
+  options.parameters_out = &split;
+  options.micro_batch_out = &micro;
+  const LoopResult parallel = train_engine(world, dir, replicas > 1 ? 1 : 0, options);
+  EXPECT_EQ(micro, 32 / (2 * replicas));
+  comm::LocalCommunicator alone;
+  EngineTensorParallelTrial::Options whole_options;
+  whole_options.parameters_out = &reference;
+  const LoopResult one = train_engine(alone, dir + "/reference-" + std::to_string(world.rank()), 0, whole_options);
+  const auto gathered = whole(world, split);
+  ASSERT_EQ(gathered.size(), reference.size());
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    const double scale = reference[i].abs().max().item<double>() + 1e-12;
+    EXPECT_LT((gathered[i] - reference[i]).abs().max().item<double>() / scale, 1e-6) << "parameter " << i;
+  }
+  EXPECT_NEAR(parallel.last_validation.at("validation_loss"), one.last_validation.at("validation_loss"), 1e-6);
+
+  // A unit set once an engine holds batch sizes over every rank is refused.
+  options = {};
+  options.parts = kParts;
+  options.unit_after_wrap = true;
+  try {
+    train_engine(world, dir + "/late", 0, options);
+    ADD_FAILURE() << "set_mpu after wrap_model_engine was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("call set_mpu before wrap_model_engine"));
   }
   MPI_Barrier(env().world());
   if (env().is_chief()) std::filesystem::remove_all(dir);

@@ -51,6 +51,13 @@ void TrialContext::set_mpu(ModelParallelUnit unit) {
   resolve_global_batch_size(replicas);
 }
 
+void TrialContext::set_engine_batch(std::int64_t global_batch, std::int64_t accumulation) {
+  if (training_started_) throw InternalError("set_engine_batch after training started");
+  settings_.global_batch_size = global_batch;
+  global_batch_size_ = global_batch;
+  set_aggregation(accumulation, 0);
+}
+
 comm::Communicator& TrialContext::communicator_for(const torch::Device& device) const {
   if (device.is_cpu()) return *data_communicator_;
   if (data_device_communicator_ == nullptr) {

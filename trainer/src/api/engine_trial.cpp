@@ -11,6 +11,7 @@
 #include "api/engine_access.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
 #include "state/state_io.h"
 #include "parallel/zero.h"
 
@@ -196,12 +197,7 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
                       "}` to the experiment config and remove aggregation_frequency");
   }
   if (engine && engine->pipeline.stages > 1) set_up_pipeline(engine->pipeline);
-  // The loop resolved the engine section into the global batch and the accumulation steps, over
-  // the data-parallel replicas.
-  const std::int64_t replicas = context.data_parallel_size();
-  batch_.train_batch_size = context.global_batch_size();
-  batch_.accumulation_steps = context.aggregation_frequency();
-  batch_.micro_batch_size = batch_.train_batch_size / (replicas * batch_.accumulation_steps);
+  resolve_batch();
   if (engine) {
     gradient_clipping_ = engine->gradient_clipping;
     zero_stage_ = engine->zero_stage;
@@ -216,6 +212,49 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
       scaling.min_scale = scaling.dynamic ? fp16.min_loss_scale : 0;
       fp16_ = scaling;
     }
+  }
+}
+
+// The loop resolved the engine section into the global batch and the accumulation steps, over
+// the data-parallel replicas it knew of (the ranks, or a pipeline's replicas).
+void EngineTrialContext::resolve_batch() {
+  const std::int64_t replicas = context_.data_parallel_size();
+  batch_.train_batch_size = context_.global_batch_size();
+  batch_.accumulation_steps = context_.aggregation_frequency();
+  batch_.micro_batch_size = batch_.train_batch_size / (replicas * batch_.accumulation_steps);
+}
+
+void EngineTrialContext::set_mpu(ModelParallelUnit unit) {
+  if (pipe_) {
+    throw ConfigError("set_mpu: engine.pipeline makes the model-parallel unit itself (stages x replicas); remove "
+                      "engine.pipeline to split the model yourself, or leave the unit to the pipeline");
+  }
+  if (!engines_.empty()) {
+    throw ConfigError("set_mpu: an engine is wrapped already, with batch sizes over every rank; call set_mpu "
+                      "before wrap_model_engine");
+  }
+  context_.set_mpu(std::move(unit));
+  const auto& engine = context_.engine_config();
+  const int replicas = context_.data_parallel_size();
+  if (engine) {
+    // DeepSpeed's rule over the unit's data-parallel world: train = micro x accumulation x replicas.
+    std::optional<std::int64_t> global_batch_size;
+    if (const auto it = context_.hparams().find("global_batch_size"); it != context_.hparams().end()) {
+      global_batch_size = it->get<std::int64_t>();  // checked by the loop already
+    }
+    std::string error;
+    const auto batch = core::resolve_engine_batch(*engine, global_batch_size, replicas, error);
+    if (!batch) {
+      throw ConfigError("engine: " + error + " (with " + std::to_string(replicas) +
+                        " data-parallel replica(s) of the model-parallel unit)");
+    }
+    context_.set_engine_batch(batch->train_batch_size, batch->accumulation_steps);
+  }
+  resolve_batch();
+  if (context_.distributed().is_chief()) {
+    core::log_info("engine: with the model-parallel unit, train_batch_size {} = micro-batch {} x {} accumulation "
+                   "step(s) x {} data-parallel replica(s)", batch_.train_batch_size, batch_.micro_batch_size,
+                   batch_.accumulation_steps, replicas);
   }
 }
 
@@ -292,11 +331,6 @@ EngineTrialRunner::EngineTrialRunner(TrialContext& context, const Make& make)
     : context_(std::make_unique<EngineTrialContext>(context)) {
   trial_ = make(*context_);
   if (!trial_) throw ConfigError("the engine trial factory returned no trial");
-  if (context.has_model_parallelism() && context_->pipeline_stages() == 1) {
-    throw NotSupported("an engine trial with a model-parallel unit (set_mpu on its TrialContext): the engine's batch "
-                       "sizes are resolved over every rank, not over the data-parallel replicas; derive the trial "
-                       "from Trial to split the model itself");
-  }
   if (context_->model_engines().empty()) {
     throw ConfigError("the engine trial wrapped no model engine; build a ModelEngine from the model and its "
                       "optimizer and pass it to context.wrap_model_engine(...) in the constructor");

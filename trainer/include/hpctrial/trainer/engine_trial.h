@@ -201,7 +201,18 @@ class EngineTrialContext {
   int pipeline_stage() const { return stage_; }
   int pipeline_stages() const;
 
-  // The engine section, resolved for this run's ranks.
+  // A model-parallel unit of the trial's own (DeepSpeed's mpu, Determined's set_mpu; fields in
+  // trial_context.h): call it in the constructor, before wrap_model_engine. The engine section is
+  // then resolved over the unit's data-parallel replicas (train_batch_size = micro-batch x
+  // accumulation steps x replicas), gradients are averaged and ZeRO shards over its
+  // data_parallel_group, and the loop samples, reports and checkpoints as the unit says.
+  // ConfigError with engine.pipeline (which sets the unit itself) or after an engine is wrapped.
+  void set_mpu(ModelParallelUnit unit);
+  const ModelParallelUnit& mpu() const { return context_.mpu(); }
+  // Every rank of the trial (to split into the unit's groups, as on TrialContext).
+  comm::Communicator& communicator() const { return context_.communicator(); }
+
+  // The engine section, resolved for this run's ranks (over the data-parallel replicas).
   std::int64_t train_batch_size() const { return batch_.train_batch_size; }
   std::int64_t train_micro_batch_size_per_gpu() const { return batch_.micro_batch_size; }
   std::int64_t gradient_accumulation_steps() const { return batch_.accumulation_steps; }
@@ -260,6 +271,7 @@ class EngineTrialContext {
   // engine.pipeline: this rank's stage, and the ranks of its pipeline ranked by stage.
   void set_up_pipeline(const core::EngineConfig::Pipeline& pipeline);
   void attach_pipeline(ModelEngine& engine);
+  void resolve_batch();
   int stage_ = 0;
   std::shared_ptr<comm::Communicator> pipe_;
   std::int64_t current_train_batch_ = 0;

@@ -327,6 +327,10 @@ class TrialContext {
   // back after, so LR schedulers see their own); the squared norms of each step's gradients -
   // the ranks' mean of their own, and the averaged one's - are measured on more than one rank.
   void set_aggregation(std::int64_t frequency, std::int64_t first_batch);
+  // An engine trial's batch resolved again over the replicas of its model-parallel unit
+  // (EngineTrialContext::set_mpu), before training: `global_batch` records a step, in
+  // `accumulation` micro-batches on each replica.
+  void set_engine_batch(std::int64_t global_batch, std::int64_t accumulation);
   bool adaptive_batch() const { return settings_.adaptive_batch; }
   void set_lr_factor(double factor) { lr_factor_ = factor; }
   double lr_factor() const { return lr_factor_; }
