@@ -17,5 +17,8 @@ extern const std::size_t kStandaloneProject_count;
 // examples/standalone_engine: the same files, an engine trial.
 extern const EmbeddedFile kStandaloneEngineProject[];
 extern const std::size_t kStandaloneEngineProject_count;
+// examples/standalone_pipeline: the same files, an engine trial in pipeline stages.
+extern const EmbeddedFile kStandalonePipelineProject[];
+extern const std::size_t kStandalonePipelineProject_count;
 
 }  // namespace hpctrial::cli

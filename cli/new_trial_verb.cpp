@@ -1,5 +1,6 @@
-// hpctrial new-trial NAME [--engine]: a trial project of one's own, written from the stand-alone
-// example (examples/standalone, or examples/standalone_engine) with its names made NAME's.
+// hpctrial new-trial NAME [--engine | --pipeline]: a trial project of one's own, written from the
+// stand-alone example (examples/standalone, standalone_engine or standalone_pipeline) with its
+// names made NAME's.
 #include <boost/program_options.hpp>
 
 #include <cctype>
@@ -18,17 +19,20 @@ namespace fs = std::filesystem;
 namespace hpctrial::cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage: hpctrial new-trial NAME [--engine] [--dir DIR]
+constexpr const char* kUsage = R"(usage: hpctrial new-trial NAME [--engine | --pipeline] [--dir DIR]
 
 Writes a trial project into DIR (default ./NAME): NAME.cpp (a complete trial to make your own),
 CMakeLists.txt (it finds the installed hpctrial with find_package), experiment.yaml and a
 README. With --engine the trial is an engine trial (DeepSpeedTrial's API: a ModelEngine with
-micro-batch accumulation and ZeRO-2, configured by the experiment's engine section). NAME is a
-C++-friendly name: a lower-case letter, then lower-case letters, digits and _.
+micro-batch accumulation and ZeRO-2, configured by the experiment's engine section). With
+--pipeline it is an engine trial whose model is a list of layers in pipeline stages, one a rank
+(engine.pipeline; engine.train_batch runs the 1F1B schedule). NAME is a C++-friendly name: a
+lower-case letter, then lower-case letters, digits and _.
 
 examples:
   hpctrial new-trial segmenter
   hpctrial new-trial big_model --engine
+  hpctrial new-trial deep_model --pipeline
   cd segmenter && cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml
 
 )";
@@ -59,7 +63,8 @@ int run_new_trial(const std::vector<std::string>& args) {
   VerbArgs command_line(kUsage);
   command_line.add_options()
       ("dir,d", po::value(&dir)->value_name("DIR"), "where to write the project (default ./NAME)")
-      ("engine", "an engine trial (ModelEngine, ZeRO) rather than a Trial");
+      ("engine", "an engine trial (ModelEngine, ZeRO) rather than a Trial")
+      ("pipeline", "an engine trial whose model is in pipeline stages (engine.pipeline)");
   command_line.positional("name", &name);
   if (!command_line.parse(args)) return kExitOk;
   if (name.empty()) throw ConfigError("hpctrial new-trial: give the trial's name, e.g. `hpctrial new-trial segmenter`");
@@ -68,6 +73,11 @@ int run_new_trial(const std::vector<std::string>& args) {
   if (!valid) {
     throw ConfigError("hpctrial new-trial: \"" + name + "\" is not a trial name: a lower-case letter, then lower-case "
                       "letters, digits and _ (at most 64), e.g. my_model");
+  }
+  const bool engine = command_line.given("engine"), pipeline = command_line.given("pipeline");
+  if (engine && pipeline) {
+    throw ConfigError("hpctrial new-trial: --engine and --pipeline are two templates; give one (a pipeline trial "
+                      "is an engine trial already)");
   }
   if (dir.empty()) dir = name;
   std::error_code ec;
@@ -78,9 +88,10 @@ int run_new_trial(const std::vector<std::string>& args) {
   core::create_directories(dir, 0755);
   std::string dashed = name;
   replace_all(dashed, "_", "-");
-  const bool engine = command_line.given("engine");
-  const EmbeddedFile* files = engine ? kStandaloneEngineProject : kStandaloneProject;
-  const std::size_t count = engine ? kStandaloneEngineProject_count : kStandaloneProject_count;
+  const EmbeddedFile* files = pipeline ? kStandalonePipelineProject : engine ? kStandaloneEngineProject : kStandaloneProject;
+  const std::size_t count = pipeline ? kStandalonePipelineProject_count
+                            : engine ? kStandaloneEngineProject_count
+                                     : kStandaloneProject_count;
   for (std::size_t i = 0; i < count; ++i) {
     std::string file = files[i].name, text = files[i].text;
     replace_all(file, "my_trial", name);

@@ -3,8 +3,9 @@
 # plain PATH, the installed hpctrial runs, a project of one's own configures against the
 # exported CMake package, and the modulefiles load in a real Lmod (the Lua one, and the Tcl one
 # for Environment Modules), and, with nothing but `module load hpctrial`, the stand-alone
-# example builds and trains 2 ranks and `hpctrial new-trial` writes it renamed; all of it again, at the
-# same time, in a second install moved after it was installed. No build path may remain in what
+# example builds and trains 2 ranks and `hpctrial new-trial` writes it renamed, and the projects of
+# `new-trial --engine` and `--pipeline` build and train; most of it again, at the same time, in a
+# second install moved after it was installed. No build path may remain in what
 # was installed.
 #   install_test.sh BUILD_DIR
 set -euo pipefail
@@ -136,6 +137,22 @@ build_and_run_engine_project() {
     { cat "$work/engine.log"; fail "the engine project did not train as its engine section says"; }
 }
 
+# What `hpctrial new-trial --pipeline` writes builds and trains a model in 2 pipeline stages.
+build_and_run_pipeline_project() {
+  local prefix=$1
+  local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
+  rm -rf "$work/piped"
+  if ! clean bash -c "$steps && hpctrial new-trial deep_model --pipeline --dir '$work/piped' && cd '$work/piped' &&
+                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$work/piped.log" 2>&1; then
+    cat "$work/piped.log"
+    fail "the project of hpctrial new-trial --pipeline did not build and run"
+  fi
+  [[ -f $work/piped/runs/deep-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$work/piped.log"; fail "the pipeline project left no final checkpoint"; }
+  grep -q "engine: train_batch_size 64 = micro-batch 16 x 4 accumulation step(s) x 1 replica(s) of 2 pipeline stages" \
+    "$work/piped.log" || { cat "$work/piped.log"; fail "the pipeline project did not train in 2 stages"; }
+}
+
 # Installed twice: one prefix used where it was installed, one moved after its install.
 cmake --install "$build" --prefix "$tmp/first" >/dev/null
 cmake --install "$build" --prefix "$tmp/installed" >/dev/null
@@ -150,6 +167,7 @@ in_place() {
 moved() {
   check_prefix "$tmp/moved"
   build_and_run_example "$tmp/moved" no
+  build_and_run_pipeline_project "$tmp/moved"
   user_path=/bin:/usr/bin
   check_prefix "$tmp/moved"
   build_and_run_example "$tmp/moved" no

@@ -74,6 +74,22 @@ TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
   EXPECT_THAT(engine_text, HasSubstr("HPCTRIAL_MAIN(BigModel)"));
   const auto validated = hpctrial({"config", "validate", engine + "/experiment.yaml"});
   EXPECT_EQ(validated.exit_code, 0) << validated.err;
+  // --pipeline: an engine trial in pipeline stages, with engine.pipeline.
+  const std::string piped = (dir.path() / "p2").string();
+  const auto p = hpctrial({"new-trial", "deep_model", "--pipeline", "--dir", piped});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  std::ifstream piped_source(piped + "/deep_model.cpp");
+  const std::string piped_text((std::istreambuf_iterator<char>(piped_source)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(piped_text, HasSubstr("class DeepModel : public hpctrial::EngineTrial"));
+  EXPECT_THAT(piped_text, HasSubstr("context.pipeline_module(layers()"));
+  EXPECT_THAT(piped_text, HasSubstr("engine_->train_batch(data)"));
+  const auto piped_shown = hpctrial({"config", "show", piped + "/experiment.yaml"});
+  EXPECT_EQ(piped_shown.exit_code, 0) << piped_shown.err;
+  EXPECT_THAT(piped_shown.out, HasSubstr("stages: 2"));
+  const auto both = hpctrial({"new-trial", "x", "--engine", "--pipeline", "--dir", (dir.path() / "b").string()});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_THAT(both.err, HasSubstr("--engine and --pipeline are two templates; give one"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "b"));
 }
 
 // A site's defaults lie under everything else: site < template < config < --set.
