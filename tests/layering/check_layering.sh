@@ -50,7 +50,7 @@ for scheduler in slurm pbs; do
 done
 
 # Sources: which headers each folder may include.
-if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard"; then
+if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard" "$src/search"; then
   fail "a host-side folder includes MPI, CUDA, NCCL or LibTorch"
 fi
 if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/rank" "$src/comm" "$src/checkpoint" "$src/core"; then
@@ -100,7 +100,7 @@ if grep -rEn '== *"(slurm|pbs)"|"(slurm|pbs)" *==|!= *"(slurm|pbs)"' \
   fail "a scheduler name is compared outside slurm/, pbs/ and launcher/src/schedulers.cpp"
 fi
 
-product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs)
+product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs search)
 sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
 # One way to start a process and one way to publish a file.
 if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/os/subprocess.cpp'; then
@@ -113,7 +113,7 @@ fi
 # (core::ExperimentLayout, core::TrialLayout). A literal that is the name, or path parts ending in
 # '/' and then the name; "logs" and "launch" only after '/' or '+' (they are verbs too).
 path_start='"(/|[A-Za-z0-9_.{}-]*/)?'
-names='(experiment\.(yaml|json)|\.experiment\.lock|plot\.png|metrics\.jsonl|failures\.jsonl|runs\.jsonl|elastic\.json|launcher-state\.json|effective-config\.yaml|core-state\.json|stop-request|\.launcher\.lock|mpirun\.log|hostfile)"'
+names='(experiment\.(yaml|json)|\.experiment\.lock|plot\.png|search-events\.jsonl|\.search\.lock|metrics\.jsonl|failures\.jsonl|runs\.jsonl|elastic\.json|launcher-state\.json|effective-config\.yaml|core-state\.json|stop-request|\.launcher\.lock|mpirun\.log|hostfile)"'
 if sources | xargs grep -nE \
      -e "${path_start}${names}" \
      -e '"(checkpoints|tensorboard|traces|heartbeat)/?"' \
@@ -131,7 +131,7 @@ if sources | xargs grep -En '(cudaStream|cudaEvent)(Create|Destroy)' | grep -v '
   fail "a CUDA stream or event is made or destroyed outside comm/src/cuda_handles.h"
 fi
 # Top-level function bodies: at most 80 lines each, in the folders held to it so far.
-long=$(find "$src"/launcher "$src"/core "$src"/cli "$src"/rank "$src"/trainer "$src"/comm -name '*.cpp' -print0 |
+long=$(find "$src"/launcher "$src"/core "$src"/cli "$src"/rank "$src"/trainer "$src"/comm "$src"/search -name '*.cpp' -print0 |
        xargs -0 awk -v max=80 -f "$src/tests/layering/function_lengths.awk")
 [[ -n $long ]] && fail "functions over 80 lines (file:line: lines): $long"
 while read -r lines file; do

@@ -80,6 +80,8 @@ std::string ExperimentLayout::config() const { return join(dir, "experiment.yaml
 std::string ExperimentLayout::state() const { return join(dir, "experiment.json"); }
 std::string ExperimentLayout::lock_file() const { return join(dir, ".experiment.lock"); }
 std::string ExperimentLayout::plot() const { return join(dir, "plot.png"); }
+std::string ExperimentLayout::search_log() const { return join(dir, "search-events.jsonl"); }
+std::string ExperimentLayout::search_lock() const { return join(dir, ".search.lock"); }
 TrialLayout ExperimentLayout::trial(int trial_id) const {
   return TrialLayout{join(dir, TrialLayout::folder(trial_id))};
 }

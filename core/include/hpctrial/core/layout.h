@@ -109,6 +109,10 @@ struct ExperimentLayout {
   std::string lock_file() const;
   // <dir>/plot.png: where `hpctrial plot` draws when told no other file.
   std::string plot() const;
+  // <dir>/search-events.jsonl: an adaptive search's log of events (search/event_log.h), and
+  // <dir>/.search.lock, held while a worker reads it, decides and appends.
+  std::string search_log() const;
+  std::string search_lock() const;
   // The trial directory <dir>/trial-<id>.
   TrialLayout trial(int trial_id) const;
   // <dir>/trial-<id>: trial(trial_id).dir.

@@ -1,0 +1,62 @@
+// The search's state on the shared filesystem: an append-only log of events (asha.h), one JSON
+// object a line, in the experiment directory (core::ExperimentLayout::search_log()). A worker
+// takes the log's lock (core::lock_file_exclusive: flock, or an OFD lock where flock is not
+// supported), reads every line, replays them, decides, appends its events in one write, fsyncs
+// and lets go. The first line names the experiment; a log of another experiment is refused. A
+// line cut short by a worker that died mid-write is never read as an event: it is ignored, and
+// the next append cuts it off first.
+//
+//   {"event":"search","experiment_id":"...","time":"...","worker":"..."}
+//   {"event":"created","trial":3,"bracket":0,...}  {"event":"started","trial":3,"rung":0,...}
+//   {"event":"rung","trial":3,"rung":0,"metric":0.41,...}  {"event":"promoted","trial":3,"rung":1,...}
+//   {"event":"stopped"|"finished"|"failed","trial":3,"rung":1,...}
+// Metrics round-trip whatever their value (NaN and infinities as core::json_number writes them).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/files.h"
+#include "hpctrial/search/asha.h"
+
+namespace hpctrial::search {
+
+std::string to_json_line(const Event& event);
+// SearchError naming `where` (file:line) for a line that is not an event.
+Event parse_event(const std::string& line, const std::string& where);
+
+class EventLog {
+ public:
+  EventLog(std::string path, std::string lock_path, std::string experiment_id);
+
+  // The log's lock, held for a whole decision (read, decide, append). Blocks until it is free.
+  class Locked {
+   public:
+    Locked(Locked&&) = default;
+    Locked& operator=(Locked&&) = default;
+    // Every complete event, the search line first (written now when the log is new).
+    // SearchError for a log of another experiment or a malformed line (naming file:line).
+    std::vector<Event> read();
+    // Appends `events` (stamped with the time and `worker` when they have none) in one write,
+    // then fsyncs the file.
+    void append(std::vector<Event> events, const std::string& worker);
+
+   private:
+    friend class EventLog;
+    Locked(const EventLog& log, core::UniqueFd lock);
+    const EventLog* log_;
+    core::UniqueFd lock_;
+  };
+  Locked lock() const;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, lock_path_, experiment_id_;
+};
+
+// Replays `events` into a search of `options`; SearchError naming the log and the line of the
+// first event that does not follow.
+Asha replay(const AshaOptions& options, const std::vector<Event>& events, const std::string& path);
+
+}  // namespace hpctrial::search

@@ -1,0 +1,303 @@
+#include "hpctrial/search/asha.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+
+namespace hpctrial::search {
+namespace {
+
+// int(log(x) / log(divisor)) + 1, a power of the divisor counting as one (log(1000) / log(10)
+// is 2.9999999999999996 in doubles).
+int rungs_that_fit(double x, double divisor) {
+  return static_cast<int>(std::floor(std::log(x) / std::log(divisor) + 1e-9)) + 1;
+}
+
+std::vector<int> bracket_rungs_of(const AshaOptions& o) {
+  if (o.num_rungs > 0) return {o.num_rungs};
+  if (!o.bracket_rungs.empty()) return o.bracket_rungs;
+  // The top rung must be able to hold a trial: no more rungs than max_length and max_trials allow.
+  const int max_rungs = std::max(1, std::min({o.max_rungs, rungs_that_fit(static_cast<double>(o.max_length), o.divisor),
+                                              rungs_that_fit(o.max_trials, o.divisor)}));
+  std::vector<int> out;
+  switch (o.mode) {
+    case AshaOptions::Mode::kAggressive:
+      out = {max_rungs};
+      break;
+    case AshaOptions::Mode::kStandard:
+      for (int i = (max_rungs - 1) / 2 + 1; i <= max_rungs; ++i) out.push_back(i);
+      break;
+    case AshaOptions::Mode::kConservative:
+      for (int i = 1; i <= max_rungs; ++i) out.push_back(i);
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* to_string(Event::Kind kind) {
+  switch (kind) {
+    case Event::Kind::kSearch: return "search";
+    case Event::Kind::kCreated: return "created";
+    case Event::Kind::kStarted: return "started";
+    case Event::Kind::kRung: return "rung";
+    case Event::Kind::kPromoted: return "promoted";
+    case Event::Kind::kStopped: return "stopped";
+    case Event::Kind::kFinished: return "finished";
+    case Event::Kind::kFailed: return "failed";
+  }
+  return "?";
+}
+
+std::vector<std::int64_t> rung_lengths(int rungs, double divisor, std::int64_t max_length) {
+  std::vector<std::int64_t> out;
+  for (int k = 0; k < rungs; ++k) {
+    const double downsampling = std::pow(divisor, rungs - k - 1);
+    out.push_back(std::max<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(max_length) / downsampling), 1));
+  }
+  return out;
+}
+
+std::vector<Bracket> make_brackets(const AshaOptions& o) {
+  std::vector<int> rungs = bracket_rungs_of(o);
+  // Brackets that stop more trials early first: they speed the search up soonest.
+  std::sort(rungs.begin(), rungs.end(), std::greater<>());
+  // Roughly equal compute per bracket: a bracket of r rungs evaluates divisor^(r-1) trials in
+  // about r x max_length.
+  std::vector<double> weights;
+  for (const int r : rungs) weights.push_back(std::pow(o.divisor, r - 1) / r);
+  const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+  std::vector<Bracket> out;
+  int allocated = 0;
+  for (std::size_t i = 0; i < rungs.size(); ++i) {
+    Bracket b;
+    b.rungs = rungs[i];
+    b.max_trials = std::max(static_cast<int>(weights[i] / total * o.max_trials), 1);
+    allocated += b.max_trials;
+    out.push_back(b);
+  }
+  out[0].max_trials += std::max(o.max_trials - allocated, 0);
+  // max_concurrent_trials shared evenly, the remainder to the most aggressive brackets.
+  const int brackets = static_cast<int>(out.size());
+  const int concurrent = std::max(o.max_concurrent_trials, brackets);
+  for (int i = 0; i < brackets; ++i) out[i].max_concurrent_trials = concurrent / brackets + (i < concurrent % brackets ? 1 : 0);
+  return out;
+}
+
+Asha::Asha(AshaOptions options) : options_(std::move(options)), brackets_(make_brackets(options_)) {
+  for (const auto& b : brackets_) {
+    lengths_.push_back(rung_lengths(b.rungs, options_.divisor, options_.max_length));
+    rungs_.emplace_back(static_cast<std::size_t>(b.rungs));
+  }
+}
+
+std::int64_t Asha::length(int bracket, int rung) const {
+  return lengths_.at(static_cast<std::size_t>(bracket)).at(static_cast<std::size_t>(rung));
+}
+
+// Better first: a smaller (or, with smaller_is_better false, larger) metric; NaN last; among
+// equals, the one that arrived first.
+bool Asha::better(const Arrival& a, const Arrival& b) const {
+  const bool a_nan = std::isnan(a.metric), b_nan = std::isnan(b.metric);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a.metric != b.metric) return options_.smaller_is_better ? a.metric < b.metric : a.metric > b.metric;
+  return a.order < b.order;
+}
+
+std::vector<Asha::Arrival> Asha::ranked(int bracket, int rung) const {
+  auto out = rungs_.at(static_cast<std::size_t>(bracket)).at(static_cast<std::size_t>(rung));
+  std::stable_sort(out.begin(), out.end(), [this](const Arrival& a, const Arrival& b) { return better(a, b); });
+  return out;
+}
+
+std::vector<std::pair<int, double>> Asha::standings(int bracket, int rung) const {
+  std::vector<std::pair<int, double>> out;
+  for (const auto& a : ranked(bracket, rung)) out.emplace_back(a.trial, a.metric);
+  return out;
+}
+
+void Asha::apply(const Event& e) {
+  const auto wrong = [&](const std::string& why) {
+    return SearchError(std::string("a '") + to_string(e.kind) + "' event of trial " + std::to_string(e.trial) +
+                           " " + why);
+  };
+  if (e.kind == Event::Kind::kSearch) {
+    if (has_search_ || !trials_.empty()) throw wrong("comes after the search began");
+    has_search_ = true;
+    return;
+  }
+  if (e.kind == Event::Kind::kCreated) {
+    if (e.trial != created()) throw wrong("is out of order: the next trial is " + std::to_string(created()));
+    if (e.bracket < 0 || e.bracket >= static_cast<int>(brackets_.size())) {
+      throw wrong("names bracket " + std::to_string(e.bracket) + " of " + std::to_string(brackets_.size()));
+    }
+    TrialState t;
+    t.trial = e.trial;
+    t.bracket = e.bracket;
+    trials_[e.trial] = t;
+    return;
+  }
+  const auto it = trials_.find(e.trial);
+  if (it == trials_.end()) throw wrong("names a trial that was never created");
+  TrialState& t = it->second;
+  const int top = brackets_[static_cast<std::size_t>(t.bracket)].rungs - 1;
+  if (e.rung < 0 || e.rung > top) throw wrong("names rung " + std::to_string(e.rung) + " past the bracket's");
+  const auto arrive = [&](double metric) {
+    t.metrics.push_back(metric);
+    rungs_[static_cast<std::size_t>(t.bracket)][static_cast<std::size_t>(t.rung)].push_back({t.trial, metric, arrivals_++});
+  };
+  switch (e.kind) {
+    case Event::Kind::kStarted:
+      if (e.rung != t.rung || t.finished || t.stopped || t.failed) throw wrong("does not continue the trial");
+      t.training = true;
+      break;
+    case Event::Kind::kRung:
+      if (!t.training || e.rung != t.rung) throw wrong("reaches a rung the trial was not training toward");
+      t.training = false;
+      arrive(e.metric);
+      if (e.rung == top) t.finished = true;
+      // With stop_once a rung's decision is appended with it; a log that ends between the two
+      // (the worker died) leaves the trial stopped.
+      if (options_.stop_once && e.rung < top) t.stopped = true;
+      break;
+    case Event::Kind::kPromoted:
+      if (t.training || e.rung != t.rung + 1 || static_cast<int>(t.metrics.size()) != e.rung || t.failed) {
+        throw wrong("promotes a trial that has not reached rung " + std::to_string(e.rung - 1));
+      }
+      t.rung = e.rung;
+      t.training = true;
+      t.stopped = false;
+      break;
+    case Event::Kind::kStopped:
+      t.stopped = true;
+      t.training = false;
+      break;
+    case Event::Kind::kFinished:
+      t.finished = true;
+      break;
+    case Event::Kind::kFailed:
+      // Ranked last at the rung it trained toward, so that the rung's counts move on.
+      if (t.training) arrive(std::nan(""));
+      t.training = false;
+      t.failed = true;
+      break;
+    default:
+      break;
+  }
+}
+
+AfterRung Asha::after_rung(int trial, int rung) const {
+  const TrialState& t = trials_.at(trial);
+  const Bracket& b = brackets_[static_cast<std::size_t>(t.bracket)];
+  if (rung == b.rungs - 1) return AfterRung::kFinish;
+  const auto all = ranked(t.bracket, rung);
+  const int n = static_cast<int>(all.size());
+  const int top = static_cast<int>(static_cast<double>(n) / options_.divisor);
+  if (options_.stop_once) {
+    // Determined's asha_stopping: the trial is placed before those equal to it.
+    const Arrival* mine = nullptr;
+    for (const auto& a : all) {
+      if (a.trial == trial) mine = &a;
+    }
+    int ahead = 0;
+    for (const auto& a : all) {
+      if (a.trial != trial && better(a, *mine) && !(a.metric == mine->metric)) ++ahead;
+    }
+    return ahead < std::max(top, 1) ? AfterRung::kContinue : AfterRung::kStop;
+  }
+  for (int i = 0; i < top; ++i) {
+    if (all[static_cast<std::size_t>(i)].trial == trial) return AfterRung::kContinue;
+  }
+  return AfterRung::kPause;
+}
+
+// The best trial that stands in the top floor(n / divisor) of a rung and has not gone past it,
+// from the highest rung down (brackets in order); `prefer` first when it is one.
+std::optional<Decision> Asha::promotion(std::optional<int> prefer) const {
+  if (options_.stop_once) return std::nullopt;
+  const auto promotable = [&](int trial, int bracket, int rung) {
+    const TrialState& t = trials_.at(trial);
+    return t.bracket == bracket && t.rung == rung && !t.training && !t.finished && !t.stopped && !t.failed &&
+           static_cast<int>(t.metrics.size()) == rung + 1;
+  };
+  const auto decision = [&](int trial, int bracket, int rung) {
+    Decision d;
+    d.kind = Decision::Kind::kRun;
+    d.trial = trial;
+    d.bracket = bracket;
+    d.rung = rung + 1;
+    d.length = length(bracket, rung + 1);
+    d.promote = true;
+    return d;
+  };
+  if (prefer) {
+    const TrialState& t = trials_.at(*prefer);
+    if (promotable(*prefer, t.bracket, t.rung) && after_rung(*prefer, t.rung) == AfterRung::kContinue) {
+      return decision(*prefer, t.bracket, t.rung);
+    }
+  }
+  int highest = 0;
+  for (const auto& b : brackets_) highest = std::max(highest, b.rungs - 2);
+  for (int rung = highest; rung >= 0; --rung) {
+    for (int bracket = 0; bracket < static_cast<int>(brackets_.size()); ++bracket) {
+      if (rung > brackets_[static_cast<std::size_t>(bracket)].rungs - 2) continue;
+      const auto all = ranked(bracket, rung);
+      const int top = static_cast<int>(static_cast<double>(all.size()) / options_.divisor);
+      for (int i = 0; i < top; ++i) {
+        const int trial = all[static_cast<std::size_t>(i)].trial;
+        if (promotable(trial, bracket, rung)) return decision(trial, bracket, rung);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// The next trial to sample, in the first bracket with trials left and room under its share of
+// the workers (else the first with trials left).
+std::optional<Decision> Asha::new_trial(const std::function<bool(int)>& running) const {
+  std::vector<int> made(brackets_.size(), 0), busy(brackets_.size(), 0);
+  for (const auto& [id, t] : trials_) {
+    ++made[static_cast<std::size_t>(t.bracket)];
+    if (t.training && running(id)) ++busy[static_cast<std::size_t>(t.bracket)];
+  }
+  std::optional<int> chosen;
+  for (int b = 0; b < static_cast<int>(brackets_.size()) && !chosen; ++b) {
+    const Bracket& bracket = brackets_[static_cast<std::size_t>(b)];
+    if (made[b] < bracket.max_trials && busy[b] < bracket.max_concurrent_trials) chosen = b;
+  }
+  for (int b = 0; b < static_cast<int>(brackets_.size()) && !chosen; ++b) {
+    if (made[b] < brackets_[static_cast<std::size_t>(b)].max_trials) chosen = b;
+  }
+  if (!chosen) return std::nullopt;
+  Decision d;
+  d.kind = Decision::Kind::kRun;
+  d.trial = created();
+  d.bracket = *chosen;
+  d.rung = 0;
+  d.length = length(*chosen, 0);
+  d.create = true;
+  return d;
+}
+
+Decision Asha::next(const std::function<bool(int trial)>& running, std::optional<int> prefer) const {
+  // A trial left half-way by a worker that is gone (killed, preempted, requeued) goes on first.
+  for (const auto& [id, t] : trials_) {
+    if (t.training && !running(id)) {
+      Decision d;
+      d.kind = Decision::Kind::kRun;
+      d.trial = id;
+      d.bracket = t.bracket;
+      d.rung = t.rung;
+      d.length = length(t.bracket, t.rung);
+      d.resume = true;
+      return d;
+    }
+  }
+  if (auto d = promotion(prefer)) return *d;
+  if (auto d = new_trial(running)) return *d;
+  return {};
+}
+
+}  // namespace hpctrial::search

@@ -1,0 +1,151 @@
+#include "hpctrial/search/event_log.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/text.h"
+
+namespace hpctrial::search {
+namespace {
+
+using json = nlohmann::json;
+
+const std::map<std::string, Event::Kind>& kinds() {
+  static const std::map<std::string, Event::Kind> all = {
+      {"search", Event::Kind::kSearch},     {"created", Event::Kind::kCreated}, {"started", Event::Kind::kStarted},
+      {"rung", Event::Kind::kRung},         {"promoted", Event::Kind::kPromoted}, {"stopped", Event::Kind::kStopped},
+      {"finished", Event::Kind::kFinished}, {"failed", Event::Kind::kFailed}};
+  return all;
+}
+
+[[noreturn]] void throw_errno(const std::string& what) { throw IoError(what + ": " + std::strerror(errno)); }
+
+}  // namespace
+
+std::string to_json_line(const Event& e) {
+  json j = {{"event", to_string(e.kind)}};
+  if (e.kind == Event::Kind::kSearch) {
+    j["experiment_id"] = e.experiment_id;
+  } else {
+    j["trial"] = e.trial;
+    if (e.kind == Event::Kind::kCreated) j["bracket"] = e.bracket;
+    if (e.kind != Event::Kind::kCreated) j["rung"] = e.rung;
+    if (e.kind == Event::Kind::kRung) j["metric"] = core::json_number(e.metric);
+  }
+  if (!e.time.empty()) j["time"] = e.time;
+  if (!e.worker.empty()) j["worker"] = e.worker;
+  return j.dump() + "\n";
+}
+
+Event parse_event(const std::string& line, const std::string& where) {
+  Event e;
+  try {
+    const json j = json::parse(line);
+    const auto kind = kinds().find(j.at("event").get<std::string>());
+    if (kind == kinds().end()) throw SearchError(where + ": unknown event '" + j.at("event").get<std::string>() + "'");
+    e.kind = kind->second;
+    if (e.kind == Event::Kind::kSearch) {
+      e.experiment_id = j.at("experiment_id").get<std::string>();
+    } else {
+      e.trial = j.at("trial").get<int>();
+      e.bracket = j.value("bracket", 0);
+      e.rung = j.value("rung", 0);
+    }
+    if (e.kind == Event::Kind::kRung) {
+      const auto metric = core::number_of(j.at("metric"));
+      if (!metric) throw SearchError(where + ": the metric " + j.at("metric").dump() + " is not a number");
+      e.metric = *metric;
+    }
+    e.time = j.value("time", "");
+    e.worker = j.value("worker", "");
+  } catch (const json::exception& ex) {
+    throw SearchError(where + ": not an event of a search log (" + ex.what() + ")");
+  }
+  return e;
+}
+
+EventLog::EventLog(std::string path, std::string lock_path, std::string experiment_id)
+    : path_(std::move(path)), lock_path_(std::move(lock_path)), experiment_id_(std::move(experiment_id)) {}
+
+EventLog::Locked EventLog::lock() const {
+  core::UniqueFd fd(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) throw_errno("cannot open " + lock_path_);
+  core::lock_file_exclusive(fd.get(), lock_path_, core::LockWait::kWait);
+  return Locked(*this, std::move(fd));
+}
+
+EventLog::Locked::Locked(const EventLog& log, core::UniqueFd lock) : log_(&log), lock_(std::move(lock)) {}
+
+std::vector<Event> EventLog::Locked::read() {
+  std::vector<Event> out;
+  std::ifstream in(log_->path_, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::size_t start = 0;
+  for (int number = 1; start < text.size(); ++number) {
+    const std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) break;  // cut short by a worker that died writing it
+    out.push_back(parse_event(text.substr(start, end - start), log_->path_ + ":" + std::to_string(number)));
+    start = end + 1;
+  }
+  if (out.empty()) {
+    Event search;
+    search.kind = Event::Kind::kSearch;
+    search.experiment_id = log_->experiment_id_;
+    append({search}, "");
+    out.push_back(search);
+  } else if (out.front().kind != Event::Kind::kSearch) {
+    throw SearchError(log_->path_ + ":1: the log does not begin with the search's line, which names its experiment");
+  } else if (out.front().experiment_id != log_->experiment_id_) {
+    throw SearchError(log_->path_ + " is the search of experiment " + out.front().experiment_id + ", not of this one (" +
+                      log_->experiment_id_ + "): a search continues only its own log; move that file away, or run "
+                      "the experiment it belongs to");
+  }
+  return out;
+}
+
+void EventLog::Locked::append(std::vector<Event> events, const std::string& worker) {
+  std::string text;
+  const std::string now = core::utc_now_iso();
+  for (auto& e : events) {
+    if (e.time.empty()) e.time = now;
+    if (e.worker.empty()) e.worker = worker;
+    text += to_json_line(e);
+  }
+  const std::string& path = log_->path_;
+  core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) throw_errno("cannot open " + path);
+  struct ::stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat " + path);
+  // A last line cut short: cut it off before appending.
+  off_t end = st.st_size;
+  char last = '\n';
+  while (end > 0 && ::pread(fd.get(), &last, 1, end - 1) == 1 && last != '\n') --end;
+  if (end != st.st_size && ::ftruncate(fd.get(), end) != 0) throw_errno("cannot cut the torn last line of " + path);
+  if (::lseek(fd.get(), end, SEEK_SET) < 0) throw_errno("cannot seek in " + path);
+  core::write_fully(fd.get(), text, path);
+  if (::fsync(fd.get()) != 0) throw_errno("cannot fsync " + path);
+}
+
+Asha replay(const AshaOptions& options, const std::vector<Event>& events, const std::string& path) {
+  Asha asha(options);
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    try {
+      asha.apply(events[i]);
+    } catch (const SearchError& e) {
+      throw SearchError(path + ":" + std::to_string(i + 1) + ": " + e.what());
+    }
+  }
+  return asha;
+}
+
+}  // namespace hpctrial::search

@@ -1,0 +1,393 @@
+// The asynchronous successive halving of adaptive_asha and async_halving against hand-worked
+// cases: the brackets and rung lengths of each mode (Determined's formulas), promotions in the
+// asynchronous order, stop_once, a worker's trial taken over, failures; a replay of the log gives
+// the same decisions; and the log on disk: NaN and infinities round-trip, a torn last line is
+// never read, another experiment's log is refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "hpctrial/search/asha.h"
+#include "hpctrial/search/event_log.h"
+#include "../../support/temp_dir.h"
+
+namespace hpctrial::search {
+namespace {
+
+using testing::HasSubstr;
+
+// An event as the workers append them.
+Event ev(Event::Kind kind, int trial = -1, int bracket = 0, int rung = 0, double metric = 0) {
+  Event e;
+  e.kind = kind;
+  e.trial = trial;
+  e.bracket = bracket;
+  e.rung = rung;
+  e.metric = metric;
+  return e;
+}
+
+std::vector<int> rungs_of(const std::vector<Bracket>& brackets) {
+  std::vector<int> out;
+  for (const auto& b : brackets) out.push_back(b.rungs);
+  return out;
+}
+std::vector<int> trials_of(const std::vector<Bracket>& brackets) {
+  std::vector<int> out;
+  for (const auto& b : brackets) out.push_back(b.max_trials);
+  return out;
+}
+std::vector<int> concurrency_of(const std::vector<Bracket>& brackets) {
+  std::vector<int> out;
+  for (const auto& b : brackets) out.push_back(b.max_concurrent_trials);
+  return out;
+}
+
+// max_length 256, divisor 4, max_rungs 5, 64 trials: 256 allows 5 rungs, 64 trials only 4
+// (4^3 = 64 trials reach... the top rung holds one), so every mode works with 4.
+AshaOptions sixty_four() {
+  AshaOptions o;
+  o.max_length = 256;
+  o.max_trials = 64;
+  o.max_concurrent_trials = 16;
+  return o;
+}
+
+TEST(AshaBrackets, EachModeMakesDeterminedsBrackets) {
+  AshaOptions o = sixty_four();
+  o.mode = AshaOptions::Mode::kAggressive;
+  auto b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{4}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{64}));
+  EXPECT_EQ(concurrency_of(b), (std::vector<int>{16}));
+
+  // standard: rungs (4 - 1) / 2 + 1 = 2 to 4; weights 4^3/4 = 16, 4^2/3, 4/2: 43.9, 14.6, 5.5
+  // trials, rounded down, the 2 left to the first; 16 workers, 6 + 5 + 5.
+  o.mode = AshaOptions::Mode::kStandard;
+  b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{4, 3, 2}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{45, 14, 5}));
+  EXPECT_EQ(concurrency_of(b), (std::vector<int>{6, 5, 5}));
+
+  o.mode = AshaOptions::Mode::kConservative;
+  b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{4, 3, 2, 1}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{43, 14, 5, 2}));
+  EXPECT_EQ(concurrency_of(b), (std::vector<int>{4, 4, 4, 4}));
+
+  // bracket_rungs as given (sorted, most rungs first); async_halving's one bracket.
+  o.bracket_rungs = {2, 3};
+  o.divisor = 2;
+  o.max_trials = 10;
+  o.max_concurrent_trials = 1;  // at least one a bracket
+  b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{3, 2}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{6, 4}));
+  EXPECT_EQ(concurrency_of(b), (std::vector<int>{1, 1}));
+  o.num_rungs = 3;
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{3}));
+  EXPECT_EQ(trials_of(make_brackets(o)), (std::vector<int>{10}));
+}
+
+TEST(AshaBrackets, TheTopRungMustBeAbleToHoldATrial) {
+  AshaOptions o = sixty_four();
+  o.mode = AshaOptions::Mode::kAggressive;
+  o.max_trials = 1000;  // 1000 = 10^3: 4 rungs of divisor 10, not 3 (log 1000 / log 10 < 3 in doubles)
+  o.divisor = 10;
+  o.max_length = 100000;
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{4}));
+  o.max_length = 50;  // 50 batches: 2 rungs (5 and 50)
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{2}));
+  EXPECT_EQ(rung_lengths(2, 10, 50), (std::vector<std::int64_t>{5, 50}));
+}
+
+TEST(AshaBrackets, RungsEndAtMaxLengthDividedByTheDivisorPerRungLeft) {
+  EXPECT_EQ(rung_lengths(4, 4, 256), (std::vector<std::int64_t>{4, 16, 64, 256}));
+  EXPECT_EQ(rung_lengths(3, 4, 256), (std::vector<std::int64_t>{16, 64, 256}));
+  EXPECT_EQ(rung_lengths(3, 3, 100), (std::vector<std::int64_t>{11, 33, 100}));
+  EXPECT_EQ(rung_lengths(5, 4, 100), (std::vector<std::int64_t>{1, 1, 6, 25, 100}));  // at least 1
+  EXPECT_EQ(rung_lengths(1, 4, 100), (std::vector<std::int64_t>{100}));
+}
+
+// A search driven as its workers drive it, the log kept alongside.
+struct Search {
+  explicit Search(AshaOptions o) : asha(std::move(o)) { log(ev(Event::Kind::kSearch)); }
+  void log(Event e) {
+    e.experiment_id = e.kind == Event::Kind::kSearch ? "exp" : "";
+    asha.apply(e);
+    events.push_back(e);
+  }
+  Decision ask(std::optional<int> prefer = std::nullopt) const {
+    return asha.next([this](int trial) { return running.count(trial) > 0; }, prefer);
+  }
+  // What a worker appends for its decision.
+  void take(const Decision& d) {
+    ASSERT_EQ(d.kind, Decision::Kind::kRun);
+    if (d.create) log(ev(Event::Kind::kCreated, d.trial, d.bracket));
+    log(ev(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, 0, d.rung));
+    running.insert(d.trial);
+  }
+  // The trial validated at the end of its rung.
+  AfterRung reach(int trial, double metric) {
+    Event e = ev(Event::Kind::kRung, trial, 0, asha.trials().at(trial).rung, metric);
+    log(e);
+    running.erase(trial);
+    return asha.after_rung(trial, e.rung);
+  }
+  Asha asha;
+  std::vector<Event> events;
+  std::set<int> running;
+};
+
+// async_halving, 3 rungs of divisor 2 over 8 batches: rungs end at 2, 4 and 8.
+AshaOptions halving(bool stop_once) {
+  AshaOptions o;
+  o.max_length = 8;
+  o.max_trials = 8;
+  o.max_concurrent_trials = 2;
+  o.divisor = 2;
+  o.num_rungs = 3;
+  o.stop_once = stop_once;
+  return o;
+}
+
+Decision expect_run(const Decision& d, int trial, int rung, bool create, bool promote) {
+  EXPECT_EQ(d.kind, Decision::Kind::kRun);
+  EXPECT_EQ(d.trial, trial);
+  EXPECT_EQ(d.rung, rung);
+  EXPECT_EQ(d.create, create);
+  EXPECT_EQ(d.promote, promote);
+  return d;
+}
+
+TEST(Asha, PromotesAsynchronouslyTheTopOfEachRungAsTrialsArrive) {
+  Search s(halving(false));
+  EXPECT_EQ(s.asha.length(0, 0), 2);
+  s.take(expect_run(s.ask(), 0, 0, true, false));
+  s.take(expect_run(s.ask(), 1, 0, true, false));
+  // Trial 0 first at rung 0: 1 trial there, floor(1 / 2) = 0 promoted: it waits.
+  EXPECT_EQ(s.reach(0, 0.5), AfterRung::kPause);
+  // Its worker takes a new trial.
+  s.take(expect_run(s.ask(0), 2, 0, true, false));
+  // Trial 1 better: 2 there, the top 1 goes on, and it is trial 1 itself.
+  EXPECT_EQ(s.reach(1, 0.3), AfterRung::kContinue);
+  const Decision own = expect_run(s.ask(1), 1, 1, false, true);
+  EXPECT_EQ(own.length, 4);
+  s.take(own);
+  // Trial 2 worse than both: 3 there, top 1 (trial 1, promoted): a new trial.
+  EXPECT_EQ(s.reach(2, 0.9), AfterRung::kPause);
+  s.take(expect_run(s.ask(2), 3, 0, true, false));
+  // Trial 3: 4 there, top 2 = trials 1 and 3: goes on.
+  EXPECT_EQ(s.reach(3, 0.4), AfterRung::kContinue);
+  s.take(expect_run(s.ask(3), 3, 1, false, true));
+  // Trial 1 at rung 1 alone: waits. Its worker starts trial 4.
+  EXPECT_EQ(s.reach(1, 0.25), AfterRung::kPause);
+  s.take(expect_run(s.ask(1), 4, 0, true, false));
+  // Trial 4 the worst at rung 0: 5 there, top 2 promoted already. Trial 3 reaches rung 1: 2 there,
+  // top 1 is trial 1 (0.25 < 0.35), which waited: the asynchronous promotion goes to trial 1,
+  // from rung 1 to 2, before anything at rung 0.
+  EXPECT_EQ(s.reach(4, 0.95), AfterRung::kPause);
+  s.take(expect_run(s.ask(4), 5, 0, true, false));
+  EXPECT_EQ(s.reach(3, 0.35), AfterRung::kPause);
+  const Decision later = expect_run(s.ask(3), 1, 2, false, true);
+  EXPECT_EQ(later.length, 8);
+  s.take(later);
+  // Trial 5 arrives worse than trial 0: 6 at rung 0, top 3 = trials 1, 3 and 0: trial 0, which
+  // waited since the start, is promoted now.
+  EXPECT_EQ(s.reach(5, 0.6), AfterRung::kPause);
+  s.take(expect_run(s.ask(5), 0, 1, false, true));
+  // Trial 1 at the top rung: finished.
+  EXPECT_EQ(s.reach(1, 0.2), AfterRung::kFinish);
+  EXPECT_TRUE(s.asha.trials().at(1).finished);
+  EXPECT_EQ(s.asha.standings(0, 0).front(), (std::pair<int, double>{1, 0.3}));
+}
+
+TEST(Asha, StopOnceStopsATrialForGoodUnlessItLeadsItsRungSoFar) {
+  Search s(halving(true));
+  s.take(s.ask());
+  s.take(s.ask());
+  // Alone at rung 0: max(floor(1 / 2), 1) = 1 goes on.
+  EXPECT_EQ(s.reach(0, 0.5), AfterRung::kContinue);
+  s.log(ev(Event::Kind::kPromoted, 0, 0, 1));
+  s.running.insert(0);
+  // Worse than one of 2: stopped.
+  EXPECT_EQ(s.reach(1, 0.7), AfterRung::kStop);
+  s.log(ev(Event::Kind::kStopped, 1, 0, 0));
+  // Never promoted later: the next is a new trial even once rung 0 holds many.
+  s.take(expect_run(s.ask(1), 2, 0, true, false));
+  EXPECT_EQ(s.reach(2, 0.3), AfterRung::kContinue);
+  s.log(ev(Event::Kind::kPromoted, 2, 0, 1));
+  s.running.insert(2);
+  s.take(expect_run(s.ask(), 3, 0, true, false));
+  // Equal to trial 0 counts ahead of it (Determined places a newcomer before equals): 4 there,
+  // top 2, one better (trial 2): goes on.
+  EXPECT_EQ(s.reach(3, 0.5), AfterRung::kContinue);
+  EXPECT_TRUE(s.asha.trials().at(1).stopped);
+}
+
+TEST(Asha, ATrialLeftByAWorkerThatIsGoneIsTakenOverFirst) {
+  Search s(halving(false));
+  s.take(s.ask());
+  s.take(s.ask());
+  // The worker of trial 0 is gone: its lease is free while the log says it trains.
+  s.running.erase(0);
+  const Decision d = s.ask();
+  expect_run(d, 0, 0, false, false);
+  EXPECT_TRUE(d.resume);
+  s.log(ev(Event::Kind::kStarted, 0, 0, 0));
+  s.running.insert(0);
+  EXPECT_EQ(s.reach(0, 0.1), AfterRung::kPause);
+}
+
+TEST(Asha, AFailedTrialRanksLastAndIsNeverPromoted) {
+  Search s(halving(false));
+  s.take(s.ask());
+  s.take(s.ask());
+  s.log(ev(Event::Kind::kFailed, 0, 0, 0));
+  s.running.erase(0);
+  EXPECT_TRUE(s.asha.trials().at(0).failed);
+  EXPECT_EQ(s.reach(1, std::numeric_limits<double>::infinity()), AfterRung::kContinue);  // inf beats a failure
+  EXPECT_TRUE(std::isnan(s.asha.standings(0, 0).back().second));
+}
+
+TEST(Asha, TheSearchEndsOnceEveryTrialIsCreatedAndNoneIsPromotable) {
+  AshaOptions o = halving(false);
+  o.max_trials = 2;
+  Search s(o);
+  s.take(s.ask());
+  s.take(s.ask());
+  EXPECT_EQ(s.reach(0, 0.5), AfterRung::kPause);
+  EXPECT_EQ(s.ask(0).kind, Decision::Kind::kDone);  // trial 1 still runs: its worker goes on
+  EXPECT_EQ(s.reach(1, 0.6), AfterRung::kPause);
+  s.take(expect_run(s.ask(1), 0, 1, false, true));  // 2 there: the top 1 (trial 0)
+}
+
+TEST(Asha, EventsThatDoNotFollowAreRefused) {
+  Asha asha(halving(false));
+  asha.apply(ev(Event::Kind::kSearch));
+  EXPECT_THROW(asha.apply(ev(Event::Kind::kCreated, 1)), SearchError);  // trial 0 comes first
+  asha.apply(ev(Event::Kind::kCreated, 0));
+  EXPECT_THROW(asha.apply(ev(Event::Kind::kRung, 0, 0, 0, 0.5)), SearchError);  // never started
+  asha.apply(ev(Event::Kind::kStarted, 0, 0, 0));
+  EXPECT_THROW(asha.apply(ev(Event::Kind::kPromoted, 0, 0, 1)), SearchError);  // rung 0 not reached
+  EXPECT_THROW(asha.apply(ev(Event::Kind::kStarted, 7, 0, 0)), SearchError);
+}
+
+// Workers drive a search of 40 trials at random; each decision is recorded with the events
+// before it. The log replayed to each point, through its text, gives the same decision.
+TEST(Asha, TheSameEventsGiveTheSameDecisions) {
+  AshaOptions o = sixty_four();
+  o.max_trials = 40;
+  o.max_length = 64;
+  o.mode = AshaOptions::Mode::kStandard;
+  Search s(o);
+  std::mt19937 random(11);
+  struct Asked {
+    std::size_t events;
+    std::optional<int> prefer;
+    std::set<int> running;
+    Decision decision;
+  };
+  std::vector<Asked> asked;
+  std::vector<int> workers(4, -1);
+  for (int step = 0; step < 400; ++step) {
+    const std::size_t w = random() % workers.size();
+    std::optional<int> prefer;
+    if (workers[w] >= 0) {
+      const int trial = workers[w];
+      // The metric: trial-dependent, better with length.
+      const double metric = std::fmod(trial * 0.37, 1.0) / (1 + s.asha.trials().at(trial).rung);
+      const AfterRung after = s.reach(trial, metric);
+      workers[w] = -1;
+      if (after == AfterRung::kFinish) s.log(ev(Event::Kind::kFinished, trial, 0, s.asha.trials().at(trial).rung));
+      prefer = trial;
+    }
+    const Decision d = s.ask(prefer);
+    asked.push_back({s.events.size(), prefer, s.running, d});
+    if (d.kind == Decision::Kind::kDone) continue;
+    s.take(d);
+    workers[w] = d.trial;
+  }
+  EXPECT_EQ(s.asha.created(), 40);
+  std::vector<Event> parsed;
+  for (const auto& e : s.events) parsed.push_back(parse_event(to_json_line(e), "test"));
+  for (const auto& a : asked) {
+    const Asha again = replay(o, std::vector<Event>(parsed.begin(), parsed.begin() + a.events), "log");
+    const Decision d = again.next([&](int t) { return a.running.count(t) > 0; }, a.prefer);
+    EXPECT_EQ(d.kind, a.decision.kind);
+    EXPECT_EQ(d.trial, a.decision.trial);
+    EXPECT_EQ(d.rung, a.decision.rung);
+    EXPECT_EQ(d.promote, a.decision.promote);
+  }
+}
+
+TEST(SearchLog, MetricsOfAnyValueRoundTripAndATornLastLineIsNeverRead) {
+  testing_support::TempDir dir;
+  const std::string path = (dir.path() / "search-events.jsonl").string();
+  EventLog log(path, (dir.path() / ".search.lock").string(), "exp-1");
+  {
+    auto locked = log.lock();
+    EXPECT_EQ(locked.read().size(), 1u);  // the search's line, written now
+    std::vector<Event> events = {ev(Event::Kind::kCreated, 0), ev(Event::Kind::kStarted, 0)};
+    for (double metric : {std::nan(""), std::numeric_limits<double>::infinity(), -0.25}) {
+      events.push_back(ev(Event::Kind::kRung, 0, 0, 0, metric));
+    }
+    locked.append(events, "worker A");
+  }
+  {
+    std::ofstream torn(path, std::ios::app);
+    torn << R"({"event":"rung","trial":0,"ru)";
+  }
+  auto locked = log.lock();
+  auto read = locked.read();
+  ASSERT_EQ(read.size(), 6u);
+  EXPECT_EQ(read[0].experiment_id, "exp-1");
+  EXPECT_TRUE(std::isnan(read[3].metric));
+  EXPECT_EQ(read[4].metric, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(read[5].metric, -0.25);
+  EXPECT_EQ(read[5].worker, "worker A");
+  EXPECT_FALSE(read[5].time.empty());
+  locked.append({ev(Event::Kind::kFinished, 0)}, "worker B");
+  read = locked.read();
+  ASSERT_EQ(read.size(), 7u);  // the torn line cut off, the new one whole
+  EXPECT_EQ(read[6].kind, Event::Kind::kFinished);
+}
+
+TEST(SearchLog, AnotherExperimentsLogAndAMalformedLineAreRefusedNamingThem) {
+  testing_support::TempDir dir;
+  const std::string path = (dir.path() / "search-events.jsonl").string();
+  const std::string lock = (dir.path() / ".search.lock").string();
+  EventLog(path, lock, "exp-1").lock().read();
+  try {
+    EventLog(path, lock, "exp-2").lock().read();
+    ADD_FAILURE() << "another experiment's log was read";
+  } catch (const SearchError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + " is the search of experiment exp-1, not of this one (exp-2)"));
+  }
+  {
+    std::ofstream out(path, std::ios::app);
+    out << "{\"event\":\"created\",\"trial\":0,\"bracket\":0}\n{\"event\":\"teleported\",\"trial\":0}\n";
+  }
+  try {
+    EventLog(path, lock, "exp-1").lock().read();
+    ADD_FAILURE() << "a malformed line was read";
+  } catch (const SearchError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ":3: unknown event 'teleported'"));
+  }
+  // Events that do not follow name their line too.
+  std::vector<Event> events = {ev(Event::Kind::kSearch), ev(Event::Kind::kCreated, 0), ev(Event::Kind::kRung, 0, 0, 0, 1.0)};
+  try {
+    replay(halving(false), events, path);
+    ADD_FAILURE() << "a rung never started was replayed";
+  } catch (const SearchError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ":3: a 'rung' event of trial 0 reaches a rung"));
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::search
