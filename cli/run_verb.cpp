@@ -58,6 +58,17 @@ examples:
 
 )";
 
+// An adaptive search: this command is one of its workers.
+int run_search_worker(const core::ExperimentConfig& config, int only_trial, const launcher::LaunchOptions& launch,
+                      const core::EnvSource& env) {
+  if (only_trial >= 0) {
+    std::cerr << "hpctrial run: --trial: the " << core::to_string(config.searcher.name)
+              << " searcher chooses which trial runs next and for how long; run without --trial\n";
+    return kExitUsage;
+  }
+  return launcher::run_search_worker(launch, env, core::real_command_runner());
+}
+
 int run_run(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;
@@ -108,6 +119,7 @@ int run_run(const std::vector<std::string>& args) {
     return kExitOk;
   }
   launch.write_config = config;  // written by the launcher once it holds the trial
+  if (config.searcher.adaptive()) return run_search_worker(config, only_trial, launch, env);
   for (int trial = std::max(only_trial, 0); trial < trials; ++trial) {
     launch.trial_id = trial;
     const int code = launcher::launch(launch, env, core::real_command_runner());

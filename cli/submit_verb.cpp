@@ -51,6 +51,15 @@ examples:
 
 )";
 
+// The adaptive searchers' workers run under `hpctrial run` only, so far: a job array of them is
+// not built yet.
+void refuse_adaptive_search(const core::ExperimentConfig& config, const std::string& path) {
+  if (!config.searcher.adaptive()) return;
+  throw ConfigError(std::string("searcher.name ") + std::string(core::to_string(config.searcher.name)) +
+                    ": hpctrial runs this searcher's workers on this machine only so far (`hpctrial run " + path +
+                    "`); batch jobs of it are not built yet. Submit a random search instead (searcher.name: random)");
+}
+
 int run_submit(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;
@@ -70,6 +79,7 @@ int run_submit(const std::vector<std::string>& args) {
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   const core::ExperimentLayout layout{experiment_dir};
+  refuse_adaptive_search(config, config_args.config_path);
   const core::Scheduler& batch = launcher::scheduler(config);
   const auto render = [&](const core::ExperimentConfig& c) {
     return batch.render_script(c, {experiment_dir, core::self_program(), -1});

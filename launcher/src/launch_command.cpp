@@ -160,6 +160,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
       {core::kEnvAbortFile, trial.abort_file(restart_count)},
       {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
   };
+  if (options.max_length) vars.emplace_back(core::kEnvMaxLength, core::length_text(*options.max_length));
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
   }

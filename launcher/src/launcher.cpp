@@ -45,6 +45,7 @@ namespace hpctrial::launcher {
 namespace {
 
 using detail::Attempt;
+using detail::name_holder;
 using detail::describe_seconds;
 using detail::SignalFd;
 using detail::Supervisor;
@@ -247,15 +248,34 @@ core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core
     said = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  const std::string job = allocation.in_job() ? allocation.scheduler + " job " + allocation.job_id + ", " : "";
-  const std::string me = "the launcher of " + job + "pid " + std::to_string(::getpid()) + " on " + host + "\n";
-  if (::ftruncate(fd.get(), 0) == 0) core::write_fully(fd.get(), me, path);
+  name_holder(fd, path, allocation);
   return fd;
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string launcher_name(const core::Allocation& allocation) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string job = allocation.in_job() ? allocation.scheduler + " job " + allocation.job_id + ", " : "";
+  return "the launcher of " + job + "pid " + std::to_string(::getpid()) + " on " + host;
+}
+
+void name_holder(const core::UniqueFd& lock, const std::string& path, const core::Allocation& allocation) {
+  if (::ftruncate(lock.get(), 0) == 0) core::write_fully(lock.get(), launcher_name(allocation) + "\n", path);
+}
+
+core::UniqueFd try_lock_trial(const std::string& trial_dir) {
+  const std::string path = core::TrialLayout{trial_dir}.launcher_lock();
+  core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) throw IoError("cannot open " + path + ": " + std::strerror(errno));
+  if (!core::lock_file_exclusive(fd.get(), path, core::LockWait::kTry)) return core::UniqueFd();
+  return fd;
+}
+
+}  // namespace detail
 
 // A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
 // launcher's exit code when the trial is not restarted (failed while stopping, past
@@ -327,7 +347,8 @@ core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvS
 
 }  // namespace
 
-int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
+           core::UniqueFd* held) {
   // A closed stdout or stderr (`hpctrial run ... | head`, a dropped terminal) fails writes with
   // EPIPE, which every writer here tolerates: the rank logs keep everything. (Children start
   // with the default disposition again: spawn_process resets it.)
@@ -345,14 +366,13 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   const core::Allocation allocation = job_allocation(config, options, env, run);
   const std::string trial_dir = layout.trial_dir(options.trial_id);
   const std::string state_path = core::TrialLayout{trial_dir}.launcher_state_file();
-
   if (options.dry_run) {
     print_launch_plan(config, options, env, run);
     return kExitFinished;
   }
 
   core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
-  if (trial_lock.get() < 0) trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
+  if (trial_lock.get() < 0 && !(held && held->get() >= 0)) trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
   json state = core::read_json_file(state_path);
   int starts = core::json_field(state, "starts", 0, state_path);
   int failures = options.reset_failures ? 0 : core::json_field(state, "failures", 0, state_path);

@@ -9,10 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "hpctrial/core/allocation.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/layout.h"
 
 namespace hpctrial::launcher::detail {
+
+// "the launcher of slurm job 12, pid 34 on node1": who holds a trial's lock, written into it.
+std::string launcher_name(const core::Allocation& allocation);
+void name_holder(const core::UniqueFd& lock, const std::string& path, const core::Allocation& allocation);
+// The trial's launcher lock (its lease), taken without waiting; an invalid fd while another
+// launcher holds it.
+core::UniqueFd try_lock_trial(const std::string& trial_dir);
 
 // Splits mpirun's --tag-output stream ("[1,3]<stdout>:text") into lines per rank: each line
 // goes to the launcher's own stdout or stderr as "[rank 3] text" and to the trial's

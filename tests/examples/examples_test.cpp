@@ -6,7 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
+#include <chrono>
+#include <thread>
+#include <tuple>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -305,6 +310,75 @@ std::vector<nlohmann::json> validations(const std::string& path) {
     if (j["kind"] == "validation") out.push_back(j);
   }
   return out;
+}
+
+// The rung events of a search log, in order: (trial, rung, metric).
+std::vector<std::tuple<int, int, double>> rungs_of(const std::string& log) {
+  std::vector<std::tuple<int, int, double>> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const auto e = nlohmann::json::parse(line);
+    if (e["event"] == "rung") out.emplace_back(e["trial"].get<int>(), e["rung"].get<int>(), e["metric"].get<double>());
+  }
+  return out;
+}
+
+std::size_t events_in(const std::string& log, const std::string& kind) {
+  std::ifstream in(log);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);) n += nlohmann::json::parse(line)["event"] == kind;
+  return n;
+}
+
+// async_halving over 6 configurations of the mlp example, rungs at 8, 16 and 32 batches, the
+// top half going on: `hpctrial run` is its worker. Run once straight through; run again in
+// another directory, its worker killed (SIGKILL: no checkpoint, no goodbye) while it trains the
+// fourth trial, then run again: the new worker takes the trial over, and the search reaches the
+// same rungs with the same metrics in the same order, none twice.
+TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothing) {
+  const std::string config = dir_.write("asha.yaml",
+      std::string("name: asha\nentrypoint: ") + HPCTRIAL_MLP + "\nhyperparameters: {global_batch_size: 64, classes: 10, "
+      "learning_rate: {type: log, base: 10, minval: -4, maxval: -1}, hidden: {type: categorical, vals: [16, 64]}}\n"
+      "searcher: {name: async_halving, metric: validation_loss, max_length: {batches: 32}, num_rungs: 3, divisor: 2, "
+      "max_trials: 6, max_concurrent_trials: 1}\nmin_validation_period: {batches: 1000}\n"
+      "resources: {slots_per_trial: 1}\nreproducibility: {experiment_seed: 7}\ndata: {train: " + train_ +
+      ", validation: " + validation_ + ", x_dataset: x, y_dataset: y}\n");
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(300);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const std::string straight = (dir_.path() / "straight").string(), killed = (dir_.path() / "killed").string();
+  const auto r = core::run_process({HPCTRIAL_CLI, "run", config, "--experiment", straight}, options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+  EXPECT_THAT(r.out + r.err, HasSubstr("has nothing left for this worker"));
+  const auto expected = rungs_of(straight + "/search-events.jsonl");
+  EXPECT_EQ(events_in(straight + "/search-events.jsonl", "created"), 6u);
+  EXPECT_GE(events_in(straight + "/search-events.jsonl", "promoted"), 3u);  // floor(6 / 2) from rung 0
+  EXPECT_GE(events_in(straight + "/search-events.jsonl", "finished"), 1u);
+
+  // The second search's worker, killed once the fourth trial has started.
+  core::SpawnOptions spawn;
+  spawn.env_set = options.env_set;
+  spawn.capture_output = false;
+  const std::string log = killed + "/search-events.jsonl";
+  const core::Child child = core::spawn_process(
+      {"sh", "-c", std::string("exec '") + HPCTRIAL_CLI + "' run '" + config + "' --experiment '" + killed + "' >'" +
+                       (dir_.path() / "killed.log").string() + "' 2>&1"},
+      spawn);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (events_in(log, "created") < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(child.pid, SIGKILL);
+  int status = 0;
+  ::waitpid(child.pid, &status, 0);
+  ASSERT_EQ(events_in(log, "created"), 4u) << "the search did not reach its fourth trial in time";
+  const auto again = core::run_process({HPCTRIAL_CLI, "run", config, "--experiment", killed}, options);
+  ASSERT_TRUE(again.ok()) << again.describe() << "\n" << again.out << again.err;
+  EXPECT_THAT(again.out + again.err, HasSubstr("search: taking over trial 3 to rung 0"));
+  const auto resumed = rungs_of(log);
+  EXPECT_EQ(resumed, expected);
+  std::set<std::pair<int, int>> reached;
+  for (const auto& [trial, rung, metric] : resumed) EXPECT_TRUE(reached.insert({trial, rung}).second) << trial;
 }
 
 TEST_F(MlpExample, TheProgramTrainsOnTwoRanksLikeOnOne) {

@@ -92,6 +92,25 @@ TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "b"));
 }
 
+// The adaptive searchers run under `hpctrial run`, which chooses the trials itself; a batch job of
+// their workers is refused until it exists.
+TEST(Cli, AnAdaptiveSearchIsRunHereAndNotSubmittedYet) {
+  TempDir dir;
+  const std::string path = dir.write("asha.yaml", "name: asha\nentrypoint: ./trial\nhyperparameters: {lr: {type: double, "
+                                                  "minval: 0.1, maxval: 1}}\nsearcher: {name: adaptive_asha, metric: "
+                                                  "loss, max_length: {batches: 64}, max_trials: 8}\n");
+  const auto validated = hpctrial({"config", "validate", path});
+  EXPECT_EQ(validated.exit_code, 0) << validated.err;
+  const auto submitted = hpctrial({"submit", path, "--scheduler", "slurm", "--dry-run"});
+  EXPECT_EQ(submitted.exit_code, 2);
+  EXPECT_THAT(submitted.err, HasSubstr("searcher.name adaptive_asha: hpctrial runs this searcher's workers on this "
+                                       "machine only so far (`hpctrial run " + path + "`)"));
+  const auto one = hpctrial({"run", path, "--trial", "1", "--experiment", (dir.path() / "e").string()});
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_THAT(one.err, HasSubstr("the adaptive_asha searcher chooses which trial runs next"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "e"));
+}
+
 // A site's defaults lie under everything else: site < template < config < --set.
 TEST(Cli, SiteDefaultsLieUnderTheTemplateTheConfigAndSet) {
   TempDir dir;

@@ -315,6 +315,7 @@ using detail::kCompressions;
 using detail::kHyperparameterTypes;
 using detail::kLengthUnits;
 using detail::kSearcherNames;
+using detail::kSearcherModes;
 
 std::string_view to_string(LengthUnit unit) { return choice_name(kLengthUnits, unit); }
 
@@ -324,6 +325,7 @@ std::string_view to_string(Hyperparameter::Type type) {
 }
 
 std::string_view to_string(Searcher::Name name) { return choice_name(kSearcherNames, name); }
+std::string_view to_string(Searcher::Mode mode) { return choice_name(kSearcherModes, mode); }
 
 std::string_view to_string(GradientCompression compression) { return choice_name(kCompressions, compression); }
 

@@ -48,7 +48,12 @@ inline constexpr Choice<Hyperparameter::Type> kHyperparameterTypes[] = {
     {"categorical", Hyperparameter::Type::kCategorical}};
 inline constexpr Choice<Searcher::Name> kSearcherNames[] = {{"single", Searcher::Name::kSingle},
                                                      {"grid", Searcher::Name::kGrid},
-                                                     {"random", Searcher::Name::kRandom}};
+                                                     {"random", Searcher::Name::kRandom},
+                                                     {"adaptive_asha", Searcher::Name::kAdaptiveAsha},
+                                                     {"async_halving", Searcher::Name::kAsyncHalving}};
+inline constexpr Choice<Searcher::Mode> kSearcherModes[] = {{"aggressive", Searcher::Mode::kAggressive},
+                                                     {"standard", Searcher::Mode::kStandard},
+                                                     {"conservative", Searcher::Mode::kConservative}};
 inline constexpr Choice<GradientCompression> kCompressions[] = {{"none", GradientCompression::kNone},
                                                         {"fp16", GradientCompression::kFloat16},
                                                         {"bf16", GradientCompression::kBFloat16}};

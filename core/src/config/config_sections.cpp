@@ -17,6 +17,56 @@
 
 namespace hpctrial::core::detail {
 
+namespace {
+
+// A key of the adaptive searchers, given to another searcher: reported, and not read.
+const ConfigNode* halving_key(MapReader& r, const Searcher& s, const char* key, bool ours) {
+  const ConfigNode* n = r.get(key);
+  if (n != nullptr && !ours) {
+    report(*n, r.path(key), r.diagnostics(),
+           std::string("the ") + std::string(to_string(s.name)) + " searcher has no " + key +
+               (s.adaptive() ? "; it belongs to the other adaptive searcher" : "; it is a key of adaptive_asha and async_halving"));
+    return nullptr;
+  }
+  return n;
+}
+
+// adaptive_asha's and async_halving's keys (Determined's names and defaults).
+void read_halving(MapReader& r, Searcher& s) {
+  Diagnostics& d = r.diagnostics();
+  const bool adaptive_asha = s.name == Searcher::Name::kAdaptiveAsha, halving = s.name == Searcher::Name::kAsyncHalving;
+  if (const ConfigNode* n = halving_key(r, s, "divisor", s.adaptive())) {
+    if (auto v = read_double(*n, r.path("divisor"), d, 1, 1e6, true)) s.divisor = *v;
+  }
+  if (const ConfigNode* n = halving_key(r, s, "stop_once", s.adaptive())) {
+    if (auto v = read_bool(*n, r.path("stop_once"), d)) s.stop_once = *v;
+  }
+  if (const ConfigNode* n = halving_key(r, s, "mode", adaptive_asha)) {
+    if (auto v = read_choice(*n, r.path("mode"), d, "mode", kSearcherModes)) s.mode = *v;
+  }
+  if (const ConfigNode* n = halving_key(r, s, "max_rungs", adaptive_asha)) {
+    if (auto v = read_int(*n, r.path("max_rungs"), d, 1, 64)) s.max_rungs = static_cast<int>(*v);
+  }
+  if (const ConfigNode* n = halving_key(r, s, "bracket_rungs", adaptive_asha)) {
+    if (!n->is_sequence() || n->items().empty()) {
+      report(*n, r.path("bracket_rungs"), d, "must be a list of rung counts, one a bracket, e.g. [4, 3, 2]");
+    } else {
+      for (std::size_t i = 0; i < n->items().size(); ++i) {
+        const std::string path = r.path("bracket_rungs") + "[" + std::to_string(i) + "]";
+        if (auto v = read_int(n->items()[i], path, d, 1, 64)) s.bracket_rungs.push_back(static_cast<int>(*v));
+      }
+    }
+  }
+  if (const ConfigNode* n = halving_key(r, s, "num_rungs", halving)) {
+    if (auto v = read_int(*n, r.path("num_rungs"), d, 1, 64)) s.num_rungs = static_cast<int>(*v);
+  } else if (halving && r.present()) {
+    d.error(r.where(), r.path("num_rungs"), "required key is missing for the async_halving searcher; add it, e.g. "
+                                            "`num_rungs: 3`");
+  }
+}
+
+}  // namespace
+
 void read_searcher(MapReader& r, Searcher& s) {
   Diagnostics& d = r.diagnostics();
   // The checks that depend on the searcher are made only when its name is known: an unknown
@@ -56,14 +106,15 @@ void read_searcher(MapReader& r, Searcher& s) {
                "`count` on each hyperparameter range instead");
       }
     }
-  } else if (name_known && s.name == Searcher::Name::kRandom && r.present()) {
+  } else if (name_known && (s.name == Searcher::Name::kRandom || s.adaptive()) && r.present()) {
     r.diagnostics().error(r.where(), r.path("max_trials"),
-                          "required key is missing for the random searcher; add it, e.g. "
-                          "`max_trials: 16`");
+                          "required key is missing for the " + std::string(to_string(s.name)) +
+                              " searcher; add it, e.g. `max_trials: 16`");
   }
   if (const ConfigNode* n = r.get("max_concurrent_trials")) {
     if (auto v = read_int(*n, r.path("max_concurrent_trials"), d, 1, kMaxTrials)) s.max_concurrent_trials = *v;
   }
+  if (name_known) read_halving(r, s);
   r.finish();
 }
 

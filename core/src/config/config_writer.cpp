@@ -104,6 +104,18 @@ void emit_searcher(YAML::Emitter& out, const Searcher& searcher) {
     out << YAML::Key << "max_trials" << YAML::Value << searcher.max_trials;
   }
   out << YAML::Key << "max_concurrent_trials" << YAML::Value << searcher.max_concurrent_trials;
+  if (searcher.adaptive()) {
+    out << YAML::Key << "divisor" << YAML::Value << number(searcher.divisor);
+    out << YAML::Key << "stop_once" << YAML::Value << searcher.stop_once;
+  }
+  if (searcher.name == Searcher::Name::kAdaptiveAsha) {
+    out << YAML::Key << "mode" << YAML::Value << std::string(to_string(searcher.mode));
+    out << YAML::Key << "max_rungs" << YAML::Value << searcher.max_rungs;
+    if (!searcher.bracket_rungs.empty()) {
+      out << YAML::Key << "bracket_rungs" << YAML::Value << YAML::Flow << searcher.bracket_rungs;
+    }
+  }
+  if (searcher.name == Searcher::Name::kAsyncHalving) out << YAML::Key << "num_rungs" << YAML::Value << searcher.num_rungs;
   out << YAML::EndMap;
 }
 

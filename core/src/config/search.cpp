@@ -129,6 +129,8 @@ int trial_count(const ExperimentConfig& config) {
     case Searcher::Name::kSingle:
       return 1;
     case Searcher::Name::kRandom:
+    case Searcher::Name::kAdaptiveAsha:
+    case Searcher::Name::kAsyncHalving:
       return static_cast<int>(config.searcher.max_trials);
     case Searcher::Name::kGrid: {
       ExperimentConfig copy = config;
@@ -175,7 +177,9 @@ ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id) {
       }
       return out;
     }
-    case Searcher::Name::kRandom: {
+    case Searcher::Name::kRandom:
+    case Searcher::Name::kAdaptiveAsha:  // each trial sampled as random samples it
+    case Searcher::Name::kAsyncHalving: {
       if (!config.reproducibility.experiment_seed) {
         throw ConfigError(searcher_name(config) + " needs reproducibility.experiment_seed to choose each trial's "
                           "values; `hpctrial run` and `hpctrial submit` record one in the experiment directory");

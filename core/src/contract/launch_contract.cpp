@@ -4,12 +4,14 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 
 namespace hpctrial::core {
@@ -91,7 +93,40 @@ RankContract read_contract(const EnvSource& env) {
   c.abort_file = text(kEnvAbortFile);
   c.verdict_file = text(kEnvVerdictFile);
   c.fault = text(kEnvFault);
+  if (const std::string length = text(kEnvMaxLength); !length.empty()) c.max_length = parse_length_text(length);
   return c;
+}
+
+std::string length_text(const Length& length) {
+  return std::string(to_string(length.unit)) + ":" + std::to_string(length.value);
+}
+
+Length parse_length_text(const std::string& text) {
+  const auto colon = text.find(':');
+  Length length;
+  bool known = false;
+  for (const LengthUnit unit : {LengthUnit::kBatches, LengthUnit::kEpochs, LengthUnit::kRecords}) {
+    if (colon != std::string::npos && text.substr(0, colon) == to_string(unit)) {
+      length.unit = unit;
+      known = true;
+    }
+  }
+  char* end = nullptr;
+  const std::string number = colon == std::string::npos ? "" : text.substr(colon + 1);
+  const long long value = std::strtoll(number.c_str(), &end, 10);
+  if (!known || number.empty() || *end != '\0' || value < 1) {
+    throw ConfigError(std::string(kEnvMaxLength) + " is \"" + text + "\": it is <unit>:<count>, the unit batches, "
+                      "epochs or records and the count 1 or more (the launcher sets it; unset it to train to "
+                      "searcher.max_length)");
+  }
+  length.value = value;
+  return length;
+}
+
+ExperimentConfig rank_config(const ExperimentConfig& experiment, const RankContract& contract) {
+  ExperimentConfig config = trial_config(experiment, contract.trial_id);
+  if (contract.max_length) config.searcher.max_length = *contract.max_length;
+  return config;
 }
 
 const char* phase_name(RankPhase phase) { return kPhaseNames[static_cast<int>(phase)]; }

@@ -56,7 +56,8 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
 
 TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
   std::set<std::string> schema_keys;
-  for (const char* name : {"every_key.yaml", "every_key_pbs.yaml", "every_key_fp16.yaml", "every_key_pipeline.yaml"}) {
+  for (const char* name : {"every_key.yaml", "every_key_pbs.yaml", "every_key_fp16.yaml", "every_key_pipeline.yaml",
+                           "every_key_asha.yaml", "every_key_halving.yaml"}) {
     Diagnostics d;
     const ConfigNode root =
         load_config_file(std::string(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/") + name, d);

@@ -1,4 +1,5 @@
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/search.h"
 
 #include <fstream>
 #include <sstream>
@@ -398,11 +399,11 @@ TEST(ConfigErrors, Searchers) {
   const std::string head = "name: t\nentrypoint: ./t\n";
   EXPECT_EQ(one_error(head + "searcher: {name: randm, metric: l, max_length: {batches: 1}}\n"),
             "exp.yaml:3:18: searcher.name: unknown searcher \"randm\"; use one of single, grid, "
-            "random (did you mean 'random'?)");
+            "random, adaptive_asha, async_halving (did you mean 'random'?)");
   // One error for an unknown name: the keys are not also checked against the default searcher.
   EXPECT_EQ(one_error(head + "searcher: {name: grdi, metric: l, max_trials: 4, max_length: {batches: 1}}\n"),
-            "exp.yaml:3:18: searcher.name: unknown searcher \"grdi\"; use one of single, grid, random "
-            "(did you mean 'grid'?)");
+            "exp.yaml:3:18: searcher.name: unknown searcher \"grdi\"; use one of single, grid, random, "
+            "adaptive_asha, async_halving (did you mean 'grid'?)");
   EXPECT_EQ(one_error(head + "searcher: {name: random, metric: l, max_length: {batches: 1}}\n"),
             "exp.yaml:3:11: searcher.max_trials: required key is missing for the random "
             "searcher; add it, e.g. `max_trials: 16`");
@@ -411,6 +412,58 @@ TEST(ConfigErrors, Searchers) {
   EXPECT_THAT(one_error(head + "searcher: {name: grid, metric: l, max_length: {batches: 1}}\n"
                                "hyperparameters: {lr: {type: double, minval: 0.1, maxval: 1}}\n"),
               HasSubstr("exp.yaml:4:23: hyperparameters.lr: the grid searcher needs `count`"));
+}
+
+TEST(ExperimentConfig, TheAdaptiveSearchersReadTheirKeysAndWriteThemBack) {
+  std::ifstream in(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/every_key_asha.yaml");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ExperimentConfig c = parse_ok(text);
+  const auto check = [](const ExperimentConfig& c) {
+    EXPECT_EQ(c.searcher.name, Searcher::Name::kAdaptiveAsha);
+    EXPECT_TRUE(c.searcher.adaptive());
+    EXPECT_EQ(c.searcher.mode, Searcher::Mode::kStandard);
+    EXPECT_EQ(c.searcher.divisor, 4);
+    EXPECT_EQ(c.searcher.max_rungs, 5);
+    EXPECT_EQ(c.searcher.bracket_rungs, (std::vector<int>{4, 3}));
+    EXPECT_FALSE(c.searcher.stop_once);
+    EXPECT_EQ(c.searcher.max_trials, 64);
+  };
+  check(c);
+  check(parse_ok(to_yaml(c)));
+  // Each trial sampled as random samples it.
+  c.reproducibility.experiment_seed = 9;
+  EXPECT_EQ(trial_count(c), 64);
+  ExperimentConfig random = c;
+  random.searcher.name = Searcher::Name::kRandom;
+  EXPECT_EQ(trial_config(c, 5).hyperparameters[0].second.value.text(),
+            trial_config(random, 5).hyperparameters[0].second.value.text());
+  const ExperimentConfig halving =
+      parse_ok("name: t\nentrypoint: ./t\nsearcher: {name: async_halving, metric: l, max_length: {epochs: 9}, "
+               "max_trials: 8, num_rungs: 3, divisor: 3, stop_once: true}\n");
+  EXPECT_EQ(halving.searcher.num_rungs, 3);
+  EXPECT_EQ(halving.searcher.divisor, 3);
+  EXPECT_TRUE(halving.searcher.stop_once);
+  EXPECT_EQ(parse_ok(to_yaml(halving)).searcher.num_rungs, 3);
+}
+
+TEST(ConfigErrors, AdaptiveSearchers) {
+  const std::string head = "name: t\nentrypoint: ./t\nsearcher: {metric: l, max_length: {batches: 64}, ";
+  EXPECT_EQ(one_error(head + "name: random, max_trials: 4, divisor: 3}\n"),
+            "exp.yaml:3:88: searcher.divisor: the random searcher has no divisor; it is a key of adaptive_asha and "
+            "async_halving");
+  EXPECT_EQ(one_error(head + "name: async_halving, max_trials: 4}\n"),
+            "exp.yaml:3:11: searcher.num_rungs: required key is missing for the async_halving searcher; add it, e.g. "
+            "`num_rungs: 3`");
+  EXPECT_THAT(one_error(head + "name: adaptive_asha, max_trials: 4, num_rungs: 2}\n"),
+              HasSubstr("searcher.num_rungs: the adaptive_asha searcher has no num_rungs; it belongs to the other "
+                        "adaptive searcher"));
+  EXPECT_THAT(one_error(head + "name: adaptive_asha}\n"),
+              HasSubstr("searcher.max_trials: required key is missing for the adaptive_asha searcher"));
+  EXPECT_THAT(one_error(head + "name: adaptive_asha, max_trials: 4, divisor: 1}\n"), HasSubstr("searcher.divisor:"));
+  EXPECT_THAT(one_error(head + "name: adaptive_asha, max_trials: 4, mode: fast}\n"),
+              HasSubstr("searcher.mode: unknown mode \"fast\""));
+  EXPECT_THAT(one_error(head + "name: adaptive_asha, max_trials: 4, bracket_rungs: 3}\n"),
+              HasSubstr("searcher.bracket_rungs: must be a list of rung counts"));
 }
 
 TEST(ConfigErrors, Hyperparameters) {

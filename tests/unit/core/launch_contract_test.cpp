@@ -68,6 +68,27 @@ TEST(RankContract, ABadCountNamesTheVariableAndItsValue) {
   EXPECT_THAT(error_of(kEnvRestartCount, "two"), testing::HasSubstr("got \"two\"; it is set by hpctrial's launcher"));
 }
 
+// An adaptive search's worker cuts a run at its rung: the rank's config trains to that length.
+TEST(RankContract, AWorkersMaxLengthReplacesTheSearchersForThisRun) {
+  const RankContract c = read_contract(MapEnv(std::map<std::string, std::string>{{kEnvMaxLength, "epochs:3"}}));
+  ASSERT_TRUE(c.max_length.has_value());
+  EXPECT_EQ(c.max_length->unit, LengthUnit::kEpochs);
+  EXPECT_EQ(c.max_length->value, 3);
+  EXPECT_EQ(length_text(*c.max_length), "epochs:3");
+  ExperimentConfig config;
+  config.searcher.max_length = {LengthUnit::kEpochs, 27};
+  EXPECT_EQ(rank_config(config, c).searcher.max_length.value, 3);
+  EXPECT_EQ(rank_config(config, RankContract{}).searcher.max_length.value, 27);
+  for (const char* bad : {"3", "seconds:3", "batches:0", "batches:3x", "batches:"}) {
+    try {
+      read_contract(MapEnv(std::map<std::string, std::string>{{kEnvMaxLength, bad}}));
+      ADD_FAILURE() << bad << " was read";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), testing::HasSubstr(std::string("HPCTRIAL_MAX_LENGTH is \"") + bad + "\": it is <unit>:<count>"));
+    }
+  }
+}
+
 TEST(Heartbeat, ReadsBackWhatWasWritten) {
   std::string page = record(-1, RankPhase::kStartup);
   ASSERT_EQ(page.size(), kHeartbeatSize);

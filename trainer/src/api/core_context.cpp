@@ -71,7 +71,7 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   }
   if (sources.config_path.empty()) sources.config_path = contract.config;
   if (!sources.config_path.empty()) {
-    config_ = core::trial_config(core::load_experiment_config(sources), contract.trial_id);
+    config_ = core::rank_config(core::load_experiment_config(sources), contract);
     hparams_ = detail::trial_hparams(*config_);
     data_config_ = detail::to_json(config_->data);
   } else if (!sources.overrides.empty()) {

@@ -205,7 +205,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     // As early as MPI allows, so that a stop request at start-up is not lost...
     rank::install_stop_handlers();
     // This trial's values of the searcher's ranges.
-    core::ExperimentConfig config = core::trial_config(core::load_experiment_config(args.sources), contract.trial_id);
+    core::ExperimentConfig config = core::rank_config(core::load_experiment_config(args.sources), contract);
     use_slot_cores(config.resources.cpus_per_slot, env);
     rank->start_communicator(std::chrono::seconds(config.optimizations.collective_timeout_seconds));
     comm::Communicator& communicator = rank->communicator();

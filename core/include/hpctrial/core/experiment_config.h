@@ -54,15 +54,27 @@ struct Hyperparameter {
 std::string_view to_string(Hyperparameter::Type type);
 
 struct Searcher {
-  enum class Name { kSingle, kGrid, kRandom };
+  // adaptive_asha and async_halving: asynchronous successive halving (search/asha.h).
+  enum class Name { kSingle, kGrid, kRandom, kAdaptiveAsha, kAsyncHalving };
   Name name = Name::kSingle;
   std::string metric;
   bool smaller_is_better = true;
   Length max_length;
   std::int64_t max_trials = 1;
-  // How many trials of a search run at once (a job array's `%k`), as Determined's default.
+  // How many trials of a search run at once (a job array's `%k`; the adaptive searchers' workers),
+  // as Determined's default.
   std::int64_t max_concurrent_trials = 16;
+  // The adaptive searchers, in Determined's names and defaults.
+  enum class Mode { kAggressive, kStandard, kConservative };
+  Mode mode = Mode::kStandard;         // adaptive_asha: how many brackets
+  double divisor = 4;                  // the fraction of a rung that goes on, and rung length ratio
+  int max_rungs = 5;                   // adaptive_asha
+  std::vector<int> bracket_rungs;      // adaptive_asha: the brackets' rungs, instead of mode
+  int num_rungs = 0;                   // async_halving (required there)
+  bool stop_once = false;              // stop a trial for good at a rung rather than pause it
+  bool adaptive() const { return name == Name::kAdaptiveAsha || name == Name::kAsyncHalving; }
 };
+std::string_view to_string(Searcher::Mode mode);
 std::string_view to_string(Searcher::Name name);
 
 struct Resources {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hpctrial/core/env.h"
+#include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/layout.h"
 
 namespace hpctrial::core {
@@ -44,6 +45,8 @@ inline constexpr const char* kEnvHeartbeatDir = "HPCTRIAL_HEARTBEAT_DIR";
 inline constexpr const char* kEnvAbortFile = "HPCTRIAL_ABORT_FILE";
 inline constexpr const char* kEnvVerdictFile = "HPCTRIAL_VERDICT_FILE";
 inline constexpr const char* kEnvFault = "HPCTRIAL_FAULT";
+// Set by an adaptive search's worker: train to this length only (a rung), "<unit>:<value>".
+inline constexpr const char* kEnvMaxLength = "HPCTRIAL_MAX_LENGTH";
 
 // What the launcher told a rank, read once from the environment by every rank bootstrap (trials
 // and Core API programs alike). Outside the launcher (a plain `mpirun`, a test) the names are
@@ -62,10 +65,17 @@ struct RankContract {
   std::string abort_file;      // HPCTRIAL_ABORT_FILE
   std::string verdict_file;    // HPCTRIAL_VERDICT_FILE
   std::string fault;           // HPCTRIAL_FAULT: the tests' fault-injection plan
+  std::optional<Length> max_length;  // HPCTRIAL_MAX_LENGTH: this run's searcher.max_length
 };
 // ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT
 // is not a whole number of 0 or more.
 RankContract read_contract(const EnvSource& env);
+// "batches:16" for HPCTRIAL_MAX_LENGTH, and back (ConfigError naming the text).
+std::string length_text(const Length& length);
+Length parse_length_text(const std::string& text);
+// The config a rank trains with: the experiment's with this trial's hyperparameter values
+// (core::trial_config), and the contract's max_length when a search's worker set one.
+ExperimentConfig rank_config(const ExperimentConfig& experiment, const RankContract& contract);
 
 // Where a rank is. kAgreement is the step boundary's collective (stop, validation and
 // checkpoint triggers); kEvaluate is evaluate_full_dataset.

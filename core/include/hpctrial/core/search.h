@@ -7,6 +7,8 @@
 //   grid    the product of every range's `count` points (and every categorical's `vals`); the
 //           first hyperparameter varies slowest, as in Determined.
 //   random  `max_trials` trials, each range sampled uniformly (log ranges in the exponent).
+//   adaptive_asha, async_halving   `max_trials` trials sampled as random samples them, trained
+//           for as long as asynchronous successive halving says (search/asha.h).
 #pragma once
 
 #include <optional>

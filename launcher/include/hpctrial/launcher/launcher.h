@@ -25,6 +25,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/launch_contract.h"
 
 namespace hpctrial::launcher {
@@ -63,6 +64,9 @@ struct LaunchOptions {
   // `hpctrial run`: the config to prepare the experiment with (prepare_experiment), written
   // once this launcher holds the trial, never while another runs it. Unset: as recorded.
   std::optional<core::ExperimentConfig> write_config;
+  // An adaptive search's worker: train the trial to this length only (its rung), in the unit of
+  // searcher.max_length (HPCTRIAL_MAX_LENGTH). Unset: to searcher.max_length.
+  std::optional<core::Length> max_length;
 };
 
 // Where the launcher runs: the first scheduler whose job environment is present, else none.
@@ -92,7 +96,20 @@ void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions
 // record it itself: a SIGKILL, an _exit()), then ends the same way. Returns the exit code.
 int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource& env);
 
-// Runs the trial to its end as the exit protocol above says; returns the exit code.
-int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
+// Runs the trial to its end as the exit protocol above says; returns the exit code. `held`: the
+// trial's launcher lock, taken already (an adaptive search's worker leases its trial so), which
+// stays held after the return.
+int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
+           core::UniqueFd* held = nullptr);
+
+// An adaptive search's worker (searcher adaptive_asha or async_halving, search/asha.h): under the
+// search log's lock it asks the search what next, leases that trial (its launcher lock), appends
+// the decision and lets the log go; it trains the trial with launch() to its rung
+// (LaunchOptions::max_length), records the rung's validation metric and whether the trial goes
+// on, and asks again, until the search has nothing left for a worker (0). A stop (pause,
+// preemption, the wall-time) returns 75 with the trial's checkpoint durable: the next run of a
+// worker takes the trial over where it stopped. A trial that fails past max_restarts is recorded
+// as failed, and the worker goes on with the next.
+int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run);
 
 }  // namespace hpctrial::launcher
