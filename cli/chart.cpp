@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
@@ -62,13 +64,22 @@ constexpr double kTitle = 56;
 constexpr double kPanelTitle = 34;
 constexpr double kPlot = 230;
 constexpr double kPanelFoot = 58;
-constexpr double kLegendLine = 24;
+constexpr double kLegendLine = 27;
 constexpr double kLeft = 0.10;
 constexpr double kRight = 0.95;
 
+constexpr double kNote = 28;  // the line that says what the marks mean
+
+bool has_marks(const Chart& chart) {
+  for (const auto& marks : chart.marks) {
+    if (!marks.empty()) return true;
+  }
+  return false;
+}
+
 double page_height(const Chart& chart) {
   return kTitle + static_cast<double>(chart.panels.size()) * (kPanelTitle + kPlot + kPanelFoot) +
-         static_cast<double>(chart.legend.size()) * kLegendLine + 36;
+         (has_marks(chart) ? kNote : 0) + static_cast<double>(chart.legend.size()) * kLegendLine + 48;
 }
 
 // Every panel shares the x axis, from 0 to the last batch of any trial.
@@ -87,7 +98,35 @@ Range x_range(const Chart& chart) {
 // Normalised device coordinates (0 at the bottom) of `pixels` from the top of a page `height` high.
 double from_top(double pixels, double height) { return 1.0 - pixels / height; }
 
-void draw_panel(const Panel& panel, const std::string& x_label, const Range& x, double top, double height) {
+// Axis labels as the values read: 0.93, 1500, 2e-05 (PLplot's own would write 9.3 and x10^-1
+// apart).
+void axis_label(PLINT /*axis*/, PLFLT value, char* label, PLINT length, PLPointer /*data*/) {
+  if (std::abs(value) < 1e-12) value = 0;  // a tick at zero computed as 1e-17
+  std::snprintf(label, static_cast<std::size_t>(length), "%g", value);
+}
+
+// The curve's value at x: its last point at or before x.
+std::optional<double> value_at(const Series& s, double x) {
+  std::optional<double> y;
+  for (std::size_t i = 0; i < s.x.size() && s.x[i] <= x; ++i) y = s.y[i];
+  if (!y && !s.y.empty()) y = s.y.front();
+  return y;
+}
+
+constexpr PLINT kStoppedSymbol = 5, kResumedSymbol = 7;  // x, and a triangle
+
+void draw_marks(const Series& s, const std::vector<Mark>& marks) {
+  for (const Mark& mark : marks) {
+    const auto y = value_at(s, mark.x);
+    if (!y) continue;
+    PLFLT px = mark.x, py = *y;
+    plssym(0, 2.0);
+    plpoin(1, &px, &py, mark.kind == Mark::Kind::kStopped ? kStoppedSymbol : kResumedSymbol);
+  }
+}
+
+void draw_panel(const Panel& panel, const Chart& chart, const Range& x, double top, double height) {
+  const std::string& x_label = chart.x_label;
   Range y;
   for (const auto& s : panel.series) {
     for (const double v : s.y) y.add(v);
@@ -102,7 +141,8 @@ void draw_panel(const Panel& panel, const std::string& x_label, const Range& x, 
   plcol0(kGridColour);
   plbox("g", 0, 0, "g", 0, 0);
   plcol0(1);
-  plbox("bcnst", 0, 0, "bcnstv", 0, 0);
+  plslabelfunc(axis_label, nullptr);
+  plbox("bcnsto", 0, 0, "bcnstvo", 0, 0);
   plmtex("b", 3.2, 0.5, 0.5, plain(x_label).c_str());
   plschr(0, 0.85);
   plmtex("t", 1.2, 0.0, 0.0, plain(panel.title).c_str());
@@ -117,6 +157,7 @@ void draw_panel(const Panel& panel, const std::string& x_label, const Range& x, 
       plssym(0, 1.2);
       plpoin(static_cast<PLINT>(s.x.size()), s.x.data(), s.y.data(), 17);  // a filled dot
     }
+    if (t < chart.marks.size()) draw_marks(s, chart.marks[t]);
   }
 }
 
@@ -161,8 +202,16 @@ void draw(const Chart& chart, const std::string& device, const std::string& file
   const Range x = x_range(chart);
   double top = kTitle;
   for (const auto& panel : chart.panels) {
-    draw_panel(panel, chart.x_label, x, top, height);
+    draw_panel(panel, chart, x, top, height);
     top += kPanelTitle + kPlot + kPanelFoot;
+  }
+  if (has_marks(chart)) {
+    plvpor(kLeft, kRight, from_top(top + kNote, height), from_top(top + 8, height));
+    plwind(0, 1, 0, 1);
+    plcol0(1);
+    plschr(0, 0.6);
+    plptex(0, 0.5, 1, 0, 0, "x: stopped by the search     triangle: resumed (promoted, or run again after a stop)");
+    top += kNote;
   }
   draw_legend(chart, top, height);
   plend();

@@ -20,11 +20,20 @@ struct Panel {
   bool markers = false;  // validation metrics: few points, each marked
 };
 
+// Where a trial's training was stopped (an adaptive search's early stop) or resumed (a
+// promotion, or a run after a stop), drawn on each of its curves.
+struct Mark {
+  enum class Kind { kStopped, kResumed };
+  Kind kind = Kind::kStopped;
+  double x = 0;
+};
+
 struct Chart {
   std::string title;
   std::string x_label = "batches";
   std::vector<Panel> panels;        // one above the other
   std::vector<std::string> legend;  // one entry per trial, in its colour
+  std::vector<std::vector<Mark>> marks;  // by trial, as the legend; may be empty
 };
 
 // Draws the chart into `path`, whose extension chooses the format: .png or .svg. ConfigError for

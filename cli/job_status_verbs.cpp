@@ -24,6 +24,7 @@
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
 #include "job_verbs.h"
+#include "ranking.h"
 #include "verb.h"
 #include "verb_args.h"
 
@@ -242,18 +243,37 @@ job: give --rank.
   }
 }
 
-int run_describe(const std::vector<std::string>& args) {
-  const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR
+// `hpctrial describe --best`: the best trial's best checkpoint, alone on a line.
+int print_best(const core::ExperimentLayout& layout, const core::ExperimentConfig& config) {
+  const auto ranked = rank_trials(layout, config);
+  if (ranked.empty() || !ranked.front().best || ranked.front().checkpoint.empty()) {
+    throw ConfigError("no trial of " + layout.dir + " has validated " + config.searcher.metric +
+                      " with a checkpoint yet; `hpctrial describe " + layout.dir + "` shows where each stands");
+  }
+  std::cout << ranked.front().checkpoint << "\n";
+  return kExitOk;
+}
 
-Tells an experiment's story: its config, its batch jobs and their state in Slurm or PBS, and for
-each trial the batches trained, the latest checkpoint, the runs and the failures. A trial whose
-job stopped after a checkpoint but could not be handed back to the scheduler (a failed
-`scontrol requeue` or `qsub`, tried 3 times) shows the command that resumes it by hand.
-)");
+int run_describe(const std::vector<std::string>& args) {
+  po::options_description options;
+  bool best = false;
+  options.add_options()("best", po::bool_switch(&best), "print only the best trial's best checkpoint (for scripts)");
+  po::variables_map vm;
+  const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR [--best]
+
+Tells an experiment's story: its config, its batch jobs and their state in Slurm or PBS, the
+trials ranked by searcher.metric (each one's best validation, where it stands in an adaptive
+search, its best checkpoint, the hyperparameters in which the trials differ), and for each trial
+the batches trained, the latest checkpoint, the runs and the failures. A trial whose job stopped
+after a checkpoint but could not be handed back to the scheduler (a failed `scontrol requeue` or
+`qsub`, tried 3 times) shows the command that resumes it by hand. --best prints the path of the
+best trial's best checkpoint alone.
+)", &options, &vm);
   if (what.empty()) return kExitOk;
   const Target t = experiment_target(what);
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  if (best) return print_best(layout, config);
   const int trials = core::trial_count(config);
   std::cout << "experiment:  " << config.name << "\n"
             << "directory:   " << layout.dir << "\n"
@@ -267,6 +287,7 @@ job stopped after a checkpoint but could not be handed back to the scheduler (a 
   for (const auto& job : core::recorded_jobs(layout)) {
     std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
   }
+  if (const auto ranked = rank_trials(layout, config); !ranked.empty()) print_ranking(std::cout, ranked, config);
   for (int trial = 0; trial < trials; ++trial) {
     const auto jobs = t.scheduler->trial_jobs(layout, trial, trials);
     std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";

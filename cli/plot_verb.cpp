@@ -16,6 +16,7 @@
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/search.h"
 #include "job_verbs.h"
+#include "ranking.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -108,6 +109,25 @@ std::vector<std::string> legend(const core::ExperimentConfig& config, const std:
   return out;
 }
 
+// Where the trial was resumed (each run after its first, from its first batch) and, in an adaptive
+// search, where the search stopped it (its last batch).
+std::vector<Mark> marks_of(const core::ExperimentLayout& layout, int trial, const std::map<int, SearchPlace>& places,
+                           const TrialMetrics& values) {
+  std::vector<Mark> marks;
+  for (const core::TrialRun& run : core::trial_progress(layout, trial).runs) {
+    if (run.batches > 0) marks.push_back({Mark::Kind::kResumed, static_cast<double>(run.batches)});
+  }
+  const auto place = places.find(trial);
+  if (place != places.end() && place->second.stopped) {
+    double last = 0;
+    for (const auto& [key, series] : values) {
+      if (!series.x.empty()) last = std::max(last, series.x.back());
+    }
+    marks.push_back({Mark::Kind::kStopped, last});
+  }
+  return marks;
+}
+
 int run_plot(const std::vector<std::string>& args) {
   std::vector<std::string> outputs, metrics;
   std::vector<int> only_trials;
@@ -121,7 +141,9 @@ int run_plot(const std::vector<std::string>& args) {
 
 Draws the training and validation metrics of each trial against the batches trained, from the
 trials' metrics.jsonl: a panel per metric, a curve per trial (a search's trials overlaid, the
-legend giving the hyperparameters that tell them apart). Works while the experiment runs.
+legend giving the hyperparameters that tell them apart). A triangle marks where a trial was
+resumed (promoted by an adaptive search, or run again after a stop), an x where an adaptive
+search stopped it. Works while the experiment runs.
 )", &options, &vm);
   if (what.empty()) return kExitOk;
   const Target t = experiment_target(what);
@@ -145,6 +167,8 @@ legend giving the hyperparameters that tell them apart). Works while the experim
   std::vector<TrialMetrics> values;
   for (int trial : trials) values.push_back(read_metrics(layout.trial(trial).metrics_file()));
   chart.legend = legend(config, trials);
+  const auto places = search_places(layout, config);
+  for (std::size_t i = 0; i < trials.size(); ++i) chart.marks.push_back(marks_of(layout, trials[i], places, values[i]));
   for (const auto& key : choose_metrics(values, metrics)) {
     Panel panel;
     const auto slash = key.find('/');

@@ -21,24 +21,6 @@ namespace {
 using search::Decision;
 using search::Event;
 
-search::AshaOptions asha_options(const core::ExperimentConfig& config) {
-  const core::Searcher& s = config.searcher;
-  search::AshaOptions o;
-  o.max_length = s.max_length.value;
-  o.max_trials = static_cast<int>(s.max_trials);
-  o.max_concurrent_trials = static_cast<int>(s.max_concurrent_trials);
-  o.divisor = s.divisor;
-  o.stop_once = s.stop_once;
-  o.smaller_is_better = s.smaller_is_better;
-  o.mode = s.mode == core::Searcher::Mode::kAggressive   ? search::AshaOptions::Mode::kAggressive
-           : s.mode == core::Searcher::Mode::kStandard   ? search::AshaOptions::Mode::kStandard
-                                                         : search::AshaOptions::Mode::kConservative;
-  o.max_rungs = s.max_rungs;
-  o.bracket_rungs = s.bracket_rungs;
-  o.num_rungs = s.name == core::Searcher::Name::kAsyncHalving ? s.num_rungs : 0;
-  return o;
-}
-
 Event event(Event::Kind kind, int trial, int rung, int bracket = 0, double metric = 0) {
   Event e;
   e.kind = kind;
@@ -140,7 +122,7 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
     throw ConfigError(layout.config() + ": searcher " + std::string(core::to_string(config.searcher.name)) +
                       " has no workers; its trials run by number (hpctrial launch --trial N)");
   }
-  const search::AshaOptions asha = asha_options(config);
+  const search::AshaOptions asha = search::options_of(config);
   const search::EventLog log(layout.search_log(), layout.search_lock(),
                              core::ensure_experiment_identity(layout, config.name).id);
   const std::string worker = detail::launcher_name(detect_allocation(env, run));

@@ -51,6 +51,24 @@ const char* to_string(Event::Kind kind) {
   return "?";
 }
 
+AshaOptions options_of(const core::ExperimentConfig& config) {
+  const core::Searcher& s = config.searcher;
+  AshaOptions o;
+  o.max_length = s.max_length.value;
+  o.max_trials = static_cast<int>(s.max_trials);
+  o.max_concurrent_trials = static_cast<int>(s.max_concurrent_trials);
+  o.divisor = s.divisor;
+  o.stop_once = s.stop_once;
+  o.smaller_is_better = s.smaller_is_better;
+  o.mode = s.mode == core::Searcher::Mode::kAggressive ? AshaOptions::Mode::kAggressive
+           : s.mode == core::Searcher::Mode::kStandard ? AshaOptions::Mode::kStandard
+                                                       : AshaOptions::Mode::kConservative;
+  o.max_rungs = s.max_rungs;
+  o.bracket_rungs = s.bracket_rungs;
+  o.num_rungs = s.name == core::Searcher::Name::kAsyncHalving ? s.num_rungs : 0;
+  return o;
+}
+
 std::vector<std::int64_t> rung_lengths(int rungs, double divisor, std::int64_t max_length) {
   std::vector<std::int64_t> out;
   for (int k = 0; k < rungs; ++k) {

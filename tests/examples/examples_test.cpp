@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <set>
 
@@ -21,6 +22,7 @@
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/comm/communicator.h"
 #include "cnn_trial.h"
 #include "../support/capturing_mlp.h"
@@ -379,6 +381,30 @@ TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothi
   EXPECT_EQ(resumed, expected);
   std::set<std::pair<int, int>> reached;
   for (const auto& [trial, rung, metric] : resumed) EXPECT_TRUE(reached.insert({trial, rung}).second) << trial;
+
+  // The results: the trials ranked by the metric, the best one's best checkpoint for scripts, and
+  // a plot that marks the promotions and the early stops.
+  core::RunOptions quick;
+  const auto described = core::run_process({HPCTRIAL_CLI, "describe", straight}, quick);
+  ASSERT_TRUE(described.ok()) << described.describe() << "\n" << described.err;
+  EXPECT_THAT(described.out, HasSubstr("ranking by validation_loss (smaller is better):"));
+  EXPECT_THAT(described.out, HasSubstr("finished"));
+  EXPECT_THAT(described.out, HasSubstr(" of 3 (not promoted)"));  // the search is over
+  const auto best = core::run_process({HPCTRIAL_CLI, "describe", straight, "--best"}, quick);
+  ASSERT_TRUE(best.ok()) << best.describe() << "\n" << best.err;
+  const std::string best_path = core::trim(best.out);
+  EXPECT_TRUE(std::filesystem::exists(best_path)) << best.out;
+  // The best rung metric of the search is the best trial's.
+  double lowest = std::numeric_limits<double>::infinity();
+  int best_trial = -1;
+  for (const auto& [trial, rung, metric] : expected) {
+    if (metric < lowest) lowest = metric, best_trial = trial;
+  }
+  EXPECT_THAT(best_path, HasSubstr("/trial-" + std::to_string(best_trial) + "/"));
+  const std::string svg = (dir_.path() / "asha.svg").string();
+  const auto plotted = core::run_process({HPCTRIAL_CLI, "plot", straight, "-o", svg}, quick);
+  ASSERT_TRUE(plotted.ok()) << plotted.describe() << "\n" << plotted.err;
+  EXPECT_TRUE(std::filesystem::exists(svg));
 }
 
 TEST_F(MlpExample, TheProgramTrainsOnTwoRanksLikeOnOne) {

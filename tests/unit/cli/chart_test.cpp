@@ -86,6 +86,26 @@ TEST(Chart, ALinkAtTheTargetIsReplacedNotFollowed) {
   EXPECT_THAT(read_file(target), StartsWith("\x89PNG"));
 }
 
+// Accuracies between 0.91 and 0.95 are labelled as they read (0.92), not as 9.2 with x10^-1
+// apart; a chart with marks says what they mean.
+TEST(Chart, AxisLabelsReadAsTheValuesAndMarksAreExplained) {
+  TempDir dir;
+  Chart chart;
+  chart.title = "accuracy";
+  chart.panels.push_back({"accuracy", {{{10, 20, 30, 40}, {0.91, 0.93, 0.94, 0.95}}}, true});
+  chart.legend = {"trial 0"};
+  chart.marks = {{{Mark::Kind::kResumed, 20}, {Mark::Kind::kStopped, 40}}};
+  const std::string path = (dir.path() / "chart.svg").string();
+  draw_chart(chart, path);
+  const std::string svg = read_file(path);
+  EXPECT_THAT(svg, HasSubstr(svg_text("0.92")));
+  EXPECT_THAT(svg, testing::Not(HasSubstr(svg_text("9.2"))));  // a mantissa with its exponent apart
+  EXPECT_THAT(svg, HasSubstr(svg_text("x: stopped by the search")));
+  chart.marks.clear();
+  draw_chart(chart, path);
+  EXPECT_THAT(read_file(path), testing::Not(HasSubstr(svg_text("x: stopped by the search"))));
+}
+
 TEST(Chart, AnUnknownExtensionNamesThePathAndTheFormats) {
   TempDir dir;
   const std::string target = (dir.path() / "chart.pdf").string();

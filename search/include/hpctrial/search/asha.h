@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_config.h"
 
 namespace hpctrial::search {
 
@@ -47,6 +48,9 @@ struct AshaOptions {
   // async_halving: one bracket of `num_rungs` rungs (0: adaptive_asha).
   int num_rungs = 0;
 };
+
+// The options of an experiment's searcher (adaptive_asha or async_halving).
+AshaOptions options_of(const core::ExperimentConfig& config);
 
 struct Bracket {
   int rungs = 1;

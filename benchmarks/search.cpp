@@ -1,0 +1,232 @@
+// search: adaptive_asha against random on the mlp example, and the cost of a worker's decision.
+//
+//   search [--quick] [--dir DIR] [--trials N] [--max-batches B]
+//
+// The same space for both (the mlp example's learning rate, log-uniform from 1e-4 to 0.3, and
+// its width, 16 to 128), the same seed and the same max_trials, so that trial N of each samples
+// the same configuration; each search run by `hpctrial run` on one rank:
+//   random         every trial trains B batches, then validates
+//   adaptive_asha  mode standard, divisor 4, max_length B: most trials stop at a lower rung
+// Compute is batches trained, summed over trials, in the order the search trained them. Printed:
+// each search's best validation_loss and its wall time; the compute each needed to reach the best
+// loss random reached (random: through the trial that reached it; adaptive_asha: until a rung
+// reported a loss as good), and their ratio (goal: adaptive_asha <= 1/3 of random's).
+// Then the decision: a log of N simulated trials' events is written, and a worker's "what next?"
+// (the log's lock, reading and replaying every event, the decision) is timed, median of 20 (goal
+// <= 10 ms at 1 000 trials).
+// --quick (bench-smoke): 4 trials of 32 batches, and a log of 100 trials.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/search/event_log.h"
+#include "synthetic_data.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+std::string config(const std::string& name, const std::string& searcher, int trials, int batches,
+                   const std::string& data) {
+  return "name: " + name + "\nentrypoint: " HPCTRIAL_MLP "\nhyperparameters:\n  global_batch_size: 64\n"
+         "  classes: 10\n  learning_rate: {type: log, base: 10, minval: -4, maxval: -0.5}\n"
+         "  hidden: {type: categorical, vals: [16, 32, 64, 128]}\nsearcher:\n  name: " + searcher +
+         "\n  metric: validation_loss\n  max_length: {batches: " + std::to_string(batches) + "}\n  max_trials: " +
+         std::to_string(trials) + "\n  max_concurrent_trials: 1\n" +
+         (searcher == "adaptive_asha" ? "  mode: standard\n  divisor: 4\n" : "") +
+         "min_validation_period: {batches: 100000}\nresources: {slots_per_trial: 1}\n"
+         "reproducibility: {experiment_seed: 1234}\ndata: {train: " + data + "/train.h5, validation: " + data +
+         "/validation.h5, x_dataset: x, y_dataset: y}\n";
+}
+
+double run_search(const std::string& dir, const std::string& name, const std::string& yaml) {
+  const std::string path = dir + "/" + name + ".yaml";
+  std::ofstream(path) << yaml;
+  hpctrial::core::RunOptions options;
+  options.timeout = std::chrono::hours(2);
+  const auto start = Clock::now();
+  const auto r = hpctrial::core::run_process({HPCTRIAL_CLI, "run", path, "--experiment", dir + "/" + name}, options);
+  if (!r.ok()) {
+    std::fprintf(stderr, "search: %s failed: %s\n%s%s\n", name.c_str(), r.describe().c_str(), r.out.c_str(), r.err.c_str());
+    std::exit(1);
+  }
+  return since(start);
+}
+
+// The validations of a trial: (batches, loss).
+std::vector<std::pair<std::int64_t, double>> validations(const std::string& metrics) {
+  std::vector<std::pair<std::int64_t, double>> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") != "validation" || !j["metrics"]["validation_loss"].is_number()) continue;
+    out.emplace_back(j["batches"].get<std::int64_t>(), j["metrics"]["validation_loss"].get<double>());
+  }
+  return out;
+}
+
+// The compute until a loss <= target, trial after trial (random's order), and the best loss.
+std::pair<double, std::int64_t> random_compute(const std::string& experiment, int trials, double target) {
+  double best = std::numeric_limits<double>::infinity();
+  std::int64_t before = 0, reached = -1;
+  for (int t = 0; t < trials; ++t) {
+    const auto v = validations(experiment + "/trial-" + std::to_string(t) + "/metrics.jsonl");
+    for (const auto& [batches, loss] : v) {
+      best = std::min(best, loss);
+      if (reached < 0 && loss <= target) reached = before + batches;
+    }
+    before += v.empty() ? 0 : v.back().first;
+  }
+  return {best, reached};
+}
+
+// adaptive_asha: the compute at each rung event (every trial's batches so far), until a loss <= target.
+std::pair<double, std::int64_t> asha_compute(const std::string& experiment, double target) {
+  std::map<int, std::int64_t> trained;
+  double best = std::numeric_limits<double>::infinity();
+  std::int64_t reached = -1;
+  std::ifstream in(experiment + "/search-events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto e = nlohmann::json::parse(line);
+    if (e["event"] != "rung") continue;
+    const int trial = e["trial"].get<int>();
+    const auto v = validations(experiment + "/trial-" + std::to_string(trial) + "/metrics.jsonl");
+    // The rung's validation is the trial's n-th, n its rung's index + 1.
+    const auto rung = static_cast<std::size_t>(e["rung"].get<int>());
+    if (rung < v.size()) trained[trial] = v[rung].first;
+    std::int64_t total = 0;
+    for (const auto& [id, batches] : trained) total += batches;
+    const auto loss = hpctrial::core::number_of(e["metric"]);
+    if (!loss) continue;
+    best = std::min(best, *loss);
+    if (reached < 0 && *loss <= target) reached = total;
+  }
+  return {best, reached};
+}
+
+// A worker's decision over a log of `trials` simulated trials: median seconds of 20.
+double decision_seconds(const std::string& dir, int trials) {
+  hpctrial::search::AshaOptions o;
+  o.max_length = 1000;
+  o.max_trials = trials;
+  o.max_concurrent_trials = 16;
+  hpctrial::search::Asha asha(o);
+  std::vector<hpctrial::search::Event> events(1);
+  events[0].kind = hpctrial::search::Event::Kind::kSearch;
+  events[0].experiment_id = "bench";
+  asha.apply(events[0]);
+  const auto none = [](int) { return false; };
+  const auto append = [&](hpctrial::search::Event e) {
+    asha.apply(e);
+    events.push_back(e);
+  };
+  for (int step = 0; step < 10 * trials; ++step) {
+    const auto d = asha.next(none);
+    if (d.kind == hpctrial::search::Decision::Kind::kDone) break;
+    hpctrial::search::Event e;
+    e.trial = d.trial;
+    if (d.create) {
+      e.kind = hpctrial::search::Event::Kind::kCreated;
+      e.bracket = d.bracket;
+      append(e);
+    }
+    e.kind = d.promote ? hpctrial::search::Event::Kind::kPromoted : hpctrial::search::Event::Kind::kStarted;
+    e.rung = d.rung;
+    append(e);
+    e.kind = hpctrial::search::Event::Kind::kRung;
+    e.metric = std::fmod(d.trial * 0.618, 1.0) / (1 + d.rung);
+    append(e);
+  }
+  const std::string log_path = dir + "/search-events.jsonl";
+  fs::remove(log_path);
+  hpctrial::search::EventLog log(log_path, dir + "/.search.lock", "bench");
+  {
+    auto locked = log.lock();
+    locked.read();
+    locked.append(std::vector<hpctrial::search::Event>(events.begin() + 1, events.end()), "bench");
+  }
+  std::vector<double> times;
+  for (int round = 0; round < 20; ++round) {
+    const auto start = Clock::now();
+    auto locked = log.lock();
+    const auto replayed = hpctrial::search::replay(o, locked.read(), log.path());
+    const auto d = replayed.next(none);
+    times.push_back(since(start));
+    if (round == 0) {
+      std::printf("decision log: %zu events of %d trials (%d created), next: %s\n", events.size(), trials,
+                  replayed.created(), d.kind == hpctrial::search::Decision::Kind::kDone ? "done" : "run");
+    }
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string dir = "search-scratch";
+  int trials = 64, batches = 320;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+      trials = 4;
+      batches = 32;
+    } else if (a == "--dir" && i + 1 < argc) {
+      dir = argv[++i];
+    } else if (a == "--trials" && i + 1 < argc) {
+      trials = std::atoi(argv[++i]);
+    } else if (a == "--max-batches" && i + 1 < argc) {
+      batches = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: search [--quick] [--dir DIR] [--trials N] [--max-batches B]\n");
+      return 2;
+    }
+  }
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/data");
+  dir = fs::absolute(dir).string();
+  mlp_example::SyntheticSpec spec;
+  mlp_example::write_synthetic_dataset(dir + "/data/train.h5", spec);
+  spec.samples = 2048;
+  spec.seed = 2;
+  mlp_example::write_synthetic_dataset(dir + "/data/validation.h5", spec);
+  std::printf("mlp example, %d trials of at most %d batches each, one worker (hpctrial run, 1 rank)\n", trials, batches);
+
+  const double random_s = run_search(dir, "random", config("random", "random", trials, batches, dir + "/data"));
+  const double asha_s = run_search(dir, "asha", config("asha", "adaptive_asha", trials, batches, dir + "/data"));
+  const auto [random_best, unused] = random_compute(dir + "/random", trials, -std::numeric_limits<double>::infinity());
+  const auto [best_again, random_needs] = random_compute(dir + "/random", trials, random_best);
+  const auto [asha_best, asha_needs] = asha_compute(dir + "/asha", random_best);
+  std::printf("%-14s %12s %10s %22s\n", "searcher", "best loss", "wall s", "batches to reach random's best");
+  std::printf("%-14s %12.4f %10.1f %22lld\n", "random", random_best, random_s, static_cast<long long>(random_needs));
+  std::printf("%-14s %12.4f %10.1f %22s\n", "adaptive_asha", asha_best, asha_s,
+              asha_needs < 0 ? "not reached" : std::to_string(asha_needs).c_str());
+  if (asha_needs < 0) {
+    std::printf("compute to random's best, adaptive_asha / random: not reached (its best %.4f) (goal <= 0.333)\n",
+                asha_best);
+  } else {
+    std::printf("compute to random's best, adaptive_asha / random: %.3f (goal <= 0.333)\n",
+                static_cast<double>(asha_needs) / static_cast<double>(random_needs));
+  }
+  const int logged = quick ? 100 : 1000;
+  const double decision = decision_seconds(dir, logged);
+  std::printf("one decision with %d trials in the log: %.3f ms (goal <= 10 ms)\n", logged, decision * 1e3);
+  return 0;
+}
