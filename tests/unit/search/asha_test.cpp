@@ -337,7 +337,7 @@ TEST(SearchLog, MetricsOfAnyValueRoundTripAndATornLastLineIsNeverRead) {
     for (double metric : {std::nan(""), std::numeric_limits<double>::infinity(), -0.25}) {
       events.push_back(ev(Event::Kind::kRung, 0, 0, 0, metric));
     }
-    locked.append(events, "worker A");
+    locked.append(events, "worker \"A\"\t1");  // escapes: read by the slow path
   }
   {
     std::ofstream torn(path, std::ios::app);
@@ -350,12 +350,21 @@ TEST(SearchLog, MetricsOfAnyValueRoundTripAndATornLastLineIsNeverRead) {
   EXPECT_TRUE(std::isnan(read[3].metric));
   EXPECT_EQ(read[4].metric, std::numeric_limits<double>::infinity());
   EXPECT_EQ(read[5].metric, -0.25);
-  EXPECT_EQ(read[5].worker, "worker A");
+  EXPECT_EQ(read[5].worker, "worker \"A\"\t1");
+  EXPECT_EQ(read[1].kind, Event::Kind::kCreated);
   EXPECT_FALSE(read[5].time.empty());
   locked.append({ev(Event::Kind::kFinished, 0)}, "worker B");
   read = locked.read();
   ASSERT_EQ(read.size(), 7u);  // the torn line cut off, the new one whole
   EXPECT_EQ(read[6].kind, Event::Kind::kFinished);
+  EXPECT_EQ(read[6].worker, "worker B");
+  // Each line reads the same whichever way it is read.
+  for (const auto& e : read) {
+    const Event again = parse_event(to_json_line(e), "test");
+    EXPECT_EQ(again.kind, e.kind);
+    EXPECT_EQ(again.trial, e.trial);
+    EXPECT_EQ(again.worker, e.worker);
+  }
 }
 
 TEST(SearchLog, AnotherExperimentsLogAndAMalformedLineAreRefusedNamingThem) {
