@@ -154,7 +154,7 @@ double decision_seconds(const std::string& dir, int trials) {
   }
   const std::string log_path = dir + "/search-events.jsonl";
   fs::remove(log_path);
-  hpctrial::search::EventLog log(log_path, dir + "/.search.lock", "bench");
+  hpctrial::search::EventLog log(log_path, dir + "/.search.lock", "bench", hpctrial::search::settings_of(o));
   {
     auto locked = log.lock();
     locked.read();

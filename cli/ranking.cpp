@@ -75,8 +75,9 @@ std::map<int, SearchPlace> search_places(const core::ExperimentLayout& layout, c
   std::map<int, SearchPlace> out;
   const auto identity = core::experiment_identity(layout);
   if (!config.searcher.adaptive() || !identity || !fs::exists(layout.search_log())) return out;
-  const search::EventLog log(layout.search_log(), layout.search_lock(), identity->id);
-  const search::Asha asha = search::replay(search::options_of(config), log.lock().read(), log.path());
+  const search::AshaOptions options = search::options_of(config);
+  const search::EventLog log(layout.search_log(), layout.search_lock(), identity->id, search::settings_of(options));
+  const search::Asha asha = search::replay(options, log.lock().read(), log.path());
   // Every trial created and none training: the search is over, and a trial still waiting for a
   // promotion will not get one.
   int total = 0;

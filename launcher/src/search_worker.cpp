@@ -124,7 +124,7 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
   }
   const search::AshaOptions asha = search::options_of(config);
   const search::EventLog log(layout.search_log(), layout.search_lock(),
-                             core::ensure_experiment_identity(layout, config.name).id);
+                             core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
   const std::string worker = detail::launcher_name(detect_allocation(env, run));
   std::optional<int> prefer;
   while (true) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 
@@ -67,6 +68,18 @@ AshaOptions options_of(const core::ExperimentConfig& config) {
   o.bracket_rungs = s.bracket_rungs;
   o.num_rungs = s.name == core::Searcher::Name::kAsyncHalving ? s.num_rungs : 0;
   return o;
+}
+
+std::string settings_of(const AshaOptions& o) {
+  std::string brackets;
+  for (const auto& b : make_brackets(o)) {
+    brackets += (brackets.empty() ? "" : ",") + ("[" + std::to_string(b.rungs) + "," + std::to_string(b.max_trials) + "]");
+  }
+  char divisor[32];
+  std::snprintf(divisor, sizeof divisor, "%.17g", o.divisor);
+  return std::string("{\"brackets\":[") + brackets + "],\"divisor\":" + divisor + ",\"max_length\":" +
+         std::to_string(o.max_length) + ",\"smaller_is_better\":" + (o.smaller_is_better ? "true" : "false") +
+         ",\"stop_once\":" + (o.stop_once ? "true" : "false") + "}";
 }
 
 std::vector<std::int64_t> rung_lengths(int rungs, double divisor, std::int64_t max_length) {

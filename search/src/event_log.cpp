@@ -138,6 +138,7 @@ std::string to_json_line(const Event& e) {
   json j = {{"event", to_string(e.kind)}};
   if (e.kind == Event::Kind::kSearch) {
     j["experiment_id"] = e.experiment_id;
+    if (!e.settings.empty()) j["settings"] = json::parse(e.settings);
   } else {
     j["trial"] = e.trial;
     if (e.kind == Event::Kind::kCreated) j["bracket"] = e.bracket;
@@ -159,6 +160,7 @@ Event parse_event(const std::string& line, const std::string& where) {
     e.kind = kind->second;
     if (e.kind == Event::Kind::kSearch) {
       e.experiment_id = j.at("experiment_id").get<std::string>();
+      if (j.contains("settings")) e.settings = j.at("settings").dump();
     } else {
       e.trial = j.at("trial").get<int>();
       e.bracket = j.value("bracket", 0);
@@ -177,8 +179,11 @@ Event parse_event(const std::string& line, const std::string& where) {
   return e;
 }
 
-EventLog::EventLog(std::string path, std::string lock_path, std::string experiment_id)
-    : path_(std::move(path)), lock_path_(std::move(lock_path)), experiment_id_(std::move(experiment_id)) {}
+EventLog::EventLog(std::string path, std::string lock_path, std::string experiment_id, std::string settings)
+    : path_(std::move(path)),
+      lock_path_(std::move(lock_path)),
+      experiment_id_(std::move(experiment_id)),
+      settings_(std::move(settings)) {}
 
 EventLog::Locked EventLog::lock() const {
   core::UniqueFd fd(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -219,6 +224,7 @@ std::vector<Event> EventLog::Locked::read() {
     Event search;
     search.kind = Event::Kind::kSearch;
     search.experiment_id = log_->experiment_id_;
+    search.settings = log_->settings_;
     append({search}, "");
     out.push_back(search);
   } else if (out.front().kind != Event::Kind::kSearch) {
@@ -227,6 +233,11 @@ std::vector<Event> EventLog::Locked::read() {
     throw SearchError(log_->path_ + " is the search of experiment " + out.front().experiment_id + ", not of this one (" +
                       log_->experiment_id_ + "): a search continues only its own log; move that file away, or run "
                       "the experiment it belongs to");
+  } else if (!log_->settings_.empty() && out.front().settings != log_->settings_) {
+    throw SearchError(log_->path_ + ":1: the search began with the settings " + out.front().settings +
+                      ", and the config now makes " + log_->settings_ + ": a search keeps its settings from its first "
+                      "trial to its last; run it with the searcher section that began it, or begin a new experiment "
+                      "(--experiment DIR)");
   }
   return out;
 }

@@ -121,36 +121,21 @@ build_and_run_example() {
   rm "$prefix/etc/hpctrial/site.yaml"
 }
 
-# What `hpctrial new-trial --engine` writes builds and trains an engine trial with ZeRO-2.
-build_and_run_engine_project() {
-  local prefix=$1
+# What `hpctrial new-trial NAME --TEMPLATE` writes builds and trains as its experiment says:
+#   build_and_run_template PREFIX TEMPLATE NAME LINE   (LINE: what the run's log must say)
+# --engine: an engine trial with ZeRO-2; --pipeline: a model in 2 pipeline stages.
+build_and_run_template() {
+  local prefix=$1 template=$2 name=$3 line=$4 project=$work/$2
   local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
-  rm -rf "$work/engine"
-  if ! clean bash -c "$steps && hpctrial new-trial big_model --engine --dir '$work/engine' && cd '$work/engine' &&
-                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$work/engine.log" 2>&1; then
-    cat "$work/engine.log"
-    fail "the project of hpctrial new-trial --engine did not build and run"
+  rm -rf "$project"
+  if ! clean bash -c "$steps && hpctrial new-trial $name --$template --dir '$project' && cd '$project' &&
+                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$project.log" 2>&1; then
+    cat "$project.log"
+    fail "the project of hpctrial new-trial --$template did not build and run"
   fi
-  [[ -f $work/engine/runs/big-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
-    { cat "$work/engine.log"; fail "the engine project left no final checkpoint"; }
-  grep -q "engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)" "$work/engine.log" ||
-    { cat "$work/engine.log"; fail "the engine project did not train as its engine section says"; }
-}
-
-# What `hpctrial new-trial --pipeline` writes builds and trains a model in 2 pipeline stages.
-build_and_run_pipeline_project() {
-  local prefix=$1
-  local steps="source /usr/share/lmod/lmod/init/bash && module use '$prefix/share/modulefiles' && module load hpctrial"
-  rm -rf "$work/piped"
-  if ! clean bash -c "$steps && hpctrial new-trial deep_model --pipeline --dir '$work/piped' && cd '$work/piped' &&
-                      cmake -S . -B build && cmake --build build && hpctrial run experiment.yaml" >"$work/piped.log" 2>&1; then
-    cat "$work/piped.log"
-    fail "the project of hpctrial new-trial --pipeline did not build and run"
-  fi
-  [[ -f $work/piped/runs/deep-model/trial-0/checkpoints/ckpt-300.h5 ]] ||
-    { cat "$work/piped.log"; fail "the pipeline project left no final checkpoint"; }
-  grep -q "engine: train_batch_size 64 = micro-batch 16 x 4 accumulation step(s) x 1 replica(s) of 2 pipeline stages" \
-    "$work/piped.log" || { cat "$work/piped.log"; fail "the pipeline project did not train in 2 stages"; }
+  [[ -f $project/runs/${name//_/-}/trial-0/checkpoints/ckpt-300.h5 ]] ||
+    { cat "$project.log"; fail "the --$template project left no final checkpoint"; }
+  grep -qF "$line" "$project.log" || { cat "$project.log"; fail "the --$template project did not train as its experiment says"; }
 }
 
 # Installed twice: one prefix used where it was installed, one moved after its install.
@@ -162,12 +147,14 @@ clean "$tmp/first/bin/hpctrial" new-trial demo_trial --dir "$tmp/demo-written" >
 in_place() {
   check_prefix "$tmp/first"
   build_and_run_example "$tmp/first" yes
-  build_and_run_engine_project "$tmp/first"
+  build_and_run_template "$tmp/first" engine big_model \
+    "engine: train_batch_size 64 = micro-batch 16 x 2 accumulation step(s) x 2 rank(s)"
 }
 moved() {
   check_prefix "$tmp/moved"
   build_and_run_example "$tmp/moved" no
-  build_and_run_pipeline_project "$tmp/moved"
+  build_and_run_template "$tmp/moved" pipeline deep_model \
+    "engine: train_batch_size 64 = micro-batch 16 x 4 accumulation step(s) x 1 replica(s) of 2 pipeline stages"
   user_path=/bin:/usr/bin
   check_prefix "$tmp/moved"
   build_and_run_example "$tmp/moved" no

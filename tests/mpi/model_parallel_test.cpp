@@ -54,8 +54,33 @@ struct TensorParallelMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(TensorParallelMlp);
 
-// The MLP's regression; with `parts` > 1 ranks of one replica are consecutive: part rank % parts,
-// replica rank / parts.
+// The regression's data, and this rank's place in a split of the MLP into `parts`: ranks of one
+// replica are consecutive (part rank % parts, replica rank / parts); with `parts` > 1, its unit
+// (of `replicas_given` replicas instead of the layout's, when set) and the group of its parts.
+struct Split {
+  std::shared_ptr<TensorDataset> data;
+  int part = 0;
+  ModelParallelUnit unit;
+  std::unique_ptr<comm::Communicator> parts_group;
+};
+Split split_mlp(comm::Communicator& world, int parts, int replicas_given = 0) {
+  torch::manual_seed(7);
+  const auto x = torch::randn({kRecords, kIn});
+  const auto y = torch::sin(x.matmul(torch::linspace(-1, 1, kIn * kOut).reshape({kIn, kOut})));
+  Split s;
+  s.data = std::make_shared<TensorDataset>(x, y);
+  s.part = world.rank() % parts;
+  if (parts == 1) return s;
+  const int replica = world.rank() / parts;
+  s.unit.data_parallel_rank = replica;
+  s.unit.data_parallel_world_size = replicas_given > 0 ? replicas_given : world.size() / parts;
+  s.unit.should_report_metrics = s.part == 0;  // the parts compute the same loss
+  s.unit.data_parallel_group = std::shared_ptr<comm::Communicator>(world.split(s.part, replica));
+  s.parts_group = world.split(replica, s.part);
+  return s;
+}
+
+// The MLP's regression, split by the trial as `parts` says.
 class TensorParallelTrial : public Trial {
  public:
   struct Options {
@@ -66,23 +91,10 @@ class TensorParallelTrial : public Trial {
     int replicas_given = 0;  // a unit with this many replicas instead (0: the layout's)
   };
 
-  TensorParallelTrial(TrialContext& context, Options options) : context_(context), options_(options) {
-    torch::manual_seed(7);
-    const auto x = torch::randn({kRecords, kIn});
-    const auto y = torch::sin(x.matmul(torch::linspace(-1, 1, kIn * kOut).reshape({kIn, kOut})));
-    data_ = std::make_shared<TensorDataset>(x, y);
-    comm::Communicator& world = context.communicator();
-    const int part = world.rank() % options.parts, replica = world.rank() / options.parts;
-    if (options.parts > 1) {
-      ModelParallelUnit unit;
-      unit.data_parallel_rank = replica;
-      unit.data_parallel_world_size = options.replicas_given > 0 ? options.replicas_given : world.size() / options.parts;
-      unit.should_report_metrics = part == 0;  // the parts compute the same loss
-      unit.data_parallel_group = std::shared_ptr<comm::Communicator>(world.split(part, replica));
-      parts_group_ = world.split(replica, part);
-      context.set_mpu(std::move(unit));
-    }
-    model_ = context.wrap_model(TensorParallelMlp(part, options.parts, parts_group_.get()));
+  TensorParallelTrial(TrialContext& context, Options options)
+      : context_(context), options_(options), split_(split_mlp(context.communicator(), options.parts, options.replicas_given)) {
+    if (options.parts > 1) context.set_mpu(split_.unit);
+    model_ = context.wrap_model(TensorParallelMlp(split_.part, options.parts, split_.parts_group.get()));
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(context.hparam<double>("lr"))));
   }
@@ -102,14 +114,13 @@ class TensorParallelTrial : public Trial {
   Metrics evaluate_batch(Batch& batch) override {
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
   }
-  DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
-  DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+  DataLoader build_training_data_loader() override { return {split_.data, context_.per_slot_batch_size()}; }
+  DataLoader build_validation_data_loader() override { return {split_.data, 64, false}; }
 
  private:
   TrialContext& context_;
   Options options_;
-  std::shared_ptr<TensorDataset> data_;
-  std::unique_ptr<comm::Communicator> parts_group_;
+  Split split_;
   TensorParallelMlp model_{nullptr};
   std::shared_ptr<torch::optim::Adam> optimizer_;
 };
@@ -266,27 +277,14 @@ class EngineTensorParallelTrial : public EngineTrial {
     bool unit_after_wrap = false;
   };
 
-  EngineTensorParallelTrial(EngineTrialContext& context, Options options) : context_(context), options_(options) {
-    torch::manual_seed(7);
-    const auto x = torch::randn({kRecords, kIn});
-    const auto y = torch::sin(x.matmul(torch::linspace(-1, 1, kIn * kOut).reshape({kIn, kOut})));
-    data_ = std::make_shared<TensorDataset>(x, y);
-    comm::Communicator& world = context.communicator();
-    const int part = world.rank() % options.parts, replica = world.rank() / options.parts;
-    ModelParallelUnit unit;
-    if (options.parts > 1) {
-      unit.data_parallel_rank = replica;
-      unit.data_parallel_world_size = world.size() / options.parts;
-      unit.should_report_metrics = part == 0;
-      unit.data_parallel_group = std::shared_ptr<comm::Communicator>(world.split(part, replica));
-      parts_group_ = world.split(replica, part);
-      if (!options.unit_after_wrap) context.set_mpu(unit);
-    }
-    model_ = TensorParallelMlp(part, options.parts, parts_group_.get());
+  EngineTensorParallelTrial(EngineTrialContext& context, Options options)
+      : context_(context), options_(options), split_(split_mlp(context.communicator(), options.parts)) {
+    if (options.parts > 1 && !options.unit_after_wrap) context.set_mpu(split_.unit);
+    model_ = TensorParallelMlp(split_.part, options.parts, split_.parts_group.get());
     auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(),
                                                           torch::optim::AdamOptions(context.hparam<double>("lr")));
     engine_ = context.wrap_model_engine(std::make_shared<ModelEngine>(model_, optimizer));
-    if (options.unit_after_wrap) context.set_mpu(unit);
+    if (options.parts > 1 && options.unit_after_wrap) context.set_mpu(split_.unit);
     if (options.micro_batch_out != nullptr) *options.micro_batch_out = context.train_micro_batch_size_per_gpu();
   }
   ~EngineTensorParallelTrial() override {
@@ -306,14 +304,13 @@ class EngineTensorParallelTrial : public EngineTrial {
     const Batch batch = data.next();
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
   }
-  DataLoader build_training_data_loader() override { return {data_, context_.train_micro_batch_size_per_gpu()}; }
-  DataLoader build_validation_data_loader() override { return {data_, 64, false}; }
+  DataLoader build_training_data_loader() override { return {split_.data, context_.train_micro_batch_size_per_gpu()}; }
+  DataLoader build_validation_data_loader() override { return {split_.data, 64, false}; }
 
  private:
   EngineTrialContext& context_;
   Options options_;
-  std::shared_ptr<TensorDataset> data_;
-  std::unique_ptr<comm::Communicator> parts_group_;
+  Split split_;
   TensorParallelMlp model_{nullptr};
   std::shared_ptr<ModelEngine> engine_;
 };

@@ -329,7 +329,7 @@ TEST(Asha, TheSameEventsGiveTheSameDecisions) {
 TEST(SearchLog, MetricsOfAnyValueRoundTripAndATornLastLineIsNeverRead) {
   testing_support::TempDir dir;
   const std::string path = (dir.path() / "search-events.jsonl").string();
-  EventLog log(path, (dir.path() / ".search.lock").string(), "exp-1");
+  EventLog log(path, (dir.path() / ".search.lock").string(), "exp-1", settings_of(halving(false)));
   {
     auto locked = log.lock();
     EXPECT_EQ(locked.read().size(), 1u);  // the search's line, written now
@@ -371,19 +371,30 @@ TEST(SearchLog, AnotherExperimentsLogAndAMalformedLineAreRefusedNamingThem) {
   testing_support::TempDir dir;
   const std::string path = (dir.path() / "search-events.jsonl").string();
   const std::string lock = (dir.path() / ".search.lock").string();
-  EventLog(path, lock, "exp-1").lock().read();
+  const std::string settings = settings_of(halving(false));
+  EventLog(path, lock, "exp-1", settings).lock().read();
   try {
-    EventLog(path, lock, "exp-2").lock().read();
+    EventLog(path, lock, "exp-2", settings).lock().read();
     ADD_FAILURE() << "another experiment's log was read";
   } catch (const SearchError& e) {
     EXPECT_THAT(e.what(), HasSubstr(path + " is the search of experiment exp-1, not of this one (exp-2)"));
+  }
+  // Other settings (another divisor): refused, naming both.
+  AshaOptions other = halving(false);
+  other.divisor = 3;
+  try {
+    EventLog(path, lock, "exp-1", settings_of(other)).lock().read();
+    ADD_FAILURE() << "a search was continued with other settings";
+  } catch (const SearchError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ":1: the search began with the settings {\"brackets\":[[3,8]],\"divisor\":2,"));
+    EXPECT_THAT(e.what(), HasSubstr("and the config now makes {\"brackets\":[[3,8]],\"divisor\":3,"));
   }
   {
     std::ofstream out(path, std::ios::app);
     out << "{\"event\":\"created\",\"trial\":0,\"bracket\":0}\n{\"event\":\"teleported\",\"trial\":0}\n";
   }
   try {
-    EventLog(path, lock, "exp-1").lock().read();
+    EventLog(path, lock, "exp-1", settings).lock().read();
     ADD_FAILURE() << "a malformed line was read";
   } catch (const SearchError& e) {
     EXPECT_THAT(e.what(), HasSubstr(path + ":3: unknown event 'teleported'"));

@@ -51,6 +51,9 @@ struct AshaOptions {
 
 // The options of an experiment's searcher (adaptive_asha or async_halving).
 AshaOptions options_of(const core::ExperimentConfig& config);
+// What a search keeps from its beginning to its end, as JSON text: max_length, divisor,
+// stop_once, smaller_is_better and the brackets (rungs and trials). Not the workers' number.
+std::string settings_of(const AshaOptions& options);
 
 struct Bracket {
   int rungs = 1;
@@ -83,6 +86,7 @@ struct Event {
   int rung = 0;
   double metric = 0;
   std::string experiment_id;  // kSearch
+  std::string settings;       // kSearch: the searcher's settings, as settings_of() writes them
   std::string worker;         // who appended it (job, host, pid), for people
   std::string time;           // UTC, ISO 8601
 };

@@ -6,7 +6,7 @@
 // line cut short by a worker that died mid-write is never read as an event: it is ignored, and
 // the next append cuts it off first.
 //
-//   {"event":"search","experiment_id":"...","time":"...","worker":"..."}
+//   {"event":"search","experiment_id":"...","settings":{"brackets":[[4,45],...],"divisor":4,...},...}
 //   {"event":"created","trial":3,"bracket":0,...}  {"event":"started","trial":3,"rung":0,...}
 //   {"event":"rung","trial":3,"rung":0,"metric":0.41,...}  {"event":"promoted","trial":3,"rung":1,...}
 //   {"event":"stopped"|"finished"|"failed","trial":3,"rung":1,...}
@@ -27,7 +27,8 @@ Event parse_event(const std::string& line, const std::string& where);
 
 class EventLog {
  public:
-  EventLog(std::string path, std::string lock_path, std::string experiment_id);
+  // `settings`: the search's (settings_of); a log begun with others is refused.
+  EventLog(std::string path, std::string lock_path, std::string experiment_id, std::string settings);
 
   // The log's lock, held for a whole decision (read, decide, append). Blocks until it is free.
   class Locked {
@@ -35,7 +36,8 @@ class EventLog {
     Locked(Locked&&) = default;
     Locked& operator=(Locked&&) = default;
     // Every complete event, the search line first (written now when the log is new).
-    // SearchError for a log of another experiment or a malformed line (naming file:line).
+    // SearchError for a log of another experiment or of other settings, or a malformed line
+    // (naming file:line).
     std::vector<Event> read();
     // Appends `events` (stamped with the time and `worker` when they have none) in one write,
     // then fsyncs the file.
@@ -52,7 +54,7 @@ class EventLog {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_, lock_path_, experiment_id_;
+  std::string path_, lock_path_, experiment_id_, settings_;
 };
 
 // Replays `events` into a search of `options`; SearchError naming the log and the line of the
