@@ -2,6 +2,8 @@
 // schedulers say, joined with what the launcher and the chief left in each experiment directory.
 #include <boost/program_options.hpp>
 
+#include <cmath>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -245,13 +247,15 @@ job: give --rank.
 
 // `hpctrial describe --best`: the best trial's best checkpoint, alone on a line.
 int print_best(const core::ExperimentLayout& layout, const core::ExperimentConfig& config) {
-  const auto ranked = rank_trials(layout, config);
-  if (ranked.empty() || !ranked.front().best || ranked.front().checkpoint.empty()) {
-    throw ConfigError("no trial of " + layout.dir + " has validated " + config.searcher.metric +
-                      " with a checkpoint yet; `hpctrial describe " + layout.dir + "` shows where each stands");
+  // The first in the ranking with a checkpoint and a metric that is a number.
+  for (const TrialStanding& s : rank_trials(layout, config)) {
+    if (!s.best || std::isnan(*s.best) || s.checkpoint.empty()) continue;
+    std::cout << s.checkpoint << "\n";
+    return kExitOk;
   }
-  std::cout << ranked.front().checkpoint << "\n";
-  return kExitOk;
+  throw ConfigError("no trial of " + layout.dir + " has validated " + config.searcher.metric +
+                    " (as a number) with a checkpoint yet; `hpctrial describe " + layout.dir +
+                    "` shows where each stands");
 }
 
 int run_describe(const std::vector<std::string>& args) {

@@ -77,7 +77,7 @@ std::map<int, SearchPlace> search_places(const core::ExperimentLayout& layout, c
   if (!config.searcher.adaptive() || !identity || !fs::exists(layout.search_log())) return out;
   const search::AshaOptions options = search::options_of(config);
   const search::EventLog log(layout.search_log(), layout.search_lock(), identity->id, search::settings_of(options));
-  const search::Asha asha = search::replay(options, log.lock().read(), log.path());
+  const search::Asha asha = search::replay(options, log.read_only(), log.path());
   // Every trial created and none training: the search is over, and a trial still waiting for a
   // promotion will not get one.
   int total = 0;
@@ -90,11 +90,11 @@ std::map<int, SearchPlace> search_places(const core::ExperimentLayout& layout, c
     SearchPlace& place = out[id];
     place.text = t.finished ? "finished"
                  : t.failed ? "failed at " + rung
-                 : t.stopped ? "stopped at " + rung
+                 : t.stopped || t.stop_pending ? "stopped at " + rung
                  : t.training ? "training toward " + rung
                  : over       ? "stopped at " + rung + " (not promoted)"
                               : "waits at " + rung + " for a promotion";
-    place.stopped = !t.finished && !t.training;
+    place.stopped = t.stopped || t.stop_pending || t.failed || (over && !t.finished && !t.training);
   }
   return out;
 }

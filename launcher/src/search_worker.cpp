@@ -1,10 +1,12 @@
 // An adaptive search's worker: the "what next?" loop over the search log (search/event_log.h),
 // each trial run by launch() to its rung.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "hpctrial/core/error.h"
@@ -58,32 +60,44 @@ struct Leased {
   core::UniqueFd lease;
 };
 Leased decide(const search::EventLog& log, const search::AshaOptions& options, const core::ExperimentLayout& layout,
-              std::optional<int> prefer, const std::string& worker) {
+              std::optional<int> prefer, const std::string& worker, mode_t mode) {
   auto locked = log.lock();
   const search::Asha asha = search::replay(options, locked.read(), log.path());
   std::map<int, core::UniqueFd> free;  // probed leases, held until the decision is made
+  std::set<int> busy;                  // trials another launcher holds
   const auto running = [&](int trial) {
     if (free.count(trial) > 0) return false;
-    core::create_directories(layout.trial_dir(trial));
+    if (busy.count(trial) > 0) return true;
+    core::create_directories(layout.trial_dir(trial), mode);
     core::UniqueFd fd = detail::try_lock_trial(layout.trial_dir(trial));
-    if (fd.get() < 0) return true;
+    if (fd.get() < 0) {
+      busy.insert(trial);
+      return true;
+    }
     free.emplace(trial, std::move(fd));
     return false;
   };
   Leased out;
-  out.decision = asha.next(running, prefer);
-  const Decision& d = out.decision;
-  if (d.kind == Decision::Kind::kDone) return out;
-  core::create_directories(layout.trial_dir(d.trial));
-  if (const auto it = free.find(d.trial); it != free.end()) {
-    out.lease = std::move(it->second);
-  } else {
-    out.lease = detail::try_lock_trial(layout.trial_dir(d.trial));
+  // A chosen trial whose lease another launcher still holds (`hpctrial run --trial`, or one
+  // letting it go) is passed over: the search decides again without it.
+  for (int tries = 0; tries <= asha.created() && out.lease.get() < 0; ++tries) {
+    out.decision = asha.next(running, prefer);
+    const Decision& d = out.decision;
+    if (d.kind == Decision::Kind::kDone) return out;
+    if (const auto it = free.find(d.trial); it != free.end()) {
+      out.lease = std::move(it->second);
+      free.erase(it);
+    } else if (!running(d.trial)) {
+      out.lease = std::move(free.at(d.trial));
+      free.erase(d.trial);
+    }
+    if (out.lease.get() < 0 && prefer == d.trial) prefer.reset();
   }
   if (out.lease.get() < 0) {
-    throw Error("trial " + std::to_string(d.trial) + " of the search in " + layout.dir + " is held by " +
-                "another launcher although the search log says no worker trains it; end that launcher");
+    out.decision = Decision{};  // every candidate held by another launcher: nothing for this worker now
+    return out;
   }
+  const Decision& d = out.decision;
   std::vector<Event> events;
   if (d.create) events.push_back(event(Event::Kind::kCreated, d.trial, 0, d.bracket));
   events.push_back(event(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, d.rung));
@@ -92,9 +106,11 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
 }
 
 // Under the log's lock: the rung the trial reached, and (stop_once, or the top rung) what follows
-// from it, appended together. Returns what the trial does next.
+// from it, appended together. Returns what the trial does next. The lease is let go before the
+// log is, unless the trial goes on here (stop_once): a trial that waits for a promotion is free
+// for the worker that promotes it.
 search::AfterRung record_rung(const search::EventLog& log, const search::AshaOptions& options, const Decision& d,
-                              double metric, const std::string& worker) {
+                              double metric, const std::string& worker, core::UniqueFd& lease) {
   auto locked = log.lock();
   search::Asha asha = search::replay(options, locked.read(), log.path());
   std::vector<Event> events = {event(Event::Kind::kRung, d.trial, d.rung, 0, metric)};
@@ -106,6 +122,7 @@ search::AfterRung record_rung(const search::EventLog& log, const search::AshaOpt
     events.push_back(event(Event::Kind::kPromoted, d.trial, d.rung + 1));
   }
   locked.append(events, worker);
+  if (!(after == search::AfterRung::kContinue && options.stop_once)) lease = core::UniqueFd();
   return after;
 }
 
@@ -126,9 +143,10 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
   const search::EventLog log(layout.search_log(), layout.search_lock(),
                              core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
   const std::string worker = detail::launcher_name(detect_allocation(env, run));
+  const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
   std::optional<int> prefer;
   while (true) {
-    Leased next = decide(log, asha, layout, prefer, worker);
+    Leased next = decide(log, asha, layout, prefer, worker, mode);
     Decision d = next.decision;
     if (d.kind == Decision::Kind::kDone) {
       core::log_info("the search in {} has nothing left for this worker: every trial is created and none waits "
@@ -145,16 +163,20 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
       detail::name_holder(next.lease, core::TrialLayout{layout.trial_dir(d.trial)}.launcher_lock(),
                           detect_allocation(env, run));
       const int code = launch(trial, env, run, &next.lease);
-      if (code == kExitStopped) return code;  // the trial's checkpoint is durable; a worker takes it over
+      // Stopped (the trial's checkpoint is durable; a worker takes it over), aborted by a second
+      // Ctrl-C, or ended before it could checkpoint in its grace (its last checkpoint stands): the
+      // worker ends too, the trial left to be taken over.
+      if (code == kExitStopped || code == kExitAborted || code == 128 + SIGTERM) return code;
       if (code != kExitFinished) {
         core::log_error("search: trial {} failed (exit code {}); recorded, and the search goes on", d.trial, code);
         auto locked = log.lock();
         locked.append({event(Event::Kind::kFailed, d.trial, d.rung)}, worker);
+        next.lease = core::UniqueFd();
         prefer.reset();
         break;
       }
       const double metric = last_metric(layout.trial(d.trial), config.searcher.metric);
-      const search::AfterRung after = record_rung(log, asha, d, metric, worker);
+      const search::AfterRung after = record_rung(log, asha, d, metric, worker, next.lease);
       core::log_info("search: trial {} reached rung {} with {} {}: {}", d.trial, d.rung, config.searcher.metric, metric,
                      after == search::AfterRung::kFinish ? "finished" : after == search::AfterRung::kStop ? "stopped"
                      : after == search::AfterRung::kPause ? "waits for a promotion" : "goes on");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 
@@ -71,15 +73,14 @@ AshaOptions options_of(const core::ExperimentConfig& config) {
 }
 
 std::string settings_of(const AshaOptions& o) {
-  std::string brackets;
-  for (const auto& b : make_brackets(o)) {
-    brackets += (brackets.empty() ? "" : ",") + ("[" + std::to_string(b.rungs) + "," + std::to_string(b.max_trials) + "]");
-  }
-  char divisor[32];
-  std::snprintf(divisor, sizeof divisor, "%.17g", o.divisor);
-  return std::string("{\"brackets\":[") + brackets + "],\"divisor\":" + divisor + ",\"max_length\":" +
-         std::to_string(o.max_length) + ",\"smaller_is_better\":" + (o.smaller_is_better ? "true" : "false") +
-         ",\"stop_once\":" + (o.stop_once ? "true" : "false") + "}";
+  nlohmann::json brackets = nlohmann::json::array();
+  for (const auto& b : make_brackets(o)) brackets.push_back({b.rungs, b.max_trials});
+  return nlohmann::json({{"brackets", brackets},
+                         {"divisor", o.divisor},
+                         {"max_length", o.max_length},
+                         {"smaller_is_better", o.smaller_is_better},
+                         {"stop_once", o.stop_once}})
+      .dump();
 }
 
 std::vector<std::int64_t> rung_lengths(int rungs, double divisor, std::int64_t max_length) {
@@ -110,6 +111,15 @@ std::vector<Bracket> make_brackets(const AshaOptions& o) {
     out.push_back(b);
   }
   out[0].max_trials += std::max(o.max_trials - allocated, 0);
+  // Determined gives every bracket a trial, which can make more than max_trials: the least
+  // aggressive brackets give theirs back, and a bracket left with none is dropped.
+  for (std::size_t i = out.size(); allocated > o.max_trials && i-- > 1;) {
+    while (allocated > o.max_trials && out[i].max_trials > 0) {
+      --out[i].max_trials;
+      --allocated;
+    }
+    if (out[i].max_trials == 0) out.erase(out.begin() + static_cast<std::ptrdiff_t>(i));
+  }
   // max_concurrent_trials shared evenly, the remainder to the most aggressive brackets.
   const int brackets = static_cast<int>(out.size());
   const int concurrent = std::max(o.max_concurrent_trials, brackets);
@@ -181,7 +191,9 @@ void Asha::apply(const Event& e) {
   };
   switch (e.kind) {
     case Event::Kind::kStarted:
-      if (e.rung != t.rung || t.finished || t.stopped || t.failed) throw wrong("does not continue the trial");
+      if (e.rung != t.rung || t.ended() || static_cast<int>(t.metrics.size()) != t.rung) {
+        throw wrong("does not continue the trial");
+      }
       t.training = true;
       break;
     case Event::Kind::kRung:
@@ -191,18 +203,20 @@ void Asha::apply(const Event& e) {
       if (e.rung == top) t.finished = true;
       // With stop_once a rung's decision is appended with it; a log that ends between the two
       // (the worker died) leaves the trial stopped.
-      if (options_.stop_once && e.rung < top) t.stopped = true;
+      if (options_.stop_once && e.rung < top) t.stop_pending = true;
       break;
     case Event::Kind::kPromoted:
-      if (t.training || e.rung != t.rung + 1 || static_cast<int>(t.metrics.size()) != e.rung || t.failed) {
-        throw wrong("promotes a trial that has not reached rung " + std::to_string(e.rung - 1));
+      if (t.training || e.rung != t.rung + 1 || static_cast<int>(t.metrics.size()) != e.rung || t.failed ||
+          t.stopped || t.finished) {
+        throw wrong("promotes a trial that has not reached rung " + std::to_string(e.rung - 1) + ", or has ended");
       }
       t.rung = e.rung;
       t.training = true;
-      t.stopped = false;
+      t.stop_pending = false;
       break;
     case Event::Kind::kStopped:
       t.stopped = true;
+      t.stop_pending = false;
       t.training = false;
       break;
     case Event::Kind::kFinished:
@@ -246,12 +260,12 @@ AfterRung Asha::after_rung(int trial, int rung) const {
 
 // The best trial that stands in the top floor(n / divisor) of a rung and has not gone past it,
 // from the highest rung down (brackets in order); `prefer` first when it is one.
-std::optional<Decision> Asha::promotion(std::optional<int> prefer) const {
+std::optional<Decision> Asha::promotion(std::optional<int> prefer, const std::function<bool(int)>& running) const {
   if (options_.stop_once) return std::nullopt;
   const auto promotable = [&](int trial, int bracket, int rung) {
     const TrialState& t = trials_.at(trial);
-    return t.bracket == bracket && t.rung == rung && !t.training && !t.finished && !t.stopped && !t.failed &&
-           static_cast<int>(t.metrics.size()) == rung + 1;
+    return t.bracket == bracket && t.rung == rung && !t.training && !t.ended() &&
+           static_cast<int>(t.metrics.size()) == rung + 1 && !running(trial);
   };
   const auto decision = [&](int trial, int bracket, int rung) {
     Decision d;
@@ -313,9 +327,11 @@ std::optional<Decision> Asha::new_trial(const std::function<bool(int)>& running)
 }
 
 Decision Asha::next(const std::function<bool(int trial)>& running, std::optional<int> prefer) const {
-  // A trial left half-way by a worker that is gone (killed, preempted, requeued) goes on first.
+  // A trial left half-way by a worker that is gone (killed, preempted, requeued) goes on first;
+  // so does one created by a worker that died before it could log the start.
   for (const auto& [id, t] : trials_) {
-    if (t.training && !running(id)) {
+    const bool unstarted = !t.training && t.metrics.empty() && !t.ended();
+    if ((t.training || unstarted) && !running(id)) {
       Decision d;
       d.kind = Decision::Kind::kRun;
       d.trial = id;
@@ -326,7 +342,7 @@ Decision Asha::next(const std::function<bool(int trial)>& running, std::optional
       return d;
     }
   }
-  if (auto d = promotion(prefer)) return *d;
+  if (auto d = promotion(prefer, running)) return *d;
   if (auto d = new_trial(running)) return *d;
   return {};
 }

@@ -64,7 +64,8 @@ class FlatReader {
         else if (text == "Infinity") e.metric = std::numeric_limits<double>::infinity();
         else if (text == "-Infinity") e.metric = -std::numeric_limits<double>::infinity();
         else return std::nullopt;
-      } else if ((key == "trial" || key == "bracket" || key == "rung") && !quoted && number == std::floor(number)) {
+      } else if ((key == "trial" || key == "bracket" || key == "rung") && !quoted && number == std::floor(number) &&
+                 std::abs(number) < 1e9) {
         (key == "trial" ? e.trial : key == "bracket" ? e.bracket : e.rung) = static_cast<int>(number);
       } else {
         return std::nullopt;
@@ -194,32 +195,74 @@ EventLog::Locked EventLog::lock() const {
 
 EventLog::Locked::Locked(const EventLog& log, core::UniqueFd lock) : log_(&log), lock_(std::move(lock)) {}
 
-std::vector<Event> EventLog::Locked::read() {
-  std::vector<Event> out;
+namespace {
+
+std::string read_whole(const std::string& path) {
   std::string text;
-  {
-    std::ifstream in(log_->path_, std::ios::binary);
-    in.seekg(0, std::ios::end);
-    const auto size = in.tellg();
-    if (size > 0) {
-      text.resize(static_cast<std::size_t>(size));
-      in.seekg(0);
-      in.read(text.data(), size);
-      text.resize(static_cast<std::size_t>(in.gcount()));
-    }
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  if (size > 0) {
+    text.resize(static_cast<std::size_t>(size));
+    in.seekg(0);
+    in.read(text.data(), size);
+    text.resize(static_cast<std::size_t>(in.gcount()));
   }
+  return text;
+}
+
+}  // namespace
+
+// Every complete line; one cut short by a worker that died writing it is not an event.
+std::vector<Event> EventLog::parse(const std::string& text) const {
+  std::vector<Event> out;
   std::size_t start = 0;
   for (int number = 1; start < text.size(); ++number) {
     const std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) break;  // cut short by a worker that died writing it
+    if (end == std::string::npos) break;
     const std::string_view line(text.data() + start, end - start);
     if (auto fast = FlatReader(line).event()) {
       out.push_back(std::move(*fast));
     } else {
-      out.push_back(parse_event(std::string(line), log_->path_ + ":" + std::to_string(number)));
+      out.push_back(parse_event(std::string(line), path_ + ":" + std::to_string(number)));
     }
     start = end + 1;
   }
+  return out;
+}
+
+void EventLog::check(const std::vector<Event>& events) const {
+  if (events.front().kind != Event::Kind::kSearch) {
+    throw SearchError(path_ + ":1: the log does not begin with the search's line, which names its experiment");
+  }
+  if (events.front().experiment_id != experiment_id_) {
+    throw SearchError(path_ + " is the search of experiment " + events.front().experiment_id + ", not of this one (" +
+                      experiment_id_ + "): a search continues only its own log; move that file away, or run "
+                      "the experiment it belongs to");
+  }
+  const auto same = [](const std::string& a, const std::string& b) {
+    try {
+      return json::parse(a) == json::parse(b);
+    } catch (const json::exception&) {
+      return a == b;
+    }
+  };
+  if (!settings_.empty() && !same(events.front().settings, settings_)) {
+    throw SearchError(path_ + ":1: the search began with the settings " + events.front().settings +
+                      ", and the config now makes " + settings_ + ": a search keeps its settings from its first "
+                      "trial to its last; run it with the searcher section that began it, or begin a new experiment "
+                      "(--experiment DIR)");
+  }
+}
+
+std::vector<Event> EventLog::read_only() const {
+  std::vector<Event> out = parse(read_whole(path_));
+  if (!out.empty()) check(out);
+  return out;
+}
+
+std::vector<Event> EventLog::Locked::read() {
+  std::vector<Event> out = log_->parse(read_whole(log_->path_));
   if (out.empty()) {
     Event search;
     search.kind = Event::Kind::kSearch;
@@ -227,18 +270,8 @@ std::vector<Event> EventLog::Locked::read() {
     search.settings = log_->settings_;
     append({search}, "");
     out.push_back(search);
-  } else if (out.front().kind != Event::Kind::kSearch) {
-    throw SearchError(log_->path_ + ":1: the log does not begin with the search's line, which names its experiment");
-  } else if (out.front().experiment_id != log_->experiment_id_) {
-    throw SearchError(log_->path_ + " is the search of experiment " + out.front().experiment_id + ", not of this one (" +
-                      log_->experiment_id_ + "): a search continues only its own log; move that file away, or run "
-                      "the experiment it belongs to");
-  } else if (!log_->settings_.empty() && out.front().settings != log_->settings_) {
-    throw SearchError(log_->path_ + ":1: the search began with the settings " + out.front().settings +
-                      ", and the config now makes " + log_->settings_ + ": a search keeps its settings from its first "
-                      "trial to its last; run it with the searcher section that began it, or begin a new experiment "
-                      "(--experiment DIR)");
   }
+  log_->check(out);
   return out;
 }
 

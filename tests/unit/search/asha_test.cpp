@@ -94,6 +94,17 @@ TEST(AshaBrackets, EachModeMakesDeterminedsBrackets) {
   EXPECT_EQ(trials_of(make_brackets(o)), (std::vector<int>{10}));
 }
 
+// Determined gives every bracket a trial even when max_trials is smaller than that makes: here
+// the least aggressive brackets give theirs back, so that the search makes max_trials trials.
+TEST(AshaBrackets, TheBracketsMakeExactlyMaxTrials) {
+  AshaOptions o = sixty_four();
+  o.bracket_rungs = {3, 2, 1};
+  o.max_trials = 2;  // weights 16/3, 2, 1: 1, 0 and 0 trials, each raised to 1 by Determined
+  const auto b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{3, 2}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{1, 1}));
+}
+
 TEST(AshaBrackets, TheTopRungMustBeAbleToHoldATrial) {
   AshaOptions o = sixty_four();
   o.mode = AshaOptions::Mode::kAggressive;
@@ -244,6 +255,26 @@ TEST(Asha, ATrialLeftByAWorkerThatIsGoneIsTakenOverFirst) {
   EXPECT_EQ(s.reach(0, 0.1), AfterRung::kPause);
 }
 
+// A worker that died between logging a trial's creation and its start: the trial is taken over
+// as one left half-way. A trial that another launcher holds is never chosen.
+TEST(Asha, ACreatedTrialNeverStartedIsTakenOverAndAHeldTrialIsPassedOver) {
+  Search s(halving(false));
+  s.log(ev(Event::Kind::kCreated, 0));
+  const Decision d = s.ask();
+  expect_run(d, 0, 0, false, false);
+  EXPECT_TRUE(d.resume);
+  s.take(d);
+  s.take(s.ask());
+  EXPECT_EQ(s.reach(0, 0.1), AfterRung::kPause);
+  EXPECT_EQ(s.reach(1, 0.2), AfterRung::kPause);  // 2 there: trial 0 promotable
+  s.running.insert(0);                            // but still held by the worker letting it go
+  expect_run(s.ask(), 2, 0, true, false);
+  s.running.erase(0);
+  expect_run(s.ask(), 0, 1, false, true);
+  // A trial that reached its rung does not start it again.
+  EXPECT_THROW(s.asha.apply(ev(Event::Kind::kStarted, 1, 0, 0)), SearchError);
+}
+
 TEST(Asha, AFailedTrialRanksLastAndIsNeverPromoted) {
   Search s(halving(false));
   s.take(s.ask());
@@ -379,6 +410,15 @@ TEST(SearchLog, AnotherExperimentsLogAndAMalformedLineAreRefusedNamingThem) {
   } catch (const SearchError& e) {
     EXPECT_THAT(e.what(), HasSubstr(path + " is the search of experiment exp-1, not of this one (exp-2)"));
   }
+  // A divisor that prints long (2.2) reads back as the same settings.
+  {
+    AshaOptions decimal = halving(false);
+    decimal.divisor = 2.2;
+    const std::string other_path = (dir.path() / "decimal.jsonl").string();
+    EventLog(other_path, lock, "exp-1", settings_of(decimal)).lock().read();
+    EXPECT_EQ(EventLog(other_path, lock, "exp-1", settings_of(decimal)).lock().read().size(), 1u);
+    EXPECT_EQ(EventLog(other_path, lock, "exp-1", settings_of(decimal)).read_only().size(), 1u);
+  }
   // Other settings (another divisor): refused, naming both.
   AshaOptions other = halving(false);
   other.divisor = 3;
@@ -386,8 +426,8 @@ TEST(SearchLog, AnotherExperimentsLogAndAMalformedLineAreRefusedNamingThem) {
     EventLog(path, lock, "exp-1", settings_of(other)).lock().read();
     ADD_FAILURE() << "a search was continued with other settings";
   } catch (const SearchError& e) {
-    EXPECT_THAT(e.what(), HasSubstr(path + ":1: the search began with the settings {\"brackets\":[[3,8]],\"divisor\":2,"));
-    EXPECT_THAT(e.what(), HasSubstr("and the config now makes {\"brackets\":[[3,8]],\"divisor\":3,"));
+    EXPECT_THAT(e.what(), HasSubstr(path + ":1: the search began with the settings {\"brackets\":[[3,8]],\"divisor\":2.0,"));
+    EXPECT_THAT(e.what(), HasSubstr("and the config now makes {\"brackets\":[[3,8]],\"divisor\":3.0,"));
   }
   {
     std::ofstream out(path, std::ios::app);

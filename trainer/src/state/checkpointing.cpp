@@ -269,6 +269,18 @@ void check_model_parts(const checkpoint::Contents& contents, const std::string& 
                     "model-parallel layout that wrote it (the number of replicas may change)");
 }
 
+// Whether the file holds every tensor of this rank's models under `part`: the part it wrote.
+bool holds_part(const checkpoint::Contents& contents, TrialContext& context, const std::string& part) {
+  const auto& models = context.models();
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const std::string prefix = part + "model/" + std::to_string(i) + "/";
+    for (const auto& item : models[i]->named_parameters()) {
+      if (contents.find(prefix + item.key()) == nullptr) return false;
+    }
+  }
+  return true;
+}
+
 // The wrapped GradScalers' states; one the checkpoint lacks keeps its initial scale.
 void restore_grad_scalers(const checkpoint::Contents& contents, const std::string& path, TrialContext& context) {
   const auto& scalers = context.scalers();
@@ -319,11 +331,13 @@ void restore(const checkpoint::Contents& file, const std::string& path, TrialCon
              const ShardedOptimizers& sharded) {
   check_resumable(file, path, identity, allow_config_change);
   check_model_parts(file, path, identity);
-  // A pipeline written on another number of stages: this stage's layers from wherever they are.
-  const int parts = model_parts(file, path).first;
-  const auto repartitioned = parts != identity.parts ? std::optional(repartition(file, path, context, sharded,
-                                                                                 identity.part, identity.parts, parts))
-                                                     : std::nullopt;
+  // A pipeline written on another number of stages, or cut elsewhere (another partition_method):
+  // this stage's layers from wherever they are.
+  const auto [parts, pipeline] = model_parts(file, path);
+  const bool elsewhere = parts != identity.parts || (pipeline && identity.pipeline && !holds_part(file, context, identity.part));
+  const auto repartitioned = elsewhere ? std::optional(repartition(file, path, context, sharded, identity.part,
+                                                                   identity.parts, parts))
+                                       : std::nullopt;
   const checkpoint::Contents& contents = repartitioned ? *repartitioned : file;
   if (repartitioned && context.distributed().rank == 0) {
     core::log_info("resuming a pipeline of {} stages from {}, written by {} stages", identity.parts, path, parts);

@@ -119,7 +119,11 @@ struct TrialState {
   bool training = false;  // started or promoted, the rung not reached yet
   bool promoted = false;  // promoted past `rung` (while training: to it)
   bool stopped = false, finished = false, failed = false;
+  // stop_once: the rung was reached and its decision (promoted or stopped) not logged yet; a log
+  // that ends there (its worker died between the two) leaves the trial stopped.
+  bool stop_pending = false;
   std::vector<double> metrics;  // by rung reached
+  bool ended() const { return stopped || stop_pending || finished || failed; }
 };
 
 // The search replayed from its events: the same events, in the same order, give the same state
@@ -132,7 +136,8 @@ class Asha {
   void apply(const Event& event);
 
   // What a worker does next. `running(trial)` says whether a worker holds a trial now (its lease);
-  // a trial left training by a worker that is gone is taken over first. With `prefer` (the trial
+  // a trial left training by a worker that is gone is taken over first, and a trial held is never
+  // chosen. With `prefer` (the trial
   // the asking worker just brought to a rung), that trial is taken when it is promotable.
   Decision next(const std::function<bool(int trial)>& running, std::optional<int> prefer = std::nullopt) const;
   // Whether `trial`, which just reached rung `rung` (its kRung applied), goes on at once, waits
@@ -155,7 +160,7 @@ class Asha {
   };
   bool better(const Arrival& a, const Arrival& b) const;
   std::vector<Arrival> ranked(int bracket, int rung) const;
-  std::optional<Decision> promotion(std::optional<int> prefer) const;
+  std::optional<Decision> promotion(std::optional<int> prefer, const std::function<bool(int)>& running) const;
   std::optional<Decision> new_trial(const std::function<bool(int)>& running) const;
 
   AshaOptions options_;

@@ -50,10 +50,17 @@ class EventLog {
     core::UniqueFd lock_;
   };
   Locked lock() const;
+  // The complete events without the lock and without writing anything (for people: `hpctrial
+  // describe` and `plot`, which may only read the experiment): empty when there is no log yet.
+  // The same checks as Locked::read.
+  std::vector<Event> read_only() const;
 
   const std::string& path() const { return path_; }
 
  private:
+  std::vector<Event> parse(const std::string& text) const;
+  void check(const std::vector<Event>& events) const;
+
   std::string path_, lock_path_, experiment_id_, settings_;
 };
 
