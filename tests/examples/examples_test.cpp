@@ -336,7 +336,8 @@ std::size_t events_in(const std::string& log, const std::string& kind) {
 // top half going on: `hpctrial run` is its worker. Run once straight through; run again in
 // another directory, its worker killed (SIGKILL: no checkpoint, no goodbye) while it trains the
 // fourth trial, then run again: the new worker takes the trial over, and the search reaches the
-// same rungs with the same metrics in the same order, none twice.
+// same rungs with the same metrics in the same order, none twice. Then two workers at once on a
+// third, and describe, --best and plot on the first.
 TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothing) {
   const std::string config = dir_.write("asha.yaml",
       std::string("name: asha\nentrypoint: ") + HPCTRIAL_MLP + "\nhyperparameters: {global_batch_size: 64, classes: 10, "
@@ -381,6 +382,25 @@ TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothi
   EXPECT_EQ(resumed, expected);
   std::set<std::pair<int, int>> reached;
   for (const auto& [trial, rung, metric] : resumed) EXPECT_TRUE(reached.insert({trial, rung}).second) << trial;
+
+  // Two workers at once on a third directory: each trial leased by one, none reaching a rung twice,
+  // every trial created once and trained to its first rung.
+  const std::string pair = (dir_.path() / "pair").string();
+  core::SpawnOptions quiet = spawn;
+  const core::Child other = core::spawn_process(
+      {"sh", "-c", std::string("exec '") + HPCTRIAL_CLI + "' run '" + config + "' --experiment '" + pair + "' >'" +
+                       (dir_.path() / "other.log").string() + "' 2>&1"},
+      quiet);
+  const auto one = core::run_process({HPCTRIAL_CLI, "run", config, "--experiment", pair}, options);
+  ::waitpid(other.pid, &status, 0);
+  ASSERT_TRUE(one.ok()) << one.describe() << "\n" << one.out << one.err;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the other worker: status " << status;
+  EXPECT_EQ(events_in(pair + "/search-events.jsonl", "created"), 6u);
+  std::set<std::pair<int, int>> paired;
+  for (const auto& [trial, rung, metric] : rungs_of(pair + "/search-events.jsonl")) {
+    EXPECT_TRUE(paired.insert({trial, rung}).second) << "trial " << trial << " reached rung " << rung << " twice";
+  }
+  for (int trial = 0; trial < 6; ++trial) EXPECT_EQ(paired.count({trial, 0}), 1u) << trial;
 
   // The results: the trials ranked by the metric, the best one's best checkpoint for scripts, and
   // a plot that marks the promotions and the early stops.
