@@ -164,6 +164,29 @@ std::uintmax_t copy_from(const std::string& path, std::uintmax_t offset) {
   return offset;
 }
 
+// The trial `hpctrial logs` prints: --trial, else the one the task named runs, else 0.
+int logs_trial(const Target& t, int trial, int trials, const core::ExperimentLayout& layout) {
+  if (trial < 0 && !t.jobs.job.empty()) {
+    if (const auto job = t.scheduler->job(t.jobs.job)) trial = std::max(0, job->trial);  // the task named
+  }
+  if (trial < 0) trial = 0;
+  if (trial >= trials) {
+    throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
+                      std::to_string(trial) + " does not exist");
+  }
+  return trial;
+}
+
+// A search's worker trains trial after trial: its output is the job named, or the one training
+// the trial now (it holds each trial that worker trained), else the trial's rank 0 (`rank`).
+void worker_logs(const Target& t, int trial, bool named, std::vector<core::JobStatus>& jobs, int& rank) {
+  if (named) jobs = {t.scheduler->job(t.jobs.job).value_or(core::JobStatus{})};
+  if (rank >= 0 || !jobs.empty()) return;
+  rank = 0;
+  std::cerr << "hpctrial logs: no worker trains trial " << trial << " now; its rank 0's log follows (a worker's "
+            << "whole output: hpctrial logs JOB)\n";
+}
+
 int run_logs(const std::vector<std::string>& args) {
   po::options_description options;
   int rank = -1, trial = -1;
@@ -188,18 +211,13 @@ job: give --rank.
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   const int trials = core::trial_count(config);
-  if (trial < 0 && !t.jobs.job.empty()) {
-    if (const auto job = t.scheduler->job(t.jobs.job)) trial = std::max(0, job->trial);  // the task named
-  }
-  if (trial < 0) trial = 0;
-  if (trial >= trials) {
-    throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
-                      std::to_string(trial) + " does not exist");
-  }
+  const bool workers = core::search_workers(config) > 0, named = !t.jobs.job.empty() && trial < 0;
+  trial = logs_trial(t, trial, trials, layout);
   const std::string scheduler = t.scheduler->name();
   // The trial's jobs, oldest first, each with its own output file (a job that resumes a trial
   // may be a new job); the runs before the last are printed whole, each under its job's name.
   std::vector<core::JobStatus> jobs = t.scheduler->trial_jobs(layout, trial, trials);
+  if (workers) worker_logs(t, trial, named, jobs, rank);
   std::string path;
   if (rank >= 0) {
     path = layout.trial(trial).rank_log(rank);
@@ -231,7 +249,7 @@ job: give --rank.
     if (job.empty() || checks % 4 != 0) continue;
     if (const auto now = t.scheduler->job(job); now && now->live()) continue;
     copy_from(path, offset);
-    if (rank < 0) {
+    if (rank < 0 && !workers) {
       jobs = t.scheduler->trial_jobs(layout, trial, trials);
       if (!jobs.empty() && jobs.back().id != job) {
         job = jobs.back().id;

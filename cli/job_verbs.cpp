@@ -129,7 +129,8 @@ exit 1, and nothing is signalled.
   for (const core::PauseStep& step : t.scheduler->pause(t.jobs)) {
     switch (step.kind) {
       case core::PauseStep::Kind::kStopping:
-        std::cout << "pausing " << scheduler << " job " << step.job << ": the ranks of trial " << step.trial
+        std::cout << "pausing " << scheduler << " job " << step.job << ": the ranks of "
+                  << (step.trial >= 0 ? "trial " + std::to_string(step.trial) : std::string("the trial it trains"))
                   << " checkpoint after their current step, then it is held in the queue\n";
         ++stopping;
         break;

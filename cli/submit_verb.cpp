@@ -53,13 +53,6 @@ examples:
 
 // The adaptive searchers' workers run under `hpctrial run` only, so far: a job array of them is
 // not built yet.
-void refuse_adaptive_search(const core::ExperimentConfig& config, const std::string& path) {
-  if (!config.searcher.adaptive()) return;
-  throw ConfigError(std::string("searcher.name ") + std::string(core::to_string(config.searcher.name)) +
-                    ": hpctrial runs this searcher's workers on this machine only so far (`hpctrial run " + path +
-                    "`); batch jobs of it are not built yet. Submit a random search instead (searcher.name: random)");
-}
-
 int run_submit(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;
@@ -79,7 +72,6 @@ int run_submit(const std::vector<std::string>& args) {
   if (experiment_dir.empty()) experiment_dir = core::default_experiment_dir(config.name);
   experiment_dir = fs::absolute(experiment_dir).lexically_normal().string();
   const core::ExperimentLayout layout{experiment_dir};
-  refuse_adaptive_search(config, config_args.config_path);
   const core::Scheduler& batch = launcher::scheduler(config);
   const auto render = [&](const core::ExperimentConfig& c) {
     return batch.render_script(c, {experiment_dir, core::self_program(), -1});
@@ -115,7 +107,11 @@ int run_submit(const std::vector<std::string>& args) {
   const std::string id = batch.submit(request);
   core::record_job(layout, batch.name(), id);
   std::cout << "submitted " << batch.name() << " job " << id << "\n";
-  if (const int trials = core::trial_count(prepared); trials > 1) {
+  if (const int workers = core::search_workers(prepared); workers > 0) {
+    std::cout << workers << " worker(s) of the " << core::to_string(prepared.searcher.name) << " search, "
+              << prepared.searcher.max_trials << " trials in all; each worker trains the trial the search log ("
+              << layout.search_log() << ") gives it next\n";
+  } else if (const int trials = core::trial_count(prepared); trials > 1) {
     std::cout << batch.describe_search(trials, static_cast<int>(std::min<std::int64_t>(
                                                    trials, prepared.searcher.max_concurrent_trials)))
               << "\n";

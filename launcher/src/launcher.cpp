@@ -116,11 +116,16 @@ namespace {
 // hand-over that still fails is recorded with the command that resumes the trial by hand. A
 // SIGTERM without warning is the scheduler's own doing (a cancel, an admin's requeue or rerun, a
 // preemption): it decides what follows.
+// A search's worker lets its trial (`held`) go first: whichever worker runs next may take it
+// over at once.
 void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
-               const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+               const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
+               core::UniqueFd* held) {
+  if (held != nullptr) *held = core::UniqueFd();
   if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
   detail::hand_over_trial(scheduler(allocation.scheduler),
-                          {allocation, config, options.experiment_dir, options.trial_id, reason == "pause", &env, run},
+                          {allocation, config, options.experiment_dir, options.trial_id, reason == "pause",
+                           options.max_length.has_value(), &env, run},  // a length of its own: a search's worker
                           ExperimentLayout{options.experiment_dir}.trial_dir(options.trial_id));
 }
 
@@ -394,7 +399,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     core::log_info("starting {} rank(s) of trial {} in {}{}", command.np, options.trial_id, trial_dir,
                    starts > 1 ? " (start " + std::to_string(starts) + ")" : "");
 
-    Supervisor supervisor(config, allocation, trial_dir);
+    Supervisor supervisor(config, allocation, layout.dir, trial_dir);
     const Attempt a = supervisor.run(command, signals);
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
@@ -412,7 +417,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
                      : reason == "terminate" ? "it resumes from it if the job runs again, or when the experiment "
                                                "is submitted again"
                                              : "it resumes when the job runs again");
-      hand_over(allocation, reason, config, options, env, run);
+      hand_over(allocation, reason, config, options, env, run, held);
       return kExitStopped;
     }
     if (a.grace_expired) {

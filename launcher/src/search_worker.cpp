@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -14,8 +15,11 @@
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "hpctrial/search/event_log.h"
+#include "hand_over.h"
 #include "launcher_internal.h"
+#include "processes.h"
 
 namespace hpctrial::launcher {
 namespace {
@@ -58,6 +62,7 @@ double last_metric(const core::TrialLayout& trial, const std::string& metric) {
 struct Leased {
   Decision decision;
   core::UniqueFd lease;
+  bool all_held = false;  // done, because every trial the search gave is held by another launcher
 };
 Leased decide(const search::EventLog& log, const search::AshaOptions& options, const core::ExperimentLayout& layout,
               std::optional<int> prefer, const std::string& worker, mode_t mode) {
@@ -95,6 +100,7 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
   }
   if (out.lease.get() < 0) {
     out.decision = Decision{};  // every candidate held by another launcher: nothing for this worker now
+    out.all_held = true;
     return out;
   }
   const Decision& d = out.decision;
@@ -126,33 +132,66 @@ search::AfterRung record_rung(const search::EventLog& log, const search::AshaOpt
   return after;
 }
 
+// Before the worker takes a trial: a pause of its job (core::job_stop_reason), or a warning
+// (USR1, USR2: the time limit, a preemption) that came while it held none. Empty: none. The
+// warnings are taken (they are blocked: detail::hold_warning_signals), so that the next trial's
+// launcher does not see them again.
+std::string stop_between_trials(const core::ExperimentLayout& layout, const core::Allocation& allocation) {
+  std::string reason = core::job_stop_reason(layout, allocation);
+  sigset_t warnings, pending;
+  sigemptyset(&warnings);
+  sigaddset(&warnings, SIGUSR1);
+  sigaddset(&warnings, SIGUSR2);
+  if (::sigpending(&pending) != 0) return reason;
+  if (sigismember(&pending, SIGUSR1) == 1 || sigismember(&pending, SIGUSR2) == 1) {
+    const timespec now{};
+    while (::sigtimedwait(&warnings, nullptr, &now) > 0) {
+    }
+    if (reason.empty()) reason = "preemption";
+  }
+  return reason;
+}
+
+// The worker stops holding no trial: its job goes back to the queue (held, for a pause) to be a
+// worker again; nothing of the search is lost whatever happens to it.
+int stop_worker(const std::string& reason, const core::Allocation& allocation, const core::ExperimentConfig& config,
+                const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  core::log_info("search worker stopped ({}) between trials{}", reason,
+                 allocation.in_job() ? "; it works on when the job runs again" : "");
+  if (!allocation.in_job()) return kExitStopped;
+  core::clear_job_stop(core::ExperimentLayout{options.experiment_dir}, allocation.job_id);
+  core::HandOver stopped{allocation, config, options.experiment_dir, -1, reason == "pause", true, &env, run};
+  auto tries = std::make_shared<int>(0);
+  stopped.run = detail::retrying_runner(std::move(stopped.run), {}, tries);
+  const auto failure = scheduler(allocation.scheduler).hand_over(stopped);
+  if (failure) {
+    core::log_error("search worker of job {} cannot go back to the queue: {}; the search loses this worker, not "
+                    "a trial (submit the experiment again to have it back: {})", allocation.job_id, failure->error,
+                    failure->resume.empty() ? "`hpctrial submit`" : failure->resume);
+  }
+  return kExitStopped;
+}
+
 }  // namespace
 
-int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
-  const core::ExperimentLayout layout{options.experiment_dir};
-  if (options.write_config) {
-    core::create_directories(layout.dir, options.write_config->checkpoint_storage.group_readable ? 0750 : 0700);
-    prepare_experiment(*options.write_config, layout.dir);
-  }
-  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
-  if (!config.searcher.adaptive()) {
-    throw ConfigError(layout.config() + ": searcher " + std::string(core::to_string(config.searcher.name)) +
-                      " has no workers; its trials run by number (hpctrial launch --trial N)");
-  }
-  const search::AshaOptions asha = search::options_of(config);
-  const search::EventLog log(layout.search_log(), layout.search_lock(),
-                             core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
-  const std::string worker = detail::launcher_name(detect_allocation(env, run));
-  const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
-  std::optional<int> prefer;
-  while (true) {
-    Leased next = decide(log, asha, layout, prefer, worker, mode);
-    Decision d = next.decision;
-    if (d.kind == Decision::Kind::kDone) {
-      core::log_info("the search in {} has nothing left for this worker: every trial is created and none waits "
-                     "for a promotion", layout.dir);
-      return kExitFinished;
-    }
+namespace {
+
+// One worker's loop, its setting fixed once.
+struct Worker {
+  const LaunchOptions& options;
+  const core::EnvSource& env;
+  const core::CommandRunner& run;
+  const core::ExperimentLayout layout;
+  const core::ExperimentConfig& config;
+  const search::AshaOptions& asha;
+  const search::EventLog& log;
+  const core::Allocation& allocation;
+  const std::string name;  // in the log's events: detail::launcher_name
+
+  // Trains the decided trial to its rung, and on (stop_once) while it goes on. Returns the
+  // worker's exit code when it ends here; nullopt to ask the search again (`prefer` set to the
+  // trial it would rather promote).
+  std::optional<int> train(Decision d, core::UniqueFd& lease, std::optional<int>& prefer) const {
     for (bool same_trial = true; same_trial;) {
       core::log_info("search: {} trial {} to rung {} ({} {})", d.create ? "starting" : d.resume ? "taking over" : "promoting",
                      d.trial, d.rung, d.length, core::to_string(config.searcher.max_length.unit));
@@ -160,23 +199,36 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
       trial.trial_id = d.trial;
       trial.write_config.reset();
       trial.max_length = core::Length{config.searcher.max_length.unit, d.length};
-      detail::name_holder(next.lease, core::TrialLayout{layout.trial_dir(d.trial)}.launcher_lock(),
-                          detect_allocation(env, run));
-      const int code = launch(trial, env, run, &next.lease);
+      detail::name_holder(lease, core::TrialLayout{layout.trial_dir(d.trial)}.launcher_lock(), allocation);
+      if (allocation.in_job()) {
+        // Recorded before the job's stop request is read again: a pause either finds the trial
+        // here (and asks it to stop) or is seen now, before the trial starts.
+        core::record_worker_trial(layout, allocation.job_id, d.trial);
+        if (const std::string stop = core::job_stop_reason(layout, allocation); !stop.empty()) {
+          lease = core::UniqueFd();  // taken over by the next worker, as decided
+          core::record_worker_trial(layout, allocation.job_id, -1);
+          return stop_worker(stop, allocation, config, options, env, run);
+        }
+      }
+      const int code = launch(trial, env, run, &lease);
+      if (allocation.in_job()) core::record_worker_trial(layout, allocation.job_id, -1);
       // Stopped (the trial's checkpoint is durable; a worker takes it over), aborted by a second
       // Ctrl-C, or ended before it could checkpoint in its grace (its last checkpoint stands): the
       // worker ends too, the trial left to be taken over.
-      if (code == kExitStopped || code == kExitAborted || code == 128 + SIGTERM) return code;
+      if (code == kExitStopped || code == kExitAborted || code == 128 + SIGTERM) {
+        if (!core::job_stop_reason(layout, allocation).empty()) core::clear_job_stop(layout, allocation.job_id);
+        return code;
+      }
       if (code != kExitFinished) {
         core::log_error("search: trial {} failed (exit code {}); recorded, and the search goes on", d.trial, code);
         auto locked = log.lock();
-        locked.append({event(Event::Kind::kFailed, d.trial, d.rung)}, worker);
-        next.lease = core::UniqueFd();
+        locked.append({event(Event::Kind::kFailed, d.trial, d.rung)}, name);
+        lease = core::UniqueFd();
         prefer.reset();
-        break;
+        return std::nullopt;
       }
       const double metric = last_metric(layout.trial(d.trial), config.searcher.metric);
-      const search::AfterRung after = record_rung(log, asha, d, metric, worker, next.lease);
+      const search::AfterRung after = record_rung(log, asha, d, metric, name, lease);
       core::log_info("search: trial {} reached rung {} with {} {}: {}", d.trial, d.rung, config.searcher.metric, metric,
                      after == search::AfterRung::kFinish ? "finished" : after == search::AfterRung::kStop ? "stopped"
                      : after == search::AfterRung::kPause ? "waits for a promotion" : "goes on");
@@ -193,6 +245,44 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
       }
       prefer = d.trial;
     }
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  const core::ExperimentLayout layout{options.experiment_dir};
+  if (options.write_config) {
+    core::create_directories(layout.dir, options.write_config->checkpoint_storage.group_readable ? 0750 : 0700);
+    prepare_experiment(*options.write_config, layout.dir);
+  }
+  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  if (!config.searcher.adaptive()) {
+    throw ConfigError(layout.config() + ": searcher " + std::string(core::to_string(config.searcher.name)) +
+                      " has no workers; its trials run by number (hpctrial launch --trial N)");
+  }
+  const search::AshaOptions asha = search::options_of(config);
+  const search::EventLog log(layout.search_log(), layout.search_lock(),
+                             core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
+  detail::hold_warning_signals();
+  const core::Allocation allocation = detect_allocation(env, run);
+  const Worker worker{options, env, run, layout, config, asha, log, allocation, detail::launcher_name(allocation)};
+  const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
+  std::optional<int> prefer;
+  if (allocation.in_job()) core::record_worker_trial(layout, allocation.job_id, -1);  // a worker, between trials
+  while (true) {
+    if (const std::string stop = stop_between_trials(layout, allocation); !stop.empty()) {
+      return stop_worker(stop, allocation, config, options, env, run);
+    }
+    Leased next = decide(log, asha, layout, prefer, worker.name, mode);
+    if (next.decision.kind == Decision::Kind::kDone) {
+      core::log_info("the search in {} has nothing left for this worker: {}", layout.dir,
+                     next.all_held ? "each trial it could train is held by another launcher"
+                                   : "every trial is created and none waits for a promotion");
+      return kExitFinished;
+    }
+    if (const auto code = worker.train(next.decision, next.lease, prefer)) return *code;
   }
 }
 

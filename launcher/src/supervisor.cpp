@@ -241,9 +241,9 @@ std::map<int, long long> Supervisor::steps() const {
 
 void Supervisor::request_stop(std::string reason) {
   if (attempt_->stop_requested) return;
-  // `hpctrial pause` writes its request before it signals: its reason stands.
-  const std::string recorded = core::stop_reason(trial_.dir);
-  if (!recorded.empty()) reason = recorded;
+  // `hpctrial pause` writes its request (the trial's, or a worker's job's) before it signals.
+  const std::string recorded = core::stop_reason(trial_.dir), for_job = core::job_stop_reason(experiment_, allocation_);
+  if (!recorded.empty() || !for_job.empty()) reason = recorded.empty() ? for_job : recorded;
   attempt_->stop_requested = true;
   attempt_->stop_reason = reason;
   bool on_disk = !recorded.empty();

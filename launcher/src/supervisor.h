@@ -37,8 +37,9 @@ struct Attempt {
 
 class Supervisor {
  public:
-  Supervisor(const core::ExperimentConfig& config, const core::Allocation& allocation, std::string trial_dir)
-      : config_(config), allocation_(allocation), trial_{std::move(trial_dir)} {}
+  Supervisor(const core::ExperimentConfig& config, const core::Allocation& allocation, std::string experiment_dir,
+             std::string trial_dir)
+      : config_(config), allocation_(allocation), experiment_{std::move(experiment_dir)}, trial_{std::move(trial_dir)} {}
 
   Attempt run(const MpirunCommand& command, SignalFd& signals);
 
@@ -102,6 +103,7 @@ class Supervisor {
 
   const core::ExperimentConfig& config_;
   const core::Allocation& allocation_;
+  core::ExperimentLayout experiment_;
   core::TrialLayout trial_;
   Attempt* attempt_ = nullptr;
   detail::RankOutput* output_ = nullptr;

@@ -164,8 +164,14 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
       << "#PBS -r y\n#PBS -j oe\n";
   directive("-o", options.experiment_dir + "/pbs-scheduler.out", "experiment directory");
   out << "#PBS -W umask=077\n";
-  const int trials = options.trial >= 0 ? 1 : core::trial_count(config);
-  if (trials > 1) {
+  // A search's subjob N runs trial N; an adaptive search's is worker N (PBS has no array of one).
+  const int workers = options.one_worker ? 1 : core::search_workers(config);
+  const int trials = workers > 0 || options.trial >= 0 ? 1 : core::trial_count(config);
+  if (workers > 1) {
+    out << "# One subjob per worker of the " << core::to_string(config.searcher.name)
+        << " searcher (searcher.max_concurrent_trials):\n# each asks the search log which trial to train next.\n";
+    out << "#PBS -J 0-" << workers - 1 << "\n";
+  } else if (trials > 1) {
     out << "# One subjob per trial of the " << core::to_string(config.searcher.name) << " searcher.\n";
     out << "#PBS -J 0-" << trials - 1 << "\n";
     if (config.searcher.max_concurrent_trials < trials) {
@@ -180,8 +186,8 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   out << "\n# Every run's output, appended (PBS would copy its own file back only at the end).\n"
       << "exec >>" << core::shell_quote(options.experiment_dir + "/pbs-", "experiment directory")
       << "\"${PBS_JOBID}.out\" 2>&1\n";
-  out << core::render_job_body(
-      config, {options.experiment_dir, options.hpctrial, trials > 1 ? "PBS_ARRAY_INDEX" : "", options.trial});
+  out << core::render_job_body(config, {options.experiment_dir, options.hpctrial, trials > 1 ? "PBS_ARRAY_INDEX" : "",
+                                        workers > 0 ? -1 : options.trial, workers > 0});
   return out.str();
 }
 

@@ -11,6 +11,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/pbs/batch_script.h"
@@ -39,6 +40,8 @@ namespace {
 
 // The script that resumes a stopped trial in a job of its own, kept in the trial's directory.
 constexpr const char* kResumeScript = "resume.pbs";
+// The script of a job of one worker of an adaptive search, kept in the experiment directory.
+constexpr const char* kWorkerScript = "worker.pbs";
 
 // True when PBS's `job` is one of the experiment's: its output file lies in the experiment
 // directory. A recorded id names another job once the server was re-created and its ids began
@@ -65,8 +68,21 @@ std::string output_file(const std::string& experiment_dir, const std::string& jo
   return core::ExperimentLayout{experiment_dir}.job_file("pbs-" + job + ".out");
 }
 
-// The trial a job of the experiment runs: its array index, or the trial it was recorded for.
+// True when the experiment in `layout` is an adaptive search, whose jobs are its workers.
+bool runs_workers(const core::ExperimentLayout& layout) {
+  try {
+    return core::search_workers(core::load_experiment_config({layout.config(), "", {}})) > 0;
+  } catch (const Error&) {
+    return false;  // no config to read: no workers to ask
+  }
+}
+
+// The trial a job of the experiment runs: the one its worker records (an adaptive search), its
+// array index, or the trial it was recorded for.
 int trial_of(const JobInfo& job, const std::string& experiment_dir) {
+  if (!experiment_dir.empty()) {
+    if (const auto trial = core::worker_trial({experiment_dir}, job.id)) return *trial;
+  }
   if (const int index = array_index(job.id, -1); index >= 0) return index;
   if (experiment_dir.empty()) return -1;
   for (const auto& recorded : core::recorded_jobs({experiment_dir})) {
@@ -85,6 +101,8 @@ core::JobStatus status_of(const JobInfo& job, const std::string& experiment_dir)
   s.restarts = std::max(0, job.run_count - 1);
   if (job.exit_status) s.exit = std::to_string(*job.exit_status);
   s.output = job.output_path;
+  // A worker's own output file (its trials, one after another), as its script writes it.
+  if (!experiment_dir.empty() && core::worker_trial({experiment_dir}, job.id)) s.output = output_file(experiment_dir, job.id);
   return s;
 }
 
@@ -135,7 +153,7 @@ bool Scheduler::is_job_id(const std::string& text) const {
 }
 
 std::string Scheduler::render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const {
-  return render_batch_script(config, {options.experiment_dir, options.hpctrial, options.trial});
+  return render_batch_script(config, {options.experiment_dir, options.hpctrial, options.trial, options.one_worker});
 }
 
 std::string Scheduler::submit(const core::SubmitRequest& request) const {
@@ -183,6 +201,19 @@ std::vector<core::JobStatus> Scheduler::user_jobs() const {
 
 std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const {
   std::vector<core::JobStatus> jobs;
+  if (runs_workers(layout)) {
+    // The worker that trains `trial` now, if any: a worker's output holds every trial it trained.
+    std::vector<std::string> ids;
+    for (const auto& recorded : core::recorded_jobs(layout)) {
+      if (recorded.scheduler == name() && is_valid_job_id(recorded.id)) ids.push_back(recorded.id);
+    }
+    for (const JobInfo& job : client_.jobs(ids)) {
+      if (job.active() && of_experiment(job, layout.dir) && core::worker_trial(layout, job.id) == trial) {
+        return {status_of(job, layout.dir)};
+      }
+    }
+    return jobs;
+  }
   const std::vector<std::string> ids = trial_job_ids(layout, trial, trials);
   const std::map<std::string, JobInfo> known = by_id(client_.jobs(ids));
   for (const std::string& id : ids) {
@@ -237,6 +268,8 @@ std::vector<Scheduler::Unit> Scheduler::live_units(const core::JobTarget& target
 
 std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) const {
   std::vector<core::PauseStep> steps;
+  const core::ExperimentLayout layout{target.experiment_dir};
+  const bool workers = !target.experiment_dir.empty() && runs_workers(layout);
   const auto stop = [&](const JobInfo& job, int trial) {
     if (target.experiment_dir.empty()) {
       throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
@@ -244,8 +277,14 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
     }
     // No signal: qsig signals every process of the job, and the job's top process, the user's
     // login shell, dies of SIGUSR2 (and the job with it). The chief sees the request within a
-    // second and the ranks stop after their current step.
-    core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial, "pause", job.id);
+    // second and the ranks stop after their current step. A search's worker: its job's request
+    // first, which it reads before each trial, then its trial's (the one it records after that
+    // trial is leased and before it reads the request again: one of the two sees the other).
+    if (workers) {
+      core::request_job_stop(layout, job.id, -1, "pause");
+      trial = core::worker_trial(layout, job.id).value_or(-1);
+    }
+    if (trial >= 0) core::request_stop(layout, trial, "pause", job.id);
     steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
   };
   for (const Unit& unit : live_units(target)) {
@@ -308,36 +347,51 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
   return cancelled;
 }
 
+// The script of the job that resumes a stopped trial, or worker, written where hand_over
+// submits it from; the error, when it cannot be written.
+std::string Scheduler::write_resume_script(const core::HandOver& stopped, const std::string& script) const {
+  const core::ExperimentLayout layout{stopped.experiment_dir};
+  core::ExperimentConfig config = stopped.config;
+  // PBS has no node ranges: an elastic trial's next job asks for the size its adaptive batch
+  // prefers (the launcher then starts as many ranks as the job got).
+  if (const auto slots = stopped.worker ? std::nullopt
+                                        : core::preferred_slots(layout.trial_dir(stopped.trial), config.resources)) {
+    if (*slots != config.resources.slots_per_trial) {
+      core::log_info("the pbs job that resumes trial {} asks for {} slot(s), as its adaptive batch prefers",
+                     stopped.trial, *slots);
+    }
+    config.resources.slots_per_trial = *slots;
+    config.resources.min_slots_per_trial = 0;
+  }
+  try {
+    core::write_file_atomic(script, render_script(config, {layout.dir, core::self_program(),
+                                                           stopped.worker ? -1 : stopped.trial, stopped.worker}));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {
   const core::ExperimentLayout layout{stopped.experiment_dir};
   const std::string& job = stopped.allocation.job_id;
-  // A job of this trial alone (a search's array job is not submitted again); the values from
-  // the submitter's environment are in this job's own, passed on by name.
-  const std::string script = layout.trial_dir(stopped.trial) + "/" + kResumeScript;
-  core::SubmitRequest request;
-  try {
-    // PBS has no node ranges: an elastic trial's next job asks for the size its adaptive batch
-    // prefers (the launcher then starts as many ranks as the job got).
-    core::ExperimentConfig config = stopped.config;
-    if (const auto slots = core::preferred_slots(layout.trial_dir(stopped.trial), config.resources)) {
-      if (*slots != config.resources.slots_per_trial) {
-        core::log_info("the pbs job that resumes trial {} asks for {} slot(s), as its adaptive batch prefers",
-                       stopped.trial, *slots);
-      }
-      config.resources.slots_per_trial = *slots;
-      config.resources.min_slots_per_trial = 0;
-    }
-    core::write_file_atomic(script, render_script(config, {layout.dir, core::self_program(), stopped.trial}));
-  } catch (const Error& e) {
-    return core::HandOverFailure{"cannot write " + script + ", the script of the pbs job that resumes trial " +
-                                     std::to_string(stopped.trial) + ": " + e.what(),
+  // A job of this trial alone (a search's array job is not submitted again), or of one worker;
+  // the values from the submitter's environment are in this job's own, passed on by name.
+  const std::string script =
+      stopped.worker ? layout.job_file(kWorkerScript) : layout.trial_dir(stopped.trial) + "/" + kResumeScript;
+  const std::string what = stopped.worker ? std::string("a worker of the search")
+                                          : "trial " + std::to_string(stopped.trial);
+  if (const std::string error = write_resume_script(stopped, script); !error.empty()) {
+    return core::HandOverFailure{"cannot write " + script + ", the script of the pbs job that resumes " + what + ": " +
+                                     error,
                                  core::shell_join({"hpctrial", "submit", layout.config(), "--experiment", layout.dir})};
   }
+  core::SubmitRequest request;
   request.script = script;
   request.hold = stopped.hold;
   // PBS lets no job depend on a subjob of an array job ("cannot have dependancy on subjob or
   // range"): the successor of a subjob may start while it ends, and its launcher waits for
-  // this one's (one launcher per trial).
+  // this one's (one launcher per trial; a worker lets its trial go before it hands over).
   const bool subjob = array_index(job, -1) >= 0;
   if (!subjob) request.after = job;
   std::string names;
@@ -356,17 +410,16 @@ std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& 
     std::vector<std::string> qsub = {"qsub"};
     if (!names.empty()) qsub.insert(qsub.end(), {"-v", names});
     qsub.push_back(script);
-    return core::HandOverFailure{"cannot submit the pbs job that resumes trial " + std::to_string(stopped.trial) +
-                                     ": " + e.what(),
+    return core::HandOverFailure{"cannot submit the pbs job that resumes " + what + ": " + e.what(),
                                  core::shell_join(qsub)};
   }
   try {
-    core::record_job(layout, name(), id, stopped.trial);
+    core::record_job(layout, name(), id, stopped.worker ? -1 : stopped.trial);
   } catch (const Error& e) {
-    core::log_warning("pbs job {} resumes trial {}, but it could not be recorded in {} ({}): give its id to "
-                      "`hpctrial pause`, `activate` and `kill`", id, stopped.trial, layout.state(), e.what());
+    core::log_warning("pbs job {} resumes {}, but it could not be recorded in {} ({}): give its id to "
+                      "`hpctrial pause`, `activate` and `kill`", id, what, layout.state(), e.what());
   }
-  core::log_info("pbs job {} submitted to resume trial {} once {} has ended{}", id, stopped.trial,
+  core::log_info("pbs job {} submitted to resume {} once {} has ended{}", id, what,
                  subjob ? "the launcher of subjob " + job : "job " + job,
                  stopped.hold ? "; it is held: `hpctrial activate " + id + "` releases it" : "");
   return std::nullopt;

@@ -35,8 +35,8 @@ const OwnOption kOwnOptions[] = {
     {"error", 'e', kOutput},
     {"export", 0, kEnvironment},
     {"export-file", 0, kEnvironment},
-    {"array", 'a', "a search is one job array, one task per trial; set searcher.max_concurrent_trials to limit "
-                   "how many run at once"},
+    {"array", 'a', "a search is one job array, one task per trial (or per worker of an adaptive search); set "
+                   "searcher.max_concurrent_trials to limit how many run at once"},
     {"parsable", 0, "hpctrial reads sbatch's answer to learn the job id"},
     {"wrap", 0, "the batch script hpctrial writes is the job"},
     {"hold", 'H', "hpctrial holds and releases the job itself: `hpctrial pause` and `hpctrial activate`"},
@@ -170,9 +170,14 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   out << "# Requeued on preemption, pause and time limit; output appended across runs.\n";
   out << "#SBATCH --requeue\n#SBATCH --open-mode=append\n";
   directive("--signal", "B:USR2@" + std::to_string(s.preemption_grace_seconds), "scheduler.preemption_grace");
-  // A search is one job array: task N runs trial N.
-  const int trials = core::trial_count(config);
-  if (trials > 1) {
+  // A search is one job array: task N runs trial N; or, for an adaptive search, task N is worker N.
+  const int workers = core::search_workers(config);
+  const int trials = workers > 0 ? 1 : core::trial_count(config);
+  if (workers > 0) {
+    out << "# One array task per worker of the " << core::to_string(config.searcher.name)
+        << " searcher (searcher.max_concurrent_trials):\n# each asks the search log which trial to train next.\n";
+    directive("--array", "0-" + std::to_string(workers - 1), "searcher.max_concurrent_trials");
+  } else if (trials > 1) {
     out << "# One array task per trial of the " << core::to_string(config.searcher.name) << " searcher.\n";
     std::string range = "0-" + std::to_string(trials - 1);
     if (config.searcher.max_concurrent_trials < trials) {
@@ -180,7 +185,8 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     }
     directive("--array", range, "searcher");
   }
-  const std::string name = trials > 1 ? "slurm-%A_%a" : "slurm-%j";
+  // A worker's output names it as one (worker_output, scheduler.cpp).
+  const std::string name = workers > 0 ? "slurm-%A_w%a" : trials > 1 ? "slurm-%A_%a" : "slurm-%j";
   directive("--output", literal_filename(options.experiment_dir) + "/" + name + ".out", "experiment directory");
   directive("--error", literal_filename(options.experiment_dir) + "/" + name + ".err", "experiment directory");
   for (std::size_t i = 0; i < s.extra_directives.size(); ++i) {
@@ -194,7 +200,7 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     out << "#SBATCH " << directive_value(extra, key) << "\n";
   }
   out << core::render_job_body(config, {options.experiment_dir, options.hpctrial,
-                                        trials > 1 ? "SLURM_ARRAY_TASK_ID" : "", -1});
+                                        trials > 1 ? "SLURM_ARRAY_TASK_ID" : "", -1, workers > 0});
   return out.str();
 }
 

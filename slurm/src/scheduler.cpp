@@ -30,6 +30,13 @@ int trial_of(const JobInfo& task) {
   return std::stoi(task.array_task);
 }
 
+bool is_worker(const JobInfo& task) {
+  // slurm-<array>_w<task>.err, as the script of an adaptive search names a worker's output.
+  const std::string& output = task.std_err.empty() ? task.std_out : task.std_err;
+  const std::string name = output.substr(output.rfind('/') + 1);
+  return !task.array_job_id.empty() && name.rfind("slurm-" + task.array_job_id + "_w", 0) == 0;
+}
+
 namespace {
 
 core::JobStatus status_of(const JobInfo& job) {
@@ -38,8 +45,15 @@ core::JobStatus status_of(const JobInfo& job) {
   s.name = job.name;
   s.state = job_state(job);
   s.native_state = job.state;
-  s.trial = trial_of(job);
-  if (s.trial < 0) s.tasks = job.array_task;
+  if (is_worker(job)) {
+    // A worker trains whichever trial the search gives it: the one it records, if any.
+    const std::string dir = core::experiment_of_output(job.std_err.empty() ? job.std_out : job.std_err);
+    s.trial = dir.empty() ? -1 : core::worker_trial({dir}, s.id).value_or(-1);
+    if (s.trial < 0 && trial_of(job) < 0) s.tasks = job.array_task;
+  } else {
+    s.trial = trial_of(job);
+    if (s.trial < 0) s.tasks = job.array_task;
+  }
   s.restarts = job.restarts;
   s.elapsed = job.run_time;
   if (!s.live()) s.exit = job.exit_code;
@@ -144,12 +158,22 @@ std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout&
   forgotten.id = trials > 1 ? latest->id + "_" + std::to_string(trial) : latest->id;
   forgotten.trial = trial;
   forgotten.output = output_file(layout, latest->id, trial, trials);
+  bool workers = false;
   for (const JobInfo& task : client_.job_tasks(latest->id)) {
-    if (trial_of(task) != trial || !of_experiment(task, layout.dir)) continue;
+    if (!of_experiment(task, layout.dir)) continue;
+    if (is_worker(task)) {
+      // A worker's output holds every trial it trained: the one training `trial` now, if any.
+      workers = true;
+      core::JobStatus s = status_of(task);
+      if (s.trial == trial) return {s};
+      continue;
+    }
+    if (trial_of(task) != trial) continue;
     core::JobStatus s = status_of(task);
     s.output = forgotten.output;
     return {s};
   }
+  if (workers) return {};
   return {forgotten};
 }
 
@@ -194,9 +218,20 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
         throw SchedulerError("cannot find the experiment directory of slurm job " + id + " (its output file is " +
                              task.std_out + "); pause it by its experiment directory instead");
       }
-      core::request_stop(core::ExperimentLayout{target.experiment_dir}, trial_of(task), "pause");
-      client_.signal_batch(task.id, "USR2");  // the batch shell: hpctrial launch
-      steps.push_back({core::PauseStep::Kind::kStopping, id, trial_of(task)});
+      const core::ExperimentLayout layout{target.experiment_dir};
+      int trial = trial_of(task);
+      if (is_worker(task)) {
+        // A worker's trial may change at any moment: the request is its job's, for this run of it,
+        // read by its launcher when the signal comes or by the worker before its next trial.
+        core::request_job_stop(layout, id, task.restarts, "pause");
+        trial = core::worker_trial(layout, id).value_or(-1);
+      } else {
+        core::request_stop(layout, trial, "pause");
+      }
+      // By the task's own name: the raw id of an array's last task is the array's, which scancel takes
+      // for every task of it, each of which would stop without its request.
+      client_.signal_batch(id, "USR2");  // the batch shell: hpctrial launch
+      steps.push_back({core::PauseStep::Kind::kStopping, id, trial});
     }
   }
   if (steps.empty()) {

@@ -19,6 +19,7 @@
 
 #include "../support/metric_lines.h"
 #include "../support/same_weights.h"
+#include "../support/search_log.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
@@ -314,23 +315,8 @@ std::vector<nlohmann::json> validations(const std::string& path) {
   return out;
 }
 
-// The rung events of a search log, in order: (trial, rung, metric).
-std::vector<std::tuple<int, int, double>> rungs_of(const std::string& log) {
-  std::vector<std::tuple<int, int, double>> out;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) {
-    const auto e = nlohmann::json::parse(line);
-    if (e["event"] == "rung") out.emplace_back(e["trial"].get<int>(), e["rung"].get<int>(), e["metric"].get<double>());
-  }
-  return out;
-}
-
-std::size_t events_in(const std::string& log, const std::string& kind) {
-  std::ifstream in(log);
-  std::size_t n = 0;
-  for (std::string line; std::getline(in, line);) n += nlohmann::json::parse(line)["event"] == kind;
-  return n;
-}
+using testing_support::events_in;
+using testing_support::rungs_of;
 
 // async_halving over 6 configurations of the mlp example, rungs at 8, 16 and 32 batches, the
 // top half going on: `hpctrial run` is its worker. Run once straight through; run again in

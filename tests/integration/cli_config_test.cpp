@@ -94,7 +94,7 @@ TEST(Cli, NewTrialWritesAProjectNamedAfterItAndRefusesMistakes) {
 
 // The adaptive searchers run under `hpctrial run`, which chooses the trials itself; a batch job of
 // their workers is refused until it exists.
-TEST(Cli, AnAdaptiveSearchIsRunHereAndNotSubmittedYet) {
+TEST(Cli, AnAdaptiveSearchIsSubmittedAsAnArrayOfWorkersAndRunHereAsOne) {
   TempDir dir;
   const std::string path = dir.write("asha.yaml", "name: asha\nentrypoint: ./trial\nhyperparameters: {lr: {type: double, "
                                                   "minval: 0.1, maxval: 1}}\nsearcher: {name: adaptive_asha, metric: "
@@ -102,9 +102,13 @@ TEST(Cli, AnAdaptiveSearchIsRunHereAndNotSubmittedYet) {
   const auto validated = hpctrial({"config", "validate", path});
   EXPECT_EQ(validated.exit_code, 0) << validated.err;
   const auto submitted = hpctrial({"submit", path, "--scheduler", "slurm", "--dry-run"});
-  EXPECT_EQ(submitted.exit_code, 2);
-  EXPECT_THAT(submitted.err, HasSubstr("searcher.name adaptive_asha: hpctrial runs this searcher's workers on this "
-                                       "machine only so far (`hpctrial run " + path + "`)"));
+  EXPECT_EQ(submitted.exit_code, 0) << submitted.err;
+  EXPECT_THAT(submitted.out, HasSubstr("--search-worker"));
+  EXPECT_THAT(submitted.out, HasSubstr("#SBATCH --array=0-7\n"));  // max_concurrent_trials 16, at most max_trials
+  const auto pbs = hpctrial({"submit", path, "--scheduler", "pbs", "--dry-run"});
+  EXPECT_EQ(pbs.exit_code, 0) << pbs.err;
+  EXPECT_THAT(pbs.out, HasSubstr("#PBS -J 0-7\n"));
+  EXPECT_THAT(pbs.out, HasSubstr("--search-worker"));
   const auto one = hpctrial({"run", path, "--trial", "1", "--experiment", (dir.path() / "e").string()});
   EXPECT_NE(one.exit_code, 0);
   EXPECT_THAT(one.err, HasSubstr("the adaptive_asha searcher chooses which trial runs next"));

@@ -150,6 +150,11 @@ int trial_count(const ExperimentConfig& config) {
   return 1;
 }
 
+int search_workers(const ExperimentConfig& config) {
+  if (!config.searcher.adaptive()) return 0;
+  return static_cast<int>(std::min<std::int64_t>(config.searcher.max_concurrent_trials, config.searcher.max_trials));
+}
+
 ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id) {
   ExperimentConfig out = config;
   std::vector<std::pair<std::string, Hyperparameter*>> ranges;

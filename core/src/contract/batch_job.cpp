@@ -51,9 +51,10 @@ std::string render_job_body(const ExperimentConfig& config, const JobBodyOptions
   }
   out << "\nexec " << shell_join({options.hpctrial, "launch", "--experiment", options.experiment_dir},
                                  "experiment directory")
-      << (!options.trial_variable.empty() ? " --trial \"$" + options.trial_variable + "\""
-          : options.trial >= 0         ? " --trial " + std::to_string(options.trial)
-                                       : std::string())
+      << (options.search_worker                ? std::string(" --search-worker")
+          : !options.trial_variable.empty() ? " --trial \"$" + options.trial_variable + "\""
+          : options.trial >= 0              ? " --trial " + std::to_string(options.trial)
+                                            : std::string())
       << "\n";
   return out.str();
 }

@@ -259,4 +259,50 @@ bool stop_requested_for(const std::string& trial_dir, const std::string& job) {
   }
 }
 
+void request_job_stop(const ExperimentLayout& layout, const std::string& job, int restarts,
+                      const std::string& reason) {
+  if (job.empty() || job.find('/') != std::string::npos) throw Error("\"" + job + "\" is not a batch job's id");
+  json request{{"reason", reason}, {"time", utc_now_iso()}, {"job", job}};
+  if (restarts >= 0) request["restarts"] = restarts;
+  write_file_atomic(layout.job_stop_file(job), request.dump() + "\n");
+}
+
+void clear_job_stop(const ExperimentLayout& layout, const std::string& job) {
+  if (job.empty() || job.find('/') != std::string::npos) return;
+  ::unlink(layout.job_stop_file(job).c_str());
+}
+
+std::string job_stop_reason(const ExperimentLayout& layout, const Allocation& allocation) {
+  if (!allocation.in_job() || allocation.job_id.find('/') != std::string::npos) return "";
+  std::ifstream in(layout.job_stop_file(allocation.job_id));
+  if (!in) return "";
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || j.value("job", std::string()) != allocation.job_id) return "";
+    const int restarts = j.value("restarts", -1);
+    if (restarts >= 0 && restarts != allocation.restart_count) return "";  // for an earlier run: spent
+    return j.value("reason", std::string("requested"));
+  } catch (const json::exception&) {
+    return "";
+  }
+}
+
+void record_worker_trial(const ExperimentLayout& layout, const std::string& job, int trial) {
+  if (job.empty() || job.find('/') != std::string::npos) return;  // not a batch job: no listing asks
+  write_file_atomic(layout.worker_file(job), json{{"job", job}, {"trial", trial}, {"time", utc_now_iso()}}.dump() + "\n");
+}
+
+std::optional<int> worker_trial(const ExperimentLayout& layout, const std::string& job) {
+  if (job.empty() || job.find('/') != std::string::npos) return std::nullopt;
+  std::ifstream in(layout.worker_file(job));
+  if (!in) return std::nullopt;
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || j.value("job", std::string()) != job) return std::nullopt;
+    return std::max(-1, j.value("trial", -1));
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace hpctrial::core

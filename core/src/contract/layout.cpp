@@ -82,6 +82,8 @@ std::string ExperimentLayout::lock_file() const { return join(dir, ".experiment.
 std::string ExperimentLayout::plot() const { return join(dir, "plot.png"); }
 std::string ExperimentLayout::search_log() const { return join(dir, "search-events.jsonl"); }
 std::string ExperimentLayout::search_lock() const { return join(dir, ".search.lock"); }
+std::string ExperimentLayout::job_stop_file(const std::string& job) const { return join(dir, "stop-request." + job); }
+std::string ExperimentLayout::worker_file(const std::string& job) const { return join(dir, "worker." + job + ".json"); }
 TrialLayout ExperimentLayout::trial(int trial_id) const {
   return TrialLayout{join(dir, TrialLayout::folder(trial_id))};
 }

@@ -58,6 +58,8 @@ TEST(Layout, NamesTheFilesOfAnExperimentAndItsTrials) {
   EXPECT_EQ(e.lock_file(), "/e/.experiment.lock");
   EXPECT_EQ(e.plot(), "/e/plot.png");
   EXPECT_EQ(e.job_file("job.sbatch"), "/e/job.sbatch");
+  EXPECT_EQ(e.job_stop_file("12_1"), "/e/stop-request.12_1");
+  EXPECT_EQ(e.worker_file("12_1"), "/e/worker.12_1.json");
   EXPECT_EQ(e.trial_dir(2), "/e/trial-2");
   const TrialLayout t = e.trial(2);
   EXPECT_EQ(t.dir, "/e/trial-2");
@@ -76,6 +78,41 @@ TEST(Layout, NamesTheFilesOfAnExperimentAndItsTrials) {
   EXPECT_EQ(t.mpirun_log(), "/e/trial-2/logs/mpirun.log");
   EXPECT_EQ(t.hostfile(), "/e/trial-2/launch/hostfile");
   EXPECT_EQ(default_experiment_dir("mlp"), "runs/mlp");
+}
+
+// A stop request for a whole job holds for the run it was made for: a later run of the same job
+// (requeued, its restart count one more) finds it spent; a request for any run holds for each.
+// A worker's record says which trial it trains, and nothing between trials.
+TEST(JobStopRequest, HoldsForTheRunOfTheJobItWasMadeFor) {
+  TempDir dir;
+  const ExperimentLayout e{dir.path().string()};
+  Allocation job;
+  job.scheduler = "slurm";
+  job.job_id = "12_1";
+  job.restart_count = 2;
+  EXPECT_EQ(job_stop_reason(e, job), "");
+  request_job_stop(e, "12_1", 2, "pause");
+  EXPECT_EQ(job_stop_reason(e, job), "pause");
+  Allocation later = job;
+  later.restart_count = 3;
+  EXPECT_EQ(job_stop_reason(e, later), "") << "a request for an earlier run is spent";
+  Allocation other = job;
+  other.job_id = "12_0";
+  EXPECT_EQ(job_stop_reason(e, other), "");
+  request_job_stop(e, "12_1", -1, "pause");
+  EXPECT_EQ(job_stop_reason(e, later), "pause");
+  Allocation local;
+  EXPECT_EQ(job_stop_reason(e, local), "") << "outside a job there is no job to stop";
+  EXPECT_THROW(request_job_stop(e, "../x", 0, "pause"), Error);
+
+  EXPECT_EQ(worker_trial(e, "12_1"), std::nullopt);
+  record_worker_trial(e, "12_1", 7);
+  EXPECT_EQ(worker_trial(e, "12_1"), 7);
+  EXPECT_EQ(worker_trial(e, "12_0"), std::nullopt);
+  record_worker_trial(e, "12_1", -1);
+  EXPECT_EQ(worker_trial(e, "12_1"), -1) << "a worker between trials";
+  clear_job_stop(e, "12_1");
+  EXPECT_EQ(job_stop_reason(e, later), "");
 }
 
 // Loading a config makes host_path absolute; a relative one left in a config made in code is

@@ -145,6 +145,32 @@ TEST(PbsBatchScript, ASearchIsAnArrayJobThrottledByMaxRunSubjobs) {
   EXPECT_THAT(render_batch_script(unthrottled, kOptions), Not(HasSubstr("max_run_subjobs")));
 }
 
+// An adaptive search: an array job of max_concurrent_trials workers (at most max_trials), each
+// a worker of the search; the job that resumes a stopped worker is one worker, and a search of
+// one worker is a plain job (PBS has no array of one subjob).
+TEST(PbsBatchScript, AnAdaptiveSearchIsAnArrayJobOfWorkers) {
+  const auto config = parse("hyperparameters: {lr: {type: log, minval: -3, maxval: -1}}\n"
+                            "reproducibility: {experiment_seed: 1}\n", "a",
+                            "{name: adaptive_asha, metric: loss, max_length: {batches: 64}, max_trials: 16, "
+                            "max_concurrent_trials: 3}");
+  const std::string s = render_batch_script(config, kOptions);
+  for (const char* line : {"#PBS -J 0-2\n",
+                           "exec /opt/hpctrial/bin/hpctrial launch --experiment /scratch/me/runs/exp --search-worker\n"}) {
+    EXPECT_THAT(s, HasSubstr(line));
+  }
+  EXPECT_THAT(s, Not(HasSubstr("max_run_subjobs")));
+  EXPECT_THAT(s, Not(HasSubstr("--trial")));
+  expect_clean(s);
+  BatchScriptOptions one = kOptions;
+  one.one_worker = true;
+  const std::string resume = render_batch_script(config, one);
+  EXPECT_THAT(resume, Not(HasSubstr("#PBS -J")));
+  EXPECT_THAT(resume, HasSubstr("--search-worker\n"));
+  auto single = config;
+  single.searcher.max_concurrent_trials = 1;
+  EXPECT_THAT(render_batch_script(single, kOptions), Not(HasSubstr("#PBS -J")));
+}
+
 TEST(PbsBatchScript, JobNamesAreSanitisedTheWayPbsAcceptsThem) {
   EXPECT_EQ(job_name("mlp-grid_2.b+c"), "mlp-grid_2.b+c");
   EXPECT_EQ(job_name("my exp #1"), "my_exp__1");

@@ -130,6 +130,28 @@ TEST(BatchScript, ASearchIsAJobArrayThrottledByMaxConcurrentTrials) {
   EXPECT_THAT(render_batch_script(parse(""), kOptions), Not(HasSubstr("--array")));
 }
 
+// An adaptive search: one array task per worker (max_concurrent_trials, at most max_trials),
+// each a worker of the search; their output named as a worker's.
+TEST(BatchScript, AnAdaptiveSearchIsAJobArrayOfWorkers) {
+  core::Diagnostics d;
+  const std::string yaml = "name: a\nentrypoint: /opt/trial\n"
+                           "searcher: {name: adaptive_asha, metric: loss, max_length: {batches: 64}, max_trials: 16, "
+                           "max_concurrent_trials: 3}\nhyperparameters: {lr: {type: log, minval: -3, maxval: -1}}\n"
+                           "reproducibility: {experiment_seed: 1}\n";
+  auto config = core::parse_experiment_config(core::parse_config_text(yaml, "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  const std::string s = render_batch_script(config, kOptions);
+  for (const char* line : {"#SBATCH --array=0-2\n", "#SBATCH --output=/scratch/me/runs/exp/slurm-%A_w%a.out\n",
+                           "#SBATCH --error=/scratch/me/runs/exp/slurm-%A_w%a.err\n",
+                           "exec /opt/hpctrial/bin/hpctrial launch --experiment /scratch/me/runs/exp --search-worker\n"}) {
+    EXPECT_THAT(s, HasSubstr(line));
+  }
+  EXPECT_THAT(s, Not(HasSubstr("--trial")));
+  expect_clean(s);
+  config.searcher.max_trials = 2;  // no more workers than trials
+  EXPECT_THAT(render_batch_script(config, kOptions), HasSubstr("#SBATCH --array=0-1\n"));
+}
+
 TEST(BatchScript, ExportedEnvironmentResolvesReferencesFromTheSubmitter) {
   core::MapEnv env;
   env.set("MY_TOKEN", "s3cr3t");

@@ -25,6 +25,8 @@ struct JobBodyOptions {
   std::string trial_variable;
   // Without a trial_variable: the one trial this job runs (-1: trial 0, no --trial given).
   int trial = -1;
+  // An adaptive search's worker (`--search-worker`): the search gives it its trials; no --trial.
+  bool search_worker = false;
 };
 
 // From `umask 077` to the `exec hpctrial launch` line, every word quoted by shell_quote.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hpctrial/core/allocation.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/layout.h"
 
@@ -120,5 +121,23 @@ void request_stop(const std::string& trial_dir, const std::string& reason, const
 std::string stop_reason(const std::string& trial_dir);
 // True when the trial's stop request was made for batch job `job` (not empty).
 bool stop_requested_for(const std::string& trial_dir, const std::string& job);
+// A stop request for a whole batch job: for run `restarts` of job `job` (its restart count as the
+// scheduler counts it; -1: any run), read by that job's launcher when a signal comes and by a
+// search's worker before it takes a trial. `hpctrial pause` of a search's worker writes one, then
+// signals the job.
+void request_job_stop(const ExperimentLayout& layout, const std::string& job, int restarts,
+                      const std::string& reason);
+// The reason of the stop request for this run of `allocation`'s job; empty: none (or one for
+// another run, which is spent).
+std::string job_stop_reason(const ExperimentLayout& layout, const Allocation& allocation);
+
+// What a search's worker in batch job `job` trains: `trial`, or -1 between trials. Written by the
+// worker as it takes each trial, read by the schedulers' job listings and `hpctrial logs`.
+void record_worker_trial(const ExperimentLayout& layout, const std::string& job, int trial);
+// The trial the worker in batch job `job` trains now, -1 between trials; nullopt when no worker of
+// that job has recorded anything (a job that is not a worker, or one that has not started).
+std::optional<int> worker_trial(const ExperimentLayout& layout, const std::string& job);
+// Removes the stop request of job `job` (core::request_job_stop), once it is honoured.
+void clear_job_stop(const ExperimentLayout& layout, const std::string& job);
 
 }  // namespace hpctrial::core

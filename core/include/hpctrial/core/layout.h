@@ -113,6 +113,11 @@ struct ExperimentLayout {
   // <dir>/.search.lock, held while a worker reads it, decides and appends.
   std::string search_log() const;
   std::string search_lock() const;
+  // <dir>/stop-request.<job>: a stop request for batch job `job` as a whole (`hpctrial pause` of a
+  // search's worker, whose trial the scheduler cannot name).
+  std::string job_stop_file(const std::string& job) const;
+  // <dir>/worker.<job>.json: the trial a search's worker in batch job `job` trains now.
+  std::string worker_file(const std::string& job) const;
   // The trial directory <dir>/trial-<id>.
   TrialLayout trial(int trial_id) const;
   // <dir>/trial-<id>: trial(trial_id).dir.

@@ -50,6 +50,7 @@ struct ScriptOptions {
   std::string experiment_dir;  // absolute
   std::string hpctrial;        // the hpctrial program the job runs (absolute)
   int trial = -1;              // -1: the whole experiment; N: trial N alone (a job that resumes it)
+  bool one_worker = false;     // an adaptive search: one worker alone (a job that resumes a worker)
 };
 
 struct SubmitRequest {
@@ -86,6 +87,9 @@ struct HandOver {
   std::string experiment_dir;
   int trial = 0;
   bool hold = false;           // paused by the user: held until activate
+  // The job is one of an adaptive search's workers: it runs whichever trial the search gives it
+  // (`trial`, or -1 between trials), and what resumes it is a worker again.
+  bool worker = false;
   const EnvSource* env = nullptr;
   // Runs the scheduler's commands: the launcher's runner tries a failing command again
   // (launcher/src/hand_over.cpp).

@@ -23,6 +23,10 @@ namespace hpctrial::core {
 // How many trials the searcher of `config` produces (1 for single).
 int trial_count(const ExperimentConfig& config);
 
+// How many workers a batch job of an adaptive search has (searcher.max_concurrent_trials, at most
+// max_trials): one array task each. 0 for the other searchers, whose tasks are their trials.
+int search_workers(const ExperimentConfig& config);
+
 // `config` with every range hyperparameter replaced by the constant of trial `trial_id`.
 // Throws ConfigError when the trial does not exist, or when a random search has no seed.
 ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id);

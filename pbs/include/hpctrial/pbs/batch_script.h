@@ -30,6 +30,9 @@ struct BatchScriptOptions {
   // -1: the whole experiment (an array job for a search). N: a job for trial N alone, as the
   // launcher submits to resume one trial of a search.
   int trial = -1;
+  // An adaptive search: a job of one worker alone, as the launcher submits to resume a worker
+  // that stopped (the whole search is an array job of max_concurrent_trials workers).
+  bool one_worker = false;
 };
 
 std::string render_batch_script(const core::ExperimentConfig& config, const BatchScriptOptions& options);

@@ -49,6 +49,8 @@ class Scheduler final : public core::Scheduler {
 
  private:
   std::vector<Unit> live_units(const core::JobTarget& target) const;
+  // Writes the script of the job that resumes `stopped` to `script`; the error, else "".
+  std::string write_resume_script(const core::HandOver& stopped, const std::string& script) const;
   Client client_;
 };
 

@@ -13,6 +13,10 @@ core::JobState job_state(const JobInfo& job);
 // The trial a task runs: its array index, 0 for a plain job; -1 for a line of tasks not started.
 int trial_of(const JobInfo& task);
 
+// True for a task of an adaptive search's worker array, told by its output file's name
+// (slurm-<array>_w<task>): its trial is the one its worker records (core::worker_trial).
+bool is_worker(const JobInfo& task);
+
 class Scheduler final : public core::Scheduler {
  public:
   Scheduler() = default;

@@ -1,0 +1,164 @@
+// An adaptive search (adaptive_asha) of the mlp example submitted to the real local OpenPBS: an
+// array job of two workers, each taking its trials from the search log, each worker that stops
+// (its walltime, a pause) followed by a job of one worker that goes on. The search runs to its
+// end through walltimes, a worker killed mid-trial and a pause/activate, and no trial is lost or
+// trained twice (testing_support::expect_search_complete).
+#include <signal.h>
+
+#include "pbs_fixture.h"
+#include "../support/search_log.h"
+
+namespace hpctrial {
+namespace {
+
+using namespace pbs_tier;
+using testing::HasSubstr;
+using testing_support::events_in;
+
+constexpr int kTrials = 16;
+
+// Every process of PBS job `id` (the worker, its mpirun and ranks), SIGKILLed at once: a node
+// that died under it.
+int kill_job(const std::string& id) {
+  int killed = 0;
+  for (const pid_t pid : processes_running("", "PBS_JOBID=" + id)) killed += ::kill(pid, SIGKILL) == 0;
+  return killed;
+}
+
+class PbsSearch : public PbsServer {
+ protected:
+  static void SetUpTestSuite() {
+    shared_ = std::make_unique<TempDir>();
+    ::chmod(shared_->path().c_str(), 0755);  // the user's jobs read the data
+    const auto made = run_as({HPCTRIAL_MLP_MAKE_DATASET, data_dir()}, 60s, false);
+    ASSERT_TRUE(made.ok()) << made.describe() << made.err;
+    for (const char* file : {"/train.h5", "/validation.h5"}) ::chmod((data_dir() + file).c_str(), 0644);
+    ::chmod(data_dir().c_str(), 0755);
+  }
+  static void TearDownTestSuite() { shared_.reset(); }
+  static std::string data_dir() { return (shared_->path() / "data").string(); }
+
+  void SetUp() override {
+    PbsServer::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_TRUE(user({"test", "-x", HPCTRIAL_MLP}, 30s).ok()) << kUser << " cannot run " << HPCTRIAL_MLP;
+  }
+
+  std::string search_config(const std::string& scheduler) {
+    return dir_.write("asha.yaml",
+        std::string("name: pbs-asha\nentrypoint: ") + HPCTRIAL_MLP + "\n"
+        "hyperparameters: {global_batch_size: 64, classes: 10, learning_rate: {type: log, base: 10, minval: -4, "
+        "maxval: -0.5}, hidden: {type: categorical, vals: [16, 32, 64]}}\n"
+        "searcher: {name: adaptive_asha, metric: validation_loss, max_length: {batches: 128}, max_trials: " +
+        std::to_string(kTrials) + ", max_concurrent_trials: 2, mode: standard, divisor: 4, max_rungs: 3}\n"
+        "min_validation_period: {batches: 1000}\nresources: {slots_per_trial: 1, slots_per_node: 1}\n"
+        "reproducibility: {experiment_seed: 5}\n"
+        "data: {train: " + data_dir() + "/train.h5, validation: " + data_dir() + "/validation.h5, x_dataset: x, "
+        "y_dataset: y}\nscheduler: {type: pbs, queue: workq, " + scheduler + "}\n");
+  }
+
+  // The same configurations each trained straight to max_length on this machine, validated at
+  // every rung's end (testing_support::reference_config). Run once for the suite.
+  static const testing_support::Validations& reference(const std::string& config_path) {
+    static const testing_support::Validations validations = [&] {
+      const std::string dir = (shared_->path() / "reference").string();
+      const auto r = run_as({HPCTRIAL_CLI, "run", testing_support::reference_config(config_path), "--experiment", dir},
+                            600s, false);
+      EXPECT_TRUE(r.ok()) << r.describe() << r.out << r.err;
+      return testing_support::validation_losses(dir, kTrials);
+    }();
+    return validations;
+  }
+
+  std::string log() const { return experiment() + "/search-events.jsonl"; }
+  // The trial the worker in job `id` trains now; -1 between trials or before it started.
+  int worker_trial(const std::string& id) const {
+    std::ifstream in(experiment() + "/worker." + id + ".json");
+    if (!in) return -1;
+    const json record = json::parse(in, nullptr, false);
+    return record.is_object() ? record.value("trial", -1) : -1;
+  }
+  std::string subjob(const std::string& array, int index) const {
+    return array.substr(0, array.find("[]") + 1) + std::to_string(index) + array.substr(array.find("[]") + 1);
+  }
+  // Every output of the experiment's jobs, one after another.
+  std::string all_output() {
+    std::string out;
+    for (const auto& entry : fs::directory_iterator(experiment())) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("pbs-", 0) == 0 && name != "pbs-scheduler.out") out += read_file(entry.path().string());
+    }
+    return out;
+  }
+  // Waits until every job the experiment recorded has ended (a worker that stops records the
+  // job that goes on before it ends).
+  bool wait_for_all_ended(std::chrono::seconds limit) {
+    return wait_for([&] {
+      const auto ids = recorded_jobs();
+      return !ids.empty() && std::all_of(ids.begin(), ids.end(), [](const std::string& id) {
+        const std::string state = state_of(id);
+        return state == "F" || state == "X";
+      });
+    }, limit);
+  }
+
+  static std::unique_ptr<TempDir> shared_;
+};
+
+std::unique_ptr<TempDir> PbsSearch::shared_;
+
+// Each worker's job stops before its walltime (40 s) in the middle of a trial and a job of one
+// worker goes on; worker 1 is killed with everything it started while it trains a trial, and the
+// other workers take that trial over. The search ends with nothing lost.
+TEST_F(PbsSearch, ASearchRunsToItsEndThroughWalltimesAndAKilledWorker) {
+  const std::string exp = search_config("time_limit: 40s, preemption_grace: 10s");
+  const auto& expected = reference(exp);
+  ASSERT_FALSE(expected.empty());
+  const std::string array = submit(exp);
+  ASSERT_FALSE(array.empty());
+  const std::string second = subjob(array, 1);
+  ASSERT_TRUE(wait_for([&] { return events_in(log(), "created") >= 3 && worker_trial(second) >= 0; }, 180s))
+      << all_output();
+  const int taken = worker_trial(second);
+  EXPECT_GT(kill_job(second), 0);
+  ASSERT_TRUE(wait_for_all_ended(600s)) << all_output();
+  const std::string output = all_output();
+  EXPECT_THAT(output, HasSubstr("search: taking over trial " + std::to_string(taken)));
+  EXPECT_THAT(output, HasSubstr("submitted to resume a worker of the search")) << "no walltime stopped a worker";
+  EXPECT_THAT(output, HasSubstr("has nothing left for this worker"));
+  testing_support::expect_search_complete(experiment(), kTrials, expected);
+}
+
+// A pause of the experiment while both workers train: each trial checkpoints, each worker's job
+// ends and a held job of one worker takes its place; activate releases both, and they end the
+// search with nothing lost.
+TEST_F(PbsSearch, APauseOfTheSearchHoldsAWorkerForEachAndActivateEndsIt) {
+  const std::string exp = search_config("time_limit: 10m, preemption_grace: 30s");
+  const auto& expected = reference(exp);
+  ASSERT_FALSE(expected.empty());
+  const std::string array = submit(exp);
+  ASSERT_FALSE(array.empty());
+  ASSERT_TRUE(wait_for([&] { return events_in(log(), "rung") >= 1 && worker_trial(subjob(array, 0)) >= 0 &&
+                                    worker_trial(subjob(array, 1)) >= 0; }, 180s))
+      << all_output();
+  const auto pause = user({HPCTRIAL_CLI, "pause", experiment()});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.out << pause.err;
+  EXPECT_THAT(pause.out, HasSubstr("pausing pbs job " + subjob(array, 0)));
+  ASSERT_TRUE(wait_for_state(array, "F", 120s)) << state_of(array) << "\n" << all_output();
+  const auto ids = recorded_jobs();
+  ASSERT_EQ(ids.size(), 3u) << all_output();
+  for (std::size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(state_of(ids[i]), "H") << ids[i];
+  const std::size_t created = events_in(log(), "created");
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(events_in(log(), "created"), created) << "a paused search went on";
+  EXPECT_THAT(all_output(), HasSubstr("stopped (pause)"));
+
+  const auto activate = user({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  ASSERT_TRUE(wait_for_all_ended(600s)) << all_output();
+  EXPECT_THAT(all_output(), HasSubstr("resumed from "));
+  testing_support::expect_search_complete(experiment(), kTrials, expected);
+}
+
+}  // namespace
+}  // namespace hpctrial
