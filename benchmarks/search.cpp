@@ -1,6 +1,7 @@
 // search: adaptive_asha against random on the mlp example, and the cost of a worker's decision.
 //
-//   search [--quick] [--dir DIR] [--trials N] [--max-batches B]
+//   search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--seeds S] [--mode M] [--divisor D]
+//          [--max-rungs R] [--teacher H]
 //
 // The same space for both (the mlp example's learning rate, log-uniform from 1e-4 to 0.3, and
 // its width, 16 to 128), the same seed and the same max_trials, so that trial N of each samples
@@ -14,6 +15,10 @@
 // Then the decision: a log of N simulated trials' events is written, and a worker's "what next?"
 // (the log's lock, reading and replaying every event, the decision) is timed, median of 20 (goal
 // <= 10 ms at 1 000 trials).
+// --seeds S repeats both searches with experiment seeds 1234, 1235, ... (other configurations
+// sampled) and prints the median ratio; --mode, --divisor and --max-rungs set adaptive_asha's
+// keys; --teacher H draws the labels from a teacher network of width H (a task whose best width
+// is not the smallest).
 // --quick (bench-smoke): 4 trials of 32 batches, and a log of 100 trials.
 #include <algorithm>
 #include <chrono>
@@ -41,17 +46,28 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-std::string config(const std::string& name, const std::string& searcher, int trials, int batches,
+struct Options {
+  bool quick = false;
+  std::string dir = "search-scratch";
+  int trials = 64, batches = 320, seeds = 1;
+  std::string mode = "standard";
+  int divisor = 4, max_rungs = 5;
+  std::int64_t teacher = 0;  // > 0: labels from a teacher network of this width (synthetic_data.h)
+};
+
+std::string config(const std::string& name, const std::string& searcher, const Options& o, int seed,
                    const std::string& data) {
   return "name: " + name + "\nentrypoint: " HPCTRIAL_MLP "\nhyperparameters:\n  global_batch_size: 64\n"
          "  classes: 10\n  learning_rate: {type: log, base: 10, minval: -4, maxval: -0.5}\n"
          "  hidden: {type: categorical, vals: [16, 32, 64, 128]}\nsearcher:\n  name: " + searcher +
-         "\n  metric: validation_loss\n  max_length: {batches: " + std::to_string(batches) + "}\n  max_trials: " +
-         std::to_string(trials) + "\n  max_concurrent_trials: 1\n" +
-         (searcher == "adaptive_asha" ? "  mode: standard\n  divisor: 4\n" : "") +
+         "\n  metric: validation_loss\n  max_length: {batches: " + std::to_string(o.batches) + "}\n  max_trials: " +
+         std::to_string(o.trials) + "\n  max_concurrent_trials: 1\n" +
+         (searcher == "adaptive_asha" ? "  mode: " + o.mode + "\n  divisor: " + std::to_string(o.divisor) +
+                                            "\n  max_rungs: " + std::to_string(o.max_rungs) + "\n"
+                                      : std::string()) +
          "min_validation_period: {batches: 100000}\nresources: {slots_per_trial: 1}\n"
-         "reproducibility: {experiment_seed: 1234}\ndata: {train: " + data + "/train.h5, validation: " + data +
-         "/validation.h5, x_dataset: x, y_dataset: y}\n";
+         "reproducibility: {experiment_seed: " + std::to_string(seed) + "}\ndata: {train: " + data +
+         "/train.h5, validation: " + data + "/validation.h5, x_dataset: x, y_dataset: y}\n";
 }
 
 double run_search(const std::string& dir, const std::string& name, const std::string& yaml) {
@@ -93,6 +109,16 @@ std::pair<double, std::int64_t> random_compute(const std::string& experiment, in
     before += v.empty() ? 0 : v.back().first;
   }
   return {best, reached};
+}
+
+// Every trial's batches, summed: the compute a search spent in all.
+std::int64_t total_batches(const std::string& experiment, int trials) {
+  std::int64_t total = 0;
+  for (int t = 0; t < trials; ++t) {
+    const auto v = validations(experiment + "/trial-" + std::to_string(t) + "/metrics.jsonl");
+    total += v.empty() ? 0 : v.back().first;
+  }
+  return total;
 }
 
 // adaptive_asha: the compute at each rung event (every trial's batches so far), until a loss <= target.
@@ -176,57 +202,93 @@ double decision_seconds(const std::string& dir, int trials) {
   return times[times.size() / 2];
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  bool quick = false;
-  std::string dir = "search-scratch";
-  int trials = 64, batches = 320;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-      trials = 4;
-      batches = 32;
-    } else if (a == "--dir" && i + 1 < argc) {
-      dir = argv[++i];
-    } else if (a == "--trials" && i + 1 < argc) {
-      trials = std::atoi(argv[++i]);
-    } else if (a == "--max-batches" && i + 1 < argc) {
-      batches = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: search [--quick] [--dir DIR] [--trials N] [--max-batches B]\n");
-      return 2;
-    }
-  }
-  fs::remove_all(dir);
-  fs::create_directories(dir + "/data");
-  dir = fs::absolute(dir).string();
-  mlp_example::SyntheticSpec spec;
-  mlp_example::write_synthetic_dataset(dir + "/data/train.h5", spec);
-  spec.samples = 2048;
-  spec.seed = 2;
-  mlp_example::write_synthetic_dataset(dir + "/data/validation.h5", spec);
-  std::printf("mlp example, %d trials of at most %d batches each, one worker (hpctrial run, 1 rank)\n", trials, batches);
-
-  const double random_s = run_search(dir, "random", config("random", "random", trials, batches, dir + "/data"));
-  const double asha_s = run_search(dir, "asha", config("asha", "adaptive_asha", trials, batches, dir + "/data"));
-  const auto [random_best, unused] = random_compute(dir + "/random", trials, -std::numeric_limits<double>::infinity());
-  const auto [best_again, random_needs] = random_compute(dir + "/random", trials, random_best);
-  const auto [asha_best, asha_needs] = asha_compute(dir + "/asha", random_best);
-  std::printf("%-14s %12s %10s %22s\n", "searcher", "best loss", "wall s", "batches to reach random's best");
-  std::printf("%-14s %12.4f %10.1f %22lld\n", "random", random_best, random_s, static_cast<long long>(random_needs));
-  std::printf("%-14s %12.4f %10.1f %22s\n", "adaptive_asha", asha_best, asha_s,
-              asha_needs < 0 ? "not reached" : std::to_string(asha_needs).c_str());
+// One seed: both searches, their figures, and the ratio (negative: adaptive_asha did not reach
+// random's best).
+double compare(const Options& o, int seed, const std::string& data) {
+  const std::string tag = "-" + std::to_string(seed);
+  const double random_s = run_search(o.dir, "random" + tag, config("random", "random", o, seed, data));
+  const double asha_s = run_search(o.dir, "asha" + tag, config("asha", "adaptive_asha", o, seed, data));
+  const auto [random_best, unused] = random_compute(o.dir + "/random" + tag, o.trials,
+                                                    -std::numeric_limits<double>::infinity());
+  const auto [best_again, random_needs] = random_compute(o.dir + "/random" + tag, o.trials, random_best);
+  const auto [asha_best, asha_needs] = asha_compute(o.dir + "/asha" + tag, random_best);
+  std::printf("experiment_seed %d\n%-14s %12s %10s %22s %16s\n", seed, "searcher", "best loss", "wall s",
+              "batches to random's best", "batches in all");
+  std::printf("%-14s %12.4f %10.1f %22lld %16lld\n", "random", random_best, random_s,
+              static_cast<long long>(random_needs), static_cast<long long>(o.trials) * o.batches);
+  std::printf("%-14s %12.4f %10.1f %22s %16lld\n", "adaptive_asha", asha_best, asha_s,
+              asha_needs < 0 ? "not reached" : std::to_string(asha_needs).c_str(),
+              static_cast<long long>(total_batches(o.dir + "/asha" + tag, o.trials)));
   if (asha_needs < 0) {
     std::printf("compute to random's best, adaptive_asha / random: not reached (its best %.4f) (goal <= 0.333)\n",
                 asha_best);
-  } else {
-    std::printf("compute to random's best, adaptive_asha / random: %.3f (goal <= 0.333)\n",
-                static_cast<double>(asha_needs) / static_cast<double>(random_needs));
+    return -1;
   }
-  const int logged = quick ? 100 : 1000;
-  const double decision = decision_seconds(dir, logged);
+  const double ratio = static_cast<double>(asha_needs) / static_cast<double>(random_needs);
+  std::printf("compute to random's best, adaptive_asha / random: %.3f (goal <= 0.333)\n", ratio);
+  return ratio;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool more = i + 1 < argc;
+    if (a == "--quick") {
+      o.quick = true;
+      o.trials = 4;
+      o.batches = 32;
+    } else if (a == "--dir" && more) {
+      o.dir = argv[++i];
+    } else if (a == "--trials" && more) {
+      o.trials = std::atoi(argv[++i]);
+    } else if (a == "--max-batches" && more) {
+      o.batches = std::atoi(argv[++i]);
+    } else if (a == "--seeds" && more) {
+      o.seeds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--mode" && more) {
+      o.mode = argv[++i];
+    } else if (a == "--divisor" && more) {
+      o.divisor = std::atoi(argv[++i]);
+    } else if (a == "--max-rungs" && more) {
+      o.max_rungs = std::atoi(argv[++i]);
+    } else if (a == "--teacher" && more) {
+      o.teacher = std::atoll(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--seeds S] "
+                           "[--mode M] [--divisor D] [--max-rungs R] [--teacher H]\n");
+      return 2;
+    }
+  }
+  fs::remove_all(o.dir);
+  fs::create_directories(o.dir + "/data");
+  o.dir = fs::absolute(o.dir).string();
+  mlp_example::SyntheticSpec spec;
+  spec.teacher_hidden = o.teacher;
+  mlp_example::write_synthetic_dataset(o.dir + "/data/train.h5", spec);
+  spec.samples = 2048;
+  spec.seed = 2;
+  mlp_example::write_synthetic_dataset(o.dir + "/data/validation.h5", spec);
+  std::printf("mlp example%s, %d trials of at most %d batches each, one worker (hpctrial run, 1 rank); "
+              "adaptive_asha: mode %s, divisor %d, max_rungs %d\n",
+              o.teacher > 0 ? (" (labels from a teacher of width " + std::to_string(o.teacher) + ")").c_str() : "",
+              o.trials, o.batches, o.mode.c_str(), o.divisor, o.max_rungs);
+  std::vector<double> ratios;
+  for (int s = 0; s < o.seeds; ++s) ratios.push_back(compare(o, 1234 + s, o.dir + "/data"));
+  if (o.seeds > 1) {
+    // Not reached counts as the worst; the median over seeds.
+    std::vector<double> sorted = ratios;
+    for (double& r : sorted) r = r < 0 ? std::numeric_limits<double>::infinity() : r;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::printf("median over %d seeds, adaptive_asha / random: %s (goal <= 0.333)\n", o.seeds,
+                std::isinf(median) ? "not reached" : std::to_string(median).substr(0, 5).c_str());
+  }
+  const int logged = o.quick ? 100 : 1000;
+  const double decision = decision_seconds(o.dir, logged);
   std::printf("one decision with %d trials in the log: %.3f ms (goal <= 10 ms)\n", logged, decision * 1e3);
   return 0;
 }

@@ -107,11 +107,11 @@ class PbsSearch : public PbsServer {
 
 std::unique_ptr<TempDir> PbsSearch::shared_;
 
-// Each worker's job stops before its walltime (40 s) in the middle of a trial and a job of one
-// worker goes on; worker 1 is killed with everything it started while it trains a trial, and the
-// other workers take that trial over. The search ends with nothing lost.
+// Each worker's job stops 45 s before its 1-minute walltime, in the middle of a trial, and a job
+// of one worker goes on; worker 1 is killed with everything it started while it trains a trial,
+// and the other workers take that trial over. The search ends with nothing lost.
 TEST_F(PbsSearch, ASearchRunsToItsEndThroughWalltimesAndAKilledWorker) {
-  const std::string exp = search_config("time_limit: 40s, preemption_grace: 10s");
+  const std::string exp = search_config("time_limit: 1m, preemption_grace: 45s");
   const auto& expected = reference(exp);
   ASSERT_FALSE(expected.empty());
   const std::string array = submit(exp);
