@@ -216,6 +216,18 @@ TEST_F(ExactResume, PeriodicAsyncCheckpointsHoldTheStateOfTheirBatch) {
   }
 }
 
+// A run that failed before its first checkpoint: the next starts afresh, and the lines the
+// first wrote are dropped and written again (as a search's worker killed early in a trial
+// leaves them for the worker that takes the trial over).
+TEST_F(ExactResume, AFreshStartDropsWhatARunWithoutACheckpointReported) {
+  const std::string reference = (dir_.path() / "reference").string(), dir = (dir_.path() / "crashed").string();
+  train_with_stops(reference, {});
+  train_with_stops(dir, {});  // its lines stand for those of a run that failed before a checkpoint
+  std::filesystem::remove_all(dir + "/checkpoints");
+  train_with_stops(dir, {});
+  EXPECT_EQ(comparable_metric_lines(dir + "/metrics.jsonl"), comparable_metric_lines(reference + "/metrics.jsonl"));
+}
+
 TEST_F(ExactResume, AChangedModelOrHyperparameterIsRefused) {
   const std::string dir = (dir_.path() / "changed").string();
   train_with_stops(dir, {50});  // leaves a checkpoint at 50 and finishes

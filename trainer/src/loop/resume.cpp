@@ -85,6 +85,8 @@ void Loop::resume() {
   if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
   if (chosen.empty()) {
     context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
+    // What a run that failed before its first checkpoint reported is trained again from here.
+    if (chief()) trim_metrics(0);
     return;
   }
   if (!chief()) contents = checkpoint::read_checkpoint(chosen);
