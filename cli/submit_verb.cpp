@@ -51,8 +51,8 @@ examples:
 
 )";
 
-// The adaptive searchers' workers run under `hpctrial run` only, so far: a job array of them is
-// not built yet.
+// hpctrial submit: the experiment's batch script written and submitted; an adaptive search's is
+// a job array of its workers.
 int run_submit(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;

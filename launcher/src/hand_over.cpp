@@ -54,4 +54,20 @@ std::optional<core::FailedHandOver> hand_over_trial(const core::Scheduler& sched
   return failed;
 }
 
+void hand_over_worker(const core::Scheduler& scheduler, core::HandOver stopped, const RetryPolicy& policy) {
+  auto tries = std::make_shared<int>(0);
+  stopped.run = retrying_runner(std::move(stopped.run), policy, tries);
+  std::optional<core::HandOverFailure> failure;
+  try {
+    failure = scheduler.hand_over(stopped);
+  } catch (const std::exception& e) {  // the contract says never
+    failure = core::HandOverFailure{e.what(), ""};
+  }
+  if (!failure) return;
+  core::log_error("the search worker of job {} cannot go back to the queue: {} ({} {}). The search loses this "
+                  "worker, not a trial: the other workers take its trials; to have it back, submit the experiment "
+                  "again once its jobs have ended{}", stopped.allocation.job_id, failure->error, *tries,
+                  *tries == 1 ? "try" : "tries", failure->resume.empty() ? "" : ", or run: " + failure->resume);
+}
+
 }  // namespace hpctrial::launcher::detail

@@ -35,4 +35,9 @@ core::CommandRunner retrying_runner(core::CommandRunner run, RetryPolicy policy,
 std::optional<core::FailedHandOver> hand_over_trial(const core::Scheduler& scheduler, core::HandOver stopped,
                                                     const std::string& trial_dir, const RetryPolicy& policy = {});
 
+// `scheduler.hand_over(stopped)` of an adaptive search's worker (its job goes back to the queue to
+// be a worker again), through retrying_runner; a failure is logged: the search loses the worker,
+// not a trial (any other worker takes its trials), so nothing is recorded in a trial. Never throws.
+void hand_over_worker(const core::Scheduler& scheduler, core::HandOver stopped, const RetryPolicy& policy = {});
+
 }  // namespace hpctrial::launcher::detail

@@ -116,17 +116,31 @@ namespace {
 // hand-over that still fails is recorded with the command that resumes the trial by hand. A
 // SIGTERM without warning is the scheduler's own doing (a cancel, an admin's requeue or rerun, a
 // preemption): it decides what follows.
+// Why the ranks stopped: the trial's stop request (`hpctrial pause` may have asked without a
+// signal), a pause of a search's worker's job that came while it stopped for another reason (the
+// job is then held all the same), else what the launcher asked, else the trial itself.
+std::string stop_reason_of(const Attempt& a, const ExperimentLayout& layout, const std::string& trial_dir,
+                           const core::Allocation& allocation) {
+  if (const std::string paused = core::job_stop_reason(layout, allocation); !paused.empty()) return paused;
+  if (std::string reason = core::stop_reason(trial_dir); !reason.empty()) return reason;
+  return a.stop_requested ? a.stop_reason : "requested by the trial";
+}
+
 // A search's worker lets its trial (`held`) go first: whichever worker runs next may take it
-// over at once.
+// over at once; a worker that cannot go back to the queue is lost to the search, not its trial.
 void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
                const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
                core::UniqueFd* held) {
   if (held != nullptr) *held = core::UniqueFd();
   if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
-  detail::hand_over_trial(scheduler(allocation.scheduler),
-                          {allocation, config, options.experiment_dir, options.trial_id, reason == "pause",
-                           options.max_length.has_value(), &env, run},  // a length of its own: a search's worker
-                          ExperimentLayout{options.experiment_dir}.trial_dir(options.trial_id));
+  const core::HandOver stopped{allocation, config, options.experiment_dir, options.trial_id, reason == "pause",
+                               held != nullptr, &env, run};
+  if (held != nullptr) {
+    detail::hand_over_worker(scheduler(allocation.scheduler), stopped);
+  } else {
+    detail::hand_over_trial(scheduler(allocation.scheduler), stopped,
+                            ExperimentLayout{options.experiment_dir}.trial_dir(options.trial_id));
+  }
 }
 
 // What ended an attempt that failed: its failure record (failures.jsonl), the sentence the
@@ -192,6 +206,7 @@ void append_failure(const std::string& record_path, const json& record) {
 core::Allocation job_allocation(const core::ExperimentConfig& config, const LaunchOptions& options,
                                 const core::EnvSource& env, const core::CommandRunner& run) {
   core::Allocation allocation = detect_allocation(env, run);
+  if (allocation.in_job() && !allocation.end_time && options.job_end) allocation.end_time = options.job_end;
   if (allocation.in_job() && !allocation.end_time && config.scheduler.time_limit_seconds && !options.dry_run) {
     allocation.end_time = std::chrono::system_clock::now() + std::chrono::seconds(*config.scheduler.time_limit_seconds);
     core::log_warning("{} did not say when job {} ends; assuming it ends scheduler.time_limit ({}) from now",
@@ -375,7 +390,6 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     print_launch_plan(config, options, env, run);
     return kExitFinished;
   }
-
   core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
   if (trial_lock.get() < 0 && !(held && held->get() >= 0)) trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
   json state = core::read_json_file(state_path);
@@ -404,13 +418,14 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
     if (a.hang.empty() && code == kExitFinished) {
+      // A warning that came as the ranks finished stays pending, for a search's worker to heed.
+      if (a.stop_requested && a.stop_reason == "preemption") ::raise(SIGUSR2);
       ::unlink(core::TrialLayout{trial_dir}.stop_file().c_str());
       core::log_info("trial {} finished", options.trial_id);
       return kExitFinished;
     }
     if (a.hang.empty() && code == kExitStopped) {
-      std::string reason = core::stop_reason(trial_dir);  // `hpctrial pause` may have asked without a signal
-      if (reason.empty()) reason = a.stop_requested ? a.stop_reason : "requested by the trial";
+      const std::string reason = stop_reason_of(a, layout, trial_dir, allocation);
       // A SIGTERM without warning is a delete, or a requeue by the scheduler or an operator.
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
                      !allocation.in_job()    ? "run the same command again to resume"

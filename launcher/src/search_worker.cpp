@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -132,12 +133,17 @@ search::AfterRung record_rung(const search::EventLog& log, const search::AshaOpt
   return after;
 }
 
-// Before the worker takes a trial: a pause of its job (core::job_stop_reason), or a warning
-// (USR1, USR2: the time limit, a preemption) that came while it held none. Empty: none. The
-// warnings are taken (they are blocked: detail::hold_warning_signals), so that the next trial's
-// launcher does not see them again.
-std::string stop_between_trials(const core::ExperimentLayout& layout, const core::Allocation& allocation) {
+// Before the worker takes a trial: a pause of its job (core::job_stop_reason), a warning (USR1,
+// USR2: the time limit, a preemption) that came while it held none, or the job's end within the
+// grace, which leaves no time for a trial. Empty: none. The warnings are taken (they are blocked:
+// detail::hold_warning_signals), so that the next trial's launcher does not see them again.
+std::string stop_between_trials(const core::ExperimentLayout& layout, const core::Allocation& allocation,
+                                const core::ExperimentConfig& config) {
   std::string reason = core::job_stop_reason(layout, allocation);
+  const auto grace = std::chrono::seconds(config.scheduler.preemption_grace_seconds);
+  if (reason.empty() && allocation.end_time && std::chrono::system_clock::now() + grace >= *allocation.end_time) {
+    reason = "deadline";
+  }
   sigset_t warnings, pending;
   sigemptyset(&warnings);
   sigaddset(&warnings, SIGUSR1);
@@ -159,16 +165,11 @@ int stop_worker(const std::string& reason, const core::Allocation& allocation, c
   core::log_info("search worker stopped ({}) between trials{}", reason,
                  allocation.in_job() ? "; it works on when the job runs again" : "");
   if (!allocation.in_job()) return kExitStopped;
+  // The SIGTERM of the requeue that follows, as the launcher's, waits for the hand-over to be said.
+  detail::SignalFd held_back;
   core::clear_job_stop(core::ExperimentLayout{options.experiment_dir}, allocation.job_id);
-  core::HandOver stopped{allocation, config, options.experiment_dir, -1, reason == "pause", true, &env, run};
-  auto tries = std::make_shared<int>(0);
-  stopped.run = detail::retrying_runner(std::move(stopped.run), {}, tries);
-  const auto failure = scheduler(allocation.scheduler).hand_over(stopped);
-  if (failure) {
-    core::log_error("search worker of job {} cannot go back to the queue: {}; the search loses this worker, not "
-                    "a trial (submit the experiment again to have it back: {})", allocation.job_id, failure->error,
-                    failure->resume.empty() ? "`hpctrial submit`" : failure->resume);
-  }
+  detail::hand_over_worker(scheduler(allocation.scheduler),
+                           {allocation, config, options.experiment_dir, -1, reason == "pause", true, &env, run});
   return kExitStopped;
 }
 
@@ -252,6 +253,7 @@ struct Worker {
 }  // namespace
 
 int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  detail::hold_warning_signals();  // a warning before the first trial is kept for the worker to see
   const core::ExperimentLayout layout{options.experiment_dir};
   if (options.write_config) {
     core::create_directories(layout.dir, options.write_config->checkpoint_storage.group_readable ? 0750 : 0700);
@@ -265,15 +267,21 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
   const search::AshaOptions asha = search::options_of(config);
   const search::EventLog log(layout.search_log(), layout.search_lock(),
                              core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
-  detail::hold_warning_signals();
-  const core::Allocation allocation = detect_allocation(env, run);
-  const Worker worker{options, env, run, layout, config, asha, log, allocation, detail::launcher_name(allocation)};
+  core::Allocation allocation = detect_allocation(env, run);
+  // A job whose scheduler does not say when it ends ends scheduler.time_limit after the worker
+  // started, not after each trial did.
+  LaunchOptions each = options;
+  if (allocation.in_job() && !allocation.end_time && config.scheduler.time_limit_seconds) {
+    allocation.end_time = std::chrono::system_clock::now() + std::chrono::seconds(*config.scheduler.time_limit_seconds);
+  }
+  each.job_end = allocation.end_time;
+  const Worker worker{each, env, run, layout, config, asha, log, allocation, detail::launcher_name(allocation)};
   const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
   std::optional<int> prefer;
   if (allocation.in_job()) core::record_worker_trial(layout, allocation.job_id, -1);  // a worker, between trials
   while (true) {
-    if (const std::string stop = stop_between_trials(layout, allocation); !stop.empty()) {
-      return stop_worker(stop, allocation, config, options, env, run);
+    if (const std::string stop = stop_between_trials(layout, allocation, config); !stop.empty()) {
+      return stop_worker(stop, allocation, config, each, env, run);
     }
     Leased next = decide(log, asha, layout, prefer, worker.name, mode);
     if (next.decision.kind == Decision::Kind::kDone) {

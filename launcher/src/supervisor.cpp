@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
@@ -25,10 +24,6 @@ constexpr auto kMpirunSetUp = std::chrono::seconds(2);  // before it, a signal w
 constexpr Clock::time_point kNever = Clock::time_point::max();
 
 }  // namespace
-
-std::string describe_seconds(std::int64_t seconds) {
-  return seconds < 120 ? std::to_string(seconds) + " s" : core::format_duration(seconds);
-}
 
 Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
   Attempt a;
@@ -186,6 +181,11 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
     core::log_info("{} job {} ends in {}: asking the ranks to checkpoint and stop", allocation_.scheduler,
                    allocation_.job_id, describe_seconds(config_.scheduler.preemption_grace_seconds));
     request_stop("deadline");
+  }
+  // A stop request of the job (a search's worker paused; PBS sends no signal), looked for each second.
+  if (!attempt_->stop_requested && allocation_.in_job() && now >= loop.job_request_check) {
+    loop.job_request_check = now + kHeartbeatCheck;
+    if (!core::job_stop_reason(experiment_, allocation_).empty()) request_stop("pause");
   }
   if (now >= loop.term_at && loop.kill_at == kNever) {
     core::log_warning("the ranks did not stop within scheduler.preemption_grace; ending them");

@@ -24,7 +24,9 @@ namespace hpctrial::launcher::detail {
 using Clock = std::chrono::steady_clock;
 
 // "90 s", or "2h 30m" from two minutes on.
-std::string describe_seconds(std::int64_t seconds);
+inline std::string describe_seconds(std::int64_t seconds) {
+  return seconds < 120 ? std::to_string(seconds) + " s" : core::format_duration(seconds);
+}
 
 struct Attempt {
   int status = 0;          // mpirun's wait status
@@ -80,6 +82,7 @@ class Supervisor {
     Clock::time_point deadline = Clock::time_point::max();        // the job's end, less the grace
     Clock::time_point mpirun_kill_at = Clock::time_point::max();  // after a failed rank
     Clock::time_point ranks_kill_at = Clock::time_point::max();   // after a failed rank, no exact code
+    Clock::time_point job_request_check{};                         // next look for the job's stop request
   };
   void begin(const MpirunCommand& command, pid_t child);
   void handle_signals(SignalFd& signals, Loop& loop);

@@ -277,14 +277,16 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
     }
     // No signal: qsig signals every process of the job, and the job's top process, the user's
     // login shell, dies of SIGUSR2 (and the job with it). The chief sees the request within a
-    // second and the ranks stop after their current step. A search's worker: its job's request
-    // first, which it reads before each trial, then its trial's (the one it records after that
-    // trial is leased and before it reads the request again: one of the two sees the other).
+    // second and the ranks stop after their current step. A search's worker: its job's request,
+    // which the worker reads before each trial and its launcher each second while one trains
+    // (the trial it trains may change at any moment: a request of the trial's could reach
+    // another worker's).
     if (workers) {
       core::request_job_stop(layout, job.id, -1, "pause");
       trial = core::worker_trial(layout, job.id).value_or(-1);
+    } else {
+      core::request_stop(layout, trial, "pause", job.id);
     }
-    if (trial >= 0) core::request_stop(layout, trial, "pause", job.id);
     steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
   };
   for (const Unit& unit : live_units(target)) {

@@ -5,6 +5,7 @@
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/slurm/batch_script.h"
@@ -158,8 +159,17 @@ std::vector<core::JobStatus> Scheduler::trial_jobs(const core::ExperimentLayout&
   forgotten.id = trials > 1 ? latest->id + "_" + std::to_string(trial) : latest->id;
   forgotten.trial = trial;
   forgotten.output = output_file(layout, latest->id, trial, trials);
+  const auto tasks = client_.job_tasks(latest->id);
   bool workers = false;
-  for (const JobInfo& task : client_.job_tasks(latest->id)) {
+  if (tasks.empty()) {
+    // Forgotten: a search's workers had outputs of their own (slurm-<array>_w<task>), none a trial's.
+    try {
+      workers = core::search_workers(core::load_experiment_config({layout.config(), "", {}})) > 0;
+    } catch (const Error&) {
+      // no config to read: the trial's task, as for any search
+    }
+  }
+  for (const JobInfo& task : tasks) {
     if (!of_experiment(task, layout.dir)) continue;
     if (is_worker(task)) {
       // A worker's output holds every trial it trained: the one training `trial` now, if any.
@@ -258,16 +268,23 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
 
 std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {
   const std::string& job = stopped.allocation.job_id;
+  std::string error;
   try {
     Client(stopped.run).requeue(job, stopped.hold);
-    core::log_info("slurm job {} requeued after run {} of this job{}", job, stopped.allocation.restart_count + 1,
-                   stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
-    return std::nullopt;
   } catch (const Error& e) {
+    error = e.what();
+  }
+  // The requeue's SIGTERM reaches every process of the job, scontrol among them, which may die
+  // after the requeue took effect: a second try is told the job is pending, requeued (and held,
+  // when it asked that) by the first.
+  if (!error.empty() && error.find("Job is pending execution") == std::string::npos) {
     // Slurm requeues a job that has ended as long as it still knows it (MinJobAge).
-    return core::HandOverFailure{"cannot requeue slurm job " + job + ": " + e.what(),
+    return core::HandOverFailure{"cannot requeue slurm job " + job + ": " + error,
                                  core::shell_join({"scontrol", stopped.hold ? "requeuehold" : "requeue", job})};
   }
+  core::log_info("slurm job {} requeued after run {} of this job{}", job, stopped.allocation.restart_count + 1,
+                 stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
+  return std::nullopt;
 }
 
 }  // namespace hpctrial::slurm

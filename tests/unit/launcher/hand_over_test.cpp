@@ -1,6 +1,8 @@
 // The launcher's hand-over of a stopped trial (launcher/src/hand_over.cpp): a failing scheduler
 // command tried again with a growing delay, and a hand-over that still fails recorded in the
 // trial's launcher state with the command that resumes the trial by hand.
+#include <signal.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +135,38 @@ TEST_F(HandOverTrial, ARequeueThatSucceedsOnItsSecondTryRecordsNothing) {
   EXPECT_FALSE(detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits)).has_value());
   EXPECT_THAT(flaky.ran, ElementsAre(ElementsAre("scontrol", "requeuehold", "13"),
                                      ElementsAre("scontrol", "requeuehold", "13")));
+  EXPECT_FALSE(core::trial_progress({dir_.path().string()}, 0).failed_hand_over.has_value());
+}
+
+// The requeue's own SIGTERM kills scontrol after the requeue took effect; the tries after it are
+// told the job is pending: handed over, nothing recorded. A worker's hand-over that fails records
+// nothing in any trial (the search loses the worker, not its trial).
+TEST_F(HandOverTrial, ARequeueKilledByItsOwnSigtermHasTakenEffect) {
+  std::filesystem::create_directories(trial_dir());
+  std::vector<std::vector<std::string>> ran;
+  core::HandOver h = stopped("slurm", "14_1", true);
+  h.run = [&ran](const std::vector<std::string>& argv, const core::RunOptions&) {
+    ran.push_back(argv);
+    core::RunResult r;
+    r.argv = argv;
+    if (ran.size() == 1) {
+      r.signal = SIGTERM;
+    } else {
+      r.exit_code = 1;
+      r.err = "14_1: Job is pending execution";
+    }
+    return r;
+  };
+  std::vector<std::chrono::milliseconds> waits;
+  EXPECT_FALSE(detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits)).has_value());
+  EXPECT_EQ(ran.size(), 3u);
+  EXPECT_FALSE(core::trial_progress({dir_.path().string()}, 0).failed_hand_over.has_value());
+
+  FlakyRunner down{100};
+  h.run = down.runner();
+  h.worker = true;
+  detail::hand_over_worker(scheduler("slurm"), h, recording(waits));
+  EXPECT_EQ(down.ran.size(), 3u);
   EXPECT_FALSE(core::trial_progress({dir_.path().string()}, 0).failed_hand_over.has_value());
 }
 

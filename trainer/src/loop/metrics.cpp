@@ -126,7 +126,11 @@ void Loop::trim_metrics(std::int64_t batches) {
   }
   if (dropped == 0) return;
   core::write_file_atomic(path, kept);
-  core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path, batches);
+  if (batches == 0) {
+    core::log_info("dropped {} line(s) of {} written by a run that ended before its first checkpoint", dropped, path);
+  } else {
+    core::log_info("dropped {} line(s) of {} written after the checkpoint at batch {}", dropped, path, batches);
+  }
 }
 
 void Loop::report_training() {

@@ -16,6 +16,7 @@
 // No LibTorch here; the CLI uses it.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -67,6 +68,9 @@ struct LaunchOptions {
   // An adaptive search's worker: train the trial to this length only (its rung), in the unit of
   // searcher.max_length (HPCTRIAL_MAX_LENGTH). Unset: to searcher.max_length.
   std::optional<core::Length> max_length;
+  // When the job ends, where its scheduler does not say: an adaptive search's worker assumes it
+  // once, as it starts, for every trial it launches. Unset: now + scheduler.time_limit.
+  std::optional<std::chrono::system_clock::time_point> job_end;
 };
 
 // Where the launcher runs: the first scheduler whose job environment is present, else none.
