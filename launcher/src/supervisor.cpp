@@ -81,6 +81,7 @@ Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
 
 void Supervisor::begin(const MpirunCommand& command, pid_t child) {
   child_ = child;
+  np_ = command.np;
   mpirun_status_.reset();
   abort_file_.clear();
   verdict_file_.clear();
@@ -162,7 +163,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
   // Ranks stopped on request (exit 75 recorded): mpirun would hold the stragglers, which only
   // finish, until its SIGKILL timeout. End them after a moment, or once every rank has ended.
   if (stopped_at_ != Clock::time_point{} && !stop_finished_ &&
-      (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_stopped(np))) {
+      (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_exited(np, kExitStopped))) {
     stop_finished_ = true;
     abort_attempt();  // every checkpoint is durable: the stragglers only finish
     kill_everything(child_, &mpirun_status_);
@@ -210,6 +211,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
 void Supervisor::finish() {
   output_->flush();
   kill_everything(child_, &mpirun_status_);  // nothing outlives the attempt
+  if (finished_despite_warning()) attempt_->status = 0;
   const int status = attempt_->status;
   const bool good_end = attempt_->hang.empty() &&
                         (stop_finished_ || (WIFEXITED(status) && (WEXITSTATUS(status) == kExitFinished ||
@@ -427,22 +429,6 @@ void Supervisor::abort_attempt() {
     core::log_warning("cannot write {} ({}); ranks on other hosts end only when mpirun ends them", abort_file_,
                       e.what());
   }
-}
-
-bool Supervisor::all_ranks_stopped(int np) const {
-  if (static_cast<int>(beats_.size()) < np) return false;
-  char host[256] = "";
-  ::gethostname(host, sizeof host - 1);
-  for (const auto& [rank, record] : beats_) {
-    if (!record.end || record.end->kind != core::RankEnd::Kind::kExit || record.end->code != kExitStopped) {
-      return false;
-    }
-    if (record.host != host) continue;
-    const auto status = detail::zombie_status(record.pid);
-    const bool gone = !status && ::kill(record.pid, 0) != 0 && errno == ESRCH;
-    if (!gone && !(status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitStopped)) return false;
-  }
-  return true;
 }
 
 void Supervisor::check_progress(Clock::time_point now, int np, pid_t child) {

@@ -98,9 +98,12 @@ class Supervisor {
   // end themselves on seeing this file.
   void abort_attempt();
 
-  // True when each of the `np` ranks has ended with 75: by its record, and those of this host
-  // also seen ended (a zombie of mpirun's, or reaped).
-  bool all_ranks_stopped(int np) const;
+  // True when each of the `np` ranks has exited with `code` (75: stopped; 0: finished): by its
+  // record, and those of this host also seen ended (a zombie of mpirun's, or reaped).
+  bool all_ranks_exited(int np, int code) const;  // supervisor_ranks.cpp
+  // mpirun ended of the USR2 the launcher passed it (a warning, a pause) just as every rank had
+  // finished (exit 0): the attempt finished, and the stop was never needed.
+  bool finished_despite_warning();
 
   void check_progress(Clock::time_point now, int np, pid_t child);
 
@@ -111,6 +114,7 @@ class Supervisor {
   Attempt* attempt_ = nullptr;
   detail::RankOutput* output_ = nullptr;
   pid_t child_ = -1;
+  int np_ = 0;  // the attempt's ranks
   std::optional<int> mpirun_status_;
   Clock::time_point last_progress_, last_heartbeat_check_;
   std::map<int, core::HeartbeatRecord> beats_;

@@ -1,0 +1,35 @@
+// What the ranks' records say of how an attempt ended, once mpirun has.
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hpctrial/core/logging.h"
+#include "supervisor.h"
+
+namespace hpctrial::launcher::detail {
+
+bool Supervisor::all_ranks_exited(int np, int code) const {
+  if (static_cast<int>(beats_.size()) < np) return false;
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  for (const auto& [rank, record] : beats_) {
+    if (!record.end || record.end->kind != core::RankEnd::Kind::kExit || record.end->code != code) return false;
+    if (record.host != host) continue;
+    const auto status = detail::zombie_status(record.pid);
+    const bool gone = !status && ::kill(record.pid, 0) != 0 && errno == ESRCH;
+    if (!gone && !(status && WIFEXITED(*status) && WEXITSTATUS(*status) == code)) return false;
+  }
+  return true;
+}
+
+bool Supervisor::finished_despite_warning() {
+  const int status = attempt_->status;
+  if (!attempt_->stop_requested || !WIFSIGNALED(status) || WTERMSIG(status) != SIGUSR2) return false;
+  for (const auto& [rank, record] : core::read_heartbeats(trial_.heartbeat_dir())) beats_[rank] = record;
+  if (!all_ranks_exited(np_, kExitFinished)) return false;
+  core::log_info("mpirun ended of the warning it was passed as the ranks finished; every rank had finished");
+  return true;
+}
+
+}  // namespace hpctrial::launcher::detail
