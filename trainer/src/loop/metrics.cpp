@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "parallel/autocast.h"
@@ -106,6 +107,8 @@ void Loop::report_system() {
 // by the resumed run: they go, so that metrics.jsonl reads as one uninterrupted run.
 void Loop::trim_metrics(std::int64_t batches) {
   const std::string path = core::TrialLayout{options_.trial_dir}.metrics_file();
+  std::error_code ignored;
+  if (!std::filesystem::is_regular_file(path, ignored)) return;  // none yet, or not a file to rewrite
   std::ifstream in(path);
   if (!in) return;
   std::string kept;
