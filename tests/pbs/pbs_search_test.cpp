@@ -45,16 +45,8 @@ class PbsSearch : public PbsServer {
   }
 
   std::string search_config(const std::string& scheduler) {
-    return dir_.write("asha.yaml",
-        std::string("name: pbs-asha\nentrypoint: ") + HPCTRIAL_MLP + "\n"
-        "hyperparameters: {global_batch_size: 64, classes: 10, learning_rate: {type: log, base: 10, minval: -4, "
-        "maxval: -0.5}, hidden: {type: categorical, vals: [16, 32, 64]}}\n"
-        "searcher: {name: adaptive_asha, metric: validation_loss, max_length: {batches: 128}, max_trials: " +
-        std::to_string(kTrials) + ", max_concurrent_trials: 2, mode: standard, divisor: 4, max_rungs: 3}\n"
-        "min_validation_period: {batches: 1000}\nresources: {slots_per_trial: 1, slots_per_node: 1}\n"
-        "reproducibility: {experiment_seed: 5}\n"
-        "data: {train: " + data_dir() + "/train.h5, validation: " + data_dir() + "/validation.h5, x_dataset: x, "
-        "y_dataset: y}\nscheduler: {type: pbs, queue: workq, " + scheduler + "}\n");
+    return dir_.write("asha.yaml", testing_support::mlp_search_yaml("pbs-asha", HPCTRIAL_MLP, kTrials, data_dir(),
+        "scheduler: {type: pbs, queue: workq, " + scheduler + "}"));
   }
 
   // The same configurations each trained straight to max_length on this machine, validated at

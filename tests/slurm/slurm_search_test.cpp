@@ -78,16 +78,8 @@ class SlurmSearch : public testing::Test {
 
   static std::string config() {
     const std::string data = (shared_->path() / "data").string();
-    return shared_->write("asha.yaml",
-        std::string("name: slurm-asha\nentrypoint: ") + HPCTRIAL_MLP + "\n"
-        "hyperparameters: {global_batch_size: 64, classes: 10, learning_rate: {type: log, base: 10, minval: -4, "
-        "maxval: -0.5}, hidden: {type: categorical, vals: [16, 32, 64]}}\n"
-        "searcher: {name: adaptive_asha, metric: validation_loss, max_length: {batches: 128}, max_trials: " +
-        std::to_string(kTrials) + ", max_concurrent_trials: 2, mode: standard, divisor: 4, max_rungs: 3}\n"
-        "min_validation_period: {batches: 1000}\nresources: {slots_per_trial: 1, slots_per_node: 1}\n"
-        "reproducibility: {experiment_seed: 5}\n"
-        "data: {train: " + data + "/train.h5, validation: " + data + "/validation.h5, x_dataset: x, y_dataset: y}\n"
-        "scheduler: {type: slurm, time_limit: 30m, preemption_grace: 20s}\n");
+    return shared_->write("asha.yaml", testing_support::mlp_search_yaml("slurm-asha", HPCTRIAL_MLP, kTrials, data,
+        "scheduler: {type: slurm, time_limit: 30m, preemption_grace: 20s}"));
   }
 
   // The same configurations (trial N of random samples what trial N of the search does) each

@@ -67,6 +67,22 @@ inline std::string reference_config(const std::string& path, int period = 8) {
   return out;
 }
 
+// The search both schedulers' tests submit: adaptive_asha over the mlp example (`mlp`, its data
+// in `data`), `trials` trials, 2 workers, rungs of 8, 32 and 128 batches; `scheduler` is the
+// config's scheduler line.
+inline std::string mlp_search_yaml(const std::string& name, const std::string& mlp, int trials,
+                                   const std::string& data, const std::string& scheduler) {
+  return "name: " + name + "\nentrypoint: " + mlp + "\n"
+         "hyperparameters: {global_batch_size: 64, classes: 10, learning_rate: {type: log, base: 10, minval: -4, "
+         "maxval: -0.5}, hidden: {type: categorical, vals: [16, 32, 64]}}\n"
+         "searcher: {name: adaptive_asha, metric: validation_loss, max_length: {batches: 128}, max_trials: " +
+         std::to_string(trials) + ", max_concurrent_trials: 2, mode: standard, divisor: 4, max_rungs: 3}\n"
+         "min_validation_period: {batches: 1000}\nresources: {slots_per_trial: 1, slots_per_node: 1}\n"
+         "reproducibility: {experiment_seed: 5}\n"
+         "data: {train: " + data + "/train.h5, validation: " + data + "/validation.h5, x_dataset: x, y_dataset: y}\n" +
+         scheduler + "\n";
+}
+
 // (trial, batches) -> the validation loss of the trial at that batch.
 using Validations = std::map<std::pair<int, std::int64_t>, double>;
 
