@@ -89,6 +89,9 @@ int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource&
   options.capture_output = false;     // the rank's output is mpirun's, as if it ran alone
   options.own_process_group = false;  // mpirun's signals to the group reach it
   options.die_with_parent = true;
+  // A warning forwarded before the rank installed its handlers (it loads its libraries and
+  // starts MPI first: seconds on a busy node) would kill it; held, it reaches the handler.
+  options.blocked_signals = {SIGUSR1, SIGUSR2};
   pid_t child = -1;
   try {
     child = core::spawn_process(argv, options).pid;

@@ -21,7 +21,14 @@ void install_stop_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int signal : kStopSignals) sigaction(signal, &action, nullptr);
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int signal : kStopSignals) {
+    sigaction(signal, &action, nullptr);
+    sigaddset(&stop, signal);
+  }
+  // The rank's parent starts it with the warnings blocked; one that came before is delivered now.
+  pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
 std::string replaced_stop_handlers() {

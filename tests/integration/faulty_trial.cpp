@@ -6,15 +6,22 @@
 // that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
 // hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief). With
 // hyperparameters.nan_from_batch, validation after that many batches reports NaN (a diverged run).
+// With $FAULTY_TRIAL_START_MS, each rank sleeps that long before main() does anything, as a rank
+// still loading its libraries on a busy node does, having created a file named after its pid in
+// the folder $FAULTY_TRIAL_START_MARKS.
 // Replicas made to differ: hyperparameters.halve_lr_on_validation halves the learning rate in a
 // callback's on_validation_end (which runs on the chief alone); hyperparameters.nudge_rank and
 // nudge_batch change one weight on that rank after that batch (a rank computing differently).
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <cstdio>
 #include <map>
 #include <stdexcept>
@@ -127,6 +134,11 @@ class FaultyFullValidationTrial : public FaultyTrial {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const char* start_ms = std::getenv("FAULTY_TRIAL_START_MS")) {
+    const char* marks = std::getenv("FAULTY_TRIAL_START_MARKS");
+    if (marks) std::ofstream(std::string(marks) + "/" + std::to_string(::getpid()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(start_ms)));
+  }
   hpctrial::trainer::check_trial_class<FaultyTrial>();
   return hpctrial::trainer::run_main(argc, argv, [](hpctrial::TrialContext& context) -> std::unique_ptr<hpctrial::Trial> {
     if (context.hparams().contains("full_validation") && context.hparam<bool>("full_validation")) {

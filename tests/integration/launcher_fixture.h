@@ -47,6 +47,7 @@ class Launcher : public testing::Test {
     std::vector<std::pair<std::string, std::string>> e = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
                                                           {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
     if (!fault.empty()) e.emplace_back("HPCTRIAL_FAULT", fault);
+    e.insert(e.end(), extra_env_.begin(), extra_env_.end());
     return e;
   }
 
@@ -103,6 +104,7 @@ class Launcher : public testing::Test {
 
   TempDir dir_;
   int runs_ = 0;
+  std::vector<std::pair<std::string, std::string>> extra_env_;  // for every run of the test
 };
 
 }  // namespace hpctrial::testing_launcher

@@ -198,6 +198,33 @@ TEST_F(Launcher, AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
   testing_support::expect_same_weights((dir_.path() / "straight").string() + end, experiment() + end);
 }
 
+// A warning that comes while the ranks still load their libraries (before their handlers exist)
+// waits for the handlers: the ranks stop with a checkpoint instead of dying of SIGUSR2.
+TEST_F(Launcher, AWarningBeforeTheRanksHandleSignalsStopsThemWithACheckpoint) {
+  const auto marks = dir_.path() / "starting";
+  std::filesystem::create_directories(marks);
+  extra_env_ = {{"FAULTY_TRIAL_START_MS", "6000"}, {"FAULTY_TRIAL_START_MARKS", marks.string()}};
+  auto launcher = start(config("", 100000, 2, 1));
+  const auto ranks_started = [&] {
+    const auto entries = std::filesystem::directory_iterator(marks);
+    return std::distance(std::filesystem::begin(entries), std::filesystem::end(entries));
+  };
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (ranks_started() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(ranks_started(), 2) << launcher->output();
+  // Past the 2 s after which the launcher passes a warning to mpirun; the ranks sleep 6 s.
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_EQ(heartbeat(0), -1) << "the ranks were to be still starting";
+  launcher->signal(SIGUSR2);
+  ASSERT_TRUE(launcher->wait(60s).has_value());
+  const std::string out = launcher->output();
+  EXPECT_EQ(launcher->exit_code(), 75) << out;
+  EXPECT_THAT(out, HasSubstr("trial 0 stopped (preemption) after a durable checkpoint"));
+  EXPECT_THAT(out, testing::Not(HasSubstr("killed by signal 12")));
+  EXPECT_FALSE(std::filesystem::exists(trial() + "/failures.jsonl"));
+  expect_no_rank_left();
+}
+
 TEST_F(Launcher, CtrlCStopsWithACheckpointAndASecondCtrlCAbortsAtOnce) {
   auto p = start(config(""), "rank1:checkpoint:hang");  // the stop's checkpoint never completes
   wait_for_step(5);

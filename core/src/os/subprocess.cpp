@@ -197,9 +197,10 @@ void open_child_streams(const SpawnOptions& options, ChildStreams& streams) {
   for (int signal = 1; signal < NSIG; ++signal) {
     if (signal != SIGKILL && signal != SIGSTOP) ::signal(signal, SIG_DFL);
   }
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  for (const int signal : options.blocked_signals) sigaddset(&blocked, signal);
+  ::sigprocmask(SIG_SETMASK, &blocked, nullptr);
   if (options.capture_output) {
     move_fd(streams.in ? streams.in->read_end() : streams.null.get(), STDIN_FILENO);
     move_fd(streams.out->write_end(), STDOUT_FILENO);

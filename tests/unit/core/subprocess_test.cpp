@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
@@ -51,6 +52,25 @@ TEST(RunProcess, ReportsTheSignalThatKilledTheChild) {
   const RunResult r = run_process({"sh", "-c", "kill -9 $$"});
   EXPECT_EQ(r.signal, SIGKILL);
   EXPECT_THAT(r.describe(), HasSubstr("was killed by signal 9 (Killed)"));
+}
+
+// A signal blocked from the start waits, pending, for the child to unblock it; the same signal
+// ends a child that does not block it.
+TEST(SpawnProcess, BlockedSignalsStayPendingInsteadOfKillingTheChild) {
+  for (const bool blocked : {true, false}) {
+    SpawnOptions options;
+    options.capture_output = false;
+    if (blocked) options.blocked_signals = {SIGUSR2};
+    const Child child = spawn_process({"sleep", "0.5"}, options);
+    ASSERT_EQ(::kill(child.pid, SIGUSR2), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child.pid, &status, 0), child.pid);
+    if (blocked) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGUSR2) << "status " << status;
+    }
+  }
 }
 
 TEST(RunProcess, TimeoutTerminatesTheWholeProcessGroup) {

@@ -43,9 +43,13 @@ struct SpawnOptions {
   bool own_process_group = true;
   // SIGKILL when the caller dies (PR_SET_PDEATHSIG), so that it never outlives its supervisor.
   bool die_with_parent = false;
+  // Signals the child starts with blocked, pending until it unblocks them: a rank holds the stop
+  // signals that come before its handlers exist (rank::install_stop_handlers unblocks them).
+  std::vector<int> blocked_signals;
 };
 
-// A started child. Signals it starts with: every disposition default, none blocked.
+// A started child. Signals it starts with: every disposition default, none blocked but
+// SpawnOptions::blocked_signals.
 struct Child {
   pid_t pid = -1;
   UniqueFd in;   // with pipe_stdin

@@ -9,7 +9,9 @@
 
 namespace hpctrial::rank {
 
-// Installs handlers that only set the flag (no I/O, no allocation); idempotent.
+// Installs handlers that only set the flag (no I/O, no allocation), then unblocks the signals in
+// the calling thread (the rank's parent starts a rank with SIGUSR1 and SIGUSR2 blocked, so that a
+// warning that comes before the handlers waits for them); idempotent.
 void install_stop_handlers();
 // The stop signals whose handler is no longer ours (e.g. "SIGUSR1"), comma-separated; empty
 // when all are.
