@@ -118,8 +118,19 @@ void read_engine(MapReader& r, EngineConfig& e) {
       if (const ConfigNode* v = f.get("hysteresis")) {
         if (auto x = read_int(*v, f.path("hysteresis"), d, 1, 1'000'000)) fp16.hysteresis = static_cast<int>(*x);
       }
+      if (const ConfigNode* v = f.get("consecutive_hysteresis")) {
+        if (auto x = read_bool(*v, f.path("consecutive_hysteresis"), d)) fp16.consecutive_hysteresis = *x;
+      }
       if (const ConfigNode* v = f.get("min_loss_scale")) {
         if (auto x = read_double(*v, f.path("min_loss_scale"), d, 0, 1e30, true)) fp16.min_loss_scale = *x;
+      }
+      // As DeepSpeed reads it: with none of the dynamic scale's keys, its DynamicLossScaler's
+      // own defaults, not those of the config's keys.
+      const bool keyed = f.get("initial_scale_power") || f.get("loss_scale_window") || f.get("hysteresis") ||
+                         f.get("consecutive_hysteresis") || f.get("min_loss_scale");
+      if (!keyed) {
+        fp16.initial_scale_power = 32;
+        fp16.hysteresis = 1;
       }
       if (fp16.min_loss_scale > std::ldexp(1.0, fp16.initial_scale_power)) {
         report(*n, r.path("fp16"), d,

@@ -197,7 +197,8 @@ void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
       << YAML::Value << e.fp16.enabled << YAML::Key << "loss_scale" << YAML::Value << number(e.fp16.loss_scale)
       << YAML::Key << "initial_scale_power" << YAML::Value << e.fp16.initial_scale_power << YAML::Key
       << "loss_scale_window" << YAML::Value << e.fp16.loss_scale_window << YAML::Key << "hysteresis"
-      << YAML::Value << e.fp16.hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
+      << YAML::Value << e.fp16.hysteresis << YAML::Key << "consecutive_hysteresis" << YAML::Value
+      << e.fp16.consecutive_hysteresis << YAML::Key << "min_loss_scale" << YAML::Value
       << number(e.fp16.min_loss_scale) << YAML::EndMap;
   out << YAML::Key << "pipeline" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stages"
       << YAML::Value << e.pipeline.stages << YAML::Key << "partition_method" << YAML::Value;

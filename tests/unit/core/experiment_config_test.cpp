@@ -947,6 +947,7 @@ TEST(EngineConfig, Fp16SectionIsReadAndWrittenBack) {
     EXPECT_EQ(fp16.initial_scale_power, 12);
     EXPECT_EQ(fp16.loss_scale_window, 500);
     EXPECT_EQ(fp16.hysteresis, 3);
+    EXPECT_TRUE(fp16.consecutive_hysteresis);
     EXPECT_EQ(fp16.min_loss_scale, 0.5);
   }
   // DeepSpeed's defaults.
@@ -957,6 +958,28 @@ TEST(EngineConfig, Fp16SectionIsReadAndWrittenBack) {
   EXPECT_EQ(defaults.loss_scale_window, 1000);
   EXPECT_EQ(defaults.hysteresis, 2);
   EXPECT_EQ(defaults.min_loss_scale, 1);
+}
+
+// DeepSpeed reads its fp16 section in two ways: with none of the dynamic scale's keys its
+// DynamicLossScaler's own defaults (2^32, hysteresis 1), with any of them the config's (2^16,
+// hysteresis 2).
+TEST(EngineConfig, Fp16AloneTakesDeepSpeedsScalerDefaultsAndAnyKeyTheConfigs) {
+  const std::string gpu = std::string(kMinimal) + "resources: {gpus_per_slot: 1}\n";
+  const ExperimentConfig read = parse_ok(gpu + "engine: {train_batch_size: 64, fp16: {enabled: true}}\n");
+  for (const ExperimentConfig& alone : {read, parse_ok(to_yaml(read))}) {
+    const auto& fp16 = alone.engine->fp16;
+    EXPECT_EQ(fp16.initial_scale_power, 32);
+    EXPECT_EQ(fp16.hysteresis, 1);
+    EXPECT_EQ(fp16.loss_scale_window, 1000);
+    EXPECT_FALSE(fp16.consecutive_hysteresis);
+    EXPECT_EQ(fp16.min_loss_scale, 1);
+  }
+  for (const char* key : {"initial_scale_power: 16", "loss_scale_window: 1000", "hysteresis: 2", "min_loss_scale: 1",
+                          "consecutive_hysteresis: false"}) {
+    const auto fp16 = parse_ok(gpu + "engine: {train_batch_size: 64, fp16: {enabled: true, " + key + "}}\n").engine->fp16;
+    EXPECT_EQ(fp16.initial_scale_power, 16) << key;
+    EXPECT_EQ(fp16.hysteresis, 2) << key;
+  }
 }
 
 TEST(EngineConfig, PipelineSectionIsReadAndWrittenBack) {

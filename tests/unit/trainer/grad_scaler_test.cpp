@@ -101,6 +101,26 @@ TEST(GradScaler, HysteresisSkipsBeforeBackingOffAsDeepSpeedDoes) {
   EXPECT_EQ(scaler.skipped_steps(), 4);
 }
 
+// DeepSpeed's two readings of hysteresis: by default any overflow at the scale counts (a step
+// without one in between restores nothing); with consecutive_hysteresis only overflows in a row.
+TEST(GradScaler, HysteresisCountsAnyOverflowUnlessConsecutive) {
+  for (const bool consecutive : {false, true}) {
+    GradScalerOptions options;
+    options.init_scale = 64;
+    options.growth_interval = 1000;
+    options.hysteresis = 2;
+    options.consecutive_hysteresis = consecutive;
+    GradScaler scaler(options);
+    Fixture f;
+    iterate(scaler, f, true);
+    iterate(scaler, f, false);
+    iterate(scaler, f, true);
+    EXPECT_EQ(scaler.get_scale(), consecutive ? 64 : 32) << "consecutive_hysteresis " << consecutive;
+    iterate(scaler, f, true);
+    EXPECT_EQ(scaler.get_scale(), consecutive ? 32 : 16) << "consecutive_hysteresis " << consecutive;
+  }
+}
+
 TEST(GradScaler, AnOverflowAtTheFloorIsAnError) {
   GradScalerOptions options;
   options.init_scale = 4;

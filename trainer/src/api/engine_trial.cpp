@@ -209,6 +209,7 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
       scaling.init_scale = scaling.dynamic ? std::ldexp(1.0, fp16.initial_scale_power) : fp16.loss_scale;
       scaling.growth_interval = fp16.loss_scale_window;
       scaling.hysteresis = fp16.hysteresis;
+      scaling.consecutive_hysteresis = fp16.consecutive_hysteresis;
       scaling.min_scale = scaling.dynamic ? fp16.min_loss_scale : 0;
       fp16_ = scaling;
     }

@@ -65,6 +65,7 @@ void GradScaler::update() {
   unscaled_ = false;
   last_skipped_ = overflow_;
   if (!overflow_) {
+    if (options_.consecutive_hysteresis) hysteresis_left_ = options_.hysteresis;
     // At least: a resumed run may have a shorter window than the one that counted.
     if (options_.dynamic && ++growth_tracker_ >= options_.growth_interval) {
       scale_ *= options_.growth_factor;

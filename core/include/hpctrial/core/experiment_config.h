@@ -143,9 +143,14 @@ struct EngineConfig {
   struct Fp16 {
     bool enabled = false;
     double loss_scale = 0;  // 0: dynamic; otherwise a static scale
+    // DeepSpeed's defaults where the section sets any of these keys; with none of them set,
+    // those of DeepSpeed's DynamicLossScaler (initial_scale_power 32, hysteresis 1).
     int initial_scale_power = 16;  // the dynamic scale starts at 2^initial_scale_power
     std::int64_t loss_scale_window = 1000;  // steps without overflow before the scale doubles
-    int hysteresis = 2;  // overflows in a row skipped before the scale halves
+    int hysteresis = 2;  // overflows skipped at one scale before it halves
+    // true: a step without overflow restores the hysteresis (it counts overflows in a row);
+    // false: only a growth of the scale does.
+    bool consecutive_hysteresis = false;
     double min_loss_scale = 1;
   } fp16;
   // pipeline: a model in `stages` pipeline stages (an engine trial whose model is a

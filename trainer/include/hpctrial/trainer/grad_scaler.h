@@ -28,9 +28,11 @@ struct GradScalerOptions {
   double backoff_factor = 0.5;
   // Steps without inf or NaN after which the scale grows (DeepSpeed's loss_scale_window).
   std::int64_t growth_interval = 2000;
-  // Overflowing steps in a row that are skipped before the scale backs off; 1 backs off at
-  // every overflow (PyTorch), DeepSpeed's default is 2. Restored when the scale grows.
+  // Overflowing steps skipped at one scale before it backs off; 1 backs off at every overflow
+  // (PyTorch), DeepSpeed's config default is 2. Restored when the scale grows, and, with
+  // consecutive_hysteresis, by any step without an overflow (then it counts overflows in a row).
   int hysteresis = 1;
+  bool consecutive_hysteresis = false;
   // The scale never backs off below this (DeepSpeed's min_loss_scale); an overflow at the floor
   // ends the run with an error, as it does in DeepSpeed: the training has diverged. 0: no floor.
   double min_scale = 0;
