@@ -237,6 +237,7 @@ double compare(const Options& o, int seed, const std::string& data) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each seed's figures as they come, into a file too
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

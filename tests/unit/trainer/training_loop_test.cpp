@@ -118,6 +118,27 @@ TEST(TrainingLoop, SchedulersStepByTheirMode) {
   EXPECT_EQ(manual->steps, 0);
 }
 
+// Determined's rule with aggregation_frequency 2: an EveryBatch scheduler steps twice when the
+// optimizer steps and never between the two batches of a group; EveryOptimizerStep once a group.
+TEST(TrainingLoop, SchedulersNeverStepInsideAnAggregationGroup) {
+  TempDir dir;
+  std::shared_ptr<CountingScheduler> every_batch, every_step;
+  std::vector<std::pair<int, int>> seen;  // (EveryBatch, EveryOptimizerStep) steps as each batch starts
+  LinearTrial::Options options;
+  options.setup = [&](LinearTrial& t) {
+    every_batch = t.context_.wrap_lr_scheduler(std::make_shared<CountingScheduler>(*t.optimizer), StepMode::EveryBatch);
+    every_step =
+        t.context_.wrap_lr_scheduler(std::make_shared<CountingScheduler>(*t.optimizer), StepMode::EveryOptimizerStep);
+  };
+  options.after_batch = [&](LinearTrial&, std::int64_t) { seen.emplace_back(every_batch->steps, every_step->steps); };
+  run(base_yaml(10, 16) + "optimizations: {aggregation_frequency: 2}\n", options, dir.path().string());
+  EXPECT_EQ(every_batch->steps, 10);
+  EXPECT_EQ(every_step->steps, 5);
+  using P = std::pair<int, int>;
+  EXPECT_THAT(seen, ElementsAre(P{0, 0}, P{0, 0}, P{2, 1}, P{2, 1}, P{4, 2}, P{4, 2}, P{6, 3}, P{6, 3}, P{8, 4},
+                                P{8, 4}));
+}
+
 TEST(TrainingLoop, LengthsInEpochsAndRecords) {
   TempDir dir;
   Record by_epochs, by_records;

@@ -137,6 +137,7 @@ class Loop {
   detail::LoopState loop_state() const;
   void apply(const detail::LoopState& state);
   void train_one_batch();
+  void step_lr_schedulers(bool epoch_end);  // after the batch's train_batch
   // The step boundary after each batch: the ranks agree on their requests, and validate,
   // checkpoint or stop alike; true when training ends there.
   bool step_boundary();
@@ -230,6 +231,7 @@ class Loop {
   EngineTrialRunner* engine_runner_ = nullptr;  // an engine trial's, with an adaptive batch
   std::uint64_t data_seed_ = 0;
   std::int64_t micro_in_step_ = 0;        // micro-batches of the step under way trained
+  std::int64_t batches_since_optimizer_step_ = 0;  // loop batches whose EveryBatch LR steps wait
   Clock::time_point step_started_;
   double progress_before_step_ = 0;
   std::int64_t step_epoch_ = 0;           // the statistical epoch the step under way is in

@@ -286,14 +286,7 @@ void Loop::train_one_batch() {
   ++period_batches_;
   ++batches_trained_;
   if (adaptive_) end_adaptive_micro_batch();
-  {
-    detail::PhaseTimings::Scope t(timings_, "step_lr_schedulers");
-    for (const auto& wrapped : context_->lr_schedulers()) {
-      if (wrapped.mode == StepMode::EveryBatch || (wrapped.mode == StepMode::EveryEpoch && epoch_end)) {
-        wrapped.scheduler->step();
-      }
-    }
-  }
+  step_lr_schedulers(epoch_end);
   if (epoch_end) {
     call([&](Callback& c) { c.on_training_epoch_end(epoch); });
     result_.epochs_trained = adaptive_ ? adaptive_->epoch() : epoch + 1;
@@ -323,6 +316,23 @@ std::array<std::int64_t, 6> Loop::agree_on_step_requests() {
   faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
   comm_.allreduce(flags.data(), 6, DType::kInt64, ReduceOp::kMax);
   return flags;
+}
+
+// Determined's rule: never between two batches whose gradients go to the same optimizer step
+// (aggregation_frequency, an adaptive batch's micro-batches), only an epoch's end does.
+void Loop::step_lr_schedulers(bool epoch_end) {
+  detail::PhaseTimings::Scope t(timings_, "step_lr_schedulers");
+  ++batches_since_optimizer_step_;
+  const bool optimizer_stepped = adaptive_ ? micro_in_step_ == 0
+                                           : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+  for (const auto& wrapped : context_->lr_schedulers()) {
+    std::int64_t steps = 0;
+    if (wrapped.mode == StepMode::EveryEpoch) steps = epoch_end ? 1 : 0;
+    if (wrapped.mode == StepMode::EveryBatch) steps = optimizer_stepped ? batches_since_optimizer_step_ : 0;
+    if (wrapped.mode == StepMode::EveryOptimizerStep) steps = optimizer_stepped ? 1 : 0;
+    for (; steps > 0; --steps) wrapped.scheduler->step();
+  }
+  if (optimizer_stepped) batches_since_optimizer_step_ = 0;
 }
 
 // The step boundary: batch-count triggers are the same on every rank; a stop request or a time

@@ -47,9 +47,12 @@ namespace detail {
 class GradientSync;
 }
 
-// When a wrapped LR scheduler steps: after every epoch, after every batch, or only when the
-// trial calls scheduler.step() itself.
-enum class StepMode { EveryEpoch, EveryBatch, Manual };
+// When a wrapped LR scheduler steps, as in Determined: after every epoch; once for every batch,
+// but only when the optimizer steps (with aggregation_frequency k, k times at the end of each
+// group of k batches, so that the rate never changes inside a group: a schedule counted in
+// batches); once for every optimizer step (a schedule counted in optimizer steps, as DeepSpeed's
+// are); or only when the trial calls scheduler.step() itself.
+enum class StepMode { EveryEpoch, EveryBatch, EveryOptimizerStep, Manual };
 
 class SummaryWriter;
 
