@@ -186,10 +186,11 @@ TEST(AdaptiveBatch, EachScalingRuleGivesItsLearningRate) {
     std::vector<double> lrs;
     AdaptiveTrial::Options options;
     options.lrs = &lrs;
-    // 4096 records an epoch, 8 a base step: LEGW's warm-up of 1/64 epoch is 8 base steps.
+    // 4096 records an epoch, 8 a base step: LEGW's warm-up of 1/256 epoch is 2 base steps at the
+    // base batch, and 2 x scale steps of progress at this one (AdaptDL's LEGWScale).
     const AdaptiveRun run = train(comm, yaml(8, "max_batch_size: " + std::to_string(8 * ranks) +
                                                     ", local_batch_size_bounds: [8, 8], scaling_rule: " + rule +
-                                                    ", legw_warmup_epochs: 0.015625", 20),
+                                                    ", legw_warmup_epochs: 0.00390625", 20),
                                   dir, options);
     // 20 base batches of progress: a step makes between 1 and `ranks` of them (its gain).
     const double scale = ranks;
@@ -202,7 +203,7 @@ TEST(AdaptiveBatch, EachScalingRuleGivesItsLearningRate) {
       for (double lr : lrs) EXPECT_DOUBLE_EQ(lr, 0.01 * std::sqrt(scale));
     } else if (rule == "legw") {
       // Progress counts gains; with no noise estimate before the first step the first gain is 1.
-      EXPECT_NEAR(lrs.at(0), 0.01 * std::sqrt(scale) * (1.0 / 8.0), 1e-12);
+      EXPECT_NEAR(lrs.at(0), 0.01 * std::sqrt(scale) * (1.0 / (2.0 * scale)), 1e-12);
       EXPECT_NEAR(lrs.back(), 0.01 * std::sqrt(scale), 1e-12);
       for (std::size_t i = 1; i < lrs.size(); ++i) EXPECT_GE(lrs[i], lrs[i - 1]) << "step " << i;
     } else {

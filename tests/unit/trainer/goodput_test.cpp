@@ -75,8 +75,11 @@ TEST(ScalingRules, EachRuleGivesItsDocumentedFactor) {
   EXPECT_EQ(lr_factor(ScalingRule::kLinear, 4, 2.5, 10, 0), 4.0);
   EXPECT_EQ(lr_factor(ScalingRule::kSqrt, 4, 2.5, 10, 0), 2.0);
   EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 10, 0), 2.0);    // no warm-up
-  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 25, 100), 0.5);  // a quarter of the way
-  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 150, 100), 2.0);
+  // AdaptDL's LEGWScale: at scale 4 a warm-up of 100 base steps lasts 400 steps of progress.
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 100, 100), 0.5);  // a quarter of the way
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 300, 100), 1.5);
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 400, 100), 2.0);
+  EXPECT_EQ(lr_factor(ScalingRule::kLegw, 1, 2.5, 50, 100), 0.5);   // at the base batch, as written
 }
 
 TEST(ThroughputModel, FitsTheFixedAndPerRecordCostsOfAMicroBatch) {

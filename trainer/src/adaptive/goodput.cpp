@@ -26,7 +26,9 @@ double lr_factor(core::ScalingRule rule, double scale, double gain, double progr
     case core::ScalingRule::kSqrt:
       return std::sqrt(scale);
     case core::ScalingRule::kLegw:
-      return std::sqrt(scale) * (warmup > 0 ? std::min(1.0, progress / warmup) : 1.0);
+      // AdaptDL's LEGWScale: the warm-up lasts `warmup` base steps at the base batch and `scale`
+      // times as many at a batch `scale` times larger.
+      return std::sqrt(scale) * (warmup > 0 ? std::min(1.0, progress / (warmup * scale)) : 1.0);
   }
   return 1;
 }
