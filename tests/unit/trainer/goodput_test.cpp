@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "adaptive/adaptive_batch.h"
 #include "adaptive/goodput.h"
 #include "adaptive/gradient_noise.h"
 
@@ -151,6 +152,50 @@ TEST(Goodput, TheStartSplitsTheBaseBatchWithinTheBounds) {
   EXPECT_EQ(initial_batch({64, 1024, 1, 8, true, 64}, 2), (BatchShape{8, 4, 2}));     // accumulates
   EXPECT_EQ(initial_batch({64, 1024, 1, 8, false, 64}, 2), (BatchShape{8, 1, 2}));    // a smaller batch
   EXPECT_EQ(initial_batch({64, 1024, 40, 0, false, 64}, 4), (BatchShape{40, 1, 4}));  // the lower bound
+}
+
+// A state from 2 ranks whose noise makes a larger batch worth it, resumed on one rank: one rank
+// measures no noise, so it keeps the base batch with a gain of 1 (the estimate is kept).
+TEST(AdaptiveBatchState, OneRankKeepsTheBaseBatchWhateverEstimateItResumedWith) {
+  core::AdaptiveBatch config;
+  config.enabled = true;
+  config.max_batch_size = 256;
+  config.min_local_batch = 8;
+  config.max_local_batch = 64;
+  config.gradient_accumulation = true;
+  config.smoothing = 0.5;
+  AdaptiveBatchState two(config, 16, 4096, 2);
+  for (const std::int64_t local : {8, 16}) {
+    two.apply({local, 1, 2});
+    for (int i = 0; i < 20; ++i) {
+      two.start_step();
+      // b local records, B = 2b averaged: |G|^2 = 0.02 and tr(S) = 80 per record.
+      const double b = static_cast<double>(local), big = 2 * b;
+      two.end_step(GradientNorms{0.02 + 80 / b, 0.02 + 80 / big, 0}, 0.004 + 0.0001 * b, 0.005 + 0.0001 * b);
+    }
+  }
+  const BatchChoice on_two = two.decide();
+  ASSERT_GT(on_two.shape.global(), 16) << "the noise makes a larger batch worth it on 2 ranks";
+
+  AdaptiveBatchState one(config, 16, 4096, 1);
+  one.restore(two.state_dict());
+  EXPECT_EQ(one.shape().global(), 16);
+  EXPECT_EQ(one.decide().shape.global(), 16);
+  one.start_step();
+  EXPECT_EQ(one.step_gain(), 1.0);
+  // Steps timed on one rank, with no norms: the estimate from 2 ranks is all there is.
+  for (const std::int64_t local : {16, 32}) {
+    one.apply({local, 1, 1});
+    for (int i = 0; i < 20; ++i) {
+      one.start_step();
+      one.end_step(std::nullopt, 0.004 + 0.0001 * static_cast<double>(local), 0.004 + 0.0001 * static_cast<double>(local));
+    }
+  }
+  EXPECT_EQ(one.decide().shape.global(), 16);
+  one.apply(one.decide().shape);
+  one.start_step();
+  EXPECT_EQ(one.step_gain(), 1.0);
+  EXPECT_EQ(one.state_dict().at("noise"), two.state_dict().at("noise")) << "the estimate is kept for more ranks";
 }
 
 }  // namespace goodput_test

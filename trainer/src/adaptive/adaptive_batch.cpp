@@ -32,7 +32,7 @@ std::int64_t AdaptiveBatchState::epoch_at(double progress) const {
 }
 
 void AdaptiveBatchState::start_step() {
-  step_gain_ = noise_.gain(static_cast<double>(shape_.global()), static_cast<double>(limits_.base_batch));
+  step_gain_ = ranks_ < 2 ? 1.0 : noise_.gain(static_cast<double>(shape_.global()), static_cast<double>(limits_.base_batch));
   const double scale = static_cast<double>(shape_.global()) / static_cast<double>(limits_.base_batch);
   lr_factor_ = detail::lr_factor(config_.scaling_rule, scale, step_gain_, progress_ + step_gain_, warmup_);
 }
@@ -53,7 +53,13 @@ bool AdaptiveBatchState::decision_due() const {
   return steps_ - last_decision_step_ >= config_.decision_interval;
 }
 
-BatchChoice AdaptiveBatchState::decide() const { return choose_batch(model_, noise_, limits_, ranks_, shape_); }
+BatchChoice AdaptiveBatchState::decide() const {
+  // One rank measures no noise (there is no second gradient): an estimate from a run on more
+  // ranks would never be updated again, so the base batch stays, with a gain of 1. The estimate
+  // is kept, for a later run on more ranks.
+  if (ranks_ < 2) return BatchChoice{initial_batch(limits_, ranks_)};
+  return choose_batch(model_, noise_, limits_, ranks_, shape_);
+}
 
 void AdaptiveBatchState::apply(const BatchShape& shape) {
   if (shape.ranks != ranks_ || shape.local_batch < 1 || shape.accumulation < 1) {
@@ -108,7 +114,8 @@ bool AdaptiveBatchState::restore(const nlohmann::json& state) {
   // Another number of ranks: the model knows the step time of every local batch measured, and
   // the nearest number of ranks' all-reduce; the choice is made for this one at once.
   shape_ = {shape_.local_batch, shape_.accumulation, ranks_};
-  apply(choose_batch(model_, noise_, limits_, ranks_, initial_batch(limits_, ranks_), 0).shape);
+  apply(ranks_ < 2 ? initial_batch(limits_, ranks_)
+                   : choose_batch(model_, noise_, limits_, ranks_, initial_batch(limits_, ranks_), 0).shape);
   return true;
 }
 
