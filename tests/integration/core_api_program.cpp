@@ -60,9 +60,28 @@ int run_epochs(hpctrial::CoreContext& context, long epochs, long stop_at) {
   return 0;
 }
 
+// epoch-exits: leaves one epoch loop by a break in epoch 1 and the next by an exception in
+// epoch 2; each ends the epoch it left, as AdaptDL's does.
+int run_epoch_exits(hpctrial::CoreContext& context) {
+  for (std::int64_t epoch : context.remaining_epochs_until(5)) {
+    if (epoch == 1) break;
+  }
+  std::printf("after a break in epoch 1: finished %lld\n", static_cast<long long>(context.finished_epochs()));
+  try {
+    for (std::int64_t epoch : context.remaining_epochs_until(5)) {
+      if (epoch == 2) throw std::runtime_error("out of epoch 2");
+    }
+  } catch (const std::runtime_error& e) {
+    std::printf("after an exception in epoch 2: finished %lld, current %s\n",
+                static_cast<long long>(context.finished_epochs()), context.current_epoch() ? "set" : "none");
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   hpctrial::CoreContext context(argc, argv);
   if (argc == 4 && std::string(argv[1]) == "epochs") return run_epochs(context, std::atol(argv[2]), std::atol(argv[3]));
+  if (argc == 2 && std::string(argv[1]) == "epoch-exits") return run_epoch_exits(context);
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s [hpctrial options] request|signal|wait STEPS\n", argv[0]);
     return 2;

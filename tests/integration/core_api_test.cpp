@@ -184,6 +184,16 @@ TEST(CoreApi, EpochsAndAccumulatorsContinueAcrossRestartsAtOtherNumbersOfRanks) 
             std::filesystem::perms::none);
 }
 
+// As AdaptDL's remaining_epochs_until: leaving the loop by a break or an exception finishes the
+// epoch it left.
+TEST(CoreApi, ABreakOrAnExceptionOutOfAnEpochLoopFinishesThatEpoch) {
+  TempDir dir;
+  const auto r = run_program({}, {"--trial-dir", (dir.path() / "run").string(), "epoch-exits"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.out, HasSubstr("after a break in epoch 1: finished 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("after an exception in epoch 2: finished 3, current none\n"));
+}
+
 TEST(CoreApi, TheConfigIsReadAndHpctrialOptionsAreTakenOutOfArgv) {
   TempDir dir;
   const std::string config = dir.write("exp.yaml",

@@ -138,7 +138,8 @@ class CoreContext {
 };
 
 // What remaining_epochs_until returns: a range of epochs; while it lives, current_epoch() is set
-// inside its loop body, and leaving the loop (at the end, by break or by an exception) ends it.
+// inside its loop body, and leaving the loop (at the end, by break or by an exception) ends it;
+// a break or an exception finishes the epoch it left (AdaptDL's rule).
 class CoreContext::EpochRange {
  public:
   class Iterator {
@@ -163,8 +164,11 @@ class CoreContext::EpochRange {
   };
   EpochRange(EpochRange&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)), until_(other.until_) {}
   EpochRange& operator=(EpochRange&&) = delete;
+  // Leaving the loop by a break or an exception finishes the epoch it left, as AdaptDL's does.
   ~EpochRange() {
-    if (owner_ != nullptr) owner_->current_epoch_.reset();
+    if (owner_ == nullptr || !owner_->current_epoch_) return;
+    owner_->finished_epochs_ = *owner_->current_epoch_ + 1;
+    owner_->current_epoch_.reset();
   }
   Iterator begin() const { return Iterator(owner_, until_); }
   Iterator end() const { return Iterator(owner_, until_); }
