@@ -120,10 +120,26 @@ class PbsServer : public testing::Test {
     ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
   }
   void TearDown() override {
+    if (HasFailure()) keep_evidence();
     // Nothing of this test's left in the queue for the next one.
     for (const std::string& id : submitted_) {
       if (const std::string s = state_of(id); !s.empty() && s != "F" && s != "X") run_as({"qdel", "-W", "force", id}, 30s, false);
     }
+  }
+
+  // A failed test's experiment directory, copied where the test's own removal leaves it, and
+  // PBS's record of each of its jobs (exit status, times, paths), printed: what a failure that
+  // happens only now and then needs to be understood.
+  void keep_evidence() {
+    if (fs::exists(experiment() + "/experiment.json")) recorded_jobs();
+    const auto* test = testing::UnitTest::GetInstance()->current_test_info();
+    const fs::path kept = fs::temp_directory_path() /
+                          ("hpctrial-pbs-failed-" + std::string(test->name()) + "-" + std::to_string(::getpid()));
+    std::error_code error;
+    fs::copy(experiment(), kept, fs::copy_options::recursive, error);
+    std::printf("the experiment directory is kept in %s%s\n", kept.c_str(),
+                error ? (" (in part: " + error.message() + ")").c_str() : "");
+    for (const std::string& id : submitted_) std::printf("qstat -xf %s: %s\n", id.c_str(), pbs_job(id).dump().c_str());
   }
 
   std::string user_dir() const { return (dir_.path() / "user").string(); }
