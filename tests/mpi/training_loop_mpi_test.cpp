@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "linear_trial_ranks.h"
+#include "hpctrial/trainer/lr_schedulers.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/watchdog.h"
 #include "mpi_test_env.h"
@@ -75,6 +76,61 @@ TEST(TrainingLoopRanks, ChiefOnlyHooksRunOnTheChiefOnly) {
     EXPECT_EQ(callback->step_ends, 0);
     EXPECT_TRUE(callback->checkpoints.empty());
   }
+}
+
+// The reference's ReduceLROnPlateau recipe, in C++: the callback steps the scheduler with the
+// validation loss in on_validation_end, which runs on the chief alone.
+class ReduceLROnPlateauEveryValidationStep : public Callback {
+ public:
+  void attach(torch::optim::Optimizer& optimizer) {
+    ReduceLROnPlateauOptions options;
+    options.factor = 0.5;
+    options.patience = 0;
+    // Any later loss counts as no improvement: the rate halves at every validation after the first.
+    options.threshold_mode = "abs";
+    options.threshold = 1e9;
+    reduce_lr = std::make_unique<ReduceLROnPlateau>(optimizer, options);
+    optimizer_ = &optimizer;
+  }
+  void on_validation_end(const MetricValues& metrics) override { reduce_lr->step(metrics.at("validation_loss")); }
+  void on_trial_shutdown() override { final_lr = optimizer_->param_groups()[0].options().get_lr(); }
+  nlohmann::json state_dict() const override { return reduce_lr->state_dict(); }
+  void load_state_dict(const nlohmann::json& state) override { reduce_lr->load_state_dict(state); }
+  std::unique_ptr<ReduceLROnPlateau> reduce_lr;
+  double final_lr = 0;
+
+ private:
+  torch::optim::Optimizer* optimizer_ = nullptr;
+};
+
+// The learning rate changed in on_validation_end reaches every rank before the next batch: the
+// replicas end bitwise equal, with the chief's rate (0.1 halved at the validations after batches
+// 4 and 6, and after the last, 8, before on_trial_shutdown), and replica checks after every
+// batch find nothing.
+TEST(TrainingLoopRanks, ALearningRateChangedOnTheChiefInOnValidationEndReachesEveryRank) {
+  const std::string dir = shared_dir("plateau");
+  auto callback = std::make_shared<ReduceLROnPlateauEveryValidationStep>();
+  std::vector<torch::Tensor> parameters;
+  double lr = 0;
+  LinearTrial::Options options;
+  options.callbacks = {{"reduce_lr", callback}};
+  options.setup = [&](LinearTrial& trial) { callback->attach(*trial.optimizer); };
+  options.parameters_out = &parameters;
+  options.after_batch = [&](LinearTrial& trial, std::int64_t) {
+    lr = trial.optimizer->param_groups()[0].options().get_lr();
+  };
+  const LoopResult result = train(base_yaml(8, 8) + "min_validation_period: {batches: 2}\n"
+                                  "optimizations: {replica_check_period: 1}\n", options, dir);
+  EXPECT_EQ(result.batches_trained, 8);
+  EXPECT_EQ(lr, 0.1 * 0.5 * 0.5) << "the rate the last batch trained with, on rank " << env().rank();
+  EXPECT_EQ(callback->final_lr, 0.1 * 0.5 * 0.5 * 0.5) << "after the last validation, on rank " << env().rank();
+  comm::MpiCommunicator comm(env().world());
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    torch::Tensor chiefs = parameters[i].clone();
+    comm.broadcast_async(chiefs.data_ptr(), static_cast<std::size_t>(chiefs.nbytes()), 0)->wait();
+    EXPECT_TRUE(torch::equal(parameters[i], chiefs)) << "parameter " << i << " on rank " << env().rank();
+  }
+  if (env().is_chief()) std::filesystem::remove_all(dir);
 }
 
 struct StreamRun {

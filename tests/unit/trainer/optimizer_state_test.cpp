@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "state/state_io.h"
+#include "hpctrial/trainer/lr_schedulers.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/error.h"
@@ -95,6 +96,131 @@ TEST(OptimizerState, AnotherOptimizerTypeIsRefused) {
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), testing::HasSubstr("ckpt.h5: optimizer/0 was a sgd optimizer and is now adam"));
   }
+}
+
+// The options of every param group go to another optimizer of the type through their text:
+// the learning rate and every other hyperparameter, as hooks on the chief change them.
+TEST_P(OptimizerState, OptionsTextCarriesEveryHyperparameter) {
+  const Factory& make = GetParam().second;
+  auto model = make_model();
+  auto changed = make(model->parameters());
+  changed->param_groups()[0].options().set_lr(0.0123);
+  auto other = make(model->parameters());
+  const std::string text = optimizer_options_text(*changed);
+  EXPECT_NE(optimizer_options_text(*other), text);
+  load_optimizer_options_text(*other, text, "optimizer 0");
+  EXPECT_EQ(other->param_groups()[0].options().get_lr(), 0.0123);
+  EXPECT_EQ(optimizer_options_text(*other), text);
+}
+
+TEST(OptimizerState, OptionsTextCarriesMomentumAndRefusesAnotherType) {
+  auto model = make_model();
+  torch::optim::SGD chiefs(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9).nesterov(true).weight_decay(0.01));
+  torch::optim::SGD mine(model->parameters(), torch::optim::SGDOptions(0.1));
+  load_optimizer_options_text(mine, optimizer_options_text(chiefs), "optimizer 0");
+  const auto& options = static_cast<const torch::optim::SGDOptions&>(mine.param_groups()[0].options());
+  EXPECT_EQ(options.lr(), 0.5);
+  EXPECT_EQ(options.momentum(), 0.9);
+  EXPECT_TRUE(options.nesterov());
+  EXPECT_EQ(options.weight_decay(), 0.01);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.1));
+  try {
+    load_optimizer_options_text(adam, optimizer_options_text(chiefs), "optimizer 0 changed on the chief");
+    ADD_FAILURE() << "SGD options were loaded into Adam";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("optimizer 0 changed on the chief is a sgd optimizer of 1 parameter "
+                                             "groups there and a adam optimizer of 1 here"));
+  }
+}
+
+// An optimizer class of the trial's own: its options travel as LibTorch's archive.
+class PlainDescent : public torch::optim::Optimizer {
+ public:
+  PlainDescent(std::vector<torch::Tensor> params, double lr)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<torch::optim::SGDOptions>(lr)) {}
+  torch::Tensor step(LossClosure) override {
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      for (auto& p : group.params()) {
+        if (p.grad().defined()) p.add_(p.grad(), -group.options().get_lr());
+      }
+    }
+    return {};
+  }
+};
+
+TEST(OptimizerState, OptionsTextOfAnotherOptimizerClassRoundTrips) {
+  auto model = make_model();
+  PlainDescent chiefs(model->parameters(), 0.25);
+  PlainDescent mine(model->parameters(), 0.1);
+  load_optimizer_options_text(mine, optimizer_options_text(chiefs), "optimizer 0");
+  EXPECT_EQ(mine.param_groups()[0].options().get_lr(), 0.25);
+}
+
+// PyTorch's ReduceLROnPlateau, worked by hand: mode min, factor 0.5, patience 1, cooldown 1,
+// threshold 0.1 relative (better: below 0.9 x best).
+TEST(ReduceLROnPlateau, StepsAsPyTorchsDoes) {
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  ReduceLROnPlateauOptions options;
+  options.factor = 0.5;
+  options.patience = 1;
+  options.cooldown = 1;
+  options.threshold = 0.1;
+  ReduceLROnPlateau reduce(sgd, options);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // metric: best, bad epochs after the step, the rate after it
+  // 10: best 10 | 9.5: not below 9, bad 1 | 9.2: bad 2 > 1: halve, cooldown 1 | 8.0: best 8, in
+  // cooldown | 8.0: not below 7.2, bad 1 | 8.0: bad 2: halve | NaN: bad 1, cooldown zeroes it |
+  // 8.0: bad 1 | 8.0: bad 2: halve.
+  const std::vector<double> metrics = {10, 9.5, 9.2, 8.0, 8.0, 8.0, nan, 8.0, 8.0};
+  const std::vector<double> rates = {1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125};
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    reduce.step(metrics[i]);
+    EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), rates[i]) << "after step " << i + 1;
+  }
+  EXPECT_EQ(reduce.best(), 8.0);
+  EXPECT_EQ(reduce.last_epoch(), 9);
+}
+
+// min_lr bounds the rate; a change smaller than eps is not made. Mode max with an absolute threshold.
+TEST(ReduceLROnPlateau, MinLrBoundsTheRateAndModeMaxWantsHigher) {
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  ReduceLROnPlateauOptions options;
+  options.mode = "max";
+  options.patience = 0;
+  options.threshold_mode = "abs";
+  options.threshold = 0.5;
+  options.min_lr = {0.05};
+  ReduceLROnPlateau reduce(sgd, options);
+  const std::vector<double> metrics = {1.0, 1.4, 2.0, 1.0, 1.0};  // 1.4 is not above 1.5
+  const std::vector<double> rates = {1.0, 0.1, 0.1, 0.05, 0.05};
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    reduce.step(metrics[i]);
+    EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), rates[i]) << "after step " << i + 1;
+  }
+}
+
+// The state of a scheduler that never stepped holds an infinite best: it round-trips through JSON.
+TEST(ReduceLROnPlateau, StateRoundTripsAndBadOptionsAreRefused) {
+  auto model = make_model();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  ReduceLROnPlateau fresh(sgd);
+  const nlohmann::json state = nlohmann::json::parse(fresh.state_dict().dump());
+  EXPECT_EQ(state.at("best"), "Infinity");
+  ReduceLROnPlateau stepped(sgd);
+  stepped.step(3.0);
+  stepped.load_state_dict(state);
+  EXPECT_EQ(stepped.best(), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(stepped.last_epoch(), 0);
+  EXPECT_THROW(stepped.load_state_dict(nlohmann::json{{"best", 1.0}}), std::invalid_argument);
+  ReduceLROnPlateauOptions options;
+  options.factor = 1.0;
+  EXPECT_THROW(ReduceLROnPlateau(sgd, options), std::invalid_argument);
+  options.factor = 0.1;
+  options.min_lr = {0.1, 0.2};
+  EXPECT_THROW(ReduceLROnPlateau(sgd, options), std::invalid_argument);
 }
 
 }  // namespace optimizer_state_test

@@ -8,6 +8,7 @@
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/grad_scaler.h"
+#include "hpctrial/trainer/lr_schedulers.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
 #include "hpctrial/trainer/pipeline.h"
@@ -40,6 +41,8 @@ using trainer::MetricValues;
 using trainer::PipelineLoss;
 using trainer::PipelineModule;
 using trainer::PipelineOptions;
+using trainer::ReduceLROnPlateau;
+using trainer::ReduceLROnPlateauOptions;
 using trainer::Reducer;
 using trainer::StepMode;
 using trainer::StreamDataset;

@@ -138,6 +138,21 @@ class Loop {
   void apply(const detail::LoopState& state);
   void train_one_batch();
   void step_lr_schedulers(bool epoch_end);  // after the batch's train_batch
+  // Whether the batch just trained ended an optimizer step (an aggregation group, an adaptive
+  // batch's micro-batches).
+  bool group_end() const {
+    return adaptive_ ? micro_in_step_ == 0 : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+  }
+  // Runs `step`, in which hooks that run on the chief alone may run (every rank calls it alike),
+  // and gives every rank what they changed before the next batch trains.
+  template <typename Step>
+  void with_chief_hooks(Step&& step) {
+    const std::string before = chief() ? chief_hook_state() : std::string();
+    step();
+    share_chief_hook_changes(before);
+  }
+  std::string chief_hook_state();
+  void share_chief_hook_changes(const std::string& before);
   // The step boundary after each batch: the ranks agree on their requests, and validate,
   // checkpoint or stop alike; true when training ends there.
   bool step_boundary();

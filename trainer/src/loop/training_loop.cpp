@@ -13,6 +13,7 @@
 
 #include "parallel/autocast.h"
 #include "state/checkpointing.h"
+#include "state/state_io.h"
 #include "api/engine_access.h"
 #include "parallel/zero.h"
 #include "loop/loop.h"
@@ -323,8 +324,7 @@ std::array<std::int64_t, 6> Loop::agree_on_step_requests() {
 void Loop::step_lr_schedulers(bool epoch_end) {
   detail::PhaseTimings::Scope t(timings_, "step_lr_schedulers");
   ++batches_since_optimizer_step_;
-  const bool optimizer_stepped = adaptive_ ? micro_in_step_ == 0
-                                           : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+  const bool optimizer_stepped = group_end();
   for (const auto& wrapped : context_->lr_schedulers()) {
     std::int64_t steps = 0;
     if (wrapped.mode == StepMode::EveryEpoch) steps = epoch_end ? 1 : 0;
@@ -335,15 +335,62 @@ void Loop::step_lr_schedulers(bool epoch_end) {
   if (optimizer_stepped) batches_since_optimizer_step_ = 0;
 }
 
+// What hooks that run on the chief alone (on_validation_step_end, on_validation_end,
+// on_checkpoint_end) may change and every rank must then hold alike: each wrapped optimizer's
+// param-group options (lr, momentum, betas, weight decay, ...) and each wrapped LR scheduler's
+// step count. The reference's ReduceLROnPlateau recipe changes the learning rate in
+// on_validation_end; without this the chief would train with the new rate, the others the old.
+std::string Loop::chief_hook_state() {
+  nlohmann::json state = {{"optimizers", nlohmann::json::array()}, {"schedulers", nlohmann::json::array()}};
+  for (const auto& optimizer : context_->optimizers()) state["optimizers"].push_back(optimizer_options_text(*optimizer));
+  for (const auto& wrapped : context_->lr_schedulers()) state["schedulers"].push_back(scheduler_step_count(*wrapped.scheduler));
+  return state.dump();
+}
+
+// After chief-only hooks ran (with_chief_hooks): the chief compares the state with `before`,
+// and one 8-byte broadcast tells every rank whether the state follows. Model weights and the
+// trial's own members do not travel (replica_check_period finds a rank whose weights differ).
+void Loop::share_chief_hook_changes(const std::string& before) {
+  std::string state;
+  if (chief()) {
+    state = chief_hook_state();
+    if (state == before) state.clear();
+  }
+  std::int64_t size = static_cast<std::int64_t>(state.size());
+  comm_.broadcast_async(&size, sizeof size, 0)->wait();
+  if (size == 0) return;
+  comm_.broadcast(state, 0);
+  if (chief()) return;
+  const nlohmann::json shared = nlohmann::json::parse(state);
+  const auto& optimizers = context_->optimizers();
+  const auto& schedulers = context_->lr_schedulers();
+  if (shared.at("optimizers").size() != optimizers.size() || shared.at("schedulers").size() != schedulers.size()) {
+    throw ConfigError("a hook that runs on the chief alone changed an optimizer's options or stepped an LR scheduler, "
+                      "and rank " + std::to_string(comm_.rank()) + " wraps " + std::to_string(optimizers.size()) +
+                      " optimizers and " + std::to_string(schedulers.size()) + " LR schedulers where the chief wraps " +
+                      std::to_string(shared.at("optimizers").size()) + " and " +
+                      std::to_string(shared.at("schedulers").size()) + ": make the change in a hook that runs on "
+                      "every rank (on_training_epoch_end, or train_batch)");
+  }
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    load_optimizer_options_text(*optimizers[i], shared["optimizers"][i].get<std::string>(),
+                                "optimizer " + std::to_string(i) + " changed by a hook on the chief");
+  }
+  for (std::size_t i = 0; i < schedulers.size(); ++i) {
+    scheduler_step_count(*schedulers[i].scheduler) = shared["schedulers"][i].get<unsigned>();
+  }
+}
+
 // The step boundary: batch-count triggers are the same on every rank; a stop request or a time
 // trigger is agreed on, so that every rank takes the same branch here. True when training ends.
 bool Loop::step_boundary() {
   const std::array<std::int64_t, 6> flags = agree_on_step_requests();
   if (flags[5] != 0) report_system();
-  if (sharded_in_flight_ && flags[4] == 0) settle_sharded_checkpoint();  // every rank's shard is durable
+  if (sharded_in_flight_ && flags[4] == 0) {
+    with_chief_hooks([&] { settle_sharded_checkpoint(); });  // every rank's shard is durable
+  }
   const bool last = reached_max_length();
-  const bool group_end = adaptive_ ? micro_in_step_ == 0
-                                   : batches_trained_ % config_.optimizations.aggregation_frequency == 0;
+  const bool group_end = this->group_end();
   if (adaptive_ && group_end) decide_adaptive_batch();
   const auto period_reached = [&](const Period& period) {
     if (adaptive_) return adaptive_period_reached(period);
@@ -364,7 +411,7 @@ bool Loop::step_boundary() {
   if (batches_trained_ - last_report_batches_ >= options_.report_period_batches || validate_now || last) {
     report_training();
   }
-  if (validate_now && !last) validate();
+  if (validate_now && !last) with_chief_hooks([&] { validate(); });
   const std::int64_t check_period = config_.optimizations.replica_check_period;
   if (check_period > 0 && group_end && batches_trained_ % check_period == 0) {
     check_replicas("at batch " + std::to_string(batches_trained_));
@@ -372,9 +419,11 @@ bool Loop::step_boundary() {
   if (stop) {
     save_checkpoint(/*wait=*/true);
   } else if (checkpoint_pending_ && group_end && !last && !trial_ends) {
-    const auto started = Clock::now();
-    save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
-    note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
+    with_chief_hooks([&] {
+      const auto started = Clock::now();
+      save_checkpoint(/*wait=*/!config_.checkpoint_storage.async);
+      note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
+    });
   }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);
   if (profiler_) profiler_->after_batch(batches_trained_);
@@ -399,10 +448,13 @@ bool Loop::step_boundary() {
 LoopResult Loop::finish_run() {
   profiler_.reset();  // a window the run stopped inside of ends here
   rank::record_phase(core::RankPhase::kShutdown);
-  if (!result_.stopped_early && last_validation_batches_ != batches_trained_) validate();
-  if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
-  settle_sharded_checkpoint();
-  finish_checkpoint();
+  // The checkpoint holds, and the trial's on_trial_shutdown sees, the same state on every rank.
+  if (!result_.stopped_early && last_validation_batches_ != batches_trained_) with_chief_hooks([&] { validate(); });
+  with_chief_hooks([&] {
+    if (!result_.stopped_early && last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
+    settle_sharded_checkpoint();
+    finish_checkpoint();
+  });
   progress_->update(progress_batches(), trained_epoch(), last_loss_, true);
   progress_->finish();
   call([](Callback& c) { c.on_trial_shutdown(); });

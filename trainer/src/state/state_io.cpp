@@ -437,6 +437,54 @@ void load_optimizer(const checkpoint::Contents& contents, const std::string& pre
   }
 }
 
+std::string optimizer_options_text(torch::optim::Optimizer& optimizer) {
+  const OptimizerCodec* codec = codec_for(optimizer);
+  json groups = json::array();
+  for (auto& group : optimizer.param_groups()) {
+    if (codec != nullptr) {
+      groups.push_back(codec->save_options(group.options()));
+      continue;
+    }
+    // Another optimizer class: LibTorch's archive of the options, as hexadecimal text.
+    torch::serialize::OutputArchive archive;
+    group.options().serialize(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string hex;
+    for (const unsigned char c : bytes.str()) (hex += kHex[c >> 4]) += kHex[c & 15];
+    groups.push_back(hex);
+  }
+  return json{{"type", codec != nullptr ? codec->name : "torch_archive"}, {"groups", groups}}.dump();
+}
+
+void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::string& text, const std::string& what) {
+  const json options = json::parse(text);
+  const OptimizerCodec* codec = codec_for(optimizer);
+  const std::string type = codec != nullptr ? codec->name : "torch_archive";
+  auto& groups = optimizer.param_groups();
+  if (options.at("type") != type || options.at("groups").size() != groups.size()) {
+    throw ConfigError(what + " is a " + options.at("type").get<std::string>() + " optimizer of " +
+                      std::to_string(options.at("groups").size()) + " parameter groups there and a " + type +
+                      " optimizer of " + std::to_string(groups.size()) + " here");
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const json& group = options.at("groups")[g];
+    if (codec != nullptr) {
+      codec->load_options(group, groups[g].options());
+      continue;
+    }
+    const std::string hex = group.get<std::string>();
+    std::string bytes(hex.size() / 2, '\0');
+    const auto digit = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    groups[g].options().serialize(archive);
+  }
+}
+
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
   checkpoint::Contents contents;
   save_optimizer(contents, "o", optimizer);

@@ -70,6 +70,11 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
 Deferred view_optimizer(checkpoint::Contents& texts, const std::string& prefix, torch::optim::Optimizer& optimizer);
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
                     torch::optim::Optimizer& optimizer, const std::string& file);
+// Every param group's options (lr, momentum, betas, weight decay, ...) as text, and back:
+// JSON as in param_groups for the six LibTorch types, LibTorch's archive of each group's options
+// for other classes. Loading refuses another type or number of groups (ConfigError naming `what`).
+std::string optimizer_options_text(torch::optim::Optimizer& optimizer);
+void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::string& text, const std::string& what);
 // The elements of the optimizer's per-parameter state tensors (what it holds in memory).
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer);
 
