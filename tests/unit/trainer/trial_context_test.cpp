@@ -1,4 +1,5 @@
 #include "hpctrial/trainer/trial_context.h"
+#include "api/devices.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -93,8 +94,54 @@ TEST_F(TrialContextTest, DeviceAndToDevice) {
       TrialContext context2(gpu, comm_);
       FAIL();
     } catch (const ConfigError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("resources.gpus_per_slot is 1 but rank 0 sees no GPU"));
+      EXPECT_THAT(e.what(), HasSubstr("resources.gpus_per_slot is 1 but rank 0 on ")); EXPECT_THAT(e.what(), HasSubstr(" sees no GPU"));
     }
+  }
+}
+
+// The slot's devices: the node's split by local rank, or a rank's own; never shared.
+TEST(SlotDevices, RanksSplitTheirNodesDevicesOrTakeTheirOwn) {
+  detail::SlotDeviceQuery q;
+  q.gpus_per_slot = 2;
+  q.visible = 4;
+  q.local_size = 2;
+  q.local_rank = 1;
+  q.node = "n1";
+  EXPECT_EQ(detail::slot_device_indices(q), (std::vector<int>{2, 3}));
+  q.local_rank = 0;
+  EXPECT_EQ(detail::slot_device_indices(q), (std::vector<int>{0, 1}));
+  q.visible = 2;  // each rank sees its own two (CUDA_VISIBLE_DEVICES set per rank)
+  q.own_devices = true;
+  q.local_rank = 1;
+  EXPECT_EQ(detail::slot_device_indices(q), (std::vector<int>{0, 1}));
+}
+
+TEST(SlotDevices, TooFewDevicesForTheNodesRanksAreRefusedWithTheCounts) {
+  detail::SlotDeviceQuery q;
+  q.gpus_per_slot = 1;
+  q.visible = 2;
+  q.local_size = 4;
+  q.local_rank = 3;
+  q.rank = 7;
+  q.node = "n1";
+  q.visible_devices = "0,1";
+  try {
+    detail::slot_device_indices(q);
+    ADD_FAILURE() << "4 ranks shared 2 devices";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("node n1 runs 4 ranks with resources.gpus_per_slot 1, which need 4 GPUs, and its "
+                                    "ranks see 2 (CUDA_VISIBLE_DEVICES=0,1): ranks would share a device. Set "
+                                    "resources.slots_per_node to at most 2"));
+  }
+  q.own_devices = true;
+  q.gpus_per_slot = 2;
+  q.visible = 1;
+  try {
+    detail::slot_device_indices(q);
+    ADD_FAILURE() << "a slot of 2 GPUs trained on 1";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 7 on n1 sees 1 device(s) of its own (CUDA_VISIBLE_DEVICES=0,1): bind 2 "
+                                    "GPUs to each rank, or lower resources.gpus_per_slot to 1"));
   }
 }
 

@@ -3,13 +3,17 @@
 #include "hpctrial/trainer/summary_writer.h"
 
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <chrono>
 #include <cstring>
 #include <map>
 
 #include "hpctrial/core/error.h"
+#include "api/devices.h"
 #include "parallel/autocast.h"
 #include "parallel/gradient_sync.h"
 #include "hpctrial/core/logging.h"
@@ -18,17 +22,37 @@
 namespace hpctrial::trainer {
 namespace {
 
-torch::Device choose_device(const TrialSettings& settings) {
-  if (settings.gpus_per_slot == 0) return torch::kCPU;
-  const auto visible = static_cast<int>(torch::cuda::device_count());
-  if (visible == 0) {
-    throw ConfigError("resources.gpus_per_slot is " + std::to_string(settings.gpus_per_slot) +
-                      " but rank " + std::to_string(settings.distributed.rank) +
-                      " sees no GPU (LibTorch without CUDA, or no device visible); set "
-                      "resources.gpus_per_slot: 0 to train on the CPU");
+// The slot's devices (docs/trial-api.md, "Devices"); none on the CPU. With GPUs, the ranks
+// first tell each other their node and CUDA_VISIBLE_DEVICES (one all-gather at start-up), so that
+// a rank knows whether it sees devices of its own or its node's.
+std::vector<torch::Device> choose_devices(const TrialSettings& settings, comm::Communicator& communicator) {
+  if (settings.gpus_per_slot == 0) return {};
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const char* visible_env = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string visible_devices = visible_env != nullptr ? visible_env : "";
+  const auto key = [](const std::string& text) { return static_cast<std::int64_t>(std::hash<std::string>{}(text)); };
+  const std::int64_t mine[2] = {key(host), key(visible_devices)};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(communicator.size()));
+  communicator.allgather(mine, all.data(), 2, comm::DType::kInt64);
+  bool own = true;
+  for (int r = 0; r < communicator.size(); ++r) {
+    if (r != communicator.rank() && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1]) own = false;
   }
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(settings.distributed.local_rank % visible));
+  detail::SlotDeviceQuery query;
+  query.gpus_per_slot = settings.gpus_per_slot;
+  query.visible = static_cast<int>(torch::cuda::device_count());
+  query.rank = settings.distributed.rank;
+  query.local_rank = settings.distributed.local_rank;
+  query.local_size = settings.distributed.local_size;
+  query.own_devices = own && communicator.size() > 1;
+  query.node = host;
+  query.visible_devices = visible_devices;
+  std::vector<torch::Device> devices;
+  for (const int index : detail::slot_device_indices(query)) {
+    devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return devices;
 }
 
 std::string names_of(const nlohmann::json& object) {
@@ -77,7 +101,8 @@ TrialContext::TrialContext(TrialSettings settings, comm::Communicator& communica
       device_communicator_(device_communicator),
       data_communicator_(&communicator),
       data_device_communicator_(device_communicator),
-      device_(choose_device(settings_)),
+      devices_(choose_devices(settings_, communicator)),
+      device_(devices_.empty() ? torch::Device(torch::kCPU) : devices_.front()),
       accumulators_(std::make_unique<detail::Accumulators>(communicator)) {
   if (device_.is_cuda()) {
     core::log_info("trains on {}{}", device_.str(),

@@ -138,8 +138,9 @@ void check_replicas(comm::Communicator& comm, const ReplicaChecksums& mine, cons
       "the ranks' replicas differ " + when + ": " + name + (options ? " (the optimizer's options, such as its "
                                                                       "learning rate)" : "") +
       " is not the same on every rank (checksums: " + holders_text(values, ranks) + "). Every rank must make the same "
-      "changes to the model and optimizers: code that runs on the chief alone (on_validation_end, "
-      "on_checkpoint_end, a branch on the rank) must not change them; otherwise a rank computed differently "
+      "changes to the model and optimizers: code that runs on the chief alone (a branch on the rank; in "
+      "on_validation_end or on_checkpoint_end anything but optimizer options and LR scheduler steps, which every "
+      "rank is given) must not change them; otherwise a rank computed differently "
       "(a faulty node). Training stops here, before replicas that differ are averaged or checkpointed");
 }
 

@@ -1,6 +1,5 @@
 #include "state/state_io.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
 
 #include <nlohmann/json.hpp>
@@ -259,43 +258,6 @@ struct SchedulerAccess : torch::optim::LRScheduler {
 
 }  // namespace
 
-std::optional<core::DType> to_dtype(c10::ScalarType type) {
-  switch (type) {
-    case torch::kFloat32: return DType::kFloat32;
-    case torch::kFloat64: return DType::kFloat64;
-    case torch::kFloat16: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    case torch::kInt64: return DType::kInt64;
-    case torch::kInt32: return DType::kInt32;
-    case torch::kInt16: return DType::kInt16;
-    case torch::kInt8: return DType::kInt8;
-    case torch::kUInt8: return DType::kUInt8;
-    case torch::kBool: return DType::kBool;
-    default: return std::nullopt;
-  }
-}
-
-c10::ScalarType to_scalar_type(core::DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return torch::kFloat32;
-    case DType::kFloat64: return torch::kFloat64;
-    case DType::kFloat16: return torch::kFloat16;
-    case DType::kBFloat16: return torch::kBFloat16;
-    case DType::kInt64: return torch::kInt64;
-    case DType::kInt32: return torch::kInt32;
-    case DType::kInt16: return torch::kInt16;
-    case DType::kInt8: return torch::kInt8;
-    case DType::kUInt8: return torch::kUInt8;
-    case DType::kBool: return torch::kBool;
-  }
-  throw InternalError("to_scalar_type: unknown dtype");
-}
-
-checkpoint::DType checkpoint_dtype(c10::ScalarType type) {
-  if (const std::optional<DType> dtype = to_dtype(type)) return *dtype;
-  throw NotSupported(std::string("checkpointing tensors of type ") + c10::toString(type));
-}
-
 void add_tensor(checkpoint::Contents& contents, const std::string& name, const torch::Tensor& tensor) {
   const torch::Tensor host = tensor.detach().to(torch::kCPU).contiguous();
   auto buffer = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(host.nbytes()));
@@ -498,29 +460,5 @@ std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
 }
 
 unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler) { return SchedulerAccess::count(scheduler); }
-
-torch::Tensor cpu_rng_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_rng_state(const torch::Tensor& state) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
-
-torch::Tensor device_rng_state(const torch::Device& device) {
-  auto generator = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_device_rng_state(const torch::Device& device, const torch::Tensor& state) {
-  auto generator = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 }  // namespace hpctrial::trainer::detail

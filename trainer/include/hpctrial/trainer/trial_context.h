@@ -183,7 +183,12 @@ class TrialContext {
   std::shared_ptr<GradScaler> wrap_scaler(std::shared_ptr<GradScaler> scaler);
 
   // --- device -------------------------------------------------------------------------------
+  // The device models and batches go to: the CPU, or the first of the slot's GPUs.
   torch::Device device() const { return device_; }
+  // Every GPU of this rank's slot (resources.gpus_per_slot of them; empty on the CPU), for a
+  // model the trial splits over them itself. Ranks never share a device: too few GPUs on a node
+  // for its ranks end the run at start-up, naming the node and the counts.
+  const std::vector<torch::Device>& devices() const { return devices_; }
   torch::Tensor to_device(const torch::Tensor& tensor) const;
   Batch to_device(const Batch& batch) const;
 
@@ -403,6 +408,7 @@ class TrialContext {
   std::unique_ptr<detail::GradientSync> gradient_sync_;
   std::vector<const torch::optim::Optimizer*> checked_optimizers_;
   std::function<void()> before_optimizer_step_;
+  std::vector<torch::Device> devices_;
   torch::Device device_;
   std::int64_t global_batch_size_ = 0;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
