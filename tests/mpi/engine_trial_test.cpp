@@ -10,13 +10,16 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
+#include "../support/event_files.h"
 #include "../support/same_weights.h"
 #include "../unit/trainer/test_trial.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/watchdog.h"
 #include "hpctrial/trainer/engine_trial.h"
+#include "hpctrial/trainer/summary_writer.h"
 #include "mlp_trial_support.h"
 #include "mpi_test_env.h"
 
@@ -42,6 +45,8 @@ struct Behaviour {
   std::int64_t stop_after = -1;
   int stop_rank = 0;
   bool lbfgs = false;  // an optimizer ZeRO cannot shard
+  bool summaries = false;  // writes custom/batch_idx to TensorBoard every global batch
+  std::int64_t profile_batch = 0;  // set_profiler(N, N) in the constructor
 };
 
 struct Seen {
@@ -66,6 +71,7 @@ class EngineMlpTrial : public EngineTrial {
                            : std::make_shared<ModelEngine>(model_, optimizer_, scheduler);
     if (setup_.wrap) context.wrap_model_engine(engine_);
     if (setup_.manual) context.disable_auto_grad_accumulation();
+    if (setup_.profile_batch > 0) context.set_profiler(setup_.profile_batch, setup_.profile_batch);
   }
   ~EngineMlpTrial() override {
     if (seen_ == nullptr) return;
@@ -89,6 +95,7 @@ class EngineMlpTrial : public EngineTrial {
       engine_->backward(last);
       if (!setup_.skip_step) engine_->step();
     }
+    if (setup_.summaries) context_.tensorboard_writer().add_scalar("custom/batch_idx", static_cast<double>(batch_idx));
     if (setup_.stop != nullptr && batch_idx == setup_.stop_after && context_.distributed().rank == setup_.stop_rank) {
       setup_.stop->store(true);
     }
@@ -288,6 +295,48 @@ TEST(EngineTrial, StopAndResumeIsBitwiseEqualToAnUninterruptedRun) {
     remove_dir(dir);
   }
   remove_dir(whole);
+}
+
+// The engine context's TensorBoard writer and profiler window, through a stop and a resume: the
+// trial's scalars of both runs at the harness's steps, and the window's trace by every rank.
+TEST(EngineTrial, TheTensorBoardWriterAndTheProfilerWindowGoOnAfterAResume) {
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\n");
+  const int stop_rank = env().size() - 1;
+  const std::string dir = shared_dir("tensorboard");
+  std::atomic<bool> stop{false};
+  Behaviour stopping;
+  stopping.manual = true;  // one train_batch call a global batch, one scalar
+  stopping.summaries = true;
+  stopping.profile_batch = 5;
+  stopping.stop = &stop;
+  stopping.stop_after = 2;
+  stopping.stop_rank = stop_rank;
+  EXPECT_TRUE(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop).stopped_early);
+  const std::string trace = dir + "/tensorboard/traces/rank-" + std::to_string(env().rank()) + ".batches-5-5.json";
+  EXPECT_FALSE(std::filesystem::exists(trace)) << "batch 5 was not trained yet";
+  Behaviour resumed;
+  resumed.manual = true;
+  resumed.summaries = true;
+  resumed.profile_batch = 5;
+  EXPECT_EQ(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, resumed); }, dir).batches_trained, 6);
+  std::ifstream in(trace);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("\"batch 5\"")) << trace;
+  // The chief's checks may return early: the directory is read and removed first.
+  const std::vector<std::string> files =
+      env().is_chief() ? testing_support::event_files(dir + "/tensorboard") : std::vector<std::string>{};
+  const auto read = testing_support::read_events(files);
+  remove_dir(dir);
+  if (env().is_chief()) {
+    ASSERT_EQ(files.size(), 2u) << "one event file a run";
+    ASSERT_TRUE(read.ok) << read.error;
+    const auto custom = testing_support::scalars(read.events, "custom/batch_idx");
+    ASSERT_EQ(custom.size(), 6u);
+    for (std::size_t i = 0; i < custom.size(); ++i) {
+      EXPECT_EQ(custom[i].first, static_cast<std::int64_t>(i) + 1) << "the step: global batches trained";
+      EXPECT_EQ(custom[i].second, static_cast<double>(i));
+    }
+  }
 }
 
 // ZeRO-1 and ZeRO-2: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.

@@ -136,7 +136,7 @@ class LinearTrial : public Trial {
     context_.backward(loss);
     context_.step_optimizer(*optimizer);
     if (options_.after_batch) options_.after_batch(*this, batch_idx);
-    return {{"loss", loss}};
+    return loss;  // a bare loss tensor: reported as "loss"
   }
 
   Metrics evaluate_batch(Batch& batch) override {

@@ -167,7 +167,7 @@ TEST(TrainingLoop, WritesTrainingValidationAndTimingLines) {
   EXPECT_THAT(batches, ElementsAre(100, 100, 200, 200, 250, 250, 250));
   EXPECT_EQ(lines[0]["records"], 800);
   EXPECT_EQ(lines[0]["epoch"], 12);  // batch 99 starts at record 792: epoch 792 / 64
-  EXPECT_TRUE(lines[0]["metrics"]["loss"].is_number());
+  EXPECT_TRUE(lines[0]["metrics"]["loss"].is_number()) << "the trial returns its loss tensor bare";
   EXPECT_LT(lines[5]["metrics"]["validation_loss"].get<double>(), lines[1]["metrics"]["validation_loss"].get<double>());
   for (const char* phase : {"dataloader_next", "to_device", "train_batch", "step_lr_schedulers",
                             "reduce_metrics", "validation"}) {

@@ -58,10 +58,7 @@ TrialContext& ModelEngine::context() const {
 }
 
 // The context's gradient averaging counts micro-batches: it reduces on the last of each step.
-void ModelEngine::at_micro_step() const {
-  TrialContext& c = context();
-  c.set_loop_position(c.is_epoch_start(), c.is_epoch_end(), micro_steps_);
-}
+void ModelEngine::at_micro_step() const { context().set_micro_step(micro_steps_); }
 
 void ModelEngine::use_grad_scaler(std::shared_ptr<GradScaler> scaler) {
   if (context_ != nullptr) {
@@ -299,7 +296,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
 void EngineTrialContext::begin_global_batch(std::int64_t batch_idx) {
   current_train_batch_ = batch_idx;
   for (auto& engine : engines_) engine->micro_steps_ = micro_steps_before(batch_idx);
-  context_.set_loop_position(context_.is_epoch_start(), context_.is_epoch_end(), micro_steps_before(batch_idx));
+  context_.set_micro_step(micro_steps_before(batch_idx));
 }
 
 void EngineTrialContext::reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation) {

@@ -14,6 +14,8 @@ Metric::Metric(torch::Tensor value) : value_(value.detach()) {
 
 Metric::Metric(double value) : value_(torch::tensor(value, torch::kFloat64)) {}
 
+Metrics::Metrics(torch::Tensor loss) : std::map<std::string, Metric>{{"loss", Metric(std::move(loss))}} {}
+
 double Metric::item() const { return value_.item<double>(); }
 
 Reducer ReducerSpec::reducer_for(const std::string& metric) const {

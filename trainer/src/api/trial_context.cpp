@@ -429,14 +429,17 @@ void TrialContext::set_loop_position(bool epoch_start, bool epoch_end, std::int6
   epoch_start_ = epoch_start;
   epoch_end_ = epoch_end;
   batches_trained_ = batches_trained;
+  loop_batches_ = batches_trained;
   batch_started_ = true;
 }
+
+void TrialContext::set_micro_step(std::int64_t micro_steps) { batches_trained_ = micro_steps; }
 
 SummaryWriter& TrialContext::tensorboard_writer() {
   if (!summary_writer_) {
     // The default step is the harness's: the batches trained once the current one is done.
     summary_writer_ = std::make_unique<SummaryWriter>(
-        settings_.tensorboard_dir, [this] { return batches_trained_ + (batch_started_ ? 1 : 0); });
+        settings_.tensorboard_dir, [this] { return loop_batches_ + (batch_started_ ? 1 : 0); });
   }
   return *summary_writer_;
 }

@@ -239,6 +239,12 @@ class EngineTrialContext {
   Batch to_device(const Batch& batch) const { return context_.to_device(batch); }
   void set_stop_requested(bool stop) { context_.set_stop_requested(stop); }
   bool get_stop_requested() const { return context_.get_stop_requested(); }
+  // Determined's get_tensorboard_writer / get_tensorboard_path and set_profiler, as on
+  // TrialContext: the chief's event files, and a Chrome trace per rank of the window's global
+  // batches (counted from 1).
+  SummaryWriter& tensorboard_writer() { return context_.tensorboard_writer(); }
+  const std::string& tensorboard_path() const { return context_.tensorboard_path(); }
+  void set_profiler(std::int64_t begin_batch, std::int64_t end_batch) { context_.set_profiler(begin_batch, end_batch); }
   std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer, const std::string& name,
                                               bool for_training = true, bool for_validation = true) {
     return context_.wrap_reducer(std::move(reducer), name, for_training, for_validation);

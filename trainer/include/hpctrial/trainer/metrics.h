@@ -2,7 +2,7 @@
 //
 // train_batch and evaluate_batch return Metrics: names to scalar values, given as tensors
 // (`{"loss", loss}`: kept on their device and summed there, so a step never waits for the GPU
-// to report a number) or as plain numbers (`{"accuracy", 0.93}`).
+// to report a number) or as plain numbers (`{"accuracy", 0.93}`); or a bare loss tensor.
 //
 // Evaluation metrics are reduced over the batches of every rank by a Reducer (Determined's
 // AVG, SUM, MAX, MIN), chosen for all metrics or per metric by Trial::evaluation_reducer().
@@ -37,7 +37,14 @@ class Metric {
   torch::Tensor value_;
 };
 
-using Metrics = std::map<std::string, Metric>;
+// A batch's metrics, by name. A bare tensor is the loss: `return loss;` reports {"loss", loss},
+// as the reference's train_batch may return a loss tensor alone.
+class Metrics : public std::map<std::string, Metric> {
+ public:
+  using std::map<std::string, Metric>::map;
+  Metrics() = default;
+  Metrics(torch::Tensor loss);  // NOLINT(google-explicit-constructor): return loss;
+};
 
 // Reported metrics, once reduced: plain numbers.
 using MetricValues = std::map<std::string, double>;

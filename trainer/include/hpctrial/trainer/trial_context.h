@@ -318,6 +318,9 @@ class TrialContext {
   const std::vector<std::shared_ptr<GradScaler>>& scalers() const { return scalers_; }
   comm::Communicator& communicator() const { return communicator_; }
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
+  // An engine's micro-batches: what the gradient averaging counts (the loop's batches stay the
+  // TensorBoard writer's step).
+  void set_micro_step(std::int64_t micro_steps);
   // Makes every rank's parameters and buffers equal to the chief's.
   void broadcast_model_state();
   // Once the trial is built, on more than one rank: the gradient buckets and their hooks. (The
@@ -421,7 +424,8 @@ class TrialContext {
   bool epoch_start_ = false;
   bool epoch_end_ = false;
   bool stop_requested_ = false;
-  std::int64_t batches_trained_ = 0;
+  std::int64_t batches_trained_ = 0;  // the loop's batches, or an engine's micro-batches
+  std::int64_t loop_batches_ = 0;     // the loop's batches trained before the current one
   std::int64_t aggregation_origin_ = 0;  // a batch that began a step
   double lr_factor_ = 1;
   bool measure_noise_ = false;
