@@ -57,7 +57,9 @@ inline constexpr Choice<Searcher::Mode> kSearcherModes[] = {{"aggressive", Searc
 inline constexpr Choice<GradientCompression> kCompressions[] = {{"none", GradientCompression::kNone},
                                                         {"fp16", GradientCompression::kFloat16},
                                                         {"bf16", GradientCompression::kBFloat16}};
-inline constexpr Choice<ScalingRule> kScalingRules[] = {{"adascale", ScalingRule::kAdaScale},
+inline constexpr Choice<ScalingRule> kScalingRules[] = {{"auto", ScalingRule::kAuto},
+                                                     {"adascale", ScalingRule::kAdaScale},
+                                                     {"adamscale", ScalingRule::kAdamScale},
                                                      {"linear", ScalingRule::kLinear},
                                                      {"sqrt", ScalingRule::kSqrt},
                                                      {"legw", ScalingRule::kLegw}};

@@ -281,8 +281,8 @@ TEST(ConfigErrors, AdaptiveBatchSize) {
   EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, local_batch_size_bounds: 8}\n"),
               HasSubstr("must be a list of two sizes, [min, max]"));
   EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, scaling_rule: adascal}\n"),
-              HasSubstr("unknown scaling rule \"adascal\"; use one of adascale, linear, sqrt, legw (did you mean "
-                        "'adascale'?)"));
+              HasSubstr("unknown scaling rule \"adascal\"; use one of auto, adascale, adamscale, linear, sqrt, legw "
+                        "(did you mean 'adascale'?)"));
   EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64, smoothing: 1}\n"), HasSubstr("must be below 1"));
   EXPECT_THAT(one_error(base + "{enabled: true, max_batch_size: 64}\n  aggregation_frequency: 2\n"),
               HasSubstr("chooses how many batches each step accumulates itself; remove "
@@ -298,7 +298,7 @@ TEST(ConfigErrors, AdaptiveBatchSize) {
   const auto c = parse_experiment_config(parse_config_text(base + "{enabled: true, max_batch_size: 64}\n", "exp.yaml", d), d);
   ASSERT_TRUE(d.empty()) << d.to_string();
   EXPECT_TRUE(c.optimizations.adaptive_batch_size.enabled);
-  EXPECT_EQ(c.optimizations.adaptive_batch_size.scaling_rule, ScalingRule::kAdaScale);
+  EXPECT_EQ(c.optimizations.adaptive_batch_size.scaling_rule, ScalingRule::kAuto);  // AdaptDL's choice, by optimizer
   EXPECT_EQ(c.optimizations.adaptive_batch_size.decision_interval, 50);
 }
 

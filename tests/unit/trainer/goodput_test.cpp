@@ -70,9 +70,19 @@ TEST(GradientNoise, SampledGradientsEstimateTheAnalyticGain) {
   }
 }
 
+// No rule named: AdaptDL's AdaptiveDataParallel takes AdamScale for Adam and AdamW, AdaScale otherwise.
+TEST(ScalingRules, AutoIsAdamScaleForAdamAndAdaScaleForOthers) {
+  using core::ScalingRule;
+  EXPECT_EQ(resolve_scaling_rule(ScalingRule::kAuto, /*adam=*/true), ScalingRule::kAdamScale);
+  EXPECT_EQ(resolve_scaling_rule(ScalingRule::kAuto, /*adam=*/false), ScalingRule::kAdaScale);
+  EXPECT_EQ(resolve_scaling_rule(ScalingRule::kAdaScale, /*adam=*/true), ScalingRule::kAdaScale);
+  EXPECT_EQ(resolve_scaling_rule(ScalingRule::kLinear, /*adam=*/true), ScalingRule::kLinear);
+}
+
 TEST(ScalingRules, EachRuleGivesItsDocumentedFactor) {
   using core::ScalingRule;
   EXPECT_EQ(lr_factor(ScalingRule::kAdaScale, 4, 2.5, 10, 0), 2.5);
+  EXPECT_EQ(lr_factor(ScalingRule::kAdamScale, 4, 2.25, 10, 0), 1.5);  // AdaptDL's AdamScale: gain^0.5
   EXPECT_EQ(lr_factor(ScalingRule::kLinear, 4, 2.5, 10, 0), 4.0);
   EXPECT_EQ(lr_factor(ScalingRule::kSqrt, 4, 2.5, 10, 0), 2.0);
   EXPECT_EQ(lr_factor(ScalingRule::kLegw, 4, 2.5, 10, 0), 2.0);    // no warm-up

@@ -19,8 +19,11 @@ constexpr std::int64_t kMaxCandidates = 4096;
 
 double lr_factor(core::ScalingRule rule, double scale, double gain, double progress, double warmup) {
   switch (rule) {
+    case core::ScalingRule::kAuto:  // resolved before the first step (resolve_scaling_rule)
     case core::ScalingRule::kAdaScale:
       return gain;
+    case core::ScalingRule::kAdamScale:
+      return std::sqrt(gain);  // AdaptDL's AdamScale: AdaScale's ratio to the power 0.5
     case core::ScalingRule::kLinear:
       return scale;
     case core::ScalingRule::kSqrt:
@@ -31,6 +34,11 @@ double lr_factor(core::ScalingRule rule, double scale, double gain, double progr
       return std::sqrt(scale) * (warmup > 0 ? std::min(1.0, progress / (warmup * scale)) : 1.0);
   }
   return 1;
+}
+
+core::ScalingRule resolve_scaling_rule(core::ScalingRule rule, bool adam) {
+  if (rule != core::ScalingRule::kAuto) return rule;
+  return adam ? core::ScalingRule::kAdamScale : core::ScalingRule::kAdaScale;
 }
 
 void ThroughputModel::add(Mean& mean, double value) {

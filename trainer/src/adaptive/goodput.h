@@ -25,10 +25,13 @@
 namespace hpctrial::trainer::detail {
 
 // The learning rate's factor under `rule` for a batch `scale` = B / B0 times the base one:
-// AdaScale the gain, Linear the scale, Sqrt its square root, LEGW its square root reached
-// linearly over the warm-up (`progress`, counting this step, and `warmup` in steps of the base
-// batch; no warm-up when `warmup` is 0).
+// AdaScale the gain, AdamScale its square root, Linear the scale, Sqrt its square root, LEGW its
+// square root reached linearly over the warm-up (`progress`, counting this step, and `warmup` in
+// steps of the base batch; no warm-up when `warmup` is 0).
 double lr_factor(core::ScalingRule rule, double scale, double gain, double progress, double warmup);
+// AdaptDL's choice when the trial names no rule (kAuto): AdamScale for an Adam or AdamW
+// optimizer (`adam`), AdaScale for any other. A named rule stays.
+core::ScalingRule resolve_scaling_rule(core::ScalingRule rule, bool adam);
 
 struct BatchShape {
   std::int64_t local_batch = 0;   // records a micro-batch, a rank

@@ -35,7 +35,16 @@ void Loop::setup_adaptive() {
                       "the gradients it steps with; the trial wraps " + std::to_string(context_->optimizers().size()) +
                       " optimizers");
   }
-  adaptive_ = std::make_unique<AdaptiveBatchState>(config, global_batch_, records_per_epoch_, comm_.size());
+  core::AdaptiveBatch resolved = config;
+  torch::optim::Optimizer* optimizer = context_->optimizers().front().get();
+  const bool adam = dynamic_cast<torch::optim::Adam*>(optimizer) != nullptr ||
+                    dynamic_cast<torch::optim::AdamW*>(optimizer) != nullptr;
+  resolved.scaling_rule = resolve_scaling_rule(config.scaling_rule, adam);
+  if (config.scaling_rule == core::ScalingRule::kAuto) {
+    core::log_info("adaptive batch: the learning rate follows {} (the optimizer is {}an Adam or AdamW)",
+                   to_string(resolved.scaling_rule), adam ? "" : "not ");
+  }
+  adaptive_ = std::make_unique<AdaptiveBatchState>(resolved, global_batch_, records_per_epoch_, comm_.size());
   context_->measure_gradient_noise(true);
   // An engine trial's loop batch is a whole step: the engine accumulates its micro-batches.
   engine_runner_ = dynamic_cast<EngineTrialRunner*>(trial_.get());

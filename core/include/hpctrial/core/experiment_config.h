@@ -96,9 +96,11 @@ struct Resources {
 enum class GradientCompression { kNone, kFloat16, kBFloat16 };
 std::string_view to_string(GradientCompression compression);
 
-// How an adaptive batch scales the learning rate (docs/adaptive.md): AdaScale's gain, the
-// batch's scale, its square root, or the square root after a warm-up that grows with the batch.
-enum class ScalingRule { kAdaScale, kLinear, kSqrt, kLegw };
+// How an adaptive batch scales the learning rate (docs/adaptive.md): AdaScale's gain, its square
+// root (AdamScale, for Adam and AdamW), the batch's scale, its square root, or the square root
+// after a warm-up that grows with the batch. kAuto, the default, is AdaptDL's: AdamScale for an
+// Adam or AdamW optimizer, AdaScale for any other (resolved when the trial is built).
+enum class ScalingRule { kAuto, kAdaScale, kAdamScale, kLinear, kSqrt, kLegw };
 std::string_view to_string(ScalingRule rule);
 
 // optimizations.adaptive_batch_size: AdaptDL's adaptive batch size. The base batch is the
@@ -109,7 +111,7 @@ struct AdaptiveBatch {
   std::int64_t min_local_batch = 1;  // local_batch_size_bounds: records a micro-batch a rank
   std::int64_t max_local_batch = 0;  // 0: no bound but max_batch_size
   bool gradient_accumulation = false;
-  ScalingRule scaling_rule = ScalingRule::kAdaScale;
+  ScalingRule scaling_rule = ScalingRule::kAuto;
   double legw_warmup_epochs = 0;   // LEGW's warm-up at the base batch, in epochs
   std::int64_t decision_interval = 50;  // optimizer steps between choices of the batch
   double smoothing = 0.999;        // the gradient noise estimates' moving average
