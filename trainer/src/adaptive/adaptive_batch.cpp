@@ -32,7 +32,7 @@ std::int64_t AdaptiveBatchState::epoch_at(double progress) const {
 }
 
 void AdaptiveBatchState::start_step() {
-  step_gain_ = ranks_ < 2 ? 1.0 : noise_.gain(static_cast<double>(shape_.global()), static_cast<double>(limits_.base_batch));
+  step_gain_ = !measures_noise() ? 1.0 : noise_.gain(static_cast<double>(shape_.global()), static_cast<double>(limits_.base_batch));
   const double scale = static_cast<double>(shape_.global()) / static_cast<double>(limits_.base_batch);
   lr_factor_ = detail::lr_factor(config_.scaling_rule, scale, step_gain_, progress_ + step_gain_, warmup_);
 }
@@ -57,7 +57,7 @@ BatchChoice AdaptiveBatchState::decide() const {
   // One rank measures no noise (there is no second gradient): an estimate from a run on more
   // ranks would never be updated again, so the base batch stays, with a gain of 1. The estimate
   // is kept, for a later run on more ranks.
-  if (ranks_ < 2) return BatchChoice{initial_batch(limits_, ranks_)};
+  if (!measures_noise()) return BatchChoice{initial_batch(limits_, ranks_)};
   return choose_batch(model_, noise_, limits_, ranks_, shape_);
 }
 
@@ -114,7 +114,7 @@ bool AdaptiveBatchState::restore(const nlohmann::json& state) {
   // Another number of ranks: the model knows the step time of every local batch measured, and
   // the nearest number of ranks' all-reduce; the choice is made for this one at once.
   shape_ = {shape_.local_batch, shape_.accumulation, ranks_};
-  apply(ranks_ < 2 ? initial_batch(limits_, ranks_)
+  apply(!measures_noise() ? initial_batch(limits_, ranks_)
                    : choose_batch(model_, noise_, limits_, ranks_, initial_batch(limits_, ranks_), 0).shape);
   return true;
 }

@@ -88,6 +88,10 @@ class AdaptiveBatchState {
   const ThroughputModel& model() const { return model_; }
 
  private:
+  // Whether this run measures the gradient noise: across ranks, so not on one. A run that does
+  // not keeps the base batch and a gain of 1, whatever estimate a checkpoint brought.
+  bool measures_noise() const { return ranks_ > 1; }
+
   core::AdaptiveBatch config_;
   BatchLimits limits_;
   std::int64_t records_per_epoch_;
