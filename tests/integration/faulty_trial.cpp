@@ -9,8 +9,9 @@
 // With $FAULTY_TRIAL_START_MS, each rank sleeps that long before main() does anything, as a rank
 // still loading its libraries on a busy node does, having created a file named after its pid in
 // the folder $FAULTY_TRIAL_START_MARKS.
-// Replicas made to differ: hyperparameters.halve_lr_on_validation halves the learning rate in a
-// callback's on_validation_end (which runs on the chief alone); hyperparameters.nudge_rank and
+// A callback's on_validation_end (which runs on the chief alone) halves the learning rate with
+// hyperparameters.halve_lr_on_validation (every rank is given it), the model's weights with
+// halve_weight_on_validation (replicas made to differ); hyperparameters.nudge_rank and
 // nudge_batch change one weight on that rank after that batch (a rank computing differently).
 #include <unistd.h>
 
@@ -30,11 +31,16 @@
 
 namespace {
 
-class HalveLearningRate : public hpctrial::Callback {
+class HalveOnValidation : public hpctrial::Callback {
  public:
-  explicit HalveLearningRate(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
+  HalveOnValidation(torch::optim::Optimizer& optimizer, bool weights) : optimizer_(optimizer), weights_(weights) {}
   void on_validation_end(const hpctrial::MetricValues&) override {
     for (auto& group : optimizer_.param_groups()) {
+      if (weights_) {
+        torch::NoGradGuard no_grad;
+        for (auto& p : group.params()) p.mul_(0.5);
+        continue;
+      }
       auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
       options.lr(options.lr() / 2);
     }
@@ -42,6 +48,7 @@ class HalveLearningRate : public hpctrial::Callback {
 
  private:
   torch::optim::Optimizer& optimizer_;
+  bool weights_;
 };
 
 class FaultyTrial : public hpctrial::Trial {
@@ -61,10 +68,10 @@ class FaultyTrial : public hpctrial::Trial {
   }
 
   std::map<std::string, std::shared_ptr<hpctrial::Callback>> build_callbacks() override {
-    if (!context_.hparams().contains("halve_lr_on_validation") || !context_.hparam<bool>("halve_lr_on_validation")) {
-      return {};
-    }
-    return {{"halve_lr", std::make_shared<HalveLearningRate>(*optimizer_)}};
+    const auto flag = [&](const char* name) { return context_.hparams().contains(name) && context_.hparam<bool>(name); };
+    if (flag("halve_weight_on_validation")) return {{"halve", std::make_shared<HalveOnValidation>(*optimizer_, true)}};
+    if (flag("halve_lr_on_validation")) return {{"halve", std::make_shared<HalveOnValidation>(*optimizer_, false)}};
+    return {};
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {

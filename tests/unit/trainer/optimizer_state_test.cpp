@@ -157,6 +157,29 @@ TEST(OptimizerState, OptionsTextOfAnotherOptimizerClassRoundTrips) {
   EXPECT_EQ(mine.param_groups()[0].options().get_lr(), 0.25);
 }
 
+// Options that cannot serialize themselves (LibTorch's default throws): the learning rate travels.
+struct LrOnlyOptions : torch::optim::OptimizerCloneableOptions<LrOnlyOptions> {
+  explicit LrOnlyOptions(double lr) : lr(lr) {}
+  double get_lr() const override { return lr; }
+  void set_lr(const double value) override { lr = value; }
+  double lr;
+};
+
+class LrOnlyDescent : public torch::optim::Optimizer {
+ public:
+  LrOnlyDescent(std::vector<torch::Tensor> params, double lr)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<LrOnlyOptions>(lr)) {}
+  torch::Tensor step(LossClosure) override { return {}; }
+};
+
+TEST(OptimizerState, OptionsThatCannotSerializeThemselvesGiveTheirLearningRate) {
+  auto model = make_model();
+  LrOnlyDescent chiefs(model->parameters(), 0.25);
+  LrOnlyDescent mine(model->parameters(), 0.1);
+  load_optimizer_options_text(mine, optimizer_options_text(chiefs), "optimizer 0");
+  EXPECT_EQ(mine.param_groups()[0].options().get_lr(), 0.25);
+}
+
 // PyTorch's ReduceLROnPlateau, worked by hand: mode min, factor 0.5, patience 1, cooldown 1,
 // threshold 0.1 relative (better: below 0.9 x best).
 TEST(ReduceLROnPlateau, StepsAsPyTorchsDoes) {

@@ -407,15 +407,24 @@ std::string optimizer_options_text(torch::optim::Optimizer& optimizer) {
       groups.push_back(codec->save_options(group.options()));
       continue;
     }
-    // Another optimizer class: LibTorch's archive of the options, as hexadecimal text.
-    torch::serialize::OutputArchive archive;
-    group.options().serialize(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (const unsigned char c : bytes.str()) (hex += kHex[c >> 4]) += kHex[c & 15];
-    groups.push_back(hex);
+    // Another optimizer class: LibTorch's archive of the options, as hexadecimal text; an
+    // options class that cannot serialize itself gives its learning rate alone, or nothing.
+    try {
+      torch::serialize::OutputArchive archive;
+      group.options().serialize(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      static constexpr char kHex[] = "0123456789abcdef";
+      std::string hex;
+      for (const unsigned char c : bytes.str()) (hex += kHex[c >> 4]) += kHex[c & 15];
+      groups.push_back(hex);
+    } catch (const c10::Error&) {
+      try {
+        groups.push_back({{"lr", group.options().get_lr()}});
+      } catch (const c10::Error&) {
+        groups.push_back(nullptr);
+      }
+    }
   }
   return json{{"type", codec != nullptr ? codec->name : "torch_archive"}, {"groups", groups}}.dump();
 }
@@ -434,6 +443,11 @@ void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::
     const json& group = options.at("groups")[g];
     if (codec != nullptr) {
       codec->load_options(group, groups[g].options());
+      continue;
+    }
+    if (group.is_null()) continue;
+    if (group.is_object()) {
+      groups[g].options().set_lr(group.at("lr").get<double>());
       continue;
     }
     const std::string hex = group.get<std::string>();
