@@ -84,7 +84,7 @@ class TargetCallback : public hpctrial::Callback {
   void on_validation_end(const hpctrial::MetricValues& metrics) override {
     const auto it = metrics.find("accuracy");
     if (it == metrics.end() || g_outcome.seconds >= 0) return;
-    g_outcome.accuracy = std::max(g_outcome.accuracy, it->second);
+    g_outcome.accuracy = std::max(g_outcome.accuracy, it->second.number());
     g_outcome.batches = context_.current_train_batch();
     if (it->second >= target_) {
       g_outcome.seconds = std::chrono::duration<double>(Clock::now() - g_started).count();

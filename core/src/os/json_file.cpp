@@ -60,4 +60,25 @@ json json_numbers(const std::map<std::string, double>& values) {
   return out;
 }
 
+namespace {
+
+json map_numbers(const json& value, bool encode) {
+  if (value.is_array() || value.is_object()) {
+    json out = value;
+    for (auto& element : out) element = map_numbers(element, encode);
+    return out;
+  }
+  if (encode && value.is_number_float()) return json_number(value.get<double>());
+  if (!encode && value.is_string()) {
+    if (const auto number = number_of(value)) return *number;
+  }
+  return value;
+}
+
+}  // namespace
+
+json json_numbers_within(const json& value) { return map_numbers(value, true); }
+
+json numbers_within(const json& value) { return map_numbers(value, false); }
+
 }  // namespace hpctrial::core

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <fstream>
 #include <thread>
 
@@ -56,6 +58,45 @@ TEST(MetricsLog, OnePrivateJsonObjectPerLine) {
   int count = 0;
   while (std::getline(again, line)) ++count;
   EXPECT_EQ(count, 4);
+}
+
+// Every value a metric can take, written as metrics.jsonl writes it and read back: NaN and the
+// infinities alone and inside arrays and objects.
+TEST(MetricValue, EveryValueRoundTripsThroughItsJson) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const MetricValue number(0.25), not_a_number(nan);
+  const MetricValue vector(std::vector<double>{1.0, nan, -inf});
+  const MetricValue matrix(nlohmann::json{{"tp", {{1, 2}, {3, 4}}}, {"note", "text"}});
+  EXPECT_TRUE(number.is_number());
+  EXPECT_EQ(static_cast<double>(number), 0.25);
+  EXPECT_EQ(number.to_json(), 0.25);
+  EXPECT_EQ(not_a_number.to_json(), "NaN");
+  EXPECT_TRUE(std::isnan(MetricValue(not_a_number.to_json()).number()));
+  EXPECT_FALSE(vector.is_number());
+  EXPECT_EQ(vector.to_json(), nlohmann::json::parse(R"([1.0, "NaN", "-Infinity"])"));
+  const MetricValue back(vector.to_json());
+  ASSERT_EQ(back.value().size(), 3u);
+  EXPECT_TRUE(std::isnan(back.value()[1].get<double>()));
+  EXPECT_EQ(back.value()[2].get<double>(), -inf);
+  EXPECT_EQ(MetricValue(matrix.to_json()).value(), matrix.value());
+  EXPECT_TRUE(std::isnan(MetricValue(nlohmann::json()).number())) << "null: how NaN was once written";
+  try {
+    static_cast<void>(static_cast<double>(vector));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(R"(the metric value [1.0,"NaN","-Infinity"] is not a single number)"));
+  }
+}
+
+TEST(MetricsLog, MetricsOfSeveralNumbersAreArraysInTheFile) {
+  TempDir dir;
+  const std::string path = (dir.path() / "metrics.jsonl").string();
+  MetricsLog(path).write("validation", 10, 0, 80,
+                         {{"per_class", std::vector<double>{0.5, std::nan("")}}, {"loss", 1.5}});
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(nlohmann::json::parse(line)["metrics"], nlohmann::json::parse(R"({"loss": 1.5, "per_class": [0.5, "NaN"]})"));
 }
 
 TEST(MetricsLog, AnUnwritableDirectoryNamesThePath) {

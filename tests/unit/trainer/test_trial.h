@@ -99,6 +99,8 @@ class LinearTrial : public Trial {
     std::function<void(LinearTrial&)> setup;
     std::function<Metrics(LinearTrial&, Batch&)> evaluate;
     std::function<void(LinearTrial&, std::int64_t batch_idx)> after_batch;
+    // Metrics train_batch reports besides the loss.
+    std::function<void(Metrics&)> training_metrics;
     std::map<std::string, std::shared_ptr<Callback>> callbacks;
     ReducerSpec reducer = Reducer::kAvg;
     // Receives copies of the final parameters when the loop is done with the trial.
@@ -136,6 +138,11 @@ class LinearTrial : public Trial {
     context_.backward(loss);
     context_.step_optimizer(*optimizer);
     if (options_.after_batch) options_.after_batch(*this, batch_idx);
+    if (options_.training_metrics) {
+      Metrics metrics = loss;
+      options_.training_metrics(metrics);
+      return metrics;
+    }
     return loss;  // a bare loss tensor: reported as "loss"
   }
 

@@ -289,10 +289,10 @@ class ExceedanceReducer : public MetricReducer {
     count_ += v > 2.0 ? 1 : 0;
   }
   void reset() override { count_ = total_ = 0; ++resets; }
-  std::vector<double> per_slot_reduce() override { return {count_, total_}; }
-  double cross_slot_reduce(const std::vector<std::vector<double>>& per_slot) override {
+  nlohmann::json per_slot_reduce() override { return {count_, total_}; }
+  MetricValue cross_slot_reduce(const std::vector<nlohmann::json>& per_slot) override {
     double c = 0, t = 0;
-    for (const auto& s : per_slot) c += s[0], t += s[1];
+    for (const auto& s : per_slot) c += s[0].get<double>(), t += s[1].get<double>();
     return c / t;
   }
   int resets = 0;
@@ -310,8 +310,9 @@ TEST(TrainingLoop, CustomReducersInValidationAndTraining) {
   options.setup = [&](LinearTrial& t) {
     t.context_.wrap_reducer(custom, "share_above_2", /*for_training=*/false);
     median = t.context_.wrap_reducer(
-        [](const std::vector<double>& values) {
-          std::vector<double> v(values);
+        [](const std::vector<nlohmann::json>& values) {
+          std::vector<double> v;
+          for (const auto& value : values) v.push_back(value.get<double>());
           std::sort(v.begin(), v.end());
           return v.empty() ? 0.0 : v[v.size() / 2];
         },
@@ -341,9 +342,9 @@ TEST(TrainingLoop, CustomTrainingReducersResumeTheirPeriod) {
     LinearTrial::Options options;
     options.setup = [&](LinearTrial& t) {
       sum = t.context_.wrap_reducer(
-          [](const std::vector<double>& values) {
+          [](const std::vector<nlohmann::json>& values) {
             double total = 0;
-            for (double v : values) total += v;
+            for (const auto& v : values) total += v.get<double>();
             return total;
           },
           "batch_sum", /*for_training=*/true, /*for_validation=*/false);
@@ -455,6 +456,38 @@ TEST(TrainingLoop, AMissingSearcherMetricNamesWhatWasReported) {
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("searcher.metric is 'accuracy' but validation reported only: validation_loss"));
   }
+}
+
+// A training metric is one number a batch; an evaluation metric keeps one shape; the searcher
+// compares numbers: each mistake is a ConfigError naming the metric and the shapes.
+TEST(TrainingLoop, MetricsOfTheWrongShapeNameTheMetricAndTheShapes) {
+  const auto error_of = [](const std::string& yaml, const LinearTrial::Options& options) {
+    TempDir dir;
+    try {
+      run(yaml, options, dir.path().string());
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  LinearTrial::Options vector_in_training;
+  vector_in_training.training_metrics = [](Metrics& m) { m.emplace("per_output", torch::zeros({2})); };
+  EXPECT_THAT(error_of(base_yaml(2), vector_in_training),
+              HasSubstr("train_batch returned the metric 'per_output' with shape [2]; a training metric is one number "
+                        "a batch"));
+  LinearTrial::Options growing;
+  int batch = 0;
+  growing.evaluate = [&](LinearTrial&, Batch&) -> Metrics {
+    return {{"validation_loss", 1.0}, {"per_class", torch::zeros({2 + batch++})}};
+  };
+  EXPECT_THAT(error_of(base_yaml(2), growing),
+              HasSubstr("evaluate_batch returned the metric 'per_class' with shape [3] after [2] on rank 0; a metric "
+                        "has one shape in every batch"));
+  LinearTrial::Options vector_searched;
+  vector_searched.evaluate = [](LinearTrial&, Batch&) -> Metrics { return {{"validation_loss", torch::ones({2})}}; };
+  EXPECT_THAT(error_of(base_yaml(2), vector_searched),
+              HasSubstr("searcher.metric is 'validation_loss', which validation reported as [1.0,1.0], not a single "
+                        "number"));
 }
 
 // set_stop_requested ends the trial (Determined's semantics), unlike a stop from outside: it is

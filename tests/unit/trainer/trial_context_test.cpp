@@ -138,6 +138,10 @@ TEST(SlotDevices, TooFewDevicesForTheNodesRanksAreRefusedWithTheCounts) {
   EXPECT_THAT(refusal(q), HasSubstr("node n1 runs 4 ranks with resources.gpus_per_slot 1, which need 4 GPUs, and "
                                     "its ranks see 2 (CUDA_VISIBLE_DEVICES=0,1): ranks would share a device. Set "
                                     "resources.slots_per_node to at most 2"));
+  q.gpus_per_slot = 4;  // not one slot fits on the node: fewer ranks would not help
+  EXPECT_THAT(refusal(q), HasSubstr("which need 16 GPUs, and its ranks see 2 (CUDA_VISIBLE_DEVICES=0,1): ranks would "
+                                    "share a device. Lower resources.gpus_per_slot to 2 or fewer and "
+                                    "resources.slots_per_node to 1, or request more GPUs per node"));
   q.own_devices = true;
   q.gpus_per_slot = 2;
   q.visible = 1;
@@ -168,9 +172,15 @@ TEST_F(TrialContextTest, WrapsModelsOptimizersSchedulersAndReducers) {
   EXPECT_EQ(context.optimizers().size(), 2u);
   ASSERT_EQ(context.lr_schedulers().size(), 1u);
   EXPECT_EQ(context.lr_schedulers()[0].mode, StepMode::Manual);
-  context.wrap_reducer([](const std::vector<double>& v) { return static_cast<double>(v.size()); }, "count");
-  EXPECT_THROW(context.wrap_reducer([](const std::vector<double>&) { return 0.0; }, "count"), ConfigError);
-  EXPECT_EQ(context.reducers().size(), 1u);
+  context.wrap_reducer([](const std::vector<nlohmann::json>& v) { return static_cast<double>(v.size()); }, "count");
+  EXPECT_THROW(context.wrap_reducer([](const std::vector<nlohmann::json>&) { return 0.0; }, "count"), ConfigError);
+  EXPECT_THROW(context.wrap_reducer([](const std::vector<nlohmann::json>&) { return 0.0; }, ""), ConfigError);
+  context.wrap_reducer([](const std::vector<nlohmann::json>&) { return nlohmann::json::object(); });  // name=None
+  context.wrap_reducer([](const std::vector<nlohmann::json>&) { return nlohmann::json::object(); });
+  ASSERT_EQ(context.reducers().size(), 3u);
+  EXPECT_EQ(context.reducers()[0].key, "count");
+  EXPECT_FALSE(context.reducers()[1].name.has_value());
+  EXPECT_EQ(context.reducers()[2].key, "unnamed reducer 2");
 }
 
 TEST_F(TrialContextTest, StepOptimizerClipsStepsAndZeroes) {
@@ -231,12 +241,16 @@ TEST(Metric, TensorsAndNumbers) {
   EXPECT_EQ(from_tensor.item(), 2.5);
   EXPECT_EQ(Metric(3).item(), 3.0);
   EXPECT_EQ(from_tensor.tensor().dim(), 0);
+  const Metric matrix(torch::ones({2, 2}));  // an evaluation metric of any shape
+  EXPECT_FALSE(matrix.is_scalar());
   try {
-    Metric bad(torch::ones({2, 2}));
+    matrix.item();
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("a metric must be a single number, got a tensor of shape [2, 2]"));
+    EXPECT_THAT(e.what(), HasSubstr("a metric of shape [2, 2] is not a single number"));
   }
+  EXPECT_EQ(tensor_json(torch::tensor({{1.0, 2.0}, {3.0, 4.5}})), nlohmann::json::parse("[[1.0, 2.0], [3.0, 4.5]]"));
+  EXPECT_EQ(tensor_json(torch::tensor(7)), nlohmann::json(7.0));
   ReducerSpec spec(std::map<std::string, Reducer>{{"errors", Reducer::kSum}});
   EXPECT_EQ(spec.reducer_for("errors"), Reducer::kSum);
   EXPECT_EQ(spec.reducer_for("loss"), Reducer::kAvg);

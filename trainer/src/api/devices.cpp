@@ -25,9 +25,12 @@ std::vector<int> slot_device_indices(const SlotDeviceQuery& q) {
     if (q.visible < needed) {
       throw ConfigError("node " + q.node + " runs " + std::to_string(q.local_size) + " ranks with resources.gpus_per_slot " +
                         g + ", which need " + std::to_string(needed) + " GPUs, and its ranks see " +
-                        std::to_string(q.visible) + seen + ": ranks would share a device. Set "
-                        "resources.slots_per_node to at most " + std::to_string(q.visible / q.gpus_per_slot) +
-                        " (hpctrial submit places that many ranks on a node), or request more GPUs per node");
+                        std::to_string(q.visible) + seen + ": ranks would share a device. " +
+                        (q.visible >= q.gpus_per_slot
+                             ? "Set resources.slots_per_node to at most " + std::to_string(q.visible / q.gpus_per_slot) +
+                                   " (hpctrial submit places that many ranks on a node), or request more GPUs per node"
+                             : "Lower resources.gpus_per_slot to " + std::to_string(q.visible) +
+                                   " or fewer and resources.slots_per_node to 1, or request more GPUs per node"));
     }
     first = q.local_rank * q.gpus_per_slot;
   }

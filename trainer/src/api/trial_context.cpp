@@ -407,21 +407,26 @@ void TrialContext::throw_hparam_type(const std::string& name, const nlohmann::js
 }
 
 std::shared_ptr<MetricReducer> TrialContext::wrap_reducer(std::shared_ptr<MetricReducer> reducer,
-                                                          const std::string& name, bool for_training,
+                                                          std::optional<std::string> name, bool for_training,
                                                           bool for_validation) {
   if (!reducer) throw ConfigError("wrap_reducer: the reducer is null");
-  for (const auto& existing : reducers_) {
-    if (existing.name == name) throw ConfigError("wrap_reducer: a reducer named '" + name + "' exists already");
+  if (name && name->empty()) {
+    throw ConfigError("wrap_reducer: the name is empty; name the metric, or pass no name (std::nullopt) for a "
+                      "reducer whose result is an object of metrics");
   }
-  reducers_.push_back({reducer, name, for_training, for_validation});
+  for (const auto& existing : reducers_) {
+    if (name && existing.name == name) throw ConfigError("wrap_reducer: a reducer named '" + *name + "' exists already");
+  }
+  std::string key = name ? *name : "unnamed reducer " + std::to_string(reducers_.size());
+  reducers_.push_back({reducer, std::move(name), std::move(key), for_training, for_validation});
   return reducer;
 }
 
 std::shared_ptr<FunctionReducer> TrialContext::wrap_reducer(FunctionReducer::Function function,
-                                                            const std::string& name,
+                                                            std::optional<std::string> name,
                                                             bool for_training, bool for_validation) {
   auto reducer = std::make_shared<FunctionReducer>(std::move(function));
-  wrap_reducer(std::static_pointer_cast<MetricReducer>(reducer), name, for_training, for_validation);
+  wrap_reducer(std::static_pointer_cast<MetricReducer>(reducer), std::move(name), for_training, for_validation);
   return reducer;
 }
 

@@ -194,7 +194,7 @@ nlohmann::json Loop::gather_reducer_states() {
   for (const auto& wrapped : context_->reducers()) {
     if (!wrapped.for_training) continue;
     any = true;
-    mine[wrapped.name] = wrapped.reducer->state_dict();
+    mine[wrapped.key] = wrapped.reducer->state_dict();
   }
   if (!any) return nullptr;
   return gather_to_chief(comm_, mine);
@@ -213,8 +213,8 @@ void Loop::restore_reducer_states(const nlohmann::json& states) {
   }
   const nlohmann::json& mine = states.at(static_cast<std::size_t>(comm_.rank()));
   for (const auto& wrapped : context_->reducers()) {
-    if (!wrapped.for_training || !mine.contains(wrapped.name) || mine.at(wrapped.name).is_null()) continue;
-    wrapped.reducer->load_state_dict(mine.at(wrapped.name));
+    if (!wrapped.for_training || !mine.contains(wrapped.key) || mine.at(wrapped.key).is_null()) continue;
+    wrapped.reducer->load_state_dict(mine.at(wrapped.key));
   }
 }
 

@@ -162,8 +162,16 @@ class Loop {
   void validate();
   // This rank's share of the validation set through evaluate_batch; false when the trial does
   // not override it.
-  bool evaluate_local_batches(std::map<std::string, std::vector<double>>& values);
-  MetricValues reduce_batch_metrics(std::map<std::string, std::vector<double>>& values);
+  // One evaluation metric over this rank's batches: its shape, and its values summed (kAvg,
+  // kSum) or their extreme (kMax, kMin), element by element.
+  struct BatchMetric {
+    std::vector<std::int64_t> shape;
+    std::vector<double> values;
+    std::int64_t batches = 0;
+  };
+  void add_batch_metric(BatchMetric& into, const std::string& name, const torch::Tensor& value) const;
+  bool evaluate_local_batches(std::map<std::string, BatchMetric>& values);
+  MetricValues reduce_batch_metrics(std::map<std::string, BatchMetric>& values);
   MetricValues reduce_custom(bool training);
   void call(const std::function<void(Callback&)>& hook) {
     for (auto& [name, callback] : callbacks_) hook(*callback);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "parallel/autocast.h"
 #include "hpctrial/core/error.h"
@@ -22,33 +23,92 @@ namespace hpctrial::trainer::detail {
 using comm::DType;
 using comm::ReduceOp;
 
-// Custom reducers: every rank's per-slot values go to the chief, which runs cross_slot_reduce
-// once; every rank gets the results.
+namespace {
+
+// A JSON value as bytes that keep every double exact (CBOR: NaN and infinities included).
+std::string cbor_bytes(const nlohmann::json& value) {
+  const std::vector<std::uint8_t> bytes = nlohmann::json::to_cbor(value);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+nlohmann::json from_cbor_bytes(const std::string& bytes, std::size_t from = 0) {
+  return nlohmann::json::from_cbor(bytes.begin() + static_cast<std::ptrdiff_t>(from), bytes.end());
+}
+
+// The metrics one reducer's result stands for: itself under its name, or, registered without a
+// name, each member of the object it returned.
+void add_reducer_result(MetricValues& results, const TrialContext::WrappedReducer& wrapped, const MetricValue& result) {
+  const nlohmann::json value = result.value();
+  auto add = [&](const std::string& name, const MetricValue& metric) {
+    if (!results.emplace(name, metric).second) {
+      throw ConfigError("two custom reducers report the metric '" + name + "'; give each metric one reducer");
+    }
+  };
+  if (wrapped.name) {
+    if (value.is_object()) {
+      throw ConfigError("the reducer '" + *wrapped.name + "' returned an object (" + result.to_json().dump() +
+                        "); a named reducer reports one value: register it without a name (wrap_reducer(reducer)) to "
+                        "report each member as a metric");
+    }
+    add(*wrapped.name, result);
+    return;
+  }
+  if (!value.is_object()) {
+    throw ConfigError("the " + wrapped.key + " returned " + result.to_json().dump() +
+                      ", not an object of metrics by name; a reducer without a name returns an object, or give it a "
+                      "name in wrap_reducer to report this value under it");
+  }
+  for (auto it = value.begin(); it != value.end(); ++it) add(it.key(), MetricValue(it.value()));
+}
+
+}  // namespace
+
+// Custom reducers: every rank's per-slot value goes to the chief (as CBOR, doubles exact), which
+// runs cross_slot_reduce once; every rank gets the results, or the chief's error.
 MetricValues Loop::reduce_custom(bool training) {
   MetricValues results;
+  std::string failure;
+  bool any = false;
   for (const auto& wrapped : context_->reducers()) {
     if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
-    const std::vector<double> mine = wrapped.reducer->per_slot_reduce();
-    // '+' and the values; '-' from a rank whose model-parallel unit reports no metrics.
-    std::string bytes = reports_metrics() ? "+" : "-";
-    if (reports_metrics()) bytes.append(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    any = true;
+    // '+' and the value; '-' from a rank whose model-parallel unit reports no metrics.
+    std::string bytes = reports_metrics() ? "+" + cbor_bytes(wrapped.reducer->per_slot_reduce()) : "-";
     const auto parts = comm_.gather(bytes, 0);
-    if (chief()) {
-      std::vector<std::vector<double>> per_slot;
-      for (const auto& part : parts) {
-        if (part.empty() || part[0] != '+') continue;
-        std::vector<double> values((part.size() - 1) / sizeof(double));
-        std::memcpy(values.data(), part.data() + 1, values.size() * sizeof(double));
-        per_slot.push_back(std::move(values));
+    if (chief() && failure.empty()) {
+      try {
+        std::vector<nlohmann::json> per_slot;
+        for (const auto& part : parts) {
+          if (!part.empty() && part[0] == '+') per_slot.push_back(from_cbor_bytes(part, 1));
+        }
+        add_reducer_result(results, wrapped, wrapped.reducer->cross_slot_reduce(per_slot));
+      } catch (const std::exception& e) {
+        failure = e.what();  // told to every rank below, so that none waits for a chief that failed
       }
-      results[wrapped.name] = wrapped.reducer->cross_slot_reduce(per_slot);
     }
     wrapped.reducer->reset();
   }
-  if (results.empty() && context_->reducers().empty()) return {};
-  std::string text = chief() ? core::json_numbers(results).dump() : std::string();
+  if (!any) return {};
+  nlohmann::json shared = nlohmann::json::object();
+  if (chief()) {
+    if (failure.empty()) {
+      for (const auto& [name, value] : results) shared["metrics"][name] = value.value();
+    } else {
+      shared["error"] = failure;
+    }
+  }
+  std::string text = chief() ? cbor_bytes(shared) : std::string();
   comm_.broadcast(text, 0);
-  return core::numbers_of(nlohmann::json::parse(text), "the reducers' results");
+  shared = from_cbor_bytes(text);
+  if (shared.contains("error")) {
+    throw ConfigError((training ? "a custom training reducer failed on the chief: " : "a custom validation reducer "
+                       "failed on the chief: ") + shared.at("error").get<std::string>());
+  }
+  results.clear();
+  if (shared.contains("metrics")) {
+    for (const auto& [name, value] : shared.at("metrics").items()) results.emplace(name, MetricValue(value));
+  }
+  return results;
 }
 
 // What the run writes besides checkpoints: metrics.jsonl and the TensorBoard events (the chief),
@@ -93,7 +153,7 @@ void Loop::report_system() {
   const auto parts = comm_.gather(mine, 0);
   last_system_sample_ = Clock::now();
   if (!log_) return;
-  std::map<std::string, double> metrics;
+  MetricValues metrics;
   for (std::size_t rank = 0; rank < parts.size(); ++rank) {
     const nlohmann::json figures = nlohmann::json::parse(parts[rank]);  // alive through the loop over its items
     for (const auto& [name, value] : figures.items()) {
@@ -178,7 +238,45 @@ void Loop::report_training() {
   last_report_batches_ = batches_trained_;
 }
 
-bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& values) {
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+void Loop::add_batch_metric(BatchMetric& into, const std::string& name, const torch::Tensor& value) const {
+  const torch::Tensor t = value.to(torch::kCPU, torch::kFloat64).contiguous();
+  const std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+  const double* v = t.data_ptr<double>();
+  const auto n = static_cast<std::size_t>(t.numel());
+  if (into.batches == 0) {
+    into.shape = shape;
+    into.values.assign(v, v + n);
+  } else {
+    if (shape != into.shape) {
+      throw ConfigError("evaluate_batch returned the metric '" + name + "' with shape " + shape_text(shape) +
+                        " after " + shape_text(into.shape) + " on rank " + std::to_string(comm_.rank()) +
+                        "; a metric has one shape in every batch (pad it, or report it through a reducer)");
+    }
+    const Reducer reducer = reducers_.reducer_for(name);
+    for (std::size_t i = 0; i < n; ++i) {
+      double& acc = into.values[i];
+      switch (reducer) {
+        case Reducer::kAvg:
+        case Reducer::kSum: acc += v[i]; break;
+        case Reducer::kMax: acc = std::max(acc, v[i]); break;
+        case Reducer::kMin: acc = std::min(acc, v[i]); break;
+      }
+    }
+  }
+  ++into.batches;
+}
+
+bool Loop::evaluate_local_batches(std::map<std::string, BatchMetric>& values) {
   // One batch; false when evaluate_batch is not overridden.
   const auto evaluate = [&](Batch batch) {
     call([](Callback& c) { c.on_validation_step_start(); });
@@ -192,8 +290,9 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
     }
     MetricValues step;
     for (auto& [name, metric] : metrics) {
-      step[name] = metric.item();
-      if (reports_metrics()) values[name].push_back(step[name]);  // as its model-parallel unit says
+      const torch::Tensor& value = metric.tensor();
+      if (chief()) step[name] = value.dim() == 0 ? MetricValue(value.item<double>()) : MetricValue(tensor_json(value));
+      if (reports_metrics()) add_batch_metric(values[name], name, value);  // as its model-parallel unit says
     }
     if (chief()) call([&](Callback& c) { c.on_validation_step_end(step); });
     return true;
@@ -215,47 +314,63 @@ bool Loop::evaluate_local_batches(std::map<std::string, std::vector<double>>& va
   return true;
 }
 
-MetricValues Loop::reduce_batch_metrics(std::map<std::string, std::vector<double>>& values) {
-  // Every rank reduces the same metrics, even one that had no batch.
+MetricValues Loop::reduce_batch_metrics(std::map<std::string, BatchMetric>& values) {
+  // Every rank reduces the same metrics, even one that had no batch, with the shape of the ranks
+  // that had: "name\tshape\n" from every rank.
   std::string names;
-  for (const auto& [name, list] : values) names += name + '\n';
-  std::set<std::string> all_names;
-  for (const auto& part : comm_.allgather(names)) {
-    std::size_t start = 0, end;
-    while ((end = part.find('\n', start)) != std::string::npos) {
-      all_names.insert(part.substr(start, end - start));
-      start = end + 1;
+  for (const auto& [name, metric] : values) {
+    names += name + '\t';
+    for (std::int64_t size : metric.shape) names += std::to_string(size) + ',';
+    names += '\n';
+  }
+  struct Shape {
+    std::vector<std::int64_t> sizes;
+    std::size_t rank;  // the first with it
+  };
+  std::map<std::string, Shape> shapes;
+  const auto parts = comm_.allgather(names);
+  for (std::size_t rank = 0; rank < parts.size(); ++rank) {
+    std::istringstream lines(parts[rank]);
+    for (std::string line; std::getline(lines, line);) {
+      const std::size_t tab = line.find('\t');
+      const std::string name = line.substr(0, tab);
+      std::vector<std::int64_t> sizes;
+      std::istringstream dims(line.substr(tab + 1));
+      for (std::string dim; std::getline(dims, dim, ',');) sizes.push_back(std::stoll(dim));
+      const auto [it, first] = shapes.emplace(name, Shape{sizes, rank});
+      if (!first && it->second.sizes != sizes) {
+        throw ConfigError("evaluate_batch returned the metric '" + name + "' with shape " + shape_text(it->second.sizes) +
+                          " on rank " + std::to_string(it->second.rank) + " and " + shape_text(sizes) + " on rank " +
+                          std::to_string(rank) + "; a metric has one shape in every batch");
+      }
     }
   }
   MetricValues out;
-  for (const auto& name : all_names) {
-    const auto& list = values[name];
+  for (const auto& [name, known] : shapes) {
+    const BatchMetric& mine = values[name];
+    const std::vector<std::int64_t>& shape = known.sizes;
+    std::int64_t numel = 1;
+    for (std::int64_t size : shape) numel *= size;
+    const auto n = static_cast<std::size_t>(numel);
     const Reducer reducer = reducers_.reducer_for(name);
-    switch (reducer) {
-      case Reducer::kAvg: {
-        std::vector<double> sum_count = {0.0, static_cast<double>(list.size())};
-        for (double v : list) sum_count[0] += v;
-        comm_.allreduce(sum_count, ReduceOp::kSum);
-        out[name] = sum_count[1] > 0 ? sum_count[0] / sum_count[1] : std::nan("");
-        break;
-      }
-      case Reducer::kSum: {
-        std::vector<double> sum = {0.0};
-        for (double v : list) sum[0] += v;
-        comm_.allreduce(sum, ReduceOp::kSum);
-        out[name] = sum[0];
-        break;
-      }
-      case Reducer::kMax:
-      case Reducer::kMin: {
-        const bool max = reducer == Reducer::kMax;
-        std::vector<double> extreme = {max ? -std::numeric_limits<double>::infinity()
-                                           : std::numeric_limits<double>::infinity()};
-        for (double v : list) extreme[0] = max ? std::max(extreme[0], v) : std::min(extreme[0], v);
-        comm_.allreduce(extreme, max ? ReduceOp::kMax : ReduceOp::kMin);
-        out[name] = extreme[0];
-        break;
-      }
+    const bool max = reducer == Reducer::kMax;
+    const double identity = reducer == Reducer::kAvg || reducer == Reducer::kSum
+                                ? 0.0
+                                : (max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
+    std::vector<double> reduced = mine.batches > 0 ? mine.values : std::vector<double>(n, identity);
+    if (reducer == Reducer::kAvg) reduced.push_back(static_cast<double>(mine.batches));
+    comm_.allreduce(reduced, reducer == Reducer::kMax ? ReduceOp::kMax
+                             : reducer == Reducer::kMin ? ReduceOp::kMin
+                                                        : ReduceOp::kSum);
+    if (reducer == Reducer::kAvg) {
+      const double batches = reduced.back();
+      reduced.pop_back();
+      for (double& v : reduced) v = batches > 0 ? v / batches : std::nan("");
+    }
+    if (shape.empty()) {
+      out[name] = reduced.at(0);
+    } else {
+      out[name] = tensor_json(torch::from_blob(reduced.data(), shape, torch::kFloat64));
     }
   }
   return out;
@@ -274,7 +389,7 @@ void Loop::validate() {
   {
     torch::NoGradGuard no_grad;
     if (evaluate_by_batch_) {
-      std::map<std::string, std::vector<double>> values;  // per metric, one value per batch
+      std::map<std::string, BatchMetric> values;  // per metric, over this rank's batches
       const bool overridden = evaluate_local_batches(values);
       if (!evaluation_agreed_) {
         // Only a rank with a validation batch learns whether evaluate_batch is overridden: every
@@ -294,8 +409,9 @@ void Loop::validate() {
       if (chief()) {
         try {
           const detail::AutocastScope autocast(context_->device(), context_->mixed_precision());
-          nlohmann::json values = trial_->evaluate_full_dataset(*validation_loader_);
-          bytes = values.dump();
+          nlohmann::json values = nlohmann::json::object();
+          for (const auto& [name, value] : trial_->evaluate_full_dataset(*validation_loader_)) values[name] = value.value();
+          bytes = cbor_bytes(values);
         } catch (const detail::NotOverridden&) {
           bytes = "missing";
         }
@@ -305,7 +421,8 @@ void Loop::validate() {
         throw ConfigError("the trial overrides neither evaluate_batch nor evaluate_full_dataset; "
                           "implement one of them to validate");
       }
-      metrics = nlohmann::json::parse(bytes).get<MetricValues>();
+      const nlohmann::json values = from_cbor_bytes(bytes);  // alive through the loop over its items
+      for (const auto& [name, value] : values.items()) metrics.emplace(name, MetricValue(value));
     }
   }
   for (auto& model : context_->models()) model->train();
@@ -319,6 +436,11 @@ void Loop::validate() {
       throw ConfigError("searcher.metric is '" + config_.searcher.metric +
                         "' but validation reported only: " + (names.empty() ? "nothing" : names) +
                         "; return it from evaluate_batch or change searcher.metric");
+    }
+    if (!metrics.at(config_.searcher.metric).is_number()) {
+      throw ConfigError("searcher.metric is '" + config_.searcher.metric + "', which validation reported as " +
+                        metrics.at(config_.searcher.metric).to_json().dump() +
+                        ", not a single number; the searcher compares numbers: name a scalar metric in searcher.metric");
     }
   }
   if (log_) {

@@ -282,7 +282,14 @@ void Loop::train_one_batch() {
   }
   for (const auto& scaler : context_->scalers()) scaler->update();  // once the batch's optimizers stepped
   // No kernel per step: the period's values are kept and summed once per report.
-  for (auto& [name, metric] : metrics) period_values_[name].push_back(metric.tensor());
+  for (auto& [name, metric] : metrics) {
+    if (!metric.is_scalar()) {
+      throw ConfigError("train_batch returned the metric '" + name + "' with shape " +
+                        c10::str(metric.tensor().sizes()) + "; a training metric is one number a batch (averaged over "
+                        "a reporting period): reduce it (e.g. .mean()), or report it from evaluate_batch or a reducer");
+    }
+    period_values_[name].push_back(metric.tensor());
+  }
   ++period_batches_;
   ++batches_trained_;
   if (adaptive_) end_adaptive_micro_batch();

@@ -39,18 +39,35 @@ MetricsLog::~MetricsLog() {
   }
 }
 
+namespace {
+
+// One scalar per number in `value`, tagged with the path to it.
+void add_scalars(tensorboard::EventWriter& events, const std::string& tag, const nlohmann::json& value,
+                 std::int64_t step) {
+  if (value.is_number()) {
+    events.add_scalar(tag, value.get<double>(), step);
+  } else if (value.is_array()) {
+    for (std::size_t i = 0; i < value.size(); ++i) add_scalars(events, tag + "/" + std::to_string(i), value[i], step);
+  } else if (value.is_object()) {
+    for (auto it = value.begin(); it != value.end(); ++it) add_scalars(events, tag + "/" + it.key(), it.value(), step);
+  }
+}
+
+}  // namespace
+
 void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64_t epoch,
-                       std::int64_t records, const std::map<std::string, double>& metrics,
+                       std::int64_t records, const MetricValues& metrics,
                        const nlohmann::json& extra) {
   nlohmann::json line = {{"kind", kind}, {"batches", batches}, {"epoch", epoch},
                          {"records", records}, {"time", iso_time_now()}};
-  line["metrics"] = core::json_numbers(metrics);
+  line["metrics"] = nlohmann::json::object();
+  for (const auto& [name, value] : metrics) line["metrics"][name] = value.to_json();
   if (!extra.is_null()) {
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
   }
   core::write_fully(fd_, line.dump() + "\n", "to the metrics file " + path_);
   if (events_ != nullptr) {
-    for (const auto& [name, value] : metrics) events_->add_scalar(kind + "/" + name, value, batches);
+    for (const auto& [name, value] : metrics) add_scalars(*events_, kind + "/" + name, value.value(), batches);
   }
 }
 

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hpctrial/trainer/metric_value.h"
+
 namespace hpctrial::tensorboard {
 class EventWriter;
 }
@@ -27,9 +29,11 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  // {"kind": kind, "batches": .., "epoch": .., "records": .., "time": "...Z", "metrics": {..}}
+  // {"kind": kind, "batches": .., "epoch": .., "records": .., "time": "...Z", "metrics": {..}}.
+  // In TensorBoard a number is a scalar "kind/name"; a metric of several numbers is one scalar
+  // per element, "kind/name/i/j" (an array's indices, an object's keys); text is not written.
   void write(const std::string& kind, std::int64_t batches, std::int64_t epoch,
-             std::int64_t records, const std::map<std::string, double>& metrics,
+             std::int64_t records, const MetricValues& metrics,
              const nlohmann::json& extra = nullptr);
   // Flushes what was written to disk.
   void sync();

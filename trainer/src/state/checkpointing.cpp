@@ -152,7 +152,9 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   c.add_text("progress", progress.dump());
   c.add_text("meta/config", identity.config_yaml);
   c.add_text("meta/hparams", identity.hparams.dump());
-  c.add_text("meta/validation", core::json_numbers(loop.last_validation).dump());
+  json validation = json::object();
+  for (const auto& [name, value] : loop.last_validation) validation[name] = value.to_json();
+  c.add_text("meta/validation", validation.dump());
   json callback_states = json::object();
   for (const auto& [name, callback] : callbacks) callback_states[name] = callback->state_dict();
   c.add_text("callbacks", callback_states.dump());
@@ -163,7 +165,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   const auto metric = loop.last_validation.find(identity.searcher_metric);
   if (loop.last_validation_batches == loop.batches_trained && metric != loop.last_validation.end()) {
     char text[40];
-    std::snprintf(text, sizeof text, "%.17g", metric->second);
+    std::snprintf(text, sizeof text, "%.17g", metric->second.number());
     c.attributes[checkpoint::kMetricAttribute] = text;
   }
   c.attributes["epochs"] = std::to_string(loop.epochs_trained);
@@ -199,7 +201,14 @@ void read_progress(const checkpoint::Contents& contents, const std::string& path
     const json& best = progress.at("best_metric");
     loop.best_metric = best.is_null() ? std::nullopt : core::number_of(best);
     if (!best.is_null() && !loop.best_metric) throw CheckpointError(path + ": progress's best_metric is " + best.dump());
-    loop.last_validation = core::numbers_of(parse(contents, "meta/validation", path), path + ": meta/validation");
+    const json validation = parse(contents, "meta/validation", path);
+    if (!validation.is_null() && !validation.is_object()) {
+      throw CheckpointError(path + ": meta/validation is not a map of metrics: " + validation.dump());
+    }
+    loop.last_validation.clear();
+    if (validation.is_object()) {
+      for (const auto& [name, value] : validation.items()) loop.last_validation.emplace(name, MetricValue(value));
+    }
   } catch (const json::exception& e) {
     throw CheckpointError(path + ": progress is malformed: " + e.what());
   } catch (const IoError& e) {

@@ -40,6 +40,10 @@ std::optional<double> number_of(const nlohmann::json& value);
 // and the key when one is not a number.
 std::map<std::string, double> numbers_of(const nlohmann::json& object, const std::string& what);
 nlohmann::json json_numbers(const std::map<std::string, double>& values);
+// Any JSON value with every number in it (arrays and objects walked) as json_number writes it,
+// and back: every string json_number writes read as its double.
+nlohmann::json json_numbers_within(const nlohmann::json& value);
+nlohmann::json numbers_within(const nlohmann::json& value);
 
 // `object[key]` as a T, or `fallback` when the key is absent or null. IoError naming the file,
 // the key and what it holds when the value has another type (a record edited by hand, or

@@ -245,11 +245,13 @@ class EngineTrialContext {
   SummaryWriter& tensorboard_writer() { return context_.tensorboard_writer(); }
   const std::string& tensorboard_path() const { return context_.tensorboard_path(); }
   void set_profiler(std::int64_t begin_batch, std::int64_t end_batch) { context_.set_profiler(begin_batch, end_batch); }
-  std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer, const std::string& name,
+  std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer,
+                                              std::optional<std::string> name = std::nullopt,
                                               bool for_training = true, bool for_validation = true) {
     return context_.wrap_reducer(std::move(reducer), name, for_training, for_validation);
   }
-  std::shared_ptr<FunctionReducer> wrap_reducer(FunctionReducer::Function function, const std::string& name,
+  std::shared_ptr<FunctionReducer> wrap_reducer(FunctionReducer::Function function,
+                                                std::optional<std::string> name = std::nullopt,
                                                 bool for_training = true, bool for_validation = true) {
     return context_.wrap_reducer(std::move(function), name, for_training, for_validation);
   }

@@ -284,14 +284,15 @@ class TrialContext {
   bool get_stop_requested() const { return stop_requested_; }
 
   // --- custom reducers ----------------------------------------------------------------------
-  // Registers a MetricReducer reported as metric `name` in training and/or validation.
+  // Registers a MetricReducer reported as metric `name` in training and/or validation; without
+  // a name (std::nullopt, Determined's name=None) its result is an object of metrics by name.
   std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer,
-                                              const std::string& name, bool for_training = true,
-                                              bool for_validation = true);
+                                              std::optional<std::string> name = std::nullopt,
+                                              bool for_training = true, bool for_validation = true);
   // Determined's function form: update(value) collects, `function` gets every rank's values.
   std::shared_ptr<FunctionReducer> wrap_reducer(FunctionReducer::Function function,
-                                                const std::string& name, bool for_training = true,
-                                                bool for_validation = true);
+                                                std::optional<std::string> name = std::nullopt,
+                                                bool for_training = true, bool for_validation = true);
 
   // --- accumulators (AdaptDL's) -------------------------------------------------------------
   // A new Accumulator (accumulator.h), summed across the ranks and saved in every checkpoint: a
@@ -307,7 +308,8 @@ class TrialContext {
   };
   struct WrappedReducer {
     std::shared_ptr<MetricReducer> reducer;
-    std::string name;
+    std::optional<std::string> name;  // none: the reducer reports an object of metrics
+    std::string key;                  // the name, or "unnamed reducer <i>": its state's key in checkpoints
     bool for_training;
     bool for_validation;
   };
