@@ -16,6 +16,7 @@
 #include "../support/event_files.h"
 #include "../support/same_weights.h"
 #include "../unit/trainer/test_trial.h"
+#include "hpctrial/checkpoint/format.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/watchdog.h"
 #include "hpctrial/trainer/engine_trial.h"
@@ -47,6 +48,8 @@ struct Behaviour {
   bool lbfgs = false;  // an optimizer ZeRO cannot shard
   bool summaries = false;  // writes custom/batch_idx to TensorBoard every global batch
   std::int64_t profile_batch = 0;  // set_profiler(N, N) in the constructor
+  bool rank_files = false;  // save(path) writes files of this rank's; load(path) reads them into `loaded`
+  std::map<std::string, std::string>* loaded = nullptr;  // relative path -> contents
 };
 
 struct Seen {
@@ -96,10 +99,32 @@ class EngineMlpTrial : public EngineTrial {
       if (!setup_.skip_step) engine_->step();
     }
     if (setup_.summaries) context_.tensorboard_writer().add_scalar("custom/batch_idx", static_cast<double>(batch_idx));
+    trained_ = batch_idx + 1;
     if (setup_.stop != nullptr && batch_idx == setup_.stop_after && context_.distributed().rank == setup_.stop_rank) {
       setup_.stop->store(true);
     }
     return {{"loss", last}};
+  }
+  // Per rank: its rank and the batches trained as text, bytes of every value (zeros among them) in
+  // a subdirectory, and an empty file.
+  void save(const std::filesystem::path& path) override {
+    if (!setup_.rank_files) return EngineTrial::save(path);
+    const int rank = context_.distributed().rank;
+    std::ofstream(path / "rank.txt") << "rank " << rank << " after " << trained_ << " batches";
+    std::filesystem::create_directories(path / "shard");
+    std::string bytes;
+    for (int i = 0; i < 256 * (rank + 1); ++i) bytes += static_cast<char>(i % 256);
+    std::ofstream(path / "shard" / "weights.bin", std::ios::binary) << bytes;
+    std::ofstream(path / "empty");
+  }
+  void load(const std::filesystem::path& path) override {
+    if (!setup_.rank_files) return EngineTrial::load(path);
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(path)) {
+      if (!entry.is_regular_file()) continue;
+      std::ifstream in(entry.path(), std::ios::binary);
+      (*setup_.loaded)[entry.path().lexically_relative(path).generic_string()] =
+          std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
   }
   Metrics evaluate_batch(DataIterator& data, std::int64_t batch_idx) override {
     if (seen_ != nullptr) seen_->validation_batch_idx.push_back(batch_idx);
@@ -121,6 +146,7 @@ class EngineMlpTrial : public EngineTrial {
   std::shared_ptr<torch::optim::Adam> optimizer_;
   std::shared_ptr<ModelEngine> engine_;
   c10::ScalarType forward_type_ = c10::ScalarType::Undefined;
+  std::int64_t trained_ = 0;
 };
 
 // The same model, data, optimizer and scheduler as an ordinary Trial.
@@ -337,6 +363,62 @@ TEST(EngineTrial, TheTensorBoardWriterAndTheProfilerWindowGoOnAfterAResume) {
       EXPECT_EQ(custom[i].second, static_cast<double>(i));
     }
   }
+}
+
+// DeepSpeedTrial's save and load with a path: every rank's own files travel in the checkpoint
+// and come back to the rank of the same number when it resumes (a stop by the last rank after
+// batch 2: the checkpoint of 3 batches); later checkpoints hold every rank's files of then; a run
+// on another number of ranks is refused, naming both numbers.
+TEST(EngineTrial, EachRanksOwnFilesRoundTripThroughAStopAndAResume) {
+  // Periodic checkpoints (written while training goes on) at 2 and 4, besides the stop's and the last.
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\nmin_checkpoint_period: {batches: 2}\n"
+                                            "checkpoint_storage: {save_trial_latest: 10}\n");
+  const std::string dir = shared_dir("rank-files");
+  const int rank = env().rank();
+  std::atomic<bool> stop{false};
+  std::map<std::string, std::string> loaded;
+  Behaviour first;
+  first.rank_files = true;
+  first.loaded = &loaded;
+  first.stop = &stop;
+  first.stop_after = 2;
+  first.stop_rank = env().size() - 1;
+  EXPECT_TRUE(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, first); }, dir, &stop).stopped_early);
+  EXPECT_TRUE(loaded.empty()) << "a fresh start loads nothing";
+  Behaviour resumed;
+  resumed.rank_files = true;
+  resumed.loaded = &loaded;
+  EXPECT_EQ(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, resumed); }, dir).batches_trained, 6);
+  std::string bytes;
+  for (int i = 0; i < 256 * (rank + 1); ++i) bytes += static_cast<char>(i % 256);
+  EXPECT_EQ(loaded, (std::map<std::string, std::string>{{"empty", ""},
+                                                        {"rank.txt", "rank " + std::to_string(rank) + " after 3 batches"},
+                                                        {"shard/weights.bin", bytes}}));
+  if (env().is_chief()) {
+    for (const int batches : {4, 6}) {
+      const auto saved = checkpoint::read_checkpoint(dir + "/checkpoints/ckpt-" + std::to_string(batches) + ".h5");
+      for (int r = 0; r < env().size(); ++r) {
+        const auto* text = saved.find("rank_files/" + std::to_string(r) + "/rank.txt");
+        EXPECT_EQ(text ? text->text() : "none", "rank " + std::to_string(r) + " after " + std::to_string(batches) + " batches");
+      }
+    }
+    // One rank alone cannot take the files of several.
+    comm::LocalCommunicator alone;
+    LoopOptions loop;
+    loop.trial_dir = dir;
+    loop.progress_interval_s = 0;
+    loop.experiment_seed = 11;
+    try {
+      run_training(testing_trial::config_from(yaml(8, "engine: {gradient_accumulation_steps: 2}\n")),
+                   [&](TrialContext& c) { return make_engine_trial_for_test(c, resumed); }, alone, loop);
+      ADD_FAILURE() << "a run on 1 rank took the files of " << env().size();
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("holds files each of its " + std::to_string(env().size()) +
+                                      " ranks saved for itself (save_files, an engine trial's save) and this run has 1 "
+                                      "ranks: each rank's files are its own"));
+    }
+  }
+  remove_dir(dir);
 }
 
 // ZeRO-1 and ZeRO-2: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.

@@ -6,6 +6,7 @@
 #include "hpctrial/core/logging.h"
 #include "loop/loop.h"
 #include "state/pipeline_checkpoint.h"
+#include "state/rank_files.h"
 #include "state/replica_check.h"
 #include "state/sharded_checkpoint.h"
 #include "state/state_io.h"
@@ -16,7 +17,7 @@ namespace hpctrial::trainer::detail {
 // This rank's pieces of a checkpoint every rank writes part of: its shards of the ZeRO optimizers;
 // with a model split over ranks, on the first replica's rank of each part but the chief's, that
 // part whole (the chief writes its own with the rest), and then the datasets of every part.
-ShardedSave Loop::save_shards(const ShardedOptimizers& sharded) {
+ShardedSave Loop::save_shards(const ShardedOptimizers& sharded, const checkpoint::Contents* files) {
   ShardedSave mine;
   for (const auto& [index, optimizer] : sharded) {
     const std::string prefix = identity_.part + "optimizer/" + std::to_string(index);
@@ -26,11 +27,42 @@ ShardedSave Loop::save_shards(const ShardedOptimizers& sharded) {
       mine.whole.add_text(prefix + "/param_names", names.dump());
     }
   }
-  if (identity_.parts > 1) {
-    if (!chief() && replica() == 0) add_whole_pieces(mine, capture_part(*context_, identity_.part, &mine.whole));
-    unite_datasets(comm_, mine);
+  if (identity_.parts > 1 && !chief() && replica() == 0) {
+    add_whole_pieces(mine, capture_part(*context_, identity_.part, &mine.whole));
   }
+  if (files != nullptr) add_whole_pieces(mine, *files);  // every rank's own, the chief's too
+  if (identity_.parts > 1 || files != nullptr) unite_datasets(comm_, mine);  // the same on every rank
   return mine;
+}
+
+std::optional<checkpoint::Contents> Loop::capture_rank_files() {
+  if (!saves_files_) return std::nullopt;
+  PrivateDirectory directory("own-files");
+  try {
+    trial_->save_files(directory.path());
+  } catch (const NotOverridden&) {
+    saves_files_ = false;  // the same class on every rank: all learn it here
+    return std::nullopt;
+  }
+  return detail::capture_rank_files(directory.path(), comm_.rank(), comm_.size());
+}
+
+void Loop::restore_rank_files(const checkpoint::Contents& contents, const std::string& path) {
+  const std::optional<int> ranks = rank_files_ranks(contents, path);
+  if (!ranks) return;
+  if (*ranks != comm_.size()) {
+    throw ConfigError(path + " holds files each of its " + std::to_string(*ranks) + " ranks saved for itself "
+                      "(save_files, an engine trial's save) and this run has " + std::to_string(comm_.size()) +
+                      " ranks: each rank's files are its own, so it resumes on " + std::to_string(*ranks) +
+                      " ranks (resources.slots_per_trial)");
+  }
+  PrivateDirectory directory("own-files");
+  extract_rank_files(contents, comm_.rank(), directory.path(), path);
+  try {
+    trial_->load_files(directory.path());
+  } catch (const NotOverridden&) {
+    if (chief()) core::log_warning("{} holds files the trial's ranks saved, and the trial loads none (load_files)", path);
+  }
 }
 
 // Within each data-parallel group: the replicas of one part of the model.
@@ -51,8 +83,9 @@ std::function<void()> Loop::shard_fault_hook() const {
 // Every rank's parts of the sharded optimizers' state go straight from it into the file, in
 // parallel: no rank gathers the whole state, and the chief writes the rest. Synchronous: the
 // loop waits for it anyway (a stop, the end, `checkpoint_storage.async: false`).
-void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded) {
-  const ShardedSave mine = save_shards(sharded);
+void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded,
+                                   const checkpoint::Contents* files) {
+  const ShardedSave mine = save_shards(sharded, files);
   detail::Snapshot snapshot;
   if (chief()) {
     finish_checkpoint();  // the previous one, if still being written
@@ -72,8 +105,9 @@ void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail:
 // laid out with the chief; a thread on each rank writes them, the chief's writer its datasets.
 // Each later step boundary asks whether every rank is done (the flags' all-reduce), and
 // settle_sharded_checkpoint publishes it then; the next checkpoint or the end waits for it.
-void Loop::start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded) {
-  ShardedSave mine = save_shards(sharded);
+void Loop::start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded,
+                                    const checkpoint::Contents* files) {
+  ShardedSave mine = save_shards(sharded, files);
   detail::Snapshot snapshot;
   std::vector<checkpoint::DatasetSpec> own;
   if (chief()) {

@@ -74,11 +74,18 @@ class Loop {
   void check_replicas(const std::string& when);
   // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop/checkpoint.cpp):
   // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
-  void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
-  void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded);
+  // `files`: this rank's files (rank_files.h), or null.
+  void save_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded,
+                               const checkpoint::Contents* files);
+  void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded,
+                                const checkpoint::Contents* files);
   void settle_sharded_checkpoint();
   std::function<void()> shard_fault_hook() const;
-  detail::ShardedSave save_shards(const detail::ShardedOptimizers& sharded);
+  detail::ShardedSave save_shards(const detail::ShardedOptimizers& sharded, const checkpoint::Contents* files);
+  // This rank's files for a checkpoint (Trial::save_files); none when the trial saves none.
+  std::optional<checkpoint::Contents> capture_rank_files();
+  // Gives this rank the files its number saved in the checkpoint `contents` (Trial::load_files).
+  void restore_rank_files(const checkpoint::Contents& contents, const std::string& path);
   void finish_checkpoint();
   // Training data (loop/data.cpp).
   // Once the trial is built: the ranks' model-parallel units agree, and this rank's part is known.
@@ -205,6 +212,7 @@ class Loop {
   std::unique_ptr<detail::SystemMonitor> system_;    // when profiling.system_metrics_period > 0
   Clock::time_point last_system_sample_;
   ReducerSpec reducers_ = Reducer::kAvg;
+  bool saves_files_ = true;  // until the trial shows it does not override save_files
 
   std::int64_t global_batch_ = 0;
   std::int64_t records_per_epoch_ = 0;

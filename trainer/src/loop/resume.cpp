@@ -98,6 +98,7 @@ void Loop::resume() {
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);
   apply(state);
   restore_reducer_states(state.reducer_states);
+  restore_rank_files(contents, chosen);
   if (!adaptive_ && state.adaptive.is_object()) {
     throw ConfigError(chosen + " was written with optimizations.adaptive_batch_size, whose batches change size: "
                       "its place in the data and its progress are not counted in batches of one size; resume "

@@ -218,8 +218,10 @@ void Loop::save_checkpoint(bool wait) {
   record_elastic_preference();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  if (!shards.empty() || identity_.parts > 1) {
-    wait ? save_sharded_checkpoint(state, shards) : start_sharded_checkpoint(state, shards);
+  const std::optional<checkpoint::Contents> files = capture_rank_files();
+  if (!shards.empty() || identity_.parts > 1 || files) {
+    const checkpoint::Contents* mine = files ? &*files : nullptr;
+    wait ? save_sharded_checkpoint(state, shards, mine) : start_sharded_checkpoint(state, shards, mine);
     return;
   }
   checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank

@@ -310,6 +310,12 @@ class EngineTrial {
   // schedulers are checkpointed without this).
   virtual nlohmann::json save_state() { return nullptr; }
   virtual void load_state(const nlohmann::json& /*state*/) {}
+
+  // DeepSpeedTrial's save(context, path) and load(context, path): files of each rank's own,
+  // written into `path` (an empty private directory) at every checkpoint on every rank and given
+  // back to the rank of the same number on a resume, before its first batch (Trial::save_files).
+  virtual void save(const std::filesystem::path& path);
+  virtual void load(const std::filesystem::path& path);
 };
 
 namespace detail {
@@ -330,6 +336,8 @@ class EngineTrialRunner final : public Trial {
   ReducerSpec evaluation_reducer() override { return trial_->evaluation_reducer(); }
   nlohmann::json save_state() override { return trial_->save_state(); }
   void load_state(const nlohmann::json& state) override { trial_->load_state(state); }
+  void save_files(const std::filesystem::path& directory) override { trial_->save(directory); }
+  void load_files(const std::filesystem::path& directory) override { trial_->load(directory); }
   EngineTrialContext& engine_context() const { return *context_; }
   // The adaptive batch's shape from the global batch `batch_idx` on (EngineTrialContext::reshape);
   // the training data must be read again in batches of micro_batch x accumulation.

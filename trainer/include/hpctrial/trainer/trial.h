@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,15 @@ class Trial {
   // Extra state of the trial that must survive a resume (counters, a running statistic).
   virtual nlohmann::json save_state() { return nullptr; }
   virtual void load_state(const nlohmann::json& /*state*/) {}
+
+  // Files of each rank's own (DeepSpeedTrial's save/load with a path: a model-parallel shard, a
+  // tokenizer's cache): at every checkpoint every rank gets an empty private directory to write
+  // them into, and they travel in the checkpoint file, checksummed like its tensors. A resumed
+  // rank gets a directory with the files the rank of its number saved, before the first batch.
+  // Collective in the sense that every rank is called; a checkpoint written by N ranks resumes on
+  // N ranks only (each rank's files are its own). Regular files and directories only.
+  virtual void save_files(const std::filesystem::path& directory);
+  virtual void load_files(const std::filesystem::path& directory);
 
  private:
   friend struct detail::TrialAccess;
