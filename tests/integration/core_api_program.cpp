@@ -36,20 +36,25 @@ int run_epochs(hpctrial::CoreContext& context, long epochs, long stop_at) {
     } catch (const hpctrial::ConfigError& e) {
       if (epoch == 0 && rank == 0) std::printf("nested: %s\n", e.what());
     }
-    while (sampler.epoch() == static_cast<std::uint64_t>(epoch)) {
-      for (std::int64_t index : sampler.next_batch()) {
-        (*seen)["records"] += 1;
-        (*seen)["index_sum"] += static_cast<double>(index);
-        (*seen)["epoch" + std::to_string(epoch)] += 1;
-      }
-      ++batches;
-      if (batches == stop_at && rank == size - 1) context.request_stop();
-      if (context.should_stop()) {
-        context.save_state(nlohmann::json{{"batches", batches}, {"epoch", epoch}, {"index", sampler.index()}});
-        std::printf("rank %d saved after %ld batches\n", rank, batches);
-        return 75;
+    {
+      auto data_loop = context.data_loop();  // resumes where it saved: its synchronizations are never replayed
+      while (sampler.epoch() == static_cast<std::uint64_t>(epoch)) {
+        for (std::int64_t index : sampler.next_batch()) {
+          (*seen)["records"] += 1;
+          (*seen)["index_sum"] += static_cast<double>(index);
+          (*seen)["epoch" + std::to_string(epoch)] += 1;
+        }
+        ++batches;
+        if (batches == stop_at && rank == size - 1) context.request_stop();
+        if (context.should_stop()) {
+          context.save_state(nlohmann::json{{"batches", batches}, {"epoch", epoch}, {"index", sampler.index()}});
+          std::printf("rank %d saved after %ld batches\n", rank, batches);
+          return 75;
+        }
       }
     }
+    if (rank == 0) (*seen)["epochs_counted"] += 1;
+    auto epoch_end = seen->synchronized();  // between loops: recorded, for a replay after a restart
   }
   auto guard = seen->synchronized();
   if (rank == 0) {

@@ -179,7 +179,7 @@ TEST(CoreApi, EpochsAndAccumulatorsContinueAcrossRestartsAtOtherNumbersOfRanks) 
   ASSERT_TRUE(last.ok()) << last.describe() << "\n" << last.err;
   EXPECT_THAT(last.out, HasSubstr("rank 0 epoch 3 from 24"));
   EXPECT_THAT(last.out, HasSubstr("finished 5 epochs: epoch0=40 epoch1=40 epoch2=40 epoch3=40 epoch4=40 "
-                                  "index_sum=3900 records=200"));
+                                  "epochs_counted=5 index_sum=3900 records=200"));
   EXPECT_EQ(std::filesystem::status(trial_dir + "/core-state.json").permissions() & std::filesystem::perms::others_all,
             std::filesystem::perms::none);
 }

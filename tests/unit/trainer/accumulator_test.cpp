@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
@@ -121,6 +123,72 @@ TEST(Accumulators, MessagesCarryExactDoubles) {
   const auto [name, back] = detail::decode_values(detail::encode_values("x", values));
   EXPECT_EQ(name, "x");
   EXPECT_EQ(back, values);
+}
+
+// AdaptDL's replay: a program saves mid-validation in epoch 1 and is restarted. Its second run
+// goes through epoch 1 again: the training loop (a data loop) resumes past its end and adds
+// nothing, but the code between the loops runs again, adding its count of epochs a second time,
+// and synchronizes. That synchronization replays the sums it saw in the first run and drops the
+// repeated update; the validation loop then goes on, and its synchronization is a real one that
+// sees the partial validation sum saved with the state plus the rest. Values by hand: training
+// loss 3 + 4 = 7 in epoch 0 and 5 in epoch 1; validation 2 in epoch 0, and in epoch 1 2 before
+// the save and 6 after.
+TEST(Accumulators, ARestartedEpochReplaysItsSynchronizationsAndCountsNothingTwice) {
+  comm::LocalCommunicator alone;
+  std::optional<std::int64_t> epoch;
+  detail::ReplayClock clock{&epoch, 0};
+  nlohmann::json saved;
+  std::vector<double> seen;  // what each synchronized block read
+  const auto between_loops = [&](Accumulator& accum) {
+    accum["epochs"] += 1;  // runs again after the restart
+    const auto guard = accum.synchronized();
+    seen.push_back(accum.at("train_loss"));
+    seen.push_back(accum.at("epochs"));
+    accum["train_loss_at_last_epoch"] = accum.at("train_loss");
+  };
+  {
+    detail::Accumulators first(alone, &clock);
+    auto accum = first.make("a");
+    for (std::int64_t e : {0, 1}) {
+      epoch = e;
+      ++clock.data_loops;  // the training loop
+      (*accum)["train_loss"] += e == 0 ? 3 : 5;
+      if (e == 0) (*accum)["train_loss"] += 4;
+      --clock.data_loops;
+      between_loops(*accum);
+      ++clock.data_loops;  // the validation loop, saved part way in epoch 1
+      (*accum)["valid_loss"] += 2;
+      --clock.data_loops;
+    }
+    first.synchronize_all();
+    saved = first.state_dict();
+  }
+  EXPECT_EQ(seen, (std::vector<double>{7, 1, 12, 2}));
+  ASSERT_TRUE(saved.at("a").contains("replay")) << saved.dump();
+  EXPECT_EQ(saved.at("a").at("replay").size(), 1u) << "epoch 0's record went when epoch 1 synchronized: " << saved.dump();
+  seen.clear();
+  detail::Accumulators second(alone, &clock);
+  second.load_state_dict(saved);
+  auto accum = second.make("a");
+  epoch = 1;
+  ++clock.data_loops;  // the training loop, past its end: nothing
+  --clock.data_loops;
+  between_loops(*accum);  // replayed: the first run's sums, this run's "epochs" update dropped
+  ++clock.data_loops;
+  (*accum)["valid_loss"] += 6;  // the rest of the validation
+  --clock.data_loops;
+  {
+    const auto guard = accum->synchronized();
+    EXPECT_EQ(accum->at("valid_loss"), 2.0 + 2.0 + 6.0);
+    EXPECT_EQ(accum->at("epochs"), 2.0) << "two epochs, counted once each";
+    EXPECT_EQ(accum->at("train_loss_at_last_epoch"), 12.0);
+  }
+  EXPECT_EQ(seen, (std::vector<double>{12, 2}));
+  // A Trial's accumulators (no clock) never record.
+  Accumulator plain("p", alone);
+  plain["x"] += 1;
+  { const auto guard = plain.synchronized(); }
+  EXPECT_EQ(plain.state_dict(), nlohmann::json::parse(R"({"x": 1.0})"));
 }
 
 }  // namespace accumulator_test

@@ -85,34 +85,34 @@ double value_from_json(const json& value, const std::string& where) {
 
 }  // namespace
 
-Accumulator::Accumulator(std::string name, comm::Communicator& communicator)
-    : name_(std::move(name)), communicator_(communicator) {}
+Accumulator::Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock)
+    : name_(std::move(name)), communicator_(communicator), clock_(clock) {}
 
 Accumulator::Entry& Accumulator::Entry::operator+=(double value) {
-  (owner_.synchronized_ ? owner_.sums_ : owner_.pending_)[key_] += value;
+  (owner_.synchronized_ ? owner_.view() : owner_.pending_)[key_] += value;
   return *this;
 }
 
 Accumulator::Entry& Accumulator::Entry::operator-=(double value) {
-  (owner_.synchronized_ ? owner_.sums_ : owner_.pending_)[key_] -= value;
+  (owner_.synchronized_ ? owner_.view() : owner_.pending_)[key_] -= value;
   return *this;
 }
 
 Accumulator::Entry& Accumulator::Entry::operator=(double value) {
   owner_.require_synchronized("assigning to", key_);
-  owner_.sums_[key_] = value;
+  owner_.view()[key_] = value;
   return *this;
 }
 
 double Accumulator::Entry::value() const { return owner_.at(key_); }
 
 void Accumulator::update(const Values& updates) {
-  Values& into = synchronized_ ? sums_ : pending_;
+  Values& into = synchronized_ ? view() : pending_;
   for (const auto& [key, value] : updates) into[key] += value;
 }
 
 void Accumulator::subtract(const Values& updates) {
-  Values& into = synchronized_ ? sums_ : pending_;
+  Values& into = synchronized_ ? view() : pending_;
   for (const auto& [key, value] : updates) into[key] -= value;
 }
 
@@ -120,6 +120,10 @@ Accumulator::Synchronized Accumulator::synchronized() {
   if (synchronized_) {
     throw ConfigError("accumulator '" + name_ + "' is in synchronized mode already: end the first guard of "
                       "synchronized() before making another");
+  }
+  if (replay()) {
+    synchronized_ = true;
+    return Synchronized(*this);
   }
   const std::vector<std::string> all = communicator_.allgather(detail::encode_values(name_, pending_));
   std::vector<Values> updates;
@@ -134,12 +138,37 @@ Accumulator::Synchronized Accumulator::synchronized() {
     updates.push_back(std::move(values));
   }
   fold(updates);
+  if (clock_ != nullptr && clock_->data_loops == 0) {
+    const std::optional<std::int64_t>& epoch = *clock_->epoch;
+    history_[epoch ? std::to_string(*epoch) : "none"].push_back(sums_);
+  }
   synchronized_ = true;
   return Synchronized(*this);
 }
 
+// AdaptDL's rule: the n-th synchronization of an epoch replays the n-th recorded one, while
+// there is one; the records of epochs before this one go (they are never replayed again).
+bool Accumulator::replay() {
+  if (clock_ == nullptr || clock_->data_loops > 0) return false;
+  const std::optional<std::int64_t>& epoch = *clock_->epoch;
+  const std::string key = epoch ? std::to_string(*epoch) : "none";
+  for (auto it = history_.begin(); it != history_.end();) {
+    const bool earlier = epoch && it->first != "none" && std::stoll(it->first) < *epoch;
+    it = earlier ? history_.erase(it) : std::next(it);
+  }
+  const std::size_t count = synchronizations_[key]++;
+  const auto recorded = history_.find(key);
+  if (recorded == history_.end() || count >= recorded->second.size()) return false;
+  replaying_ = recorded->second[count];
+  pending_.clear();  // made again by the code that ran before the restart too: dropped
+  return true;
+}
+
 Accumulator::Synchronized::~Synchronized() {
-  if (owner_ != nullptr) owner_->synchronized_ = false;
+  if (owner_ != nullptr) {
+    owner_->synchronized_ = false;
+    owner_->replaying_.reset();
+  }
 }
 
 void Accumulator::fold(const std::vector<Values>& updates) {
@@ -160,49 +189,79 @@ void Accumulator::require_synchronized(const char* what, const std::string& key)
 
 void Accumulator::missing(const std::string& key) const {
   throw ConfigError("accumulator '" + name_ + "' has no '" + key + "': no rank added to it and it was not "
-                    "assigned (keys: " + std::to_string(sums_.size()) + ")");
+                    "assigned (keys: " + std::to_string(view().size()) + ")");
 }
 
 double Accumulator::at(const std::string& key) const {
   require_synchronized("reading", key);
-  const auto it = sums_.find(key);
-  if (it == sums_.end()) missing(key);
+  const auto it = view().find(key);
+  if (it == view().end()) missing(key);
   return it->second;
 }
 
 bool Accumulator::contains(const std::string& key) const {
   require_synchronized("looking up", key);
-  return sums_.count(key) > 0;
+  return view().count(key) > 0;
 }
 
 std::size_t Accumulator::size() const {
   require_synchronized("taking the size");
-  return sums_.size();
+  return view().size();
 }
 
 const Accumulator::Values& Accumulator::values() const {
   require_synchronized("reading the values");
-  return sums_;
+  return view();
 }
 
 void Accumulator::erase(const std::string& key) {
   require_synchronized("erasing", key);
-  if (sums_.erase(key) == 0) missing(key);
+  if (view().erase(key) == 0) missing(key);
 }
 
-json Accumulator::state_dict() const {
+namespace {
+
+json values_to_json(const Accumulator::Values& values) {
   json out = json::object();
-  for (const auto& [key, value] : sums_) out[key] = value_to_json(value);
+  for (const auto& [key, value] : values) out[key] = value_to_json(value);
   return out;
 }
 
-void Accumulator::load_state_dict(const json& state) {
-  if (!state.is_object()) throw ConfigError("accumulator '" + name_ + "': the saved state is not an object");
-  Values sums;
+Accumulator::Values values_from_json(const json& state, const std::string& name) {
+  if (!state.is_object()) throw ConfigError("accumulator '" + name + "': the saved state is not an object");
+  Accumulator::Values values;
   for (auto it = state.begin(); it != state.end(); ++it) {
-    sums[it.key()] = value_from_json(it.value(), "accumulator '" + name_ + "': '" + it.key() + "'");
+    values[it.key()] = value_from_json(it.value(), "accumulator '" + name + "': '" + it.key() + "'");
   }
-  sums_ = std::move(sums);
+  return values;
+}
+
+}  // namespace
+
+json Accumulator::state_dict() const {
+  if (history_.empty()) return values_to_json(sums_);
+  json replay = json::object();
+  for (const auto& [epoch, list] : history_) {
+    for (const Values& values : list) replay[epoch].push_back(values_to_json(values));
+  }
+  return {{"sums", values_to_json(sums_)}, {"replay", replay}};
+}
+
+void Accumulator::load_state_dict(const json& state) {
+  history_.clear();
+  // {"sums", "replay"} with recorded synchronizations; the sums alone (numbers) without.
+  const bool with_replay = state.is_object() && state.contains("sums") && state.at("sums").is_object();
+  sums_ = values_from_json(with_replay ? state.at("sums") : state, name_);
+  if (with_replay && state.contains("replay")) {
+    for (const auto& [epoch, list] : state.at("replay").items()) {
+      const bool number = !epoch.empty() && epoch.find_first_not_of("0123456789") == std::string::npos;
+      if ((!number && epoch != "none") || !list.is_array()) {
+        throw ConfigError("accumulator '" + name_ + "': the replay of epoch '" + epoch + "' is not a list of sums by epoch");
+      }
+      for (const auto& values : list) history_[epoch].push_back(values_from_json(values, name_));
+    }
+  }
+  synchronizations_.clear();
   pending_.clear();
 }
 
@@ -228,7 +287,7 @@ std::shared_ptr<Accumulator> Accumulators::make(std::string name) {
       throw ConfigError("an accumulator named '" + name + "' exists already: give each accumulator its own name");
     }
   }
-  auto accumulator = std::make_shared<Accumulator>(name, communicator_);
+  auto accumulator = std::make_shared<Accumulator>(name, communicator_, clock_);
   if (restored_.contains(name)) {
     accumulator->load_state_dict(restored_.at(name));
     restored_.erase(name);

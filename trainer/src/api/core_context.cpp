@@ -92,7 +92,7 @@ CoreContext::CoreContext(int& argc, char**& argv) {
     if (!contract.stop_file.empty()) stop_file_ = std::make_unique<rank::StopFile>(contract.stop_file);
   }
   rank::install_stop_handlers();
-  accumulators_ = std::make_unique<detail::Accumulators>(rank_->communicator());
+  accumulators_ = std::make_unique<detail::Accumulators>(rank_->communicator(), &replay_clock_);
   load_state();
 }
 

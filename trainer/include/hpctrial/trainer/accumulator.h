@@ -27,6 +27,15 @@
 // sums are saved in it; after a restart, on any number of ranks, the sums are what they would
 // have been without the restart. Sums are taken in rank order, so every rank holds the same bits.
 //
+// Replay after a restart (CoreContext's accumulators, as AdaptDL's): a restarted program runs
+// the epoch it saved in again from its start, so code between its data loops (a synchronized
+// block after the training loop) runs a second time. Each synchronized() outside a data loop
+// (CoreContext::data_loop) records the sums it entered with, per epoch; after a restart the
+// first synchronizations of that epoch get those recorded sums instead (without a collective),
+// and the updates made before them are dropped: nothing counts twice. Synchronizations inside a
+// data loop are neither recorded nor replayed (the loop resumes where it saved). The Trial API's
+// accumulators never replay: its loop resumes at the step it saved, running nothing again.
+//
 // Values are doubles (integers up to 2^53 are exact). Not thread-safe: one thread per process
 // uses an accumulator. Misuse (a read in accumulation mode, a key never added, nested guards,
 // ranks that synchronize different accumulators) throws ConfigError naming the accumulator and key.
@@ -38,6 +47,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,13 +58,22 @@ class Communicator;
 
 namespace hpctrial::trainer {
 
+namespace detail {
+// What decides a replay (CoreContext's): the running epoch and whether a data loop is running.
+struct ReplayClock {
+  const std::optional<std::int64_t>* epoch = nullptr;
+  int data_loops = 0;
+};
+}  // namespace detail
+
 class Accumulator {
  public:
   using Values = std::map<std::string, double>;
 
   // `name` identifies it in checkpoints; `communicator` sums across ranks and must outlive it.
   // Made by TrialContext::make_accumulator or CoreContext::make_accumulator, which save it.
-  Accumulator(std::string name, comm::Communicator& communicator);
+  // `clock`: replay after restarts (CoreContext); null: never (the Trial API).
+  Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock = nullptr);
   Accumulator(const Accumulator&) = delete;
   Accumulator& operator=(const Accumulator&) = delete;
 
@@ -121,7 +140,8 @@ class Accumulator {
   const Values& pending() const { return pending_; }
   // Adds every rank's updates (`updates`, in rank order) to the sums and forgets the pending ones.
   void fold(const std::vector<Values>& updates);
-  // The sums, as JSON (non-finite values as the strings "nan", "inf", "-inf").
+  // The sums, as JSON (non-finite values as the strings "nan", "inf", "-inf"); with recorded
+  // synchronizations to replay, {"sums": {..}, "replay": {"<epoch>" or "none": [{..}, ..]}}.
   nlohmann::json state_dict() const;
   // Sums from state_dict(); pending updates are dropped. ConfigError for a malformed state.
   void load_state_dict(const nlohmann::json& state);
@@ -130,11 +150,21 @@ class Accumulator {
   void require_synchronized(const char* what, const std::string& key = {}) const;
   [[noreturn]] void missing(const std::string& key) const;
 
+  // What synchronized mode reads and writes: the sums, or the recorded ones being replayed.
+  Values& view() { return replaying_ ? *replaying_ : sums_; }
+  const Values& view() const { return replaying_ ? *replaying_ : sums_; }
+  // The recorded sums this synchronization replays, if it is one to replay; records it otherwise.
+  bool replay();
+
   std::string name_;
   comm::Communicator& communicator_;
+  const detail::ReplayClock* clock_;
   Values sums_;      // the same on every rank
   Values pending_;   // this rank's, since the last synchronization
   bool synchronized_ = false;
+  std::map<std::string, std::vector<Values>> history_;  // by epoch: the sums each synchronization entered with
+  std::map<std::string, std::size_t> synchronizations_;  // by epoch, in this run
+  std::optional<Values> replaying_;
 };
 
 namespace detail {
@@ -142,7 +172,8 @@ namespace detail {
 // The accumulators of one process, in creation order, and what a checkpoint saved of them.
 class Accumulators {
  public:
-  explicit Accumulators(comm::Communicator& communicator) : communicator_(communicator) {}
+  explicit Accumulators(comm::Communicator& communicator, const ReplayClock* clock = nullptr)
+      : communicator_(communicator), clock_(clock) {}
 
   // A new accumulator; an empty name is "accumulator<i>" (i: the number made before). Its sums
   // come from the restored state when that has one of the name. ConfigError for a name in use.
@@ -157,6 +188,7 @@ class Accumulators {
 
  private:
   comm::Communicator& communicator_;
+  const ReplayClock* clock_;
   std::vector<std::shared_ptr<Accumulator>> made_;
   nlohmann::json restored_ = nlohmann::json::object();
 };

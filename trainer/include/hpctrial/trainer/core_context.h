@@ -100,6 +100,14 @@ class CoreContext {
   // set_epoch(epoch, index)). ConfigError when called while another such loop is running.
   class EpochRange;
   EpochRange remaining_epochs_until(std::int64_t epoch);
+  // Marks a data loop while the guard lives, as iterating AdaptDL's AdaptiveDataLoader does: a
+  // loop that resumes where save_state() left it (TrainingSampler::set_epoch with the saved
+  // index), whose accumulator synchronizations are never replayed after a restart. Those
+  // outside one are (accumulator.h):
+  //   { auto loop = context.data_loop(); for (...) { ...; accum["loss"] += l; } }
+  //   { auto guard = accum.synchronized(); ... }   // replayed, not run twice, after a restart
+  class DataLoop;
+  [[nodiscard]] DataLoop data_loop();
   // The epoch of the running remaining_epochs_until loop; none outside one.
   std::optional<std::int64_t> current_epoch() const { return current_epoch_; }
   // Epochs finished in remaining_epochs_until loops (this run and the saved ones before it).
@@ -132,6 +140,7 @@ class CoreContext {
   std::unique_ptr<detail::Accumulators> accumulators_;
   std::int64_t finished_epochs_ = 0;
   std::optional<std::int64_t> current_epoch_;
+  detail::ReplayClock replay_clock_{&current_epoch_, 0};
   nlohmann::json restored_program_state_;
 
   void load_state();
@@ -179,5 +188,21 @@ class CoreContext::EpochRange {
   CoreContext* owner_;
   std::int64_t until_;
 };
+
+class CoreContext::DataLoop {
+ public:
+  DataLoop(DataLoop&& other) noexcept : clock_(std::exchange(other.clock_, nullptr)) {}
+  DataLoop& operator=(DataLoop&&) = delete;
+  ~DataLoop() {
+    if (clock_ != nullptr) --clock_->data_loops;
+  }
+
+ private:
+  friend class CoreContext;
+  explicit DataLoop(detail::ReplayClock* clock) : clock_(clock) { ++clock_->data_loops; }
+  detail::ReplayClock* clock_;
+};
+
+inline CoreContext::DataLoop CoreContext::data_loop() { return DataLoop(&replay_clock_); }
 
 }  // namespace hpctrial::trainer
