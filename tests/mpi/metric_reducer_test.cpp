@@ -205,5 +205,55 @@ TEST(MetricReducers, AResultOfTheWrongKindIsRefusedOnEveryRank) {
   }
 }
 
+// A mistake on one rank only - a metric whose shape changes there, a reducer's per_slot_reduce
+// that throws there - fails every rank with that rank's message, and none waits for it.
+TEST(MetricReducers, AMistakeOnOneRankFailsEveryRankAlike) {
+  const auto error_of = [](const std::string& name, const LinearTrial::Options& options) {
+    const std::string dir = shared_dir(name);
+    std::string message = "no error";
+    try {
+      train_on_ranks(base_yaml(2, 8), options, dir);
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    comm::MpiCommunicator(env().world()).barrier();
+    if (env().is_chief()) std::filesystem::remove_all(dir);
+    return message;
+  };
+  class FailingOnOneRank : public MetricReducer {
+   public:
+    explicit FailingOnOneRank(int failing) : failing_(failing) {}
+    void reset() override {}
+    json per_slot_reduce() override {
+      if (env().rank() == failing_) throw std::runtime_error("out of memory");
+      return 1.0;
+    }
+    MetricValue cross_slot_reduce(const std::vector<json>& per_slot) override { return static_cast<double>(per_slot.size()); }
+
+   private:
+    int failing_;
+  };
+  for (const int failing : {0, env().size() - 1}) {  // the chief, and another rank
+    LinearTrial::Options growing;
+    int batch = 0;
+    growing.evaluate = [&](LinearTrial&, Batch&) -> Metrics {
+      const bool grow = env().rank() == failing && batch++ == 1;
+      return {{"validation_loss", 1.0}, {"per_class", torch::zeros({grow ? 3 : 2})}};
+    };
+    EXPECT_THAT(error_of("shape", growing),
+                testing::HasSubstr("evaluate_batch returned the metric 'per_class' with shape [3] after [2] on rank " +
+                                   std::to_string(failing)))
+        << "rank " << env().rank();
+    LinearTrial::Options reducing;
+    reducing.setup = [&](LinearTrial& trial) {
+      trial.context_.wrap_reducer(std::make_shared<FailingOnOneRank>(failing), "slots", /*for_training=*/false);
+    };
+    EXPECT_THAT(error_of("per-slot", reducing),
+                testing::HasSubstr("per_slot_reduce of the reducer 'slots' failed on rank " + std::to_string(failing) +
+                                   ": out of memory"))
+        << "rank " << env().rank();
+  }
+}
+
 }  // namespace metric_reducer_test
 }  // namespace hpctrial::trainer

@@ -175,6 +175,7 @@ class Loop {
     std::vector<std::int64_t> shape;
     std::vector<double> values;
     std::int64_t batches = 0;
+    std::string error;  // a batch of another shape: told to every rank when they reduce
   };
   void add_batch_metric(BatchMetric& into, const std::string& name, const torch::Tensor& value) const;
   bool evaluate_local_batches(std::map<std::string, BatchMetric>& values);

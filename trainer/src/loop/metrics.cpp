@@ -72,13 +72,23 @@ MetricValues Loop::reduce_custom(bool training) {
   for (const auto& wrapped : context_->reducers()) {
     if (training ? !wrapped.for_training : !wrapped.for_validation) continue;
     any = true;
-    // '+' and the value; '-' from a rank whose model-parallel unit reports no metrics.
-    std::string bytes = reports_metrics() ? "+" + cbor_bytes(wrapped.reducer->per_slot_reduce()) : "-";
+    // '+' and the value; '-' from a rank whose model-parallel unit reports no metrics; '!' and
+    // the error from a rank whose per_slot_reduce failed.
+    std::string bytes = "-";
+    if (reports_metrics()) {
+      try {
+        bytes = "+" + cbor_bytes(wrapped.reducer->per_slot_reduce());
+      } catch (const std::exception& e) {
+        bytes = "!per_slot_reduce of the reducer '" + wrapped.key + "' failed on rank " + std::to_string(comm_.rank()) +
+                ": " + e.what();
+      }
+    }
     const auto parts = comm_.gather(bytes, 0);
     if (chief() && failure.empty()) {
       try {
         std::vector<nlohmann::json> per_slot;
         for (const auto& part : parts) {
+          if (!part.empty() && part[0] == '!') throw ConfigError(part.substr(1));
           if (!part.empty() && part[0] == '+') per_slot.push_back(from_cbor_bytes(part, 1));
         }
         add_reducer_result(results, wrapped, wrapped.reducer->cross_slot_reduce(per_slot));
@@ -258,9 +268,12 @@ void Loop::add_batch_metric(BatchMetric& into, const std::string& name, const to
     into.values.assign(v, v + n);
   } else {
     if (shape != into.shape) {
-      throw ConfigError("evaluate_batch returned the metric '" + name + "' with shape " + shape_text(shape) +
-                        " after " + shape_text(into.shape) + " on rank " + std::to_string(comm_.rank()) +
-                        "; a metric has one shape in every batch (pad it, or report it through a reducer)");
+      if (into.error.empty()) {
+        into.error = "evaluate_batch returned the metric '" + name + "' with shape " + shape_text(shape) + " after " +
+                     shape_text(into.shape) + " on rank " + std::to_string(comm_.rank()) +
+                     "; a metric has one shape in every batch (pad it, or report it through a reducer)";
+      }
+      return;
     }
     const Reducer reducer = reducers_.reducer_for(name);
     for (std::size_t i = 0; i < n; ++i) {
@@ -317,8 +330,10 @@ bool Loop::evaluate_local_batches(std::map<std::string, BatchMetric>& values) {
 MetricValues Loop::reduce_batch_metrics(std::map<std::string, BatchMetric>& values) {
   // Every rank reduces the same metrics, even one that had no batch, with the shape of the ranks
   // that had: "name\tshape\n" from every rank.
+  // A rank's mistake is a line "!message": every rank fails with the first.
   std::string names;
   for (const auto& [name, metric] : values) {
+    if (!metric.error.empty()) names += '!' + metric.error + '\n';
     names += name + '\t';
     for (std::int64_t size : metric.shape) names += std::to_string(size) + ',';
     names += '\n';
@@ -329,9 +344,16 @@ MetricValues Loop::reduce_batch_metrics(std::map<std::string, BatchMetric>& valu
   };
   std::map<std::string, Shape> shapes;
   const auto parts = comm_.allgather(names);
+  for (const auto& part : parts) {  // rank order: the first rank's mistake
+    std::istringstream lines(part);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line[0] == '!') throw ConfigError(line.substr(1));
+    }
+  }
   for (std::size_t rank = 0; rank < parts.size(); ++rank) {
     std::istringstream lines(parts[rank]);
     for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] == '!') continue;
       const std::size_t tab = line.find('\t');
       const std::string name = line.substr(0, tab);
       std::vector<std::int64_t> sizes;
