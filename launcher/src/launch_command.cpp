@@ -1,5 +1,6 @@
 // The experiment directory, where the launcher runs, and the mpirun command of one attempt.
 #include <fcntl.h>
+#include <net/if.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/json_file.h"
@@ -140,6 +142,21 @@ void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const
   }
 }
 
+// `name` is a network interface of this host (the allocation's first node, where the launcher
+// runs), or a ConfigError listing the ones it has.
+void require_network_interface(const std::string& name) {
+  if (::if_nametoindex(name.c_str()) != 0) return;
+  std::string known;
+  if (struct if_nameindex* all = ::if_nameindex()) {
+    for (const struct if_nameindex* i = all; i->if_index != 0 && i->if_name != nullptr; ++i) {
+      known += (known.empty() ? "" : ", ") + std::string(i->if_name);
+    }
+    ::if_freenameindex(all);
+  }
+  throw ConfigError("optimizations.network_interface is '" + name + "', which " + core::host_name() +
+                    " does not have (it has: " + known + "); name an interface every node of the job has");
+}
+
 // The contract with the ranks (core/launch_contract.h), then the user's environment.
 std::vector<std::pair<std::string, std::string>> rank_environment(const core::ExperimentConfig& config,
                                                                   const core::Allocation& allocation,
@@ -161,6 +178,11 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
       {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
   };
   if (options.max_length) vars.emplace_back(core::kEnvMaxLength, core::length_text(*options.max_length));
+  // NCCL's bootstrap and socket transport over the same interface as MPI's (the user's own
+  // environment, below, may still say otherwise).
+  if (!config.optimizations.network_interface.empty()) {
+    vars.emplace_back("NCCL_SOCKET_IFNAME", config.optimizations.network_interface);
+  }
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
   }
@@ -205,6 +227,12 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   // checkpoint.
   c.argv.insert(c.argv.end(), {"--mca", "odls_base_sigkill_timeout",
                                std::to_string(std::max<std::int64_t>(1, config.scheduler.preemption_grace_seconds))});
+  if (const std::string& interface = config.optimizations.network_interface; !interface.empty()) {
+    require_network_interface(interface);
+    // Open MPI's TCP byte transfer layer (the ranks' messages) and its out-of-band channel
+    // (the daemons' wire-up) on that interface only.
+    c.argv.insert(c.argv.end(), {"--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface});
+  }
   c.env = rank_environment(config, allocation, options, restart_count, env);
   for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
   c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "hpctrial/core/batch_job.h"
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/json_file.h"
@@ -277,8 +278,7 @@ core::UniqueFd lock_trial(const std::string& trial_dir, int trial_id, const core
 namespace detail {
 
 std::string launcher_name(const core::Allocation& allocation) {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = core::host_name();
   const std::string job = allocation.in_job() ? allocation.scheduler + " job " + allocation.job_id + ", " : "";
   return "the launcher of " + job + "pid " + std::to_string(::getpid()) + " on " + host;
 }

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/files.h"
@@ -362,8 +363,7 @@ Supervisor::Scan Supervisor::failure_of_ended_processes(Clock::time_point now) {
 }
 
 Supervisor::Scan Supervisor::failure_of_local_records(Clock::time_point now) {
-  char host[256] = "";
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = core::host_name();
   std::optional<detail::RankFailure> found;
   for (const auto& [rank, record] : beats_) {
     if (record.host != host) continue;

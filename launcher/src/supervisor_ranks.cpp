@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/logging.h"
 #include "supervisor.h"
 
@@ -11,8 +12,7 @@ namespace hpctrial::launcher::detail {
 
 bool Supervisor::all_ranks_exited(int np, int code) const {
   if (static_cast<int>(beats_.size()) < np) return false;
-  char host[256] = "";
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = core::host_name();
   for (const auto& [rank, record] : beats_) {
     if (!record.end || record.end->kind != core::RankEnd::Kind::kExit || record.end->code != code) return false;
     if (record.host != host) continue;

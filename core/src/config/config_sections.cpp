@@ -245,6 +245,21 @@ void read_optimizations(MapReader& r, Optimizations& o) {
   if (const ConfigNode* n = r.get("replica_check_period")) {
     if (auto v = read_int(*n, r.path("replica_check_period"), d, 0, std::int64_t{1} << 40)) o.replica_check_period = *v;
   }
+  if (const ConfigNode* n = r.get("network_interface")) {
+    if (auto v = read_string(*n, r.path("network_interface"), d)) {
+      // A name as the kernel allows one (IFNAMSIZ), in the characters interface names use.
+      const bool valid = !v->empty() && v->size() < 16 &&
+                         v->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-") ==
+                             std::string::npos;
+      if (valid) {
+        o.network_interface = *v;
+      } else {
+        report(*n, r.path("network_interface"), d,
+               "\"" + *v + "\" is not a network interface's name (at most 15 letters, digits, '_', '.', ':' or '-', "
+               "as `ip link` lists them: ib0, eth1, enp65s0f0)");
+      }
+    }
+  }
   if (const ConfigNode* n = r.get("adaptive_batch_size")) read_adaptive_batch(*n, r.path("adaptive_batch_size"), d, o.adaptive_batch_size);
   r.finish();
 }

@@ -174,6 +174,7 @@ void emit_optimizations(YAML::Emitter& out, const Optimizations& o) {
   out << YAML::Key << "collective_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(o.collective_timeout_seconds);
   out << YAML::Key << "replica_check_period" << YAML::Value << o.replica_check_period;
+  if (!o.network_interface.empty()) out << YAML::Key << "network_interface" << YAML::Value << o.network_interface;
   if (o.adaptive_batch_size.enabled) emit_adaptive_batch(out, o.adaptive_batch_size);
   out << YAML::EndMap;
 }

@@ -1,5 +1,7 @@
 #include "hpctrial/core/env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "hpctrial/core/error.h"
@@ -49,6 +51,12 @@ std::string expand_env_references(const std::string& value, const EnvSource& env
     out += *found;
     at = end + 1;
   }
+}
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
 }
 
 }  // namespace hpctrial::core

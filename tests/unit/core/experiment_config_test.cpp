@@ -167,6 +167,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kBFloat16);
   EXPECT_EQ(c.optimizations.collective_timeout_seconds, 600);
   EXPECT_EQ(c.optimizations.replica_check_period, 500);
+  EXPECT_EQ(c.optimizations.network_interface, "ib0");
   EXPECT_EQ(c.reproducibility.experiment_seed, 4294967295u);
 
   EXPECT_EQ(c.checkpoint_storage.host_path, "/scratch/ckpt");
@@ -248,7 +249,7 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
                         "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
                         "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
                         "mixed_precision, gradient_compression, collective_timeout, replica_check_period, "
-                        "adaptive_batch_size"));
+                        "network_interface, adaptive_batch_size"));
 }
 
 TEST(ConfigErrors, MinSlotsPerTrial) {
@@ -515,6 +516,10 @@ TEST(ConfigErrors, GradientCompressionAndCollectiveTimeout) {
                         "one of none, fp16, bf16"));
   EXPECT_THAT(one_error(base + "optimizations: {replica_check_period: -1}\n"),
               HasSubstr("optimizations.replica_check_period: must be"));
+  EXPECT_EQ(parse_ok(base + "optimizations: {network_interface: ib0}\n").optimizations.network_interface, "ib0");
+  EXPECT_EQ(one_error(base + "optimizations: {network_interface: 'eth0; rm'}\n"),
+            "exp.yaml:4:36: optimizations.network_interface: \"eth0; rm\" is not a network interface's name (at most "
+            "15 letters, digits, '_', '.', ':' or '-', as `ip link` lists them: ib0, eth1, enp65s0f0)");
   EXPECT_THAT(one_error(base + "optimizations: {collective_timeout: 0s}\n"),
               HasSubstr("optimizations.collective_timeout: must be between 00:00:01 and"));
 }

@@ -178,6 +178,28 @@ TEST(MpirunCommand, TheGraceBecomesMpirunsSigkillTimeout) {
   EXPECT_EQ(*(it + 1), "120");
 }
 
+// optimizations.network_interface: Open MPI's TCP transports and NCCL's sockets on it; one this
+// host does not have is refused with the ones it has.
+TEST(MpirunCommand, TheNetworkInterfaceSetsOpenMpisAndNcclsTransports) {
+  const auto c = build_mpirun_command(parse("optimizations: {network_interface: lo}\n"), {}, options("/exp"), 0,
+                                      core::MapEnv{});
+  EXPECT_THAT(joined(c.argv), HasSubstr("--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "));
+  const std::map<std::string, std::string> values(c.env.begin(), c.env.end());
+  EXPECT_EQ(values.at("NCCL_SOCKET_IFNAME"), "lo");
+  const auto named = std::find(c.argv.begin(), c.argv.end(), "NCCL_SOCKET_IFNAME");
+  ASSERT_NE(named, c.argv.end());
+  EXPECT_EQ(*(named - 1), "-x") << "passed by name, as every variable";
+  const auto plain = build_mpirun_command(parse(""), {}, options("/exp"), 0, core::MapEnv{});
+  EXPECT_FALSE(has(plain.argv, "btl_tcp_if_include"));
+  try {
+    build_mpirun_command(parse("optimizations: {network_interface: nosuch0}\n"), {}, options("/exp"), 0, core::MapEnv{});
+    ADD_FAILURE() << "an interface this host lacks was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("optimizations.network_interface is 'nosuch0', which " + core::host_name() +
+                                    " does not have (it has: lo"));
+  }
+}
+
 TEST(MpirunCommand, TheContractAndTheConfigEnvironmentTravelByNameOnly) {
   core::MapEnv env({{"MY_TOKEN", "s3cr3t-value"}, {"HPCTRIAL_FAULT", "rank1:step7:sigkill"}, {"UNRELATED", "x"}});
   const auto config = parse("environment: {TOKEN: '${env:MY_TOKEN}', OMP_NUM_THREADS: 6}\n");

@@ -37,6 +37,9 @@ class MapEnv final : public EnvSource {
 // True when `name` is a valid POSIX environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_valid_env_name(const std::string& name);
 
+// This host's name (gethostname), as ranks record it in their heartbeats.
+std::string host_name();
+
 // `value` with every ${env:NAME} replaced by NAME from `env` (other text, $ included, taken as
 // it is). ConfigError("<key>: ${env:NAME} is not set ...") when a NAME is missing. The config
 // reader has already checked the references' syntax.

@@ -127,6 +127,9 @@ struct Optimizations {
   // The ranks compare checksums of their replicated state (parameters, unsharded optimizer
   // state) at every checkpoint and, when positive, every this many batches; 0: at checkpoints only.
   std::int64_t replica_check_period = 0;
+  // The network interface the ranks talk over (Determined's dtrain_network_interface): Open
+  // MPI's TCP transports and NCCL's sockets; empty: their own choice.
+  std::string network_interface;
   AdaptiveBatch adaptive_batch_size;
 };
 
