@@ -27,6 +27,7 @@ std::string prefix_of(int rank) { return "rank_files/" + std::to_string(rank) + 
 }  // namespace
 
 PrivateDirectory::PrivateDirectory(const std::string& purpose) {
+  // mkdtemp fills in the Xs (mode 0700); $TMPDIR is honoured.
   std::string templ = (fs::temp_directory_path() / ("hpctrial-" + purpose + "-XXXXXX")).string();
   if (::mkdtemp(templ.data()) == nullptr) {
     core::throw_errno("cannot make a private directory for " + purpose + " in " + fs::temp_directory_path().string() +
