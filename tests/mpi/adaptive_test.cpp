@@ -17,6 +17,7 @@
 #include "../unit/trainer/test_trial.h"
 #include "hpctrial/comm/communicator.h"
 #include "mpi_test_env.h"
+#include "state/state_io.h"
 #include "record_order.h"
 
 namespace hpctrial::trainer {
@@ -107,6 +108,80 @@ class AdaptiveTrial : public Trial {
   std::shared_ptr<RecordingSgd> optimizer_;
 };
 
+// Adam that remembers, for each step it takes, the steps its state had taken before it (AdaptDL
+// starts them afresh when the batch changes) and the records this rank trained the step on.
+class RecordingAdam : public torch::optim::Adam {
+ public:
+  using Adam::Adam;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    const auto& p = param_groups().at(0).params().at(0);
+    const auto it = state().find(detail::optimizer_state_key(p));
+    steps_before.push_back(it == state().end() ? 0 : static_cast<const torch::optim::AdamParamState&>(*it->second).step());
+    records.push_back(std::exchange(pending_records, 0));
+    return Adam::step(std::move(closure));
+  }
+  std::vector<std::int64_t> steps_before;
+  std::vector<std::int64_t> records;
+  std::int64_t pending_records = 0;
+};
+
+// The quadratic loss 0.5 |w - x|^2 averaged over records x, in 100 dimensions, minimised by Adam:
+// the per-record gradient w - x has the mean w - mu and the covariance diag(s^2). Half the
+// coordinates have much signal and little noise (mu 1, s 0.1), half the opposite (mu 0.1, s 2), so
+// Adam's preconditioner changes the noise scale several times over. w starts at 0.
+class AdamQuadraticTrial : public Trial {
+ public:
+  struct Options {
+    double lr = 0;  // 0: the gradients' distribution never changes
+    torch::Tensor* records_out = nullptr;
+    std::vector<std::int64_t>* steps_before = nullptr;  // RecordingAdam's
+    std::vector<std::int64_t>* step_records = nullptr;
+  };
+  static constexpr int kDims = 100;
+  static constexpr std::int64_t kRecords = 4096;
+
+  AdamQuadraticTrial(TrialContext& context, Options options) : context_(context), options_(options) {
+    torch::manual_seed(17);
+    const auto signal = torch::arange(kDims) < kDims / 2;
+    const auto mu = torch::where(signal, torch::full({kDims}, 1.0), torch::full({kDims}, 0.1));
+    const auto s = torch::where(signal, torch::full({kDims}, 0.1), torch::full({kDims}, 2.0));
+    const auto x = torch::randn({kRecords, kDims}) * s + mu;
+    if (options_.records_out != nullptr) *options_.records_out = x;
+    dataset_ = std::make_shared<TensorDataset>(x, torch::zeros({kRecords, 1}));
+    model_ = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(kDims, 1).bias(false)));
+    {
+      torch::NoGradGuard no_grad;
+      model_->weight.zero_();
+    }
+    optimizer_ = context.wrap_optimizer(std::make_shared<RecordingAdam>(
+        model_->parameters(), torch::optim::AdamOptions(options_.lr).betas({0.9, 0.99})));
+  }
+  ~AdamQuadraticTrial() override {
+    if (options_.steps_before != nullptr) *options_.steps_before = optimizer_->steps_before;
+    if (options_.step_records != nullptr) *options_.step_records = optimizer_->records;
+  }
+
+  Metrics train_batch(Batch& batch, std::int64_t, std::int64_t) override {
+    const auto loss = 0.5 * (model_->weight - batch.data).pow(2).sum(1).mean();
+    context_.backward(loss);
+    optimizer_->pending_records += batch.data.size(0);
+    context_.step_optimizer(*optimizer_);
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(Batch& batch) override {
+    return {{"validation_loss", 0.5 * (model_->weight - batch.data).pow(2).sum(1).mean()}};
+  }
+  DataLoader build_training_data_loader() override { return {dataset_, context_.per_slot_batch_size()}; }
+  DataLoader build_validation_data_loader() override { return {dataset_, 512, false}; }
+
+ private:
+  TrialContext& context_;
+  Options options_;
+  std::shared_ptr<TensorDataset> dataset_;
+  torch::nn::Linear model_{nullptr};
+  std::shared_ptr<RecordingAdam> optimizer_;
+};
+
 // A step's time as a fixed cost per micro-batch, a cost per record and an all-reduce.
 double modelled_seconds(std::int64_t local_batch, std::int64_t accumulation, int ranks) {
   return static_cast<double>(accumulation) * (0.004 + 0.0001 * static_cast<double>(local_batch)) + (ranks > 1 ? 0.003 : 0);
@@ -117,8 +192,8 @@ struct AdaptiveRun {
   std::vector<nlohmann::json> training_lines;  // the chief's
 };
 
-AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::string& dir,
-                  AdaptiveTrial::Options options, bool modelled_time = true) {
+AdaptiveRun train_trial(comm::Communicator& comm, const std::string& yaml, const std::string& dir,
+                        const TrialFactory& factory, bool modelled_time = true) {
   LoopOptions loop;
   loop.trial_dir = dir;
   loop.progress_interval_s = 0;
@@ -128,9 +203,6 @@ AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::
   loop.external_stop = &rank::stop_signal_received();
   if (modelled_time) loop.adaptive_step_seconds = modelled_seconds;
   rank::install_stop_handlers();
-  TrialFactory factory = [&](TrialContext& context) {
-    return std::unique_ptr<Trial>(std::make_unique<AdaptiveTrial>(context, options));
-  };
   AdaptiveRun out;
   out.result = run_training(config_from(yaml), factory, comm, loop);
   rank::clear_stop_signal();
@@ -142,6 +214,20 @@ AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::
     }
   }
   return out;
+}
+
+AdaptiveRun train(comm::Communicator& comm, const std::string& yaml, const std::string& dir,
+                  AdaptiveTrial::Options options, bool modelled_time = true) {
+  return train_trial(comm, yaml, dir, [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<AdaptiveTrial>(context, options));
+  }, modelled_time);
+}
+
+AdaptiveRun train_adam(comm::Communicator& comm, const std::string& yaml, const std::string& dir,
+                       AdamQuadraticTrial::Options options) {
+  return train_trial(comm, yaml, dir, [&](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<AdamQuadraticTrial>(context, options));
+  });
 }
 
 std::string yaml(std::int64_t base, const std::string& adaptive, std::int64_t length = 300) {
@@ -215,6 +301,79 @@ TEST(AdaptiveBatch, EachScalingRuleGivesItsLearningRate) {
         EXPECT_LE(lrs[i], 0.01 * most + 1e-12) << rule << " step " << i;
       }
     }
+    if (comm.is_chief()) std::filesystem::remove_all(dir);
+    comm.barrier();
+  }
+}
+
+// The noise scale tr(S) / |G|^2 measured over some 3000 steps of 8 records a rank (the
+// preconditioned estimate is noisier than the raw one: its signal is smaller beside its noise), against the one
+// computed from the records themselves: under `adamscale` (AdaptDL's AdamScale() passed to
+// AdaptiveDataParallel) that of the gradients divided by Adam's preconditioner sqrt(v) + eps, v the
+// expected square of the averaged gradient; under `auto` (AdaptDL's default for Adam) that of the
+// gradients as they are. The two differ several times over, so each reading fails the other's test.
+TEST(AdaptiveBatch, AdamScaleMeasuresTheNoiseOfAdamPreconditionedGradients) {
+  comm::MpiCommunicator comm(env().world());
+  const int ranks = comm.size();
+  for (const std::string rule : {"adamscale", "auto"}) {
+    const std::string dir = shared_dir("adam-" + rule);
+    torch::Tensor x;
+    AdamQuadraticTrial::Options options;
+    options.records_out = &x;
+    const AdaptiveRun run = train_adam(comm, yaml(8, "max_batch_size: " + std::to_string(8 * ranks) +
+                                                         ", local_batch_size_bounds: [8, 8], smoothing: 0.998, "
+                                                         "scaling_rule: " + rule, 6000),
+                                       dir, options);
+    // On the chief alone; a failed assertion leaves the lambda, not the test (the others wait).
+    if (comm.is_chief()) [&] {
+      ASSERT_FALSE(run.training_lines.empty()) << rule;
+      // The records' own moments, in double precision: G = w - mu = -mu, S = diag(var).
+      const auto records = x.to(torch::kFloat64);
+      const auto g = -records.mean(0);
+      const auto var = records.var(0, /*unbiased=*/false);
+      const double batch = 8.0 * ranks;
+      const auto divisor = (g.pow(2) + var / batch).sqrt() + 1e-8;
+      const double raw = var.sum().item<double>() / g.pow(2).sum().item<double>();
+      const double preconditioned = (var / divisor.pow(2)).sum().item<double>() / (g / divisor).pow(2).sum().item<double>();
+      ASSERT_GT(preconditioned, 3 * raw) << "the two readings would not be told apart";
+      const double expected = rule == "adamscale" ? preconditioned : raw;
+      const auto& last = run.training_lines.back()["metrics"];
+      const double measured = last["adaptive_noise_scale"].get<double>();
+      EXPECT_NEAR(measured, expected, 0.1 * expected) << rule << " on " << ranks << " ranks (raw " << raw
+                                                      << ", preconditioned " << preconditioned << ")";
+      std::filesystem::remove_all(dir);
+    }();
+    comm.barrier();
+  }
+}
+
+// AdaptDL's AdamGradientNoiseScale starts Adam's moments afresh whenever the batch's scale
+// changes: each step the optimizer takes right after a change finds its state at step 0, every
+// other one step further than the last. `auto` (the raw noise) never resets them.
+TEST(AdaptiveBatch, AdamScaleStartsAdamsMomentsAfreshWhenTheBatchChanges) {
+  comm::MpiCommunicator comm(env().world());
+  const std::string adaptive = "max_batch_size: 256, local_batch_size_bounds: [2, 32], gradient_accumulation: true, "
+                               "decision_interval: 4, smoothing: 0.9, scaling_rule: ";
+  for (const std::string rule : {"adamscale", "auto"}) {
+    const std::string dir = shared_dir("adam-reset-" + rule);
+    std::vector<std::int64_t> steps_before, records;
+    AdamQuadraticTrial::Options options;
+    options.lr = 0.01;
+    options.steps_before = &steps_before;
+    options.step_records = &records;
+    train_adam(comm, yaml(16, adaptive + rule, 120), dir, options);
+    ASSERT_FALSE(steps_before.empty()) << rule;
+    ASSERT_EQ(steps_before.size(), records.size());
+    EXPECT_EQ(steps_before[0], 0) << rule;
+    int changes = 0;
+    for (std::size_t k = 1; k < records.size(); ++k) {
+      const bool changed = records[k] != records[k - 1];
+      changes += changed;
+      const std::int64_t expected = rule == "adamscale" && changed ? 0 : steps_before[k - 1] + 1;
+      EXPECT_EQ(steps_before[k], expected) << rule << ": step " << k << " of " << records[k] << " records a rank, after "
+                                           << records[k - 1];
+    }
+    EXPECT_GT(changes, 0) << rule << ": the batch never changed: the test would not test a reset";
     if (comm.is_chief()) std::filesystem::remove_all(dir);
     comm.barrier();
   }

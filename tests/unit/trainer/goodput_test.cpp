@@ -208,5 +208,42 @@ TEST(AdaptiveBatchState, OneRankKeepsTheBaseBatchWhateverEstimateItResumedWith) 
   EXPECT_EQ(one.state_dict().at("noise"), two.state_dict().at("noise")) << "the estimate is kept for more ranks";
 }
 
+// AdamScale's moments start afresh when a step's scale differs from the last step's: at a fresh
+// run's first step, at a change of batch, and after a resume only when the batch changed there.
+TEST(AdaptiveBatchState, AScaleChangeIsTheFirstStepAndEachChangeOfBatchAcrossAResume) {
+  core::AdaptiveBatch config;
+  config.enabled = true;
+  config.max_batch_size = 256;
+  config.min_local_batch = 8;
+  config.max_local_batch = 64;
+  AdaptiveBatchState state(config, 16, 4096, 2);
+  state.apply({16, 1, 2});
+  EXPECT_TRUE(state.take_scale_change()) << "a fresh run's first step";
+  EXPECT_FALSE(state.take_scale_change());
+  state.apply({8, 2, 2});  // another split of the same 32 records: the same scale
+  EXPECT_FALSE(state.take_scale_change());
+  state.apply({24, 1, 2});
+  EXPECT_TRUE(state.take_scale_change());
+  EXPECT_FALSE(state.take_scale_change());
+
+  AdaptiveBatchState resumed(config, 16, 4096, 2);
+  resumed.restore(state.state_dict());
+  EXPECT_FALSE(resumed.take_scale_change()) << "the same batch as the checkpoint's";
+  // A checkpoint written before the scale was kept: its moments are of its own batch.
+  nlohmann::json older = state.state_dict();
+  older.erase("moments_scale");
+  AdaptiveBatchState from_older(config, 16, 4096, 2);
+  from_older.restore(older);
+  EXPECT_FALSE(from_older.take_scale_change());
+  // Resumed on 4 ranks, the batch is chosen again: the scale changes with it.
+  AdaptiveBatchState four(config, 16, 4096, 4);
+  four.restore(state.state_dict());
+  EXPECT_EQ(four.take_scale_change(), four.shape().global() != 48);
+  // A run without an adaptive batch trained at the base batch, and this one starts at 2 ranks' 32.
+  AdaptiveBatchState fixed(config, 16, 4096, 2);
+  fixed.continue_fixed_run(100);
+  EXPECT_EQ(fixed.take_scale_change(), fixed.shape().global() != 16);
+}
+
 }  // namespace goodput_test
 }  // namespace hpctrial::trainer::detail

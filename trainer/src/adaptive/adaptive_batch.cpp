@@ -49,6 +49,13 @@ void AdaptiveBatchState::end_step(const std::optional<GradientNorms>& norms, dou
   if (step_seconds > 0) model_.observe(shape_, std::max(0.0, step_seconds - sync_seconds), step_seconds);
 }
 
+bool AdaptiveBatchState::take_scale_change() {
+  const double scale = static_cast<double>(shape_.global()) / static_cast<double>(limits_.base_batch);
+  if (std::abs(scale - moments_scale_) <= 1e-8 + 1e-5 * moments_scale_) return false;  // numpy's isclose (AdaptDL's)
+  moments_scale_ = scale;
+  return true;
+}
+
 bool AdaptiveBatchState::decision_due() const {
   return steps_ - last_decision_step_ >= config_.decision_interval;
 }
@@ -89,6 +96,7 @@ void AdaptiveBatchState::continue_fixed_run(std::int64_t batches) {
   steps_ = batches;
   last_decision_step_ = batches;
   progress_ = static_cast<double>(batches);
+  moments_scale_ = 1;  // the optimizer's moments were gathered at the base batch
 }
 
 bool AdaptiveBatchState::restore(const nlohmann::json& state) {
@@ -104,6 +112,9 @@ bool AdaptiveBatchState::restore(const nlohmann::json& state) {
     shape_ = {shape.at("local_batch").get<std::int64_t>(), shape.at("accumulation").get<std::int64_t>(), saved_ranks};
     noise_.load_state_dict(state.at("noise"));
     model_.load_state_dict(state.at("throughput"));
+    // A checkpoint written before the scale was kept: its moments were gathered at its batch.
+    moments_scale_ = state.value("moments_scale", 0.0);
+    if (!(moments_scale_ > 0)) moments_scale_ = static_cast<double>(shape_.global()) / static_cast<double>(limits_.base_batch);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(std::string("the adaptive batch state is malformed: ") + e.what());
   }
@@ -126,7 +137,8 @@ nlohmann::json AdaptiveBatchState::state_dict() const {
           {"progress", progress_},
           {"shape", {{"local_batch", shape_.local_batch}, {"accumulation", shape_.accumulation}, {"ranks", shape_.ranks}}},
           {"noise", noise_.state_dict()},
-          {"throughput", model_.state_dict()}};
+          {"throughput", model_.state_dict()},
+          {"moments_scale", moments_scale_}};
 }
 
 std::map<std::string, double> AdaptiveBatchState::metrics() const {

@@ -71,6 +71,11 @@ class AdaptiveBatchState {
   // and exposed gradient all-reduce.
   void end_step(const std::optional<GradientNorms>& norms, double step_seconds, double sync_seconds);
 
+  // AdamScale's preconditioned noise: whether the step about to run has another scale (batch /
+  // base batch) than the last step asked about - AdaptDL starts Adam's moments afresh then. The
+  // first step of a fresh run has; a resumed run's first step has only when its batch changed.
+  bool take_scale_change();
+
   bool decision_due() const;
   // The chief's choice for the next steps.
   BatchChoice decide() const;
@@ -106,6 +111,7 @@ class AdaptiveBatchState {
   double step_gain_ = 1;
   double lr_factor_ = 1;
   double warmup_ = 0;  // LEGW's, in base steps
+  double moments_scale_ = 0;  // take_scale_change()'s last scale; 0 before the first step
 };
 
 }  // namespace hpctrial::trainer::detail

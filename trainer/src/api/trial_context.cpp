@@ -172,6 +172,11 @@ void TrialContext::measure_gradient_noise(bool on) {
   if (gradient_sync_) gradient_sync_->measure_norms(on);
 }
 
+void TrialContext::precondition_gradient_noise(NoisePreconditioner preconditioner) {
+  noise_preconditioner_ = std::move(preconditioner);
+  if (gradient_sync_) gradient_sync_->precondition_norms(noise_preconditioner_);
+}
+
 void TrialContext::record_gradient_norms(const GradientNorms& norms, double seconds) {
   gradient_norms_ = norms;
   estimator_seconds_ += seconds;
@@ -230,6 +235,7 @@ detail::GradientSync& TrialContext::gradient_sync() {
     gradient_sync_ =
         std::make_unique<detail::GradientSync>(parameters, *data_communicator_, data_device_communicator_, options);
     gradient_sync_->measure_norms(measure_noise_);
+    gradient_sync_->precondition_norms(noise_preconditioner_);
   }
   return *gradient_sync_;
 }

@@ -13,8 +13,55 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "loop/loop.h"
+#include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
+namespace {
+
+// AdaptDL's AdamGradientNoiseScale (adaptdl/torch/gradient_noise_scale.py), for LibTorch's Adam
+// and AdamW: each parameter's preconditioner sqrt(v / (1 - beta2^step)) + eps from its second
+// moment once it has taken 5 steps (undefined, the identity, before that and for a parameter the
+// optimizer does not hold).
+template <typename State, typename Options>
+std::vector<torch::Tensor> adam_preconditioners(const torch::optim::Optimizer& optimizer,
+                                                const std::vector<torch::Tensor>& parameters) {
+  std::unordered_map<const void*, torch::Tensor> found;
+  for (const auto& group : optimizer.param_groups()) {
+    const auto& options = static_cast<const Options&>(group.options());
+    const double beta2 = std::get<1>(options.betas());
+    for (const auto& p : group.params()) {
+      const auto it = optimizer.state().find(optimizer_state_key(p));
+      if (it == optimizer.state().end()) continue;
+      const auto& state = static_cast<const State&>(*it->second);
+      if (state.step() < 5) continue;
+      const double correction = 1 - std::pow(beta2, static_cast<double>(state.step()));
+      found[p.unsafeGetTensorImpl()] = (state.exp_avg_sq().sqrt() / std::sqrt(correction)).add_(options.eps());
+    }
+  }
+  std::vector<torch::Tensor> out;
+  out.reserve(parameters.size());
+  for (const auto& p : parameters) {
+    const auto it = found.find(p.unsafeGetTensorImpl());
+    out.push_back(it == found.end() ? torch::Tensor() : it->second);
+  }
+  return out;
+}
+
+// ... and Adam started afresh, as AdaptDL does when the batch's scale changes: both moments zero,
+// no step taken (max_exp_avg_sq, AMSGrad's, is kept, as AdaptDL keeps it).
+template <typename State>
+void reset_adam_moments(torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  for (auto& [key, base] : optimizer.state()) {
+    auto& state = static_cast<State&>(*base);
+    if (state.step() == 0) continue;
+    state.exp_avg().zero_();
+    state.exp_avg_sq().zero_();
+    state.step(0);
+  }
+}
+
+}  // namespace
 
 void Loop::setup_adaptive() {
   const core::AdaptiveBatch& config = config_.optimizations.adaptive_batch_size;
@@ -46,11 +93,33 @@ void Loop::setup_adaptive() {
   }
   adaptive_ = std::make_unique<AdaptiveBatchState>(resolved, global_batch_, records_per_epoch_, comm_.size());
   context_->measure_gradient_noise(true);
+  // AdamScale named in the config is AdaptDL's AdamScale() passed to AdaptiveDataParallel: the
+  // noise of Adam-preconditioned gradients; `auto` measures the raw ones, as AdaptDL's default does.
+  if (config.scaling_rule == core::ScalingRule::kAdamScale) {
+    const auto& engine = context_->engine_config();
+    if (!adam) {
+      core::log_info("adaptive batch: adamscale measures the gradient noise as it is: the optimizer is not an Adam "
+                     "or AdamW, whose second moments precondition it");
+    } else if (engine && engine->zero_stage > 0) {
+      core::log_info("adaptive batch: adamscale measures the gradient noise as it is: under ZeRO each rank holds "
+                     "Adam's second moments of its shard only");
+    } else {
+      const bool adamw = dynamic_cast<torch::optim::AdamW*>(optimizer) != nullptr;
+      context_->precondition_gradient_noise([optimizer, adamw](const std::vector<torch::Tensor>& parameters) {
+        return adamw ? adam_preconditioners<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(*optimizer, parameters)
+                     : adam_preconditioners<torch::optim::AdamParamState, torch::optim::AdamOptions>(*optimizer, parameters);
+      });
+      reset_adam_ = adamw ? reset_adam_moments<torch::optim::AdamWParamState>
+                          : reset_adam_moments<torch::optim::AdamParamState>;
+      preconditioned_optimizer_ = optimizer;
+    }
+  }
   // An engine trial's loop batch is a whole step: the engine accumulates its micro-batches.
   engine_runner_ = dynamic_cast<EngineTrialRunner*>(trial_.get());
 }
 
 void Loop::start_adaptive_step() {
+  if (preconditioned_optimizer_ != nullptr && adaptive_->take_scale_change()) reset_adam_(*preconditioned_optimizer_);
   adaptive_->start_step();
   if (!engine_runner_) context_->set_aggregation(adaptive_->shape().accumulation, batches_trained_);
   context_->set_lr_factor(adaptive_->lr_factor());

@@ -261,6 +261,9 @@ class Loop {
   // The adaptive batch: its state, where the step under way stands.
   std::unique_ptr<detail::AdaptiveBatchState> adaptive_;
   EngineTrialRunner* engine_runner_ = nullptr;  // an engine trial's, with an adaptive batch
+  // AdamScale's preconditioned noise: the Adam optimizer, and what resets its moments.
+  torch::optim::Optimizer* preconditioned_optimizer_ = nullptr;
+  void (*reset_adam_)(torch::optim::Optimizer&) = nullptr;
   std::uint64_t data_seed_ = 0;
   std::int64_t micro_in_step_ = 0;        // micro-batches of the step under way trained
   std::int64_t batches_since_optimizer_step_ = 0;  // loop batches whose EveryBatch LR steps wait

@@ -295,7 +295,7 @@ void GradientSync::launch(Bucket& bucket) {
     const auto started = std::chrono::steady_clock::now();
     local_sqr_ += bucket.reductions_in_batch > 1 || bucket.snapshot.defined()
                       ? std::numeric_limits<double>::quiet_NaN()
-                      : squared_norm(bucket.flat, bucket.grads);
+                      : measured_norm(bucket);
     // The last bucket: every rank's norm travels in its extra value, summed with the gradients.
     if (carrier_ && &bucket == &buckets_.back()) {
       set_value(bucket.flat, bucket.grads, local_sqr_ / static_cast<double>(world_size_));
@@ -334,7 +334,7 @@ GradientSync::Norms GradientSync::take_norms() {
   torch::NoGradGuard no_grad;
   const auto started = std::chrono::steady_clock::now();
   Norms norms;
-  for (const auto& bucket : buckets_) norms.global_sqr += squared_norm(bucket.flat, bucket.grads);
+  for (const auto& bucket : buckets_) norms.global_sqr += measured_norm(bucket);
   const double world = static_cast<double>(world_size_);
   if (carrier_) {
     // The ranks' norms, summed with the last bucket: their mean.
@@ -344,8 +344,30 @@ GradientSync::Norms GradientSync::take_norms() {
     norms.local_sqr = local_sqr_ * world * world;
   }
   local_sqr_ = 0;
+  preconditioned_ = false;
   measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return norms;
+}
+
+double GradientSync::measured_norm(const Bucket& bucket) {
+  if (!preconditioner_) return squared_norm(bucket.flat, bucket.grads);
+  if (!preconditioned_) {
+    preconditioners_ = preconditioner_(parameters_);
+    if (preconditioners_.size() != parameters_.size()) {
+      throw InternalError("a gradient preconditioner for " + std::to_string(preconditioners_.size()) +
+                          " parameters, not " + std::to_string(parameters_.size()));
+    }
+    preconditioned_ = true;
+  }
+  double sum = 0;
+  for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+    const std::size_t i = bucket.parameters[k];
+    const torch::Tensor grad = bucket.flat.narrow(0, bucket.offsets[k], parameters_[i].numel());
+    const torch::Tensor& divisor = preconditioners_[i];
+    const torch::Tensor scaled = divisor.defined() ? grad / divisor.reshape({-1}) : grad;
+    sum += scaled.pow(2).sum(torch::kFloat64).item<double>();
+  }
+  return sum;
 }
 
 double GradientSync::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }

@@ -28,6 +28,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -73,6 +74,12 @@ class GradientSync {
   // The adaptive batch's measurements (adaptive_batch.h). With `on`, each bucket's squared norm
   // is summed just before its all-reduce: this rank's own gradient.
   void measure_norms(bool on) { measure_ = on; }
+  // Each parameter's preconditioner, given the parameters (in this sync's order): the norms are
+  // then of each gradient divided by its preconditioner, elementwise (AdamScale's, docs/adaptive.md);
+  // an undefined tensor leaves that gradient as it is. Asked once a step, as its first bucket is
+  // measured: after the previous optimizer step, before this one. Null: the gradients as they are.
+  using Preconditioner = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+  void precondition_norms(Preconditioner preconditioner) { preconditioner_ = std::move(preconditioner); }
   // After reduce(): the squared norm of this rank's own mean gradient - the ranks' mean of it when
   // `averaged` (it travelled with the last bucket), else this rank's alone - and the averaged
   // gradient's; NaN for the first when a bucket was reduced twice in the step. Starts the next.
@@ -117,6 +124,8 @@ class GradientSync {
   void complete(Bucket& bucket);
   void attach_views();
   void start_batch(std::int64_t batch);
+  // The squared norm of a bucket's gradients, preconditioned when asked to.
+  double measured_norm(const Bucket& bucket);
 
   std::vector<torch::Tensor> parameters_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -137,6 +146,9 @@ class GradientSync {
   bool measure_ = false;
   bool carrier_ = false;  // the last bucket carries the ranks' norms
   double local_sqr_ = 0;
+  Preconditioner preconditioner_;
+  std::vector<torch::Tensor> preconditioners_;  // this step's, one per parameter
+  bool preconditioned_ = false;                 // preconditioners_ holds this step's
   double wait_seconds_ = 0;
   double measure_seconds_ = 0;
 };

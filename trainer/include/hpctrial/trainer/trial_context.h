@@ -350,6 +350,11 @@ class TrialContext {
   void measure_gradient_noise(bool on);
   // Whether steps measure their gradients' norms: asked for, on more than one rank.
   bool measuring_gradient_noise() const { return measure_noise_ && data_parallel_size() > 1; }
+  // AdamScale's preconditioned noise (docs/adaptive.md): the norms are of the gradients divided,
+  // elementwise, by `preconditioner(parameters)`'s tensor for each (undefined: by 1), asked for
+  // once a step before the first is measured. Null: the gradients as they are.
+  using NoisePreconditioner = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+  void precondition_gradient_noise(NoisePreconditioner preconditioner);
   // One step's squared gradient norms: the ranks' mean of their own gradients' (over
   // `local_micro_batches` micro-batches each, 0 meaning all of the step's), and the averaged one's.
   struct GradientNorms {
@@ -431,6 +436,7 @@ class TrialContext {
   std::int64_t aggregation_origin_ = 0;  // a batch that began a step
   double lr_factor_ = 1;
   bool measure_noise_ = false;
+  NoisePreconditioner noise_preconditioner_;
   double estimator_seconds_ = 0;
   double sync_wait_seconds_ = 0;
   std::optional<GradientNorms> gradient_norms_;
