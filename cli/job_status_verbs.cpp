@@ -276,6 +276,22 @@ int print_best(const core::ExperimentLayout& layout, const core::ExperimentConfi
                     "` shows where each stands");
 }
 
+// A trial's last failure, with where each rank was when a watchdog ended it, and a hand-over
+// that failed.
+void print_failures(std::ostream& out, const core::TrialProgress& progress) {
+  if (!progress.last_failure.empty()) out << "  last failure: " << progress.last_failure << "\n";
+  for (const auto& [rank, operations] : progress.last_failure_flight) {
+    out << "    rank " << rank << " last: " << operations << "\n";
+  }
+  if (const auto& failed = progress.failed_hand_over) {
+    // The job stopped after a durable checkpoint, but its scheduler did not take the trial back.
+    out << "  hand-over:   failed at " << failed->time << " when job " << failed->job << " stopped (" << failed->tries
+        << (failed->tries == 1 ? " try" : " tries") << "): " << failed->error
+        << "; nothing resumes the trial until you do\n"
+        << "  resume with: " << (failed->resume.empty() ? "submit the experiment again" : failed->resume) << "\n";
+  }
+}
+
 int run_describe(const std::vector<std::string>& args) {
   po::options_description options;
   bool best = false;
@@ -341,15 +357,7 @@ best trial's best checkpoint alone.
                 << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
                 << "), from batch " << run.batches << ", started " << run.started << "\n";
     }
-    if (!progress.last_failure.empty()) std::cout << "  last failure: " << progress.last_failure << "\n";
-    if (const auto& failed = progress.failed_hand_over) {
-      // The job stopped after a durable checkpoint, but its scheduler did not take the trial back.
-      std::cout << "  hand-over:   failed at " << failed->time << " when job " << failed->job << " stopped ("
-                << failed->tries << (failed->tries == 1 ? " try" : " tries") << "): " << failed->error
-                << "; nothing resumes the trial until you do\n"
-                << "  resume with: " << (failed->resume.empty() ? "submit the experiment again" : failed->resume)
-                << "\n";
-    }
+    print_failures(std::cout, progress);
     if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
   }
   return kExitOk;

@@ -204,8 +204,9 @@ const char* to_string(ReduceOp op) {
 // An async collective: queued by the caller, run by the worker thread.
 class MpiCommunicator::Task final : public Work {
  public:
-  Task(Watchdog* watchdog, const char* operation, std::uint64_t channel, std::function<void(MPI_Comm)> run)
-      : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel) : 0), run_(std::move(run)) {}
+  Task(Watchdog* watchdog, const char* operation, std::uint64_t channel, std::uint64_t bytes,
+       std::function<void(MPI_Comm)> run)
+      : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel, bytes) : 0), run_(std::move(run)) {}
 
   bool wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -284,8 +285,8 @@ MPI_Op MpiCommunicator::mpi_op(DType dtype, ReduceOp op) const {
   return to_mpi(op);
 }
 
-WorkHandle MpiCommunicator::enqueue(const char* operation, std::function<void(MPI_Comm)> run) {
-  auto task = std::make_shared<Task>(watchdog_, operation, channel_, std::move(run));
+WorkHandle MpiCommunicator::enqueue(const char* operation, std::uint64_t bytes, std::function<void(MPI_Comm)> run) {
+  auto task = std::make_shared<Task>(watchdog_, operation, channel_, bytes, std::move(run));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
@@ -316,13 +317,13 @@ WorkHandle MpiCommunicator::allreduce_async(void* data, std::size_t count, DType
   if (size_ == 1 || count == 0) return completed_work();
   const int size = size_;
   const MPI_Op reduction = mpi_op(dtype, op);
-  return enqueue("allreduce", [=](MPI_Comm comm) { allreduce_on(comm, size, data, count, dtype, op, reduction); });
+  return enqueue("allreduce", count * dtype_size(dtype), [=](MPI_Comm comm) { allreduce_on(comm, size, data, count, dtype, op, reduction); });
 }
 
 WorkHandle MpiCommunicator::broadcast_async(void* data, std::size_t bytes, int root) {
   check_root(root, size_, "broadcast");
   if (size_ == 1 || bytes == 0) return completed_work();
-  return enqueue("broadcast", [=](MPI_Comm comm) { broadcast_on(comm, data, bytes, root); });
+  return enqueue("broadcast", bytes, [=](MPI_Comm comm) { broadcast_on(comm, data, bytes, root); });
 }
 
 WorkHandle MpiCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
@@ -332,7 +333,7 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const void* send, void* recv, s
   if (count == 0) return completed_work();
   const int rank = rank_, size = size_;
   const MPI_Op reduction = mpi_op(dtype, op);
-  return enqueue("reduce_scatter", [=](MPI_Comm comm) {
+  return enqueue("reduce_scatter", count * dtype_size(dtype), [=](MPI_Comm comm) {
     reduce_scatter_on(comm, rank, size, send, recv, count, dtype, op, reduction);
   });
 }
@@ -341,35 +342,35 @@ WorkHandle MpiCommunicator::allgather_async(const void* send, void* recv, std::s
   if (size_ == 1) return LocalCommunicator().allgather_async(send, recv, count, dtype);
   if (count == 0) return completed_work();
   const int rank = rank_, size = size_;
-  return enqueue("allgather", [=](MPI_Comm comm) { allgather_on(comm, rank, size, send, recv, count, dtype); });
+  return enqueue("allgather", count * dtype_size(dtype), [=](MPI_Comm comm) { allgather_on(comm, rank, size, send, recv, count, dtype); });
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op);
   if (size_ == 1) return LocalCommunicator().reduce_scatter(send, recv, count, dtype, op);
   if (count == 0) return;
-  Watchdog::Scope watch(watchdog_, "reduce_scatter", channel_);
+  Watchdog::Scope watch(watchdog_, "reduce_scatter", channel_, count * dtype_size(dtype));
   reduce_scatter_on(comm_.get(), rank_, size_, send, recv, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::allgather(const void* send, void* recv, std::size_t count, DType dtype) {
   if (size_ == 1) return LocalCommunicator().allgather(send, recv, count, dtype);
   if (count == 0) return;
-  Watchdog::Scope watch(watchdog_, "allgather", channel_);
+  Watchdog::Scope watch(watchdog_, "allgather", channel_, count * dtype_size(dtype));
   allgather_on(comm_.get(), rank_, size_, send, recv, count, dtype);
 }
 
 void MpiCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op);
   if (size_ == 1 || count == 0) return;
-  Watchdog::Scope watch(watchdog_, "allreduce", channel_);
+  Watchdog::Scope watch(watchdog_, "allreduce", channel_, count * dtype_size(dtype));
   allreduce_on(comm_.get(), size_, data, count, dtype, op, mpi_op(dtype, op));
 }
 
 void MpiCommunicator::broadcast(std::string& bytes, int root) {
   check_root(root, size_, "broadcast");
   if (size_ == 1) return;
-  Watchdog::Scope watch(watchdog_, "broadcast", channel_);
+  Watchdog::Scope watch(watchdog_, "broadcast", channel_, rank_ == root ? bytes.size() : 0);
   std::uint64_t length = bytes.size();
   HPCTRIAL_MPI_CHECK(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_.get()));
   bytes.resize(length);
@@ -378,7 +379,7 @@ void MpiCommunicator::broadcast(std::string& bytes, int root) {
 
 std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
   if (bytes.size() > INT_MAX) throw CommError("allgather of " + std::to_string(bytes.size()) + " bytes: too large");
-  Watchdog::Scope watch(watchdog_, "allgather", channel_);
+  Watchdog::Scope watch(watchdog_, "allgather", channel_, bytes.size());
   const int mine = static_cast<int>(bytes.size());
   std::vector<int> sizes(static_cast<std::size_t>(size_));
   HPCTRIAL_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm_.get()));
@@ -402,7 +403,7 @@ std::vector<std::string> MpiCommunicator::allgather(const std::string& bytes) {
 std::vector<std::string> MpiCommunicator::gather(const std::string& bytes, int root) {
   check_root(root, size_, "gather");
   if (bytes.size() > INT_MAX) throw CommError("gather of " + std::to_string(bytes.size()) + " bytes: too large");
-  Watchdog::Scope watch(watchdog_, "gather", channel_);
+  Watchdog::Scope watch(watchdog_, "gather", channel_, bytes.size());
   // Every rank learns the total first, so that all of them refuse a gather too large together.
   std::int64_t total = static_cast<std::int64_t>(bytes.size());
   HPCTRIAL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT64_T, MPI_SUM, comm_.get()));

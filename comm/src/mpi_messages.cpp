@@ -41,10 +41,11 @@ std::uint64_t MpiCommunicator::message_channel(int from, int to) const {
 // send the peer has taken is done, though this rank only sees it when it waits.
 class MpiCommunicator::Message final : public Work {
  public:
-  Message(Watchdog* watchdog, const char* operation, std::uint64_t channel, bool receive)
+  Message(Watchdog* watchdog, const char* operation, std::uint64_t channel, bool receive, std::uint64_t bytes)
       : watchdog_(watchdog),
         operation_(operation),
         channel_(channel),
+        bytes_(bytes),
         number_(watchdog ? watchdog->count(channel) : 0),
         receive_(receive) {}
   ~Message() override {
@@ -60,7 +61,7 @@ class MpiCommunicator::Message final : public Work {
 
   bool wait(std::chrono::milliseconds timeout) override {
     if (finished_) return true;
-    if (watchdog_ != nullptr && pending_ == 0) pending_ = watchdog_->begin(operation_, channel_, number_);
+    if (watchdog_ != nullptr && pending_ == 0) pending_ = watchdog_->begin(operation_, channel_, number_, bytes_);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int polls = 0;; ++polls) {
       int done = 0;
@@ -84,6 +85,7 @@ class MpiCommunicator::Message final : public Work {
   Watchdog* watchdog_;
   const char* operation_;
   std::uint64_t channel_;
+  std::uint64_t bytes_;
   std::uint64_t number_;
   bool receive_;
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -93,14 +95,16 @@ class MpiCommunicator::Message final : public Work {
 
 WorkHandle MpiCommunicator::send_async(const void* data, std::size_t count, DType dtype, int peer) {
   const int bytes = detail::message_bytes(count, dtype, peer, rank_, size_, "send");
-  auto message = std::make_shared<Message>(watchdog_, "send", message_channel(rank_, peer), false);
+  auto message = std::make_shared<Message>(watchdog_, "send", message_channel(rank_, peer), false,
+                                            static_cast<std::uint64_t>(bytes));
   HPCTRIAL_MPI_CHECK(MPI_Isend(data, bytes, MPI_BYTE, peer, 0, message_comm_.get(), message->request()));
   return message;
 }
 
 WorkHandle MpiCommunicator::recv_async(void* data, std::size_t count, DType dtype, int peer) {
   const int bytes = detail::message_bytes(count, dtype, peer, rank_, size_, "recv");
-  auto message = std::make_shared<Message>(watchdog_, "recv", message_channel(peer, rank_), true);
+  auto message = std::make_shared<Message>(watchdog_, "recv", message_channel(peer, rank_), true,
+                                            static_cast<std::uint64_t>(bytes));
   HPCTRIAL_MPI_CHECK(MPI_Irecv(data, bytes, MPI_BYTE, peer, 0, message_comm_.get(), message->request()));
   return message;
 }

@@ -20,6 +20,18 @@ constexpr int kGoodbyeTag = 2;
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// "512 B", "4.0 KiB", "25.0 MiB".
+std::string bytes_text(std::uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
 std::string join(const std::vector<std::string>& parts, const char* separator) {
   std::string out;
   for (const auto& part : parts) out += (out.empty() ? "" : separator) + part;
@@ -144,8 +156,8 @@ void Watchdog::join_channel(std::uint64_t channel) {
   channels_.try_emplace(channel);
 }
 
-std::uint64_t Watchdog::enter(const char* operation, std::uint64_t channel) {
-  return begin(operation, channel, count(channel));
+std::uint64_t Watchdog::enter(const char* operation, std::uint64_t channel, std::uint64_t bytes) {
+  return begin(operation, channel, count(channel), bytes);
 }
 
 std::uint64_t Watchdog::count(std::uint64_t channel) {
@@ -156,16 +168,25 @@ std::uint64_t Watchdog::count(std::uint64_t channel) {
   return ++entry.entered;
 }
 
-std::uint64_t Watchdog::begin(const char* operation, std::uint64_t channel, std::uint64_t number) {
+std::uint64_t Watchdog::begin(const char* operation, std::uint64_t channel, std::uint64_t number,
+                               std::uint64_t bytes) {
+  const char* phase = options_.phase != nullptr ? options_.phase() : "";
+  const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t id = ++entered_;
-  pending_.emplace(id, Pending{operation, step(), Clock::now(), channel, number});
+  pending_.emplace(id, Pending{operation, step(), now, channel, number});
+  ring_[ring_next_] = Flight{id, operation, phase, channel, number, bytes, step(), now, {}};
+  ring_next_ = (ring_next_ + 1) % kRecent;
   return id;
 }
 
 void Watchdog::leave(std::uint64_t id) {
+  const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.erase(id);
+  for (Flight& flight : ring_) {
+    if (flight.id == id) flight.ended = now;
+  }
 }
 
 void Watchdog::add_abort_hook(std::function<void()> hook) {
@@ -197,7 +218,64 @@ Watchdog::Heartbeat Watchdog::snapshot(Clock::time_point now) {
     if (beat.channels == kChannels) break;
     beat.counts[beat.channels++] = {channel, channels_[channel].entered};
   }
+  for (std::size_t i = 0; i < kRecent; ++i) {
+    const Flight& flight = ring_[(ring_next_ + i) % kRecent];
+    if (flight.id == 0) continue;
+    Recent& recent = beat.recent[beat.recent_count++];
+    std::strncpy(recent.operation, flight.operation, sizeof(recent.operation) - 1);
+    std::strncpy(recent.phase, flight.phase, sizeof(recent.phase) - 1);
+    recent.channel = flight.channel;
+    recent.number = flight.number;
+    recent.bytes = flight.bytes;
+    recent.step = flight.step;
+    recent.began_s = seconds(now - flight.began);
+    recent.seconds = flight.ended == Clock::time_point{} ? -1 : seconds(flight.ended - flight.began);
+  }
   return beat;
+}
+
+std::string Watchdog::describe_recent(const Heartbeat& beat, double heard_s) {
+  if (beat.recent_count == 0) return "no collective or message yet";
+  std::vector<std::string> parts;
+  for (std::uint64_t i = 0; i < beat.recent_count && i < kRecent; ++i) {
+    Recent recent = beat.recent[i];
+    recent.operation[sizeof(recent.operation) - 1] = '\0';
+    recent.phase[sizeof(recent.phase) - 1] = '\0';
+    std::string what = fmt::format("{} #{}", recent.operation, recent.number);
+    if (is_message(recent.channel)) {
+      what += fmt::format(" from rank {} to rank {}", message_from(recent.channel), message_to(recent.channel));
+    } else if (recent.channel != kWorld) {
+      what += " of a group";
+    }
+    std::string detail = fmt::format("step {}", recent.step);
+    if (recent.phase[0] != '\0') detail += fmt::format(", {}", recent.phase);
+    if (recent.bytes > 0) detail += ", " + bytes_text(recent.bytes);
+    const double began = recent.began_s + heard_s;
+    parts.push_back(recent.seconds >= 0
+                        ? fmt::format("{} ({}) began {:.1f} s ago, took {:.3f} s", what, detail, began, recent.seconds)
+                        : fmt::format("{} ({}) began {:.1f} s ago, not finished", what, detail, began));
+  }
+  return join(parts, "; ");
+}
+
+std::vector<std::pair<int, std::string>> Watchdog::flight(Clock::time_point now, const Heartbeat* mine) const {
+  std::vector<std::pair<int, std::string>> out;
+  if (mine != nullptr) {
+    out.emplace_back(rank_, describe_recent(*mine, 0));
+    return out;
+  }
+  for (int r = 0; r < size_; ++r) {
+    const PeerState& peer = peers_[static_cast<std::size_t>(r)];
+    if (!peer.heard_ever) {
+      out.emplace_back(r, "never heard from");
+      continue;
+    }
+    const double heard = seconds(now - peer.heard);
+    std::string text = describe_recent(peer.last, heard);
+    if (heard > 2 * seconds(options_.interval) + 1) text += fmt::format(" (heard from {:.1f} s ago)", heard);
+    out.emplace_back(r, std::move(text));
+  }
+  return out;
 }
 
 void Watchdog::run() {
@@ -293,7 +371,7 @@ void Watchdog::check_as_chief(Clock::time_point now) {
     message += fmt::format("every rank entered it, so the transport between ranks {} is stuck",
                            join(verdict.waiting, ", "));
   }
-  abort_job(message, verdict.culprits);
+  abort_job(message, verdict.culprits, flight(now, nullptr));
 }
 
 // The ranks whose heartbeats say they are in `channel`, for a message.
@@ -346,7 +424,7 @@ void Watchdog::check_alone(const Heartbeat& mine) {
                         "(optimizations.collective_timeout is {:.0f} s) and the chief has not ended the job: "
                         "rank 0 probably did not arrive (stopped, or its node is gone)",
                         describe(mine, std::to_string(rank_) + " and others"), mine.pending_age_s, timeout),
-            {0});
+            {0}, flight(Clock::now(), &mine));
 }
 
 void Watchdog::shut_down() {
@@ -373,16 +451,17 @@ void Watchdog::shut_down() {
         }
       }
       abort_job("watchdog: the chief has finished but rank(s) " + join(missing, ", ") +
-                " did not finish with it within optimizations.collective_timeout", culprits);
+                " did not finish with it within optimizations.collective_timeout", culprits, flight(now, nullptr));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
-void Watchdog::abort_job(const std::string& message, const std::vector<int>& culprits) {
+void Watchdog::abort_job(const std::string& message, const std::vector<int>& culprits,
+                         const std::vector<std::pair<int, std::string>>& flight) {
   if (!options_.verdict_path.empty()) {
     try {
-      core::write_file_atomic(options_.verdict_path, core::encode_verdict({culprits, message}));
+      core::write_file_atomic(options_.verdict_path, core::encode_verdict({culprits, message, flight}));
     } catch (const std::exception& e) {
       core::log_warning("watchdog: cannot write its verdict: {}", e.what());
     }
@@ -400,6 +479,7 @@ void Watchdog::abort_job(const std::string& message, const std::vector<int>& cul
     }
   }
   core::log_error("{} (detected on {}); ending the job", message, hostname_);
+  for (const auto& [rank, operations] : flight) core::log_error("watchdog: rank {}'s last operations: {}", rank, operations);
   MPI_Abort(MPI_COMM_WORLD, options_.exit_code);
   std::_Exit(options_.exit_code);
 }

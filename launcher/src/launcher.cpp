@@ -184,6 +184,11 @@ Failure describe_failure(const Supervisor& supervisor, const Attempt& a, int cod
   json steps = json::object();
   for (const auto& [rank, step] : supervisor.steps()) steps[std::to_string(rank)] = step;
   record["last_steps"] = steps;
+  if (!f.flight.empty()) {
+    json flight = json::object();
+    for (const auto& [rank, operations] : f.flight) flight[std::to_string(rank)] = operations;
+    record["flight"] = flight;
+  }
   if (f.exit_code && *f.exit_code != 0 && *f.exit_code != kExitStopped) {
     out.exit_code = *f.exit_code;
   } else if (f.signal) {

@@ -71,6 +71,8 @@ struct RankFailure {
   long long step = -1;  // the last step it finished
   std::string message;  // its own words, when it recorded an error
   bool by_watchdog = false;  // its collective watchdog ended the job, after writing its verdict
+  // Where every rank was, by the watchdog's flight recorder (its verdict), when a watchdog ended the job.
+  std::vector<std::pair<int, std::string>> flight;
 };
 // What mpirun said about the first rank that failed.
 RankFailure parse_mpirun_failure(const std::string& mpirun_text);

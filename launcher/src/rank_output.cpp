@@ -154,6 +154,8 @@ RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRe
     return nullptr;
   };
   RankFailure f;
+  // A watchdog that ended the job knew where every rank was, whoever the cause.
+  const auto flight = verdict ? verdict->flight : std::vector<std::pair<int, std::string>>();
   // A rank that recorded its own failure is the cause; a watchdog that then found it missing
   // only saw the consequence.
   const core::HeartbeatRecord* first = nullptr;
@@ -187,6 +189,7 @@ RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRe
     f.step = record->step;
     if (f.host.empty()) f.host = record->host;
   }
+  f.flight = flight;
   return f;
 }
 

@@ -37,6 +37,7 @@ void RankBootstrap::start_communicator(std::chrono::milliseconds collective_time
   watch.timeout = collective_timeout;
   watch.exit_code = core::kExitFailed;
   watch.verdict_path = contract_.verdict_file;
+  watch.phase = [] { return core::phase_name(current_phase()); };
   watchdog_ = std::make_unique<comm::Watchdog>(mpi_->world(), watch);
   watchdog_->add_abort_hook([] { record_watchdog_abort(); });
   communicator_ = std::make_unique<comm::MpiCommunicator>(mpi_->world(), watchdog_.get());

@@ -23,7 +23,7 @@ TEST(NcclCommunicator, SendsAndReceivesDeviceMemoryBothWays) {
   std::vector<double> fewest = {static_cast<double>(rc == cudaSuccess ? devices : 0)};
   host.allreduce(fewest, comm::ReduceOp::kMin);
   if (fewest[0] < 2) GTEST_SKIP() << "fewer than 2 GPUs visible: NCCL needs a GPU for each rank";
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   auto world = comm::make_nccl_communicator(env().world(), env().local_rank(), &watchdog);
   const int rank = world->rank(), other = 1 - rank;
   // The two directions of a pair of stages, each its own communicator.

@@ -19,6 +19,7 @@ namespace fault_matrix_test {  // named: the target compiles its sources togethe
 
 using testing::HasSubstr;
 using testing_launcher::Launcher;
+using testing_support::BackgroundProcess;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -98,6 +99,18 @@ TEST_P(FaultMatrix, EndsTheRunInSecondsWithTheFailingRanksOwnRecord) {
   }
   if (action == "throw") {
     EXPECT_THAT(r.value("message", ""), HasSubstr("injected fault " + fault));
+  }
+  if (action == "hang") {
+    // The watchdog's flight recorder: where every rank was when it ended the job - the other rank
+    // waiting in an operation the hung one never joined - in the record and in `describe`.
+    const json flight = r.value("flight", json::object());
+    const std::string other = std::to_string(rank == 0 ? kRanks - 1 : 0);
+    ASSERT_TRUE(flight.contains("0") && flight.contains(std::to_string(kRanks - 1))) << r.dump(1);
+    EXPECT_THAT(flight[other].get<std::string>(), HasSubstr(" not finished")) << r.dump(1);
+    BackgroundProcess describe({HPCTRIAL_CLI, "describe", experiment()}, env(), (dir_.path() / "describe.txt").string());
+    ASSERT_TRUE(describe.wait(30s).has_value());
+    EXPECT_THAT(describe.output(), HasSubstr("    rank " + other + " last: " + flight[other].get<std::string>() + "\n"))
+        << describe.output();
   }
   EXPECT_THAT(out, HasSubstr("trial 0 failed: rank " + std::to_string(rank) + " "));
   expect_no_rank_left();

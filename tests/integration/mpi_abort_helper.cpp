@@ -24,7 +24,7 @@ namespace {
 using namespace hpctrial::comm;
 
 int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
-  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}, nullptr});
   MpiCommunicator comm(environment.world(), &watchdog);
   std::vector<float> gradients(1000, 1.0f);
   for (int step = 0; step < 10; ++step) {
@@ -38,7 +38,7 @@ int run_hang(const MpiEnvironment& environment, int stuck_rank, int seconds) {
 }
 
 int run_hang_message(const MpiEnvironment& environment, int stuck_rank, int seconds) {
-  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}, nullptr});
   MpiCommunicator comm(environment.world(), &watchdog);
   const int rank = comm.rank(), size = comm.size();
   for (int step = 0; step < 10; ++step) {
@@ -54,7 +54,7 @@ int run_hang_message(const MpiEnvironment& environment, int stuck_rank, int seco
 }
 
 int run_hang_group(const MpiEnvironment& environment, int stuck_rank, int seconds) {
-  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}});
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}, nullptr});
   MpiCommunicator world(environment.world(), &watchdog);
   const auto group = world.split(world.rank() % 2, world.rank());
   std::vector<float> gradients(100, 1.0f);

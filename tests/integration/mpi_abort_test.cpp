@@ -48,6 +48,15 @@ TEST(CollectiveWatchdog, EndsAJobWhoseRankStoppedAnswering) {
   EXPECT_THAT(r.err, HasSubstr("watchdog: allreduce (collective #7, step 3) has not finished after "));
   EXPECT_THAT(r.err, HasSubstr("(optimizations.collective_timeout is 2 s); rank 2 did not arrive: rank 2 is "
                                "at step 3 and has entered 6 collectives"));
+  // The flight recorder: the others wait in the 7th collective (1000 floats), the stuck rank
+  // finished its 6th, at step 2, and began nothing after it.
+  for (const int waiting : {0, 1, 3}) {
+    EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank " + std::to_string(waiting) +
+                                              "'s last operations: [^\n]*allreduce #7 \\(step 3, 3.9 KiB\\) began "
+                                              "[0-9.]+ s ago, not finished\n"));
+  }
+  EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank 2's last operations: [^\n]*#6 \\(step 2[^\n]*\\) began "
+                                            "[0-9.]+ s ago, took [0-9.]+ s\n"));
 }
 
 TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
@@ -55,6 +64,11 @@ TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
   EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
   EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
   EXPECT_THAT(r.err, HasSubstr("rank 0 did not arrive: rank 0 is at step 3 and has entered 6 collectives"));
+  // The chief's watchdog thread reports its own rank's operations too.
+  EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank 0's last operations: [^\n]*#6 \\(step 2[^\n]*\\) began "
+                                            "[0-9.]+ s ago, took [0-9.]+ s\n"));
+  EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank 1's last operations: [^\n]*allreduce #7 \\(step 3, 3.9 KiB\\) "
+                                            "began [0-9.]+ s ago, not finished\n"));
 }
 
 // Messages and the collectives of a group are counted apart from the world's: a rank that did not

@@ -201,7 +201,7 @@ TEST(MpiCommunicator, MistakesAreClearErrors) {
 }
 
 TEST(MpiCommunicator, ReportsEveryCollectiveToTheWatchdog) {
-  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   MpiCommunicator comm(env().world(), &watchdog);
   comm.set_step(17);
   EXPECT_EQ(watchdog.step(), 17);
@@ -322,7 +322,7 @@ TEST(MpiCommunicator, AsyncReduceScatterAndAllgatherRunInOrder) {
 // copy (0-1, 2-3) and the ranks of one part (0-2, 1-3) each talk among themselves; a key reverses
 // the order; the groups report to the watchdog of the communicator they came from.
 TEST(MpiCommunicator, SplitGivesEachGroupItsOwnCollectives) {
-  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   MpiCommunicator world(env().world(), &watchdog);
   const int rank = world.rank(), size = world.size();
   const int parts = size % 2 == 0 ? 2 : 1;
@@ -364,7 +364,7 @@ TEST(MpiCommunicator, SplitGivesEachGroupItsOwnCollectives) {
 // protocols), each round's message behind the last one. A round's value names sender, round and
 // direction, so that a message taken out of order or from the wrong rank fails.
 TEST(MpiCommunicator, MessagesArriveInOrderWhileTheyCrossBetweenRanks) {
-  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   MpiCommunicator comm(env().world(), &watchdog);
   const int r = comm.rank(), n = comm.size();
   const int next = (r + 1) % n, previous = (r + n - 1) % n;
@@ -404,7 +404,7 @@ TEST(MpiCommunicator, MessagesArriveInOrderWhileTheyCrossBetweenRanks) {
 // The stages of a pipeline: each pair of ranks of a split group passes a message down and one
 // back, on the group's ranks, while the world is busy with a collective of its own.
 TEST(MpiCommunicator, AGroupsRanksMessageEachOtherByTheirRankInTheGroup) {
-  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   MpiCommunicator world(env().world(), &watchdog);
   const int rank = world.rank();
   if (world.size() % 2 != 0) GTEST_SKIP() << "pairs need an even number of ranks";

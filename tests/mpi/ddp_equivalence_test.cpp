@@ -92,7 +92,7 @@ std::string DdpEquivalence::dir_;
 TEST_F(DdpEquivalence, EveryWorldSizeEndsWithTheWeightsOfOneRank) {
   const std::vector<std::string> overrides = {"searcher.max_length.batches=" + std::to_string(kSteps)};
   const auto reference = one_rank(overrides, "one");
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1, {}});
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(120), {}, 1, {}, nullptr});
   comm::MpiCommunicator world(env().world(), &watchdog);
   const auto distributed = train(world, overrides, "world");
   watchdog.finish();

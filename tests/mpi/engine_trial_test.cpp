@@ -199,7 +199,7 @@ std::string yaml(int batches, const std::string& more, const std::string& global
 LoopResult run(const std::string& config_yaml, const TrialFactory& factory, const std::string& dir,
                const std::atomic<bool>* stop = nullptr, bool failing = false, const std::string& fault = "") {
   std::optional<comm::Watchdog> watchdog;
-  if (!failing) watchdog.emplace(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}});
+  if (!failing) watchdog.emplace(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}, nullptr});
   comm::MpiCommunicator communicator(env().world(), watchdog ? &*watchdog : nullptr);
   LoopOptions loop;
   loop.trial_dir = dir;

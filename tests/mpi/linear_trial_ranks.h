@@ -22,7 +22,7 @@ inline DistributedContext slots() {
 inline LoopResult train_on_ranks(const std::string& yaml, LinearTrial::Options options, const std::string& dir,
                                  std::int64_t report_period = 100) {
   // A hang fails the test within the watchdog's timeout instead of the test's.
-  comm::Watchdog watchdog(testing_mpi::env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::Watchdog watchdog(testing_mpi::env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   comm::MpiCommunicator communicator(testing_mpi::env().world(), &watchdog);
   LoopOptions loop;
   loop.trial_dir = dir;

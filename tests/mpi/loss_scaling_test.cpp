@@ -183,7 +183,7 @@ std::string engine_yaml(int stage) {
 
 LoopResult run(const std::string& config_yaml, const TrialFactory& factory, const std::string& dir,
                const std::atomic<bool>* stop = nullptr) {
-  comm::Watchdog watchdog(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}});
+  comm::Watchdog watchdog(env().world(), comm::Watchdog::Options{std::chrono::seconds(60), {}, 1, {}, nullptr});
   comm::MpiCommunicator communicator(env().world(), &watchdog);
   LoopOptions loop;
   loop.trial_dir = dir;

@@ -19,7 +19,7 @@ namespace {
 using testing_mpi::env;
 
 TEST(StopSignals, StayOursAfterMpiAndNcclStart) {
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   comm::MpiCommunicator communicator(env().world(), &watchdog);
   std::vector<float> v(4, 1.0f);
   communicator.allreduce_async(v.data(), v.size(), comm::DType::kFloat32, comm::ReduceOp::kSum)->wait();

@@ -141,7 +141,7 @@ struct StreamRun {
 // 7 batches of 8 from a 20-row stream sharded over the ranks (passes of 10 rows a rank on 2
 // ranks, 5 on 4: batches span passes), stopped by `stopping_rank` after `stop_after` batches.
 StreamRun train_stream(const std::string& dir, std::int64_t stop_after, int stopping_rank) {
-  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}});
+  comm::Watchdog watchdog(env().world(), {std::chrono::seconds(60), {}, 1, {}, nullptr});
   comm::MpiCommunicator communicator(env().world(), &watchdog);
   std::atomic<bool> stop{false};
   StreamRun out;

@@ -192,8 +192,16 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   std::ifstream records(trial.failures_file());
   for (std::string line; std::getline(records, line);) {
     try {
-      p.last_failure = json::parse(line).value("reason", std::string());
-    } catch (const json::exception&) {
+      const json record = json::parse(line);
+      p.last_failure = record.value("reason", std::string());
+      p.last_failure_flight.clear();
+      if (const auto flight = record.find("flight"); flight != record.end() && flight->is_object()) {
+        for (const auto& [rank, operations] : flight->items()) {
+          if (operations.is_string()) p.last_failure_flight.emplace_back(std::stoi(rank), operations.get<std::string>());
+        }
+        std::sort(p.last_failure_flight.begin(), p.last_failure_flight.end());
+      }
+    } catch (const std::exception&) {
       // a record cut short by a crash: the one before stands
     }
   }

@@ -262,9 +262,13 @@ std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& 
 std::string encode_verdict(const Verdict& verdict) {
   std::string ranks;
   for (int r : verdict.culprits) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-  std::string message = verdict.message;
-  std::replace(message.begin(), message.end(), '\n', ' ');
-  return "culprits " + ranks + "\nmessage " + message + "\n";
+  const auto one_line = [](std::string text) {
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    return text;
+  };
+  std::string out = "culprits " + ranks + "\nmessage " + one_line(verdict.message) + "\n";
+  for (const auto& [rank, operations] : verdict.flight) out += "rank " + std::to_string(rank) + " " + one_line(operations) + "\n";
+  return out;
 }
 
 std::optional<Verdict> decode_verdict(std::string_view text) {
@@ -281,6 +285,16 @@ std::optional<Verdict> decode_verdict(std::string_view text) {
     }
   }
   if (std::getline(in, line) && line.rfind("message ", 0) == 0) v.message = line.substr(8);
+  while (std::getline(in, line)) {
+    if (line.rfind("rank ", 0) != 0) continue;
+    const auto space = line.find(' ', 5);
+    if (space == std::string::npos) continue;
+    try {
+      v.flight.emplace_back(std::stoi(line.substr(5, space - 5)), line.substr(space + 1));
+    } catch (const std::exception&) {
+      continue;  // a line cut short: the rest still stands
+    }
+  }
   return v;
 }
 

@@ -181,13 +181,19 @@ TEST(Phases, NamesRoundTrip) {
 }
 
 TEST(Verdict, RoundTrips) {
-  const auto v = decode_verdict(encode_verdict({{1, 3}, "watchdog: allreduce\nstuck"}));
+  const auto v = decode_verdict(encode_verdict({{1, 3}, "watchdog: allreduce\nstuck", {}}));
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->culprits, (std::vector<int>{1, 3}));
   EXPECT_EQ(v->message, "watchdog: allreduce stuck");
-  const auto none = decode_verdict(encode_verdict({{}, "transport stuck"}));
+  const auto none = decode_verdict(encode_verdict({{}, "transport stuck", {}}));
   ASSERT_TRUE(none.has_value());
   EXPECT_TRUE(none->culprits.empty());
+  const auto flown = decode_verdict(encode_verdict({{1}, "stuck", {{0, "allreduce #7 (step 3) began 2.0 s ago,\n not "
+                                                                       "finished"}, {1, "barrier #6 (step 2) took 0.001 s"}}}));
+  ASSERT_TRUE(flown.has_value());
+  EXPECT_EQ(flown->flight, (std::vector<std::pair<int, std::string>>{
+                               {0, "allreduce #7 (step 3) began 2.0 s ago,  not finished"},
+                               {1, "barrier #6 (step 2) took 0.001 s"}}));
   EXPECT_FALSE(decode_verdict("").has_value());
   EXPECT_FALSE(decode_verdict("culprits x\n").has_value());
 }

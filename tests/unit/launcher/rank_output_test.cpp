@@ -202,7 +202,7 @@ TEST(AttributeFailure, TheEarliestFailedEndIsTheCause) {
 TEST(AttributeFailure, TheWatchdogsVerdictNamesTheStuckRank) {
   const std::vector<std::pair<int, core::HeartbeatRecord>> records = {
       {0, rank_record(20, core::RankPhase::kAgreement)}, {1, rank_record(19, core::RankPhase::kEvaluate)}};
-  const RankFailure f = attribute_failure(records, core::Verdict{{1}, "watchdog: allgather ..."},
+  const RankFailure f = attribute_failure(records, core::Verdict{{1}, "watchdog: allgather ...", {{0, "allgather #9 ... not finished"}, {1, "barrier #8 ..."}}},
                                           "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n"
                                           "with errorcode 1.\n",
                                           std::nullopt);
@@ -211,6 +211,7 @@ TEST(AttributeFailure, TheWatchdogsVerdictNamesTheStuckRank) {
   EXPECT_EQ(f.phase, "evaluate");
   EXPECT_EQ(f.step, 19);
   EXPECT_FALSE(f.exit_code.has_value());
+  EXPECT_EQ(f.flight, (std::vector<std::pair<int, std::string>>{{0, "allgather #9 ... not finished"}, {1, "barrier #8 ..."}}));
 }
 
 TEST(AttributeFailure, WithoutRecordsMpirunThenTheLaunchersOwnSight) {

@@ -191,7 +191,7 @@ class MpiCommunicator final : public Communicator {
  private:
   class Task;
   class Message;
-  WorkHandle enqueue(const char* operation, std::function<void(MPI_Comm)> run);
+  WorkHandle enqueue(const char* operation, std::uint64_t bytes, std::function<void(MPI_Comm)> run);
   void worker_loop();
   // The reduction of `op` for `dtype`: MPI's own, or one of ours for 16-bit floats.
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;

@@ -25,6 +25,11 @@
 //
 // Before it aborts the job, the watchdog writes its verdict (the ranks it found stuck, and its
 // message; core/launch_contract.h) to Options::verdict_path, for the launcher's failure record.
+//
+// The flight recorder (PyTorch's, for MPI and NCCL): each rank keeps its last kRecent operations
+// (operation, number in its channel, bytes, step, phase, when it began, how long it took or that
+// it has not finished) and sends them with its heartbeat; the verdict lists every rank's, so that
+// the failure record says where each rank was when the job was ended, not only the stuck one.
 #pragma once
 
 #include <mpi.h>
@@ -52,6 +57,9 @@ class Watchdog {
     std::chrono::milliseconds interval{0};
     int exit_code = 1;
     std::string verdict_path;  // empty: none written
+    // The phase the rank is in (the flight recorder's), called as an operation begins, from any
+    // thread; null: none.
+    const char* (*phase)() = nullptr;
   };
 
   Watchdog(MPI_Comm world, Options options);
@@ -77,13 +85,14 @@ class Watchdog {
 
   // Reports an operation issued by this rank on `channel`; returns the id for leave().
   // `operation` must be a string literal (it is kept, not copied).
-  std::uint64_t enter(const char* operation, std::uint64_t channel = kWorld);
+  // `bytes`: what this rank sends or contributes (the flight recorder's; 0 if not known).
+  std::uint64_t enter(const char* operation, std::uint64_t channel = kWorld, std::uint64_t bytes = 0);
   // enter() in two parts, for a message, which is done when its peer has taken it but is only
   // seen to be done when the rank waits for it: count() when it is posted (its number in the
   // channel), begin() when the rank first waits for it (it is pending from then on; the id for
   // leave()).
   std::uint64_t count(std::uint64_t channel);
-  std::uint64_t begin(const char* operation, std::uint64_t channel, std::uint64_t number);
+  std::uint64_t begin(const char* operation, std::uint64_t channel, std::uint64_t number, std::uint64_t bytes = 0);
   void leave(std::uint64_t id);
   void set_step(std::int64_t step) { step_.store(step, std::memory_order_relaxed); }
   std::int64_t step() const { return step_.load(std::memory_order_relaxed); }
@@ -94,8 +103,8 @@ class Watchdog {
   // enter() on construction, leave() on destruction; a null watchdog makes it a no-op.
   class Scope {
    public:
-    Scope(Watchdog* watchdog, const char* operation, std::uint64_t channel = kWorld)
-        : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel) : 0) {}
+    Scope(Watchdog* watchdog, const char* operation, std::uint64_t channel = kWorld, std::uint64_t bytes = 0)
+        : watchdog_(watchdog), id_(watchdog ? watchdog->enter(operation, channel, bytes) : 0) {}
     ~Scope() {
       if (watchdog_) watchdog_->leave(id_);
     }
@@ -113,6 +122,18 @@ class Watchdog {
     std::uint64_t entered = 0;
   };
   static constexpr std::size_t kChannels = 12;  // besides the world's
+  // One operation of the flight recorder, as a heartbeat carries it.
+  static constexpr std::size_t kRecent = 8;
+  struct Recent {
+    char operation[16] = {};
+    char phase[16] = {};
+    std::uint64_t channel = kWorld;
+    std::uint64_t number = 0;  // in its channel
+    std::uint64_t bytes = 0;
+    std::int64_t step = -1;
+    double began_s = 0;   // before the heartbeat was sent
+    double seconds = -1;  // how long it took; -1: not finished
+  };
   struct Heartbeat {
     std::uint64_t entered = 0;     // world collectives entered so far
     std::uint64_t pending_id = 0;  // oldest unfinished operation: its number in its channel, 0 if none
@@ -125,7 +146,13 @@ class Watchdog {
     // the pending one's and the most recently used when there are more than kChannels.
     std::uint64_t channels = 0;
     ChannelCount counts[kChannels] = {};
+    std::uint64_t recent_count = 0;  // the flight recorder's operations, oldest first
+    Recent recent[kRecent] = {};
   };
+  // A heartbeat's operations, for a verdict: "allreduce #41 (step 12, batch, 4.0 KiB) began
+  // 31.2 s ago, took 0.001 s; broadcast #42 (...) began 30.1 s ago, not finished"; `heard_s`
+  // is how long ago the heartbeat came.
+  static std::string describe_recent(const Heartbeat& beat, double heard_s);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -139,6 +166,17 @@ class Watchdog {
   struct Channel {
     std::uint64_t entered = 0;
     std::uint64_t last_id = 0;  // of its latest operation
+  };
+  struct Flight {
+    std::uint64_t id = 0;  // 0: an empty slot
+    const char* operation = "";
+    const char* phase = "";
+    std::uint64_t channel = kWorld;
+    std::uint64_t number = 0;
+    std::uint64_t bytes = 0;
+    std::int64_t step = -1;
+    Clock::time_point began{};
+    Clock::time_point ended{};  // {}: not finished
   };
   struct PeerState {
     Heartbeat last;
@@ -162,7 +200,10 @@ class Watchdog {
   void check_alone(const Heartbeat& mine);
   void stop_thread();
   void shut_down();
-  [[noreturn]] void abort_job(const std::string& message, const std::vector<int>& culprits);
+  // Every rank's flight recorder, as the chief last heard it (a rank: its own).
+  std::vector<std::pair<int, std::string>> flight(Clock::time_point now, const Heartbeat* mine) const;
+  [[noreturn]] void abort_job(const std::string& message, const std::vector<int>& culprits,
+                              const std::vector<std::pair<int, std::string>>& flight);
 
   Options options_;
   MpiComm comm_;
@@ -178,6 +219,8 @@ class Watchdog {
   std::map<std::uint64_t, Channel> channels_;   // every channel but the world's
   std::uint64_t world_entered_ = 0;
   std::map<std::uint64_t, Pending> pending_;
+  Flight ring_[kRecent];      // the flight recorder: ring_[ring_next_] is the oldest
+  std::size_t ring_next_ = 0;
   std::vector<std::function<void()>> abort_hooks_;
   std::atomic<std::int64_t> step_{-1};
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,8 @@ struct TrialProgress {
   int starts = 0;                    // runs of the launcher, over every job
   int failures = 0;                  // failures that counted against max_restarts
   std::string last_failure;          // the reason of the newest failure record
+  // Its "flight": where each rank was when a collective watchdog ended the job, by rank.
+  std::vector<std::pair<int, std::string>> last_failure_flight;
   std::vector<TrialRun> runs;        // oldest first
   std::optional<FailedHandOver> failed_hand_over;  // since the last start of its launcher
 };

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/core/env.h"
@@ -128,6 +129,8 @@ std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& 
 struct Verdict {
   std::vector<int> culprits;
   std::string message;
+  // Each rank's last operations as the watchdog knew them (its flight recorder), by rank.
+  std::vector<std::pair<int, std::string>> flight;
 };
 std::string encode_verdict(const Verdict& verdict);
 std::optional<Verdict> decode_verdict(std::string_view text);
