@@ -276,6 +276,22 @@ int print_best(const core::ExperimentLayout& layout, const core::ExperimentConfi
                     "` shows where each stands");
 }
 
+// Where a run's ranks ran, host by host: "node1: rank 0 (cpus 0-3, cuda:0), rank 1 (...); node2: ...".
+std::string placement_text(const std::vector<core::TrialRun::Place>& placement) {
+  std::string out, host;
+  for (std::size_t rank = 0; rank < placement.size(); ++rank) {
+    const auto& place = placement[rank];
+    if (rank == 0 || place.host != host) {
+      host = place.host;
+      out += (rank == 0 ? "" : "; ") + host + ": ";
+    } else {
+      out += ", ";
+    }
+    out += "rank " + std::to_string(rank) + " (cpus " + place.cpus + ", " + place.device + ")";
+  }
+  return out;
+}
+
 // A trial's last failure, with where each rank was when a watchdog ended it, and a hand-over
 // that failed.
 void print_failures(std::ostream& out, const core::TrialProgress& progress) {
@@ -356,6 +372,7 @@ best trial's best checkpoint alone.
       std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
                 << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
                 << "), from batch " << run.batches << ", started " << run.started << "\n";
+      if (!run.placement.empty()) std::cout << "    " << placement_text(run.placement) << "\n";
     }
     print_failures(std::cout, progress);
     if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";

@@ -15,6 +15,7 @@
 #include "../support/same_weights.h"
 #include "launcher_fixture.h"
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/env.h"
 
 namespace hpctrial {
 namespace launcher_test {  // named: the target compiles its sources together (UNITY_BUILD)
@@ -304,6 +305,11 @@ TEST_F(Launcher, DescribeNamesTheLatestCheckpointWhereverItIs) {
     EXPECT_TRUE(std::filesystem::exists(expected)) << "the trainer wrote it elsewhere";
     EXPECT_THAT(out, HasSubstr("checkpoint:  " + expected + "\n")) << out;
     EXPECT_THAT(out, HasSubstr("batches:     30 of 30")) << out;
+    // Where each rank ran: this host, the CPUs the kernel let it use (mpirun binds none here), the CPU.
+    const std::string cpus = hpctrial::core::cpu_affinity();
+    EXPECT_THAT(out, HasSubstr("    " + hpctrial::core::host_name() + ": rank 0 (cpus " + cpus + ", cpu), rank 1 (cpus " +
+                               cpus + ", cpu)\n"))
+        << out;
   }
 }
 

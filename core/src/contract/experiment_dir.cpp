@@ -209,9 +209,16 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   for (std::string line; std::getline(runs, line);) {
     try {
       const json j = json::parse(line);
-      p.runs.push_back({j.value("started", std::string()), j.value("ranks", 0), j.value("batch", std::int64_t{0}),
-                        j.value("local_batch", std::int64_t{0}), j.value("accumulation", std::int64_t{1}),
-                        j.value("batches", std::int64_t{0})});
+      TrialRun run{j.value("started", std::string()), j.value("ranks", 0), j.value("batch", std::int64_t{0}),
+                   j.value("local_batch", std::int64_t{0}), j.value("accumulation", std::int64_t{1}),
+                   j.value("batches", std::int64_t{0}), {}};
+      if (const auto placement = j.find("placement"); placement != j.end() && placement->is_array()) {
+        for (const json& place : *placement) {
+          run.placement.push_back({place.value("host", std::string()), place.value("cpus", std::string()),
+                                   place.value("device", std::string())});
+        }
+      }
+      p.runs.push_back(std::move(run));
     } catch (const json::exception&) {
       // a line cut short by a crash
     }

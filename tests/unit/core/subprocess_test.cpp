@@ -5,7 +5,10 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <fstream>
+
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::core {
@@ -137,6 +140,30 @@ TEST(RunProcess, ADaemonHoldingThePipesDoesNotHangUs) {
   EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_EQ(r.out, "started\n");
   EXPECT_LT(r.elapsed, std::chrono::seconds(3));
+}
+
+}  // namespace
+}  // namespace hpctrial::core
+
+namespace hpctrial::core {
+namespace {
+
+TEST(CpuList, RunsOfCpusAreRanges) {
+  EXPECT_EQ(cpu_list_text({}), "");
+  EXPECT_EQ(cpu_list_text({3}), "3");
+  EXPECT_EQ(cpu_list_text({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(cpu_list_text({11, 10, 0, 8, 10, 1}), "0-1,8,10-11");
+}
+
+// The kernel's own list of the CPUs this process may run on says the same.
+TEST(CpuList, TheAffinityIsTheKernelsCpusAllowedList) {
+  std::ifstream status("/proc/self/status");
+  std::string line, kernel;
+  while (std::getline(status, line)) {
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) kernel = line.substr(line.find_first_not_of(" \t", 18));
+  }
+  ASSERT_FALSE(kernel.empty());
+  EXPECT_EQ(cpu_affinity(), kernel);
 }
 
 }  // namespace

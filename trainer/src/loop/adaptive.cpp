@@ -185,7 +185,7 @@ bool Loop::adaptive_period_reached(const Period& period) const {
   return std::floor(adaptive_->progress() / every + 1e-9) > std::floor(progress_before_step_ / every + 1e-9);
 }
 
-void Loop::record_run() const {
+void Loop::record_run(const std::vector<std::string>& placement) const {
   nlohmann::json line = {{"started", core::utc_now_iso()},
                          {"ranks", comm_.size()},
                          {"batches", batches_trained_},
@@ -200,6 +200,8 @@ void Loop::record_run() const {
     line["local_batch"] = context_->per_slot_batch_size();
     line["accumulation"] = config_.optimizations.aggregation_frequency;
   }
+  line["placement"] = nlohmann::json::array();
+  for (const std::string& place : placement) line["placement"].push_back(nlohmann::json::parse(place));
   const std::string runs = core::TrialLayout{options_.trial_dir}.runs_file();
   std::ofstream out(runs, std::ios::app);
   out << line.dump() << "\n";

@@ -117,7 +117,8 @@ class Loop {
   void restart_training_data();
   // The chief's records in the trial directory: this run's size and batch (runs.jsonl), the size
   // an elastic trial's adaptive batch prefers for its next run (elastic.json).
-  void record_run() const;
+  // `placement`: each rank's host, CPUs and device, as JSON text, in rank order.
+  void record_run(const std::vector<std::string>& placement) const;
   void start_outputs();
   // The system metrics: whether their period has passed (the chief's clock), and every rank's
   // sample gathered to the chief, which writes them.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "parallel/autocast.h"
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/json_file.h"
@@ -124,6 +125,13 @@ MetricValues Loop::reduce_custom(bool training) {
 // What the run writes besides checkpoints: metrics.jsonl and the TensorBoard events (the chief),
 // the profiler's traces, the progress lines.
 void Loop::start_outputs() {
+  // Where each rank runs, for the run's record (hpctrial describe): one gather at the start.
+  std::string devices;
+  for (const auto& device : context_->devices()) devices += (devices.empty() ? "" : "+") + device.str();
+  const nlohmann::json place = {{"host", core::host_name()},
+                                {"cpus", core::cpu_affinity()},
+                                {"device", devices.empty() ? context_->device().str() : devices}};
+  const std::vector<std::string> placement = comm_.gather(place.dump(), 0);
   if (chief()) {
     core::create_directories(options_.trial_dir, config_.checkpoint_storage.group_readable ? 0750 : 0700);
     result_.metrics_path = core::TrialLayout{options_.trial_dir}.metrics_file();
@@ -132,7 +140,7 @@ void Loop::start_outputs() {
     log_->set_events(events);
     // TensorBoard drops what a crashed run wrote past the checkpoint, as trim_metrics does here.
     if (batches_trained_ > 0) events->purge_from(batches_trained_ + 1);
-    record_run();
+    record_run(placement);
   }
   nvtx_ = detail::make_nvtx_marker();
   timings_.set_marker(nvtx_.get());

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace hpctrial::core {
 
@@ -39,6 +40,11 @@ bool is_valid_env_name(const std::string& name);
 
 // This host's name (gethostname), as ranks record it in their heartbeats.
 std::string host_name();
+
+// The CPUs this process may run on (sched_getaffinity), as a list: "0-3,8,10-11".
+std::string cpu_affinity();
+// `cpus` (any order, repeats allowed) as such a list; "" for none.
+std::string cpu_list_text(std::vector<int> cpus);
 
 // `value` with every ${env:NAME} replaced by NAME from `env` (other text, $ included, taken as
 // it is). ConfigError("<key>: ${env:NAME} is not set ...") when a NAME is missing. The config

@@ -78,6 +78,11 @@ struct TrialRun {
   std::int64_t local_batch = 0;   // records a micro-batch, a rank
   std::int64_t accumulation = 1;  // micro-batches a step
   std::int64_t batches = 0;       // batches trained before the run
+  // Where each rank ran, in rank order: its host, the CPUs it could run on, its device(s).
+  struct Place {
+    std::string host, cpus, device;
+  };
+  std::vector<Place> placement;
 };
 
 // The slots an elastic trial's next run should ask for: the chief's preference
