@@ -137,6 +137,20 @@ TEST_F(SlurmExperiment, ASubmittedExperimentRunsToCompletionWithPrivateFiles) {
   // The script as submitted passes shellcheck.
   const auto lint = run({"shellcheck", experiment() + "/job.sbatch"});
   EXPECT_TRUE(lint.ok()) << lint.out << lint.err;
+  // Each rank ran bound to a core of its own (cpus_per_slot 1), as the run's record and describe say.
+  const auto runs = nlohmann::json::parse(read_file(experiment() + "/trial-0/runs.jsonl"));
+  const auto& placement = runs.at("placement");
+  ASSERT_EQ(placement.size(), 2u) << runs.dump();
+  for (const auto& place : placement) {
+    EXPECT_THAT(place.at("cpus").get<std::string>(), testing::MatchesRegex("[0-9]+")) << runs.dump();
+    EXPECT_EQ(place.at("device"), "cpu");
+  }
+  EXPECT_NE(placement[0].at("cpus"), placement[1].at("cpus")) << runs.dump();
+  const std::string host = placement[0].at("host").get<std::string>();
+  const auto describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_THAT(describe.out, HasSubstr("    " + host + ": rank 0 (cpus " + placement[0].at("cpus").get<std::string>() +
+                                      ", cpu), rank 1 (cpus " + placement[1].at("cpus").get<std::string>() + ", cpu)\n"))
+      << describe.out;
 }
 
 TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
