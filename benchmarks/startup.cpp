@@ -203,32 +203,49 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
     drain();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::atomic<bool> spin{true};
-  std::vector<std::thread> spinners;
-  for (unsigned i = 0; i < std::max(1u, std::thread::hardware_concurrency()); ++i) {
-    spinners.emplace_back([&spin] {
-      while (spin.load(std::memory_order_relaxed)) {
+  // A thread spinning on every core until the round ends, whichever way it ends.
+  struct Spinners {
+    std::atomic<bool> spin{true};
+    std::vector<std::thread> threads;
+    Spinners() {
+      for (unsigned i = 0; i < std::max(1u, std::thread::hardware_concurrency()); ++i) {
+        threads.emplace_back([this] {
+          while (spin.load(std::memory_order_relaxed)) {
+          }
+        });
       }
-    });
-  }
+    }
+    ~Spinners() { stop(); }
+    void stop() {
+      spin = false;
+      for (auto& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  };
+  auto spinners = std::make_unique<Spinners>();
+  const auto fail_spinning = [&](const std::string& why) {
+    spinners.reset();
+    fail(why);
+  };
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every core busy for a while
   StopLatency out;
   const auto signalled = Clock::now();
   ::kill(child.pid, SIGUSR2);
   while (hpctrial::core::stop_reason(trial.dir).empty()) {
-    if (Clock::now() - signalled > std::chrono::seconds(60)) fail("no stop request 60 s after SIGUSR2");
+    if (Clock::now() - signalled > std::chrono::seconds(60)) fail_spinning("no stop request 60 s after SIGUSR2");
+    drain();
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   out.request_s = std::chrono::duration<double>(Clock::now() - signalled).count();
   int status = 0;
   while (::waitpid(child.pid, &status, WNOHANG) == 0) {
-    if (Clock::now() - signalled > std::chrono::seconds(120)) fail("hpctrial run did not end 120 s after SIGUSR2");
+    if (Clock::now() - signalled > std::chrono::seconds(120)) fail_spinning("hpctrial run did not end 120 s after SIGUSR2");
     drain();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   out.exit_s = std::chrono::duration<double>(Clock::now() - signalled).count();
-  spin = false;
-  for (auto& t : spinners) t.join();
+  spinners.reset();
   drain();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != hpctrial::core::kExitStopped) {
     std::fprintf(stderr, "hpctrial run ended with status %d after SIGUSR2, not exit %d\n%s\n", status,

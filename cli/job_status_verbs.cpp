@@ -2,6 +2,7 @@
 // schedulers say, joined with what the launcher and the chief left in each experiment directory.
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include <unistd.h>
@@ -276,19 +277,19 @@ int print_best(const core::ExperimentLayout& layout, const core::ExperimentConfi
                     "` shows where each stands");
 }
 
-// Where a run's ranks ran, host by host: "node1: rank 0 (cpus 0-3, cuda:0), rank 1 (...); node2: ...".
+// Where a run's ranks ran, host by host (in the order of their first rank):
+// "node1: rank 0 (cpus 0-3, cuda:0), rank 2 (...); node2: rank 1 (...)".
 std::string placement_text(const std::vector<core::TrialRun::Place>& placement) {
-  std::string out, host;
+  std::vector<std::pair<std::string, std::string>> hosts;  // host, its ranks
   for (std::size_t rank = 0; rank < placement.size(); ++rank) {
     const auto& place = placement[rank];
-    if (rank == 0 || place.host != host) {
-      host = place.host;
-      out += (rank == 0 ? "" : "; ") + host + ": ";
-    } else {
-      out += ", ";
-    }
-    out += "rank " + std::to_string(rank) + " (cpus " + place.cpus + ", " + place.device + ")";
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& h) { return h.first == place.host; });
+    if (it == hosts.end()) it = hosts.insert(hosts.end(), {place.host, ""});
+    it->second += (it->second.empty() ? "" : ", ") + ("rank " + std::to_string(rank) + " (cpus " + place.cpus + ", " +
+                                                      place.device + ")");
   }
+  std::string out;
+  for (const auto& [host, ranks] : hosts) out += (out.empty() ? "" : "; ") + host + ": " + ranks;
   return out;
 }
 

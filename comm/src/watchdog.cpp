@@ -11,40 +11,16 @@
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/comm/mpi_check.h"
+#include "watchdog_channels.h"
 
 namespace hpctrial::comm {
 namespace {
 
+using namespace watchdog_detail;
+
 constexpr int kHeartbeatTag = 1;
 constexpr int kGoodbyeTag = 2;
 
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// "512 B", "4.0 KiB", "25.0 MiB".
-std::string bytes_text(std::uint64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
-}
-
-std::string join(const std::vector<std::string>& parts, const char* separator) {
-  std::string out;
-  for (const auto& part : parts) out += (out.empty() ? "" : separator) + part;
-  return out;
-}
-
-constexpr std::uint64_t kMessageBit = std::uint64_t{1} << 63;
-
-bool is_message(std::uint64_t channel) { return (channel & kMessageBit) != 0; }
-// A message channel: the bit, 15 bits of its communicator's channel, the ranks in 24 bits each.
-constexpr std::uint64_t kRankMask = 0xffffff;
-int message_from(std::uint64_t channel) { return static_cast<int>((channel >> 24) & kRankMask); }
-int message_to(std::uint64_t channel) { return static_cast<int>(channel & kRankMask); }
 
 // SplitMix64's finalizer: a well-mixed 64-bit value of its input.
 std::uint64_t mix(std::uint64_t x) {
@@ -175,8 +151,22 @@ std::uint64_t Watchdog::begin(const char* operation, std::uint64_t channel, std:
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t id = ++entered_;
   pending_.emplace(id, Pending{operation, step(), now, channel, number});
-  ring_[ring_next_] = Flight{id, operation, phase, channel, number, bytes, step(), now, {}};
-  ring_next_ = (ring_next_ + 1) % kRecent;
+  // The slot of an empty entry, else of the oldest finished one; with every one pending, the
+  // newest pending one gives way, so that the oldest - where a hang is - stay.
+  Flight* slot = nullptr;
+  for (Flight& flight : ring_) {
+    if (flight.id == 0) {
+      slot = &flight;
+      break;
+    }
+    const bool finished = flight.ended != Clock::time_point{};
+    if (finished && (slot == nullptr || slot->ended == Clock::time_point{} || flight.id < slot->id)) slot = &flight;
+  }
+  if (slot == nullptr) {
+    slot = &*std::max_element(std::begin(ring_), std::end(ring_),
+                              [](const Flight& a, const Flight& b) { return a.id < b.id; });
+  }
+  *slot = Flight{id, operation, phase, channel, number, bytes, step(), now, {}};
   return id;
 }
 
@@ -218,9 +208,13 @@ Watchdog::Heartbeat Watchdog::snapshot(Clock::time_point now) {
     if (beat.channels == kChannels) break;
     beat.counts[beat.channels++] = {channel, channels_[channel].entered};
   }
-  for (std::size_t i = 0; i < kRecent; ++i) {
-    const Flight& flight = ring_[(ring_next_ + i) % kRecent];
-    if (flight.id == 0) continue;
+  std::vector<const Flight*> flights;
+  for (const Flight& flight : ring_) {
+    if (flight.id != 0) flights.push_back(&flight);
+  }
+  std::sort(flights.begin(), flights.end(), [](const Flight* a, const Flight* b) { return a->id < b->id; });
+  for (const Flight* entry : flights) {
+    const Flight& flight = *entry;
     Recent& recent = beat.recent[beat.recent_count++];
     std::strncpy(recent.operation, flight.operation, sizeof(recent.operation) - 1);
     std::strncpy(recent.phase, flight.phase, sizeof(recent.phase) - 1);
@@ -232,50 +226,6 @@ Watchdog::Heartbeat Watchdog::snapshot(Clock::time_point now) {
     recent.seconds = flight.ended == Clock::time_point{} ? -1 : seconds(flight.ended - flight.began);
   }
   return beat;
-}
-
-std::string Watchdog::describe_recent(const Heartbeat& beat, double heard_s) {
-  if (beat.recent_count == 0) return "no collective or message yet";
-  std::vector<std::string> parts;
-  for (std::uint64_t i = 0; i < beat.recent_count && i < kRecent; ++i) {
-    Recent recent = beat.recent[i];
-    recent.operation[sizeof(recent.operation) - 1] = '\0';
-    recent.phase[sizeof(recent.phase) - 1] = '\0';
-    std::string what = fmt::format("{} #{}", recent.operation, recent.number);
-    if (is_message(recent.channel)) {
-      what += fmt::format(" from rank {} to rank {}", message_from(recent.channel), message_to(recent.channel));
-    } else if (recent.channel != kWorld) {
-      what += " of a group";
-    }
-    std::string detail = fmt::format("step {}", recent.step);
-    if (recent.phase[0] != '\0') detail += fmt::format(", {}", recent.phase);
-    if (recent.bytes > 0) detail += ", " + bytes_text(recent.bytes);
-    const double began = recent.began_s + heard_s;
-    parts.push_back(recent.seconds >= 0
-                        ? fmt::format("{} ({}) began {:.1f} s ago, took {:.3f} s", what, detail, began, recent.seconds)
-                        : fmt::format("{} ({}) began {:.1f} s ago, not finished", what, detail, began));
-  }
-  return join(parts, "; ");
-}
-
-std::vector<std::pair<int, std::string>> Watchdog::flight(Clock::time_point now, const Heartbeat* mine) const {
-  std::vector<std::pair<int, std::string>> out;
-  if (mine != nullptr) {
-    out.emplace_back(rank_, describe_recent(*mine, 0));
-    return out;
-  }
-  for (int r = 0; r < size_; ++r) {
-    const PeerState& peer = peers_[static_cast<std::size_t>(r)];
-    if (!peer.heard_ever) {
-      out.emplace_back(r, "never heard from");
-      continue;
-    }
-    const double heard = seconds(now - peer.heard);
-    std::string text = describe_recent(peer.last, heard);
-    if (heard > 2 * seconds(options_.interval) + 1) text += fmt::format(" (heard from {:.1f} s ago)", heard);
-    out.emplace_back(r, std::move(text));
-  }
-  return out;
 }
 
 void Watchdog::run() {
@@ -450,6 +400,8 @@ void Watchdog::shut_down() {
           culprits.push_back(r);
         }
       }
+      peers_[0].last = snapshot(now);  // the chief's own operations, as they are now
+      peers_[0].heard = now;
       abort_job("watchdog: the chief has finished but rank(s) " + join(missing, ", ") +
                 " did not finish with it within optimizations.collective_timeout", culprits, flight(now, nullptr));
     }

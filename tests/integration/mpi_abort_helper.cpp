@@ -8,6 +8,8 @@
 //   mpi_abort_helper hang-group RANK SECONDS - the ranks of each parity reduce in a group of their
 //                                        own; RANK stops at step 3, the other group waits at a
 //                                        world barrier a second after its last step
+//   mpi_abort_helper hang-queued RANK SECONDS - each step queues 10 all-reduces and waits for
+//                                        them; RANK stops at step 3, the others' stay queued
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -69,6 +71,24 @@ int run_hang_group(const MpiEnvironment& environment, int stuck_rank, int second
   return 0;
 }
 
+int run_hang_queued(const MpiEnvironment& environment, int stuck_rank, int seconds) {
+  Watchdog watchdog(environment.world(), {std::chrono::seconds(seconds), {}, 1, {}, nullptr});
+  MpiCommunicator comm(environment.world(), &watchdog);
+  std::vector<std::vector<float>> buckets(10, std::vector<float>(256, 1.0f));
+  for (int step = 0; step < 10; ++step) {
+    comm.set_step(step);
+    if (step == 3 && environment.rank() == stuck_rank) std::this_thread::sleep_for(std::chrono::minutes(10));
+    std::vector<WorkHandle> work;
+    for (auto& bucket : buckets) {
+      work.push_back(comm.allreduce_async(bucket.data(), bucket.size(), DType::kFloat32, ReduceOp::kSum));
+    }
+    for (auto& w : work) w->wait();
+    comm.any(false);
+  }
+  watchdog.finish();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +99,7 @@ int main(int argc, char** argv) {
   if (mode == "hang") return run_hang(environment, rank, value);
   if (mode == "hang-message") return run_hang_message(environment, rank, value);
   if (mode == "hang-group") return run_hang_group(environment, rank, value);
+  if (mode == "hang-queued") return run_hang_queued(environment, rank, value);
   if (environment.rank() == rank) {
     environment.abort(value, "injected failure: the data file vanished");
   }

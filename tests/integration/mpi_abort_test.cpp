@@ -71,6 +71,19 @@ TEST(CollectiveWatchdog, NamesTheChiefWhenTheChiefStopsAnswering) {
                                             "began [0-9.]+ s ago, not finished\n"));
 }
 
+// More operations queued than the flight recorder holds: the oldest unfinished one, where the
+// job hangs, stays in it (each step: 10 all-reduces of 1 KiB and `any`, 11 collectives).
+TEST(CollectiveWatchdog, TheFlightRecorderKeepsTheOldestUnfinishedOperation) {
+  const auto r = run_ranks(2, "hang-queued", 1, 2);
+  EXPECT_FALSE(r.timed_out) << "the watchdog did not end the job";
+  EXPECT_NE(r.exit_code, 0) << r.describe() << "\n" << r.err;
+  EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank 0's last operations: allreduce #34 \\(step 3, 1.0 KiB\\) "
+                                            "began [0-9.]+ s ago, not finished;"));
+  EXPECT_THAT(r.err, testing::ContainsRegex("watchdog: rank 1's last operations: [^\n]*; allreduce #33 \\(step 2, 8 B\\) "
+                                            "began [0-9.]+ s ago, took [0-9.]+ s\n"))
+      << "the stopped rank's last is the 33rd, step 2's `any`";
+}
+
 // Messages and the collectives of a group are counted apart from the world's: a rank that did not
 // send is named with the messages it sent, the chief as another rank, and a waiting rank in the
 // chain (one that did not send because it waits itself) leads to the rank that stopped.

@@ -214,6 +214,7 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
                    j.value("batches", std::int64_t{0}), {}};
       if (const auto placement = j.find("placement"); placement != j.end() && placement->is_array()) {
         for (const json& place : *placement) {
+          if (!place.is_object()) continue;
           run.placement.push_back({place.value("host", std::string()), place.value("cpus", std::string()),
                                    place.value("device", std::string())});
         }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 #include "hpctrial/core/error.h"
@@ -62,14 +63,24 @@ std::string host_name() {
 }
 
 std::string cpu_affinity() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return "?";
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  // The process's (its main thread's, as /proc/self/status gives it), on a node of any size.
+  for (int size = 1024;; size *= 2) {
+    cpu_set_t* set = CPU_ALLOC(size);
+    if (set == nullptr) return "?";
+    const std::size_t bytes = CPU_ALLOC_SIZE(size);
+    CPU_ZERO_S(bytes, set);
+    if (::sched_getaffinity(::getpid(), bytes, set) != 0) {
+      CPU_FREE(set);
+      if (errno == EINVAL && size < (1 << 20)) continue;  // more CPUs than the set holds
+      return "?";
+    }
+    std::vector<int> cpus;
+    for (int cpu = 0; cpu < size; ++cpu) {
+      if (CPU_ISSET_S(cpu, bytes, set)) cpus.push_back(cpu);
+    }
+    CPU_FREE(set);
+    return cpu_list_text(std::move(cpus));
   }
-  return cpu_list_text(std::move(cpus));
 }
 
 std::string cpu_list_text(std::vector<int> cpus) {

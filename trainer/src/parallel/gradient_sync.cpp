@@ -226,6 +226,9 @@ void GradientSync::start_batch(std::int64_t batch) {
   for (auto& bucket : buckets_) {
     bucket.reductions_in_batch = 0;
   }
+  // A step that measured and never took its norms (an exception in between) leaves nothing stale.
+  preconditioned_ = false;
+  preconditioners_.clear();
 }
 
 bool GradientSync::begin_backward(std::int64_t batch, bool sync, bool prescale) {
@@ -345,6 +348,7 @@ GradientSync::Norms GradientSync::take_norms() {
   }
   local_sqr_ = 0;
   preconditioned_ = false;
+  preconditioners_.clear();  // as large as the model: not kept through the optimizer's step
   measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return norms;
 }
@@ -359,15 +363,18 @@ double GradientSync::measured_norm(const Bucket& bucket) {
     }
     preconditioned_ = true;
   }
-  double sum = 0;
+  // Summed on the bucket's device and read once (one synchronisation a bucket, not a parameter),
+  // in float32 at least: a 16-bit gradient squared may overflow.
+  torch::Tensor sum = torch::zeros({}, bucket.flat.options().dtype(torch::kFloat64));
   for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
     const std::size_t i = bucket.parameters[k];
-    const torch::Tensor grad = bucket.flat.narrow(0, bucket.offsets[k], parameters_[i].numel());
+    torch::Tensor grad = bucket.flat.narrow(0, bucket.offsets[k], parameters_[i].numel());
+    if (grad.scalar_type() != torch::kFloat64) grad = grad.to(torch::kFloat32);
     const torch::Tensor& divisor = preconditioners_[i];
     const torch::Tensor scaled = divisor.defined() ? grad / divisor.reshape({-1}) : grad;
-    sum += scaled.pow(2).sum(torch::kFloat64).item<double>();
+    sum += scaled.pow(2).sum(torch::kFloat64);
   }
-  return sum;
+  return sum.item<double>();
 }
 
 double GradientSync::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }

@@ -28,8 +28,9 @@
 //
 // The flight recorder (PyTorch's, for MPI and NCCL): each rank keeps its last kRecent operations
 // (operation, number in its channel, bytes, step, phase, when it began, how long it took or that
-// it has not finished) and sends them with its heartbeat; the verdict lists every rank's, so that
-// the failure record says where each rank was when the job was ended, not only the stuck one.
+// it has not finished; an unfinished one gives way to a newer one only when all are unfinished,
+// and then to the newest) and sends them with its heartbeat; the verdict lists every rank's, so
+// that the failure record says where each rank was when the job was ended, not only the stuck one.
 #pragma once
 
 #include <mpi.h>
@@ -43,6 +44,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "hpctrial/comm/mpi_comm.h"
@@ -149,6 +151,7 @@ class Watchdog {
     std::uint64_t recent_count = 0;  // the flight recorder's operations, oldest first
     Recent recent[kRecent] = {};
   };
+  static_assert(std::is_trivially_copyable_v<Heartbeat>, "a heartbeat travels as bytes");
   // A heartbeat's operations, for a verdict: "allreduce #41 (step 12, batch, 4.0 KiB) began
   // 31.2 s ago, took 0.001 s; broadcast #42 (...) began 30.1 s ago, not finished"; `heard_s`
   // is how long ago the heartbeat came.
@@ -219,8 +222,7 @@ class Watchdog {
   std::map<std::uint64_t, Channel> channels_;   // every channel but the world's
   std::uint64_t world_entered_ = 0;
   std::map<std::uint64_t, Pending> pending_;
-  Flight ring_[kRecent];      // the flight recorder: ring_[ring_next_] is the oldest
-  std::size_t ring_next_ = 0;
+  Flight ring_[kRecent];  // the flight recorder's operations, in no order (their ids order them)
   std::vector<std::function<void()>> abort_hooks_;
   std::atomic<std::int64_t> step_{-1};
 
