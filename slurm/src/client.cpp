@@ -105,8 +105,24 @@ void Client::release(const std::string& job) const { checked({"scontrol", "relea
 
 void Client::cancel(const std::string& job) const { checked({"scancel", job}); }
 
-void Client::signal_batch(const std::string& job, const std::string& signal) const {
-  checked({"scancel", "--batch", "--signal=" + signal, job});
+bool Client::signal_batch(const std::string& job, const std::string& signal) const {
+  // scancel asks again ten times, 5 s apart and more (95 s in all), while the controller answers
+  // that the job "can not be altered now": pending, requeued or ending, no batch shell to signal.
+  // --verbose says so at the first answer; a run cut short by then tells it.
+  core::RunOptions options;
+  options.timeout = kSignalWait;
+  options.kill_grace = std::chrono::seconds(1);
+  const core::RunResult r = run_({"scancel", "--batch", "--signal=" + signal, "--verbose", job}, options);
+  if (r.ok()) return true;
+  if (r.err.find("transitional state") != std::string::npos ||
+      r.err.find("can not be altered now") != std::string::npos) {
+    return false;
+  }
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("error:") != std::string::npos) throw SchedulerError("cannot signal slurm job " + job + ": " + line);
+  }
+  throw SchedulerError(r.describe());
 }
 
 namespace {

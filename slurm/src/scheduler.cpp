@@ -240,7 +240,12 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
       }
       // By the task's own name: the raw id of an array's last task is the array's, which scancel takes
       // for every task of it, each of which would stop without its request.
-      client_.signal_batch(id, "USR2");  // the batch shell: hpctrial launch
+      if (!client_.signal_batch(id, "USR2")) {  // the batch shell: hpctrial launch
+        // It left RUNNING since it was listed: it read the request already and requeued itself,
+        // or ended. Seen pending and not held, it is held like any waiting task.
+        const auto now = client_.job(id);
+        if (now && now->state == "PENDING" && !now->held()) client_.hold(id);
+      }
       steps.push_back({core::PauseStep::Kind::kStopping, id, trial});
     }
   }

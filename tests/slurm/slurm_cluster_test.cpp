@@ -1,6 +1,7 @@
 // The real local Slurm cluster of the test tier (scripts/local-slurm.sh), checked for the
 // behaviours hpctrial relies on: a batch job runs and sees its environment, and a requeued job
-// runs again with SLURM_RESTART_COUNT=1.
+// runs again with SLURM_RESTART_COUNT=1, and a signal to a job with no batch shell to take it
+// is answered at once.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include "../support/read_file.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
+#include "hpctrial/slurm/client.h"
 
 namespace hpctrial {
 namespace {
@@ -96,6 +98,34 @@ TEST_F(SlurmCluster, ARequeuedJobRunsAgainWithItsRestartCount) {
   EXPECT_EQ(job_field(job, "Restarts"), "1");
   EXPECT_THAT(read_file(out), HasSubstr("run restart=unset\n"));
   EXPECT_THAT(read_file(out), HasSubstr("run restart=1\n"));
+}
+
+// A job that left RUNNING between the listing and the signal (it read a pause request and
+// requeued itself) has no batch shell: scancel alone asks again for 95 s, the client answers
+// false at once. A running job takes the signal.
+TEST_F(SlurmCluster, ASignalToAJobWithNoBatchShellIsAnsweredAtOnce) {
+  const std::string out = (dir_.path() / "out.txt").string();
+  const std::string held = submit({"--hold", "--output", out}, "#!/bin/bash\necho ran\n");
+  ASSERT_FALSE(held.empty());
+  const slurm::Client client;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client.signal_batch(held, "USR2"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, slurm::Client::kSignalWait + 2s);
+  EXPECT_EQ(job_field(held, "JobState"), "PENDING");
+  slurm({"scancel", held});
+
+  const std::string running = submit(
+      {"--output", out, "--open-mode=append"},
+      "#!/bin/bash\ntrap 'echo got USR2; exit 0' USR2\necho started\nwhile true; do sleep 0.1; done\n");
+  ASSERT_TRUE(wait_for_state(running, "RUNNING", 60s)) << "state " << job_field(running, "JobState");
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (read_file(out).find("started\n") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_THAT(read_file(out), HasSubstr("started\n"));
+  EXPECT_TRUE(client.signal_batch(running, "USR2"));
+  ASSERT_TRUE(wait_for_state(running, "COMPLETED", 60s)) << "state " << job_field(running, "JobState");
+  EXPECT_THAT(read_file(out), HasSubstr("got USR2\n"));
 }
 
 }  // namespace

@@ -174,7 +174,34 @@ TEST_F(SchedulerOverFakes, SlurmPausesARunningJobWithTheStopRequestAndUsr2) {
   EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
   EXPECT_EQ(steps[0].trial, 0);
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
-  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "--batch", "--signal=USR2", "7"}));
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "--batch", "--signal=USR2", "--verbose", "7"}));
+}
+
+// The job read the request and requeued itself between the listing and the signal: no batch
+// shell takes the signal; the job is stopping all the same, and a task found pending and not
+// held is held.
+TEST_F(SchedulerOverFakes, SlurmPausesAJobThatLeftRunningBeforeItsSignal) {
+  int listed = 0;
+  const slurm::Scheduler slurm{slurm::Client([&](const std::vector<std::string>& argv, const core::RunOptions&) {
+    ran_.push_back(argv);
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 0;
+    const std::string state = listed++ == 0 ? "RUNNING Reason=None" : "PENDING Reason=BeginTime";
+    if (argv[0] == "scontrol" && argv[1] == "-o") {
+      r.out = "JobId=7 JobName=exp UserId=u(0) JobState=" + state + " Restarts=0 StdOut=" + dir_ + "/slurm-7.err";
+    }
+    if (argv[0] == "scancel") {
+      r.exit_code = 1;
+      r.err = "scancel: error: Kill job error on job id 7: Job can not be altered now, try again later\n";
+    }
+    return r;
+  })};
+  const auto steps = slurm.pause({dir_, "7"});
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scontrol", "hold", "7"}));
 }
 
 TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {

@@ -5,7 +5,9 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
+#include <optional>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/slurm/client.h"
@@ -131,7 +133,7 @@ TEST(SlurmClient, RunsTheVerbsByArgvWithSecretsOnlyInTheEnvironment) {
   const std::vector<std::vector<std::string>> expected = {
       {"sbatch", "--parsable", "--export=ALL", "/e/job.sbatch"}, {"scontrol", "requeuehold", "18_2"},
       {"scontrol", "requeue", "18_2"}, {"scontrol", "hold", "20_[3-5]"}, {"scontrol", "release", "21"},
-      {"scancel", "18"}, {"scancel", "--batch", "--signal=USR2", "19"}};
+      {"scancel", "18"}, {"scancel", "--batch", "--signal=USR2", "--verbose", "19"}};
   EXPECT_EQ(fake.asked, expected);
   fake.answers["sbatch --parsable --export=ALL /e/bad.sbatch"] = FakeSlurm::said("Submitted batch job 5\n");
   try {
@@ -139,6 +141,33 @@ TEST(SlurmClient, RunsTheVerbsByArgvWithSecretsOnlyInTheEnvironment) {
     ADD_FAILURE() << "no error";
   } catch (const SchedulerError& e) {
     EXPECT_THAT(e.what(), HasSubstr("sbatch answered \"Submitted batch job 5\", not a job id"));
+  }
+}
+
+// scancel asks again for 95 s while the controller says the job cannot take a signal now; the
+// client cuts it short and answers false. Another error is one, with scancel's own line.
+TEST(SlurmClient, ASignalToAJobWithNoBatchShellIsFalseAndOtherErrorsThrow) {
+  FakeSlurm fake;
+  const Client c = fake.client();
+  EXPECT_TRUE(c.signal_batch("19", "USR2"));
+  EXPECT_EQ(fake.options.back().timeout, std::optional<std::chrono::milliseconds>(Client::kSignalWait));
+  core::RunResult retrying = FakeSlurm::said("", -1,
+                                             "scancel: select/cons_tres: common_init: select/cons_tres loaded\n"
+                                             "scancel: Signal 12 to batch job 20\n"
+                                             "scancel: Job is in transitional state, retrying\n");
+  retrying.timed_out = true;
+  fake.answers["scancel --batch --signal=USR2 --verbose 20"] = retrying;
+  EXPECT_FALSE(c.signal_batch("20", "USR2"));
+  fake.answers["scancel --batch --signal=USR2 --verbose 21"] =
+      FakeSlurm::said("", 1, "scancel: error: Kill job error on job id 21: Job can not be altered now, try again later\n");
+  EXPECT_FALSE(c.signal_batch("21", "USR2"));
+  fake.answers["scancel --batch --signal=USR2 --verbose 22"] =
+      FakeSlurm::said("", 1, "scancel: Signal 12 to batch job 22\nscancel: error: Access/permission denied\n");
+  try {
+    c.signal_batch("22", "USR2");
+    ADD_FAILURE() << "no error";
+  } catch (const SchedulerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot signal slurm job 22: scancel: error: Access/permission denied"));
   }
 }
 

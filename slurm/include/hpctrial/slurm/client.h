@@ -2,6 +2,7 @@
 // Every method throws SchedulerError naming the command and what Slurm said when it fails.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -55,8 +56,11 @@ class Client {
   void hold(const std::string& job) const;     // scontrol hold: a pending job waits for release
   void release(const std::string& job) const;  // scontrol release
   void cancel(const std::string& job) const;   // scancel
-  // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only.
-  void signal_batch(const std::string& job, const std::string& signal) const;
+  // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only. False,
+  // within kSignalWait, when the job has no batch shell to signal now (it is pending, requeued or
+  // ending), where scancel alone would keep asking for 95 s.
+  bool signal_batch(const std::string& job, const std::string& signal) const;
+  static constexpr std::chrono::seconds kSignalWait{8};
   // nullopt once Slurm no longer knows the job (MinJobAge after it ended). For a job array, its
   // first task.
   std::optional<JobInfo> job(const std::string& id) const;
