@@ -300,6 +300,9 @@ void print_failures(std::ostream& out, const core::TrialProgress& progress) {
   for (const auto& [rank, operations] : progress.last_failure_flight) {
     out << "    rank " << rank << " last: " << operations << "\n";
   }
+  for (const auto& [node, job] : progress.excluded_nodes) {
+    out << "  left out:    node " << node << " (job " << job << "), the ranks having failed on it in two attempts\n";
+  }
   if (const auto& failed = progress.failed_hand_over) {
     // The job stopped after a durable checkpoint, but its scheduler did not take the trial back.
     out << "  hand-over:   failed at " << failed->time << " when job " << failed->job << " stopped (" << failed->tries

@@ -35,6 +35,7 @@
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/launcher.h"
 #include "hpctrial/launcher/schedulers.h"
+#include "failure_record.h"
 #include "hand_over.h"
 #include "launcher_internal.h"
 #include "processes.h"
@@ -46,6 +47,9 @@ namespace hpctrial::launcher {
 namespace {
 
 using detail::Attempt;
+using detail::excluded_nodes;
+using detail::FailureOutcome;
+using detail::record_failure;
 using detail::name_holder;
 using detail::describe_seconds;
 using detail::SignalFd;
@@ -84,14 +88,6 @@ void check_entrypoint(const core::ExperimentConfig& config, const std::string& w
   }
 }
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return "signal " + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
-  }
-  return "status " + std::to_string(status);
-}
-
 }  // namespace
 
 void print_launch_plan(const core::ExperimentConfig& config, const LaunchOptions& options, const core::EnvSource& env,
@@ -127,84 +123,30 @@ std::string stop_reason_of(const Attempt& a, const ExperimentLayout& layout, con
   return a.stop_requested ? a.stop_reason : "requested by the trial";
 }
 
+// What resumes a trial that stopped after a durable checkpoint. A SIGTERM without warning is a
+// delete, or a requeue by the scheduler or an operator.
+const char* what_resumes(const core::Allocation& allocation, const std::string& reason) {
+  if (!allocation.in_job()) return "run the same command again to resume";
+  if (reason == "terminate") return "it resumes from it if the job runs again, or when the experiment is submitted again";
+  return "it resumes when the job runs again";
+}
+
 // A search's worker lets its trial (`held`) go first: whichever worker runs next may take it
 // over at once; a worker that cannot go back to the queue is lost to the search, not its trial.
+// `exclude`: nodes the next run must not use.
 void hand_over(const core::Allocation& allocation, const std::string& reason, const core::ExperimentConfig& config,
                const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
-               core::UniqueFd* held) {
+               core::UniqueFd* held, std::vector<std::string> exclude = {}) {
   if (held != nullptr) *held = core::UniqueFd();
   if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
-  const core::HandOver stopped{allocation, config, options.experiment_dir, options.trial_id, reason == "pause",
-                               held != nullptr, &env, run};
+  const core::HandOver stopped{allocation,      config, options.experiment_dir, options.trial_id, reason == "pause",
+                               held != nullptr, &env,   run,                    std::move(exclude)};
   if (held != nullptr) {
     detail::hand_over_worker(scheduler(allocation.scheduler), stopped);
   } else {
     detail::hand_over_trial(scheduler(allocation.scheduler), stopped,
                             ExperimentLayout{options.experiment_dir}.trial_dir(options.trial_id));
   }
-}
-
-// What ended an attempt that failed: its failure record (failures.jsonl), the sentence the
-// launcher says, and the exit code that reports it: the failing rank's own code where known (as
-// mpirun itself reports it), else mpirun's.
-struct Failure {
-  json record;
-  std::string what;
-  int exit_code = kExitFailed;
-};
-
-Failure describe_failure(const Supervisor& supervisor, const Attempt& a, int code, int trial_id, int starts,
-                         int failures) {
-  const auto& f = supervisor.failure();
-  Failure out;
-  json& record = out.record;
-  std::string& what = out.what;
-  record = {{"time", core::utc_now_iso()}, {"trial_id", trial_id}, {"start", starts}, {"failure", failures},
-            {"mpirun", describe_status(a.status)}};
-  if (!a.hang.empty() && f.rank < 0) {
-    record["reason"] = what = a.hang;
-  } else if (f.rank >= 0) {
-    record["rank"] = f.rank;
-    if (f.exit_code) record["exit_code"] = *f.exit_code;
-    if (f.signal) record["signal"] = *f.signal;
-    if (!f.host.empty()) record["host"] = f.host;
-    if (!f.phase.empty()) record["phase"] = f.phase;
-    if (f.step >= 0) record["step"] = f.step;
-    if (!f.message.empty()) record["message"] = f.message;
-    what = "rank " + std::to_string(f.rank) + (f.host.empty() ? "" : " on " + f.host) + " " + f.how +
-           (f.phase.empty() ? "" : " in its " + f.phase + " phase") +
-           (f.step >= 0 ? " after step " + std::to_string(f.step) : "") + (f.message.empty() ? "" : ": " + f.message);
-    record["reason"] = what;
-    record["log_tail"] = supervisor.failure_tail();
-  } else {
-    what = "mpirun ended with " + describe_status(a.status);
-    record["reason"] = what;
-    record["log_tail"] = supervisor.mpirun_tail();
-  }
-  json steps = json::object();
-  for (const auto& [rank, step] : supervisor.steps()) steps[std::to_string(rank)] = step;
-  record["last_steps"] = steps;
-  if (!f.flight.empty()) {
-    json flight = json::object();
-    for (const auto& [rank, operations] : f.flight) flight[std::to_string(rank)] = operations;
-    record["flight"] = flight;
-  }
-  if (f.exit_code && *f.exit_code != 0 && *f.exit_code != kExitStopped) {
-    out.exit_code = *f.exit_code;
-  } else if (f.signal) {
-    out.exit_code = 128 + *f.signal;
-  } else if (a.hang.empty() && f.rank < 0 && code > 0 && code != kExitStopped) {
-    out.exit_code = code;
-  }
-  return out;
-}
-
-// Appends one failure record; ranks' output is bytes, not always UTF-8 (a library dying
-// mid-message): what is not is replaced.
-void append_failure(const std::string& record_path, const json& record) {
-  core::UniqueFd fd(::open(record_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  const std::string line = record.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  if (fd.get() >= 0) core::write_fully(fd.get(), line, record_path);
 }
 
 // Where the launcher runs. When the scheduler did not say when the job ends (a compute node that
@@ -302,55 +244,6 @@ core::UniqueFd try_lock_trial(const std::string& trial_dir) {
 
 }  // namespace detail
 
-// A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
-// launcher's exit code when the trial is not restarted (failed while stopping, past
-// max_restarts, its directory removed), none to restart it.
-std::optional<int> record_failure(const Supervisor& supervisor, const Attempt& a, int code,
-                                  const core::ExperimentConfig& config, const LaunchOptions& options,
-                                  const std::string& trial_dir, json& state, int starts, int failures,
-                                  std::string& previous) {
-  std::error_code ignored;
-  const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
-  if (!trial_dir_gone) {
-    state["failures"] = failures;
-    core::write_json_file(core::TrialLayout{trial_dir}.launcher_state_file(), state);
-  }
-  const Failure failure = describe_failure(supervisor, a, code, options.trial_id, starts, failures);
-  const std::string& what = failure.what;
-  if (trial_dir_gone) {
-    // Removed while the trial ran: nothing is left to record the failure in or to resume from.
-    core::log_error("trial {} failed: {}. Its directory {} was removed while it ran, so the failure is not "
-                    "recorded and the trial is not restarted", options.trial_id, what, trial_dir);
-    return failure.exit_code;
-  }
-  const std::string record_path = core::TrialLayout{trial_dir}.failures_file();
-  append_failure(record_path, failure.record);
-  if (a.stop_requested) {
-    core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);
-    return failure.exit_code;
-  }
-  // The same failure at start-up as the attempt before, with no rank a step further: a
-  // deterministic mistake (a file it cannot read, a bad setting), which a restart only repeats.
-  const bool startup = failure.record.value("phase", std::string()) == core::phase_name(core::RankPhase::kStartup);
-  const std::string signature = startup ? what + " " + failure.record.at("last_steps").dump() : std::string();
-  const bool repeated = startup && signature == std::exchange(previous, signature);
-  if (repeated && failures <= config.max_restarts) {
-    core::log_error("trial {} failed: {}. The attempt before failed the same way at the same step, so it is not "
-                    "restarted again (it would fail the same way); fix the cause and run again. The failures are "
-                    "recorded in {}", options.trial_id, what, record_path);
-    return failure.exit_code;
-  }
-  if (failures > config.max_restarts) {
-    core::log_error("trial {} failed: {}. It has failed {} time(s) and max_restarts is {}, so it is not restarted; "
-                    "the failures are recorded in {}", options.trial_id, what, failures, config.max_restarts,
-                    record_path);
-    return failure.exit_code;
-  }
-  core::log_warning("trial {} failed: {}; restarting from its latest checkpoint (restart {} of max_restarts {}); "
-                    "recorded in {}", options.trial_id, what, failures, config.max_restarts, record_path);
-  return std::nullopt;
-}
-
 namespace {
 
 // `hpctrial run`: the config is written only by the launcher that holds the trial, so that a
@@ -431,12 +324,8 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     }
     if (a.hang.empty() && code == kExitStopped) {
       const std::string reason = stop_reason_of(a, layout, trial_dir, allocation);
-      // A SIGTERM without warning is a delete, or a requeue by the scheduler or an operator.
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
-                     !allocation.in_job()    ? "run the same command again to resume"
-                     : reason == "terminate" ? "it resumes from it if the job runs again, or when the experiment "
-                                               "is submitted again"
-                                             : "it resumes when the job runs again");
+                     what_resumes(allocation, reason));
       hand_over(allocation, reason, config, options, env, run, held);
       return kExitStopped;
     }
@@ -446,9 +335,12 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     }
 
     // A failure: record it, then restart or give up.
-    if (const auto given_up = record_failure(supervisor, a, code, config, options, trial_dir, state, starts, ++failures,
-                                             previous_failure)) {
-      return *given_up;
+    const FailureOutcome failed = record_failure(supervisor, a, code, config, options, allocation, trial_dir, state,
+                                                 starts, ++failures, previous_failure);
+    if (failed.exit_code) return *failed.exit_code;
+    if (!failed.left_out.empty()) {  // the restart runs elsewhere: back to the queue without the node
+      hand_over(allocation, "failure", config, options, env, run, held, excluded_nodes(state, allocation.job_id));
+      return kExitStopped;
     }
   }
 }

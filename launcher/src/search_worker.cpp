@@ -169,7 +169,7 @@ int stop_worker(const std::string& reason, const core::Allocation& allocation, c
   detail::SignalFd held_back;
   core::clear_job_stop(core::ExperimentLayout{options.experiment_dir}, allocation.job_id);
   detail::hand_over_worker(scheduler(allocation.scheduler),
-                           {allocation, config, options.experiment_dir, -1, reason == "pause", true, &env, run});
+                           {allocation, config, options.experiment_dir, -1, reason == "pause", true, &env, run, {}});
   return kExitStopped;
 }
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "hpctrial/checkpoint/h5_handle.h"
+#include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/layout.h"
@@ -100,9 +101,8 @@ extern "C" void on_fatal_signal(int signal, siginfo_t* info, void* context) {
 }
 
 std::string hostname() {
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
-  return host;
+  const std::string host = core::host_name();
+  return host.empty() ? "?" : host;
 }
 
 }  // namespace

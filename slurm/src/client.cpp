@@ -60,6 +60,9 @@ JobInfo parse_job_line(const std::string& line) {
   j.submit_time = field("SubmitTime");
   j.start_time = field("StartTime");
   j.node_list = field("NodeList");
+  j.partition = field("Partition");
+  j.excluded_nodes = field("ExcNodeList");
+  if (j.excluded_nodes == "(null)") j.excluded_nodes.clear();
   j.work_dir = field("WorkDir");
   j.array_job_id = field("ArrayJobId");
   j.array_task = field("ArrayTaskId");
@@ -100,6 +103,21 @@ void Client::requeue(const std::string& job, bool hold) const {
 }
 
 void Client::hold(const std::string& job) const { checked({"scontrol", "hold", job}); }
+
+void Client::exclude_nodes(const std::string& job, const std::string& nodes) const {
+  checked({"scontrol", "update", "JobId=" + job, "ExcNodeList=" + nodes});
+}
+
+int Client::partition_nodes(const std::string& partition) const {
+  const core::RunResult r = run_({"scontrol", "-o", "show", "partition", partition}, {});
+  const std::size_t at = r.ok() ? r.out.find("TotalNodes=") : std::string::npos;
+  if (at == std::string::npos) return 0;
+  try {
+    return std::stoi(r.out.substr(at + std::string("TotalNodes=").size()));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
 
 void Client::release(const std::string& job) const { checked({"scontrol", "release", job}); }
 

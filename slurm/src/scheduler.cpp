@@ -1,6 +1,7 @@
 #include "hpctrial/slurm/scheduler.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
@@ -271,11 +272,56 @@ std::vector<std::string> Scheduler::cancel(const core::JobTarget& target) const 
   return {job};
 }
 
+namespace {
+
+// The job's ExcNodeList with `nodes` added (a hostlist: "a,b,node[3-5]"); each of `nodes` once.
+std::string with_excluded(const std::string& listed, const std::vector<std::string>& nodes) {
+  std::vector<std::string> words;
+  std::string word;
+  int depth = 0;
+  for (const char c : listed + ",") {
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (c == ',' && depth == 0) {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  for (const std::string& node : nodes) {
+    if (std::find(words.begin(), words.end(), node) == words.end()) words.push_back(node);
+  }
+  std::string joined;
+  for (const std::string& w : words) joined += (joined.empty() ? "" : ",") + w;
+  return joined;
+}
+
+}  // namespace
+
+bool Scheduler::can_leave_out(const core::Allocation& allocation, int left_out, int needed) const {
+  std::optional<JobInfo> job;
+  try {
+    job = client_.job(allocation.job_id);
+  } catch (const Error&) {
+    return false;
+  }
+  if (!job) return false;
+  int most = 0;
+  std::istringstream partitions(job->partition);
+  for (std::string partition; std::getline(partitions, partition, ',');) {
+    most = std::max(most, client_.partition_nodes(partition));
+  }
+  return most - left_out >= needed;
+}
+
 std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {
   const std::string& job = stopped.allocation.job_id;
+  const Client client(stopped.run);
+  // Only a pending job takes a new ExcNodeList: one that leaves nodes out waits held until it has it.
+  const bool leave_out = !stopped.exclude_nodes.empty();
   std::string error;
   try {
-    Client(stopped.run).requeue(job, stopped.hold);
+    client.requeue(job, stopped.hold || leave_out);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -287,8 +333,24 @@ std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& 
     return core::HandOverFailure{"cannot requeue slurm job " + job + ": " + error,
                                  core::shell_join({"scontrol", stopped.hold ? "requeuehold" : "requeue", job})};
   }
-  core::log_info("slurm job {} requeued after run {} of this job{}", job, stopped.allocation.restart_count + 1,
-                 stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
+  std::string left_out;
+  if (leave_out) {
+    std::string nodes = with_excluded("", stopped.exclude_nodes);
+    try {
+      const auto now = client.job(job);
+      nodes = with_excluded(now ? now->excluded_nodes : "", stopped.exclude_nodes);
+      client.exclude_nodes(job, nodes);
+      if (!stopped.hold) client.release(job);
+    } catch (const Error& e) {
+      return core::HandOverFailure{
+          "slurm job " + job + " is requeued and held, but cannot leave out " + nodes + ": " + e.what(),
+          core::shell_join({"scontrol", "update", "JobId=" + job, "ExcNodeList=" + nodes}) + " && " +
+              core::shell_join({"scontrol", "release", job})};
+    }
+    left_out = " without node(s) " + nodes;
+  }
+  core::log_info("slurm job {} requeued after run {} of this job{}{}", job, stopped.allocation.restart_count + 1,
+                 left_out, stopped.hold ? " and held: `hpctrial activate " + job + "` resumes it" : "");
   return std::nullopt;
 }
 

@@ -1,7 +1,8 @@
 // A trial program that fails on purpose, for the fault tests: on rank hyperparameters.fail_rank
 // at batch hyperparameters.fail_batch it throws (fail_mode: throw), stops answering
 // (fail_mode: hang), or prints bytes that are not UTF-8 and throws an error holding some
-// (fail_mode: binary, as a library dying mid-message does). It prints "injected <mode> at <unix ms>" just before. With
+// (fail_mode: binary, as a library dying mid-message does); with hyperparameters.fail_node, only
+// on that Slurm node. It prints "injected <mode> at <unix ms>" just before. With
 // hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device), so
 // that the ranks leave the CPU to the scheduler's daemons in the Slurm tests. With
 // hyperparameters.full_validation, it validates with evaluate_full_dataset (on the chief). With
@@ -74,9 +75,16 @@ class FaultyTrial : public hpctrial::Trial {
     return {};
   }
 
+  // hyperparameters.fail_node: the fault fires only on that Slurm node (a node that is bad).
+  bool on_fail_node() const {
+    if (!context_.hparams().contains("fail_node")) return true;
+    const char* node = std::getenv("SLURMD_NODENAME");
+    return node != nullptr && context_.hparam<std::string>("fail_node") == node;
+  }
+
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     if (context_.distributed().rank == context_.hparam<int>("fail_rank") &&
-        batch_idx == context_.hparam<std::int64_t>("fail_batch")) {
+        batch_idx == context_.hparam<std::int64_t>("fail_batch") && on_fail_node()) {
       const std::string mode = context_.hparam<std::string>("fail_mode");
       const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::system_clock::now().time_since_epoch());

@@ -143,6 +143,9 @@ void read_resources(MapReader& r, Resources& res) {
   if (const ConfigNode* n = r.get("gpus_per_slot")) {
     if (auto v = read_int(*n, r.path("gpus_per_slot"), d, 0, kMaxGpusPerSlot)) res.gpus_per_slot = static_cast<int>(*v);
   }
+  if (const ConfigNode* n = r.get("max_excluded_nodes")) {
+    if (auto v = read_int(*n, r.path("max_excluded_nodes"), d, 0, kMaxSlots)) res.max_excluded_nodes = static_cast<int>(*v);
+  }
   if (const ConfigNode* n = r.get("memory_per_node")) {
     if (auto text = read_string(*n, r.path("memory_per_node"), d)) {
       std::string reason;

@@ -143,6 +143,7 @@ void emit_resources(YAML::Emitter& out, const Resources& r) {
   out << YAML::Key << "slots_per_node" << YAML::Value << r.slots_per_node;
   out << YAML::Key << "cpus_per_slot" << YAML::Value << r.cpus_per_slot;
   out << YAML::Key << "gpus_per_slot" << YAML::Value << r.gpus_per_slot;
+  out << YAML::Key << "max_excluded_nodes" << YAML::Value << r.max_excluded_nodes;
   if (r.memory_per_node_bytes) {
     out << YAML::Key << "memory_per_node" << YAML::Value << format_memory(*r.memory_per_node_bytes);
   }

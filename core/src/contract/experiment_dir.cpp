@@ -189,6 +189,11 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   p.starts = json_field(state, "starts", 0, state_path);
   p.failures = json_field(state, "failures", 0, state_path);
   p.failed_hand_over = failed_hand_over_in(state, state_path);
+  if (const auto left_out = state.find("excluded_nodes"); left_out != state.end() && left_out->is_array()) {
+    for (const json& e : *left_out) {
+      if (e.is_object()) p.excluded_nodes.emplace_back(e.value("node", std::string()), e.value("job", std::string()));
+    }
+  }
   std::ifstream records(trial.failures_file());
   for (std::string line; std::getline(records, line);) {
     try {

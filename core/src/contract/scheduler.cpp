@@ -32,6 +32,8 @@ std::vector<SchedulerOption> Scheduler::options() const { return {}; }
 
 void Scheduler::check_config(const SchedulerConfig&, Diagnostics&) const {}
 
+bool Scheduler::can_leave_out(const Allocation&, int, int) const { return false; }
+
 void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
                             Diagnostics& diagnostics) {
   const SchedulerConfig& s = config.scheduler;

@@ -57,6 +57,8 @@ std::string expand_env_references(const std::string& value, const EnvSource& env
 }
 
 std::string host_name() {
+  const char* node = std::getenv("SLURMD_NODENAME");
+  if (node != nullptr && *node != '\0') return node;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   return host;

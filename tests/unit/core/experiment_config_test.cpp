@@ -70,6 +70,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.resources.cpus_per_slot, 1);
   EXPECT_EQ(c.resources.gpus_per_slot, 0);
   EXPECT_FALSE(c.resources.memory_per_node_bytes.has_value());
+  EXPECT_EQ(c.resources.max_excluded_nodes, 2);
   EXPECT_EQ(c.optimizations.aggregation_frequency, 1);
   EXPECT_TRUE(c.optimizations.average_training_metrics);
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 25.0);
@@ -160,6 +161,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.resources.cpus_per_slot, 6);
   EXPECT_EQ(c.resources.gpus_per_slot, 1);
   EXPECT_EQ(c.resources.memory_per_node_bytes, 1536ull << 30);
+  EXPECT_EQ(c.resources.max_excluded_nodes, 3);
 
   EXPECT_EQ(c.optimizations.aggregation_frequency, 4);
   EXPECT_FALSE(c.optimizations.average_training_metrics);
@@ -342,6 +344,8 @@ TEST(ConfigErrors, NegativeZeroAndAbsurdNumbers) {
   const std::string base = kMinimal;
   EXPECT_EQ(one_error(base + "max_restarts: -1\n"),
             "exp.yaml:4:15: max_restarts: must be a non-negative integer, got \"-1\"");
+  EXPECT_EQ(one_error(base + "resources: {max_excluded_nodes: -1}\n"),
+            "exp.yaml:4:33: resources.max_excluded_nodes: must be a non-negative integer, got \"-1\"");
   EXPECT_EQ(one_error(base + "resources: {cpus_per_slot: 0}\n"),
             "exp.yaml:4:28: resources.cpus_per_slot: must be a positive integer, got \"0\"");
   EXPECT_EQ(one_error(base + "resources: {gpus_per_slot: 1000}\n"),

@@ -170,6 +170,45 @@ TEST_F(HandOverTrial, ARequeueKilledByItsOwnSigtermHasTakenEffect) {
   EXPECT_FALSE(core::trial_progress({dir_.path().string()}, 0).failed_hand_over.has_value());
 }
 
+// A job that leaves a node out waits held until its ExcNodeList has it with those it had (a
+// hostlist of the user's own), then is released; a paused one stays held. One that cannot be
+// updated is recorded with the commands that finish the hand-over.
+TEST_F(HandOverTrial, ALeftOutNodeJoinsTheJobsExcNodeListWhileItIsHeld) {
+  std::filesystem::create_directories(trial_dir());
+  std::vector<std::vector<std::string>> ran;
+  bool update_fails = false;
+  core::HandOver h = stopped("slurm", "15", false);
+  h.exclude_nodes = {"n7", "n2"};
+  h.run = [&](const std::vector<std::string>& argv, const core::RunOptions&) {
+    ran.push_back(argv);
+    core::RunResult r;
+    r.argv = argv;
+    r.exit_code = 0;
+    if (argv[1] == "-o") r.out = "JobId=15 JobName=e UserId=u(0) JobState=PENDING Partition=p ExcNodeList=n[1-3],n7\n";
+    if (argv[1] == "update" && update_fails) {
+      r.exit_code = 1;
+      r.err = "slurm_update error: Invalid node name specified";
+    }
+    return r;
+  };
+  std::vector<std::chrono::milliseconds> waits;
+  EXPECT_FALSE(detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits)).has_value());
+  EXPECT_THAT(ran, ElementsAre(ElementsAre("scontrol", "requeuehold", "15"),
+                               ElementsAre("scontrol", "-o", "show", "job", "15"),
+                               ElementsAre("scontrol", "update", "JobId=15", "ExcNodeList=n[1-3],n7,n2"),
+                               ElementsAre("scontrol", "release", "15")));
+  ran.clear();
+  h.hold = true;
+  EXPECT_FALSE(detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits)).has_value());
+  ASSERT_EQ(ran.size(), 3u);
+  EXPECT_THAT(ran.back(), ElementsAre("scontrol", "update", "JobId=15", "ExcNodeList=n[1-3],n7,n2"));
+  update_fails = true;
+  const auto failed = detail::hand_over_trial(scheduler("slurm"), h, trial_dir(), recording(waits));
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_THAT(failed->error, HasSubstr("slurm job 15 is requeued and held, but cannot leave out n[1-3],n7,n2"));
+  EXPECT_EQ(failed->resume, "scontrol update JobId=15 'ExcNodeList=n[1-3],n7,n2' && scontrol release 15");
+}
+
 TEST_F(HandOverTrial, ARecordOfTheWrongShapeIsAnErrorNamingTheFile) {
   std::filesystem::create_directories(trial_dir());
   std::ofstream(core::TrialLayout{trial_dir()}.launcher_state_file()) << R"({"starts": 1, "failed_hand_over": "yes"})";

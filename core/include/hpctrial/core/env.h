@@ -38,7 +38,8 @@ class MapEnv final : public EnvSource {
 // True when `name` is a valid POSIX environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_valid_env_name(const std::string& name);
 
-// This host's name (gethostname), as ranks record it in their heartbeats.
+// This node's name, as ranks record it in their heartbeats: the name Slurm knows it by
+// ($SLURMD_NODENAME, what --exclude takes) in a Slurm job, else gethostname's.
 std::string host_name();
 
 // The CPUs this process may run on (sched_getaffinity), as a list: "0-3,8,10-11".

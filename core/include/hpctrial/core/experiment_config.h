@@ -85,6 +85,9 @@ struct Resources {
   std::optional<std::uint64_t> memory_per_node_bytes;  // unset: the scheduler's default
   // Elastic jobs: the fewest slots a run may start on (whole nodes); 0: slots_per_trial.
   int min_slots_per_trial = 0;
+  // Nodes a trial's job may leave out, each one its ranks failed on in two attempts (Slurm);
+  // 0: none is ever left out.
+  int max_excluded_nodes = 2;
 
   int nodes() const { return (slots_per_trial + slots_per_node - 1) / slots_per_node; }
   int min_slots() const { return min_slots_per_trial > 0 ? min_slots_per_trial : slots_per_trial; }

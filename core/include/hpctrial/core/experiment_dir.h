@@ -115,6 +115,8 @@ struct TrialProgress {
   std::vector<std::pair<int, std::string>> last_failure_flight;
   std::vector<TrialRun> runs;        // oldest first
   std::optional<FailedHandOver> failed_hand_over;  // since the last start of its launcher
+  // Nodes its jobs left out, the ranks having failed on each in two attempts: node and job.
+  std::vector<std::pair<std::string, std::string>> excluded_nodes;
 };
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
 

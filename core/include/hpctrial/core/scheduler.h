@@ -94,6 +94,9 @@ struct HandOver {
   // Runs the scheduler's commands: the launcher's runner tries a failing command again
   // (launcher/src/hand_over.cpp).
   CommandRunner run;
+  // Nodes the next run must not use (its ranks failed on each in two attempts), with those left
+  // out before; empty: wherever the scheduler likes. Only where can_leave_out() says so.
+  std::vector<std::string> exclude_nodes;
 };
 
 // A hand-over that did not happen: nothing will resume the trial until a user does.
@@ -158,6 +161,9 @@ class Scheduler {
   // Never throws: a failure is returned with the command that resumes the trial by hand (the
   // checkpoint is durable); the launcher records it where `hpctrial describe` shows it.
   virtual std::optional<HandOverFailure> hand_over(const HandOver& stopped) const = 0;
+  // Whether hand_over can send `allocation`'s job back to the queue without `left_out` of its
+  // nodes and the job still find the `needed` nodes it runs on. Never by default.
+  virtual bool can_leave_out(const Allocation& allocation, int left_out, int needed) const;
 };
 
 // Reports a scheduler.type that names none of `schedulers`, a scheduler: key that none of them

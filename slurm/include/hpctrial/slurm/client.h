@@ -27,6 +27,8 @@ struct JobInfo {
   std::string submit_time;  // as Slurm prints it, e.g. 2026-11-22T15:36:20
   std::string start_time;
   std::string node_list;
+  std::string excluded_nodes;  // ExcNodeList, "(null)" made empty
+  std::string partition;       // "debug", or "a,b" for a job that may run in either
   std::string work_dir;
   std::string user_id;  // numeric
   // A task of a job array: the array's id and this task's index ("3"), or the indices of tasks
@@ -54,6 +56,10 @@ class Client {
   // scontrol requeue / requeuehold: a running job goes back to the queue (held).
   void requeue(const std::string& job, bool hold) const;
   void hold(const std::string& job) const;     // scontrol hold: a pending job waits for release
+  // TotalNodes of `scontrol show partition`; 0 when Slurm does not answer.
+  int partition_nodes(const std::string& partition) const;
+  // scontrol update ExcNodeList=NODES: a pending job's next run avoids them (a hostlist).
+  void exclude_nodes(const std::string& job, const std::string& nodes) const;
   void release(const std::string& job) const;  // scontrol release
   void cancel(const std::string& job) const;   // scancel
   // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only. False,

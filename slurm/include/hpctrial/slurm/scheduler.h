@@ -40,6 +40,8 @@ class Scheduler final : public core::Scheduler {
   std::vector<std::string> activate(const core::JobTarget& target) const override;
   std::vector<std::string> cancel(const core::JobTarget& target) const override;
   std::optional<core::HandOverFailure> hand_over(const core::HandOver& stopped) const override;
+  // Where the job's partitions have `needed` nodes besides the left out ones.
+  bool can_leave_out(const core::Allocation& allocation, int left_out, int needed) const override;
 
  private:
   // The job a target names (the experiment's latest Slurm job when it names none) and its tasks;

@@ -1,0 +1,37 @@
+// A failed attempt as the launcher records it: the failure record (failures.jsonl), the restart
+// or the end it leads to, and the node a restart leaves out when the ranks failed there twice.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/scheduler.h"
+#include "hpctrial/launcher/launcher.h"
+#include "supervisor.h"
+
+namespace hpctrial::launcher::detail {
+
+// What a failed attempt leads to: the launcher's exit code when the trial is not restarted, and
+// the node its restart leaves out (empty: none).
+struct FailureOutcome {
+  std::optional<int> exit_code;
+  std::string left_out;
+};
+
+// The nodes left out of `job` (the launcher state's excluded_nodes).
+std::vector<std::string> excluded_nodes(const nlohmann::json& state, const std::string& job);
+
+// A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
+// launcher's exit code when the trial is not restarted (failed while stopping, past
+// max_restarts, its directory removed), none to restart it; the node a restart leaves out (added
+// to the state's excluded_nodes).
+FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, int code,
+                              const core::ExperimentConfig& config, const LaunchOptions& options,
+                              const core::Allocation& allocation, const std::string& trial_dir,
+                              nlohmann::json& state, int starts, int failures, std::string& previous);
+
+}  // namespace hpctrial::launcher::detail

@@ -1,0 +1,125 @@
+// A node that keeps failing is left out, on the real local Slurm cluster's two-node partition
+// `elastic`: the faulty trial fails on node hpctrial-b only (a bad node), once on the chief and
+// once on the last rank. Its first run lands there (the other node is taken); the restart in the
+// same job fails there again; the job goes back to the queue with the node in its ExcNodeList,
+// resumes on the other node and finishes. The failure record and describe name the node.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "../support/read_file.h"
+#include "../support/slurm_jobs.h"
+#include "../support/temp_dir.h"
+#include "hpctrial/core/subprocess.h"
+
+namespace hpctrial {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::HasSubstr;
+using testing_support::job_field;
+using testing_support::read_file;
+using testing_support::TempDir;
+
+constexpr const char* kBadNode = "hpctrial-b";
+
+core::RunResult run(const std::vector<std::string>& argv) { return testing_support::run_command(argv); }
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+class SlurmBadNode : public testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    const auto list = run({"sinfo", "-h", "-p", "elastic", "-o", "%N"});
+    if (!list.ok()) GTEST_SKIP() << "no local Slurm cluster answers (scripts/local-slurm.sh needs root)";
+    const std::string nodes = list.out.substr(0, list.out.find('\n'));
+    if (nodes.find(kBadNode) == std::string::npos || nodes.find(',') == std::string::npos) {
+      GTEST_SKIP() << "the local cluster has no two-node partition `elastic` with " << kBadNode << ": " << nodes;
+    }
+    good_ = nodes.substr(0, nodes.find(',')) == kBadNode ? nodes.substr(nodes.find(',') + 1)
+                                                          : nodes.substr(0, nodes.find(','));
+  }
+  void TearDown() override {
+    if (!blocker_.empty()) run({"scancel", blocker_});
+  }
+  std::string experiment() const { return (dir_.path() / "exp").string(); }
+  std::string good_;
+  std::string blocker_;
+  TempDir dir_;
+};
+
+TEST_P(SlurmBadNode, ANodeTheRanksFailedOnTwiceIsLeftOutAndTheTrialFinishesElsewhere) {
+  const int fail_rank = GetParam();
+  // The good node is taken, so the first run lands on the bad one.
+  const auto blocked = run({"sbatch", "--parsable", "-p", "elastic", "-w", good_, "--exclusive", "-o", "/dev/null",
+                            "--wrap", "sleep 300"});
+  ASSERT_TRUE(blocked.ok()) << blocked.describe() << blocked.err;
+  blocker_ = blocked.out.substr(0, blocked.out.find_first_of(";\n"));
+  ASSERT_TRUE(testing_support::wait_for_state(blocker_, "RUNNING", 60s)) << job_field(blocker_, "JobState");
+
+  const std::string config = dir_.write("exp.yaml",
+      "name: slurm-bad-node\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+      "searcher: {name: single, metric: validation_loss, max_length: {batches: 60}}\n"
+      "hyperparameters: {global_batch_size: 16, fail_rank: " + std::to_string(fail_rank) + ", fail_batch: 30, "
+      "fail_mode: throw, fail_node: " + kBadNode + ", batch_ms: 5}\n"
+      "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
+      "min_checkpoint_period: {batches: 10}\nmin_validation_period: {batches: 30}\nmax_restarts: 4\n"
+      "scheduler: {type: slurm, partition: elastic, time_limit: 30m, preemption_grace: 20s}\n");
+  const auto submitted = run({HPCTRIAL_CLI, "submit", config, "--experiment", experiment()});
+  ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
+  const auto at = submitted.out.find("submitted slurm job ");
+  ASSERT_NE(at, std::string::npos) << submitted.out;
+  const std::size_t start = at + std::strlen("submitted slurm job ");
+  const std::string job = submitted.out.substr(start, submitted.out.find('\n', start) - start);
+  ASSERT_TRUE(testing_support::wait_for_state(job, "RUNNING", 60s)) << job_field(job, "JobState");
+  EXPECT_EQ(job_field(job, "NodeList"), kBadNode);
+  run({"scancel", blocker_});
+
+  const std::string log_path = experiment() + "/slurm-" + job + ".err";
+  ASSERT_TRUE(testing_support::wait_for_state(job, "COMPLETED", 240s))
+      << "state " << job_field(job, "JobState") << " " << job_field(job, "Reason") << "\n" << read_file(log_path);
+  EXPECT_EQ(job_field(job, "Restarts"), "1");
+  EXPECT_EQ(job_field(job, "ExcNodeList"), kBadNode);
+  EXPECT_EQ(job_field(job, "NodeList"), good_);
+  const std::string log = read_file(log_path);
+  EXPECT_THAT(log, HasSubstr("requeued without node " + std::string(kBadNode) + ", where the ranks failed in two attempts"));
+  EXPECT_THAT(log, HasSubstr("slurm job " + job + " requeued after run 1 of this job without node(s) " + kBadNode));
+
+  const auto failures = json_lines(experiment() + "/trial-0/failures.jsonl");
+  ASSERT_EQ(failures.size(), 2u) << read_file(experiment() + "/trial-0/failures.jsonl");
+  for (const auto& failure : failures) {
+    EXPECT_EQ(failure["rank"], fail_rank);
+    EXPECT_EQ(failure["host"], kBadNode);
+  }
+  EXPECT_FALSE(failures[0].contains("left_out_node"));
+  EXPECT_EQ(failures[1]["left_out_node"], kBadNode);
+  const auto runs = json_lines(experiment() + "/trial-0/runs.jsonl");
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.back()["placement"][0]["host"], good_);
+  EXPECT_EQ(runs.back()["placement"][1]["host"], good_);
+  EXPECT_THAT(read_file(experiment() + "/trial-0/checkpoints/latest"), HasSubstr("ckpt-60.h5"));
+
+  const auto describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  ASSERT_TRUE(describe.ok()) << describe.describe() << describe.err;
+  EXPECT_THAT(describe.out, HasSubstr("  left out:    node " + std::string(kBadNode) + " (job " + job +
+                                      "), the ranks having failed on it in two attempts"));
+}
+
+INSTANTIATE_TEST_SUITE_P(OnTheChiefAndTheLastRank, SlurmBadNode, testing::Values(0, 1),
+                         [](const testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("chief") : std::string("last_rank");
+                         });
+
+}  // namespace
+}  // namespace hpctrial
