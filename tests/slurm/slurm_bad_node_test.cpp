@@ -1,8 +1,9 @@
 // A node that keeps failing is left out, on the real local Slurm cluster's two-node partition
-// `elastic`: the faulty trial fails on node hpctrial-b only (a bad node), once on the chief and
-// once on the last rank. Its first run lands there (the other node is taken); the restart in the
-// same job fails there again; the job goes back to the queue with the node in its ExcNodeList,
-// resumes on the other node and finishes. The failure record and describe name the node.
+// `elastic`: the faulty trial fails on node hpctrial-b only (a bad node), on the chief and on the
+// last rank, by throwing and by hanging (the collective watchdog names the rank that stopped).
+// Its first run lands there (the other node is taken); the restart in the same job fails there
+// again; the job goes back to the queue with the node in its ExcNodeList, resumes on the other
+// node and finishes. The failure record and describe name the node.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <ostream>
 #include <thread>
 
 #include "../support/read_file.h"
@@ -38,7 +40,14 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   return out;
 }
 
-class SlurmBadNode : public testing::TestWithParam<int> {
+struct BadNodeCase {
+  int rank;
+  const char* mode;
+};
+
+void PrintTo(const BadNodeCase& c, std::ostream* os) { *os << "rank " << c.rank << " " << c.mode; }
+
+class SlurmBadNode : public testing::TestWithParam<BadNodeCase> {
  protected:
   void SetUp() override {
     const auto list = run({"sinfo", "-h", "-p", "elastic", "-o", "%N"});
@@ -60,7 +69,7 @@ class SlurmBadNode : public testing::TestWithParam<int> {
 };
 
 TEST_P(SlurmBadNode, ANodeTheRanksFailedOnTwiceIsLeftOutAndTheTrialFinishesElsewhere) {
-  const int fail_rank = GetParam();
+  const int fail_rank = GetParam().rank;
   // The good node is taken, so the first run lands on the bad one.
   const auto blocked = run({"sbatch", "--parsable", "-p", "elastic", "-w", good_, "--exclusive", "-o", "/dev/null",
                             "--wrap", "sleep 300"});
@@ -72,9 +81,10 @@ TEST_P(SlurmBadNode, ANodeTheRanksFailedOnTwiceIsLeftOutAndTheTrialFinishesElsew
       "name: slurm-bad-node\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
       "searcher: {name: single, metric: validation_loss, max_length: {batches: 60}}\n"
       "hyperparameters: {global_batch_size: 16, fail_rank: " + std::to_string(fail_rank) + ", fail_batch: 30, "
-      "fail_mode: throw, fail_node: " + kBadNode + ", batch_ms: 5}\n"
+      "fail_mode: " + GetParam().mode + ", fail_node: " + kBadNode + ", batch_ms: 5}\n"
       "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
       "min_checkpoint_period: {batches: 10}\nmin_validation_period: {batches: 30}\nmax_restarts: 4\n"
+      "optimizations: {collective_timeout: 5s}\n"
       "scheduler: {type: slurm, partition: elastic, time_limit: 30m, preemption_grace: 20s}\n");
   const auto submitted = run({HPCTRIAL_CLI, "submit", config, "--experiment", experiment()});
   ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
@@ -116,9 +126,11 @@ TEST_P(SlurmBadNode, ANodeTheRanksFailedOnTwiceIsLeftOutAndTheTrialFinishesElsew
                                       "), the ranks having failed on it in two attempts"));
 }
 
-INSTANTIATE_TEST_SUITE_P(OnTheChiefAndTheLastRank, SlurmBadNode, testing::Values(0, 1),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return info.param == 0 ? std::string("chief") : std::string("last_rank");
+INSTANTIATE_TEST_SUITE_P(OnTheChiefAndTheLastRank, SlurmBadNode,
+                         testing::Values(BadNodeCase{0, "throw"}, BadNodeCase{1, "throw"}, BadNodeCase{0, "hang"},
+                                         BadNodeCase{1, "hang"}),
+                         [](const testing::TestParamInfo<BadNodeCase>& info) {
+                           return std::string(info.param.rank == 0 ? "chief_" : "last_rank_") + info.param.mode;
                          });
 
 }  // namespace
