@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -213,6 +214,21 @@ std::vector<JobInfo> Client::jobs(const std::vector<std::string>& ids) const {
   if (std::any_of(ids.begin(), ids.end(), [](const std::string& id) { return id.find("[]") != std::string::npos; })) {
     args.push_back("-t");
   }
+  if (ids.size() > kJobsByName) {
+    // qstat asks for each job named on a connection of its own, each from a reserved port
+    // (pbs_iff): a few hundred at once leave none ("all reserved ports in use") and stall it for
+    // a minute. Every job, on one connection, then only those asked for.
+    std::vector<JobInfo> wanted;
+    for (JobInfo& job : qstat(args, false).value_or(std::vector<JobInfo>{})) {
+      const std::size_t open = job.id.find('[');
+      const std::string array = open == std::string::npos ? "" : job.id.substr(0, open + 1) + job.id.substr(job.id.find(']'));
+      if (std::find(ids.begin(), ids.end(), job.id) != ids.end() ||
+          (!array.empty() && std::find(ids.begin(), ids.end(), array) != ids.end())) {
+        wanted.push_back(std::move(job));
+      }
+    }
+    return wanted;
+  }
   args.insert(args.end(), ids.begin(), ids.end());
   // As text: given several jobs, OpenPBS 23.06 prints only the first one as JSON.
   return qstat(args, false).value_or(std::vector<JobInfo>{});
@@ -224,19 +240,27 @@ std::optional<JobInfo> Client::job(const std::string& id) const {
   return jobs->front();
 }
 
-std::vector<JobInfo> Client::user_jobs(const std::string& user) const {
-  // qstat refuses -u beside -f ("conflicting options"): qselect names the user's jobs, ended
-  // ones too (-x), and qstat describes them.
-  core::RunResult r = run_({"qselect", "-x", "-u", user}, {});
-  if (!r.ok()) r = checked({"qselect", "-u", user});  // a server without job history
+std::vector<JobInfo> Client::user_jobs(const std::string& user, std::time_t since) const {
+  // qstat refuses -u beside -f ("conflicting options"): qselect names the user's jobs, and qstat
+  // describes them.
   std::vector<std::string> ids;
-  std::istringstream lines(r.out);
-  for (std::string line; std::getline(lines, line);) {
-    line = core::trim(line);
-    if (line.empty()) continue;
-    if (!is_valid_job_id(line)) throw SchedulerError("qselect -u " + user + " printed \"" + line + "\", not a job id");
-    ids.push_back(line);
-  }
+  const auto add = [&](const std::string& text) {
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      line = core::trim(line);
+      if (line.empty()) continue;
+      if (!is_valid_job_id(line)) throw SchedulerError("qselect -u " + user + " printed \"" + line + "\", not a job id");
+      if (std::find(ids.begin(), ids.end(), line) == ids.end()) ids.push_back(line);
+    }
+  };
+  add(checked({"qselect", "-u", user}).out);
+  std::tm local{};
+  ::localtime_r(&since, &local);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y%m%d%H%M", &local);
+  // Ended ones too, where the server keeps job history (a server without fails this).
+  const core::RunResult ended = run_({"qselect", "-x", "-u", user, std::string("-tm.gt.") + when}, {});
+  if (ended.ok()) add(ended.out);
   std::vector<JobInfo> mine;
   for (JobInfo& job : jobs(ids)) {
     if (job.owner.substr(0, job.owner.find('@')) == user) mine.push_back(std::move(job));

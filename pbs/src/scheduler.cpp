@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 
 #include "hpctrial/core/batch_job.h"
@@ -191,7 +192,9 @@ std::optional<core::JobStatus> Scheduler::job(const std::string& id) const {
 
 std::vector<core::JobStatus> Scheduler::user_jobs() const {
   std::vector<core::JobStatus> jobs;
-  for (const JobInfo& job : client_.user_jobs(user_name())) {
+  // Those that ended within a day, as Slurm keeps a job a while after it ended.
+  const std::time_t day_ago = std::time(nullptr) - 24 * 3600;
+  for (const JobInfo& job : client_.user_jobs(user_name(), day_ago)) {
     if (!job.active() && job.state != "F" && job.state != "X") continue;
     if (job.id.find("[]") != std::string::npos) continue;  // an array job: its subjobs are listed
     jobs.push_back(status_of(job, core::experiment_of_output(job.output_path)));

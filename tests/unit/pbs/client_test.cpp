@@ -222,22 +222,54 @@ TEST(PbsClient, ListsAnArraysSubjobsAndTheUsersJobs) {
   EXPECT_THAT(pbs.calls.back().argv, ElementsAre("qstat", "-f", "-x", "-t", "1237[].pbs1"));
 
   // A user's jobs: qstat refuses -u beside -f ("qstat: conflicting options."), so qselect names
-  // them and one qstat describes them; a job of another owner is left out.
+  // the live ones and, from the history, those changed since the time given (not weeks of them:
+  // qstat asks for each on a connection of its own), and one qstat describes them; a job of
+  // another owner is left out.
   pbs.calls.clear();
-  pbs.answers["qselect -x -u alice"] = answer(0, "1236.pbs1\n1238.pbs1\n");
-  pbs.answers["qstat -f -x 1236.pbs1 1238.pbs1"] =
+  const std::time_t since = 1764320400;
+  std::tm local{};
+  ::localtime_r(&since, &local);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y%m%d%H%M", &local);
+  const std::string ended = std::string("-tm.gt.") + when;
+  pbs.answers["qselect -u alice"] = answer(0, "1238.pbs1\n");
+  pbs.answers["qselect -x -u alice " + ended] = answer(0, "1236.pbs1\n1238.pbs1\n");
+  pbs.answers["qstat -f -x 1238.pbs1 1236.pbs1"] =
       answer(0, kText + "\nJob Id: 1238.pbs1\n    Job_Owner = bob@login1\n    job_state = R\n");
-  const auto mine = client.user_jobs("alice");
+  const auto mine = client.user_jobs("alice", since);
   ASSERT_EQ(mine.size(), 1u);
   EXPECT_EQ(mine[0].id, "1236.pbs1");
-  ASSERT_EQ(pbs.calls.size(), 2u);
-  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qselect", "-x", "-u", "alice"));
-  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qstat", "-f", "-x", "1236.pbs1", "1238.pbs1"));
-  // No job: no qstat at all; a line that is no job id is an error.
-  pbs.answers["qselect -x -u carol"] = answer(0, "");
-  EXPECT_TRUE(client.user_jobs("carol").empty());
-  pbs.answers["qselect -x -u dave"] = answer(0, "1236.pbs1; rm -rf /\n");
-  EXPECT_THROW(client.user_jobs("dave"), SchedulerError);
+  ASSERT_EQ(pbs.calls.size(), 3u);
+  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qselect", "-u", "alice"));
+  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qselect", "-x", "-u", "alice", ended));
+  EXPECT_THAT(pbs.calls[2].argv, ElementsAre("qstat", "-f", "-x", "1238.pbs1", "1236.pbs1"));
+  // No job: no qstat at all; a server without history lists the live ones; a line that is no
+  // job id is an error.
+  pbs.answers["qselect -u carol"] = answer(0, "");
+  pbs.answers["qselect -x -u carol " + ended] = answer(0, "");
+  EXPECT_TRUE(client.user_jobs("carol", since).empty());
+  pbs.answers["qselect -u erin"] = answer(0, "1240.pbs1\n");
+  pbs.answers["qselect -x -u erin " + ended] = answer(2, "", "qselect: illegal -x");
+  pbs.calls.clear();
+  client.user_jobs("erin", since);
+  EXPECT_THAT(pbs.calls.back().argv, ElementsAre("qstat", "-f", "-x", "1240.pbs1"));
+  pbs.answers["qselect -u dave"] = answer(0, "1236.pbs1; rm -rf /\n");
+  EXPECT_THROW(client.user_jobs("dave", since), SchedulerError);
+
+  // More jobs than qstat may name (a connection and a reserved port each): every job on one
+  // connection, then those asked for, an array's subjobs with it.
+  std::vector<std::string> many;
+  for (int i = 0; i < 40; ++i) many.push_back(std::to_string(2000 + i) + ".pbs1");
+  many.push_back("1237[].pbs1");
+  pbs.answers["qstat -f -x -t"] = answer(0, "Job Id: 2003.pbs1\n    job_state = F\n\nJob Id: 9999.pbs1\n"
+                                            "    job_state = R\n\nJob Id: 1237[1].pbs1\n    job_state = R\n");
+  pbs.calls.clear();
+  const auto found = client.jobs(many);
+  ASSERT_EQ(pbs.calls.size(), 1u);
+  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qstat", "-f", "-x", "-t"));
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].id, "2003.pbs1");
+  EXPECT_EQ(found[1].id, "1237[1].pbs1");
 }
 
 // Several jobs by one qstat, as OpenPBS 23.06 answers when it forgot one of them: the others on

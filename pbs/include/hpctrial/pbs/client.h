@@ -12,6 +12,7 @@
 // history); without history a finished job is simply unknown.
 #pragma once
 
+#include <ctime>
 #include <functional>
 #include <optional>
 #include <string>
@@ -71,10 +72,14 @@ class Client {
   // What PBS knows of each of `ids`, with an array job's subjobs too, by one `qstat -f -x [-t]`
   // in text (each call takes a second or more on a busy server, and given several jobs
   // OpenPBS 23.06 prints only the first as JSON); the ids it forgot are left out.
+  // More than kJobsByName ids: one `qstat -f -x` of every job the server has, those kept.
   std::vector<JobInfo> jobs(const std::vector<std::string>& ids) const;
-  // This user's jobs that PBS still knows, finished ones too where the server keeps history:
-  // `qselect -x -u USER` (qstat refuses -u beside -f), then jobs() of those.
-  std::vector<JobInfo> user_jobs(const std::string& user) const;
+  static constexpr std::size_t kJobsByName = 32;
+  // This user's jobs that PBS still knows: queued, held and running (`qselect -u USER`; qstat
+  // refuses -u beside -f), and where the server keeps history those changed since `since`
+  // (`qselect -x -u USER -tm.gt.TIME`: a history of weeks holds hundreds of jobs, and qstat
+  // asks for each on a connection of its own), then jobs() of those.
+  std::vector<JobInfo> user_jobs(const std::string& user, std::time_t since) const;
 
  private:
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
