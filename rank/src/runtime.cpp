@@ -228,7 +228,7 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
     std::optional<int> for_rank, for_restart;
     std::stringstream words(text);
     static const std::regex numbered(R"((rank|step|restart)([0-9]{1,12}))");
-    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|segv|abort|throw|hang)");
+    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|segv|abort|throw|hang|sleep[0-9]{1,4})");
     for (std::string word; std::getline(words, word, ':');) {
       std::smatch m;
       if (std::regex_match(word, m, numbered)) {
@@ -238,14 +238,15 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
         if (m[1] == "restart") for_restart = static_cast<int>(n);
       } else if (const auto phase = core::parse_phase(word); phase && *phase != FaultPhase::kShutdown) {
         f.phase = *phase;
-      } else if (word == "shards") {
+      } else if (word == "shards" || word == "writer") {
         f.phase = FaultPhase::kCheckpoint;
-        f.shards = true;
+        f.writer = true;
       } else if (std::regex_match(word, action)) {
         f.action = word;
       } else {
         throw ConfigError("HPCTRIAL_FAULT: \"" + word + "\" in \"" + text + "\" is not rank<N>, step<N>, restart<N>, "
-                          "batch, validation, checkpoint, shards or an action (exit<N>, sigkill, segv, abort, throw, hang)");
+                          "batch, validation, checkpoint, writer, shards or an action (exit<N>, sigkill, segv, abort, throw, hang, "
+                          "sleep<seconds>)");
       }
     }
     if (f.action.empty()) throw ConfigError("HPCTRIAL_FAULT: \"" + text + "\" names no action, e.g. rank1:step7:sigkill");
@@ -253,9 +254,9 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
   }
 }
 
-void FaultPlan::at(FaultPhase phase, long long step, bool shards) const {
+void FaultPlan::at(FaultPhase phase, long long step, bool writer) const {
   for (const auto& f : faults_) {
-    if (f.phase != phase || f.shards != shards || (f.step && *f.step != step)) continue;
+    if (f.phase != phase || f.writer != writer || (f.step && *f.step != step)) continue;
     std::fprintf(stderr, "injected fault %s on rank %d at step %lld (unix ms %lld)\n", f.text.c_str(), rank_, step,
                  unix_ms());
     std::fflush(stderr);
@@ -263,6 +264,10 @@ void FaultPlan::at(FaultPhase phase, long long step, bool shards) const {
     if (f.action == "segv") ::raise(SIGSEGV);  // as a bad access would: through the handlers installed
     if (f.action == "abort") std::abort();
     if (f.action == "throw") throw std::runtime_error("injected fault " + f.text);
+    if (f.action.rfind("sleep", 0) == 0) {  // slow storage, a slow node: then on as before
+      std::this_thread::sleep_for(std::chrono::seconds(std::stoi(f.action.substr(5))));
+      continue;
+    }
     if (f.action == "hang") {
       while (true) std::this_thread::sleep_for(std::chrono::hours(1));
     }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -50,12 +51,23 @@ TEST(FaultPlan, ActsAtItsPhaseAndStepOnly) {
   const FaultPlan any_step("throw", 0, 0);
   EXPECT_THROW(any_step.at(FaultPhase::kBatch, 123), std::runtime_error) << "batch is the default phase";
   EXPECT_NO_THROW(any_step.at(FaultPhase::kCheckpoint, 123));
-  // `shards`: while this rank writes its pieces of a sharded checkpoint, not as the checkpoint starts.
-  const FaultPlan shards("step4:shards:throw", 0, 0);
-  EXPECT_NO_THROW(shards.at(FaultPhase::kCheckpoint, 4));
-  EXPECT_THROW(shards.at(FaultPhase::kCheckpoint, 4, /*shards=*/true), std::runtime_error);
-  EXPECT_NO_THROW(shards.at(FaultPhase::kCheckpoint, 2, /*shards=*/true));
-  EXPECT_NO_THROW(FaultPlan("step4:checkpoint:throw", 0, 0).at(FaultPhase::kCheckpoint, 4, /*shards=*/true));
+  // `writer` (or `shards`): on the thread that writes this rank's part, not as the checkpoint starts.
+  for (const char* spec : {"step4:shards:throw", "step4:writer:throw"}) {
+    const FaultPlan writer(spec, 0, 0);
+    EXPECT_NO_THROW(writer.at(FaultPhase::kCheckpoint, 4)) << spec;
+    EXPECT_THROW(writer.at(FaultPhase::kCheckpoint, 4, /*writer=*/true), std::runtime_error) << spec;
+    EXPECT_NO_THROW(writer.at(FaultPhase::kCheckpoint, 2, /*writer=*/true)) << spec;
+  }
+  EXPECT_NO_THROW(FaultPlan("step4:checkpoint:throw", 0, 0).at(FaultPhase::kCheckpoint, 4, /*writer=*/true));
+}
+
+TEST(FaultPlan, SleepWaitsItsSecondsAndGoesOn) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(FaultPlan("step3:sleep1,step3:throw", 0, 0).at(FaultPhase::kBatch, 2));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500)) << "another step: no sleep";
+  EXPECT_THROW(FaultPlan("step3:sleep1,step3:throw", 0, 0).at(FaultPhase::kBatch, 3), std::runtime_error)
+      << "the faults after it still act";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 
 TEST(FaultPlan, ExitAndSignalActionsEndTheProcessAsAsked) {

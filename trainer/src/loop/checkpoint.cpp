@@ -65,19 +65,50 @@ void Loop::restore_rank_files(const checkpoint::Contents& contents, const std::s
   }
 }
 
-// Within each data-parallel group: the replicas of one part of the model.
+// Within each data-parallel group: the replicas of one part of the model. Replicas that differ
+// end the run on every rank, but only once the checkpoint still being written is durable: it was
+// taken from replicas that agreed, and a rank's abort would otherwise end the chief's writer.
 void Loop::check_replicas(const std::string& when) {
   if (replicas() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
-  detail::check_replicas(context_->data_parallel_communicator(),
-                         detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when,
-                         comm_.rank());
+  std::string differ;
+  try {
+    detail::check_replicas(context_->data_parallel_communicator(),
+                           detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when,
+                           comm_.rank());
+  } catch (const DivergenceError& e) {
+    differ = e.what();
+  }
+  if (identity_.parts > 1) {  // each group's verdict reaches every rank
+    for (const std::string& verdict : comm_.gather(differ, 0)) {
+      if (differ.empty()) differ = verdict;
+    }
+    comm_.broadcast(differ, 0);
+  }
+  if (differ.empty()) return;
+  finish_checkpoints_before_failing();
+  throw DivergenceError(differ);
 }
 
-// The tests' fault hook in the middle of this rank's pieces (HPCTRIAL_FAULT's `shards`).
-std::function<void()> Loop::shard_fault_hook() const {
+// Collective: the checkpoints in flight made durable (or given up, logged) before every rank
+// fails together; nobody leaves before the chief's writer is done.
+void Loop::finish_checkpoints_before_failing() {
+  const auto finish = [&](const auto& step) {
+    try {
+      step();
+    } catch (const Error& e) {
+      core::log_warning("the checkpoint being written when the run failed is not kept: {}", e.what());
+    }
+  };
+  finish([&] { settle_sharded_checkpoint(); });
+  if (chief()) finish([&] { finish_checkpoint(); });
+  comm_.barrier();
+}
+
+// The tests' fault hook on the thread that writes this rank's part (HPCTRIAL_FAULT's `writer`).
+std::function<void()> Loop::writer_fault_hook() const {
   if (faults_->empty()) return {};
-  return [faults = faults_.get(), step = batches_trained_] { faults->at(rank::FaultPhase::kCheckpoint, step, /*shards=*/true); };
+  return [faults = faults_.get(), step = batches_trained_] { faults->at(rank::FaultPhase::kCheckpoint, step, /*writer=*/true); };
 }
 
 // Every rank's parts of the sharded optimizers' state go straight from it into the file, in
@@ -93,7 +124,7 @@ void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail:
   }
   const std::string path =
       detail::write_sharded_checkpoint(comm_, store_.get(), snapshot.contents, mine,
-                                       store_ ? store_->write_options() : checkpoint::WriteOptions{}, shard_fault_hook());
+                                       store_ ? store_->write_options() : checkpoint::WriteOptions{}, writer_fault_hook());
   if (chief()) {
     result_.checkpoint_path = path;
     core::log_debug("checkpoint {} is durable (written by every rank)", path);
@@ -122,7 +153,7 @@ void Loop::start_sharded_checkpoint(const detail::LoopState& state, const detail
   PieceLayout layout = lay_out_pieces(comm_, store_.get(), std::move(own), snapshot.contents.attributes, mine);
   sharded_in_flight_ = std::make_unique<ShardedWriteInFlight>(
       std::move(layout), std::move(mine), store_ ? store_->write_options() : checkpoint::WriteOptions{},
-      shard_fault_hook(), chief());
+      writer_fault_hook(), chief());
   if (chief()) {
     snapshot.planned = sharded_in_flight_->planned();
     const auto written = snapshot.planned->written;

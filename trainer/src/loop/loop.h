@@ -72,6 +72,7 @@ class Loop {
   void save_checkpoint(bool wait);
   // Every rank: the replicas' checksums compared (replica_check.h); `when` for the message.
   void check_replicas(const std::string& when);
+  void finish_checkpoints_before_failing();
   // Checkpoints with ZeRO on several ranks, each rank writing its own shard (loop/checkpoint.cpp):
   // one the loop waits for; one it does not (a periodic one), settled once every rank is done.
   // `files`: this rank's files (rank_files.h), or null.
@@ -80,7 +81,7 @@ class Loop {
   void start_sharded_checkpoint(const detail::LoopState& state, const detail::ShardedOptimizers& sharded,
                                 const checkpoint::Contents* files);
   void settle_sharded_checkpoint();
-  std::function<void()> shard_fault_hook() const;
+  std::function<void()> writer_fault_hook() const;
   detail::ShardedSave save_shards(const detail::ShardedOptimizers& sharded, const checkpoint::Contents* files);
   // This rank's files for a checkpoint (Trial::save_files); none when the trial saves none.
   std::optional<checkpoint::Contents> capture_rank_files();

@@ -232,7 +232,10 @@ void Loop::save_checkpoint(bool wait) {
     finish_checkpoint();  // the previous one, if still being written: its on_checkpoint_end first
     // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
     // which the next optimizer step waits for; a stop or the end copies them here.
-    writer_->submit(detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait, &whole_optimizers));
+    detail::Snapshot snapshot =
+        detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait, &whole_optimizers);
+    snapshot.before_publish = writer_fault_hook();
+    writer_->submit(std::move(snapshot));
     if (wait) finish_checkpoint();
   }
   if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable

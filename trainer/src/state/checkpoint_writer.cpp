@@ -135,6 +135,7 @@ void AsyncCheckpointWriter::run() {
     } else if (!error) {
       try {
         path = store_.path_for(std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute)));
+        if (snapshot.before_publish) snapshot.before_publish();
         store_.publish(snapshot.contents);
       } catch (...) {
         error = std::current_exception();

@@ -107,6 +107,8 @@ struct Snapshot {
   Deferred deferred;
   // Set: the file is laid out already and other ranks write parts of it (sharded_checkpoint.h).
   std::optional<PlannedWrite> planned;
+  // Called by the writer's thread just before a whole file is published (the tests' fault hook).
+  std::function<void()> before_publish;
 };
 // `whole_optimizers`: the datasets of the context's sharded optimizers (ZeRO), gathered whole by
 // every rank beforehand (ShardedOptimizer::save_whole), used in place of their shards.

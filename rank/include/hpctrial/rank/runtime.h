@@ -132,16 +132,16 @@ class FaultPlan {
   // Parses the spec; ConfigError naming HPCTRIAL_FAULT and the bad word.
   FaultPlan(const std::string& spec, int rank, int restart_count);
   // Acts when a fault matches this rank, restart, phase and step (batches trained so far).
-  // `shards`: in the middle of writing this rank's pieces of a sharded checkpoint (the word
-  // `shards`), on the thread that writes them.
-  void at(FaultPhase phase, long long step, bool shards = false) const;
+  // `writer`: on the thread that writes this rank's part of a checkpoint (the word `writer`, or
+  // `shards`), in the middle of its pieces of a sharded one, before the chief publishes a whole one.
+  void at(FaultPhase phase, long long step, bool writer = false) const;
   bool empty() const { return faults_.empty(); }
 
  private:
   struct Fault {
     std::optional<long long> step;
     FaultPhase phase = FaultPhase::kBatch;
-    bool shards = false;
+    bool writer = false;
     std::string action;
     std::string text;
   };
