@@ -14,6 +14,7 @@
 // hyperparameters.halve_lr_on_validation (every rank is given it), the model's weights with
 // halve_weight_on_validation (replicas made to differ); hyperparameters.nudge_rank and
 // nudge_batch change one weight on that rank after that batch (a rank computing differently).
+// With data.table, each rank prints the path it was given and the file's first line.
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -60,6 +61,14 @@ class FaultyTrial : public hpctrial::Trial {
     model_ = context.wrap_model(torch::nn::Linear(8, 1));
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
+    if (context.data_config().contains("table")) {  // data.stage's tests: which copy it reads
+      const std::string path = context.data_config()["table"];
+      std::ifstream in(path);
+      std::string first;
+      std::getline(in, first);
+      std::printf("rank %d reads %s: %s\n", context.distributed().rank, path.c_str(), first.c_str());
+      std::fflush(stdout);
+    }
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
     if (context.hparams().contains("nan_from_batch")) nan_from_batch_ = context.hparam<std::int64_t>("nan_from_batch");
     if (context.hparams().contains("nudge_rank")) {

@@ -145,6 +145,43 @@ void read_sections(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   }
 }
 
+// data.stage: node_local, shm, an absolute directory, or {to: ..., keys: [...]}.
+void read_data_stage(const ConfigNode& node, DataStage& stage, Diagnostics& d) {
+  const std::string example = "data.stage: node_local, or data.stage: {to: /dev/shm, keys: [train, validation]}";
+  const ConfigNode* to = &node;
+  if (node.is_map()) {
+    MapReader r(&node, "data.stage", d);
+    to = r.get("to");
+    if (const ConfigNode* keys = r.get("keys")) {
+      if (auto v = read_string_list(*keys, "data.stage.keys", d)) stage.keys = *v;
+    }
+    r.finish();
+    if (to == nullptr) {
+      stage.to = DataStage::To::kNodeLocal;
+      return;
+    }
+  }
+  const std::string path = node.is_map() ? "data.stage.to" : "data.stage";
+  const auto text = read_string(*to, path, d);
+  if (!text) return;
+  if (*text == "node_local") {
+    stage.to = DataStage::To::kNodeLocal;
+  } else if (*text == "shm") {
+    stage.to = DataStage::To::kShm;
+  } else if (!text->empty() && text->front() == '/') {
+    try {
+      stage.path = resolve_user_path(*text, "/", path).string();
+      stage.to = DataStage::To::kPath;
+    } catch (const ConfigError& e) {
+      report(*to, path, d, std::string(e.what()).substr(path.size() + 2));
+    }
+  } else {
+    report(*to, path, d, "is \"" + *text + "\"; write node_local (the node's $TMPDIR, else /tmp), shm (/dev/shm) or "
+                         "an absolute directory present on every node (variables are not expanded here), e.g. " +
+                         example);
+  }
+}
+
 // scheduling_unit, max_restarts, data and environment.
 void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("scheduling_unit")) {
@@ -158,6 +195,16 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
       config.data = ConfigNode::map(n->where());
     } else if (detail::expect_map(*n, "data", d, "data: {url: /scratch/me/mnist}")) {
       config.data = *n;
+      if (const ConfigNode* stage = n->find("stage"); stage != nullptr && !stage->is_null()) {
+        read_data_stage(*stage, config.stage, d);
+        for (const auto& key : config.stage.keys) {
+          const ConfigNode* value = n->find(key);
+          if (key == "stage" || value == nullptr || !value->is_scalar()) {
+            report(*stage, "data.stage.keys", d, "names \"" + key + "\", which is not a key of data holding a path; "
+                                                  "list the keys whose values are the files or folders to stage");
+          }
+        }
+      }
     }
   }
   config.environment = read_environment(top.get("environment"), "environment", d);

@@ -205,6 +205,9 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
 
   ASSERT_NE(c.data.find("shards"), nullptr);
   EXPECT_EQ(c.data.find("shards")->items().size(), 2u);
+  EXPECT_EQ(c.stage.to, DataStage::To::kPath);
+  EXPECT_EQ(c.stage.path, "/local/scratch");
+  EXPECT_EQ(c.stage.keys, (std::vector<std::string>{"url"}));
   ASSERT_EQ(c.environment.size(), 2u);
   EXPECT_EQ(c.environment[0].name, "OMP_NUM_THREADS");
   EXPECT_EQ(c.environment[0].value, "6");
@@ -219,6 +222,23 @@ TEST(ExperimentConfig, PbsSchedulerKeys) {
   EXPECT_EQ(c.scheduler.option("queue"), "workq@pbs01");
   EXPECT_EQ(c.scheduler.time_limit_seconds, 12 * 3600);
   EXPECT_EQ(c.scheduler.preemption_grace_seconds, 90);
+}
+
+TEST(ExperimentConfig, DataStageNamesWhereAndWhatAndRefusesTheRest) {
+  EXPECT_EQ(parse_ok(kMinimal).stage.to, DataStage::To::kNone);
+  const auto with = [](const std::string& data) { return std::string(kMinimal) + "data: " + data + "\n"; };
+  EXPECT_EQ(parse_ok(with("{train: /d/t.h5, stage: node_local}")).stage.to, DataStage::To::kNodeLocal);
+  EXPECT_EQ(parse_ok(with("{train: /d/t.h5, stage: shm}")).stage.to, DataStage::To::kShm);
+  const ExperimentConfig c = parse_ok(with("{train: /d/t.h5, val: /d/v.h5, stage: {keys: [val]}}"));
+  EXPECT_EQ(c.stage.to, DataStage::To::kNodeLocal) << "to: node_local by default";
+  EXPECT_EQ(c.stage.keys, (std::vector<std::string>{"val"}));
+  EXPECT_EQ(parse_ok(with("{stage: {to: /local//x/}}")).stage.path, "/local/x/");
+  EXPECT_EQ(parse_ok(with("{train: /d/t.h5, stage: ~}")).stage.to, DataStage::To::kNone);
+  EXPECT_THAT(one_error(with("{stage: $TMPDIR}")),
+              HasSubstr("exp.yaml:4:15: data.stage: is \"$TMPDIR\"; write node_local (the node's $TMPDIR, else /tmp)"));
+  EXPECT_THAT(one_error(with("{stage: {to: shm, keys: [nope]}}")),
+              HasSubstr("data.stage.keys: names \"nope\", which is not a key of data holding a path"));
+  EXPECT_THAT(one_error(with("{stage: {to: shm, kees: [a]}}")), HasSubstr("data.stage.kees"));
 }
 
 TEST(ExperimentConfig, EntrypointForms) {

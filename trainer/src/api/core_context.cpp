@@ -18,6 +18,7 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/mpi_environment.h"
 #include "hpctrial/core/launch_contract.h"
+#include "data/staging.h"
 #include "observe/metrics_log.h"
 #include "hpctrial/rank/bootstrap.h"
 #include "hpctrial/rank/stop_signals.h"
@@ -82,6 +83,14 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   const core::ExperimentConfig defaults;
   rank_->start_communicator(std::chrono::seconds(
       (config_ ? *config_ : defaults).optimizations.collective_timeout_seconds));
+  if (config_ && config_->stage.to != core::DataStage::To::kNone) {
+    // The effective config keeps the paths as written; the program's data config names the copies.
+    core::ExperimentConfig staged = *config_;
+    detail::stage_data(staged, rank_->communicator(), distributed_.local_rank == 0,
+                       detail::stage_owner(contract.experiment_dir, config_->name, contract.trial_id),
+                       core::host_name());
+    data_config_ = detail::to_json(staged.data);
+  }
   if (distributed_.is_chief()) {
     core::create_directories(trial_dir_);
     const core::TrialLayout trial{trial_dir_};

@@ -27,6 +27,7 @@
 #include "hpctrial/rank/bootstrap.h"
 #include "hpctrial/rank/runtime.h"
 #include "hpctrial/rank/stop_signals.h"
+#include "data/staging.h"
 
 namespace po = boost::program_options;
 
@@ -221,7 +222,14 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     }
 
     const TrialFactory factory = resolve(config);
+    const bool stager = mpi.local_rank() == 0;
+    const std::string staged =
+        detail::stage_data(config, communicator, stager,
+                           detail::stage_owner(contract.experiment_dir, config.name, contract.trial_id),
+                           core::host_name());
     const LoopResult result = run_training(config, factory, communicator, options);
+    // A stopped trial's next run on this node reuses the copies; a complete one needs them no more.
+    if (!result.stopped_early) detail::remove_staged_data(staged, communicator, stager);
     rank->finish();  // every rank got here: the goodbyes of a good end
     const int code = report_training_end(result, chief);
     // The stop's checkpoint is durable: the launcher may end this rank if finalizing hangs.

@@ -229,6 +229,16 @@ struct CheckpointStorage {
   std::int64_t auto_max_interval_seconds = 30 * 60;
 };
 
+// data.stage: the input data copied once per node to node-local storage before training
+// (trainer/src/data/staging.h).
+struct DataStage {
+  enum class To { kNone, kNodeLocal, kShm, kPath };
+  To to = To::kNone;   // kNodeLocal: $TMPDIR where the node sets it, else /tmp; kShm: /dev/shm
+  std::string path;    // kPath: an absolute directory on each node
+  // The keys of `data` whose paths are staged; empty: every key holding an absolute path.
+  std::vector<std::string> keys;
+};
+
 // NAME=value for the ranks or the batch job. `value` may hold ${env:NAME} references to the
 // submitting environment, resolved at submission.
 struct EnvVar {
@@ -293,6 +303,7 @@ struct ExperimentConfig {
   LauncherConfig launcher;
   SchedulerConfig scheduler;
   ConfigNode data = ConfigNode::map();
+  DataStage stage;  // data.stage
   std::vector<EnvVar> environment;
 
   // The config file it was read from (empty when built in code).
