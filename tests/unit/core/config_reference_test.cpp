@@ -39,6 +39,9 @@ bool is_leaf_section(const std::string& path) {
 
 void collect(const ConfigNode& node, const std::string& path, std::set<std::string>& keys) {
   if (!path.empty()) keys.insert(path);
+  if (path == "data" && node.is_map() && node.find("stage") != nullptr) {
+    collect(*node.find("stage"), "data.stage", keys);  // hpctrial's one key among the user's
+  }
   if (!node.is_map() || is_leaf_section(path)) return;
   if (path == "hyperparameters") {
     // Typed hyperparameters document their keys as hyperparameters.NAME.<key>.
