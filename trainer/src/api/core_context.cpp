@@ -88,7 +88,7 @@ CoreContext::CoreContext(int& argc, char**& argv) {
     core::ExperimentConfig staged = *config_;
     detail::stage_data(staged, rank_->communicator(), distributed_.local_rank == 0,
                        detail::stage_owner(contract.experiment_dir, config_->name, contract.trial_id),
-                       core::host_name());
+                       core::host_name(), mpi.node_index());
     data_config_ = detail::to_json(staged.data);
   }
   if (distributed_.is_chief()) {

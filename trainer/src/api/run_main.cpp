@@ -226,7 +226,7 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     const std::string staged =
         detail::stage_data(config, communicator, stager,
                            detail::stage_owner(contract.experiment_dir, config.name, contract.trial_id),
-                           core::host_name());
+                           core::host_name(), mpi.node_index());
     const LoopResult result = run_training(config, factory, communicator, options);
     // A stopped trial's next run on this node reuses the copies; a complete one needs them no more.
     if (!result.stopped_early) detail::remove_staged_data(staged, communicator, stager);

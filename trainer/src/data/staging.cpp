@@ -256,7 +256,7 @@ std::string stage_root(const core::DataStage& stage) {
 }
 
 std::string stage_data(core::ExperimentConfig& config, comm::Communicator& world, bool stager,
-                       const std::string& owner, const std::string& node) {
+                       const std::string& owner, const std::string& node_name, int node_index) {
   if (config.stage.to == core::DataStage::To::kNone) return "";
   // The chief's choice of keys, for every rank.
   std::string chosen;
@@ -283,19 +283,27 @@ std::string stage_data(core::ExperimentConfig& config, comm::Communicator& world
     }
     return "";
   }
-  const fs::path folder = fs::path(stage_root(config.stage)) / ("hpctrial-stage-" + owner + "-" + node);
+  // One name a node. Where two of MPI's nodes go by one name (aliases of one host), each gets
+  // its index too: a folder has one stager.
+  std::string named = node_name;
+  for (const std::string& other : world.allgather(node_name + "\n" + std::to_string(node_index))) {
+    if (other.substr(0, other.find('\n')) == node_name && other.substr(other.find('\n') + 1) != std::to_string(node_index)) {
+      named = node_name + "-" + std::to_string(node_index);
+    }
+  }
+  const fs::path folder = fs::path(stage_root(config.stage)) / ("hpctrial-stage-" + owner + "-" + named);
   std::string error;
   if (stager) {
     try {
       core::create_directories(folder.string());
       for (const auto& k : keys) {
         const std::string key = k[0];
-        core::log_info("data.stage: node {}: data.{} {}", node, key, stage_key(key, k[1].get<std::string>(), folder));
+        core::log_info("data.stage: node {}: data.{} {}", named, key, stage_key(key, k[1].get<std::string>(), folder));
       }
     } catch (const ConfigError& e) {
-      error = "?node " + node + ": " + e.what();
+      error = "?node " + named + ": " + e.what();
     } catch (const std::exception& e) {
-      error = "node " + node + ": data.stage: " + e.what();
+      error = "node " + named + ": data.stage: " + e.what();
     }
   }
   error = agree(world, error);

@@ -34,11 +34,12 @@ std::string stage_root(const core::DataStage& stage);
 std::string stage_owner(const std::string& experiment_dir, const std::string& name, int trial_id);
 
 // Collective on `world`. Stages config.data's keys on this node when `stager`, waits for every
-// node, and rewrites those keys to the copies. `owner` names the experiment and trial, `node`
-// this node; returns the node's staging folder ("" when data.stage is unset). ConfigError for a
-// path that is not there, IoError for a failed or mismatched copy or a full disk.
+// node, and rewrites those keys to the copies. `owner` names the experiment and trial,
+// `node_name` and `node_index` (MPI's, the same on every rank of the node) this node; returns the
+// node's staging folder ("" when data.stage is unset). ConfigError for a path that is not there,
+// IoError for a failed or mismatched copy or a full disk.
 std::string stage_data(core::ExperimentConfig& config, comm::Communicator& world, bool stager,
-                       const std::string& owner, const std::string& node);
+                       const std::string& owner, const std::string& node_name, int node_index);
 
 // Collective: once every rank is done with them, the stager removes the node's copies (a
 // trial that ended complete needs them no more).
