@@ -88,10 +88,8 @@ TEST_P(SlurmBadNode, ANodeTheRanksFailedOnTwiceIsLeftOutAndTheTrialFinishesElsew
       "scheduler: {type: slurm, partition: elastic, time_limit: 30m, preemption_grace: 20s}\n");
   const auto submitted = run({HPCTRIAL_CLI, "submit", config, "--experiment", experiment()});
   ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
-  const auto at = submitted.out.find("submitted slurm job ");
-  ASSERT_NE(at, std::string::npos) << submitted.out;
-  const std::size_t start = at + std::strlen("submitted slurm job ");
-  const std::string job = submitted.out.substr(start, submitted.out.find('\n', start) - start);
+  const std::string job = testing_support::submitted_job(submitted.out);
+  ASSERT_FALSE(job.empty()) << submitted.out;
   ASSERT_TRUE(testing_support::wait_for_state(job, "RUNNING", 60s)) << job_field(job, "JobState");
   EXPECT_EQ(job_field(job, "NodeList"), kBadNode);
   run({"scancel", blocker_});

@@ -77,10 +77,8 @@ TEST_F(SlurmStaging, EachNodeCopiesOnceItsRankReadsItAndTheRequeuedJobReusesIt) 
       "scheduler: {type: slurm, partition: elastic, time_limit: 30m}\n");
   const auto submitted = run({HPCTRIAL_CLI, "submit", config, "--experiment", experiment()});
   ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
-  const auto at = submitted.out.find("submitted slurm job ");
-  ASSERT_NE(at, std::string::npos) << submitted.out;
-  const std::size_t start = at + std::strlen("submitted slurm job ");
-  const std::string job = submitted.out.substr(start, submitted.out.find('\n', start) - start);
+  const std::string job = testing_support::submitted_job(submitted.out);
+  ASSERT_FALSE(job.empty()) << submitted.out;
   const std::string log_path = experiment() + "/slurm-" + job + ".err";
   ASSERT_TRUE(testing_support::wait_for_state(job, "RUNNING", 60s)) << job_field(job, "JobState");
   const auto until = std::chrono::steady_clock::now() + 90s;

@@ -45,4 +45,13 @@ inline bool wait_for_state(const std::string& job, const std::string& state, std
   return false;
 }
 
+// The job id in `hpctrial submit`'s "submitted slurm job N" ("" when it says none).
+inline std::string submitted_job(const std::string& out) {
+  const std::string said = "submitted slurm job ";
+  const auto at = out.find(said);
+  if (at == std::string::npos) return "";
+  const std::size_t start = at + said.size();
+  return out.substr(start, out.find('\n', start) - start);
+}
+
 }  // namespace hpctrial::testing_support
