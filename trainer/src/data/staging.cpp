@@ -81,10 +81,12 @@ class Fd {
   int fd_;
 };
 
-// Reads `from` whole (into `to` when given), returning its CRC-32C; IoError when it does not
-// hold `size` bytes.
-std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path* to) {
+// Reads `from` whole (into `to` when given, written through to the device), returning its
+// CRC-32C; IoError when it does not hold `size` bytes. `from_device`: what the page cache holds
+// of it is dropped first, so that the bytes checked are those on the device.
+std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path* to, bool from_device = false) {
   const Fd in(from, O_RDONLY);
+  if (from_device) ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_DONTNEED);
   std::unique_ptr<Fd> out;
   if (to) out = std::make_unique<Fd>(*to, O_WRONLY | O_CREAT | O_TRUNC, 0400);
   std::vector<char> buffer(kChunk);
@@ -108,6 +110,7 @@ std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path
     throw IoError(fmt::format("{} holds {} bytes where {} were expected (it changed while being staged, or the "
                               "copy is damaged)", from.string(), total, size));
   }
+  if (out && ::fdatasync(out->get()) != 0) throw IoError(to->string() + ": cannot be written: " + system_reason());
   return crc;
 }
 
@@ -143,7 +146,8 @@ bool reusable(const fs::path& copy, const fs::path& manifest, const std::string&
   }
   for (const auto& f : files) {
     const fs::path file = f.path.empty() ? copy : copy / f.path;
-    if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) != f.size || read_file(file, f.size, nullptr) != f.crc) {
+    if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) != f.size ||
+        read_file(file, f.size, nullptr, /*from_device=*/true) != f.crc) {
       core::log_warning("data.stage: the staged {} differs from its manifest; the data is copied again", file.string());
       return false;
     }
@@ -172,7 +176,7 @@ void copy_source(const fs::path& source, const fs::path& copy, const fs::path& f
     const fs::path to = f.path.empty() ? target : target / f.path;
     core::create_directories(to.parent_path().string());
     f.crc = read_file(from, f.size, &to);
-    if (read_file(to, f.size, nullptr) != f.crc) {
+    if (read_file(to, f.size, nullptr, /*from_device=*/true) != f.crc) {
       throw IoError("the copy " + to.string() + " of " + from.string() + " reads back with another checksum (a "
                     "failing disk or memory on this node)");
     }
