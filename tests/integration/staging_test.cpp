@@ -97,6 +97,18 @@ TEST_F(Staging, AListedPathThatIsNotThereEndsTheRunNamingTheNodeTheKeyAndThePath
   EXPECT_THAT(p->output(), Not(HasSubstr("reads "))) << "no trial was built";
   EXPECT_FALSE(fs::exists(trial() + "/checkpoints/ckpt-100.h5"));
   expect_no_rank_left();
+
+  // A key that would name a folder outside the staging folder. (The failed run keeps what it
+  // copied, for the next.)
+  const auto entries = [&] { return std::distance(fs::recursive_directory_iterator(local()), {}); };
+  const auto before = entries();
+  p = run(config("data: {\"../up\": " + (data() / "table.txt").string() + ", stage: {to: " + local().string() +
+                 "}}\n", 100, 2, 0));
+  EXPECT_EQ(p->exit_code(), 2) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("data.../up is staged, and its key cannot name a folder; rename the key so that "
+                                     "it holds no '/' and is not '.' or '..'"));
+  EXPECT_EQ(entries(), before) << "nothing staged";
+  EXPECT_FALSE(fs::exists(dir_.path() / "up"));
 }
 
 }  // namespace

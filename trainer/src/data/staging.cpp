@@ -219,9 +219,8 @@ std::string agree(comm::Communicator& world, const std::string& mine) {
   return first;
 }
 
-}  // namespace
-
-std::vector<std::pair<std::string, std::string>> keys_to_stage(const core::ExperimentConfig& config) {
+// data.stage.keys, or every key holding an absolute path that exists here.
+std::vector<std::pair<std::string, std::string>> chosen_keys(const core::ExperimentConfig& config) {
   std::vector<std::pair<std::string, std::string>> keys;
   if (config.stage.keys.empty()) {
     for (const auto& entry : config.data.entries()) {
@@ -239,6 +238,19 @@ std::vector<std::pair<std::string, std::string>> keys_to_stage(const core::Exper
       throw ConfigError("data.stage.keys names \"" + key + "\", which is not a key of data holding a path");
     }
     keys.emplace_back(key, value->text());
+  }
+  return keys;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> keys_to_stage(const core::ExperimentConfig& config) {
+  std::vector<std::pair<std::string, std::string>> keys = chosen_keys(config);
+  for (const auto& [key, path] : keys) {
+    if (!core::is_safe_file_name(key)) {  // it names the copy's folder
+      throw ConfigError("data." + key + " is staged, and its key cannot name a folder; rename the key so that it "
+                        "holds no '/' and is not '.' or '..'");
+    }
   }
   return keys;
 }
