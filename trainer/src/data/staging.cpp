@@ -146,8 +146,14 @@ bool reusable(const fs::path& copy, const fs::path& manifest, const std::string&
   }
   for (const auto& f : files) {
     const fs::path file = f.path.empty() ? copy : copy / f.path;
-    if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) != f.size ||
-        read_file(file, f.size, nullptr, /*from_device=*/true) != f.crc) {
+    bool same = fs::is_regular_file(file, ec) && fs::file_size(file, ec) == f.size;
+    try {
+      same = same && read_file(file, f.size, nullptr, /*from_device=*/true) == f.crc;
+    } catch (const IoError& e) {
+      core::log_warning("data.stage: {}", e.what());
+      same = false;
+    }
+    if (!same) {
       core::log_warning("data.stage: the staged {} differs from its manifest; the data is copied again", file.string());
       return false;
     }
@@ -181,7 +187,6 @@ void copy_source(const fs::path& source, const fs::path& copy, const fs::path& f
                     "failing disk or memory on this node)");
     }
   }
-  fs::remove_all(copy.parent_path());
   core::publish_file(partial.string(), copy.parent_path().string());  // the manifest, written next, says it is whole
 }
 
@@ -202,6 +207,7 @@ std::string stage_key(const std::string& key, const fs::path& source, const fs::
   const auto start = std::chrono::steady_clock::now();
   if (reusable(copy, manifest, source.string(), files)) return "reused " + copy.string() + " (" + size + ", checksums verified)";
   fs::remove(manifest, ec);
+  fs::remove_all(copy.parent_path());  // a stale copy: its space is the new one's
   check_space(folder, bytes, key);
   copy_source(source, copy, folder, files);
   core::write_file_atomic(manifest.string(), manifest_of(source.string(), files).dump(1) + "\n");
