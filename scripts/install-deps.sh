@@ -22,6 +22,9 @@ packages=(
   # the install tier: modulefiles loaded by a real Lmod (Environment Modules conflicts with it in
   # Debian; its Tcl modulefile is loaded by Lmod and read by tclsh)
   lmod tcl
+  # containers (environment.image): rootless Podman with runc, which runs on the hosts whose
+  # cgroups are mixed v1 and v2, where crun refuses to
+  podman runc uidmap
   # reference comparisons (PyTorch DDP baseline, reading checkpoints from Python)
   python3 python3-torch python3-h5py
   # reading TensorBoard event files back in tests

@@ -150,7 +150,7 @@ start() {
   qmgr -c "set server flatuid = true"
   qmgr -c "set server job_history_enable = true"
   qmgr -c "set server scheduler_iteration = 2"
-  id "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
+  id "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user" || id "$user" >/dev/null  # the container test may make it too
   for _ in $(seq 60); do
     case "$(pbsnodes -a 2>&1)" in *'state = free'*) echo "PBS_EXEC=$prefix"; echo "PBS_USER=$user"; return 0 ;; esac
     sleep 1

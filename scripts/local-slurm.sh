@@ -42,7 +42,9 @@ write_conf() {
   host=$(hostname -s)
   cpus=$(( $(nproc) > 4 ? $(nproc) : 4 ))  # declare at least 4 CPUs so 4-rank jobs fit
   memory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
-  install -d -m 0700 "$dir" "$dir/state" "$dir/spool-$host" "$dir/spool-$second"
+  install -d -m 0700 "$dir/state" "$dir/spool-$host" "$dir/spool-$second"
+  # Ordinary users' commands (the container tests run as one) read slurm.conf by its path.
+  chmod 0711 "$dir"
   cat >"$conf" <<CONF
 # Written by hpctrial's scripts/local-slurm.sh: a single-node test cluster.
 ClusterName=hpctrial-test

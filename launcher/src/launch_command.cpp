@@ -24,6 +24,7 @@
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/launcher.h"
 #include "hpctrial/launcher/schedulers.h"
+#include "container.h"
 #include "launcher_internal.h"
 
 namespace hpctrial::launcher {
@@ -192,16 +193,51 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
   return vars;
 }
 
-// What each rank runs: the rank parent, the user's prefix, then the trial program.
-void add_rank_program(MpirunCommand& c, const core::ExperimentConfig& config, const LaunchOptions& options) {
+// The container's command for each rank (environment.image); the variables the ranks need are
+// passed to it by name.
+std::vector<std::string> container_words(const MpirunCommand& c, const core::ExperimentConfig& config,
+                                         const LaunchOptions& options, const core::EnvSource& env) {
+  if (config.container.image.empty()) return {};
+  detail::ContainerCommandInput input;
+  input.mounts = detail::container_mounts(config, options.experiment_dir, c.working_dir, env);
+  input.passed = detail::rank_variable_prefixes();
+  const auto covered = [&](const std::string& name) {
+    for (const auto& prefix : detail::rank_variable_prefixes()) {
+      if (name.compare(0, prefix.size() - 1, prefix, 0, prefix.size() - 1) == 0) return true;
+    }
+    return false;
+  };
+  for (const auto& [name, value] : c.env) {
+    if (!covered(name)) input.passed.push_back(name);
+  }
+  // Podman sets a name the host lacks to the empty string, which is not "unset" to a program.
+  if (env.get("TMPDIR")) input.passed.push_back("TMPDIR");
+  input.working_dir = c.working_dir;
+  for (const auto& [name, value] : c.env) {
+    if (name == core::kEnvAbortFile) input.attempt = value;
+  }
+  input.gpus = config.resources.gpus_per_slot > 0;
+  input.rootless = ::geteuid() != 0;
+  return detail::container_command(config.container, input);
+}
+
+// What each rank runs: the rank parent, the container, the user's prefix, then the trial
+// program.
+void add_rank_program(MpirunCommand& c, const core::ExperimentConfig& config, const LaunchOptions& options,
+                      const core::EnvSource& env) {
   c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
+  const auto container = container_words(c, config, options, env);
+  c.argv.insert(c.argv.end(), container.begin(), container.end());
   c.argv.insert(c.argv.end(), config.launcher.prefix.begin(), config.launcher.prefix.end());
   if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
-    if (options.worker.empty()) {
+    if (!container.empty()) {
+      c.argv.push_back("hpctrial-worker");  // the image's own, on its PATH
+    } else if (options.worker.empty()) {
       throw ConfigError("entrypoint " + config.entrypoint.library + ":" + config.entrypoint.trial_class +
                         " is a trial library, but hpctrial-worker was not found beside hpctrial; reinstall hpctrial");
+    } else {
+      c.argv.push_back(options.worker);
     }
-    c.argv.push_back(options.worker);
   } else {
     c.argv.insert(c.argv.end(), config.entrypoint.argv.begin(), config.entrypoint.argv.end());
   }
@@ -234,9 +270,15 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
     c.argv.insert(c.argv.end(), {"--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface});
   }
   c.env = rank_environment(config, allocation, options, restart_count, env);
+  if (config.container.runtime == core::Container::Runtime::kPodman && ::geteuid() != 0 &&
+      !env.get("OMPI_MCA_btl_vader_single_copy_mechanism")) {
+    // Each rootless container has a user namespace of its own, across which Linux refuses
+    // Open MPI's single-copy transfers (CMA): copy through shared memory, without the warning.
+    c.env.emplace_back("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+  }
   for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
   c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
-  add_rank_program(c, config, options);
+  add_rank_program(c, config, options, env);
   return c;
 }
 

@@ -32,9 +32,11 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/shell_quote.h"
+#include "hpctrial/core/subprocess.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/launcher.h"
 #include "hpctrial/launcher/schedulers.h"
+#include "container.h"
 #include "failure_record.h"
 #include "hand_over.h"
 #include "launcher_internal.h"
@@ -61,20 +63,58 @@ using nlohmann::json;
 // The entrypoint must exist before any rank is started.
 // A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
 // else on the launcher's own.
+bool on_path(const std::string& program, const std::string& path) {
+  std::stringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+// The image is there before any rank starts: Podman's among the user's images (a missing one
+// would be pulled by every rank at once, or fail each), Apptainer's file where it is a file.
+void check_image(const core::Container& container, const std::string& working_dir) {
+  const std::string& image = container.image;
+  if (container.runtime == core::Container::Runtime::kPodman) {
+    core::RunOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const core::RunResult r = core::run_process({"podman", "image", "exists", image}, options);
+    if (r.ok()) return;
+    throw ConfigError("environment.image: " + image + " is not among podman's images of this user on " +
+                      core::host_name() + (r.exit_code == 1 ? "" : " (" + r.describe() + ": " + r.err + ")") +
+                      "; build or pull it there (podman pull " + image + "), on every node of the job");
+  }
+  if (image.find("://") != std::string::npos) return;  // docker://, library://, oras://: fetched by the runtime
+  fs::path path(image);
+  if (path.is_relative()) path = fs::path(working_dir) / path;
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    throw ConfigError("environment.image: " + path.string() + " does not exist on " + core::host_name() +
+                      "; build it (apptainer build), or give its path, or a docker:// URI");
+  }
+}
+
+// In a container, the entrypoint is the image's; the runtime must be on this host's PATH.
 void check_entrypoint(const core::ExperimentConfig& config, const std::string& working_dir,
                       const core::EnvSource& env) {
   const bool library = config.entrypoint.kind == core::Entrypoint::Kind::kLibrary;
   const std::string program = library ? config.entrypoint.library : config.entrypoint.argv.front();
+  if (!config.container.image.empty()) {
+    const std::string runtime = core::runtime_name(config.container.runtime);
+    if (!on_path(runtime, env.get("PATH").value_or(""))) {
+      throw ConfigError("environment.container_runtime: " + runtime + " is not a program on PATH on " +
+                        core::host_name() + "; load its module, or install it on every node");
+    }
+    check_image(config.container, working_dir);
+    return;
+  }
   if (program.find('/') == std::string::npos) {
     if (library) return;
     std::string path = env.get("PATH").value_or("");
     for (const auto& var : config.environment) {
       if (var.name == "PATH") path = core::expand_env_references(var.value, env, "environment.PATH");
     }
-    std::stringstream dirs(path);
-    for (std::string dir; std::getline(dirs, dir, ':');) {
-      if (!dir.empty() && ::access((dir + "/" + program).c_str(), X_OK) == 0) return;
-    }
+    if (on_path(program, path)) return;
     throw ConfigError("entrypoint: " + program + " is not a program on PATH; give its path, e.g. ./" + program);
   }
   fs::path path(program);
@@ -313,6 +353,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
 
     Supervisor supervisor(config, allocation, layout.dir, trial_dir);
     const Attempt a = supervisor.run(command, signals);
+    detail::remove_left_containers(config.container, command.env);
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
     if (a.hang.empty() && code == kExitFinished) {

@@ -4,6 +4,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -107,13 +108,14 @@ bool check_env_references(const ConfigNode& node, const std::string& value, cons
   return true;
 }
 
-std::vector<EnvVar> read_environment(const ConfigNode* node, const std::string& path,
-                                     Diagnostics& d) {
+std::vector<EnvVar> read_environment(const ConfigNode* node, const std::string& path, Diagnostics& d,
+                                     const std::vector<std::string>& settings) {
   std::vector<EnvVar> out;
   if (node == nullptr || node->is_null()) return out;
   if (!detail::expect_map(*node, path, d, path + ": {OMP_NUM_THREADS: \"4\"}")) return out;
   for (const auto& entry : node->entries()) {
     const std::string key_path = path + "." + entry.key;
+    if (std::find(settings.begin(), settings.end(), entry.key) != settings.end()) continue;
     if (!is_valid_env_name(entry.key)) {
       d.error(entry.key_where, key_path,
               "is not a valid variable name; use letters, digits and '_', not starting with a digit");

@@ -104,7 +104,9 @@ std::optional<std::int64_t> read_duration(const ConfigNode& node, const std::str
                                           std::int64_t min_seconds, std::int64_t max_seconds);
 std::optional<std::string> read_scheduler_name(const ConfigNode& node, const std::string& path, Diagnostics& d,
                                                bool allow_empty);
-std::vector<EnvVar> read_environment(const ConfigNode* node, const std::string& path, Diagnostics& d);
+// `settings`: keys of the map that are not variables (environment.image and its kin).
+std::vector<EnvVar> read_environment(const ConfigNode* node, const std::string& path, Diagnostics& d,
+                                     const std::vector<std::string>& settings = {});
 std::optional<Entrypoint> read_entrypoint(const ConfigNode& node, const std::string& path, Diagnostics& d);
 std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const ConfigNode& node,
                                                                          const std::string& path, Diagnostics& d,

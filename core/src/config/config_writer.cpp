@@ -57,11 +57,18 @@ void emit_hyperparameter(YAML::Emitter& out, const Hyperparameter& hp) {
   }
 }
 
-void emit_environment(YAML::Emitter& out, const std::vector<EnvVar>& environment) {
-  if (environment.empty()) out << YAML::Flow;
+void emit_environment(YAML::Emitter& out, const std::vector<EnvVar>& environment, const Container& container = {}) {
+  if (environment.empty() && container.image.empty()) out << YAML::Flow;
   out << YAML::BeginMap;
   for (const auto& var : environment) {
     out << YAML::Key << var.name << YAML::Value << YAML::DoubleQuoted << var.value;
+  }
+  if (!container.image.empty()) {
+    out << YAML::Key << "image" << YAML::Value << YAML::DoubleQuoted << container.image;
+    out << YAML::Key << "container_runtime" << YAML::Value << runtime_name(container.runtime);
+    out << YAML::Key << "bind" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& b : container.binds) out << YAML::DoubleQuoted << b;
+    out << YAML::EndSeq;
   }
   out << YAML::EndMap;
 }
@@ -317,7 +324,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "data" << YAML::Value;
   emit_node(out, c.data);
   out << YAML::Key << "environment" << YAML::Value;
-  emit_environment(out, c.environment);
+  emit_environment(out, c.environment, c.container);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -182,6 +182,85 @@ void read_data_stage(const ConfigNode& node, DataStage& stage, Diagnostics& d) {
   }
 }
 
+// environment.bind's entry: HOST[:CONTAINER[:ro|rw]], each path absolute; stored normalised.
+std::optional<std::string> read_bind(const ConfigNode& node, const std::string& path, Diagnostics& d) {
+  const auto text = read_string(node, path, d);
+  if (!text) return std::nullopt;
+  std::vector<std::string> parts;
+  for (std::size_t at = 0;;) {
+    const auto colon = text->find(':', at);
+    parts.push_back(text->substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  const bool has_mode = parts.size() == 3;
+  if (parts.size() > 3 || (has_mode && parts[2] != "ro" && parts[2] != "rw")) {
+    report(node, path, d, "is \"" + *text + "\"; write HOST, HOST:CONTAINER or HOST:CONTAINER:ro (or :rw), "
+                          "absolute paths without ':' in them, e.g. /scratch/me/data:/data:ro");
+    return std::nullopt;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < std::min<std::size_t>(parts.size(), 2); ++i) {
+    if (parts[i].empty() || parts[i].front() != '/') {
+      report(node, path, d, std::string(i == 0 ? "the host path" : "the container path") + " \"" + parts[i] +
+                                "\" is not absolute; write e.g. /scratch/me/data:/data:ro");
+      return std::nullopt;
+    }
+    try {
+      out += (i == 0 ? "" : ":") + resolve_user_path(parts[i], "/", path).string();
+    } catch (const ConfigError& e) {
+      report(node, path, d, std::string(e.what()).substr(path.size() + 2));
+      return std::nullopt;
+    }
+  }
+  if (parts.size() == 1) out += ":" + out;
+  if (has_mode) out += ":" + parts[2];
+  return out;
+}
+
+// environment.image, environment.container_runtime and environment.bind.
+void read_container(const ConfigNode* environment, Container& c, Diagnostics& d) {
+  if (environment == nullptr || !environment->is_map()) return;
+  const ConfigNode* image = environment->find("image");
+  const ConfigNode* runtime = environment->find("container_runtime");
+  const ConfigNode* bind = environment->find("bind");
+  if (image != nullptr) {
+    if (auto v = read_string(*image, "environment.image", d)) c.image = *v;
+  }
+  if (runtime != nullptr) {
+    const auto v = read_string(*runtime, "environment.container_runtime", d);
+    using R = Container::Runtime;
+    for (R r : {R::kPodman, R::kApptainer, R::kSingularity}) {
+      if (v && *v == runtime_name(r)) c.runtime = r;
+    }
+    if (v && c.runtime == R::kNone) {
+      report(*runtime, "environment.container_runtime", d,
+             "is \"" + *v + "\"; write podman, apptainer or singularity" +
+                 (*v == "enroot" ? " (enroot's containers are started by pyxis through srun, which hpctrial does not "
+                                   "launch with yet)"
+                                 : ""));
+    }
+  }
+  if (bind != nullptr && !bind->is_null()) {
+    if (!bind->is_sequence()) {
+      report(*bind, "environment.bind", d, "must be a list of mounts, e.g. [/scratch/me/data:/data:ro]");
+    } else {
+      for (std::size_t i = 0; i < bind->items().size(); ++i) {
+        if (auto v = read_bind(bind->items()[i], "environment.bind[" + std::to_string(i) + "]", d)) c.binds.push_back(*v);
+      }
+    }
+  }
+  if (!c.image.empty() && c.runtime == Container::Runtime::kNone && runtime == nullptr) {
+    report(*image, "environment.image", d, "needs environment.container_runtime: podman, apptainer or singularity "
+                                           "(the program that runs the image on the nodes)");
+  }
+  if (c.image.empty() && image == nullptr && (runtime != nullptr || bind != nullptr)) {
+    report(runtime != nullptr ? *runtime : *bind, runtime != nullptr ? "environment.container_runtime" : "environment.bind",
+           d, "has no image to run; set environment.image (podman: a name such as localhost/mine:1; apptainer: "
+              "a .sif file or docker://...)");
+  }
+}
+
 // scheduling_unit, max_restarts, data and environment.
 void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("scheduling_unit")) {
@@ -207,10 +286,22 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
       }
     }
   }
-  config.environment = read_environment(top.get("environment"), "environment", d);
+  const ConfigNode* environment = top.get("environment");
+  config.environment = read_environment(environment, "environment", d, {"image", "container_runtime", "bind"});
+  read_container(environment, config.container, d);
 }
 
 }  // namespace
+
+std::string runtime_name(Container::Runtime runtime) {
+  switch (runtime) {
+    case Container::Runtime::kPodman: return "podman";
+    case Container::Runtime::kApptainer: return "apptainer";
+    case Container::Runtime::kSingularity: return "singularity";
+    case Container::Runtime::kNone: break;
+  }
+  return "";
+}
 
 ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
   ExperimentConfig config;

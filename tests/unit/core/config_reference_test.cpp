@@ -42,6 +42,11 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
   if (path == "data" && node.is_map() && node.find("stage") != nullptr) {
     collect(*node.find("stage"), "data.stage", keys);  // hpctrial's one key among the user's
   }
+  if (path == "environment" && node.is_map()) {
+    for (const char* setting : {"image", "container_runtime", "bind"}) {  // settings among the variables
+      if (node.find(setting) != nullptr) keys.insert(std::string("environment.") + setting);
+    }
+  }
   if (!node.is_map() || is_leaf_section(path)) return;
   if (path == "hyperparameters") {
     // Typed hyperparameters document their keys as hyperparameters.NAME.<key>.

@@ -212,6 +212,9 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.environment[0].name, "OMP_NUM_THREADS");
   EXPECT_EQ(c.environment[0].value, "6");
   EXPECT_EQ(c.environment[1].value, "");
+  EXPECT_EQ(c.container.image, "docker://nvcr.io/nvidia/pytorch:24.01-py3");
+  EXPECT_EQ(c.container.runtime, Container::Runtime::kApptainer);
+  EXPECT_EQ(c.container.binds, (std::vector<std::string>{"/scratch/data:/data:ro", "/opt/site:/opt/site"}));
 }
 
 TEST(ExperimentConfig, PbsSchedulerKeys) {

@@ -239,6 +239,20 @@ struct DataStage {
   std::vector<std::string> keys;
 };
 
+// environment.image and its runtime: every rank runs inside the image (the hybrid model: the
+// host's mpirun starts one container a rank; `hpctrial launch` and the scheduler's commands stay
+// on the host). Rendered by launcher/src/container.cpp.
+struct Container {
+  enum class Runtime { kNone, kPodman, kApptainer, kSingularity };
+  std::string image;  // empty: no container
+  Runtime runtime = Runtime::kNone;
+  // environment.bind: extra mounts "HOST[:CONTAINER[:ro|rw]]", both paths absolute.
+  std::vector<std::string> binds;
+};
+
+// The runtime's name as the config spells it ("podman"); empty for kNone.
+std::string runtime_name(Container::Runtime runtime);
+
 // NAME=value for the ranks or the batch job. `value` may hold ${env:NAME} references to the
 // submitting environment, resolved at submission.
 struct EnvVar {
@@ -305,6 +319,7 @@ struct ExperimentConfig {
   ConfigNode data = ConfigNode::map();
   DataStage stage;  // data.stage
   std::vector<EnvVar> environment;
+  Container container;  // environment.image, container_runtime, bind
 
   // The config file it was read from (empty when built in code).
   std::string source_path;
