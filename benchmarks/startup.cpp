@@ -5,9 +5,13 @@
 // latency from a stop signal to the ranks' stop request on disk, and to its exit with their
 // checkpoint, while every core is busy.
 //
-//   startup [--quick] [--world-sizes 1,2,4] [--rounds 5] [--threads 1]
+//   startup [--quick] [--world-sizes 1,2,4] [--rounds 5] [--threads 1] [--podman IMAGE]
 //
 // --quick: 1 and 2 ranks, one round - the test suite's smoke run.
+// --podman IMAGE: also `hpctrial run` with every rank in a Podman container of IMAGE
+// (environment.image), which must hold this program at its own path (tests/containers/
+// make_image.sh builds one offline), timed the same way, in the same rounds. Rootless: run the
+// benchmark as an ordinary user.
 // Each side is timed from just before its command is started to the wall-clock time its rank 0
 // prints right after the first optimizer step (so the first gradient all-reduce is in; the MPI
 // program: after its barrier); output buffering does not count. Rounds alternate which side runs
@@ -63,6 +67,7 @@ struct Setup {
   std::vector<int> world_sizes = {1, 2, 4};
   int rounds = 5;
   int threads = 1;
+  std::string podman_image;  // empty: no container side
 };
 
 // The hpctrial side: the mlp example's network on in-memory data; rank 0 prints the time its
@@ -120,13 +125,15 @@ Setup parse(int argc, char** argv) {
       continue;
     }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4] [--rounds N] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4] [--rounds N] [--threads N] [--podman IMAGE]\n",
+                   argv[0]);
       std::exit(2);
     }
     const std::string value = argv[++i];
     if (arg == "--world-sizes") s.world_sizes = parse_list(value);
     else if (arg == "--rounds") s.rounds = std::stoi(value);
     else if (arg == "--threads") s.threads = std::stoi(value);
+    else if (arg == "--podman") s.podman_image = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", arg.c_str());
       std::exit(2);
@@ -155,8 +162,10 @@ double median(std::vector<double> v) {
 
 // The experiment config of the hpctrial side: `world` ranks training `batches` steps.
 std::string write_config(const std::filesystem::path& path, const std::string& self, int world, int threads,
-                         long long batches) {
+                         long long batches, const std::string& podman_image = "") {
   std::ofstream(path) << "name: startup\nentrypoint: [" << self << ", --worker]\n"
+                      << (podman_image.empty() ? ""
+                                               : "environment: {image: " + podman_image + ", container_runtime: podman}\n")
                       << "hyperparameters: {global_batch_size: 64}\n"
                       << "searcher: {name: single, metric: validation_loss, max_length: {batches: " << batches << "}}\n"
                       << "resources: {slots_per_trial: " << world << ", cpus_per_slot: " << threads << "}\n"
@@ -255,6 +264,30 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
   return out;
 }
 
+// The container side: `hpctrial run` with every rank in a Podman container, at each world size,
+// beside hpctrial run's own median outside (`outside`, by world size).
+void podman_side(const Setup& s, const std::filesystem::path& dir, const std::string& self,
+                 const hpctrial::core::RunOptions& options, const std::vector<double>& outside) {
+  std::printf("\nin a Podman container (%s; each rank in its own, the launcher on the host), median of %d rounds:\n",
+              s.podman_image.c_str(), s.rounds);
+  std::printf("%-6s %14s %14s %12s\n", "ranks", "in podman", "outside", "podman -");
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (std::size_t i = 0; i < s.world_sizes.size(); ++i) {
+    const int world = s.world_sizes[i];
+    const std::string config = write_config(dir / ("exp-podman-" + std::to_string(world) + ".yaml"), self, world,
+                                            s.threads, 2, s.podman_image);
+    std::vector<double> contained;
+    for (int round = 0; round < s.rounds; ++round) {
+      std::vector<std::string> run = {HPCTRIAL_CLI, "run", config, "--experiment",
+                                      (dir / ("podman-" + std::to_string(world) + "-" + std::to_string(round))).string()};
+      if (static_cast<unsigned>(world) > cores) run.push_back("--oversubscribe");
+      contained.push_back(seconds_to_first_step(run, options, "podman"));
+    }
+    std::printf("%-6d %13.2fs %13.2fs %+11.2fs\n", world, median(contained), outside[i], median(contained) - outside[i]);
+    std::fflush(stdout);
+  }
+}
+
 int orchestrate(const Setup& s, const std::string& self) {
   const auto dir = std::filesystem::temp_directory_path() / ("hpctrial-startup-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -271,6 +304,7 @@ int orchestrate(const Setup& s, const std::string& self) {
               "hpctrial -");
   std::fflush(stdout);
   double worst = 0;
+  std::vector<double> outside;  // hpctrial run's median at each world size
   for (int world : s.world_sizes) {
     const std::string config = write_config(dir / ("exp-" + std::to_string(world) + ".yaml"), self, world, s.threads, 2);
     const std::vector<std::string> torchrun = {
@@ -297,12 +331,14 @@ int orchestrate(const Setup& s, const std::string& self) {
     }
     const double ratio = median(ours) / median(theirs);
     worst = std::max(worst, ratio);
+    outside.push_back(median(ours));
     std::printf("%-6d %13.2fs %13.2fs %8.2f %13.2fs %11.2fs\n", world, median(ours), median(theirs), ratio,
                 median(plain), median(ours) - median(plain));
     std::fflush(stdout);
   }
   std::printf("worst ratio hpctrial / torchrun: %.2f (goal <= 0.5); the last column is hpctrial run's time beyond "
               "mpirun's own\n", worst);
+  if (!s.podman_image.empty()) podman_side(s, dir, self, options, outside);
 
   const int busy_ranks = static_cast<int>(cores);
   const std::string long_config = write_config(dir / "exp-stop.yaml", self, busy_ranks, s.threads, 100000000);

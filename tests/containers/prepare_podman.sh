@@ -5,11 +5,17 @@
 # - /dev/mqueue: `podman run --ipc=host` mounts the host's; a sandbox may not have one.
 # - USER's containers.conf names runc where the host's cgroups are mixed v1 and v2 (no
 #   /sys/fs/cgroup/cgroup.controllers), on which crun refuses to start a container.
+# - USER's storage.conf names the overlay driver, where the kernel mounts overlays for ordinary
+#   users (Linux 5.13 and later): without one, Podman 4.3 falls back to vfs, which copies the
+#   whole image for every container it starts (seconds for each rank). Its storage starts empty.
 #   prepare_podman.sh USER IMAGE PROGRAM[=PATH_IN_IMAGE]...
 set -euo pipefail
 user=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
+# One at a time: the slurm tier's test and the benchmarks' smoke run may prepare at once.
+exec 9>/run/lock/hpctrial-prepare-podman.lock
+flock 9
 # The pbs tier's script may make the same user at the same moment.
 id "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user" || id "$user" >/dev/null
 if [[ ! -d /dev/mqueue ]] || ! mountpoint -q /dev/mqueue; then
@@ -22,6 +28,17 @@ if [[ ! -f /sys/fs/cgroup/cgroup.controllers && ! -f $conf ]]; then
   runuser -u "$user" -- mkdir -p "$(dirname "$conf")"
   printf '[engine]\nruntime = "runc"\n' | runuser -u "$user" -- tee "$conf" >/dev/null
 fi
+storage="$home/.config/containers/storage.conf"
+as_user() { runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin "$@"; }
+kernel=$(uname -r)
+major=${kernel%%.*}
+minor=${kernel#*.}
+minor=${minor%%.*}
+if [[ ! -f $storage ]] && (( major > 5 || (major == 5 && minor >= 13) )); then
+  (cd / && as_user podman system reset --force >/dev/null 2>&1) || true
+  runuser -u "$user" -- mkdir -p "$(dirname "$storage")"
+  printf '[storage]\ndriver = "overlay"\n' | runuser -u "$user" -- tee "$storage" >/dev/null
+fi
 cd /
-runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin podman rmi -f "$1" >/dev/null 2>&1 || true
-runuser -u "$user" -- env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin "$here/make_image.sh" "$@"
+as_user podman rmi -f "$1" >/dev/null 2>&1 || true
+as_user "$here/make_image.sh" "$@"
