@@ -13,6 +13,11 @@
 
 namespace hpctrial::launcher::detail {
 
+// Set by the launcher for each rank's parent when the rank runs in a container (the runtime's
+// name): the runtime reports a rank killed by signal N as exit code 128 + N, which the parent
+// then records, and ends with, as that signal.
+inline constexpr const char* kEnvRankContainer = "HPCTRIAL_RANK_CONTAINER";
+
 // The folders and files the ranks need inside, each at its own path ("HOST:CONTAINER[:ro]"):
 // the experiment directory, checkpoint_storage.host_path, the working directory, Open MPI's
 // session directory ($TMPDIR, else /tmp), a library entrypoint's folder, data.stage's folder,

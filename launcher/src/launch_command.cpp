@@ -276,6 +276,9 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
     // Open MPI's single-copy transfers (CMA): copy through shared memory, without the warning.
     c.env.emplace_back("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
   }
+  if (!config.container.image.empty()) {
+    c.env.emplace_back(detail::kEnvRankContainer, core::runtime_name(config.container.runtime));
+  }
   for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
   c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
   add_rank_program(c, config, options, env);

@@ -23,6 +23,7 @@
 #include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/launcher/launcher.h"
+#include "container.h"
 
 namespace hpctrial::launcher {
 namespace {
@@ -114,6 +115,11 @@ int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource&
     if (errno != EINTR) return core::kExitFailed;
   }
   g_child = 0;
+  // In a container, the runtime's 128 + N is the rank's death by signal N.
+  if (env.get(detail::kEnvRankContainer) && WIFEXITED(status) && WEXITSTATUS(status) > 128 &&
+      WEXITSTATUS(status) < 128 + NSIG) {
+    status = W_EXITCODE(0, WEXITSTATUS(status) - 128);
+  }
   record(status);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   // The same end for mpirun to see.

@@ -40,5 +40,4 @@ if [[ ! -f $storage ]] && (( major > 5 || (major == 5 && minor >= 13) )); then
   printf '[storage]\ndriver = "overlay"\n' | runuser -u "$user" -- tee "$storage" >/dev/null
 fi
 cd /
-as_user podman rmi -f "$1" >/dev/null 2>&1 || true
 as_user "$here/make_image.sh" "$@"

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../support/as_user.h"
 #include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/slurm_jobs.h"
@@ -35,42 +36,21 @@ using testing_support::TempDir;
 const char* const kImage = "localhost/hpctrial-test-mlp:latest";
 const char* const kProgramInImage = "/opt/hpctrial-image/mlp";
 
-std::string user_name() {
-  const char* name = std::getenv("HPCTRIAL_CONTAINER_USER");
-  return name != nullptr && *name != '\0' ? name : "pbsuser";
-}
-
-core::RunResult run(const std::vector<std::string>& argv, std::chrono::seconds limit = 120s) {
-  core::RunOptions options;
-  options.timeout = limit;
-  return core::run_process(argv, options);
-}
-
-// As the ordinary user, with a login's environment and the cluster's configuration.
-core::RunResult as_user(const std::vector<std::string>& argv, std::chrono::seconds limit = 120s) {
-  const passwd* pw = ::getpwnam(user_name().c_str());
-  std::vector<std::string> full = {"runuser", "-u", user_name(), "--", "env", "-i",
-                                   "HOME=" + std::string(pw != nullptr ? pw->pw_dir : "/"), "USER=" + user_name(),
-                                   "LOGNAME=" + user_name(), "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
-  if (const char* conf = std::getenv("SLURM_CONF")) full.push_back(std::string("SLURM_CONF=") + conf);
-  full.insert(full.end(), argv.begin(), argv.end());
-  return run(full, limit);
-}
+using testing_support::as_user;
+using testing_support::container_user;
 
 class SlurmContainer : public testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "runs its job as " << user_name() << " and needs root to switch";
-    if (!run({"sh", "-c", "command -v podman"}).ok()) {
-      GTEST_SKIP() << "podman is not installed (scripts/install-deps.sh installs it)";
+    if (const std::string why = testing_support::container_tests_unavailable(); !why.empty()) GTEST_SKIP() << why;
+    if (!testing_support::run_for({"sinfo", "-h"}, 30s).ok()) {
+      GTEST_SKIP() << "no local Slurm cluster answers (scripts/local-slurm.sh)";
     }
-    if (!run({"sinfo", "-h"}).ok()) GTEST_SKIP() << "no local Slurm cluster answers (scripts/local-slurm.sh)";
     // The user (made where missing), Podman set up for it, and the image built as it.
-    const auto image = run({HPCTRIAL_SOURCE_DIR "/tests/containers/prepare_podman.sh", user_name(), kImage,
-                            std::string(HPCTRIAL_MLP) + "=" + kProgramInImage}, 300s);
+    const auto image = testing_support::prepare_image(kImage, {std::string(HPCTRIAL_MLP) + "=" + kProgramInImage});
     ASSERT_TRUE(image.ok()) << "the test image could not be built: " << image.describe() << "\n" << image.out << image.err;
-    const passwd* pw = ::getpwnam(user_name().c_str());
-    ASSERT_NE(pw, nullptr) << user_name();
+    const passwd* pw = ::getpwnam(container_user().c_str());
+    ASSERT_NE(pw, nullptr) << container_user();
     fs::create_directories(user_dir());
     ASSERT_EQ(::chown(user_dir().c_str(), pw->pw_uid, pw->pw_gid), 0);
     ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
@@ -78,7 +58,7 @@ class SlurmContainer : public testing::Test {
     ASSERT_TRUE(made.ok()) << made.describe() << made.err;
   }
   void TearDown() override {
-    if (!job_.empty()) run({"scancel", job_});
+    if (!job_.empty()) testing_support::run_for({"scancel", job_}, 30s);
   }
   std::string user_dir() const { return (dir_.path() / "user").string(); }
   std::string experiment() const { return user_dir() + "/exp"; }
@@ -131,7 +111,7 @@ TEST_F(SlurmContainer, APodmanImageRunIsPausedActivatedAndEndsAsTheRunOutsideIt)
   EXPECT_THAT(read_file(log_path), HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
   EXPECT_FALSE(fs::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"))
       << "paused before the end";
-  EXPECT_EQ(as_user({"podman", "ps", "-a", "-q"}).out, "") << "no container outlives its rank";
+  EXPECT_EQ(testing_support::containers_of(experiment()), "") << "no container outlives its rank";
 
   // While the job is held: the same experiment, outside any container, on this machine.
   const std::string straight = user_dir() + "/straight";
@@ -144,7 +124,7 @@ TEST_F(SlurmContainer, APodmanImageRunIsPausedActivatedAndEndsAsTheRunOutsideIt)
   ASSERT_TRUE(testing_support::wait_for_state(job_, "COMPLETED", 180s))
       << "state " << job_field(job_, "JobState") << "\n" << read_file(log_path);
   EXPECT_THAT(read_file(log_path), HasSubstr("resumed from "));
-  EXPECT_EQ(as_user({"podman", "ps", "-a", "-q"}).out, "");
+  EXPECT_EQ(testing_support::containers_of(experiment()), "");
   testing_support::expect_same_weights(straight + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5",
                                        experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
 }
