@@ -14,7 +14,7 @@ user=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
 # One at a time: the slurm tier's test and the benchmarks' smoke run may prepare at once.
-exec 9>/run/lock/hpctrial-prepare-podman.lock
+exec 9>/tmp/hpctrial-prepare-podman.lock
 flock 9
 # The pbs tier's script may make the same user at the same moment.
 id "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user" || id "$user" >/dev/null
