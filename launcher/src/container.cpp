@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "hpctrial/core/error.h"
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/paths.h"
@@ -51,7 +52,7 @@ std::vector<std::string> container_mounts(const core::ExperimentConfig& config, 
     std::error_code error;
     try {
       const fs::path path = core::resolve_user_path(text, working_dir, "data." + entry.key);
-      if ((text.front() == '/' || text.find('/') != std::string::npos) && fs::exists(path, error)) {
+      if (text.find('/') != std::string::npos && fs::exists(path, error)) {
         folders.push_back(path.string());
       }
     } catch (const std::exception&) {
@@ -73,7 +74,12 @@ std::vector<std::string> container_mounts(const core::ExperimentConfig& config, 
   for (const std::string& folder : kept) {
     const bool covered =
         std::any_of(kept.begin(), kept.end(), [&](const std::string& other) { return other != folder && inside(folder, other); });
-    if (!covered) mounts.push_back(folder + ":" + folder);
+    if (covered) continue;
+    if (folder.find(':') != std::string::npos) {
+      throw ConfigError("environment.image: the ranks need " + folder + " in their container, but a mount cannot "
+                        "name a path with ':' in it; use a path without ':' (or rename the folder)");
+    }
+    mounts.push_back(folder + ":" + folder);
   }
   mounts.insert(mounts.end(), binds.begin(), binds.end());
   return mounts;

@@ -12,6 +12,7 @@
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/env.h"
+#include "hpctrial/core/error.h"
 #include "hpctrial/launcher/launcher.h"
 
 namespace hpctrial::launcher {
@@ -102,6 +103,14 @@ TEST(ContainerMounts, EachFolderTheRanksNeedOnceAndTheUsersBindsLast) {
   EXPECT_THAT(mounts, ElementsAre("/scratch/exp:/scratch/exp", work + ":" + work,
                                   "/scratch/ckpt:/scratch/ckpt", outside + ":" + outside, "/site:/local/tmp"));
   (void)data;
+  // A mount cannot name a path with ':' in it.
+  try {
+    detail::container_mounts(c, "/scratch/exp:1", work, core::MapEnv(std::map<std::string, std::string>{{"TMPDIR", "/t"}}));
+    ADD_FAILURE() << "an experiment directory with ':' was mounted";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the ranks need /scratch/exp:1 in their container, but a mount cannot name a path "
+                                    "with ':' in it"));
+  }
 }
 
 TEST(ContainerCommand, PodmanSharesTheHostsNetworkIpcAndPidsAndPassesVariablesByName) {
