@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pwd.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
