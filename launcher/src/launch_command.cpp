@@ -209,13 +209,11 @@ std::vector<std::string> container_words(const MpirunCommand& c, const core::Exp
   };
   for (const auto& [name, value] : c.env) {
     if (!covered(name)) input.passed.push_back(name);
+    if (name == core::kEnvAbortFile) input.attempt = value;
   }
   // Podman sets a name the host lacks to the empty string, which is not "unset" to a program.
   if (env.get("TMPDIR")) input.passed.push_back("TMPDIR");
   input.working_dir = c.working_dir;
-  for (const auto& [name, value] : c.env) {
-    if (name == core::kEnvAbortFile) input.attempt = value;
-  }
   input.gpus = config.resources.gpus_per_slot > 0;
   input.rootless = ::geteuid() != 0;
   return detail::container_command(config.container, input);

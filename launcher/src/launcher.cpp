@@ -60,9 +60,7 @@ using detail::Supervisor;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The entrypoint must exist before any rank is started.
-// A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
-// else on the launcher's own.
+// True when `program` is an executable in one of the folders of `path`.
 bool on_path(const std::string& program, const std::string& path) {
   std::stringstream dirs(path);
   for (std::string dir; std::getline(dirs, dir, ':');) {
@@ -94,7 +92,10 @@ void check_image(const core::Container& container, const std::string& working_di
   }
 }
 
-// In a container, the entrypoint is the image's; the runtime must be on this host's PATH.
+// The entrypoint must exist before any rank is started.
+// A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
+// else on the launcher's own. In a container, the entrypoint is the image's: the runtime must
+// be on this host's PATH, and the image here.
 void check_entrypoint(const core::ExperimentConfig& config, const std::string& working_dir,
                       const core::EnvSource& env) {
   const bool library = config.entrypoint.kind == core::Entrypoint::Kind::kLibrary;
