@@ -264,9 +264,11 @@ TEST_F(Launcher, ASecondLauncherOfARunningTrialIsRefusedAndTheFirstGoesOn) {
 }
 
 TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
-  const std::string exp = config("min_checkpoint_period: {batches: 2000}\n", 20000);
+  // Long enough that the first run is still going when it is killed, short enough that the run
+  // resuming it ends well within its limit on a loaded machine (about 100 batches/s).
+  const std::string exp = config("min_checkpoint_period: {batches: 1000}\n", 6000);
   auto p = start(exp);
-  wait_for_step(2500);
+  wait_for_step(1500);
   ASSERT_FALSE(p->wait(0ms).has_value()) << "the run ended before it could be killed";
   p->signal(SIGKILL);
   p->wait(5s);
@@ -280,7 +282,7 @@ TEST_F(Launcher, TheLauncherKilledTakesItsRanksWithItAndTheNextRunResumes) {
   EXPECT_LT(gone, 10);
   expect_no_rank_left();
 
-  auto again = run(exp);
+  auto again = run(exp, "", {}, 300s);
   EXPECT_EQ(again->exit_code(), 0) << again->output();
   EXPECT_THAT(again->output(), testing::ContainsRegex("resumed from .*/ckpt-[0-9]+\\.h5 after [0-9]+ batches"));
 }
