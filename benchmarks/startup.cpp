@@ -5,13 +5,17 @@
 // latency from a stop signal to the ranks' stop request on disk, and to its exit with their
 // checkpoint, while every core is busy.
 //
-//   startup [--quick] [--world-sizes 1,2,4] [--rounds 5] [--threads 1] [--podman IMAGE]
+//   startup [--quick] [--world-sizes 1,2,4] [--rounds 5] [--threads 1] [--podman IMAGE] [--srun PARTITION]
 //
 // --quick: 1 and 2 ranks, one round - the test suite's smoke run.
 // --podman IMAGE: also `hpctrial run` with every rank in a Podman container of IMAGE
 // (environment.image), which must hold this program at its own path (tests/containers/
 // make_image.sh builds one offline), timed the same way, in the same rounds. Rootless: run the
 // benchmark as an ordinary user.
+// --srun PARTITION: also, each in an allocation of PARTITION of the Slurm cluster at hand (salloc
+// on this host), `hpctrial run` with launcher.mpi: srun, the same with mpirun, and a plain `srun
+// --mpi=pmix` of the MPI program, in the same rounds (allocation time included on every side).
+// Exit 77 when no Slurm cluster answers.
 // Each side is timed from just before its command is started to the wall-clock time its rank 0
 // prints right after the first optimizer step (so the first gradient all-reduce is in; the MPI
 // program: after its barrier); output buffering does not count. Rounds alternate which side runs
@@ -68,6 +72,7 @@ struct Setup {
   int rounds = 5;
   int threads = 1;
   std::string podman_image;  // empty: no container side
+  std::string srun_partition;  // empty: no srun side
 };
 
 // The hpctrial side: the mlp example's network on in-memory data; rank 0 prints the time its
@@ -125,8 +130,8 @@ Setup parse(int argc, char** argv) {
       continue;
     }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4] [--rounds N] [--threads N] [--podman IMAGE]\n",
-                   argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4] [--rounds N] [--threads N] [--podman IMAGE] "
+                   "[--srun PARTITION]\n", argv[0]);
       std::exit(2);
     }
     const std::string value = argv[++i];
@@ -134,6 +139,7 @@ Setup parse(int argc, char** argv) {
     else if (arg == "--rounds") s.rounds = std::stoi(value);
     else if (arg == "--threads") s.threads = std::stoi(value);
     else if (arg == "--podman") s.podman_image = value;
+    else if (arg == "--srun") s.srun_partition = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", arg.c_str());
       std::exit(2);
@@ -162,10 +168,8 @@ double median(std::vector<double> v) {
 
 // The experiment config of the hpctrial side: `world` ranks training `batches` steps.
 std::string write_config(const std::filesystem::path& path, const std::string& self, int world, int threads,
-                         long long batches, const std::string& podman_image = "") {
-  std::ofstream(path) << "name: startup\nentrypoint: [" << self << ", --worker]\n"
-                      << (podman_image.empty() ? ""
-                                               : "environment: {image: " + podman_image + ", container_runtime: podman}\n")
+                         long long batches, const std::string& extra = "") {
+  std::ofstream(path) << "name: startup\nentrypoint: [" << self << ", --worker]\n" << extra
                       << "hyperparameters: {global_batch_size: 64}\n"
                       << "searcher: {name: single, metric: validation_loss, max_length: {batches: " << batches << "}}\n"
                       << "resources: {slots_per_trial: " << world << ", cpus_per_slot: " << threads << "}\n"
@@ -275,7 +279,8 @@ void podman_side(const Setup& s, const std::filesystem::path& dir, const std::st
   for (std::size_t i = 0; i < s.world_sizes.size(); ++i) {
     const int world = s.world_sizes[i];
     const std::string config = write_config(dir / ("exp-podman-" + std::to_string(world) + ".yaml"), self, world,
-                                            s.threads, 2, s.podman_image);
+                                            s.threads, 2,
+                                            "environment: {image: " + s.podman_image + ", container_runtime: podman}\n");
     std::vector<double> contained;
     for (int round = 0; round < s.rounds; ++round) {
       std::vector<std::string> run = {HPCTRIAL_CLI, "run", config, "--experiment",
@@ -284,6 +289,40 @@ void podman_side(const Setup& s, const std::filesystem::path& dir, const std::st
       contained.push_back(seconds_to_first_step(run, options, "podman"));
     }
     std::printf("%-6d %13.2fs %13.2fs %+11.2fs\n", world, median(contained), outside[i], median(contained) - outside[i]);
+    std::fflush(stdout);
+  }
+}
+
+// The srun side: inside an allocation of the partition, hpctrial run under srun and under mpirun,
+// and srun's own start of the MPI program, at each world size.
+void srun_side(const Setup& s, const std::filesystem::path& dir, const std::string& self,
+               const hpctrial::core::RunOptions& options) {
+  std::printf("\nin a Slurm allocation (salloc -p %s, allocation included), median of %d rounds:\n",
+              s.srun_partition.c_str(), s.rounds);
+  std::printf("%-6s %14s %16s %12s %14s\n", "ranks", "hpctrial srun", "hpctrial mpirun", "srun hello", "srun - mpirun");
+  for (const int world : s.world_sizes) {
+    const std::string n = std::to_string(world);
+    const std::vector<std::string> salloc = {"salloc", "--quiet", "--partition=" + s.srun_partition, "--ntasks=" + n};
+    const auto in_job = [&](std::vector<std::string> argv) {
+      argv.insert(argv.begin(), salloc.begin(), salloc.end());
+      return argv;
+    };
+    const std::string with_srun = write_config(dir / ("exp-srun-" + n + ".yaml"), self, world, s.threads, 2,
+                                               "launcher: {mpi: srun}\n");
+    const std::string with_mpirun = write_config(dir / ("exp-salloc-" + n + ".yaml"), self, world, s.threads, 2);
+    std::vector<double> srun, mpirun, hello;
+    for (int round = 0; round < s.rounds; ++round) {
+      const std::string tag = n + "-" + std::to_string(round);
+      srun.push_back(seconds_to_first_step(in_job({HPCTRIAL_CLI, "run", with_srun, "--oversubscribe", "--experiment",
+                                                   (dir / ("srun-" + tag)).string()}), options, "hpctrial srun"));
+      mpirun.push_back(seconds_to_first_step(in_job({HPCTRIAL_CLI, "run", with_mpirun, "--oversubscribe",
+                                                     "--experiment", (dir / ("salloc-" + tag)).string()}),
+                                             options, "hpctrial mpirun"));
+      hello.push_back(seconds_to_first_step(in_job({"srun", "--mpi=pmix", "--ntasks=" + n, "--overcommit",
+                                                    HPCTRIAL_MPI_HELLO}), options, "srun hello"));
+    }
+    std::printf("%-6d %13.2fs %15.2fs %11.2fs %+13.2fs\n", world, median(srun), median(mpirun), median(hello),
+                median(srun) - median(mpirun));
     std::fflush(stdout);
   }
 }
@@ -339,6 +378,7 @@ int orchestrate(const Setup& s, const std::string& self) {
   std::printf("worst ratio hpctrial / torchrun: %.2f (goal <= 0.5); the last column is hpctrial run's time beyond "
               "mpirun's own\n", worst);
   if (!s.podman_image.empty()) podman_side(s, dir, self, options, outside);
+  if (!s.srun_partition.empty()) srun_side(s, dir, self, options);
 
   const int busy_ranks = static_cast<int>(cores);
   const std::string long_config = write_config(dir / "exp-stop.yaml", self, busy_ranks, s.threads, 100000000);
@@ -365,5 +405,16 @@ int main(int argc, char** argv) {
       return std::unique_ptr<hpctrial::Trial>(std::make_unique<FirstStep>(context));
     });
   }
-  return orchestrate(parse(argc, argv), std::filesystem::canonical("/proc/self/exe").string());
+  const Setup setup = parse(argc, argv);
+  if (!setup.srun_partition.empty()) {
+    hpctrial::core::RunOptions ping;
+    ping.timeout = std::chrono::seconds(30);
+    const auto r = hpctrial::core::run_process({"scontrol", "ping"}, ping);
+    if (!r.ok() || r.out.find("is UP") == std::string::npos) {
+      std::printf("skipped: --srun needs a Slurm cluster that answers (scripts/local-slurm.sh): %s\n",
+                  r.describe().c_str());
+      return 77;
+    }
+  }
+  return orchestrate(setup, std::filesystem::canonical("/proc/self/exe").string());
 }

@@ -103,16 +103,20 @@ int ranks_for(const core::Resources& resources, const core::Allocation& allocati
 
 // Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
 // this machine's cores.
+void check_job_slots(const MpirunCommand& c, const core::Allocation& allocation, const LaunchOptions& options) {
+  const int slots = allocation.total_slots();
+  if (c.np > slots && !options.oversubscribe) {
+    throw ConfigError(std::to_string(c.np) + " ranks were asked for but " + allocation.scheduler + " job " +
+                      allocation.job_id + " has " + std::to_string(slots) + " slots on " +
+                      std::to_string(allocation.hosts.size()) + " node(s); ask for fewer (--np) or submit "
+                      "with resources.slots_per_trial " + std::to_string(c.np));
+  }
+}
+
 void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
                    const LaunchOptions& options, const core::TrialLayout& trial, const core::EnvSource& env) {
   if (allocation.in_job()) {
-    const int slots = allocation.total_slots();
-    if (c.np > slots && !options.oversubscribe) {
-      throw ConfigError(std::to_string(c.np) + " ranks were asked for but " + allocation.scheduler + " job " +
-                        allocation.job_id + " has " + std::to_string(slots) + " slots on " +
-                        std::to_string(allocation.hosts.size()) + " node(s); ask for fewer (--np) or submit "
-                        "with resources.slots_per_trial " + std::to_string(c.np));
-    }
+    check_job_slots(c, allocation, options);
     c.hostfile_path = trial.hostfile();
     // An elastic job runs slots_per_node ranks on every node, however the scheduler spread its tasks.
     for (const auto& host : allocation.hosts) {
@@ -241,20 +245,14 @@ void add_rank_program(MpirunCommand& c, const core::ExperimentConfig& config, co
   }
 }
 
-}  // namespace
-
-MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
-                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
-  const ExperimentLayout layout{options.experiment_dir};
-  MpirunCommand c;
-  c.np = options.np > 0 ? options.np : ranks_for(config.resources, allocation);
-  c.working_dir = options.working_dir.empty()
-                      ? core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state())
-                      : options.working_dir;
+// mpirun's words before the ranks' environment: placement, tagged output, the grace, the
+// network interface.
+void add_mpirun_words(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
+                      const LaunchOptions& options, const core::EnvSource& env) {
   std::string mpirun = options.mpirun;
   if (mpirun.empty()) mpirun = env.get("HPCTRIAL_MPIRUN").value_or("mpirun");
   c.argv = {mpirun, "-np", std::to_string(c.np)};
-  add_placement(c, config, allocation, options, layout.trial(options.trial_id), env);
+  add_placement(c, config, allocation, options, ExperimentLayout{options.experiment_dir}.trial(options.trial_id), env);
   // Output tagged by rank, which the launcher turns into "[rank N] " and per-rank files.
   c.argv.push_back("--tag-output");
   // On SIGTERM, mpirun waits this long before it kills the ranks: time for their emergency
@@ -267,7 +265,57 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
     // (the daemons' wire-up) on that interface only.
     c.argv.insert(c.argv.end(), {"--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface});
   }
-  c.env = rank_environment(config, allocation, options, restart_count, env);
+}
+
+// srun's words (launcher.mpi: srun): one job step of the Slurm job the launcher runs in, a task
+// a rank, wired up by PMIx. A failed task does not end the step (--kill-on-bad-exit=0): the
+// launcher ends the others, as it does under mpirun, once it knows which rank failed and how.
+void add_srun_words(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
+                    const LaunchOptions& options, const core::EnvSource& env) {
+  if (allocation.scheduler != "slurm") {
+    throw ConfigError("launcher.mpi is srun, which starts the ranks as a step of a Slurm job, but this run is " +
+                      (allocation.in_job() ? "in " + allocation.scheduler + " job " + allocation.job_id
+                                           : std::string("in no job (SLURM_JOB_ID is not set)")) +
+                      "; submit it with scheduler.type: slurm, run it inside salloc, or set launcher.mpi: mpirun");
+  }
+  check_job_slots(c, allocation, options);
+  const int per_node = std::max(1, std::min(config.resources.slots_per_node, c.np));
+  const int nodes = (c.np + per_node - 1) / per_node;
+  c.srun = true;
+  c.argv = {env.get("HPCTRIAL_SRUN").value_or("srun"),
+            "--mpi=pmix",
+            "--ntasks=" + std::to_string(c.np),
+            "--nodes=" + std::to_string(nodes),
+            "--ntasks-per-node=" + std::to_string(per_node),
+            "--cpus-per-task=" + std::to_string(config.resources.cpus_per_slot),
+            "--cpu-bind=" + std::string(options.oversubscribe ? "none" : "cores"),
+            "--kill-on-bad-exit=0",
+            "--label",  // "N: ", which the launcher turns into "[rank N] " and per-rank files
+            "--export=ALL"};
+  if (options.oversubscribe) c.argv.push_back("--overcommit");
+  if (const std::string& interface = config.optimizations.network_interface; !interface.empty()) {
+    require_network_interface(interface);
+    c.env.emplace_back("OMPI_MCA_btl_tcp_if_include", interface);  // no daemons: no out-of-band channel
+  }
+}
+
+}  // namespace
+
+MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                   const LaunchOptions& options, int restart_count, const core::EnvSource& env) {
+  const ExperimentLayout layout{options.experiment_dir};
+  MpirunCommand c;
+  c.np = options.np > 0 ? options.np : ranks_for(config.resources, allocation);
+  c.working_dir = options.working_dir.empty()
+                      ? core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state())
+                      : options.working_dir;
+  if (config.launcher.mpi == core::LauncherConfig::Mpi::kSrun) {
+    add_srun_words(c, config, allocation, options, env);
+  } else {
+    add_mpirun_words(c, config, allocation, options, env);
+  }
+  const auto contract = rank_environment(config, allocation, options, restart_count, env);
+  c.env.insert(c.env.end(), contract.begin(), contract.end());  // the user's environment has the last word
   if (config.container.runtime == core::Container::Runtime::kPodman && ::geteuid() != 0 &&
       !env.get("OMPI_MCA_btl_vader_single_copy_mechanism")) {
     // Each rootless container has a user namespace of its own, across which Linux refuses
@@ -277,8 +325,12 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   if (!config.container.image.empty()) {
     c.env.emplace_back(detail::kEnvRankContainer, core::runtime_name(config.container.runtime));
   }
-  for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
-  c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
+  if (c.srun) {
+    c.argv.insert(c.argv.end(), config.launcher.srun_args.begin(), config.launcher.srun_args.end());
+  } else {
+    for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
+    c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());
+  }
   add_rank_program(c, config, options, env);
   return c;
 }

@@ -29,7 +29,9 @@ core::UniqueFd try_lock_trial(const std::string& trial_dir);
 // Keeps the last lines of each rank for failure records.
 class RankOutput {
  public:
-  RankOutput(core::TrialLayout trial, int out_fd, int err_fd);
+  // `srun_labels`: the lines come from `srun --label` ("3: text") rather than from mpirun's
+  // --tag-output ("[1,3]<stdout>: text").
+  RankOutput(core::TrialLayout trial, int out_fd, int err_fd, bool srun_labels = false);
   ~RankOutput();
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;
@@ -58,6 +60,7 @@ class RankOutput {
   std::string mpirun_text_;
   std::string held_;
   bool in_box_ = false;
+  bool srun_labels_ = false;
 };
 
 // The rank whose failure ended an attempt, and how it failed.

@@ -54,6 +54,66 @@ std::vector<pid_t> descendants() {
   return out;
 }
 
+namespace {
+
+pid_t parent_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat) || stat.rfind(')') == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  char state;
+  pid_t ppid = 0;
+  return rest >> state >> ppid ? ppid : 0;
+}
+
+// The rank number in one process's environment (`rank_name`=N), when its environment also holds
+// `entry` exactly; -1 otherwise (or when it cannot be read: another user's process).
+int rank_with(pid_t pid, const std::string& entry, const std::string& rank_name) {
+  std::ifstream environ_file("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  bool marked = entry.empty();
+  int rank = -1;
+  const std::string prefix = rank_name + "=";
+  for (std::string item; std::getline(environ_file, item, '\0');) {
+    if (item == entry) marked = true;
+    if (item.compare(0, prefix.size(), prefix) == 0) {
+      try {
+        rank = std::stoi(item.substr(prefix.size()));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return marked ? rank : -1;
+}
+
+// The processes of this host, outside the launcher's tree, whose environment holds `entry` and
+// a PMIx rank: an srun step's tasks and what they started, by pid with their rank.
+std::map<pid_t, int> tasks_with(const std::string& entry) {
+  const auto below = descendants();
+  const std::set<pid_t> mine(below.begin(), below.end());
+  std::map<pid_t, int> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (const dirent* item = ::readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(item->d_name));
+    if (pid <= 0 || pid == ::getpid() || mine.count(pid) != 0) continue;
+    if (const int rank = rank_with(pid, entry, "PMIX_RANK"); rank >= 0) out[pid] = rank;
+  }
+  ::closedir(d);
+  return out;
+}
+
+void kill_tasks(const std::string& entry) {
+  if (entry.empty()) return;
+  for (int round = 0; round < 50; ++round) {
+    const auto left = tasks_with(entry);
+    if (left.empty()) return;
+    for (const auto& [pid, rank] : left) ::kill(pid, SIGKILL);
+    ::usleep(20000);
+  }
+}
+
+}  // namespace
+
 // Reaps every ended child; mpirun's status goes to `mpirun_status` when it is among them.
 void reap(pid_t mpirun, std::optional<int>* mpirun_status) {
   for (int status = 0;;) {
@@ -63,8 +123,10 @@ void reap(pid_t mpirun, std::optional<int>* mpirun_status) {
   }
 }
 
-// SIGKILL to mpirun's process group and every process below the launcher; reaps them.
-void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status) {
+// SIGKILL to mpirun's process group and every process below the launcher, and to srun's tasks
+// on this host; reaps them. (srun killed, Slurm ends its step's tasks on every node.)
+void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status, const std::string& tasks) {
+  kill_tasks(tasks);
   if (mpirun > 0) ::kill(-mpirun, SIGKILL);
   for (int round = 0; round < 3; ++round) {
     const auto left = descendants();
@@ -74,29 +136,25 @@ void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status) {
     reap(mpirun, mpirun_status);
   }
   reap(mpirun, mpirun_status);
+  kill_tasks(tasks);
 }
 
 // mpirun's children on this host (each the parent of one rank) by rank, from the rank number
 // Open MPI gives them in their environment.
-std::map<int, pid_t> rank_processes(pid_t mpirun) {
+// Under srun, the step's tasks of this host: each the topmost of the processes marked as the
+// attempt's (its parent is slurmstepd).
+std::map<int, pid_t> rank_processes(pid_t mpirun, const std::string& tasks) {
   std::map<int, pid_t> out;
-  for (pid_t pid : descendants()) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text;
-    if (!std::getline(stat, text) || text.rfind(')') == std::string::npos) continue;
-    std::istringstream rest(text.substr(text.rfind(')') + 2));
-    char state;
-    pid_t ppid = 0;
-    if (!(rest >> state >> ppid) || ppid != mpirun) continue;
-    std::ifstream environ_file("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-    for (std::string entry; std::getline(environ_file, entry, '\0');) {
-      if (entry.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) {
-        try {
-          out[std::stoi(entry.substr(21))] = pid;
-        } catch (const std::exception&) {
-        }
-      }
+  if (!tasks.empty()) {
+    const auto marked = tasks_with(tasks);
+    for (const auto& [pid, rank] : marked) {
+      if (marked.count(parent_of(pid)) == 0) out[rank] = pid;
     }
+    return out;
+  }
+  for (pid_t pid : descendants()) {
+    if (parent_of(pid) != mpirun) continue;
+    if (const int rank = rank_with(pid, "", "OMPI_COMM_WORLD_RANK"); rank >= 0) out[rank] = pid;
   }
   return out;
 }
@@ -104,7 +162,12 @@ std::map<int, pid_t> rank_processes(pid_t mpirun) {
 // SIGKILL to every process below the launcher except mpirun: once a rank has failed, the
 // others are stuck in collectives, and mpirun would give them the whole grace
 // (odls_base_sigkill_timeout) before it kills them. mpirun then reports the failure and exits.
-void kill_ranks(pid_t mpirun) {
+// Under srun, to the step's tasks of this host: srun then reports them and exits.
+void kill_ranks(pid_t mpirun, const std::string& tasks) {
+  if (!tasks.empty()) {
+    kill_tasks(tasks);
+    return;
+  }
   for (pid_t p : descendants()) {
     if (p != mpirun) ::kill(p, SIGKILL);
   }
@@ -118,7 +181,10 @@ core::Child spawn_mpirun(const MpirunCommand& command) {
   try {
     return core::spawn_process(command.argv, options);
   } catch (const IoError& e) {
-    throw IoError(std::string(e.what()) + "; install Open MPI (scripts/install-deps.sh) or set HPCTRIAL_MPIRUN");
+    throw IoError(std::string(e.what()) + (command.srun ? "; launcher.mpi is srun: run inside a Slurm job on a node "
+                                                          "with Slurm's commands on its PATH"
+                                                        : "; install Open MPI (scripts/install-deps.sh) or set "
+                                                          "HPCTRIAL_MPIRUN"));
   }
 }
 

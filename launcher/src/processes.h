@@ -63,12 +63,15 @@ class SignalFd {
 std::vector<pid_t> descendants();
 // Reaps mpirun (its status into *mpirun_status once it ended) and any orphan handed to us.
 void reap(pid_t mpirun, std::optional<int>* mpirun_status);
-// SIGKILL to mpirun and everything below it, reaping them, until nothing is left.
-void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status);
-// mpirun's children on this host by rank (from their environment), zombies included.
-std::map<int, pid_t> rank_processes(pid_t mpirun);
-// SIGKILL to every process below mpirun, not mpirun itself.
-void kill_ranks(pid_t mpirun);
+// `tasks`, in the three below: under srun, the NAME=value of the attempt's environment that
+// marks its tasks (they are not below the launcher); empty under mpirun.
+// SIGKILL to mpirun and everything below it, reaping them, and to the tasks, until nothing is left.
+void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status, const std::string& tasks = "");
+// The rank processes of this host by rank (from their environment), zombies included: mpirun's
+// children, or the tasks.
+std::map<int, pid_t> rank_processes(pid_t mpirun, const std::string& tasks = "");
+// SIGKILL to every process below mpirun, not mpirun itself; or to the tasks of this host.
+void kill_ranks(pid_t mpirun, const std::string& tasks = "");
 
 // Starts mpirun with the command's environment, its stdout and stderr on pipes, in a process
 // group of its own (so that a Ctrl-C on the terminal reaches only the launcher, which turns it

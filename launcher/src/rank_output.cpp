@@ -32,8 +32,8 @@ void write_all(int fd, const std::string& text) {
 
 }  // namespace
 
-RankOutput::RankOutput(core::TrialLayout trial, int out_fd, int err_fd)
-    : trial_(std::move(trial)), out_fd_(out_fd), err_fd_(err_fd) {
+RankOutput::RankOutput(core::TrialLayout trial, int out_fd, int err_fd, bool srun_labels)
+    : trial_(std::move(trial)), out_fd_(out_fd), err_fd_(err_fd), srun_labels_(srun_labels) {
   core::create_directories(trial_.logs_dir());
 }
 
@@ -73,10 +73,14 @@ void RankOutput::flush() {
 
 void RankOutput::line(const std::string& text, bool from_stderr) {
   static const std::regex tagged(R"(\[[0-9]+,([0-9]+)\]<std(out|err)>: ?(.*))");
+  static const std::regex labelled(R"( *([0-9]+): ?(.*))");  // srun pads the numbers to one width
   std::smatch m;
   int rank = -1;
   std::string body = text;
-  if (std::regex_match(text, m, tagged)) {
+  if (srun_labels_ && std::regex_match(text, m, labelled)) {
+    rank = std::stoi(m[1]);
+    body = m[2];
+  } else if (!srun_labels_ && std::regex_match(text, m, tagged)) {
     rank = std::stoi(m[1]);
     body = m[3];
     from_stderr = m[2] == "err";
@@ -112,6 +116,49 @@ std::vector<std::string> RankOutput::tail(int rank) const {
   return {it->second.begin(), it->second.end()};
 }
 
+namespace {
+
+// The signal whose description (strsignal's words, as srun prints them) is `words`; 0: none.
+int signal_described(const std::string& words) {
+  for (int signal = 1; signal < NSIG; ++signal) {
+    if (const char* name = ::strsignal(signal); name != nullptr && words == name) return signal;
+  }
+  return 0;
+}
+
+// srun's own report of the first task to fail: "srun: error: HOST: task 1: Exited with exit code
+// 3", "...: tasks 0-1: Killed". Exit codes 0 and 75 (stopped on request) are no failures.
+RankFailure parse_srun_failure(const std::string& text) {
+  static const std::regex line(R"(srun: error: (\S+): tasks? ([0-9]+)[-,0-9]*: ([^\n]*))");
+  static const std::regex exited(R"(Exited with exit code ([0-9]+))");
+  RankFailure f;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator(); ++it) {
+    std::string words = (*it)[3];
+    if (const std::string dumped = " (core dumped)"; words.size() > dumped.size() &&
+                                                      words.compare(words.size() - dumped.size(), dumped.size(), dumped) == 0) {
+      words.resize(words.size() - dumped.size());
+    }
+    std::smatch code;
+    if (std::regex_match(words, code, exited)) {
+      const int value = std::stoi(code[1]);
+      if (value == 0 || value == core::kExitStopped) continue;
+      f.exit_code = value;
+      f.how = "exited with code " + std::to_string(value);
+    } else if (const int signal = signal_described(words); signal != 0) {
+      f.signal = signal;
+      f.how = "was killed by signal " + std::to_string(signal) + " (" + words + ")";
+    } else {
+      f.how = "ended: " + words + " (srun's words)";
+    }
+    f.rank = std::stoi((*it)[2]);
+    f.host = (*it)[1];
+    return f;
+  }
+  return f;
+}
+
+}  // namespace
+
 RankFailure parse_mpirun_failure(const std::string& text) {
   RankFailure f;
   std::smatch m;
@@ -120,6 +167,7 @@ RankFailure parse_mpirun_failure(const std::string& text) {
       R"(process rank ([0-9]+) with PID [0-9]+ on\s+node (\S+) exited on signal ([0-9]+)(\s*\(([^)]*)\))?)");
   static const std::regex improper(R"(process rank ([0-9]+) with PID [0-9]+ on\s+node (\S+) exiting\s+improperly)");
   static const std::regex aborted(R"(MPI_ABORT was invoked on rank ([0-9]+) in communicator \S+\s+with errorcode ([0-9]+))");
+  if (auto f_srun = parse_srun_failure(text); f_srun.rank >= 0) return f_srun;
   if (std::regex_search(text, m, signalled)) {
     f.rank = std::stoi(m[1]);
     f.host = m[2];

@@ -29,7 +29,7 @@ constexpr Clock::time_point kNever = Clock::time_point::max();
 Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
   Attempt a;
   attempt_ = &a;
-  detail::RankOutput output(trial_, STDOUT_FILENO, STDERR_FILENO);
+  detail::RankOutput output(trial_, STDOUT_FILENO, STDERR_FILENO, command.srun);
   output_ = &output;
   const core::Child child = spawn_mpirun(command);
   begin(command, child.pid);
@@ -68,7 +68,7 @@ Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
     const auto now = Clock::now();
     if (exited && (out_open || err_open) && now - exited_at > std::chrono::seconds(2)) {
       // mpirun is gone but something below it still holds its output: no orphans.
-      kill_everything(child.pid, &mpirun_status_);
+      kill_everything(child.pid, &mpirun_status_, tasks_);
       if (now - exited_at > std::chrono::seconds(4)) out_open = err_open = false;
     }
     if (exited) continue;
@@ -98,7 +98,10 @@ void Supervisor::begin(const MpirunCommand& command, pid_t child) {
   beats_.clear();
   rank_processes_.clear();
   missing_ranks_.clear();
-  single_host_ = command.hostfile_path.empty();
+  // Under srun a rank not yet seen may still wait for its step's resources: only ranks seen and
+  // srun's own report count.
+  single_host_ = !command.srun && command.hostfile_path.empty();
+  tasks_ = command.srun && !abort_file_.empty() ? std::string(core::kEnvAbortFile) + "=" + abort_file_ : "";
   zombies_.clear();
   rank_failure_.reset();
   stopped_at_ = {};
@@ -114,7 +117,7 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
       core::log_warning("second Ctrl-C: aborting now, without a checkpoint");
       attempt_->aborted = true;
       abort_attempt();
-      kill_everything(child_, &mpirun_status_);
+      kill_everything(child_, &mpirun_status_, tasks_);
     } else if (signal == SIGINT) {
       request_stop("interrupt");
       core::log_info("stopping after the current step with a checkpoint; press Ctrl-C again to abort now");
@@ -153,7 +156,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
     if (exact) {
       core::log_warning("rank {} {}: ending the other ranks", rank_failure_->rank, rank_failure_->how);
       abort_attempt();
-      kill_ranks(child_);
+      kill_ranks(child_, tasks_);
       // Its report is not needed: a moment to reap its ranks here, a second for daemons elsewhere.
       loop.mpirun_kill_at = now + (single_host_ ? kMpirunReapSingleHost : std::chrono::seconds(1));
     } else {
@@ -167,16 +170,16 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
       (now - stopped_at_ > std::chrono::seconds(2) || all_ranks_exited(np, kExitStopped))) {
     stop_finished_ = true;
     abort_attempt();  // every checkpoint is durable: the stragglers only finish
-    kill_everything(child_, &mpirun_status_);
+    kill_everything(child_, &mpirun_status_, tasks_);
   }
   if (now >= loop.ranks_kill_at) {
     abort_attempt();
-    kill_ranks(child_);
+    kill_ranks(child_, tasks_);
     loop.ranks_kill_at = kNever;
     loop.mpirun_kill_at = now + std::chrono::seconds(1);
   }
   if (now >= loop.mpirun_kill_at) {
-    kill_everything(child_, &mpirun_status_);
+    kill_everything(child_, &mpirun_status_, tasks_);
     loop.mpirun_kill_at = kNever;
   }
   if (now >= loop.deadline && !attempt_->stop_requested) {
@@ -197,7 +200,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
     loop.kill_at = now + kKillGrace;
   }
   if (now >= loop.kill_at) {
-    kill_everything(child_, &mpirun_status_);
+    kill_everything(child_, &mpirun_status_, tasks_);
     loop.kill_at = kNever;
     loop.term_at = kNever;
   }
@@ -211,7 +214,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
 // rank failed and how, read from every witness.
 void Supervisor::finish() {
   output_->flush();
-  kill_everything(child_, &mpirun_status_);  // nothing outlives the attempt
+  kill_everything(child_, &mpirun_status_, tasks_);  // nothing outlives the attempt
   if (finished_despite_warning()) attempt_->status = 0;
   const int status = attempt_->status;
   const bool good_end = attempt_->hang.empty() &&
@@ -272,7 +275,8 @@ std::optional<detail::RankFailure> Supervisor::find_failed_rank(Clock::time_poin
     }
     if (auto failure = failure_of_records()) return failure;
     if (mpirun_text.find("MPI_ABORT was invoked") != std::string::npos ||
-        mpirun_text.find("mpirun noticed that process rank") != std::string::npos) {
+        mpirun_text.find("mpirun noticed that process rank") != std::string::npos ||
+        mpirun_text.find("srun: error: ") != std::string::npos) {
       if (auto failure = detail::parse_mpirun_failure(mpirun_text); failure.rank >= 0) return failure;
     }
     Scan scan = failure_of_ended_processes(now);
@@ -432,7 +436,7 @@ void Supervisor::abort_attempt() {
 }
 
 void Supervisor::check_progress(Clock::time_point now, int np, pid_t child) {
-  const auto live = rank_processes(child);
+  const auto live = rank_processes(child, tasks_);
   for (const auto& [rank, pid] : live) rank_processes_.emplace(rank, pid);
   // Every rank runs on this host: one whose process is missing once mpirun has started them
   // all has ended, whether or not the launcher ever saw it or its record.
@@ -480,7 +484,7 @@ void Supervisor::check_progress(Clock::time_point now, int np, pid_t child) {
   attempt_->hang = message;
   abort_attempt();
   ::kill(child, SIGTERM);
-  kill_everything(child, &mpirun_status_);
+  kill_everything(child, &mpirun_status_, tasks_);
 }
 
 }  // namespace hpctrial::launcher::detail

@@ -128,6 +128,7 @@ class Supervisor {
   bool stop_finished_ = false;     // the stragglers of a stop were ended by the launcher
   std::string abort_file_;         // $HPCTRIAL_ABORT_FILE of the attempt
   std::string verdict_file_;       // $HPCTRIAL_VERDICT_FILE of the attempt
+  std::string tasks_;              // under srun, HPCTRIAL_ABORT_FILE=..., which marks the step's tasks
   bool abort_written_ = false;
   detail::RankFailure failure_;
   std::vector<std::string> failure_tail_, mpirun_tail_;

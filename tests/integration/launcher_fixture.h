@@ -53,7 +53,8 @@ class Launcher : public testing::Test {
 
   std::unique_ptr<BackgroundProcess> start(const std::string& config_path, const std::string& fault = "",
                                            std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {HPCTRIAL_CLI, "run", config_path, "--oversubscribe"};
+    std::vector<std::string> argv = wrapper_;
+    argv.insert(argv.end(), {HPCTRIAL_CLI, "run", config_path, "--oversubscribe"});
     if (std::find(extra.begin(), extra.end(), "--experiment") == extra.end()) {
       argv.insert(argv.end(), {"--experiment", experiment()});
     }
@@ -105,6 +106,7 @@ class Launcher : public testing::Test {
   TempDir dir_;
   int runs_ = 0;
   std::vector<std::pair<std::string, std::string>> extra_env_;  // for every run of the test
+  std::vector<std::string> wrapper_;  // what runs `hpctrial run`, e.g. salloc; empty: nothing
 };
 
 }  // namespace hpctrial::testing_launcher

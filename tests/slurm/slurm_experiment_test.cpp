@@ -65,7 +65,7 @@ class SlurmExperiment : public testing::Test {
   std::string straight_run(const std::string& config_path, std::int64_t batches) {
     const std::string dir = (dir_.path() / "straight").string();
     const auto r = run({HPCTRIAL_CLI, "run", config_path, "--set", "scheduler.type=local", "--set",
-                        "hyperparameters.batch_ms=0", "--experiment", dir}, 180s);
+                        "launcher.mpi=mpirun", "--set", "hyperparameters.batch_ms=0", "--experiment", dir}, 180s);
     EXPECT_TRUE(r.ok()) << r.describe() << r.err;
     return dir + "/trial-0/checkpoints/ckpt-" + std::to_string(batches) + ".h5";
   }
@@ -114,6 +114,9 @@ class SlurmExperiment : public testing::Test {
     }
     EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty()) << "a rank outlived its job";
   }
+  // Submits the experiment, pauses it past batch 300, activates it, and compares its final
+  // weights with those of the same run uninterrupted.
+  void pause_and_activate(const std::string& extra);
   TempDir dir_;
 };
 
@@ -154,8 +157,20 @@ TEST_F(SlurmExperiment, ASubmittedExperimentRunsToCompletionWithPrivateFiles) {
 }
 
 TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
+  pause_and_activate("min_checkpoint_period: {batches: 100}\n");
+}
+
+// The same with the ranks started by srun (launcher.mpi: srun): a step of the job, whose tasks
+// the pause's signal reaches through srun.
+TEST_F(SlurmExperiment, UnderSrunPauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
+  pause_and_activate("min_checkpoint_period: {batches: 100}\nlauncher: {mpi: srun}\n");
+  EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/launch/hostfile")) << "mpirun ran the ranks";
+}
+
+void SlurmExperiment::pause_and_activate(const std::string& extra) {
   constexpr int kBatches = 1500;
-  const std::string exp = config(kBatches, 2);
+  const std::string exp = config(kBatches, 2, "time_limit: 30m, preemption_grace: 20s",
+                                 "fail_rank: -1, fail_batch: 0, fail_mode: none", extra);
   const std::string job = submit(exp);
   ASSERT_FALSE(job.empty());
   ASSERT_TRUE(wait_for(job, "RUNNING", 60s));

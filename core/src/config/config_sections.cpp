@@ -348,7 +348,19 @@ void read_profiling(MapReader& r, Profiling& p) {
 
 void read_launcher(MapReader& r, LauncherConfig& l) {
   Diagnostics& d = r.diagnostics();
-  for (auto [key, target] : {std::pair{"prefix", &l.prefix}, std::pair{"mpirun_args", &l.mpirun_args}}) {
+  if (const ConfigNode* n = r.get("mpi")) {
+    const auto v = read_string(*n, r.path("mpi"), d);
+    if (v && *v == "mpirun") {
+      l.mpi = LauncherConfig::Mpi::kMpirun;
+    } else if (v && *v == "srun") {
+      l.mpi = LauncherConfig::Mpi::kSrun;
+    } else if (v) {
+      report(*n, r.path("mpi"), d, "is \"" + *v + "\"; write mpirun (Open MPI's, the default) or srun (Slurm's, "
+                                   "with PMIx, inside a Slurm job)");
+    }
+  }
+  for (auto [key, target] : {std::pair{"prefix", &l.prefix}, std::pair{"mpirun_args", &l.mpirun_args},
+                             std::pair{"srun_args", &l.srun_args}}) {
     const ConfigNode* n = r.get(key);
     if (n == nullptr) continue;
     if (auto list = read_string_list(*n, r.path(key), d)) {

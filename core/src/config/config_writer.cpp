@@ -261,10 +261,13 @@ void emit_profiling(YAML::Emitter& out, const ExperimentConfig& c) {
 
 void emit_launcher(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "mpi" << YAML::Value << (c.launcher.mpi == LauncherConfig::Mpi::kSrun ? "srun" : "mpirun");
   out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;
   emit_strings(out, c.launcher.prefix);
   out << YAML::Key << "mpirun_args" << YAML::Value << YAML::Flow;
   emit_strings(out, c.launcher.mpirun_args);
+  out << YAML::Key << "srun_args" << YAML::Value << YAML::Flow;
+  emit_strings(out, c.launcher.srun_args);
   out << YAML::Key << "hang_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(c.launcher.hang_timeout_seconds);
   out << YAML::EndMap;

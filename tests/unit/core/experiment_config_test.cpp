@@ -88,6 +88,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.scheduling_unit, 100);
   EXPECT_TRUE(c.launcher.prefix.empty());
   EXPECT_EQ(c.launcher.hang_timeout_seconds, 3600);
+  EXPECT_EQ(c.launcher.mpi, LauncherConfig::Mpi::kMpirun);
   EXPECT_EQ(c.scheduler.type, "local");
   EXPECT_FALSE(c.scheduler.time_limit_seconds.has_value());
   EXPECT_EQ(c.scheduler.preemption_grace_seconds, 180);
@@ -185,6 +186,8 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 12.5);
   EXPECT_EQ(c.launcher.prefix, (std::vector<std::string>{"numactl", "--interleave=all"}));
   EXPECT_EQ(c.launcher.mpirun_args, (std::vector<std::string>{"--mca", "btl", "^openib"}));
+  EXPECT_EQ(c.launcher.mpi, LauncherConfig::Mpi::kSrun);
+  EXPECT_EQ(c.launcher.srun_args, (std::vector<std::string>{"--network=sn_single"}));
   EXPECT_EQ(c.launcher.hang_timeout_seconds, 1200);
   EXPECT_TRUE(c.profiling.enabled);
   EXPECT_EQ(c.profiling.begin_on_batch, 20);
@@ -275,6 +278,16 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
                         "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
                         "mixed_precision, gradient_compression, collective_timeout, replica_check_period, "
                         "network_interface, adaptive_batch_size"));
+}
+
+TEST(ConfigErrors, LauncherMpi) {
+  const std::string base = kMinimal;
+  EXPECT_EQ(one_error(base + "launcher: {mpi: mpiexec}\n"),
+            "exp.yaml:4:17: launcher.mpi: is \"mpiexec\"; write mpirun (Open MPI's, the default) or srun (Slurm's, "
+            "with PMIx, inside a Slurm job)");
+  EXPECT_EQ(one_error(base + "launcher: {mpi: srun}\nscheduler: {type: pbs}\n"),
+            "exp.yaml:4:17: launcher.mpi: is srun, which starts ranks inside a Slurm job, but scheduler.type is pbs; "
+            "write launcher.mpi: mpirun (PBS starts no ranks itself)");
 }
 
 TEST(ConfigErrors, MinSlotsPerTrial) {

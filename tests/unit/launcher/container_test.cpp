@@ -77,7 +77,7 @@ TEST(ContainerConfig, MistakesAreLocatedAndSayWhatToWrite) {
               HasSubstr("exp.yaml:4:48: environment.container_runtime: is \"docker\"; write podman, apptainer or "
                         "singularity"));
   EXPECT_THAT(errors_of("environment: {image: a.sif, container_runtime: enroot}\n"),
-              HasSubstr("enroot's containers are started by pyxis through srun"));
+              HasSubstr("enroot's containers are started by pyxis' srun --container-image"));
   EXPECT_THAT(errors_of("environment: {container_runtime: podman}\n"),
               HasSubstr("environment.container_runtime: has no image to run; set environment.image"));
   EXPECT_THAT(errors_of("environment: {image: i, container_runtime: podman, bind: [data:/data]}\n"),

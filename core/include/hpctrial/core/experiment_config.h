@@ -262,10 +262,16 @@ struct EnvVar {
 
 // How `hpctrial launch` and `hpctrial run` start the ranks.
 struct LauncherConfig {
+  // What starts them: Open MPI's mpirun, or, inside a Slurm job, `srun --mpi=pmix` (a job step
+  // of Slurm's, its tasks the ranks).
+  enum class Mpi { kMpirun, kSrun };
+  Mpi mpi = Mpi::kMpirun;
   // Put before the entrypoint on every rank, e.g. [numactl, --interleave=all] or [nsys, profile].
   std::vector<std::string> prefix;
   // Added to the mpirun command line as they are (site MCA parameters, e.g. [--mca, btl, ^openib]).
   std::vector<std::string> mpirun_args;
+  // Added to the srun command line as they are (e.g. [--network=..., --gres-flags=...]).
+  std::vector<std::string> srun_args;
   // No rank finishing a step for this long ends the attempt as a failure (the hang watchdog).
   std::int64_t hang_timeout_seconds = 3600;
 };

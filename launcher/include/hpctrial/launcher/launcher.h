@@ -81,10 +81,13 @@ core::Allocation detect_allocation(const core::EnvSource& env, const core::Comma
 struct MpirunCommand {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
-  std::string hostfile_path;  // empty: none (this machine)
+  std::string hostfile_path;  // empty: none (this machine, or srun)
   std::string hostfile;       // its content
   int np = 0;
   std::string working_dir;
+  // launcher.mpi: srun. The ranks are a job step's tasks, children of Slurm's slurmstepd rather
+  // than of the command, and its output is labelled "N: " rather than tagged.
+  bool srun = false;
 };
 
 MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const core::Allocation& allocation,
