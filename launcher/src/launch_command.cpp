@@ -272,7 +272,7 @@ void add_mpirun_words(MpirunCommand& c, const core::ExperimentConfig& config, co
 // launcher ends the others, as it does under mpirun, once it knows which rank failed and how.
 void add_srun_words(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
                     const LaunchOptions& options, const core::EnvSource& env) {
-  if (allocation.scheduler != "slurm") {
+  if (!allocation.in_job() || !scheduler(allocation.scheduler).allows_srun()) {
     throw ConfigError("launcher.mpi is srun, which starts the ranks as a step of a Slurm job, but this run is " +
                       (allocation.in_job() ? "in " + allocation.scheduler + " job " + allocation.job_id
                                            : std::string("in no job (SLURM_JOB_ID is not set)")) +

@@ -35,6 +35,7 @@ class LocalScheduler final : public core::Scheduler {
   std::vector<std::string> activate(const core::JobTarget&) const override { throw no_jobs(); }
   std::vector<std::string> cancel(const core::JobTarget&) const override { throw no_jobs(); }
   std::optional<core::HandOverFailure> hand_over(const core::HandOver&) const override { return std::nullopt; }
+  bool allows_srun() const override { return true; }  // inside salloc
 
  private:
   static ConfigError no_jobs() {

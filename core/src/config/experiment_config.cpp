@@ -291,15 +291,6 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   read_container(environment, config.container, d);
 }
 
-// launcher.mpi: srun starts ranks only inside a Slurm job.
-void check_launcher(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
-  if (config.launcher.mpi != LauncherConfig::Mpi::kSrun || config.scheduler.type != "pbs") return;
-  const ConfigNode* launcher = root.find("launcher");
-  const ConfigNode* mpi = launcher != nullptr && launcher->is_map() ? launcher->find("mpi") : nullptr;
-  report(mpi != nullptr ? *mpi : root, "launcher.mpi", d, "is srun, which starts ranks inside a Slurm job, but "
-         "scheduler.type is pbs; write launcher.mpi: mpirun (PBS starts no ranks itself)");
-}
-
 }  // namespace
 
 std::string runtime_name(Container::Runtime runtime) {
@@ -332,7 +323,6 @@ ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d)
   check_hyperparameters(config, root, d);
   check_engine(config, root, d);
   check_adaptive_batch(config, root, d);
-  check_launcher(config, root, d);
   return config;
 }
 

@@ -33,6 +33,7 @@ std::vector<SchedulerOption> Scheduler::options() const { return {}; }
 void Scheduler::check_config(const SchedulerConfig&, Diagnostics&) const {}
 
 bool Scheduler::can_leave_out(const Allocation&, int, int) const { return false; }
+bool Scheduler::allows_srun() const { return false; }
 
 void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
                             Diagnostics& diagnostics) {
@@ -60,6 +61,12 @@ void check_scheduler_config(const ExperimentConfig& config, const std::vector<co
                                   [&](const Scheduler* scheduler) { return scheduler->name() == s.type; });
   if (named != schedulers.end()) {
     (*named)->check_config(s, diagnostics);
+    if (config.launcher.mpi == LauncherConfig::Mpi::kSrun && !(*named)->allows_srun()) {
+      const auto at = s.written_at.find("type");
+      diagnostics.error(at != s.written_at.end() ? at->second : SourceLocation{}, "scheduler.type",
+                        "is " + s.type + ", whose jobs do not start ranks with srun, but launcher.mpi is srun; set "
+                        "launcher.mpi: mpirun");
+    }
   } else {
     check_type(config, schedulers, diagnostics);
   }

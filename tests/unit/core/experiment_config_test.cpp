@@ -285,9 +285,6 @@ TEST(ConfigErrors, LauncherMpi) {
   EXPECT_EQ(one_error(base + "launcher: {mpi: mpiexec}\n"),
             "exp.yaml:4:17: launcher.mpi: is \"mpiexec\"; write mpirun (Open MPI's, the default) or srun (Slurm's, "
             "with PMIx, inside a Slurm job)");
-  EXPECT_EQ(one_error(base + "launcher: {mpi: srun}\nscheduler: {type: pbs}\n"),
-            "exp.yaml:4:17: launcher.mpi: is srun, which starts ranks inside a Slurm job, but scheduler.type is pbs; "
-            "write launcher.mpi: mpirun (PBS starts no ranks itself)");
 }
 
 TEST(ConfigErrors, MinSlotsPerTrial) {

@@ -15,7 +15,9 @@
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/scheduler.h"
 #include "hpctrial/launcher/launcher.h"
+#include "hpctrial/launcher/schedulers.h"
 #include "launcher_internal.h"
 
 namespace hpctrial::launcher {
@@ -112,6 +114,22 @@ TEST(SrunCommand, OutsideASlurmJobIsAnErrorSayingWhatToDo) {
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("9 ranks were asked for but slurm job 4242 has 8 slots on 2 node(s)"));
+  }
+}
+
+TEST(SrunCommand, APbsConfigIsRefusedAtTheLineOfItsScheduler) {
+  core::Diagnostics d;
+  const std::string yaml = "name: t\nentrypoint: /opt/trial\nsearcher: {name: single, metric: loss, max_length: "
+                           "{batches: 10}}\nlauncher: {mpi: srun}\nscheduler: {type: pbs}\n";
+  const auto config = core::parse_experiment_config(core::parse_config_text(yaml, "exp.yaml", d), d);
+  ASSERT_TRUE(d.empty()) << d.to_string();
+  core::check_scheduler_config(config, schedulers(), d);
+  EXPECT_EQ(d.to_string(), "exp.yaml:5:19: scheduler.type: is pbs, whose jobs do not start ranks with srun, but "
+                           "launcher.mpi is srun; set launcher.mpi: mpirun");
+  for (const char* type : {"slurm", "local"}) {
+    core::Diagnostics fine;
+    core::check_scheduler_config(parse(std::string("scheduler: {type: ") + type + "}\n"), schedulers(), fine);
+    EXPECT_TRUE(fine.empty()) << type << ": " << fine.to_string();
   }
 }
 

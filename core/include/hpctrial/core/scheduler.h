@@ -164,6 +164,9 @@ class Scheduler {
   // Whether hand_over can send `allocation`'s job back to the queue without `left_out` of its
   // nodes and the job still find the `needed` nodes it runs on. Never by default.
   virtual bool can_leave_out(const Allocation& allocation, int left_out, int needed) const;
+  // Whether its runs may start their ranks with srun (launcher.mpi: srun): Slurm's jobs, and
+  // `hpctrial run`, which may run inside salloc (the launcher checks that it does). Not by default.
+  virtual bool allows_srun() const;
 };
 
 // Reports a scheduler.type that names none of `schedulers`, a scheduler: key that none of them

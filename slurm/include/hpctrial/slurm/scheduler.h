@@ -42,6 +42,7 @@ class Scheduler final : public core::Scheduler {
   std::optional<core::HandOverFailure> hand_over(const core::HandOver& stopped) const override;
   // Where the job's partitions have `needed` nodes besides the left out ones.
   bool can_leave_out(const core::Allocation& allocation, int left_out, int needed) const override;
+  bool allows_srun() const override { return true; }
 
  private:
   // The job a target names (the experiment's latest Slurm job when it names none) and its tasks;
