@@ -26,7 +26,7 @@ using namespace std::chrono_literals;
 constexpr int kRanks = 2;
 constexpr int kHangTimeout = 1, kCollectiveTimeout = 2;  // optimizations.collective_timeout, seconds
 
-using Case = std::tuple<int, const char*>;  // rank, action
+using Case = std::tuple<int, std::string>;  // rank, action
 
 class SrunFault : public Launcher, public testing::WithParamInterface<Case> {
  protected:
@@ -51,8 +51,7 @@ long long injected_at(const std::string& output) {
 }
 
 TEST_P(SrunFault, EndsTheRunInSecondsWithTheFailingRanksOwnRecord) {
-  const auto [rank, action_name] = GetParam();
-  const std::string action = action_name;
+  const auto& [rank, action] = GetParam();
   const std::string fault = "rank" + std::to_string(rank) + ":step5:batch:" + action;
   const std::string exp = config("max_restarts: 0\n"
                                  "optimizations: {collective_timeout: " +
@@ -100,7 +99,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, SrunFault,
-                         testing::Combine(testing::Values(0, kRanks - 1), testing::Values("throw", "sigkill", "hang")),
+                         testing::Combine(testing::Values(0, kRanks - 1), testing::Values(std::string("throw"), std::string("sigkill"), std::string("hang"))),
                          case_name);
 
 }  // namespace
