@@ -112,6 +112,21 @@ std::vector<std::string> container_command(const core::Container& container, con
   return argv;
 }
 
+std::vector<std::string> pyxis_options(const core::Container& container, const ContainerCommandInput& in) {
+  std::string mounts;
+  for (const auto& mount : in.mounts) {
+    if (mount.find(',') != std::string::npos) {
+      throw ConfigError("environment.image: the ranks need " + mount + " in their container, but pyxis' "
+                        "--container-mounts cannot name a path with ',' in it; use a path without ','");
+    }
+    mounts += (mounts.empty() ? "" : ",") + mount;
+  }
+  std::vector<std::string> argv = {"--container-image=" + container.image};
+  if (!mounts.empty()) argv.push_back("--container-mounts=" + mounts);
+  argv.push_back("--container-workdir=" + in.working_dir);
+  return argv;
+}
+
 void remove_left_containers(const core::Container& container,
                             const std::vector<std::pair<std::string, std::string>>& rank_env) {
   std::string attempt;

@@ -43,6 +43,11 @@ struct ContainerCommandInput {
 // `apptainer exec ... IMAGE`.
 std::vector<std::string> container_command(const core::Container& container, const ContainerCommandInput& input);
 
+// pyxis' srun options for environment.container_runtime: enroot (launcher.mpi: srun): each task,
+// the rank's parent included, runs in the image, with the same mounts and working directory; the
+// task's environment enters the container as it is. ConfigError for a mount with ',' in it.
+std::vector<std::string> pyxis_options(const core::Container& container, const ContainerCommandInput& input);
+
 // Removes this host's Podman containers of an attempt that are left once it has ended: those
 // whose processes the launcher killed together with the runtime's monitor (conmon), which would
 // have removed them. The attempt is named by its abort file in the ranks' `rank_env`. Logs a

@@ -197,11 +197,10 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
   return vars;
 }
 
-// The container's command for each rank (environment.image); the variables the ranks need are
+// What the container of each rank needs (environment.image); the variables the ranks need are
 // passed to it by name.
-std::vector<std::string> container_words(const MpirunCommand& c, const core::ExperimentConfig& config,
-                                         const LaunchOptions& options, const core::EnvSource& env) {
-  if (config.container.image.empty()) return {};
+detail::ContainerCommandInput container_input(const MpirunCommand& c, const core::ExperimentConfig& config,
+                                              const LaunchOptions& options, const core::EnvSource& env) {
   detail::ContainerCommandInput input;
   input.mounts = detail::container_mounts(config, options.experiment_dir, c.working_dir, env);
   input.passed = detail::rank_variable_prefixes();
@@ -220,19 +219,29 @@ std::vector<std::string> container_words(const MpirunCommand& c, const core::Exp
   input.working_dir = c.working_dir;
   input.gpus = config.resources.gpus_per_slot > 0;
   input.rootless = ::geteuid() != 0;
-  return detail::container_command(config.container, input);
+  return input;
+}
+
+// The runtime's command before each rank's program; none without an image, or with enroot,
+// whose containers pyxis starts for srun (pyxis_options).
+std::vector<std::string> container_words(const MpirunCommand& c, const core::ExperimentConfig& config,
+                                         const LaunchOptions& options, const core::EnvSource& env) {
+  if (config.container.image.empty() || config.container.runtime == core::Container::Runtime::kEnroot) return {};
+  return detail::container_command(config.container, container_input(c, config, options, env));
 }
 
 // What each rank runs: the rank parent, the container, the user's prefix, then the trial
 // program.
 void add_rank_program(MpirunCommand& c, const core::ExperimentConfig& config, const LaunchOptions& options,
                       const core::EnvSource& env) {
-  c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
+  const bool pyxis = config.container.runtime == core::Container::Runtime::kEnroot;
   const auto container = container_words(c, config, options, env);
+  c.argv.insert(c.argv.end(), options.rank_parent.begin(), options.rank_parent.end());
+  if (pyxis && !options.rank_parent.empty()) c.argv[c.argv.size() - options.rank_parent.size()] = "hpctrial";  // the image's
   c.argv.insert(c.argv.end(), container.begin(), container.end());
   c.argv.insert(c.argv.end(), config.launcher.prefix.begin(), config.launcher.prefix.end());
   if (config.entrypoint.kind == core::Entrypoint::Kind::kLibrary) {
-    if (!container.empty()) {
+    if (!config.container.image.empty()) {
       c.argv.push_back("hpctrial-worker");  // the image's own, on its PATH
     } else if (options.worker.empty()) {
       throw ConfigError("entrypoint " + config.entrypoint.library + ":" + config.entrypoint.trial_class +
@@ -322,11 +331,15 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
     // Open MPI's single-copy transfers (CMA): copy through shared memory, without the warning.
     c.env.emplace_back("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
   }
-  if (!config.container.image.empty()) {
+  if (!config.container.image.empty() && config.container.runtime != core::Container::Runtime::kEnroot) {
     c.env.emplace_back(detail::kEnvRankContainer, core::runtime_name(config.container.runtime));
   }
   if (c.srun) {
     c.argv.insert(c.argv.end(), config.launcher.srun_args.begin(), config.launcher.srun_args.end());
+    if (config.container.runtime == core::Container::Runtime::kEnroot) {
+      const auto pyxis = detail::pyxis_options(config.container, container_input(c, config, options, env));
+      c.argv.insert(c.argv.end(), pyxis.begin(), pyxis.end());
+    }
   } else {
     for (const auto& [name, value] : c.env) c.argv.insert(c.argv.end(), {"-x", name});
     c.argv.insert(c.argv.end(), config.launcher.mpirun_args.begin(), config.launcher.mpirun_args.end());

@@ -92,6 +92,28 @@ void check_image(const core::Container& container, const std::string& working_di
   }
 }
 
+// enroot's containers are started by Slurm's pyxis plugin, which adds --container-image to srun;
+// a squashfs image given by its path must be there.
+void check_pyxis(const core::Container& container, const std::string& working_dir, const core::EnvSource& env) {
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(30);
+  const std::string srun = env.get("HPCTRIAL_SRUN").value_or("srun");
+  const core::RunResult r = core::run_process({srun, "--help"}, options);
+  if (r.out.find("--container-image") == std::string::npos) {
+    throw ConfigError("environment.container_runtime: enroot needs Slurm's pyxis plugin, but `" + srun + " --help` on " +
+                      core::host_name() + " offers no --container-image" +
+                      (r.ok() ? "" : " (" + r.describe() + ")") +
+                      "; ask the site whether pyxis is installed, or use podman or apptainer");
+  }
+  if (container.image.empty() || (container.image.front() != '/' && container.image.rfind("./", 0) != 0)) return;
+  const fs::path path = fs::path(working_dir) / container.image;  // an absolute image replaces the folder
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    throw ConfigError("environment.image: " + path.string() + " does not exist on " + core::host_name() +
+                      "; import it (enroot import -o " + path.string() + " docker://...), or give an image URI");
+  }
+}
+
 // The entrypoint must exist before any rank is started.
 // A bare program name is looked up as mpirun will: on the PATH the config's environment sets,
 // else on the launcher's own. In a container, the entrypoint is the image's: the runtime must
@@ -100,6 +122,10 @@ void check_entrypoint(const core::ExperimentConfig& config, const std::string& w
                       const core::EnvSource& env) {
   const bool library = config.entrypoint.kind == core::Entrypoint::Kind::kLibrary;
   const std::string program = library ? config.entrypoint.library : config.entrypoint.argv.front();
+  if (config.container.runtime == core::Container::Runtime::kEnroot) {
+    check_pyxis(config.container, working_dir, env);
+    return;
+  }
   if (!config.container.image.empty()) {
     const std::string runtime = core::runtime_name(config.container.runtime);
     if (!on_path(runtime, env.get("PATH").value_or(""))) {

@@ -94,6 +94,19 @@ TEST_P(SrunFault, EndsTheRunInSecondsWithTheFailingRanksOwnRecord) {
   expect_no_rank_left();
 }
 
+// Debian's Slurm has no pyxis: an enroot image is refused before any rank starts, saying so.
+TEST_F(SrunFault, AnEnrootImageWithoutPyxisIsRefusedBeforeAnyRankStarts) {
+  const std::string exp = config("launcher: {mpi: srun}\n"
+                                 "environment: {image: \"nvcr.io#nvidia/pytorch:24.01\", container_runtime: enroot}\n",
+                                 100, kRanks);
+  auto p = run(exp, "", {}, 60s);
+  EXPECT_EQ(p->exit_code(), 2) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("environment.container_runtime: enroot needs Slurm's pyxis plugin, but `srun "
+                                     "--help` on "));
+  EXPECT_THAT(p->output(), HasSubstr(" offers no --container-image; ask the site whether pyxis is installed"));
+  EXPECT_FALSE(std::filesystem::exists(trial() + "/launch/heartbeat/rank-0")) << "a rank started";
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return "rank" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
 }

@@ -219,7 +219,7 @@ std::optional<std::string> read_bind(const ConfigNode& node, const std::string& 
 }
 
 // environment.image, environment.container_runtime and environment.bind.
-void read_container(const ConfigNode* environment, Container& c, Diagnostics& d) {
+void read_container(const ConfigNode* environment, LauncherConfig::Mpi mpi, Container& c, Diagnostics& d) {
   if (environment == nullptr || !environment->is_map()) return;
   const ConfigNode* image = environment->find("image");
   const ConfigNode* runtime = environment->find("container_runtime");
@@ -230,15 +230,16 @@ void read_container(const ConfigNode* environment, Container& c, Diagnostics& d)
   if (runtime != nullptr) {
     const auto v = read_string(*runtime, "environment.container_runtime", d);
     using R = Container::Runtime;
-    for (R r : {R::kPodman, R::kApptainer, R::kSingularity}) {
+    for (R r : {R::kPodman, R::kApptainer, R::kSingularity, R::kEnroot}) {
       if (v && *v == runtime_name(r)) c.runtime = r;
     }
     if (v && c.runtime == R::kNone) {
       report(*runtime, "environment.container_runtime", d,
-             "is \"" + *v + "\"; write podman, apptainer or singularity" +
-                 (*v == "enroot" ? " (enroot's containers are started by pyxis' srun --container-image, which "
-                                   "hpctrial does not drive)"
-                                 : ""));
+             "is \"" + *v + "\"; write podman, apptainer, singularity or enroot");
+    } else if (c.runtime == R::kEnroot && mpi != LauncherConfig::Mpi::kSrun) {
+      report(*runtime, "environment.container_runtime", d,
+             "is enroot, whose containers Slurm's pyxis plugin starts for srun (--container-image); set "
+             "launcher.mpi: srun");
     }
   }
   if (bind != nullptr && !bind->is_null()) {
@@ -251,7 +252,7 @@ void read_container(const ConfigNode* environment, Container& c, Diagnostics& d)
     }
   }
   if (!c.image.empty() && c.runtime == Container::Runtime::kNone && runtime == nullptr) {
-    report(*image, "environment.image", d, "needs environment.container_runtime: podman, apptainer or singularity "
+    report(*image, "environment.image", d, "needs environment.container_runtime: podman, apptainer, singularity or enroot "
                                            "(the program that runs the image on the nodes)");
   }
   if (c.image.empty() && image == nullptr && (runtime != nullptr || bind != nullptr)) {
@@ -288,7 +289,7 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   }
   const ConfigNode* environment = top.get("environment");
   config.environment = read_environment(environment, "environment", d, {"image", "container_runtime", "bind"});
-  read_container(environment, config.container, d);
+  read_container(environment, config.launcher.mpi, config.container, d);
 }
 
 }  // namespace
@@ -298,6 +299,7 @@ std::string runtime_name(Container::Runtime runtime) {
     case Container::Runtime::kPodman: return "podman";
     case Container::Runtime::kApptainer: return "apptainer";
     case Container::Runtime::kSingularity: return "singularity";
+    case Container::Runtime::kEnroot: return "enroot";
     case Container::Runtime::kNone: break;
   }
   return "";

@@ -71,13 +71,15 @@ TEST(ContainerConfig, ImageRuntimeAndBindsAreSettingsNotVariables) {
 
 TEST(ContainerConfig, MistakesAreLocatedAndSayWhatToWrite) {
   EXPECT_THAT(errors_of("environment: {image: a.sif}\n"),
-              HasSubstr("exp.yaml:4:22: environment.image: needs environment.container_runtime: podman, apptainer or "
-                        "singularity"));
+              HasSubstr("exp.yaml:4:22: environment.image: needs environment.container_runtime: podman, apptainer, "
+                        "singularity or enroot"));
   EXPECT_THAT(errors_of("environment: {image: a.sif, container_runtime: docker}\n"),
-              HasSubstr("exp.yaml:4:48: environment.container_runtime: is \"docker\"; write podman, apptainer or "
-                        "singularity"));
-  EXPECT_THAT(errors_of("environment: {image: a.sif, container_runtime: enroot}\n"),
-              HasSubstr("enroot's containers are started by pyxis' srun --container-image"));
+              HasSubstr("exp.yaml:4:48: environment.container_runtime: is \"docker\"; write podman, apptainer, "
+                        "singularity or enroot"));
+  EXPECT_THAT(errors_of("environment: {image: a.sqsh, container_runtime: enroot}\n"),
+              HasSubstr("exp.yaml:4:49: environment.container_runtime: is enroot, whose containers Slurm's pyxis "
+                        "plugin starts for srun (--container-image); set launcher.mpi: srun"));
+  EXPECT_EQ(errors_of("environment: {image: a.sqsh, container_runtime: enroot}\nlauncher: {mpi: srun}\n"), "");
   EXPECT_THAT(errors_of("environment: {container_runtime: podman}\n"),
               HasSubstr("environment.container_runtime: has no image to run; set environment.image"));
   EXPECT_THAT(errors_of("environment: {image: i, container_runtime: podman, bind: [data:/data]}\n"),

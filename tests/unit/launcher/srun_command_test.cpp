@@ -145,6 +145,31 @@ TEST(SrunCommand, TheNetworkInterfaceGoesToOpenMpiThroughTheEnvironment) {
   EXPECT_FALSE(has(c.argv, "--mca"));
 }
 
+// environment.container_runtime: enroot, as rendered text only (pyxis is not in Debian): pyxis
+// starts each task in the image, the rank's parent included, which is then the image's hpctrial.
+TEST(SrunCommand, AnEnrootImageIsPyxisOptionsAndTheImagesHpctrialIsTheRanksParent) {
+  const auto config = parse("launcher: {mpi: srun}\nenvironment: {image: \"nvcr.io#nvidia/pytorch:24.01\", "
+                            "container_runtime: enroot, bind: [/scratch/data:/data:ro]}\n");
+  const auto c = build_mpirun_command(config, slurm_job(), options(), 0, core::MapEnv{});
+  const auto from = std::find(c.argv.begin(), c.argv.end(), "--export=ALL") + 1;
+  EXPECT_THAT(std::vector<std::string>(from, c.argv.end()),
+              ElementsAre("--container-image=nvcr.io#nvidia/pytorch:24.01",
+                          "--container-mounts=/exp:/exp,/work/here:/work/here,/tmp:/tmp,/scratch/data:/data:ro",
+                          "--container-workdir=/work/here", "hpctrial", "_rank", "--", "/opt/trial", "--fast"));
+  for (const auto& [name, value] : c.env) {
+    EXPECT_NE(name, "HPCTRIAL_RANK_CONTAINER") << "the rank's parent sees the rank's own end, not a runtime's";
+  }
+  auto comma = options();
+  comma.experiment_dir = "/scratch/a,b";
+  try {
+    build_mpirun_command(config, slurm_job(), comma, 0, core::MapEnv{});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("/scratch/a,b:/scratch/a,b in their container, but pyxis' --container-mounts "
+                                    "cannot name a path with ','"));
+  }
+}
+
 TEST(SrunOutput, LabelledLinesAreShownWithTheirRankAndSrunsOwnWordsAreKept) {
   TempDir dir;
   const std::string out_path = (dir.path() / "out").string(), err_path = (dir.path() / "err").string();

@@ -240,10 +240,11 @@ struct DataStage {
 };
 
 // environment.image and its runtime: every rank runs inside the image (the hybrid model: the
-// host's mpirun starts one container a rank; `hpctrial launch` and the scheduler's commands stay
-// on the host). Rendered by launcher/src/container.cpp.
+// host's mpirun or srun starts one container a rank; `hpctrial launch` and the scheduler's
+// commands stay on the host). Rendered by launcher/src/container.cpp. kEnroot: Slurm's pyxis
+// plugin starts each srun task in the image (launcher.mpi: srun), the rank's parent included.
 struct Container {
-  enum class Runtime { kNone, kPodman, kApptainer, kSingularity };
+  enum class Runtime { kNone, kPodman, kApptainer, kSingularity, kEnroot };
   std::string image;  // empty: no container
   Runtime runtime = Runtime::kNone;
   // environment.bind: extra mounts "HOST[:CONTAINER[:ro|rw]]", both paths absolute.
