@@ -12,6 +12,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/launcher/launcher.h"
+#include "two_node_job.h"
 
 namespace hpctrial::launcher {
 namespace {
@@ -40,13 +41,7 @@ LaunchOptions options(const std::string& dir) {
   return o;
 }
 
-core::Allocation slurm_job() {
-  core::Allocation a;
-  a.scheduler = "slurm";
-  a.job_id = "4242";
-  a.hosts = {{"node1", 4}, {"node2", 4}};
-  return a;
-}
+core::Allocation slurm_job() { return testing_launcher::two_node_job(); }
 
 // The value after `flag` in argv ("" when absent).
 std::string after(const std::vector<std::string>& argv, const std::string& flag) {

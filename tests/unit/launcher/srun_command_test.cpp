@@ -17,6 +17,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/scheduler.h"
 #include "hpctrial/launcher/launcher.h"
+#include "two_node_job.h"
 #include "hpctrial/launcher/schedulers.h"
 #include "launcher_internal.h"
 
@@ -47,13 +48,7 @@ LaunchOptions options() {
   return o;
 }
 
-core::Allocation slurm_job() {
-  core::Allocation a;
-  a.scheduler = "slurm";
-  a.job_id = "4242";
-  a.hosts = {{"node1", 4}, {"node2", 4}};
-  return a;
-}
+core::Allocation slurm_job() { return testing_launcher::two_node_job(); }
 
 bool has(const std::vector<std::string>& argv, const std::string& word) {
   return std::find(argv.begin(), argv.end(), word) != argv.end();
