@@ -101,8 +101,7 @@ int ranks_for(const core::Resources& resources, const core::Allocation& allocati
   return std::min(granted, resources.slots_per_trial);
 }
 
-// Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
-// this machine's cores.
+// The job has a slot for each of the ranks asked for, unless they are to share (--oversubscribe).
 void check_job_slots(const MpirunCommand& c, const core::Allocation& allocation, const LaunchOptions& options) {
   const int slots = allocation.total_slots();
   if (c.np > slots && !options.oversubscribe) {
@@ -113,6 +112,8 @@ void check_job_slots(const MpirunCommand& c, const core::Allocation& allocation,
   }
 }
 
+// Where the ranks go: the job's hosts (a hostfile, a fixed number a node, bound to cores), or
+// this machine's cores.
 void add_placement(MpirunCommand& c, const core::ExperimentConfig& config, const core::Allocation& allocation,
                    const LaunchOptions& options, const core::TrialLayout& trial, const core::EnvSource& env) {
   if (allocation.in_job()) {
