@@ -35,13 +35,16 @@
 
 #include <hpctrial/trainer.h>
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -65,6 +68,24 @@ namespace {
 long long wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// A TCP port free on this host now, for torchrun's --master_port: its default, 29500, is taken
+// whenever another torchrun runs on the machine, and its own answer to that (a c10d rendezvous
+// on port 0) costs it a few hundred milliseconds more per start, which would flatter us.
+std::string free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    std::fprintf(stderr, "startup: no free TCP port for torchrun: %s\n", std::strerror(errno));
+    std::exit(1);
+  }
+  close(fd);
+  return std::to_string(ntohs(address.sin_port));
 }
 
 struct Setup {
@@ -346,9 +367,11 @@ int orchestrate(const Setup& s, const std::string& self) {
   std::vector<double> outside;  // hpctrial run's median at each world size
   for (int world : s.world_sizes) {
     const std::string config = write_config(dir / ("exp-" + std::to_string(world) + ".yaml"), self, world, s.threads, 2);
-    const std::vector<std::string> torchrun = {
-        "torchrun", "--redirects", "9:1", "--tee", "9:1", "--nproc_per_node", std::to_string(world),
-        HPCTRIAL_STARTUP_SCRIPT, "--threads", threads};
+    const auto torchrun = [&] {
+      return std::vector<std::string>{"torchrun", "--redirects", "9:1", "--tee", "9:1", "--master_port", free_port(),
+                                      "--nproc_per_node", std::to_string(world), HPCTRIAL_STARTUP_SCRIPT,
+                                      "--threads", threads};
+    };
     std::vector<std::string> hello = {HPCTRIAL_MPIRUN, "-np", std::to_string(world)};
     if (static_cast<unsigned>(world) > cores) hello.push_back("--oversubscribe");
     hello.push_back(HPCTRIAL_MPI_HELLO);
@@ -360,11 +383,11 @@ int orchestrate(const Setup& s, const std::string& self) {
       if (static_cast<unsigned>(world) > cores) run.push_back("--oversubscribe");
       if (round % 2 == 0) {
         ours.push_back(seconds_to_first_step(run, options, "hpctrial"));
-        theirs.push_back(seconds_to_first_step(torchrun, options, "torchrun"));
+        theirs.push_back(seconds_to_first_step(torchrun(), options, "torchrun"));
         plain.push_back(seconds_to_first_step(hello, options, "mpirun"));
       } else {
         plain.push_back(seconds_to_first_step(hello, options, "mpirun"));
-        theirs.push_back(seconds_to_first_step(torchrun, options, "torchrun"));
+        theirs.push_back(seconds_to_first_step(torchrun(), options, "torchrun"));
         ours.push_back(seconds_to_first_step(run, options, "hpctrial"));
       }
     }

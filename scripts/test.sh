@@ -10,6 +10,9 @@ build_dir=${HPCTRIAL_BUILD_DIR:-$root/build}
 
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
+# A munged that was killed leaves its socket, and PMIx then spends 2.3 s in every mpirun retrying
+# it; the slurm tier needs munged anyway.
+"$root/scripts/local-slurm.sh" munge
 cd "$build_dir"
 # Each test asks CTest for the cores it keeps busy (cmake/HpctrialTesting.cmake); the two more
 # slots are for the slurm and pbs tiers, whose tests mostly wait on their scheduler.
