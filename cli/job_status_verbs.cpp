@@ -375,7 +375,9 @@ best trial's best checkpoint alone.
       const core::TrialRun& run = progress.runs[i];
       std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
                 << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
-                << "), from batch " << run.batches << ", started " << run.started << "\n";
+                << "), from batch " << run.batches << ", started " << run.started
+                << (run.launcher.empty() ? "" : " by " + run.launcher)
+                << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";
       if (!run.placement.empty()) std::cout << "    " << placement_text(run.placement) << "\n";
     }
     print_failures(std::cout, progress);

@@ -307,6 +307,7 @@ TEST_F(Launcher, DescribeNamesTheLatestCheckpointWhereverItIs) {
     EXPECT_TRUE(std::filesystem::exists(expected)) << "the trainer wrote it elsewhere";
     EXPECT_THAT(out, HasSubstr("checkpoint:  " + expected + "\n")) << out;
     EXPECT_THAT(out, HasSubstr("batches:     30 of 30")) << out;
+    EXPECT_THAT(out, testing::ContainsRegex("run 1: .*, started [0-9T:.-]+Z by mpirun\n")) << out;
     // Where each rank ran: this host, the CPUs the kernel let it use (mpirun binds none here), the CPU.
     const std::string cpus = hpctrial::core::cpu_affinity();
     EXPECT_THAT(out, HasSubstr("    " + hpctrial::core::host_name() + ": rank 0 (cpus " + cpus + ", cpu), rank 1 (cpus " +

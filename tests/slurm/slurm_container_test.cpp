@@ -127,6 +127,11 @@ TEST_F(SlurmContainer, APodmanImageRunIsPausedActivatedAndEndsAsTheRunOutsideIt)
   EXPECT_EQ(testing_support::containers_of(experiment()), "");
   testing_support::expect_same_weights(straight + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5",
                                        experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
+  // describe says, run by run, what started the ranks and what they ran in.
+  const auto describe = as_user({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_THAT(describe.out, testing::ContainsRegex(std::string("run 2: .* by mpirun, each rank in podman image ") +
+                                                   kImage + "\n"))
+      << describe.out;
 }
 
 }  // namespace

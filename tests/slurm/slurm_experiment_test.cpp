@@ -165,6 +165,8 @@ TEST_F(SlurmExperiment, PauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninter
 TEST_F(SlurmExperiment, UnderSrunPauseHoldsTheJobAndActivateEndsWithTheWeightsOfAnUninterruptedRun) {
   pause_and_activate("min_checkpoint_period: {batches: 100}\nlauncher: {mpi: srun}\n");
   EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/launch/hostfile")) << "mpirun ran the ranks";
+  const auto describe = run({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_THAT(describe.out, testing::ContainsRegex("run 1: .* by srun\n(.|\n)*run 2: .* by srun\n")) << describe.out;
 }
 
 void SlurmExperiment::pause_and_activate(const std::string& extra) {

@@ -190,7 +190,7 @@ TEST(TrialProgress, ListsEachRunOfTheTrialAndSkipsALineCutShort) {
             "{\"started\":\"2026-11-25T10:00:00Z\",\"ranks\":2,\"batch\":16,\"local_batch\":8,\"accumulation\":1,"
             "\"batches\":0}\n"
             "{\"started\":\"2026-11-25T11:00:00Z\",\"ranks\":1,\"batch\":32,\"local_batch\":16,\"accumulation\":2,"
-            "\"batches\":1200}\n"
+            "\"batches\":1200,\"launcher\":\"srun\",\"container\":{\"runtime\":\"podman\",\"image\":\"x/y:1\"}}\n"
             "{\"started\":\"2026-11-25T12:0");
   const TrialProgress p = trial_progress(layout, 0);
   ASSERT_EQ(p.runs.size(), 2u);
@@ -201,6 +201,11 @@ TEST(TrialProgress, ListsEachRunOfTheTrialAndSkipsALineCutShort) {
   EXPECT_EQ(p.runs[1].local_batch, 16);
   EXPECT_EQ(p.runs[1].accumulation, 2);
   EXPECT_EQ(p.runs[1].batches, 1200);
+  EXPECT_EQ(p.runs[0].launcher, "") << "a record from before the key says nothing";
+  EXPECT_EQ(p.runs[0].image, "");
+  EXPECT_EQ(p.runs[1].launcher, "srun");
+  EXPECT_EQ(p.runs[1].runtime, "podman");
+  EXPECT_EQ(p.runs[1].image, "x/y:1");
 }
 
 TEST(PreferredSlots, AreWholeNodesWithinTheElasticRange) {

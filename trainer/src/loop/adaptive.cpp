@@ -200,6 +200,11 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
     line["local_batch"] = context_->per_slot_batch_size();
     line["accumulation"] = config_.optimizations.aggregation_frequency;
   }
+  // What started the ranks and what they ran in: the config the launcher started them from says.
+  line["launcher"] = config_.launcher.mpi == core::LauncherConfig::Mpi::kSrun ? "srun" : "mpirun";
+  if (const core::Container& container = config_.container; !container.image.empty()) {
+    line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
+  }
   line["placement"] = nlohmann::json::array();
   for (const std::string& place : placement) line["placement"].push_back(nlohmann::json::parse(place));
   const std::string runs = core::TrialLayout{options_.trial_dir}.runs_file();

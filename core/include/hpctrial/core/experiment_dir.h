@@ -78,6 +78,8 @@ struct TrialRun {
   std::int64_t local_batch = 0;   // records a micro-batch, a rank
   std::int64_t accumulation = 1;  // micro-batches a step
   std::int64_t batches = 0;       // batches trained before the run
+  std::string launcher;           // "mpirun" or "srun"; empty in a record older than the key
+  std::string runtime, image;     // the container every rank ran in; empty: none
   // Where each rank ran, in rank order: its host, the CPUs it could run on, its device(s).
   struct Place {
     std::string host, cpus, device;
