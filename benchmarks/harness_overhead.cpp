@@ -20,6 +20,7 @@
 //   harness_overhead [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N]
 //                    [--prefetch N] [--blas-threads N] [--only plain|hpctrial]
 //                    [--with profiler|system-metrics] [--instructions]
+//   mpirun -np N harness_overhead --chief-hooks [--validation-period N] [--quick] [--steps N] [--rounds N] ...
 //
 // --stream: hpctrial reads the same samples from a StreamDataset (one sample at a time, a
 // permutation per pass, stacked by collate) instead of a TensorDataset.
@@ -47,6 +48,18 @@
 // measured steps), or system metrics every second. Goal: >= 0.99 (what the feature costs,
 // measured where it is configured but not recording, or sampling at a far shorter period than
 // its default).
+//
+// --chief-hooks, on any number of ranks: what giving every rank the state that hooks running on
+// the chief alone change costs when they change nothing (docs/trial-api.md, "State changed on
+// the chief"). hpctrial validates every --validation-period batches (default 100, the default
+// reporting period) - a validation, like a checkpoint, is where such hooks run - and the phase
+// `chief_hook_changes` of its timings (the chief reading every optimizer's options and
+// scheduler's step count before and after, the one 8-byte broadcast that tells the other ranks
+// nothing follows, and a rank's wait in it) is set against the same run's time, on the rank
+// where it took longest. The figure of merit is the share of the run left to everything else,
+// 1 - sharing / run (goal: >= 0.999, a tenth of the rates' run-to-run noise here): timed
+// directly, it is not lost in that noise as a ratio of two rates would be. The cost per sharing
+// is printed too: it does not depend on the period.
 #include <ATen/CPUGeneratorImpl.h>
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -76,6 +89,7 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/comm/communicator.h"
+#include "hpctrial/comm/mpi_environment.h"
 #include "hpctrial/trainer/training_loop.h"
 #include "io_util.h"
 #include "observe/system_metrics.h"
@@ -99,6 +113,8 @@ struct Setup {
   bool stream = false;  // hpctrial reads a StreamDataset
   std::string with;     // "profiler" or "system-metrics": hpctrial without it against hpctrial with it
   bool instructions = false;  // count instructions per step under callgrind
+  bool chief_hooks = false;   // time the sharing of chief-only hooks' changes (on MPI's ranks)
+  std::int64_t validation_period = 100;  // with chief_hooks: batches between validations
 };
 
 // The measured window: [start of step `warmup`, start of step `steps - 1`), on both sides, in
@@ -343,31 +359,39 @@ Measured checked(const Measured& m, const char* side) {
 // resume its finished trial and train nothing).
 // `profiling`: the config's profiling section (by default none: no system metrics either).
 // With `interleave`, the plain loop's chunks run between hpctrial's (see Interleave).
+// With `ranks`, every rank of it runs the trial (`scratch` the chief's), `extra` is added to the
+// config, and `result` receives the loop's.
 Measured hpctrial_steps_per_second(const Setup& s, const Data& data, const std::string& scratch,
                                  const std::string& profiling = "{system_metrics_period: 0s}",
-                                 Interleave* interleave = nullptr) {
+                                 Interleave* interleave = nullptr, hpctrial::comm::Communicator* ranks = nullptr,
+                                 const std::string& extra = "", hpctrial::trainer::LoopResult* result = nullptr) {
   static int runs = 0;
   const std::string trial_dir = scratch + "/run-" + std::to_string(++runs);
   hpctrial::core::Diagnostics d;
   const std::string yaml = "name: harness-overhead\nentrypoint: ./bench\nsearcher: {name: single, metric: "
                            "validation_loss, max_length: {batches: " + std::to_string(s.steps) +
                            "}}\nhyperparameters: {global_batch_size: " + std::to_string(s.batch) + "}\n" +
-                           "records_per_epoch: " + std::to_string(s.samples) + "\nprofiling: " + profiling + "\n";
+                           "records_per_epoch: " + std::to_string(s.samples) + "\nprofiling: " + profiling + "\n" +
+                           extra;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
   d.throw_if_any();
-  hpctrial::comm::LocalCommunicator comm;
+  hpctrial::comm::LocalCommunicator local;
+  hpctrial::comm::Communicator& comm = ranks != nullptr ? *ranks : local;
   hpctrial::trainer::LoopOptions options;
   options.trial_dir = trial_dir;
   options.experiment_seed = 1;
   options.progress_interval_s = 0;
   options.prefetch_depth = static_cast<std::size_t>(s.prefetch);
+  options.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
   std::int64_t batches = 0;
   window = Window{};
-  hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
+  auto loop = hpctrial::trainer::run_training(config, [&](hpctrial::TrialContext& context) {
     return std::unique_ptr<hpctrial::Trial>(std::make_unique<BenchTrial>(context, s, data, &batches, interleave));
   }, comm, options);
+  if (result != nullptr) *result = std::move(loop);
+  comm.barrier();  // every rank is done with the trial directory
   std::error_code ignored;
-  std::filesystem::remove_all(trial_dir, ignored);
+  if (comm.is_chief()) std::filesystem::remove_all(trial_dir, ignored);
   if (batches != s.steps) {
     fail("the hpctrial side trained " + std::to_string(batches) + " batches, not " + std::to_string(s.steps));
   }
@@ -421,6 +445,60 @@ int compare_with(const Setup& s, const Data& data, const std::string& scratch) {
               median(without_rates), s.with.c_str(), median(with_rates), median(ratios), median(whole_ratios));
   std::error_code ignored;
   std::filesystem::remove_all(scratch, ignored);
+  return 0;
+}
+
+// What sharing the chief-only hooks' changes costs, on every rank of `comm` (see --chief-hooks).
+int measure_chief_hooks(const Setup& s, const Data& data, std::string scratch, hpctrial::comm::Communicator& comm) {
+  const std::int64_t period = s.validation_period;
+  comm.broadcast(scratch, 0);  // the chief's: one trial directory for every rank
+  if (comm.is_chief()) {
+    std::printf("harness_overhead --chief-hooks: MLP %ld-%ld-%ld-%ld, global batch %ld, %d rank(s), %ld steps, a "
+                "validation every %ld, %d round(s)\n",
+                static_cast<long>(s.features), static_cast<long>(s.hidden), static_cast<long>(s.hidden),
+                static_cast<long>(s.classes), static_cast<long>(s.batch), comm.size(), static_cast<long>(s.steps),
+                static_cast<long>(period), s.rounds);
+  }
+  std::vector<double> per_call_us, shares, rates;
+  std::int64_t calls = 0;
+  for (int round = 0; round < s.rounds; ++round) {
+    hpctrial::trainer::LoopResult result;
+    const auto start = Clock::now();
+    const Measured m = hpctrial_steps_per_second(
+        s, data, scratch, "{system_metrics_period: 0s}", nullptr, &comm,
+        "min_validation_period: {batches: " + std::to_string(period) + "}\n", &result);
+    double run_s = seconds(Clock::now() - start);
+    const auto phase = result.timings.find("chief_hook_changes");
+    if (phase == result.timings.end()) fail("the run's timings have no chief_hook_changes phase: " + result.timings.dump());
+    double sharing_s = phase->at("total_s").get<double>();
+    calls = phase->at("count").get<std::int64_t>();
+    const double chiefs_s = sharing_s;  // on the chief: its reading and the broadcast's start
+    // The rank where sharing took longest (a rank waiting in the broadcast counts it), and its run.
+    double both[2] = {sharing_s, run_s};
+    comm.allreduce(both, 2, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
+    sharing_s = both[0];
+    run_s = both[1];
+    if (calls < s.steps / period) {
+      fail("the chief's hooks were wrapped " + std::to_string(calls) + " times in " + std::to_string(s.steps) +
+           " steps, fewer than the validations");
+    }
+    per_call_us.push_back(sharing_s * 1e6 / static_cast<double>(calls));
+    shares.push_back(1 - sharing_s / run_s);
+    rates.push_back(m.typical);
+    if (comm.is_chief()) {
+      std::printf("  round %d: %ld sharings, %.1f us each (the chief's own: %.1f us), %.1f us of a %.3f s run: share "
+                  "left %.6f   (%.1f steps/s)\n",
+                  round + 1, static_cast<long>(calls), per_call_us.back(), chiefs_s * 1e6 / static_cast<double>(calls),
+                  sharing_s * 1e6, run_s, shares.back(), m.typical);
+    }
+  }
+  if (comm.is_chief()) {
+    std::printf("hpctrial trained %ld steps in each of %d run(s)\n", static_cast<long>(s.steps), s.rounds);
+    std::printf("chief-hook sharing: %.1f us per sharing, %ld per run (median); run time left to everything else: "
+                "ratio %.6f (median; goal >= 0.999)\n", median(per_call_us), static_cast<long>(calls), median(shares));
+    std::error_code ignored;
+    std::filesystem::remove_all(scratch, ignored);
+  }
   return 0;
 }
 
@@ -495,6 +573,11 @@ int main(int argc, char** argv) {
       --i;
       continue;
     }
+    if (flag == "--chief-hooks") {
+      s.chief_hooks = true;
+      --i;
+      continue;
+    }
     if (flag == "--only") {
       s.only = argv[i + 1];
       continue;
@@ -512,8 +595,9 @@ int main(int argc, char** argv) {
     else if (flag == "--hidden") s.hidden = value;
     else if (flag == "--prefetch") s.prefetch = value;
     else if (flag == "--blas-threads") s.blas_threads = value;
+    else if (flag == "--validation-period" && value > 0) s.validation_period = value;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial] [--with profiler|system-metrics] [--instructions]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--stream] [--steps N] [--warmup N] [--rounds N] [--hidden N] [--prefetch N] [--blas-threads N] [--only plain|hpctrial] [--with profiler|system-metrics] [--instructions] [--chief-hooks [--validation-period N]]\n", argv[0]);
       return 2;
     }
   }
@@ -544,6 +628,12 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (s.chief_hooks) {
+    hpctrial::comm::MpiEnvironment environment(&argc, &argv);
+    hpctrial::comm::MpiCommunicator comm(environment.world());
+    if (!comm.is_chief()) std::filesystem::remove(scratch, no_tmp);  // the chief's is used
+    return measure_chief_hooks(s, data, scratch, comm);
+  }
   if (!s.only.empty()) {
     const Measured m = s.only == "plain" ? checked(plain_steps_per_second(s, data), "plain")
                                          : hpctrial_steps_per_second(s, data, scratch);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,10 @@ class AdaptiveTrial : public Trial {
     std::vector<torch::Tensor>* parameters_out = nullptr;
     std::int64_t signal_after = -1;  // raise SIGUSR2 on `signal_rank` after this batch
     int signal_rank = 0;
+    // With it: an EveryBatch and an EveryOptimizerStep scheduler, and per batch as it starts the
+    // optimizer steps taken before it and the two schedulers' steps; then their final steps.
+    std::vector<std::array<std::int64_t, 3>>* schedule = nullptr;
+    std::pair<int, int>* scheduled = nullptr;
   };
   static constexpr int kDims = 100;
   static constexpr double kMu = 0.3, kSigma = 1.0;
@@ -70,8 +75,15 @@ class AdaptiveTrial : public Trial {
     model_ = context.wrap_model(torch::nn::Linear(torch::nn::LinearOptions(dims, 1).bias(options_.regression)));
     optimizer_ = context.wrap_optimizer(std::make_shared<RecordingSgd>(
         model_->parameters(), torch::optim::SGDOptions(context.hparam<double>("lr"))));
+    if (options_.schedule != nullptr) {
+      every_batch_ = context.wrap_lr_scheduler(std::make_shared<testing_trial::CountingScheduler>(*optimizer_),
+                                               StepMode::EveryBatch);
+      every_step_ = context.wrap_lr_scheduler(std::make_shared<testing_trial::CountingScheduler>(*optimizer_),
+                                              StepMode::EveryOptimizerStep);
+    }
   }
   ~AdaptiveTrial() override {
+    if (options_.scheduled != nullptr && every_batch_) *options_.scheduled = {every_batch_->steps, every_step_->steps};
     if (options_.lrs != nullptr) *options_.lrs = optimizer_->lrs;
     if (options_.parameters_out != nullptr) {
       options_.parameters_out->clear();
@@ -84,6 +96,10 @@ class AdaptiveTrial : public Trial {
     if (options_.seen != nullptr) {
       const auto index = batch.target.select(1, 1).to(torch::kInt64);
       options_.seen->emplace_back(index.data_ptr<std::int64_t>(), index.data_ptr<std::int64_t>() + index.numel());
+    }
+    if (options_.schedule != nullptr) {
+      options_.schedule->push_back({static_cast<std::int64_t>(optimizer_->lrs.size()), every_batch_->steps,
+                                    every_step_->steps});
     }
     const auto out = model_->forward(batch.data).squeeze(1);
     const auto loss = options_.regression ? torch::mse_loss(out, y) : out.mean();
@@ -106,6 +122,7 @@ class AdaptiveTrial : public Trial {
   std::shared_ptr<TensorDataset> dataset_;
   torch::nn::Linear model_{nullptr};
   std::shared_ptr<RecordingSgd> optimizer_;
+  std::shared_ptr<testing_trial::CountingScheduler> every_batch_, every_step_;
 };
 
 // Adam that remembers, for each step it takes, the steps its state had taken before it (AdaptDL
@@ -448,6 +465,98 @@ TEST(AdaptiveBatch, AResumeOnFewerRanksSeesEveryRecordOncePerPass) {
   }
   world.barrier();
   if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// Determined's rule under an adaptive batch whose steps accumulate micro-batches: an EveryBatch
+// scheduler steps once per micro-batch (a batch of the loop), all of a step's at its optimizer
+// step, and an EveryOptimizerStep scheduler once per optimizer step; neither ever steps between
+// two micro-batches of one step (docs/adaptive.md, "LR schedulers").
+TEST(AdaptiveBatch, PerBatchSchedulersStepOnlyWhenTheOptimizerDoes) {
+  comm::MpiCommunicator comm(env().world());
+  const std::string dir = shared_dir("schedulers");
+  std::vector<std::array<std::int64_t, 3>> schedule;
+  std::vector<double> lrs;
+  std::pair<int, int> scheduled{-1, -1};
+  AdaptiveTrial::Options options;
+  options.regression = true;
+  options.records = 512;
+  options.schedule = &schedule;
+  options.scheduled = &scheduled;
+  options.lrs = &lrs;
+  // Micro-batches of 2 records a rank: even the base batch of 16 accumulates several.
+  const AdaptiveRun run = train(comm, yaml(16, "max_batch_size: 256, local_batch_size_bounds: [2, 2], "
+                                               "gradient_accumulation: true, decision_interval: 4", 80),
+                                dir, options);
+  ASSERT_EQ(static_cast<std::int64_t>(schedule.size()), run.result.batches_trained);
+  std::int64_t most_micro_batches = 0;
+  for (std::size_t i = 0; i < schedule.size();) {
+    // The micro-batches of optimizer step `step` are i .. end - 1.
+    const std::int64_t step = schedule[i][0];
+    std::size_t end = i;
+    while (end < schedule.size() && schedule[end][0] == step) ++end;
+    most_micro_batches = std::max(most_micro_batches, static_cast<std::int64_t>(end - i));
+    for (std::size_t j = i; j < end; ++j) {
+      EXPECT_EQ(schedule[j][1], static_cast<std::int64_t>(i)) << "EveryBatch at micro-batch " << j << " of step " << step;
+      EXPECT_EQ(schedule[j][2], step) << "EveryOptimizerStep at micro-batch " << j << " of step " << step;
+    }
+    i = end;
+  }
+  EXPECT_GT(most_micro_batches, 1) << "no step accumulated: the test would not test accumulation";
+  EXPECT_EQ(scheduled.first, run.result.batches_trained);
+  EXPECT_EQ(scheduled.second, static_cast<int>(lrs.size()));
+  if (comm.is_chief()) std::filesystem::remove_all(dir);
+  comm.barrier();
+}
+
+// Stopped after the ranks measured a gain above 1 and resumed on one rank: one rank measures no
+// noise (docs/adaptive.md, "Noise on one rank"), so from the resume on every step trains the base
+// batch of 16 without accumulating, at a gain of exactly 1 and AdaScale's learning rate of 0.01,
+// and makes one base step of progress - the estimate of the ranks is not used.
+TEST(AdaptiveBatch, AResumeOnOneRankTrainsTheBaseBatchAtAGainOfOne) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = shared_dir("one-rank");
+  const std::string config = yaml(16, kElastic + ", scaling_rule: adascale", 120);
+  AdaptiveTrial::Options options;
+  options.signal_after = 40;
+  options.signal_rank = world.size() - 1;
+  const AdaptiveRun paused = train(world, config, dir, options);
+  ASSERT_TRUE(paused.result.stopped_early);
+  const std::int64_t stopped_at = paused.result.batches_trained;
+  if (world.is_chief()) {
+    ASSERT_FALSE(paused.training_lines.empty());
+    EXPECT_GT(paused.training_lines.back()["metrics"]["adaptive_gain"].get<double>(), 1.05)
+        << "the ranks measured no gain: the test would not test that one rank drops it";
+  }
+  auto group = world.split(world.rank() == 0 ? 0 : 1, world.rank());
+  if (world.rank() == 0) {
+    std::vector<double> lrs;
+    options.lrs = &lrs;
+    options.signal_after = -1;
+    const AdaptiveRun rest = train(*group, config, dir, options);
+    EXPECT_FALSE(rest.result.stopped_early);
+    std::vector<nlohmann::json> resumed;
+    for (const auto& line : rest.training_lines) {
+      if (line["batches"].get<std::int64_t>() > stopped_at) resumed.push_back(line["metrics"]);
+    }
+    ASSERT_FALSE(resumed.empty());
+    ASSERT_FALSE(lrs.empty());
+    double progress = resumed.front()["adaptive_progress"].get<double>();
+    for (std::size_t i = 0; i < resumed.size(); ++i) {
+      EXPECT_EQ(resumed[i]["adaptive_gain"].get<double>(), 1.0) << "step " << i << " after the resume";
+      EXPECT_EQ(resumed[i]["adaptive_batch_size"].get<double>(), 16.0) << "step " << i << " after the resume";
+      if (i > 0) {
+        progress += 1;
+        EXPECT_DOUBLE_EQ(resumed[i]["adaptive_progress"].get<double>(), progress) << "step " << i;
+      }
+    }
+    for (const double lr : lrs) EXPECT_DOUBLE_EQ(lr, 0.01);
+    // 120 base steps of progress: the resumed rank makes the rest one step each and ends at the
+    // step that reaches them.
+    EXPECT_GE(resumed.back()["adaptive_progress"].get<double>(), 120.0);
+    EXPECT_LT(resumed.back()["adaptive_progress"].get<double>() - 1.0, 120.0);
+    std::filesystem::remove_all(dir);
+  }
+  world.barrier();
 }
 
 }  // namespace adaptive_test

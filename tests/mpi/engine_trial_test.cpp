@@ -11,6 +11,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <optional>
 
 #include "../support/event_files.h"
@@ -47,9 +48,11 @@ struct Behaviour {
   int stop_rank = 0;
   bool lbfgs = false;  // an optimizer ZeRO cannot shard
   bool summaries = false;  // writes custom/batch_idx to TensorBoard every global batch
-  std::int64_t profile_batch = 0;  // set_profiler(N, N) in the constructor
+  std::int64_t profile_batch = 0;  // set_profiler(N, M) in the constructor: N
+  std::int64_t profile_last = 0;   // M (0: N)
   bool rank_files = false;  // save(path) writes files of this rank's; load(path) reads them into `loaded`
   std::map<std::string, std::string>* loaded = nullptr;  // relative path -> contents
+  bool stream = false;  // reads a stream of its own, sharded by rank (a TensorStream), not a Dataset
 };
 
 struct Seen {
@@ -59,6 +62,8 @@ struct Seen {
   std::vector<std::int64_t> validation_batch_idx;
   std::int64_t state_elements = 0;  // optimizer state on this rank
   c10::ScalarType forward_type = c10::ScalarType::Undefined;  // of the model's output in train_batch
+  std::size_t devices = 99;        // context.devices().size()
+  bool devices_are_the_trials = false;  // the same list as the TrialContext's
 };
 
 class EngineMlpTrial : public EngineTrial {
@@ -74,7 +79,9 @@ class EngineMlpTrial : public EngineTrial {
                            : std::make_shared<ModelEngine>(model_, optimizer_, scheduler);
     if (setup_.wrap) context.wrap_model_engine(engine_);
     if (setup_.manual) context.disable_auto_grad_accumulation();
-    if (setup_.profile_batch > 0) context.set_profiler(setup_.profile_batch, setup_.profile_batch);
+    if (setup_.profile_batch > 0) {
+      context.set_profiler(setup_.profile_batch, setup_.profile_last > 0 ? setup_.profile_last : setup_.profile_batch);
+    }
   }
   ~EngineMlpTrial() override {
     if (seen_ == nullptr) return;
@@ -85,6 +92,8 @@ class EngineMlpTrial : public EngineTrial {
     seen_->steps = context_.gradient_accumulation_steps();
     seen_->state_elements = engine_->optimizer_state_elements();
     seen_->forward_type = forward_type_;
+    seen_->devices = context_.devices().size();
+    seen_->devices_are_the_trials = &context_.devices() == &context_.trial_context().devices();
   }
 
   Metrics train_batch(DataIterator& data, std::int64_t, std::int64_t batch_idx) override {
@@ -132,10 +141,22 @@ class EngineMlpTrial : public EngineTrial {
     return {{"validation_loss", torch::mse_loss(model_->forward(batch.data), batch.target)}};
   }
   DataLoader build_training_data_loader() override {
-    return {data_, setup_.loader_batch > 0 ? setup_.loader_batch : context_.train_micro_batch_size_per_gpu(),
-            DataLoaderOptions()};
+    const std::int64_t batch = setup_.loader_batch > 0 ? setup_.loader_batch : context_.train_micro_batch_size_per_gpu();
+    if (setup_.stream) return {stream(context_.trial_seed()), batch};
+    return {data_, batch, DataLoaderOptions()};
   }
-  DataLoader build_validation_data_loader() override { return {data_, 4, false}; }
+  DataLoader build_validation_data_loader() override {
+    if (setup_.stream) return {stream(0), 4};
+    return {data_, 4, false};
+  }
+  // The data set's rows as a stream each rank reads its share of, shuffled per pass by `seed`.
+  std::shared_ptr<TensorStream> stream(std::uint64_t seed) const {
+    std::vector<std::int64_t> rows(data_->size());
+    std::iota(rows.begin(), rows.end(), 0);
+    const Batch all = data_->get_batch(rows);
+    return std::make_shared<TensorStream>(all.data, all.target, context_.distributed().rank,
+                                          context_.distributed().size, seed);
+  }
 
  private:
   EngineTrialContext& context_;
@@ -238,11 +259,24 @@ Seen reference_run(const std::string& config_yaml, double clip, const std::strin
   return seen;
 }
 
+// A run of `behaviour` in `dir` that `stop_rank` stops after global batch 2: 3 batches trained.
+void run_stopped_after_batch_2(const std::string& config, Behaviour behaviour, int stop_rank, const std::string& dir) {
+  std::atomic<bool> stop{false};
+  behaviour.stop = &stop;
+  behaviour.stop_after = 2;
+  behaviour.stop_rank = stop_rank;
+  const LoopResult first = run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, behaviour); }, dir, &stop);
+  EXPECT_TRUE(first.stopped_early) << "stopped by rank " << stop_rank;
+  EXPECT_EQ(first.batches_trained, 3) << "stopped by rank " << stop_rank;
+}
+
 TEST(EngineTrial, WithoutAccumulationTrainsAsAnOrdinaryTrial) {
   const Seen reference = reference_run(yaml(6, ""), 0, "ref");
   const Seen engine = engine_run(yaml(6, "engine: {train_micro_batch_size_per_gpu: " +
                                          std::to_string(16 / env().size()) + "}\n"), Behaviour{}, "stage0");
   EXPECT_LE(max_relative_difference(engine.parameters, reference.parameters), 1e-6);
+  EXPECT_EQ(engine.devices, 0u) << "on the CPU a slot has no GPU";
+  EXPECT_TRUE(engine.devices_are_the_trials);
   // LibTorch's StepLR(2, 0.5) halves at its 3rd and 5th step: 6 global batches, 6 steps.
   EXPECT_DOUBLE_EQ(engine.lr, 0.05 * 0.25) << "the engine steps its LR scheduler once per global batch";
   EXPECT_DOUBLE_EQ(reference.lr, engine.lr);
@@ -307,16 +341,36 @@ TEST(EngineTrial, StopAndResumeIsBitwiseEqualToAnUninterruptedRun) {
   run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
   for (int stop_rank : {0, env().size() - 1}) {
     const std::string dir = shared_dir("stopped-" + std::to_string(stop_rank));
-    std::atomic<bool> stop{false};
-    Behaviour stopping;
-    stopping.stop = &stop;
-    stopping.stop_after = 2;
-    stopping.stop_rank = stop_rank;
-    const LoopResult first = run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, stopping); }, dir, &stop);
-    EXPECT_TRUE(first.stopped_early);
-    EXPECT_EQ(first.batches_trained, 3);
+    run_stopped_after_batch_2(config, Behaviour{}, stop_rank, dir);
     const LoopResult second = run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, dir);
     EXPECT_EQ(second.batches_trained, 6);
+    if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
+    remove_dir(dir);
+  }
+  remove_dir(whole);
+}
+
+// Data of the trial's own (what DeepSpeedTrial's disable_dataset_reproducibility_checks is for):
+// a stream each rank shards and orders itself, read in micro-batches, stopped by the chief or by
+// another rank part way through its first pass and resumed where each rank's stream stood.
+TEST(EngineTrial, AStreamOfTheTrialsOwnResumesBitwiseWhereEachRankStood) {
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\nrecords_per_epoch: 64\n");
+  Behaviour streaming;
+  streaming.stream = true;
+  const std::string whole = shared_dir("stream-whole");
+  Seen whole_seen;
+  run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, streaming, &whole_seen); }, whole);
+  const Seen dataset = engine_run(config, Behaviour{}, "stream-dataset");
+  EXPECT_GT(max_relative_difference(whole_seen.parameters, dataset.parameters), 1e-6)
+      << "the stream's own order trains other batches than the harness's order of the Dataset";
+  for (int stop_rank : {0, env().size() - 1}) {
+    const std::string dir = shared_dir("stream-stopped-" + std::to_string(stop_rank));
+    run_stopped_after_batch_2(config, streaming, stop_rank, dir);
+    Seen resumed;
+    const LoopResult second =
+        run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, streaming, &resumed); }, dir);
+    EXPECT_EQ(second.batches_trained, 6);
+    EXPECT_TRUE(bitwise_equal(resumed.parameters, whole_seen.parameters)) << "stopped by rank " << stop_rank;
     if (env().is_chief()) testing_support::expect_same_weights(whole + "/checkpoints/ckpt-6.h5", dir + "/checkpoints/ckpt-6.h5");
     remove_dir(dir);
   }
@@ -361,6 +415,36 @@ TEST(EngineTrial, TheTensorBoardWriterAndTheProfilerWindowGoOnAfterAResume) {
     for (std::size_t i = 0; i < custom.size(); ++i) {
       EXPECT_EQ(custom[i].first, static_cast<std::int64_t>(i) + 1) << "the step: global batches trained";
       EXPECT_EQ(custom[i].second, static_cast<double>(i));
+    }
+  }
+}
+
+// A profiler window of global batches 2 to 5 that a stop by the chief or by another rank after
+// batch 3 cuts in two: the stopped run's trace holds batches 2 and 3, the resumed run's its own
+// file of batches 4 and 5, and neither overwrites the other.
+TEST(EngineTrial, AProfilerWindowCutByAStopIsTracedInTwoParts) {
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\n");
+  for (int stop_rank : {0, env().size() - 1}) {
+    const std::string dir = shared_dir("profiler-" + std::to_string(stop_rank));
+    Behaviour profiling;
+    profiling.profile_batch = 2;
+    profiling.profile_last = 5;
+    run_stopped_after_batch_2(config, profiling, stop_rank, dir);
+    EXPECT_EQ(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, profiling); }, dir).batches_trained, 6);
+    const std::string traces = dir + "/tensorboard/traces/rank-" + std::to_string(env().rank());
+    const auto read = [](const std::string& path) {
+      std::ifstream in(path);
+      return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const std::string before = read(traces + ".batches-2-5.json");
+    const std::string after = read(traces + ".batches-4-5.json");
+    remove_dir(dir);
+    for (int batch = 1; batch <= 6; ++batch) {
+      const std::string range = "\"batch " + std::to_string(batch) + "\"";
+      EXPECT_EQ(before.find(range) != std::string::npos, batch == 2 || batch == 3)
+          << range << " in the stopped run's trace, stopped by rank " << stop_rank;
+      EXPECT_EQ(after.find(range) != std::string::npos, batch == 4 || batch == 5)
+          << range << " in the resumed run's trace, stopped by rank " << stop_rank;
     }
   }
 }

@@ -78,29 +78,23 @@ TEST(TrainingLoopRanks, ChiefOnlyHooksRunOnTheChiefOnly) {
   }
 }
 
-// The reference's ReduceLROnPlateau recipe, in C++: the callback steps the scheduler with the
-// validation loss in on_validation_end, which runs on the chief alone.
+// The reference's ReduceLROnPlateau recipe as docs/trial-api.md writes it in C++: built with the
+// trial's optimizer, it steps the scheduler with the validation loss in on_validation_end, which
+// runs on the chief alone. Only the options differ from the page's (set by the test).
 class ReduceLROnPlateauEveryValidationStep : public Callback {
  public:
-  void attach(torch::optim::Optimizer& optimizer) {
-    ReduceLROnPlateauOptions options;
-    options.factor = 0.5;
-    options.patience = 0;
-    // Any later loss counts as no improvement: the rate halves at every validation after the first.
-    options.threshold_mode = "abs";
-    options.threshold = 1e9;
-    reduce_lr = std::make_unique<ReduceLROnPlateau>(optimizer, options);
-    optimizer_ = &optimizer;
-  }
-  void on_validation_end(const MetricValues& metrics) override { reduce_lr->step(metrics.at("validation_loss")); }
-  void on_trial_shutdown() override { final_lr = optimizer_->param_groups()[0].options().get_lr(); }
-  nlohmann::json state_dict() const override { return reduce_lr->state_dict(); }
-  void load_state_dict(const nlohmann::json& state) override { reduce_lr->load_state_dict(state); }
-  std::unique_ptr<ReduceLROnPlateau> reduce_lr;
+  ReduceLROnPlateauEveryValidationStep(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
+      : reduce_lr_(optimizer, std::move(options)), optimizer_(optimizer) {}
+  void on_validation_end(const MetricValues& metrics) override { reduce_lr_.step(metrics.at("validation_loss")); }
+  nlohmann::json state_dict() const override { return reduce_lr_.state_dict(); }
+  void load_state_dict(const nlohmann::json& state) override { reduce_lr_.load_state_dict(state); }
+  // The test's: the rate after the last validation.
+  void on_trial_shutdown() override { final_lr = optimizer_.param_groups()[0].options().get_lr(); }
   double final_lr = 0;
 
  private:
-  torch::optim::Optimizer* optimizer_ = nullptr;
+  ReduceLROnPlateau reduce_lr_;
+  torch::optim::Optimizer& optimizer_;
 };
 
 // The learning rate changed in on_validation_end reaches every rank before the next batch: the
@@ -109,12 +103,20 @@ class ReduceLROnPlateauEveryValidationStep : public Callback {
 // batch find nothing.
 TEST(TrainingLoopRanks, ALearningRateChangedOnTheChiefInOnValidationEndReachesEveryRank) {
   const std::string dir = shared_dir("plateau");
-  auto callback = std::make_shared<ReduceLROnPlateauEveryValidationStep>();
+  std::shared_ptr<ReduceLROnPlateauEveryValidationStep> callback;
   std::vector<torch::Tensor> parameters;
   double lr = 0;
   LinearTrial::Options options;
-  options.callbacks = {{"reduce_lr", callback}};
-  options.setup = [&](LinearTrial& trial) { callback->attach(*trial.optimizer); };
+  options.setup = [&](LinearTrial& trial) {
+    ReduceLROnPlateauOptions plateau;
+    plateau.factor = 0.5;
+    plateau.patience = 0;
+    // Any later loss counts as no improvement: the rate halves at every validation after the first.
+    plateau.threshold_mode = "abs";
+    plateau.threshold = 1e9;
+    callback = std::make_shared<ReduceLROnPlateauEveryValidationStep>(*trial.optimizer, plateau);
+    trial.options_.callbacks = {{"reduce_lr", callback}};  // what the trial's build_callbacks returns
+  };
   options.parameters_out = &parameters;
   options.after_batch = [&](LinearTrial& trial, std::int64_t) {
     lr = trial.optimizer->param_groups()[0].options().get_lr();

@@ -350,9 +350,9 @@ void read_launcher(MapReader& r, LauncherConfig& l) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* n = r.get("mpi")) {
     const auto v = read_string(*n, r.path("mpi"), d);
-    if (v && *v == "mpirun") {
+    if (v && *v == mpi_name(LauncherConfig::Mpi::kMpirun)) {
       l.mpi = LauncherConfig::Mpi::kMpirun;
-    } else if (v && *v == "srun") {
+    } else if (v && *v == mpi_name(LauncherConfig::Mpi::kSrun)) {
       l.mpi = LauncherConfig::Mpi::kSrun;
     } else if (v) {
       report(*n, r.path("mpi"), d, "is \"" + *v + "\"; write mpirun (Open MPI's, the default) or srun (Slurm's, "

@@ -261,7 +261,7 @@ void emit_profiling(YAML::Emitter& out, const ExperimentConfig& c) {
 
 void emit_launcher(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "mpi" << YAML::Value << (c.launcher.mpi == LauncherConfig::Mpi::kSrun ? "srun" : "mpirun");
+  out << YAML::Key << "mpi" << YAML::Value << mpi_name(c.launcher.mpi);
   out << YAML::Key << "prefix" << YAML::Value << YAML::Flow;
   emit_strings(out, c.launcher.prefix);
   out << YAML::Key << "mpirun_args" << YAML::Value << YAML::Flow;

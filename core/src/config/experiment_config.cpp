@@ -294,6 +294,8 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
 
 }  // namespace
 
+std::string mpi_name(LauncherConfig::Mpi mpi) { return mpi == LauncherConfig::Mpi::kSrun ? "srun" : "mpirun"; }
+
 std::string runtime_name(Container::Runtime runtime) {
   switch (runtime) {
     case Container::Runtime::kPodman: return "podman";

@@ -201,7 +201,7 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
     line["accumulation"] = config_.optimizations.aggregation_frequency;
   }
   // What started the ranks and what they ran in: the config the launcher started them from says.
-  line["launcher"] = config_.launcher.mpi == core::LauncherConfig::Mpi::kSrun ? "srun" : "mpirun";
+  line["launcher"] = core::mpi_name(config_.launcher.mpi);
   if (const core::Container& container = config_.container; !container.image.empty()) {
     line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
   }

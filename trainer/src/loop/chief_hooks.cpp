@@ -24,19 +24,17 @@ std::string Loop::chief_hook_state() {
 }
 
 // After chief-only hooks ran (with_chief_hooks): the chief compares the state with `before`,
-// and one 8-byte broadcast tells every rank whether the state follows. Model weights and the
-// trial's own members do not travel (replica_check_period finds a rank whose weights differ).
+// and broadcasts it when it changed. Its length goes first, 8 bytes on the calling thread, and
+// when nothing changed that is all. Model weights and the trial's own members do not travel
+// (replica_check_period finds a rank whose weights differ).
 void Loop::share_chief_hook_changes(const std::string& before) {
   std::string state;
   if (chief()) {
     state = chief_hook_state();
     if (state == before) state.clear();
   }
-  std::int64_t size = static_cast<std::int64_t>(state.size());
-  comm_.broadcast_async(&size, sizeof size, 0)->wait();
-  if (size == 0) return;
   comm_.broadcast(state, 0);
-  if (chief()) return;
+  if (state.empty() || chief()) return;
   const nlohmann::json shared = nlohmann::json::parse(state);
   const auto& optimizers = context_->optimizers();
   const auto& schedulers = context_->lr_schedulers();

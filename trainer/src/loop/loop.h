@@ -154,11 +154,17 @@ class Loop {
   }
   // Runs `step`, in which hooks that run on the chief alone may run (every rank calls it alike),
   // and gives every rank what they changed before the next batch trains.
+  // What the sharing costs (the state read before and after, the broadcast) is the phase
+  // "chief_hook_changes" of the timings (benchmarks/harness_overhead --chief-hooks).
   template <typename Step>
   void with_chief_hooks(Step&& step) {
+    auto started = Clock::now();
     const std::string before = chief() ? chief_hook_state() : std::string();
+    const auto reading = Clock::now() - started;
     step();
+    started = Clock::now();
     share_chief_hook_changes(before);
+    timings_.add("chief_hook_changes", reading + (Clock::now() - started));
   }
   std::string chief_hook_state();
   void share_chief_hook_changes(const std::string& before);

@@ -2,6 +2,7 @@
 // or evaluate_full_dataset), custom reducers.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -145,8 +146,10 @@ void Loop::start_outputs() {
   nvtx_ = detail::make_nvtx_marker();
   timings_.set_marker(nvtx_.get());
   if (const auto& window = context_->profiler_window()) {
-    const std::string trace =
-        core::TrialLayout{options_.trial_dir}.profiler_trace(comm_.rank(), window->first, window->last);
+    // A run that resumes inside the window records the rest of it into a file of its own, named
+    // from its first batch: the stopped run's trace of the window's start stays as it was.
+    const std::int64_t first = std::clamp(batches_trained_ + 1, window->first, window->last);
+    const std::string trace = core::TrialLayout{options_.trial_dir}.profiler_trace(comm_.rank(), first, window->last);
     profiler_ = std::make_unique<detail::BatchProfiler>(window->first, window->last, trace, timings_);
   }
   progress_ = std::make_unique<detail::Progress>(max_batches_, global_batch_, options_.progress_interval_s,

@@ -277,6 +277,9 @@ struct LauncherConfig {
   std::int64_t hang_timeout_seconds = 3600;
 };
 
+// The launcher's name as the config spells it: "mpirun" or "srun".
+std::string mpi_name(LauncherConfig::Mpi mpi);
+
 struct SchedulerConfig {
   // A name in the registry of schedulers (launcher/schedulers.h): "local", "slurm", "pbs".
   std::string type = "local";

@@ -235,6 +235,9 @@ class EngineTrialContext {
   std::uint64_t trial_seed() const { return context_.trial_seed(); }
   const DistributedContext& distributed() const { return context_.distributed(); }
   torch::Device device() const { return context_.device(); }
+  // Every GPU of this rank's slot (resources.gpus_per_slot of them, device() first; empty on the
+  // CPU), for a model the trial splits over them itself; as on TrialContext.
+  const std::vector<torch::Device>& devices() const { return context_.devices(); }
   torch::Tensor to_device(const torch::Tensor& tensor) const { return context_.to_device(tensor); }
   Batch to_device(const Batch& batch) const { return context_.to_device(batch); }
   void set_stop_requested(bool stop) { context_.set_stop_requested(stop); }
