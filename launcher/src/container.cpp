@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/launch_contract.h"
@@ -136,21 +137,40 @@ void remove_left_containers(const core::Container& container,
   if (container.runtime != core::Container::Runtime::kPodman || attempt.empty()) return;
   core::RunOptions options;
   options.timeout = std::chrono::seconds(60);
-  const core::RunResult listed =
-      core::run_process({"podman", "ps", "--all", "--quiet", "--filter", "label=hpctrial.attempt=" + attempt}, options);
-  std::vector<std::string> argv = {"podman", "rm", "--force", "--time", "0"};
-  for (std::size_t at = 0; at < listed.out.size();) {
-    const auto end = listed.out.find('\n', at);
-    const std::string id = listed.out.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    if (!id.empty()) argv.push_back(id);
-    at = end == std::string::npos ? listed.out.size() : end + 1;
+  // Podman 4.3 can leave a container "stopping" when the processes that would record its end were
+  // killed with the attempt (its `podman run --rm`, its conmon): the rank is gone, a removal right
+  // then fails, and a later one removes it. So the attempt's containers are listed and removed
+  // until none is left.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string problem;
+  std::vector<std::string> left;
+  for (int round = 0;; ++round) {
+    if (round > 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the first check follows at once
+    const core::RunResult listed = core::run_process(
+        {"podman", "ps", "--all", "--quiet", "--filter", "label=hpctrial.attempt=" + attempt}, options);
+    if (listed.ok()) {
+      left.clear();
+      for (std::size_t at = 0; at < listed.out.size();) {
+        const auto end = listed.out.find('\n', at);
+        const std::string id = listed.out.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (!id.empty()) left.push_back(id);
+        at = end == std::string::npos ? listed.out.size() : end + 1;
+      }
+      if (left.empty()) return;
+      std::vector<std::string> argv = {"podman", "rm", "--force", "--ignore", "--time", "0"};
+      argv.insert(argv.end(), left.begin(), left.end());
+      const core::RunResult removed = core::run_process(argv, options);
+      if (!removed.ok()) problem = "podman rm: " + removed.describe() + ": " + removed.err;
+    } else {
+      problem = "podman ps: " + listed.describe() + ": " + listed.err;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
-  if (!listed.ok() || argv.size() == 5) {
-    if (!listed.ok()) core::log_warning("cannot list this attempt's containers: {}: {}", listed.describe(), listed.err);
-    return;
-  }
-  const core::RunResult removed = core::run_process(argv, options);
-  if (!removed.ok()) core::log_warning("cannot remove this attempt's containers: {}: {}", removed.describe(), removed.err);
+  std::string ids;
+  for (const auto& id : left) ids += " " + id;
+  core::log_warning("this attempt's containers{} are still there after 30 s of removing them ({}); remove them "
+                    "with `podman rm --force{}`", ids.empty() ? "" : " (" + ids.substr(1) + ")",
+                    problem.empty() ? "no error" : problem, ids.empty() ? " ID" : ids);
 }
 
 }  // namespace hpctrial::launcher::detail

@@ -50,8 +50,9 @@ std::vector<std::string> pyxis_options(const core::Container& container, const C
 
 // Removes this host's Podman containers of an attempt that are left once it has ended: those
 // whose processes the launcher killed together with the runtime's monitor (conmon), which would
-// have removed them. The attempt is named by its abort file in the ranks' `rank_env`. Logs a
-// warning where Podman cannot; never throws.
+// have removed them, and those whose `podman run --rm` was killed while stopping them. Returns
+// once none is listed (within 30 s). The attempt is named by its abort file in the ranks'
+// `rank_env`. Logs a warning where Podman cannot; never throws.
 void remove_left_containers(const core::Container& container,
                             const std::vector<std::pair<std::string, std::string>>& rank_env);
 

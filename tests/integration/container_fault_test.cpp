@@ -84,7 +84,7 @@ TEST_P(ContainerFault, IsRecordedAsWithoutAContainerAndLeavesNoContainer) {
   }
   const std::string failures = read_file(experiment + "/trial-0/failures.jsonl");
   EXPECT_THAT(failures, HasSubstr("\"rank\":" + std::to_string(rank))) << failures;
-  EXPECT_EQ(testing_support::containers_of(experiment), "") << "no container outlives its attempt";
+  EXPECT_EQ(testing_support::containers_of(experiment), "") << "no container outlives its attempt\n" << r.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ContainerFault,
