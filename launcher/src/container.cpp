@@ -148,29 +148,29 @@ void remove_left_containers(const core::Container& container,
     if (round > 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the first check follows at once
     const core::RunResult listed = core::run_process(
         {"podman", "ps", "--all", "--quiet", "--filter", "label=hpctrial.attempt=" + attempt}, options);
-    if (listed.ok()) {
-      left.clear();
-      for (std::size_t at = 0; at < listed.out.size();) {
-        const auto end = listed.out.find('\n', at);
-        const std::string id = listed.out.substr(at, end == std::string::npos ? std::string::npos : end - at);
-        if (!id.empty()) left.push_back(id);
-        at = end == std::string::npos ? listed.out.size() : end + 1;
-      }
-      if (left.empty()) return;
-      std::vector<std::string> argv = {"podman", "rm", "--force", "--ignore", "--time", "0"};
-      argv.insert(argv.end(), left.begin(), left.end());
-      const core::RunResult removed = core::run_process(argv, options);
-      if (!removed.ok()) problem = "podman rm: " + removed.describe() + ": " + removed.err;
-    } else {
-      problem = "podman ps: " + listed.describe() + ": " + listed.err;
+    if (!listed.ok()) {
+      core::log_warning("cannot list this attempt's containers: {}: {}", listed.describe(), listed.err);
+      return;
     }
+    left.clear();
+    for (std::size_t at = 0; at < listed.out.size();) {
+      const auto end = listed.out.find('\n', at);
+      const std::string id = listed.out.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      if (!id.empty()) left.push_back(id);
+      at = end == std::string::npos ? listed.out.size() : end + 1;
+    }
+    if (left.empty()) return;
     if (std::chrono::steady_clock::now() >= deadline) break;
+    std::vector<std::string> argv = {"podman", "rm", "--force", "--ignore", "--time", "0"};
+    argv.insert(argv.end(), left.begin(), left.end());
+    const core::RunResult removed = core::run_process(argv, options);
+    if (!removed.ok()) problem = removed.describe() + ": " + removed.err;
   }
   std::string ids;
   for (const auto& id : left) ids += " " + id;
-  core::log_warning("this attempt's containers{} are still there after 30 s of removing them ({}); remove them "
-                    "with `podman rm --force{}`", ids.empty() ? "" : " (" + ids.substr(1) + ")",
-                    problem.empty() ? "no error" : problem, ids.empty() ? " ID" : ids);
+  core::log_warning("this attempt's containers {} are still there after 30 s of removing them (podman rm: {}); "
+                    "remove them with `podman rm --force{}`", ids.substr(1), problem.empty() ? "no error" : problem,
+                    ids);
 }
 
 }  // namespace hpctrial::launcher::detail
