@@ -113,6 +113,39 @@ TEST_P(OptimizerState, OptionsTextCarriesEveryHyperparameter) {
   EXPECT_EQ(optimizer_options_text(*other), text);
 }
 
+std::string fingerprint(torch::optim::Optimizer& optimizer) {
+  std::string bytes;
+  append_optimizer_options_fingerprint(optimizer, bytes);
+  return bytes;
+}
+
+// The bytes compared around hooks on the chief change with every field of the options text: each
+// field of the text is changed in turn (a number, a flag, a value that may be absent) and loaded
+// into an optimizer of the type, whose fingerprint then differs from the unchanged one's.
+TEST_P(OptimizerState, TheFingerprintChangesWithEveryFieldOfTheOptionsText) {
+  const Factory& make = GetParam().second;
+  auto model = make_model();
+  auto reference = make(model->parameters());
+  EXPECT_EQ(fingerprint(*make(model->parameters())), fingerprint(*reference)) << "the same options, the same bytes";
+  const nlohmann::json text = nlohmann::json::parse(optimizer_options_text(*reference));
+  const nlohmann::json& group = text.at("groups").at(0);
+  ASSERT_GE(group.size(), 5u) << text.dump();
+  for (const auto& [key, value] : group.items()) {
+    nlohmann::json changed = text;
+    nlohmann::json& field = changed["groups"][0][key];
+    if (value.is_boolean()) field = !value.get<bool>();
+    else if (value.is_number_integer()) field = value.get<std::int64_t>() + 1;
+    else if (value.is_number()) field = value.get<double>() + 0.125;
+    else if (value.is_array()) field[0] = value[0].get<double>() * 0.5;  // betas
+    else if (value.is_null()) field = key == "line_search_fn" ? nlohmann::json("strong_wolfe") : nlohmann::json(7);
+    else field = nullptr;
+    auto other = make(model->parameters());
+    load_optimizer_options_text(*other, changed.dump(), "optimizer 0");
+    EXPECT_NE(optimizer_options_text(*other), text.dump()) << key;
+    EXPECT_NE(fingerprint(*other), fingerprint(*reference)) << GetParam().first << ": " << key << " changed";
+  }
+}
+
 TEST(OptimizerState, OptionsTextCarriesMomentumAndRefusesAnotherType) {
   auto model = make_model();
   torch::optim::SGD chiefs(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9).nesterov(true).weight_decay(0.01));

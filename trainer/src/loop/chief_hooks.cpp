@@ -23,16 +23,25 @@ std::string Loop::chief_hook_state() {
   return state.dump();
 }
 
-// After chief-only hooks ran (with_chief_hooks): the chief compares the state with `before`,
-// and broadcasts it when it changed. Its length goes first, 8 bytes on the calling thread, and
-// when nothing changed that is all. Model weights and the trial's own members do not travel
-// (replica_check_period finds a rank whose weights differ).
+// The same state as bytes to compare, made without text (state_io.h): taken before and after
+// every wrap of the hooks, where the text is made only when they differ.
+std::string Loop::chief_hook_fingerprint() {
+  std::string bytes;
+  for (const auto& optimizer : context_->optimizers()) append_optimizer_options_fingerprint(*optimizer, bytes);
+  for (const auto& wrapped : context_->lr_schedulers()) {
+    const unsigned count = scheduler_step_count(*wrapped.scheduler);
+    bytes.append(reinterpret_cast<const char*>(&count), sizeof count);
+  }
+  return bytes;
+}
+
+// After chief-only hooks ran (with_chief_hooks): the chief compares the state with `before` (its
+// fingerprint), and broadcasts it when it changed. Its length goes first, 8 bytes on the calling
+// thread, and when nothing changed that is all. Model weights and the trial's own members do not
+// travel (replica_check_period finds a rank whose weights differ).
 void Loop::share_chief_hook_changes(const std::string& before) {
   std::string state;
-  if (chief()) {
-    state = chief_hook_state();
-    if (state == before) state.clear();
-  }
+  if (chief() && chief_hook_fingerprint() != before) state = chief_hook_state();
   comm_.broadcast(state, 0);
   if (state.empty() || chief()) return;
   const nlohmann::json shared = nlohmann::json::parse(state);

@@ -159,7 +159,7 @@ class Loop {
   template <typename Step>
   void with_chief_hooks(Step&& step) {
     auto started = Clock::now();
-    const std::string before = chief() ? chief_hook_state() : std::string();
+    const std::string before = chief() ? chief_hook_fingerprint() : std::string();
     const auto reading = Clock::now() - started;
     step();
     started = Clock::now();
@@ -167,6 +167,7 @@ class Loop {
     timings_.add("chief_hook_changes", reading + (Clock::now() - started));
   }
   std::string chief_hook_state();
+  std::string chief_hook_fingerprint();
   void share_chief_hook_changes(const std::string& before);
   // The step boundary after each batch: the ranks agree on their requests, and validate,
   // checkpoint or stop alike; true when training ends there.

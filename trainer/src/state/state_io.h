@@ -74,6 +74,9 @@ void load_optimizer(const checkpoint::Contents& contents, const std::string& pre
 // JSON as in param_groups for the six LibTorch types, LibTorch's archive of each group's options
 // for other classes. Loading refuses another type or number of groups (ConfigError naming `what`).
 std::string optimizer_options_text(torch::optim::Optimizer& optimizer);
+// Appends bytes that differ whenever the text above would, made without text for the six types
+// (their values' bytes; another class's text as it is): cheap enough to take around every hook.
+void append_optimizer_options_fingerprint(torch::optim::Optimizer& optimizer, std::string& out);
 void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::string& text, const std::string& what);
 // The elements of the optimizer's per-parameter state tensors (what it holds in memory).
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer);
