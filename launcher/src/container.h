@@ -51,8 +51,8 @@ std::vector<std::string> pyxis_options(const core::Container& container, const C
 // Removes this host's Podman containers of an attempt that are left once it has ended: those
 // whose processes the launcher killed together with the runtime's monitor (conmon), which would
 // have removed them, and those Podman kept "stopping" a moment after their end. Returns once
-// none is listed (or after 30 s of removing them). The attempt is named by its abort file in the ranks'
-// `rank_env`. Logs a warning where Podman cannot; never throws.
+// none is listed (or after 30 s of removing them). The attempt is named by its abort file in
+// the ranks' `rank_env`. Logs a warning where Podman cannot; never throws.
 void remove_left_containers(const core::Container& container,
                             const std::vector<std::pair<std::string, std::string>>& rank_env);
 

@@ -18,8 +18,8 @@ void put_bytes(std::string& out, const T&... values) {
   (out.append(reinterpret_cast<const char*>(&values), sizeof values), ...);
 }
 
-// Every value of one param group's options as bytes, for the six types the codecs above know
-// (the same fields as their save_options); false for another options class.
+// Every value of one param group's options as bytes, for the six types the codecs of
+// state_io.cpp know (the same fields as their save_options); false for another options class.
 bool append_options_bytes(torch::optim::OptimizerOptions& o, std::string& out) {
   namespace optim = torch::optim;
   if (auto* s = dynamic_cast<optim::SGDOptions*>(&o)) {
