@@ -27,6 +27,7 @@ std::vector<Verb> builtin_verbs();
 // The verbs, one per file.
 Verb config_verb();
 Verb checkpoint_verb();
+Verb experiment_verb();
 Verb run_verb();
 Verb launch_verb();
 Verb submit_verb();

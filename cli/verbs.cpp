@@ -16,6 +16,7 @@ std::vector<Verb> builtin_verbs() {
       plot_verb(),
       launch_verb(),
       checkpoint_verb(),
+      experiment_verb(),
       new_trial_verb(),
       rank_verb(),
   };

@@ -86,6 +86,18 @@ std::vector<std::string> container_mounts(const core::ExperimentConfig& config, 
   return mounts;
 }
 
+namespace {
+
+// A mount of a runtime whose option takes a list of mounts split at ',' (Apptainer's and
+// Singularity's --bind, pyxis' --container-mounts): a path with ',' would become two broken ones.
+void require_no_comma(const std::string& mount, const std::string& option) {
+  if (mount.find(',') == std::string::npos) return;
+  throw ConfigError("environment.image: the ranks need " + mount + " in their container, but " + option +
+                    " splits its mounts at ',' and cannot name a path with ',' in it; use a path without ','");
+}
+
+}  // namespace
+
 std::vector<std::string> container_command(const core::Container& container, const ContainerCommandInput& in) {
   using R = core::Container::Runtime;
   std::vector<std::string> argv;
@@ -106,7 +118,10 @@ std::vector<std::string> container_command(const core::Container& container, con
     // the environment by default.
     argv = {runtime_name(container.runtime), "exec"};
     if (in.gpus) argv.push_back("--nv");
-    for (const auto& mount : in.mounts) argv.insert(argv.end(), {"--bind", mount});
+    for (const auto& mount : in.mounts) {
+      require_no_comma(mount, std::string(runtime_name(container.runtime)) + "'s --bind");
+      argv.insert(argv.end(), {"--bind", mount});
+    }
     argv.insert(argv.end(), {"--pwd", in.working_dir});
   }
   argv.push_back(container.image);
@@ -116,10 +131,7 @@ std::vector<std::string> container_command(const core::Container& container, con
 std::vector<std::string> pyxis_options(const core::Container& container, const ContainerCommandInput& in) {
   std::string mounts;
   for (const auto& mount : in.mounts) {
-    if (mount.find(',') != std::string::npos) {
-      throw ConfigError("environment.image: the ranks need " + mount + " in their container, but pyxis' "
-                        "--container-mounts cannot name a path with ',' in it; use a path without ','");
-    }
+    require_no_comma(mount, "pyxis' --container-mounts");
     mounts += (mounts.empty() ? "" : ",") + mount;
   }
   std::vector<std::string> argv = {"--container-image=" + container.image};

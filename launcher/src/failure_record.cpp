@@ -99,7 +99,7 @@ void append_failure(const std::string& record_path, const json& record) {
 // failure 1) was there too and the job may leave it out: its scheduler can, and fewer than
 // resources.max_excluded_nodes are left out of this job. Empty otherwise.
 std::string node_to_leave_out(const json& failure, const std::string& record_path, const core::ExperimentConfig& config,
-                              const core::Allocation& allocation, const json& state) {
+                              const core::Allocation& allocation, const json& state, const std::string& state_path) {
   const std::string node = failure.value("host", std::string());
   if (node.empty() || config.resources.max_excluded_nodes == 0 || !allocation.in_job()) return "";
   int before = 0;
@@ -107,11 +107,11 @@ std::string node_to_leave_out(const json& failure, const std::string& record_pat
   for (std::string line; std::getline(in, line);) {
     const json r = json::parse(line, nullptr, false);
     if (r.is_discarded() || !r.is_object()) continue;
-    if (r.value("failure", 0) == 1) before = 0;
-    if (r.value("host", std::string()) == node) ++before;
+    if (core::json_field(r, "failure", 0, record_path) == 1) before = 0;
+    if (core::json_field(r, "host", std::string(), record_path) == node) ++before;
   }
   if (failure.value("failure", 0) == 1 || before == 0) return "";
-  const std::vector<std::string> left_out = excluded_nodes(state, allocation.job_id);
+  const std::vector<std::string> left_out = excluded_nodes(state, allocation.job_id, state_path);
   if (std::find(left_out.begin(), left_out.end(), node) != left_out.end()) return "";
   if (static_cast<int>(left_out.size()) >= config.resources.max_excluded_nodes) {
     core::log_warning("the ranks failed on node {} in two attempts, but job {} leaves {} node(s) out already "
@@ -132,12 +132,14 @@ std::string node_to_leave_out(const json& failure, const std::string& record_pat
 
 }  // namespace
 
-std::vector<std::string> excluded_nodes(const json& state, const std::string& job) {
+std::vector<std::string> excluded_nodes(const json& state, const std::string& job, const std::string& path) {
   std::vector<std::string> nodes;
   const auto it = state.find("excluded_nodes");
   if (it == state.end() || !it->is_array()) return nodes;
   for (const json& e : *it) {
-    if (e.is_object() && e.value("job", std::string()) == job) nodes.push_back(e.value("node", std::string()));
+    if (e.is_object() && core::json_field(e, "job", std::string(), path) == job) {
+      nodes.push_back(core::json_field(e, "node", std::string(), path));
+    }
   }
   return nodes;
 }
@@ -167,7 +169,9 @@ FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, in
   const std::string signature = startup ? what + " " + failure.record.at("last_steps").dump() : std::string();
   const bool repeated = startup && signature == std::exchange(previous, signature);
   const bool restart = !a.stop_requested && !repeated && failures <= config.max_restarts;
-  const std::string leave_out = restart ? node_to_leave_out(failure.record, record_path, config, allocation, state) : "";
+  const std::string leave_out = restart ? node_to_leave_out(failure.record, record_path, config, allocation, state,
+                                                          core::TrialLayout{trial_dir}.launcher_state_file())
+                                       : "";
   if (!leave_out.empty()) {
     failure.record["left_out_node"] = leave_out;
     if (!state["excluded_nodes"].is_array()) state["excluded_nodes"] = json::array();

@@ -22,8 +22,9 @@ struct FailureOutcome {
   std::string left_out;
 };
 
-// The nodes left out of `job` (the launcher state's excluded_nodes).
-std::vector<std::string> excluded_nodes(const nlohmann::json& state, const std::string& job);
+// The nodes left out of `job` (the launcher state's excluded_nodes; IoError naming `path`, the
+// file, for an entry that is no node).
+std::vector<std::string> excluded_nodes(const nlohmann::json& state, const std::string& job, const std::string& path);
 
 // A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
 // launcher's exit code when the trial is not restarted (failed while stopping, past

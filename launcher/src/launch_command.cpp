@@ -61,20 +61,21 @@ core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const s
   return config;
 }
 
+void check_experiment(const core::ExperimentConfig& config, const std::string& dir) {
+  core::check_experiment_config(ExperimentLayout{dir}, resolve_experiment(config, dir));
+}
+
 core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir) {
   const ExperimentLayout layout{dir};
   const std::string workdir = experiment_workdir(config);
   config = resolve_experiment(std::move(config), dir);
+  core::check_experiment_config(layout, config);  // before anything is made
   const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
   core::create_directories(dir, mode);  // runs/ too, when it is made now
   if (::chmod(dir.c_str(), mode) != 0) {  // the config says who may read it, now as when it was made
     throw IoError("cannot set the mode of " + dir + ": " + std::strerror(errno));
   }
-  core::ensure_experiment_identity(layout, config.name);  // before the config: an older experiment has one
-  core::write_file_atomic(layout.config(), core::to_yaml(config));
-  json state = core::read_json_file(layout.state());
-  state["workdir"] = workdir;
-  core::write_json_file(layout.state(), state);
+  core::commit_experiment_config(layout, config, workdir);
   config.source_path = layout.config();
   return config;
 }
@@ -172,7 +173,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
   const core::TrialLayout trial = layout.trial(options.trial_id);
   std::vector<std::pair<std::string, std::string>> vars = {
       {core::kEnvExperimentDir, layout.dir},
-      {core::kEnvConfig, layout.config()},
+      {core::kEnvConfig, trial.launch_config()},
       {core::kEnvTrialId, std::to_string(options.trial_id)},
       {core::kEnvTrialDir, trial.dir},
       {core::kEnvRestartCount, std::to_string(restart_count)},

@@ -321,6 +321,7 @@ core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvS
   if (!options.write_config || options.dry_run) return core::UniqueFd();
   const ExperimentLayout layout{options.experiment_dir};
   const core::ExperimentConfig& fresh = *options.write_config;
+  check_experiment(fresh, layout.dir);  // another experiment's config: refused before anything is made
   const mode_t mode = fresh.checkpoint_storage.group_readable ? 0750 : 0700;
   core::create_directories(layout.dir, mode);
   core::create_directories(layout.trial_dir(options.trial_id), mode);
@@ -328,6 +329,24 @@ core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvS
                                    job_allocation(fresh, options, env, run));
   prepare_experiment(fresh, layout.dir);
   return lock;
+}
+
+// The experiment's config as recorded; ConfigError where the directory holds none.
+core::ExperimentConfig recorded_config(const ExperimentLayout& layout) {
+  if (!fs::exists(layout.config())) {
+    throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config() +
+                      "; create the experiment with `hpctrial run EXP.yaml` or `hpctrial submit EXP.yaml`");
+  }
+  return core::load_experiment_config({layout.config(), "", {}});
+}
+
+// The config this launcher's ranks read at every restart (TrialLayout::launch_config): the
+// experiment's as this launcher found it, whatever a later command records for the experiment's
+// other trials. Written by the launcher that holds the trial.
+void hold_launch_config(const std::string& trial_dir, const core::ExperimentConfig& experiment) {
+  const core::TrialLayout trial{trial_dir};
+  core::create_directories(trial.launch_dir());
+  core::write_file_atomic(trial.launch_config(), core::to_yaml(experiment));
 }
 
 }  // namespace
@@ -341,13 +360,9 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   detail::hold_warning_signals();
   const ExperimentLayout layout{options.experiment_dir};
   core::UniqueFd trial_lock = prepare_held_trial(options, env, run);
-  if (!fs::exists(layout.config())) {
-    throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config() +
-                      "; create the experiment with `hpctrial run EXP.yaml` or `hpctrial submit EXP.yaml`");
-  }
+  const core::ExperimentConfig experiment = recorded_config(layout);
   // The trial's own values of the search's ranges (and a clear error for a trial that does not exist).
-  const core::ExperimentConfig config =
-      core::trial_config(core::load_experiment_config({layout.config(), "", {}}), options.trial_id);
+  const core::ExperimentConfig config = core::trial_config(experiment, options.trial_id);
   const core::Allocation allocation = job_allocation(config, options, env, run);
   const std::string trial_dir = layout.trial_dir(options.trial_id);
   const std::string state_path = core::TrialLayout{trial_dir}.launcher_state_file();
@@ -357,6 +372,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   }
   core::create_directories(trial_dir, config.checkpoint_storage.group_readable ? 0750 : 0700);
   if (trial_lock.get() < 0 && !(held && held->get() >= 0)) trial_lock = lock_trial(trial_dir, options.trial_id, allocation);
+  hold_launch_config(trial_dir, experiment);
   json state = core::read_json_file(state_path);
   int starts = core::json_field(state, "starts", 0, state_path);
   int failures = options.reset_failures ? 0 : core::json_field(state, "failures", 0, state_path);
@@ -407,7 +423,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
                                                  starts, ++failures, previous_failure);
     if (failed.exit_code) return *failed.exit_code;
     if (!failed.left_out.empty()) {  // the restart runs elsewhere: back to the queue without the node
-      hand_over(allocation, "failure", config, options, env, run, held, excluded_nodes(state, allocation.job_id));
+      hand_over(allocation, "failure", config, options, env, run, held, excluded_nodes(state, allocation.job_id, state_path));
       return kExitStopped;
     }
   }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/launcher/launcher.h"
 #include "hpctrial/launcher/schedulers.h"
 #include "hpctrial/search/event_log.h"
@@ -38,23 +40,57 @@ Event event(Event::Kind kind, int trial, int rung, int bracket = 0, double metri
   return e;
 }
 
-// The searcher metric of the trial's last validation (metrics.jsonl); NaN, which ranks last,
-// when it has none.
-double last_metric(const core::TrialLayout& trial, const std::string& metric) {
+// The trial's last validation (metrics.jsonl): the searcher metric (NaN, which ranks last, when
+// it has none) and the batch it was taken at (-1: no validation).
+struct Validated {
+  double metric = std::nan("");
+  std::int64_t batches = -1;
+};
+Validated last_validation(const core::TrialLayout& trial, const std::string& metric) {
   std::ifstream in(trial.metrics_file());
+  Validated last;
   std::optional<double> found;
   for (std::string line; std::getline(in, line);) {
     try {
       const auto record = nlohmann::json::parse(line);
       if (record.value("kind", "") != "validation" || !record.contains("metrics")) continue;
+      last.batches = record.value("batches", std::int64_t{-1});
       const auto& metrics = record.at("metrics");
-      if (metrics.contains(metric)) found = core::number_of(metrics.at(metric));
+      found = metrics.contains(metric) ? core::number_of(metrics.at(metric)) : std::nullopt;
     } catch (const nlohmann::json::exception&) {
       // a line cut short by a killed rank: the ones before it stand
     }
   }
   if (!found) core::log_warning("{} holds no validation of {}: the rung counts it last", trial.metrics_file(), metric);
-  return found.value_or(std::nan(""));
+  last.metric = found.value_or(std::nan(""));
+  return last;
+}
+
+// Every trial directory that records the search event that made it (TrialLayout::search_record)
+// is a trial the log made, at that time: a log restored from an older copy, or cut short, would
+// make the trial again and take its old checkpoints and metrics for new ones.
+void check_trials_known(const core::ExperimentLayout& layout, const std::vector<Event>& events, const std::string& log) {
+  std::map<int, std::string> created;
+  for (const Event& e : events) {
+    if (e.kind == Event::Kind::kCreated) created[e.trial] = e.time;
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(layout.dir, ec)) {
+    const std::string record = core::TrialLayout{entry.path().string()}.search_record();
+    if (!core::TrialLayout::trial_of(entry.path().filename().string()) || !std::filesystem::exists(record, ec)) continue;
+    const nlohmann::json made = core::read_json_file(record);
+    const int trial = core::json_field(made, "trial", -1, record);
+    const std::string time = core::json_field(made, "created", std::string(), record);
+    const auto it = created.find(trial);
+    if (it == created.end() || it->second != time) {
+      throw search::SearchError(
+          record + " says the search made trial " + std::to_string(trial) + " at " + time + ", but the search log " +
+          log + (it == created.end() ? " does not know that trial" : " made it at " + it->second) +
+          ": the log was cut short or restored from an older copy, and going on would train the trial again over its "
+          "own checkpoints. Restore the log that made the trial, or run the search as a new experiment "
+          "(--experiment DIR)");
+    }
+  }
 }
 
 // Under the log's lock: the next decision, its trial leased (its launcher lock held) and the
@@ -66,9 +102,11 @@ struct Leased {
   bool all_held = false;  // done, because every trial the search gave is held by another launcher
 };
 Leased decide(const search::EventLog& log, const search::AshaOptions& options, const core::ExperimentLayout& layout,
-              std::optional<int> prefer, const std::string& worker, mode_t mode) {
+              std::optional<int> prefer, const std::string& worker, mode_t mode, const std::string& experiment_id) {
   auto locked = log.lock();
-  const search::Asha asha = search::replay(options, locked.read(), log.path());
+  const std::vector<Event> events = locked.read();
+  check_trials_known(layout, events, log.path());
+  const search::Asha asha = search::replay(options, events, log.path());
   std::map<int, core::UniqueFd> free;  // probed leases, held until the decision is made
   std::set<int> busy;                  // trials another launcher holds
   const auto running = [&](int trial) {
@@ -105,10 +143,19 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
     return out;
   }
   const Decision& d = out.decision;
-  std::vector<Event> events;
-  if (d.create) events.push_back(event(Event::Kind::kCreated, d.trial, 0, d.bracket));
-  events.push_back(event(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, d.rung));
-  locked.append(events, worker);
+  std::vector<Event> decided;
+  if (d.create) {
+    decided.push_back(event(Event::Kind::kCreated, d.trial, 0, d.bracket));
+    decided.back().time = core::utc_now_iso();
+  }
+  decided.push_back(event(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, d.rung));
+  locked.append(decided, worker);
+  if (d.create) {
+    // After the event: a worker that dies between the two leaves a trial the log knows.
+    core::write_json_file(layout.trial(d.trial).search_record(),
+                          {{"experiment_id", experiment_id}, {"trial", d.trial}, {"bracket", d.bracket},
+                           {"created", decided.front().time}});
+  }
   return out;
 }
 
@@ -228,7 +275,19 @@ struct Worker {
         prefer.reset();
         return std::nullopt;
       }
-      const double metric = last_metric(layout.trial(d.trial), config.searcher.metric);
+      const Validated validated = last_validation(layout.trial(d.trial), config.searcher.metric);
+      // The rung's metric is the validation at the rung's length: one taken elsewhere is of
+      // another training of the trial (its directory and the log disagree).
+      if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches >= 0 &&
+          validated.batches != d.length) {
+        throw search::SearchError(
+            layout.trial(d.trial).metrics_file() + ": the last validation of trial " + std::to_string(d.trial) +
+            " is at batch " + std::to_string(validated.batches) + ", but rung " + std::to_string(d.rung) +
+            " of the search log " + log.path() + " ends at batch " + std::to_string(d.length) + ": the trial's "
+            "directory holds another training than the log records. Restore the log that made the trial, or run "
+            "the search as a new experiment (--experiment DIR)");
+      }
+      const double metric = validated.metric;
       const search::AfterRung after = record_rung(log, asha, d, metric, name, lease);
       core::log_info("search: trial {} reached rung {} with {} {}: {}", d.trial, d.rung, config.searcher.metric, metric,
                      after == search::AfterRung::kFinish ? "finished" : after == search::AfterRung::kStop ? "stopped"
@@ -255,18 +314,15 @@ struct Worker {
 int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   detail::hold_warning_signals();  // a warning before the first trial is kept for the worker to see
   const core::ExperimentLayout layout{options.experiment_dir};
-  if (options.write_config) {
-    core::create_directories(layout.dir, options.write_config->checkpoint_storage.group_readable ? 0750 : 0700);
-    prepare_experiment(*options.write_config, layout.dir);
-  }
+  if (options.write_config) prepare_experiment(*options.write_config, layout.dir);
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   if (!config.searcher.adaptive()) {
     throw ConfigError(layout.config() + ": searcher " + std::string(core::to_string(config.searcher.name)) +
                       " has no workers; its trials run by number (hpctrial launch --trial N)");
   }
   const search::AshaOptions asha = search::options_of(config);
-  const search::EventLog log(layout.search_log(), layout.search_lock(),
-                             core::ensure_experiment_identity(layout, config.name).id, search::settings_of(asha));
+  const std::string experiment_id = core::ensure_experiment_identity(layout, config.name).id;
+  const search::EventLog log(layout.search_log(), layout.search_lock(), experiment_id, search::settings_of(asha));
   core::Allocation allocation = detect_allocation(env, run);
   // A job whose scheduler does not say when it ends ends scheduler.time_limit after the worker
   // started, not after each trial did.
@@ -283,7 +339,7 @@ int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, 
     if (const std::string stop = stop_between_trials(layout, allocation, config); !stop.empty()) {
       return stop_worker(stop, allocation, config, each, env, run);
     }
-    Leased next = decide(log, asha, layout, prefer, worker.name, mode);
+    Leased next = decide(log, asha, layout, prefer, worker.name, mode, experiment_id);
     if (next.decision.kind == Decision::Kind::kDone) {
       core::log_info("the search in {} has nothing left for this worker: {}", layout.dir,
                      next.all_held ? "each trial it could train is held by another launcher"

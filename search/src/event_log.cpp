@@ -197,16 +197,22 @@ EventLog::Locked::Locked(const EventLog& log, core::UniqueFd lock) : log_(&log),
 
 namespace {
 
+// The whole log; "" when there is none yet. IoError for a log that is there and cannot be read
+// (a transient error of a shared filesystem): it is never taken for an empty one.
 std::string read_whole(const std::string& path) {
+  core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return "";
+    throw_errno("the search log " + path + " cannot be opened (nothing is appended to a log that cannot be read)");
+  }
   std::string text;
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  if (size > 0) {
-    text.resize(static_cast<std::size_t>(size));
-    in.seekg(0);
-    in.read(text.data(), size);
-    text.resize(static_cast<std::size_t>(in.gcount()));
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("the search log " + path + " cannot be read (nothing is appended to a log that cannot be read)");
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
   }
   return text;
 }

@@ -202,8 +202,9 @@ TEST_F(NeverLost, AClosedOutputAndSigpipeDoNotEndTheRun) {
   expect_no_rank_left();
 }
 
-// A second run, refused because the trial is running, leaves the first run's config (which its
-// restarts read) as it was.
+// A second run leaves the first run's config (which its restarts read) as it was: refused as
+// another experiment when it trains something else, and because the trial is running when only
+// its run settings differ.
 TEST_F(NeverLost, ASecondRunWithAnotherConfigLeavesTheFirstRunsConfig) {
   const std::string exp = config("", 100000, 2, 1);
   auto first = start(exp);
@@ -211,8 +212,13 @@ TEST_F(NeverLost, ASecondRunWithAnotherConfigLeavesTheFirstRunsConfig) {
   const std::string written = read_file(experiment() + "/experiment.yaml");
   ASSERT_THAT(written, HasSubstr("batch_ms: 1"));
   auto second = run(exp, "", {"--set", "hyperparameters.batch_ms=7"}, 60s);
-  EXPECT_EQ(second->exit_code(), 1) << second->output();
-  EXPECT_THAT(second->output(), HasSubstr("is run by the launcher of pid " + std::to_string(first->pid())));
+  EXPECT_EQ(second->exit_code(), 2) << second->output();
+  EXPECT_THAT(second->output(), HasSubstr("hyperparameters.batch_ms: 1 -> 7"));
+  EXPECT_THAT(second->output(), HasSubstr("(--experiment DIR)"));
+  EXPECT_EQ(read_file(experiment() + "/experiment.yaml"), written) << "the refused run replaced the config";
+  auto third = run(exp, "", {"--set", "max_restarts=2"}, 60s);
+  EXPECT_EQ(third->exit_code(), 1) << third->output();
+  EXPECT_THAT(third->output(), HasSubstr("is run by the launcher of pid " + std::to_string(first->pid())));
   EXPECT_EQ(read_file(experiment() + "/experiment.yaml"), written) << "the refused run replaced the config";
   first->signal(SIGINT);
   ASSERT_TRUE(first->wait(60s).has_value());

@@ -104,12 +104,15 @@ struct Setup {
   int stages = 2;
   int zero = 0;
   double clipping = 0;
+  std::string partition = "uniform";  // engine.pipeline.partition_method: a method, or the cut "[0, 2, 8]"
 };
 
 std::string yaml(int slots, const Setup& setup, bool pipeline, std::int64_t batches) {
   std::string engine = "{train_batch_size: 32, gradient_accumulation_steps: 4, gradient_clipping: " +
                        std::to_string(setup.clipping) + ", zero_optimization: {stage: " + std::to_string(setup.zero) + "}";
-  if (pipeline) engine += ", pipeline: {stages: " + std::to_string(setup.stages) + ", partition_method: uniform}";
+  if (pipeline) {
+    engine += ", pipeline: {stages: " + std::to_string(setup.stages) + ", partition_method: " + setup.partition + "}";
+  }
   return "name: pipeline\nentrypoint: ./pipeline\nhyperparameters: {lr: 0.01}\nengine: " + engine +
          "}\nsearcher: {name: single, metric: validation_loss, smaller_is_better: true, max_length: {batches: " +
          std::to_string(batches) + "}}\nmin_validation_period: {batches: 10}\nresources: {slots_per_trial: " +
@@ -261,6 +264,48 @@ TEST(PipelineEngine, AStopResumesOnAnotherNumberOfStagesAndReplicas) {
   EXPECT_NEAR(finished.last_validation.at("validation_loss"), one.last_validation.at("validation_loss"), 1e-5);
   MPI_Barrier(env().world());
   if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// 2 stages cut [0, 4, 8], stopped after global batch 7 by the chief or by the last rank, resumed
+// to batch 20 with the layers cut elsewhere on as many stages ([0, 2, 8]: the first stage keeps
+// only some of its layers; [0, 6, 8]: it takes some of the second's): each stage takes its layers,
+// and their optimizer state, from whichever part held them; within 1e-5 of the layers trained
+// whole on one rank.
+TEST(PipelineEngine, AStopResumesWithTheLayersCutElsewhereOnAsManyStages) {
+  comm::MpiCommunicator world(env().world());
+  const int zero = world.size() > 2 ? 1 : 0;
+  std::map<std::string, torch::Tensor> whole;
+  PipelineTrial::Options options;
+  {
+    const std::string dir = testing_mpi::shared_dir("hpctrial-pipeline-engine", "cut-whole");
+    comm::LocalCommunicator alone;
+    options.pipeline = false;
+    options.parameters_out = &whole;
+    train(alone, dir + "/whole-" + std::to_string(world.rank()), {2, zero, 0.05}, 20, options);
+    options.pipeline = true;
+  }
+  for (const std::string cut : {"[0, 2, 8]", "[0, 6, 8]"}) {
+    for (const int stopping_rank : {0, world.size() - 1}) {
+      SCOPED_TRACE(cut + ", stopped by rank " + std::to_string(stopping_rank));
+      const std::string dir = testing_mpi::shared_dir("hpctrial-pipeline-engine", "cut-" + std::to_string(stopping_rank));
+      options.signal_after = 7;
+      options.signal_rank = stopping_rank;
+      options.parameters_out = nullptr;
+      const LoopResult stopped = train(world, dir + "/run", {2, zero, 0.05, "[0, 4, 8]"}, 20, options);
+      EXPECT_TRUE(stopped.stopped_early);
+      EXPECT_EQ(stopped.batches_trained, 7);
+      std::map<std::string, torch::Tensor> resumed;
+      options.signal_after = -1;
+      options.parameters_out = &resumed;
+      const LoopResult finished = train(world, dir + "/run", {2, zero, 0.05, cut}, 20, options);
+      EXPECT_FALSE(finished.stopped_early);
+      EXPECT_EQ(finished.batches_trained, 20);
+      expect_close(resumed, whole, 1e-5);
+      MPI_Barrier(env().world());
+      if (env().is_chief()) std::filesystem::remove_all(dir);
+      MPI_Barrier(env().world());
+    }
+  }
 }
 
 TEST(PipelineEngine, AStopOnTheFirstStageResumesBitwise) { expect_bitwise_resume(0); }

@@ -92,7 +92,7 @@ TEST_F(SlurmStaging, EachNodeCopiesOnceItsRankReadsItAndTheRequeuedJobReusesIt) 
   // One copy on each of MPI's nodes, by one rank there. Here both slurmds run on this host, and
   // the ranks that Open MPI starts beside it on "its" node carry the batch node's Slurm name, so
   // the two nodes may go by one name: the folders then add MPI's node index.
-  const std::regex copied("data\\.stage: node (\\S+): data\\.table copied to (\\S+)/table/table\\.txt");
+  const std::regex copied("data\\.stage: node (\\S+): data\\.table copied to (\\S+)/data/table/table\\.txt");
   std::vector<std::string> labels;
   std::set<fs::path> folders;
   for (auto it = std::sregex_iterator(first.begin(), first.end(), copied); it != std::sregex_iterator(); ++it) {
@@ -103,12 +103,12 @@ TEST_F(SlurmStaging, EachNodeCopiesOnceItsRankReadsItAndTheRequeuedJobReusesIt) 
     const std::string name = folder.filename().string();
     EXPECT_EQ(name.substr(name.size() - labels.back().size()), labels.back()) << name;
     EXPECT_THAT(labels.back(), testing::AnyOf(testing::StartsWith(nodes_[0]), testing::StartsWith(nodes_[1])));
-    EXPECT_TRUE(fs::exists(folder / "set" / "set" / "a.bin"));
+    EXPECT_TRUE(fs::exists(folder / "data" / "set" / "set" / "a.bin"));
   }
   EXPECT_EQ(labels.size(), 2u) << "one copy a node:\n" << first;
   EXPECT_EQ(folders.size(), 2u) << first;
   std::set<std::string> read;
-  const std::regex reads("rank [01] reads (\\S+)/table/table\\.txt: the source's first line");
+  const std::regex reads("rank [01] reads (\\S+)/data/table/table\\.txt: the source's first line");
   const std::string out = read_file(experiment() + "/slurm-" + job + ".out");  // the ranks' stdout
   for (auto it = std::sregex_iterator(out.begin(), out.end(), reads); it != std::sregex_iterator(); ++it) {
     read.insert((*it)[1]);

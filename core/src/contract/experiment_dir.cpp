@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "hpctrial/core/config_compare.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/logging.h"
 #include "hpctrial/core/paths.h"
 #include "hpctrial/core/text.h"
 
@@ -56,23 +58,26 @@ std::optional<ExperimentIdentity> identity_in(const json& state, const std::stri
                             json_field(state, "host_folder", std::string(), path)};
 }
 
+std::string repair_command(const ExperimentLayout& layout) {
+  return "hpctrial experiment repair " + layout.dir;
+}
+
+// experiment.json, read strictly: {} where there is none; a file that is no JSON object names
+// the command that rebuilds it.
+json read_state(const ExperimentLayout& layout) {
+  try {
+    return read_json_file(layout.state());
+  } catch (const IoError& e) {
+    throw IoError(std::string(e.what()) + ". It is the record of the experiment's identity: rebuild it from the "
+                  "experiment's checkpoints with `" + repair_command(layout) + "`");
+  }
+}
+
 std::string new_experiment_id() {
   std::random_device random;
   char text[17];
   std::snprintf(text, sizeof text, "%08x%08x", random(), random());
   return text;
-}
-
-// An experiment made before identities whose config put checkpoints in a host_path: they are
-// at host_path/trial-<id>, and stay there.
-bool kept_checkpoints_in_shared_store(const ExperimentLayout& layout) {
-  std::error_code ec;
-  if (!fs::exists(layout.config(), ec)) return false;
-  try {
-    return !load_experiment_config({layout.config(), "", {}}).checkpoint_storage.host_path.empty();
-  } catch (const Error&) {
-    return false;  // unreadable: it made no checkpoints we could find either
-  }
 }
 
 // The name as one path component (names are checked so since identities exist; older ones
@@ -85,24 +90,163 @@ std::string folder_name(std::string name) {
   return name;
 }
 
+// What shows that an experiment has begun, for messages: "trial-0 has run", "its search has a log".
+std::string evidence_of_start(const ExperimentLayout& layout) {
+  std::error_code ec;
+  if (fs::exists(layout.search_log(), ec)) return "its search has a log, " + layout.search_log();
+  for (const auto& entry : fs::directory_iterator(layout.dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!TrialLayout::trial_of(name) || !entry.is_directory(ec)) continue;
+    const TrialLayout trial{entry.path().string()};
+    for (const std::string& file : {trial.launcher_state_file(), trial.metrics_file(), trial.runs_file(),
+                                    trial.default_checkpoint_dir()}) {
+      if (fs::exists(file, ec)) return name + " has run (" + file + ")";
+    }
+  }
+  return "";
+}
+
+// The experiment's identity, from its record; IoError when the experiment has begun without one.
+std::optional<ExperimentIdentity> recorded_identity(const ExperimentLayout& layout, const json& state) {
+  if (auto known = identity_in(state, layout.state())) return known;
+  const std::string started = evidence_of_start(layout);
+  if (started.empty()) return std::nullopt;
+  std::error_code ec;
+  throw IoError(layout.state() + (fs::exists(layout.state(), ec) ? " records no experiment id" : " is missing") +
+                ", but " + layout.dir + " holds an experiment that has begun: " + started +
+                ". hpctrial never starts an experiment again over its own trials. Rebuild the record from the "
+                "experiment's checkpoints with `" + repair_command(layout) + "`, or give another directory "
+                "(--experiment DIR) to start a new experiment");
+}
+
+// How `given` differs from the experiment's config in what it trains: one line a key.
+std::string definition_changes(const std::vector<ConfigDifference>& differences, const ExperimentConfig& recorded) {
+  std::string out;
+  for (const auto& d : differences) {
+    if (!is_run_setting(d.key, recorded)) out += "\n  " + d.key + ": " + d.recorded + " -> " + d.given;
+  }
+  return out;
+}
+
+// The recorded config, or nullopt where none is; checks the one given against it.
+std::optional<ExperimentConfig> compare_with_recorded(const ExperimentLayout& layout, const ExperimentConfig& given,
+                                                      const std::optional<ExperimentIdentity>& identity) {
+  std::error_code ec;
+  if (!fs::exists(layout.config(), ec)) {
+    if (identity && !evidence_of_start(layout).empty()) {
+      throw IoError(layout.config() + " is missing: the config of experiment " + identity->name + " (" +
+                    identity->id + ") is lost, and no other config is taken for it. Restore the file from a "
+                    "backup, or give another directory (--experiment DIR) to start a new experiment");
+    }
+    return std::nullopt;
+  }
+  ExperimentConfig recorded = load_experiment_config({layout.config(), "", {}});
+  const std::string changes = definition_changes(config_differences(recorded, given), recorded);
+  if (!changes.empty()) {
+    const std::string who = identity ? "experiment " + identity->name + " (" + identity->id + ")" : "the experiment";
+    throw ConfigError(layout.config() + " is the config of " + who + ", made in " + layout.dir +
+                      "; the config given differs from it in what the experiment trains:" + changes +
+                      "\nAn experiment's config is fixed when it is made: undo the change to run this experiment, "
+                      "or run the config as a new experiment, in another directory (--experiment DIR) or under "
+                      "another name");
+  }
+  return recorded;
+}
+
 }  // namespace
 
 std::optional<ExperimentIdentity> experiment_identity(const ExperimentLayout& layout) {
-  return identity_in(read_json_file(layout.state()), layout.state());
+  return recorded_identity(layout, read_state(layout));
+}
+
+ExperimentIdentity require_experiment_identity(const ExperimentLayout& layout) {
+  if (auto identity = experiment_identity(layout)) return *identity;
+  throw IoError(layout.state() + " is missing, and the experiment in " + layout.dir + " has no identity: a run "
+                "without one would write checkpoints no experiment owns. Make the experiment with `hpctrial run` "
+                "or `hpctrial submit`, or rebuild the record with `" + repair_command(layout) + "`");
 }
 
 ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, const std::string& name) {
   create_directories(layout.dir);
   const UniqueFd lock = lock_experiment(layout);
-  json state = read_json_file(layout.state());
-  if (auto known = identity_in(state, layout.state())) return *known;
+  json state = read_state(layout);
+  if (auto known = recorded_identity(layout, state)) return *known;
   ExperimentIdentity identity{new_experiment_id(), name, ""};
-  if (!kept_checkpoints_in_shared_store(layout)) identity.host_folder = folder_name(name) + "-" + identity.id;
+  identity.host_folder = experiment_folder(name, identity.id);
   state["experiment_id"] = identity.id;
   state["experiment_name"] = identity.name;
   state["host_folder"] = identity.host_folder;
   write_json_file(layout.state(), state);
   return identity;
+}
+
+std::string experiment_folder(const std::string& name, const std::string& id) { return folder_name(name) + "-" + id; }
+
+ExperimentIdentity restore_experiment_identity(const ExperimentLayout& layout, const ExperimentIdentity& identity) {
+  const UniqueFd lock = lock_experiment(layout);
+  json state = json::object();
+  try {
+    state = read_json_file(layout.state());
+  } catch (const IoError& e) {
+    log_warning("{}; it is written anew, with the identity only", e.what());
+  }
+  if (const auto known = identity_in(state, layout.state()); known && !known->host_folder.empty()) {
+    if (known->id != identity.id) {
+      throw IoError(layout.state() + " records experiment " + known->name + " (" + known->id + ") already, not " +
+                    identity.name + " (" + identity.id + "); nothing to rebuild");
+    }
+    return *known;
+  }
+  state["experiment_id"] = identity.id;
+  state["experiment_name"] = identity.name;
+  state["host_folder"] = identity.host_folder;
+  write_json_file(layout.state(), state);
+  return identity;
+}
+
+bool experiment_started(const ExperimentLayout& layout) { return !evidence_of_start(layout).empty(); }
+
+void check_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config) {
+  std::error_code ec;
+  if (!fs::exists(layout.dir, ec)) return;
+  compare_with_recorded(layout, config, recorded_identity(layout, read_state(layout)));
+}
+
+ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config,
+                                            const std::string& workdir) {
+  create_directories(layout.dir);
+  const UniqueFd lock = lock_experiment(layout);
+  json state = read_state(layout);
+  std::optional<ExperimentIdentity> identity = recorded_identity(layout, state);
+  const std::optional<ExperimentConfig> recorded = compare_with_recorded(layout, config, identity);
+  if (!identity) {
+    identity = ExperimentIdentity{new_experiment_id(), config.name, ""};
+    identity->host_folder = experiment_folder(config.name, identity->id);
+    state["experiment_id"] = identity->id;
+    state["experiment_name"] = identity->name;
+    state["host_folder"] = identity->host_folder;
+  }
+  if (identity->host_folder.empty() && !config.checkpoint_storage.host_path.empty()) {
+    throw ConfigError("experiment " + identity->name + " (" + identity->id + ") in " + layout.dir +
+                      " was made before experiments had a folder of their own in checkpoint_storage.host_path: its "
+                      "checkpoints lie in " + config.checkpoint_storage.host_path + "/" + TrialLayout::folder(0) + " and so on, shared with every "
+                      "such experiment, and hpctrial writes no new checkpoint there. Move each of its trial folders "
+                      "to " + config.checkpoint_storage.host_path + "/" + experiment_folder(identity->name, identity->id) +
+                      "/, then run `" + repair_command(layout) + "`");
+  }
+  const std::string text = to_yaml(config);
+  if (recorded) {
+    for (const auto& d : config_differences(*recorded, config)) {
+      log_info("{}: {} is {} for this run (it was {})", layout.config(), d.key, d.given, d.recorded);
+    }
+  }
+  std::string before;
+  if (recorded) before = to_yaml(*recorded);
+  if (before != text) write_file_atomic(layout.config(), text);
+  // The identity after the config: an experiment is made once both are there.
+  state["workdir"] = workdir;
+  write_json_file(layout.state(), state);
+  return *identity;
 }
 
 std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& trial, int trial_id,
@@ -118,7 +262,7 @@ std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& tr
 }
 
 std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
-  const json state = read_json_file(layout.state());
+  const json state = read_state(layout);
   std::vector<RecordedJob> jobs;
   if (!state.contains("jobs") || !state["jobs"].is_array()) return jobs;
   for (const auto& j : state["jobs"]) {
@@ -131,7 +275,7 @@ std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
 }
 
 std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
-  const json state = read_json_file(layout.state());
+  const json state = read_state(layout);
   const std::string id = json_field(state, "job_id", std::string(), layout.state());
   if (id.empty()) return std::nullopt;
   RecordedJob job{id, json_field(state, "scheduler", std::string(), layout.state()), ""};
@@ -144,7 +288,7 @@ std::optional<RecordedJob> latest_job(const ExperimentLayout& layout) {
 void record_job(const ExperimentLayout& layout, const std::string& scheduler, const std::string& id, int trial) {
   // The subjobs of an array job may each record their successor at the same moment.
   const UniqueFd lock = lock_experiment(layout);
-  json state = read_json_file(layout.state());
+  json state = read_state(layout);
   state["scheduler"] = scheduler;
   state["job_id"] = id;
   if (!state["jobs"].is_array()) state["jobs"] = json::array();
@@ -191,7 +335,10 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   p.failed_hand_over = failed_hand_over_in(state, state_path);
   if (const auto left_out = state.find("excluded_nodes"); left_out != state.end() && left_out->is_array()) {
     for (const json& e : *left_out) {
-      if (e.is_object()) p.excluded_nodes.emplace_back(e.value("node", std::string()), e.value("job", std::string()));
+      if (e.is_object()) {
+        p.excluded_nodes.emplace_back(json_field(e, "node", std::string(), state_path),
+                                      json_field(e, "job", std::string(), state_path));
+      }
     }
   }
   std::ifstream records(trial.failures_file());

@@ -47,24 +47,37 @@ std::string TrialLayout::mpirun_log() const { return join(logs_dir(), "mpirun.lo
 
 std::string TrialLayout::stop_file() const { return join(dir, "stop-request"); }
 std::string TrialLayout::launch_dir() const { return join(dir, "launch"); }
+std::string TrialLayout::search_record() const { return join(dir, "search-trial.json"); }
 std::string TrialLayout::hostfile() const { return join(launch_dir(), "hostfile"); }
+std::string TrialLayout::launch_config() const { return join(launch_dir(), "experiment.yaml"); }
 std::string TrialLayout::heartbeat_dir() const { return join(launch_dir(), "heartbeat"); }
 std::string TrialLayout::heartbeat_file(int rank) const { return heartbeat_file(heartbeat_dir(), rank); }
 std::string TrialLayout::heartbeat_file(const std::string& heartbeat_dir, int rank) {
   return join(heartbeat_dir, std::string(kHeartbeatPrefix) + std::to_string(rank));
 }
 
-std::optional<int> TrialLayout::heartbeat_rank(std::string_view file_name) {
-  if (!starts_with(file_name, kHeartbeatPrefix)) return std::nullopt;
-  const std::string_view digits = file_name.substr(kHeartbeatPrefix.size());
+namespace {
+
+// The number after `prefix` in `name`: "<prefix><digits>", at most kMaxRankDigits digits.
+std::optional<int> number_after(std::string_view name, std::string_view prefix) {
+  if (!starts_with(name, prefix)) return std::nullopt;
+  const std::string_view digits = name.substr(prefix.size());
   if (digits.empty() || digits.size() > kMaxRankDigits) return std::nullopt;
-  int rank = 0;
+  int number = 0;
   for (char c : digits) {
     if (c < '0' || c > '9') return std::nullopt;
-    rank = rank * 10 + (c - '0');
+    number = number * 10 + (c - '0');
   }
-  return rank;
+  return number;
 }
+
+}  // namespace
+
+std::optional<int> TrialLayout::heartbeat_rank(std::string_view file_name) {
+  return number_after(file_name, kHeartbeatPrefix);
+}
+
+std::optional<int> TrialLayout::trial_of(std::string_view folder_name) { return number_after(folder_name, "trial-"); }
 
 std::string TrialLayout::abort_file(int restart_count) const {
   return join(launch_dir(), "abort-" + std::to_string(restart_count));

@@ -15,7 +15,11 @@ json read_json_file(const std::string& path) {
   if (!in) return json::object();
   try {
     json j = json::parse(in);
-    return j.is_object() ? j : json::object();
+    if (!j.is_object()) {
+      throw IoError(path + " holds " + std::string(j.type_name()) + " " + j.dump().substr(0, 40) +
+                    " where hpctrial keeps a JSON object; restore it from a backup, or remove it");
+    }
+    return j;
   } catch (const json::exception& e) {
     throw IoError(path + " is not valid JSON (" + e.what() + "); remove it or restore it from a backup");
   }

@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <limits>
 
+#include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
+#include "hpctrial/core/config_compare.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/metric_order.h"
@@ -17,6 +20,7 @@ namespace hpctrial::core {
 namespace {
 
 using testing::HasSubstr;
+using testing_support::read_file;
 using testing_support::TempDir;
 
 // An identity is made once and kept; two experiments of one name differ by it; an experiment
@@ -41,13 +45,128 @@ TEST(ExperimentIdentity, IsMadeOnceAndNamesTheExperimentsOwnFolder) {
   EXPECT_EQ(checkpoint_dir(config, a.trial(3), 3, made), "/scratch/ckpt/mlp-" + made.id + "/trial-3");
   EXPECT_EQ(checkpoint_dir(config, a.trial(3), 3, std::nullopt), "/scratch/ckpt/mlp/trial-3");
 
-  const ExperimentLayout older{(dir.path() / "older").string()};
-  dir.write("older/experiment.yaml", "name: mlp\nentrypoint: ./t\n"
-                                     "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
-                                     "checkpoint_storage: {host_path: /scratch/ckpt}\n");
-  const ExperimentIdentity kept = ensure_experiment_identity(older, "mlp");
-  EXPECT_EQ(kept.host_folder, "");
-  EXPECT_EQ(checkpoint_dir(config, older.trial(0), 0, kept), "/scratch/ckpt/trial-0");
+  // A config written by a creation that went no further: the experiment has not begun.
+  const ExperimentLayout unborn{(dir.path() / "unborn").string()};
+  dir.write("unborn/experiment.yaml", "name: mlp\nentrypoint: ./t\n"
+                                      "searcher: {name: single, metric: l, max_length: {batches: 1}}\n"
+                                      "checkpoint_storage: {host_path: /scratch/ckpt}\n");
+  const ExperimentIdentity fresh = ensure_experiment_identity(unborn, "mlp");
+  EXPECT_EQ(fresh.host_folder, "mlp-" + fresh.id);
+}
+
+// An identity is never made twice: an experiment that has begun (a trial launched, a search log)
+// and whose record is missing, damaged, of another kind or without an id is an error naming the
+// file and the repair; restore_experiment_identity records the one the checkpoints name.
+TEST(ExperimentIdentity, IsNeverMadeAgainForAnExperimentThatHasBegun) {
+  TempDir dir;
+  const ExperimentLayout e{(dir.path() / "e").string()};
+  const ExperimentIdentity made = ensure_experiment_identity(e, "mlp");
+  EXPECT_FALSE(experiment_started(e));
+  dir.write("e/trial-0/launcher-state.json", "{\"starts\": 1}\n");
+  EXPECT_TRUE(experiment_started(e));
+  for (const std::string damage : {"", "[]", "{}", "{\"jobs\": []}", "not json", "(removed)"}) {
+    SCOPED_TRACE(damage);
+    if (damage == "(removed)") {
+      std::filesystem::remove(e.state());
+    } else {
+      dir.write("e/experiment.json", damage);
+    }
+    for (const auto& call : std::vector<std::function<void()>>{[&] { experiment_identity(e); },
+                                                                [&] { ensure_experiment_identity(e, "mlp"); },
+                                                                [&] { require_experiment_identity(e); }}) {
+      try {
+        call();
+        ADD_FAILURE() << "an identity was made or read";
+      } catch (const IoError& error) {
+        EXPECT_THAT(error.what(), HasSubstr(e.state()));
+        EXPECT_THAT(error.what(), HasSubstr("hpctrial experiment repair " + e.dir));
+      }
+    }
+    EXPECT_EQ(restore_experiment_identity(e, made).id, made.id);
+    EXPECT_EQ(experiment_identity(e)->host_folder, made.host_folder);
+  }
+  const ExperimentIdentity other{"0123456789abcdef", "other", "other-0123456789abcdef"};
+  EXPECT_THROW(restore_experiment_identity(e, other), IoError);
+}
+
+ExperimentConfig parsed(const std::string& text) {
+  Diagnostics diagnostics;
+  const ExperimentConfig c = parse_experiment_config(parse_config_text(text, "exp.yaml", diagnostics), diagnostics);
+  diagnostics.throw_if_any();
+  return c;
+}
+
+// The experiment's config has one owner: what it trains is fixed, its run settings may change
+// and are recorded; nothing is written when a config is refused.
+TEST(ExperimentConfigOwner, RefusesAnotherExperimentsConfigAndRecordsRunSettings) {
+  TempDir dir;
+  const ExperimentLayout e{(dir.path() / "e").string()};
+  const std::string base = "name: mlp\nentrypoint: /bin/t\nreproducibility: {experiment_seed: 3}\n";
+  const std::string single = "searcher: {name: single, metric: l, max_length: {batches: 10}}\n";
+  const ExperimentConfig made = parsed(base + single + "hyperparameters: {lr: 0.1}\n");
+  check_experiment_config(e, made);  // nothing there yet
+  EXPECT_FALSE(std::filesystem::exists(e.dir));
+  const ExperimentIdentity identity = commit_experiment_config(e, made, "/work");
+  const std::string written = read_file(e.config());
+  EXPECT_EQ(commit_experiment_config(e, made, "/work").id, identity.id);
+
+  const ExperimentConfig other = parsed(base + single + "hyperparameters: {lr: 0.2, momentum: 0.9}\n");
+  for (const auto& call : std::vector<std::function<void()>>{[&] { check_experiment_config(e, other); },
+                                                              [&] { commit_experiment_config(e, other, "/w"); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "another experiment's config was taken";
+    } catch (const ConfigError& error) {
+      EXPECT_THAT(error.what(), HasSubstr(e.config() + " is the config of experiment mlp (" + identity.id + ")"));
+      EXPECT_THAT(error.what(), HasSubstr("\n  hyperparameters.lr: 0.1 -> 0.2"));
+      EXPECT_THAT(error.what(), HasSubstr("\n  hyperparameters.momentum: (none) -> 0.9"));
+      EXPECT_THAT(error.what(), HasSubstr("(--experiment DIR)"));
+    }
+  }
+  EXPECT_EQ(read_file(e.config()), written);
+
+  // Run settings, and a longer single trial.
+  const ExperimentConfig resumed = parsed(base + "searcher: {name: single, metric: l, max_length: {batches: 20}}\n" +
+                                          "hyperparameters: {lr: 0.1}\nresources: {slots_per_trial: 4}\n"
+                                          "max_restarts: 1\n");
+  EXPECT_EQ(commit_experiment_config(e, resumed, "/elsewhere").id, identity.id);
+  EXPECT_THAT(read_file(e.config()), HasSubstr("slots_per_trial: 4"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(e.state())).at("workdir"), "/elsewhere");
+
+  std::vector<std::string> keys;
+  for (const auto& d : config_differences(made, resumed)) keys.push_back(d.key);
+  EXPECT_THAT(keys, testing::UnorderedElementsAre("searcher.max_length.batches", "resources.slots_per_trial",
+                                                  "resources.slots_per_node", "max_restarts"));
+  // An adaptive search's rungs are cut from max_length: another length is another search.
+  const ExperimentConfig asha = parsed(base + "searcher: {name: async_halving, metric: l, max_length: {batches: 64}, "
+                                              "max_trials: 4, num_rungs: 2}\nhyperparameters: {lr: {type: double, minval: 0.1, "
+                                              "maxval: 1}}\n");
+  EXPECT_FALSE(is_run_setting("searcher.max_length.batches", asha));
+  EXPECT_TRUE(is_run_setting("searcher.max_length.batches", made));
+  EXPECT_TRUE(is_run_setting("engine.pipeline.partition_method", made));
+  EXPECT_FALSE(is_run_setting("engine.train_batch_size", made));
+  EXPECT_FALSE(is_run_setting("checkpoint_storage.host_path", made));
+  EXPECT_FALSE(is_run_setting("data.train", made));
+  EXPECT_TRUE(is_run_setting("data.stage.to", made));
+  EXPECT_FALSE(is_run_setting("resourcesx", made));
+}
+
+// A config lost from an experiment that has begun is never replaced by the one given.
+TEST(ExperimentConfigOwner, ALostConfigOfAnExperimentThatHasBegunIsAnError) {
+  TempDir dir;
+  const ExperimentLayout e{(dir.path() / "e").string()};
+  const ExperimentConfig made = parsed("name: mlp\nentrypoint: /bin/t\n"
+                                       "searcher: {name: single, metric: l, max_length: {batches: 10}}\n");
+  commit_experiment_config(e, made, "/work");
+  dir.write("e/trial-0/metrics.jsonl", "{}\n");
+  std::filesystem::remove(e.config());
+  try {
+    commit_experiment_config(e, made, "/work");
+    ADD_FAILURE() << "a lost config was replaced";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr(e.config() + " is missing: the config of experiment mlp"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(e.config()));
 }
 
 // The names of the experiment and trial directories, as docs/ and existing experiments know them.
@@ -77,6 +196,12 @@ TEST(Layout, NamesTheFilesOfAnExperimentAndItsTrials) {
   EXPECT_EQ(t.rank_log(3), "/e/trial-2/logs/rank-3.log");
   EXPECT_EQ(t.mpirun_log(), "/e/trial-2/logs/mpirun.log");
   EXPECT_EQ(t.hostfile(), "/e/trial-2/launch/hostfile");
+  EXPECT_EQ(t.launch_config(), "/e/trial-2/launch/experiment.yaml");
+  EXPECT_EQ(t.search_record(), "/e/trial-2/search-trial.json");
+  EXPECT_EQ(TrialLayout::trial_of("trial-12"), 12);
+  EXPECT_FALSE(TrialLayout::trial_of("trial-").has_value());
+  EXPECT_FALSE(TrialLayout::trial_of("trial-1x").has_value());
+  EXPECT_FALSE(TrialLayout::trial_of("trials").has_value());
   EXPECT_EQ(default_experiment_dir("mlp"), "runs/mlp");
 }
 

@@ -10,6 +10,7 @@
 #include "../../support/read_file.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/json_file.h"
 
 namespace hpctrial::core {
 namespace {
@@ -124,6 +125,29 @@ TEST(WriteFileAtomic, AFailureAtAnyCallBeforeTheRenameLeavesTheOldContentAndNoTe
     }
     EXPECT_EQ(entries, 1) << "a temporary was left by a failure at call " << fail_at;
     if (fail_at > 3) write_file_atomic(path.string(), "ckpt-150.h5\n");
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::core
+
+namespace hpctrial::core {
+namespace {
+
+// A state file is an object or an error naming it: a damaged or replaced one is never read as
+// an empty one (a missing one is: a state not begun).
+TEST(ReadJsonFile, AFileOfAnotherKindThanAnObjectIsAnErrorNamingIt) {
+  testing_support::TempDir dir;
+  EXPECT_TRUE(read_json_file((dir.path() / "none.json").string()).empty());
+  EXPECT_EQ(read_json_file(dir.write("ok.json", "{\"a\": 1}")).at("a"), 1);
+  for (const std::string text : {"[]", "3", "\"text\"", "null", "", "{\"a\":"}) {
+    const std::string path = dir.write("bad.json", text);
+    try {
+      read_json_file(path);
+      ADD_FAILURE() << text << " was read";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), testing::HasSubstr(path)) << text;
+    }
   }
 }
 

@@ -144,6 +144,17 @@ TEST(ContainerCommand, ApptainerAndSingularityBindAndPassTheGpusWithNv) {
   in.gpus = false;
   EXPECT_THAT(detail::container_command({"docker://x/y:1", core::Container::Runtime::kSingularity, {}}, in),
               ElementsAre("singularity", "exec", "--bind", "/exp:/exp", "--pwd", "/work", "docker://x/y:1"));
+  // --bind splits its value at ',': a data folder with one would become two broken binds.
+  in.mounts = {"/exp:/exp", "/data/a,b:/data/a,b"};
+  for (const auto runtime : {core::Container::Runtime::kApptainer, core::Container::Runtime::kSingularity}) {
+    try {
+      detail::container_command({"/images/t.sif", runtime, {}}, in);
+      ADD_FAILURE() << "a mount with ',' was bound";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("the ranks need /data/a,b:/data/a,b in their container, but " +
+                                      std::string(core::runtime_name(runtime)) + "'s --bind splits its mounts at ','"));
+    }
+  }
 }
 
 TEST(ContainerCommand, SitsBetweenTheRankParentAndTheProgramAndNoValueEntersArgv) {

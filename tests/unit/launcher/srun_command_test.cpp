@@ -161,7 +161,7 @@ TEST(SrunCommand, AnEnrootImageIsPyxisOptionsAndTheImagesHpctrialIsTheRanksParen
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), HasSubstr("/scratch/a,b:/scratch/a,b in their container, but pyxis' --container-mounts "
-                                    "cannot name a path with ','"));
+                                    "splits its mounts at ',' and cannot name a path with ','"));
   }
 }
 

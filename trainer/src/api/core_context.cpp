@@ -18,6 +18,7 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/mpi_environment.h"
 #include "hpctrial/core/launch_contract.h"
+#include "api/rank_identity.h"
 #include "data/staging.h"
 #include "observe/metrics_log.h"
 #include "hpctrial/rank/bootstrap.h"
@@ -86,9 +87,11 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   if (config_ && config_->stage.to != core::DataStage::To::kNone) {
     // The effective config keeps the paths as written; the program's data config names the copies.
     core::ExperimentConfig staged = *config_;
+    const detail::RankIdentity identity =
+        detail::rank_identity(contract.experiment_dir, trial_dir_, config_->name, rank_->communicator());
     detail::stage_data(staged, rank_->communicator(), distributed_.local_rank == 0,
-                       detail::stage_owner(contract.experiment_dir, config_->name, contract.trial_id),
-                       core::host_name(), mpi.node_index());
+                       detail::stage_owner(identity.identity, contract.trial_id), core::host_name(),
+                       mpi.node_index());
     data_config_ = detail::to_json(staged.data);
   }
   if (distributed_.is_chief()) {

@@ -27,6 +27,7 @@
 #include "hpctrial/rank/bootstrap.h"
 #include "hpctrial/rank/runtime.h"
 #include "hpctrial/rank/stop_signals.h"
+#include "api/rank_identity.h"
 #include "data/staging.h"
 
 namespace po = boost::program_options;
@@ -222,12 +223,15 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     }
 
     const TrialFactory factory = resolve(config);
+    const detail::RankIdentity identity =
+        detail::rank_identity(contract.experiment_dir, options.trial_dir, config.name, communicator);
+    LoopOptions loop_options = options;
+    loop_options.identity_dir = identity.recorded_in;
     const bool stager = mpi.local_rank() == 0;
     const std::string staged =
-        detail::stage_data(config, communicator, stager,
-                           detail::stage_owner(contract.experiment_dir, config.name, contract.trial_id),
+        detail::stage_data(config, communicator, stager, detail::stage_owner(identity.identity, contract.trial_id),
                            core::host_name(), mpi.node_index());
-    const LoopResult result = run_training(config, factory, communicator, options);
+    const LoopResult result = run_training(config, factory, communicator, loop_options);
     // A stopped trial's next run on this node reuses the copies; a complete one needs them no more.
     if (!result.stopped_early) detail::remove_staged_data(staged, communicator, stager);
     rank->finish();  // every rank got here: the goodbyes of a good end

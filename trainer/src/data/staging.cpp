@@ -171,9 +171,16 @@ void check_space(const fs::path& root, std::uint64_t needed, const std::string& 
   }
 }
 
-// Copies `source` to `copy` by way of a partial folder, reading the copy back to compare.
+// The three places of a staging folder: the copies, their manifests and the copies being made,
+// apart, so that no key's name is another's manifest or temporary.
+fs::path copies_of(const fs::path& folder) { return folder / "data"; }
+fs::path manifests_of(const fs::path& folder) { return folder / "manifests"; }
+fs::path partials_of(const fs::path& folder) { return folder / "partial"; }
+
+// Copies `source` to `copy` (data/<key>/<name>) by way of a partial folder, reading the copy back
+// to compare.
 void copy_source(const fs::path& source, const fs::path& copy, const fs::path& folder, std::vector<StagedFile>& files) {
-  const fs::path partial = folder / (copy.parent_path().filename().string() + ".partial");
+  const fs::path partial = partials_of(folder) / copy.parent_path().filename();
   fs::remove_all(partial);
   core::create_directories(partial.string());
   const fs::path target = partial / copy.filename();
@@ -200,8 +207,8 @@ std::string stage_key(const std::string& key, const fs::path& source, const fs::
   std::vector<StagedFile> files = list_source(source);
   std::uint64_t bytes = 0;
   for (const auto& f : files) bytes += f.size;
-  const fs::path copy = folder / key / source.filename();
-  const fs::path manifest = folder / (key + ".json");
+  const fs::path copy = copies_of(folder) / key / source.filename();
+  const fs::path manifest = manifests_of(folder) / (key + ".json");
   const std::string size = fmt::format("{:.1f} MB in {} file{}", static_cast<double>(bytes) / 1e6, files.size(),
                                        files.size() == 1 ? "" : "s");
   const auto start = std::chrono::steady_clock::now();
@@ -213,6 +220,32 @@ std::string stage_key(const std::string& key, const fs::path& source, const fs::
   core::write_file_atomic(manifest.string(), manifest_of(source.string(), files).dump(1) + "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return fmt::format("copied to {} ({}, {:.2f} s, checksums verified)", copy.string(), size, seconds);
+}
+
+// The node's staging folder, made private (0700) where it is not there; one that is there is used
+// only when it is a folder (no link) of this user that no one else may write: whoever could
+// write it could replace a copy and its manifest together.
+void make_own_folder(const fs::path& folder) {
+  core::create_directories(folder.parent_path().string());
+  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw IoError(folder.string() + " cannot be made: " + system_reason());
+  }
+  struct stat st {};
+  if (::lstat(folder.c_str(), &st) != 0) throw IoError(folder.string() + " cannot be read: " + system_reason());
+  std::string wrong;
+  if (!S_ISDIR(st.st_mode)) {
+    wrong = "is not a folder";
+  } else if (st.st_uid != ::geteuid()) {
+    wrong = "belongs to user id " + std::to_string(st.st_uid) + ", not to this user (" + std::to_string(::geteuid()) + ")";
+  } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    wrong = fmt::format("may be written by others (mode {:04o})", st.st_mode & 07777);
+  }
+  if (!wrong.empty()) {
+    // A ConfigError: no restart makes it right.
+    throw ConfigError("data.stage: " + folder.string() + " " + wrong + ": hpctrial stages only into a folder of the "
+                  "user's own that no one else may write. Remove it (or ask its owner to), or stage elsewhere "
+                  "(data.stage.to)");
+  }
 }
 
 // The first error of any rank, on every rank ('?' before a ConfigError's).
@@ -261,10 +294,8 @@ std::vector<std::pair<std::string, std::string>> keys_to_stage(const core::Exper
   return keys;
 }
 
-std::string stage_owner(const std::string& experiment_dir, const std::string& name, int trial_id) {
-  std::optional<core::ExperimentIdentity> identity;
-  if (!experiment_dir.empty()) identity = core::experiment_identity(core::ExperimentLayout{experiment_dir});
-  return (identity ? identity->id : name) + "-trial-" + std::to_string(trial_id);
+std::string stage_owner(const core::ExperimentIdentity& identity, int trial_id) {
+  return identity.id + "-trial-" + std::to_string(trial_id);
 }
 
 std::string stage_root(const core::DataStage& stage) {
@@ -317,7 +348,10 @@ std::string stage_data(core::ExperimentConfig& config, comm::Communicator& world
   std::string error;
   if (stager) {
     try {
-      core::create_directories(folder.string());
+      make_own_folder(folder);
+      for (const fs::path& place : {copies_of(folder), manifests_of(folder), partials_of(folder)}) {
+        core::create_directories(place.string());
+      }
       for (const auto& k : keys) {
         const std::string key = k[0];
         core::log_info("data.stage: node {}: data.{} {}", named, key, stage_key(key, k[1].get<std::string>(), folder));
@@ -334,7 +368,7 @@ std::string stage_data(core::ExperimentConfig& config, comm::Communicator& world
   for (const auto& k : keys) {
     const std::string key = k[0];
     core::ConfigNode* value = config.data.find(key);
-    *value = core::ConfigNode::scalar((folder / key / fs::path(k[1].get<std::string>()).filename()).string(),
+    *value = core::ConfigNode::scalar((copies_of(folder) / key / fs::path(k[1].get<std::string>()).filename()).string(),
                                       value->where(), true);
   }
   return folder.string();

@@ -2,13 +2,15 @@
 // trains, and the trial pointed at the copies.
 //
 // On each node the ranks' first (node-local rank 0, the stager) copies each staged key's file or
-// folder into <root>/hpctrial-stage-<owner>-<node>/<key>/, checksumming what it reads (CRC-32C)
-// and reading the copy back to compare; a manifest (<key>.json: the source, and each file's
-// size, modification time and checksum) is written last. A later run of the same trial on the
-// same node (a requeue, a resumed pause) reuses a copy whose source is unchanged (sizes and
-// times) and whose files still have their checksums; anything else is copied afresh. The copies
-// are read-only. Every rank waits for every node and fails alike: an error names the node, the
-// key and the path. No LibTorch here.
+// folder into <root>/hpctrial-stage-<owner>-<node>/data/<key>/, checksumming what it reads
+// (CRC-32C) and reading the copy back to compare, by way of partial/<key>; a manifest
+// (manifests/<key>.json: the source, and each file's size, modification time and checksum) is
+// written last. The folder is the user's own: made private (0700), and one that belongs to
+// another user or that others may write is refused with its path. A later run of the same trial
+// on the same node (a requeue, a resumed pause) reuses a copy whose source is unchanged (each
+// file's size and time, as the source has them now) and whose files still have their checksums;
+// anything else is copied afresh. The copies are read-only. Every rank waits for every node and
+// fails alike: an error names the node, the key and the path. No LibTorch here.
 #pragma once
 
 #include <string>
@@ -17,6 +19,7 @@
 
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/experiment_dir.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -29,9 +32,9 @@ std::vector<std::pair<std::string, std::string>> keys_to_stage(const core::Exper
 // directory (else /tmp) and shm /dev/shm.
 std::string stage_root(const core::DataStage& stage);
 
-// "<experiment id>-trial-<id>": the owner of a trial's staged data (the config's name where no
-// experiment is recorded in `experiment_dir`, as for a rank started by hand).
-std::string stage_owner(const std::string& experiment_dir, const std::string& name, int trial_id);
+// "<experiment id>-trial-<id>": the owner of a trial's staged data (api/rank_identity.h: also
+// for a rank run alone, whose trial directory records its own identity).
+std::string stage_owner(const core::ExperimentIdentity& identity, int trial_id);
 
 // Collective on `world`. Stages config.data's keys on this node when `stager`, waits for every
 // node, and rewrites those keys to the copies. `owner` names the experiment and trial,

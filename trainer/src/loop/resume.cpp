@@ -19,8 +19,8 @@
 namespace hpctrial::trainer::detail {
 
 std::optional<core::ExperimentIdentity> Loop::experiment_identity() const {
-  if (options_.experiment_dir.empty()) return std::nullopt;
-  return core::experiment_identity(core::ExperimentLayout{options_.experiment_dir});
+  if (options_.identity_dir.empty()) return std::nullopt;
+  return core::require_experiment_identity(core::ExperimentLayout{options_.identity_dir});
 }
 
 std::string Loop::checkpoint_dir() const {

@@ -1,5 +1,6 @@
 #include "state/checkpointing.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -278,16 +279,27 @@ void check_model_parts(const checkpoint::Contents& contents, const std::string& 
                     "model-parallel layout that wrote it (the number of replicas may change)");
 }
 
-// Whether the file holds every tensor of this rank's models under `part`: the part it wrote.
+// Whether the file's `part` holds exactly the tensors of this rank's models: the part it wrote.
+// A stage cut to fewer layers than it had (its part then holds others too) or to more is not.
 bool holds_part(const checkpoint::Contents& contents, TrialContext& context, const std::string& part) {
   const auto& models = context.models();
+  std::size_t tensors = 0;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (const auto& item : models[i]->named_parameters()) {
       if (contents.find(prefix + item.key()) == nullptr) return false;
+      ++tensors;
+    }
+    for (const auto& item : models[i]->named_buffers()) {
+      if (contents.find(prefix + item.key()) == nullptr) return false;
+      ++tensors;
     }
   }
-  return true;
+  const std::string models_prefix = part + "model/";
+  const auto in_part = std::count_if(contents.datasets.begin(), contents.datasets.end(), [&](const auto& d) {
+    return d.name.compare(0, models_prefix.size(), models_prefix) == 0;
+  });
+  return static_cast<std::size_t>(in_part) == tensors;
 }
 
 // The wrapped GradScalers' states; one the checkpoint lacks keeps its initial scale.

@@ -35,15 +35,48 @@ struct ExperimentIdentity {
   std::string id;    // 16 hex digits
   std::string name;  // the config's name when the experiment was made
   // The experiment's folder under host_path: "<name>-<id>". Empty for an experiment made before
-  // experiments had ids, whose checkpoints stay where they were (host_path/trial-<id>).
+  // experiments had folders, whose checkpoints lay in host_path/trial-<id>: it runs again once
+  // they are moved into its folder and `hpctrial experiment repair` has named it.
   std::string host_folder;
 };
-// The identity recorded in experiment.json; nullopt when none is (no experiment there yet).
+// The identity recorded in experiment.json; nullopt when none is and the experiment has not
+// begun (no experiment there yet). IoError naming the file and `hpctrial experiment repair` when
+// the record is damaged (no JSON object), or missing or without an id for an experiment that has
+// begun: an identity is never made twice.
 std::optional<ExperimentIdentity> experiment_identity(const ExperimentLayout& layout);
+// The same, for a rank of a trial the launcher started: IoError when there is none.
+ExperimentIdentity require_experiment_identity(const ExperimentLayout& layout);
 // The recorded identity, or a new one recorded now for an experiment called `name` (safe
-// against concurrent callers). An experiment directory that already has trials but no identity
-// was made before identities: it keeps its old checkpoint layout.
+// against concurrent callers); IoError as experiment_identity().
 ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, const std::string& name);
+// "<name>-<id>": an experiment's folder under checkpoint_storage.host_path (its name made one
+// safe path component).
+std::string experiment_folder(const std::string& name, const std::string& id);
+// Records `identity` as the experiment's under its lock, for `hpctrial experiment repair`: where
+// experiment.json is missing, damaged, records no id, or records this id without a folder (the
+// rest of a readable record is kept). Returns what is recorded then. IoError when the file
+// records another experiment.
+ExperimentIdentity restore_experiment_identity(const ExperimentLayout& layout, const ExperimentIdentity& identity);
+// Whether the experiment has begun: a trial of it was launched (its launcher state, metrics, runs
+// or checkpoints folder is there) or its search has a log.
+bool experiment_started(const ExperimentLayout& layout);
+
+// The experiment's config has one owner: experiment.yaml, written when the experiment is made
+// and changed afterwards only in its run settings (config_compare.h: is_run_setting), under the
+// experiment's lock. `config` is the config a command would run the experiment with, resolved as
+// it would be written.
+// check_experiment_config writes nothing: ConfigError listing each key whose value differs from
+// the recorded config's in what the experiment trains (and how to start another experiment);
+// IoError for a damaged or lost record (experiment_identity) or a lost config of an experiment
+// that has begun.
+void check_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config);
+// commit_experiment_config makes the experiment (identity and config) where the directory holds
+// none, or checks `config` as check_experiment_config does, all under the experiment's lock; then
+// records `config`'s run settings (each change logged) and `workdir`, where the ranks run.
+// Returns the identity. ConfigError too for an experiment made before experiments had a folder
+// of their own under checkpoint_storage.host_path: no new checkpoint goes into the shared layout.
+ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config,
+                                            const std::string& workdir);
 
 // Where a trial's checkpoints go: checkpoint_storage.host_path/<host_folder>/trial-<id> when the
 // config sets a host_path, else trial.default_checkpoint_dir() (<trial dir>/checkpoints).

@@ -22,8 +22,9 @@ const char* json_type_name() {
   else return "value of the expected kind";
 }
 
-// The object in `path`; an empty object when the file does not exist or holds no object.
-// IoError naming the file when it is not JSON.
+// The object in `path`; an empty object when the file does not exist. IoError naming the file
+// when it is not JSON, or JSON of another kind than an object (a state file that was damaged or
+// replaced is never read as an empty one).
 nlohmann::json read_json_file(const std::string& path);
 // Publishes `value` at `path` atomically (write_file_atomic); text that is not UTF-8 is written
 // with replacement characters.

@@ -30,6 +30,8 @@ struct TrialLayout {
   // "trial-<id>": a trial's folder, below its experiment directory and below the experiment's
   // folder in checkpoint_storage.host_path.
   static std::string folder(int trial_id);
+  // The trial id a folder's name gives ("trial-<id>"); nullopt for any other name.
+  static std::optional<int> trial_of(std::string_view folder_name);
 
   // Written by the chief.
   // <dir>/metrics.jsonl: the trial's metrics, a JSON line a report.
@@ -76,8 +78,15 @@ struct TrialLayout {
   // <dir>/stop-request: a stop request, written by `hpctrial pause` and the launcher, watched by
   // the chief.
   std::string stop_file() const;
+  // <dir>/search-trial.json: the search event that made the trial, written by the search's worker
+  // that created it: {"experiment_id", "trial", "bracket", "created"}. A search log that does not
+  // know it is not the trial's (search/event_log.h).
+  std::string search_record() const;
   // <dir>/launch: the files of the launcher's attempts.
   std::string launch_dir() const;
+  // <dir>/launch/experiment.yaml: the experiment's config as the trial's launcher found it when
+  // it started, which its ranks read (HPCTRIAL_CONFIG) at every restart.
+  std::string launch_config() const;
   // <dir>/launch/hostfile: the hosts and slots mpirun places the ranks on.
   std::string hostfile() const;
   // <dir>/launch/heartbeat: one heartbeat record per rank.

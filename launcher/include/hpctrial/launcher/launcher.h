@@ -38,12 +38,17 @@ using core::kExitStopped;
 
 using core::ExperimentLayout;
 
-// Makes `dir` (0700) and writes the effective config into it. The entrypoint's program or
-// library is made absolute against the config file's directory, and that directory is recorded
-// as where the ranks run, so that the experiment directory is all a batch job needs. A seed left
-// unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running again
-// resumes with the same data order), else chosen now. Returns the config as written.
+// Makes the experiment in `dir` (0700: its identity and its config), or checks that `config` is
+// the config of the experiment there and records its run settings (core::commit_experiment_config:
+// another experiment's config is refused before anything is written). The entrypoint's program
+// or library is made absolute against the config file's directory, and that directory is
+// recorded as where the ranks run, so that the experiment directory is all a batch job needs. A
+// seed left unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running
+// again resumes with the same data order), else chosen now. Returns the config as written.
 core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir);
+// What prepare_experiment() checks first, writing nothing: ConfigError when `config` is not the
+// config of the experiment in `dir`; IoError for its damaged or lost record.
+void check_experiment(const core::ExperimentConfig& config, const std::string& dir);
 // What prepare_experiment() would write, without writing anything.
 core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir);
 // Where the ranks of an experiment made from `config` run: its config file's directory.

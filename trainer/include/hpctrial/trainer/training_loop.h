@@ -30,6 +30,10 @@ struct LoopOptions {
   std::string trial_dir;            // metrics.jsonl goes here (created if missing)
   int trial_id = 0;
   std::string experiment_dir;       // TrialContext::experiment_id(); empty when run alone
+  // Where the identity every checkpoint names is recorded (core::experiment_identity): the
+  // experiment directory; for a rank run alone, its trial directory, where the chief makes it the
+  // first time (HPCTRIAL_MAIN does). Empty: none, and checkpoints name no experiment.
+  std::string identity_dir;
   std::uint32_t experiment_seed = 0;
   DistributedContext distributed;
   double progress_interval_s = 10;  // progress lines on stderr (chief only); <= 0: none
