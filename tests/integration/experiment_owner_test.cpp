@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "../support/read_file.h"
@@ -53,11 +54,14 @@ class ExperimentOwner : public Launcher {
     return p;
   }
   std::string store() const { return (dir_.path() / "store").string(); }
-  // A search of async_halving over a range nobody trains with, 4 trials of at most 40 batches.
-  std::string search_config(const std::string& file, int divisor, int global_batch, int hidden_max, int batch_ms) {
+  // A search of async_halving over a range nobody trains with, `trials` trials of at most 200
+  // batches, in 2 rungs.
+  std::string search_config(const std::string& file, int divisor, int global_batch, int hidden_max, int batch_ms,
+                            int trials = 4) {
     return dir_.write(file, "name: searched\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
-                            "searcher: {name: async_halving, metric: validation_loss, max_length: {batches: 40}, "
-                            "max_trials: 4, num_rungs: 2, divisor: " + std::to_string(divisor) + "}\n"
+                            "searcher: {name: async_halving, metric: validation_loss, max_length: {batches: 200}, "
+                            "max_trials: " + std::to_string(trials) + ", num_rungs: 2, divisor: " +
+                            std::to_string(divisor) + "}\n"
                             "hyperparameters: {global_batch_size: " + std::to_string(global_batch) +
                             ", fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: " + std::to_string(batch_ms) +
                             ", hidden: {type: int, minval: 8, maxval: " + std::to_string(hidden_max) + "}}\n"
@@ -97,7 +101,7 @@ TEST_F(ExperimentOwner, AnotherSearchWorkerIsRefusedBeforeItWrites) {
   first->signal(SIGINT);
   ASSERT_TRUE(first->wait(120s).has_value());
   EXPECT_EQ(first->exit_code(), 75) << first->output();
-  auto again = run(search_config("x.yaml", 2, 16, 16, 0), "", {}, 300s);
+  auto again = run(search_config("x0.yaml", 2, 16, 16, 0), "", {}, 300s);
   // batch_ms is part of what the experiment trains: the same value as when it was made.
   EXPECT_EQ(again->exit_code(), 2) << again->output();
   EXPECT_THAT(again->output(), HasSubstr("hyperparameters.batch_ms: 20 -> 0"));
@@ -226,6 +230,86 @@ TEST_F(ExperimentOwner, ALostOrDamagedIdentityIsRefusedAndRepairedFromTheCheckpo
   EXPECT_TRUE(fs::exists(folder / "trial-0" / "ckpt-60.h5"));
   auto nothing = cli({"experiment", "repair", experiment()});
   EXPECT_EQ(nothing->exit_code(), 0) << nothing->output();
+}
+
+// A search of two trials run to its end, then its log cut short (only the first event of the
+// trial that did not reach the top rung left), restored from an older copy (up to the top trial's
+// first rung, which it does not hold), or replaced by a folder nothing can read: the worker
+// refuses, naming the log and the trial's record or metrics, and appends nothing; the trials'
+// metrics stay as they were.
+TEST_F(ExperimentOwner, ASearchLogThatDisagreesWithItsTrialsIsRefused) {
+  const std::string x = search_config("x.yaml", 2, 16, 16, 0, 2);
+  auto done = run(x, "", {}, 300s);
+  ASSERT_EQ(done->exit_code(), 0) << done->output();
+  const std::string log = experiment() + "/search-events.jsonl";
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) lines.push_back(line + "\n");
+  }
+  const auto event = [](const std::string& line) { return nlohmann::json::parse(line); };
+  int top = -1;
+  for (const auto& line : lines) {
+    const auto e = event(line);
+    if (e.at("event") == "rung" && e.at("rung") == 1) top = e.at("trial");
+  }
+  ASSERT_GE(top, 0) << "no trial reached the top rung";
+  // The trial's training and validation records (a run's timings aside).
+  const auto trained = [&] {
+    std::ifstream in(experiment() + "/trial-" + std::to_string(top) + "/metrics.jsonl");
+    std::string out;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"kind\":\"timings\"") == std::string::npos) out += line + "\n";
+    }
+    return out;
+  };
+  const std::string top_metrics = trained();
+  const auto write_log = [&](std::size_t count) {
+    std::ofstream out(log, std::ios::trunc);
+    for (std::size_t i = 0; i < count; ++i) out << lines[i];
+  };
+
+  // Cut short after trial 0's creation: trial 1 is not in it.
+  std::size_t first_start = 0;
+  while (event(lines[first_start]).value("event", "") != "started") ++first_start;
+  write_log(first_start + 1);
+  const std::string cut = read_file(log);
+  auto p = run(x);
+  EXPECT_EQ(p->exit_code(), 1) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("/trial-1/search-trial.json says the search made trial 1 at "));
+  EXPECT_THAT(p->output(), HasSubstr("but the search log " + log + " does not know that trial"));
+  EXPECT_EQ(read_file(log), cut) << "the worker appended to a log that disagrees with its trials";
+
+  // An older copy: every line before the top trial's first rung; a trial it did not create yet
+  // was never made (its directory moved away).
+  std::size_t before_rung = 0;
+  std::set<int> created;
+  for (; before_rung < lines.size(); ++before_rung) {
+    const auto e = event(lines[before_rung]);
+    if (e.at("event") == "rung" && e.at("trial") == top) break;
+    if (e.at("event") == "created") created.insert(e.at("trial").get<int>());
+  }
+  for (int trial = 0; trial < 2; ++trial) {
+    if (created.count(trial) == 0) fs::rename(experiment() + "/trial-" + std::to_string(trial), dir_.path() / "away");
+  }
+  write_log(before_rung);
+  const std::string older = read_file(log);
+  p = run(x);
+  EXPECT_EQ(p->exit_code(), 1) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("the last validation of trial " + std::to_string(top) + " is at batch 200, but "
+                                     "rung 0 of the search log " + log + " ends at batch 100"));
+  EXPECT_THAT(read_file(log).substr(0, older.size()), older);
+  EXPECT_THAT(read_file(log), Not(HasSubstr("\"event\":\"rung\",\"metric\""))) << "a stale metric was recorded";
+  EXPECT_EQ(trained(), top_metrics) << "the trial trained again";
+
+  // A log nothing can read.
+  fs::remove(log);
+  fs::create_directory(log);
+  p = run(x);
+  EXPECT_EQ(p->exit_code(), 1) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("the search log " + log + " cannot be read"));
+  EXPECT_TRUE(fs::is_empty(log));
+  expect_no_rank_left();
 }
 
 }  // namespace experiment_owner_test

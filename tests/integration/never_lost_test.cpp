@@ -202,6 +202,32 @@ TEST_F(NeverLost, AClosedOutputAndSigpipeDoNotEndTheRun) {
   expect_no_rank_left();
 }
 
+// SIGHUP while the checkpoint of batch 1000 is held 4 s (slow storage: the chief's writer thread,
+// or another rank at the checkpoint's start): the stop is taken at the next step boundary, not at
+// the next periodic checkpoint (batch 2000), and its checkpoint waits for the held one.
+TEST_F(NeverLost, ASighupWhileACheckpointIsBeingWrittenStopsAtTheNextStep) {
+  for (const std::string fault : {"rank0:step1000:writer:sleep4", "rank1:step1000:checkpoint:sleep4"}) {
+    SCOPED_TRACE(fault);
+    fs::remove_all(experiment());
+    auto p = start(config("min_checkpoint_period: {batches: 1000}\n", 100000, 2, 5), fault);
+    const auto until = std::chrono::steady_clock::now() + 90s;
+    while (p->output().find("injected fault") == std::string::npos && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_THAT(p->output(), HasSubstr("injected fault " + fault));
+    p->signal(SIGHUP);
+    ASSERT_TRUE(p->wait(60s).has_value()) << p->output();
+    EXPECT_EQ(p->exit_code(), 75) << p->output();
+    std::smatch m;
+    const std::string out = p->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("stopping after batch ([0-9]+)"))) << out;
+    EXPECT_GT(std::stoll(m[1]), 1000);
+    EXPECT_LT(std::stoll(m[1]), 2000) << "the stop waited for the next periodic checkpoint";
+    EXPECT_TRUE(fs::exists(trial() + "/checkpoints/ckpt-" + m[1].str() + ".h5"));
+    expect_no_rank_left();
+  }
+}
+
 // A second run leaves the first run's config (which its restarts read) as it was: refused as
 // another experiment when it trains something else, and because the trial is running when only
 // its run settings differ.

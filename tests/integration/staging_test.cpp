@@ -109,7 +109,8 @@ TEST_F(Staging, AListedPathThatIsNotThereEndsTheRunNamingTheNodeTheKeyAndThePath
   const auto entries = [&] { return std::distance(fs::recursive_directory_iterator(local()), {}); };
   const auto before = entries();
   p = run(config("data: {\"../up\": " + (data() / "table.txt").string() + ", stage: {to: " + local().string() +
-                 "}}\n", 100, 2, 0));
+                 "}}\n", 100, 2, 0),
+          "", {"--experiment", (dir_.path() / "up-exp").string()});
   EXPECT_EQ(p->exit_code(), 2) << p->output();
   EXPECT_THAT(p->output(), HasSubstr("data.../up is staged, and its key cannot name a folder; rename the key so that "
                                      "it holds no '/' and is not '.' or '..'"));
