@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "hpctrial/checkpoint/format.h"
@@ -81,6 +82,27 @@ int repair(const std::string& dir, const std::string& chosen) {
     throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config());
   }
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
+  std::optional<core::ExperimentIdentity> current;
+  try {
+    current = core::experiment_identity(layout);
+  } catch (const IoError&) {
+    // lost or damaged: rebuilt below
+  }
+  if (current && !current->host_folder.empty() && (chosen.empty() || chosen == current->id)) {
+    std::cout << layout.state() << " records experiment " << current->name << " (" << current->id
+              << "); nothing to repair\n";
+    return kExitOk;
+  }
+  if (current && chosen.empty()) {
+    // Made before experiments had folders: its folder is named now, its checkpoints moved there by hand.
+    const core::ExperimentIdentity named{current->id, current->name, core::experiment_folder(current->name, current->id)};
+    core::restore_experiment_identity(layout, named);
+    std::cout << layout.state() << " records experiment " << named.name << " (" << named.id << ") with its folder "
+              << named.host_folder << (config.checkpoint_storage.host_path.empty() ? "" : " in " +
+                                       config.checkpoint_storage.host_path)
+              << "\nrun or submit the experiment again to resume it from its latest checkpoint there\n";
+    return kExitOk;
+  }
   std::map<std::string, Found> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(layout.dir, ec)) {

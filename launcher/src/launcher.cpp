@@ -344,9 +344,7 @@ core::ExperimentConfig recorded_config(const ExperimentLayout& layout) {
 // experiment's as this launcher found it, whatever a later command records for the experiment's
 // other trials. Written by the launcher that holds the trial.
 void hold_launch_config(const std::string& trial_dir, const core::ExperimentConfig& experiment) {
-  const core::TrialLayout trial{trial_dir};
-  core::create_directories(trial.launch_dir());
-  core::write_file_atomic(trial.launch_config(), core::to_yaml(experiment));
+  core::write_file_atomic(core::TrialLayout{trial_dir}.launch_config(), core::to_yaml(experiment));
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ TEST_F(ExperimentOwner, AnotherTrialsRunLeavesARunningTrialsRestartsAlone) {
     const std::string x = grid_config("x.yaml", 16, "max_restarts: 1\n");
     auto first = start(x, "", {"--trial", "0"});
     wait_for_step(20);
-    const std::string trial_config = read_file(trial() + "/launch/experiment.yaml");
+    const std::string trial_config = read_file(trial() + "/launcher-config.yaml");
     const auto before = configs();
 
     auto refused = run(grid_config("y.yaml", 32, "max_restarts: 1\n"), "", {"--trial", "1"});
@@ -137,7 +137,7 @@ TEST_F(ExperimentOwner, AnotherTrialsRunLeavesARunningTrialsRestartsAlone) {
     ASSERT_EQ(other->exit_code(), 0) << other->output();
     EXPECT_THAT(other->output(), HasSubstr("resources.slots_per_trial is 1 for this run (it was 2)"));
     EXPECT_THAT(read_file(experiment() + "/experiment.yaml"), HasSubstr("slots_per_trial: 1"));
-    EXPECT_EQ(read_file(trial() + "/launch/experiment.yaml"), trial_config);
+    EXPECT_EQ(read_file(trial() + "/launcher-config.yaml"), trial_config);
 
     // The rank dies; the restart's ranks read the trial's own config.
     const std::string mine = "HPCTRIAL_EXPERIMENT_DIR=" + experiment();

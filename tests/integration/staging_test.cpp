@@ -169,6 +169,49 @@ TEST_F(Staging, TwoRunsAloneOfSameNamedConfigsKeepEachOthersCopies) {
   ASSERT_TRUE(first->wait(60s).has_value());
   EXPECT_EQ(first->exit_code(), 75) << first->output();
   EXPECT_EQ(folders(), first_folders) << "a stopped run keeps its copies for the next";
+
+  // One after the other: a third, run to its end while the first is stopped.
+  auto third = alone("other.txt", "c", 20, 0);
+  ASSERT_TRUE(third->wait(120s).has_value());
+  ASSERT_EQ(third->exit_code(), 0) << third->output();
+  EXPECT_EQ(folders(), first_folders);
+  EXPECT_EQ(read_file(mine / "data" / "table" / "table.txt"), "the source's first line\nmore\n");
+}
+
+// Keys whose names end like a manifest or a partial copy of another key's: each key's copy, its
+// manifest and its partial copy have places of their own.
+TEST_F(Staging, KeysNamedLikeAnotherKeysManifestOrPartialCopyStayApart) {
+  std::ofstream(data() / "json.txt") << "the json key's table\n";
+  std::ofstream(data() / "partial.txt") << "the partial key's table\n";
+  const std::string exp = config("data: {table: " + (data() / "table.txt").string() + ", table.json: " +
+                                     (data() / "json.txt").string() + ", table.partial: " +
+                                     (data() / "partial.txt").string() + ", stage: {to: " + local().string() + "}}\n",
+                                 4000, 2, 1);
+  auto p = start(exp);
+  wait_for_step(5);
+  p->signal(SIGUSR2);
+  ASSERT_TRUE(p->wait(60s).has_value());
+  ASSERT_EQ(p->exit_code(), 75) << p->output();
+  const fs::path staged = folder();
+  EXPECT_EQ(read_file(staged / "data" / "table" / "table.txt"), "the source's first line\nmore\n");
+  EXPECT_EQ(read_file(staged / "data" / "table.json" / "json.txt"), "the json key's table\n");
+  EXPECT_EQ(read_file(staged / "data" / "table.partial" / "partial.txt"), "the partial key's table\n");
+  for (const char* manifest : {"table.json", "table.json.json", "table.partial.json"}) {
+    EXPECT_TRUE(fs::exists(staged / "manifests" / manifest)) << manifest;
+  }
+  EXPECT_TRUE(fs::is_empty(staged / "partial")) << "a partial copy was left";
+  // The next run reuses all three.
+  auto again = start(exp);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (again->output().find("rank 1 reads") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  again->signal(SIGUSR2);
+  ASSERT_TRUE(again->wait(60s).has_value());
+  for (const char* key : {"data.table reused", "data.table.json reused", "data.table.partial reused"}) {
+    EXPECT_THAT(again->output(), HasSubstr(key));
+  }
+  expect_no_rank_left();
 }
 
 // The node's staging folder, there before the run as another user's or writable by others: the

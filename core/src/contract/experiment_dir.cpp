@@ -98,8 +98,7 @@ std::string evidence_of_start(const ExperimentLayout& layout) {
     const std::string name = entry.path().filename().string();
     if (!TrialLayout::trial_of(name) || !entry.is_directory(ec)) continue;
     const TrialLayout trial{entry.path().string()};
-    for (const std::string& file : {trial.launcher_state_file(), trial.metrics_file(), trial.runs_file(),
-                                    trial.default_checkpoint_dir()}) {
+    for (const std::string& file : {trial.launcher_state_file(), trial.runs_file(), trial.default_checkpoint_dir()}) {
       if (fs::exists(file, ec)) return name + " has run (" + file + ")";
     }
   }
@@ -128,12 +127,16 @@ std::string definition_changes(const std::vector<ConfigDifference>& differences,
   return out;
 }
 
-// The recorded config, or nullopt where none is; checks the one given against it.
+// The recorded config, or nullopt where none is; checks the one given against it once the
+// experiment has begun (a trial launched, a search decided, a batch job submitted): until then a
+// config that could not start (a mistyped entrypoint) may be corrected.
 std::optional<ExperimentConfig> compare_with_recorded(const ExperimentLayout& layout, const ExperimentConfig& given,
-                                                      const std::optional<ExperimentIdentity>& identity) {
+                                                      const std::optional<ExperimentIdentity>& identity,
+                                                      const json& state) {
   std::error_code ec;
+  const bool begun = !evidence_of_start(layout).empty() || !json_field(state, "job_id", std::string(), layout.state()).empty();
   if (!fs::exists(layout.config(), ec)) {
-    if (identity && !evidence_of_start(layout).empty()) {
+    if (identity && begun) {
       throw IoError(layout.config() + " is missing: the config of experiment " + identity->name + " (" +
                     identity->id + ") is lost, and no other config is taken for it. Restore the file from a "
                     "backup, or give another directory (--experiment DIR) to start a new experiment");
@@ -141,6 +144,7 @@ std::optional<ExperimentConfig> compare_with_recorded(const ExperimentLayout& la
     return std::nullopt;
   }
   ExperimentConfig recorded = load_experiment_config({layout.config(), "", {}});
+  if (!begun) return recorded;
   const std::string changes = definition_changes(config_differences(recorded, given), recorded);
   if (!changes.empty()) {
     const std::string who = identity ? "experiment " + identity->name + " (" + identity->id + ")" : "the experiment";
@@ -209,7 +213,8 @@ bool experiment_started(const ExperimentLayout& layout) { return !evidence_of_st
 void check_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config) {
   std::error_code ec;
   if (!fs::exists(layout.dir, ec)) return;
-  compare_with_recorded(layout, config, recorded_identity(layout, read_state(layout)));
+  const json state = read_state(layout);
+  compare_with_recorded(layout, config, recorded_identity(layout, state), state);
 }
 
 ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, const ExperimentConfig& config,
@@ -218,7 +223,7 @@ ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, cons
   const UniqueFd lock = lock_experiment(layout);
   json state = read_state(layout);
   std::optional<ExperimentIdentity> identity = recorded_identity(layout, state);
-  const std::optional<ExperimentConfig> recorded = compare_with_recorded(layout, config, identity);
+  const std::optional<ExperimentConfig> recorded = compare_with_recorded(layout, config, identity, state);
   if (!identity) {
     identity = ExperimentIdentity{new_experiment_id(), config.name, ""};
     identity->host_folder = experiment_folder(config.name, identity->id);

@@ -49,7 +49,7 @@ std::string TrialLayout::stop_file() const { return join(dir, "stop-request"); }
 std::string TrialLayout::launch_dir() const { return join(dir, "launch"); }
 std::string TrialLayout::search_record() const { return join(dir, "search-trial.json"); }
 std::string TrialLayout::hostfile() const { return join(launch_dir(), "hostfile"); }
-std::string TrialLayout::launch_config() const { return join(launch_dir(), "experiment.yaml"); }
+std::string TrialLayout::launch_config() const { return join(dir, "launcher-config.yaml"); }
 std::string TrialLayout::heartbeat_dir() const { return join(launch_dir(), "heartbeat"); }
 std::string TrialLayout::heartbeat_file(int rank) const { return heartbeat_file(heartbeat_dir(), rank); }
 std::string TrialLayout::heartbeat_file(const std::string& heartbeat_dir, int rank) {

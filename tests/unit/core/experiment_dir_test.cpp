@@ -107,10 +107,16 @@ TEST(ExperimentConfigOwner, RefusesAnotherExperimentsConfigAndRecordsRunSettings
   check_experiment_config(e, made);  // nothing there yet
   EXPECT_FALSE(std::filesystem::exists(e.dir));
   const ExperimentIdentity identity = commit_experiment_config(e, made, "/work");
-  const std::string written = read_file(e.config());
   EXPECT_EQ(commit_experiment_config(e, made, "/work").id, identity.id);
 
+  // Until it has begun, a config that could not start may be corrected.
   const ExperimentConfig other = parsed(base + single + "hyperparameters: {lr: 0.2, momentum: 0.9}\n");
+  EXPECT_EQ(commit_experiment_config(e, other, "/work").id, identity.id);
+  EXPECT_THAT(read_file(e.config()), HasSubstr("momentum: 0.9"));
+  commit_experiment_config(e, made, "/work");
+  const std::string written = read_file(e.config());
+  dir.write("e/trial-0/launcher-state.json", "{\"starts\": 1}\n");
+
   for (const auto& call : std::vector<std::function<void()>>{[&] { check_experiment_config(e, other); },
                                                               [&] { commit_experiment_config(e, other, "/w"); }}) {
     try {
@@ -151,6 +157,31 @@ TEST(ExperimentConfigOwner, RefusesAnotherExperimentsConfigAndRecordsRunSettings
   EXPECT_FALSE(is_run_setting("resourcesx", made));
 }
 
+// An experiment made before experiments had folders keeps its checkpoints in the shared
+// host_path/trial-<id>, where another's retention could act on them: refused until they are moved
+// and the folder recorded.
+TEST(ExperimentConfigOwner, AnExperimentInTheSharedLayoutWritesNothingThere) {
+  TempDir dir;
+  const ExperimentLayout e{(dir.path() / "e").string()};
+  const ExperimentConfig made = parsed("name: mlp\nentrypoint: /bin/t\n"
+                                       "searcher: {name: single, metric: l, max_length: {batches: 10}}\n"
+                                       "checkpoint_storage: {host_path: /scratch/ckpt}\n");
+  const ExperimentIdentity identity = commit_experiment_config(e, made, "/work");
+  dir.write("e/experiment.json", "{\"experiment_id\": \"" + identity.id + "\", \"experiment_name\": \"mlp\", "
+                                 "\"host_folder\": \"\"}\n");
+  try {
+    commit_experiment_config(e, made, "/work");
+    ADD_FAILURE() << "the shared layout was taken";
+  } catch (const ConfigError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("was made before experiments had a folder of their own"));
+    EXPECT_THAT(error.what(), HasSubstr("/scratch/ckpt/mlp-" + identity.id + "/"));
+    EXPECT_THAT(error.what(), HasSubstr("hpctrial experiment repair " + e.dir));
+  }
+  EXPECT_EQ(restore_experiment_identity(e, {identity.id, "mlp", "mlp-" + identity.id}).host_folder,
+            "mlp-" + identity.id);
+  EXPECT_EQ(commit_experiment_config(e, made, "/work").host_folder, "mlp-" + identity.id);
+}
+
 // A config lost from an experiment that has begun is never replaced by the one given.
 TEST(ExperimentConfigOwner, ALostConfigOfAnExperimentThatHasBegunIsAnError) {
   TempDir dir;
@@ -158,7 +189,7 @@ TEST(ExperimentConfigOwner, ALostConfigOfAnExperimentThatHasBegunIsAnError) {
   const ExperimentConfig made = parsed("name: mlp\nentrypoint: /bin/t\n"
                                        "searcher: {name: single, metric: l, max_length: {batches: 10}}\n");
   commit_experiment_config(e, made, "/work");
-  dir.write("e/trial-0/metrics.jsonl", "{}\n");
+  dir.write("e/trial-0/runs.jsonl", "{}\n");
   std::filesystem::remove(e.config());
   try {
     commit_experiment_config(e, made, "/work");
@@ -196,7 +227,7 @@ TEST(Layout, NamesTheFilesOfAnExperimentAndItsTrials) {
   EXPECT_EQ(t.rank_log(3), "/e/trial-2/logs/rank-3.log");
   EXPECT_EQ(t.mpirun_log(), "/e/trial-2/logs/mpirun.log");
   EXPECT_EQ(t.hostfile(), "/e/trial-2/launch/hostfile");
-  EXPECT_EQ(t.launch_config(), "/e/trial-2/launch/experiment.yaml");
+  EXPECT_EQ(t.launch_config(), "/e/trial-2/launcher-config.yaml");
   EXPECT_EQ(t.search_record(), "/e/trial-2/search-trial.json");
   EXPECT_EQ(TrialLayout::trial_of("trial-12"), 12);
   EXPECT_FALSE(TrialLayout::trial_of("trial-").has_value());

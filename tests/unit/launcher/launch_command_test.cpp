@@ -201,7 +201,7 @@ TEST(MpirunCommand, TheContractAndTheConfigEnvironmentTravelByNameOnly) {
   const auto c = build_mpirun_command(config, slurm_job(), options("/exp"), 3, env);
   std::map<std::string, std::string> values(c.env.begin(), c.env.end());
   EXPECT_EQ(values["HPCTRIAL_EXPERIMENT_DIR"], "/exp");
-  EXPECT_EQ(values["HPCTRIAL_CONFIG"], "/exp/trial-0/launch/experiment.yaml");
+  EXPECT_EQ(values["HPCTRIAL_CONFIG"], "/exp/trial-0/launcher-config.yaml");
   EXPECT_EQ(values["HPCTRIAL_TRIAL_ID"], "0");
   EXPECT_EQ(values["HPCTRIAL_TRIAL_DIR"], "/exp/trial-0");
   EXPECT_EQ(values["HPCTRIAL_RESTART_COUNT"], "3");

@@ -57,14 +57,15 @@ std::string experiment_folder(const std::string& name, const std::string& id);
 // rest of a readable record is kept). Returns what is recorded then. IoError when the file
 // records another experiment.
 ExperimentIdentity restore_experiment_identity(const ExperimentLayout& layout, const ExperimentIdentity& identity);
-// Whether the experiment has begun: a trial of it was launched (its launcher state, metrics, runs
-// or checkpoints folder is there) or its search has a log.
+// Whether the experiment has begun: a trial of it was launched (its launcher state, runs or
+// checkpoints folder is there) or its search has a log.
 bool experiment_started(const ExperimentLayout& layout);
 
 // The experiment's config has one owner: experiment.yaml, written when the experiment is made
-// and changed afterwards only in its run settings (config_compare.h: is_run_setting), under the
-// experiment's lock. `config` is the config a command would run the experiment with, resolved as
-// it would be written.
+// and, once it has begun (experiment_started, or a batch job recorded), changed only in its run
+// settings (config_compare.h: is_run_setting), under the experiment's lock; until then a config
+// that could not start (a mistyped entrypoint) may be corrected. `config` is the config a command
+// would run the experiment with, resolved as it would be written.
 // check_experiment_config writes nothing: ConfigError listing each key whose value differs from
 // the recorded config's in what the experiment trains (and how to start another experiment);
 // IoError for a damaged or lost record (experiment_identity) or a lost config of an experiment
@@ -80,8 +81,8 @@ ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, cons
 
 // Where a trial's checkpoints go: checkpoint_storage.host_path/<host_folder>/trial-<id> when the
 // config sets a host_path, else trial.default_checkpoint_dir() (<trial dir>/checkpoints).
-// Without an identity (a trial run alone, outside an experiment directory):
-// host_path/<config name>/trial-<id>.
+// Without an identity (a training loop embedded without one; a trial program run alone has one
+// in its trial directory): host_path/<config name>/trial-<id>.
 // Loading a config makes host_path absolute (relative to the file that sets it); a relative one
 // left in a config made in code is checked and taken from the working directory (ConfigError
 // when it is not a usable path).

@@ -63,6 +63,9 @@ struct TrialLayout {
   // <dir>/launcher-state.json: the launcher's record of the trial's attempts:
   // {"starts": N, "failures": M}, and a failed hand-over.
   std::string launcher_state_file() const;
+  // <dir>/launcher-config.yaml: the experiment's config as the trial's launcher found it when it
+  // started, which its ranks read (HPCTRIAL_CONFIG) at every restart.
+  std::string launch_config() const;
   // <dir>/.launcher.lock: held by the trial's one running launcher.
   std::string launcher_lock() const;
   // <dir>/failures.jsonl: a JSON line for each failed attempt, with its reason.
@@ -84,9 +87,6 @@ struct TrialLayout {
   std::string search_record() const;
   // <dir>/launch: the files of the launcher's attempts.
   std::string launch_dir() const;
-  // <dir>/launch/experiment.yaml: the experiment's config as the trial's launcher found it when
-  // it started, which its ranks read (HPCTRIAL_CONFIG) at every restart.
-  std::string launch_config() const;
   // <dir>/launch/hostfile: the hosts and slots mpirun places the ranks on.
   std::string hostfile() const;
   // <dir>/launch/heartbeat: one heartbeat record per rank.
