@@ -331,12 +331,14 @@ core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvS
   return lock;
 }
 
-// The experiment's config as recorded; ConfigError where the directory holds none.
+// The experiment's config as recorded; ConfigError where the directory holds none, IoError where
+// its identity is lost or damaged (no rank starts without it: hpctrial launch in a batch job).
 core::ExperimentConfig recorded_config(const ExperimentLayout& layout) {
   if (!fs::exists(layout.config())) {
     throw ConfigError(layout.dir + " is not an experiment directory: there is no " + layout.config() +
                       "; create the experiment with `hpctrial run EXP.yaml` or `hpctrial submit EXP.yaml`");
   }
+  core::require_experiment_identity(layout);
   return core::load_experiment_config({layout.config(), "", {}});
 }
 

@@ -388,3 +388,23 @@ TEST(PreferredSlots, AreWholeNodesWithinTheElasticRange) {
 
 }  // namespace
 }  // namespace hpctrial::core
+
+namespace hpctrial::core {
+namespace {
+
+// An entry of the launcher state of the wrong type is an error naming the file, not a bare
+// "type must be string".
+TEST(TrialProgress, AnExcludedNodeOfTheWrongTypeNamesTheFile) {
+  testing_support::TempDir dir;
+  const ExperimentLayout e{(dir.path() / "e").string()};
+  dir.write("e/trial-0/launcher-state.json", "{\"starts\": 2, \"excluded_nodes\": [{\"node\": 3, \"job\": \"7\"}]}\n");
+  try {
+    trial_progress(e, 0);
+    ADD_FAILURE() << "read";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), testing::HasSubstr(e.trial(0).launcher_state_file() + ": \"node\" holds 3"));
+  }
+}
+
+}  // namespace
+}  // namespace hpctrial::core
