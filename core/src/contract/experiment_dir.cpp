@@ -58,6 +58,12 @@ std::optional<ExperimentIdentity> identity_in(const json& state, const std::stri
                             json_field(state, "host_folder", std::string(), path)};
 }
 
+void record_identity(json& state, const ExperimentIdentity& identity) {
+  state["experiment_id"] = identity.id;
+  state["experiment_name"] = identity.name;
+  state["host_folder"] = identity.host_folder;
+}
+
 std::string repair_command(const ExperimentLayout& layout) {
   return "hpctrial experiment repair " + layout.dir;
 }
@@ -134,7 +140,8 @@ std::optional<ExperimentConfig> compare_with_recorded(const ExperimentLayout& la
                                                       const std::optional<ExperimentIdentity>& identity,
                                                       const json& state) {
   std::error_code ec;
-  const bool begun = !evidence_of_start(layout).empty() || !json_field(state, "job_id", std::string(), layout.state()).empty();
+  const bool begun = !evidence_of_start(layout).empty() ||
+                     !json_field(state, "job_id", std::string(), layout.state()).empty();
   if (!fs::exists(layout.config(), ec)) {
     if (identity && begun) {
       throw IoError(layout.config() + " is missing: the config of experiment " + identity->name + " (" +
@@ -175,11 +182,9 @@ ExperimentIdentity ensure_experiment_identity(const ExperimentLayout& layout, co
   const UniqueFd lock = lock_experiment(layout);
   json state = read_state(layout);
   if (auto known = recorded_identity(layout, state)) return *known;
-  ExperimentIdentity identity{new_experiment_id(), name, ""};
-  identity.host_folder = experiment_folder(name, identity.id);
-  state["experiment_id"] = identity.id;
-  state["experiment_name"] = identity.name;
-  state["host_folder"] = identity.host_folder;
+  const std::string id = new_experiment_id();
+  const ExperimentIdentity identity{id, name, experiment_folder(name, id)};
+  record_identity(state, identity);
   write_json_file(layout.state(), state);
   return identity;
 }
@@ -201,9 +206,7 @@ ExperimentIdentity restore_experiment_identity(const ExperimentLayout& layout, c
     }
     return *known;
   }
-  state["experiment_id"] = identity.id;
-  state["experiment_name"] = identity.name;
-  state["host_folder"] = identity.host_folder;
+  record_identity(state, identity);
   write_json_file(layout.state(), state);
   return identity;
 }
@@ -225,29 +228,28 @@ ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, cons
   std::optional<ExperimentIdentity> identity = recorded_identity(layout, state);
   const std::optional<ExperimentConfig> recorded = compare_with_recorded(layout, config, identity, state);
   if (!identity) {
-    identity = ExperimentIdentity{new_experiment_id(), config.name, ""};
-    identity->host_folder = experiment_folder(config.name, identity->id);
-    state["experiment_id"] = identity->id;
-    state["experiment_name"] = identity->name;
-    state["host_folder"] = identity->host_folder;
+    const std::string id = new_experiment_id();
+    identity = ExperimentIdentity{id, config.name, experiment_folder(config.name, id)};
+    record_identity(state, *identity);
   }
   if (identity->host_folder.empty() && !config.checkpoint_storage.host_path.empty()) {
+    const std::string& host_path = config.checkpoint_storage.host_path;
     throw ConfigError("experiment " + identity->name + " (" + identity->id + ") in " + layout.dir +
                       " was made before experiments had a folder of their own in checkpoint_storage.host_path: its "
-                      "checkpoints lie in " + config.checkpoint_storage.host_path + "/" + TrialLayout::folder(0) + " and so on, shared with every "
-                      "such experiment, and hpctrial writes no new checkpoint there. Move each of its trial folders "
-                      "to " + config.checkpoint_storage.host_path + "/" + experiment_folder(identity->name, identity->id) +
+                      "checkpoints lie in " + host_path + "/" + TrialLayout::folder(0) + " and so on, shared with "
+                      "every such experiment, and hpctrial writes no new checkpoint there. Move each of its trial "
+                      "folders to " + host_path + "/" + experiment_folder(identity->name, identity->id) +
                       "/, then run `" + repair_command(layout) + "`");
   }
   const std::string text = to_yaml(config);
-  if (recorded) {
-    for (const auto& d : config_differences(*recorded, config)) {
-      log_info("{}: {} is {} for this run (it was {})", layout.config(), d.key, d.given, d.recorded);
+  if (!recorded || to_yaml(*recorded) != text) {
+    if (recorded) {
+      for (const auto& d : config_differences(*recorded, config)) {
+        log_info("{}: {} is {} for this run (it was {})", layout.config(), d.key, d.given, d.recorded);
+      }
     }
+    write_file_atomic(layout.config(), text);
   }
-  std::string before;
-  if (recorded) before = to_yaml(*recorded);
-  if (before != text) write_file_atomic(layout.config(), text);
   // The identity after the config: an experiment is made once both are there.
   state["workdir"] = workdir;
   write_json_file(layout.state(), state);
