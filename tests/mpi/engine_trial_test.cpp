@@ -22,6 +22,7 @@
 #include "hpctrial/comm/watchdog.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/summary_writer.h"
+#include "loaded_trial_support.h"
 #include "mlp_trial_support.h"
 #include "mpi_test_env.h"
 
@@ -502,6 +503,28 @@ TEST(EngineTrial, EachRanksOwnFilesRoundTripThroughAStopAndAResume) {
                                       "ranks: each rank's files are its own"));
     }
   }
+  remove_dir(dir);
+}
+
+// A ZeRO-2 run of every rank loaded on one process, outside any launcher: the run's weights, bit
+// for bit, and its evaluation of the validation set; nothing of its optimizer.
+TEST(LoadTrial, AZeroTwoCheckpointLoadsOnOneProcessAndEvaluatesAsTheRun) {
+  const std::string dir = shared_dir("zload");
+  Seen trained, loaded_seen;
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 2}}\n");
+  const LoopResult result =
+      run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &trained); }, dir);
+  {
+    const LoadedTrial loaded = load_trial_from_checkpoint(
+        dir + "/checkpoints", [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &loaded_seen); });
+    EXPECT_EQ(loaded.batches_trained(), 6);
+    EXPECT_EQ(loaded.checkpoint_path(), dir + "/checkpoints/ckpt-6.h5");
+    EXPECT_NO_THROW(loaded.trial<EngineMlpTrial>());
+    EXPECT_NEAR(testing_mpi::mean_evaluation(loaded, "validation_loss"),
+                result.last_validation.at("validation_loss").number(), 1e-6);
+  }
+  EXPECT_EQ(max_relative_difference(loaded_seen.parameters, trained.parameters), 0.0);
+  EXPECT_EQ(loaded_seen.state_elements, 0);  // a fresh optimizer: no state loaded
   remove_dir(dir);
 }
 

@@ -16,6 +16,7 @@
 #include "hpctrial/rank/stop_signals.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "../unit/trainer/test_trial.h"
+#include "loaded_trial_support.h"
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
@@ -371,6 +372,42 @@ TEST(ModelParallel, AnEngineTrialWithItsOwnUnitTrainsLikeTheWholeModelOnOneRank)
     ADD_FAILURE() << "set_mpu after wrap_model_engine was accepted";
   } catch (const ConfigError& e) {
     EXPECT_THAT(e.what(), testing::HasSubstr("call set_mpu before wrap_model_engine"));
+  }
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// A tensor-parallel run loaded on as many ranks, each its own part: the run's weights, bit for
+// bit, and its evaluation; on one process, where the trial builds the model whole, refused.
+TEST(LoadTrial, ATensorParallelCheckpointLoadsOnItsRanksAndEvaluatesAsTheRun) {
+  comm::MpiCommunicator world(env().world());
+  const std::string dir = testing_mpi::shared_dir("hpctrial-model-parallel", "load");
+  std::vector<torch::Tensor> trained, loaded_parameters;
+  TensorParallelTrial::Options options;
+  options.parts = kParts;
+  options.parameters_out = &trained;
+  const LoopResult result = train(world, dir, 30, options);
+  const auto factory = [](TensorParallelTrial::Options o) -> TrialFactory {
+    return [o](TrialContext& context) { return std::unique_ptr<Trial>(std::make_unique<TensorParallelTrial>(context, o)); };
+  };
+  options.parameters_out = &loaded_parameters;
+  {
+    LoadOptions load;
+    load.communicator = &world;
+    const LoadedTrial loaded = load_trial_from_checkpoint(dir + "/checkpoints", factory(options), load);
+    EXPECT_NEAR(testing_mpi::mean_evaluation(loaded, "validation_loss"),
+                result.last_validation.at("validation_loss").number(), 1e-6);
+  }
+  ASSERT_EQ(loaded_parameters.size(), trained.size());
+  for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(loaded_parameters[i], trained[i])) << i;
+  if (env().is_chief()) {
+    TensorParallelTrial::Options whole;
+    try {
+      load_trial_from_checkpoint(dir + "/checkpoints", factory(whole));
+      ADD_FAILURE() << "a model of " << kParts << " parts loaded whole";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), testing::HasSubstr("a model split into 2 parts"));
+    }
   }
   MPI_Barrier(env().world());
   if (env().is_chief()) std::filesystem::remove_all(dir);

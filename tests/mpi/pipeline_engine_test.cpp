@@ -16,6 +16,7 @@
 #include "hpctrial/rank/stop_signals.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "../unit/trainer/test_trial.h"
+#include "loaded_trial_support.h"
 #include "mpi_test_env.h"
 
 namespace hpctrial::trainer {
@@ -119,6 +120,13 @@ std::string yaml(int slots, const Setup& setup, bool pipeline, std::int64_t batc
          std::to_string(slots) + "}\n";
 }
 
+TrialFactory pipeline_factory(PipelineTrial::Options options) {
+  return [options](TrialContext& context) {
+    return std::unique_ptr<Trial>(std::make_unique<detail::EngineTrialRunner>(
+        context, [options](EngineTrialContext& engine) { return std::make_unique<PipelineTrial>(engine, options); }));
+  };
+}
+
 LoopResult train(comm::Communicator& comm, const std::string& dir, const Setup& setup, std::int64_t batches,
                  PipelineTrial::Options options) {
   LoopOptions loop;
@@ -129,12 +137,8 @@ LoopResult train(comm::Communicator& comm, const std::string& dir, const Setup& 
   loop.distributed = {comm.rank(), comm.size(), comm.rank(), comm.size(), 1};
   loop.external_stop = &rank::stop_signal_received();
   rank::install_stop_handlers();
-  const TrialFactory factory = [options](TrialContext& context) {
-    return std::unique_ptr<Trial>(std::make_unique<detail::EngineTrialRunner>(
-        context, [options](EngineTrialContext& engine) { return std::make_unique<PipelineTrial>(engine, options); }));
-  };
-  LoopResult result =
-      run_training(config_from(yaml(comm.size(), setup, options.pipeline, batches)), factory, comm, loop);
+  LoopResult result = run_training(config_from(yaml(comm.size(), setup, options.pipeline, batches)),
+                                   pipeline_factory(options), comm, loop);
   rank::clear_stop_signal();
   return result;
 }
@@ -306,6 +310,34 @@ TEST(PipelineEngine, AStopResumesWithTheLayersCutElsewhereOnAsManyStages) {
       MPI_Barrier(env().world());
     }
   }
+}
+
+// A pipeline of 2 stages, cut at explicit bounds, loaded on one process: its 7 layers as one
+// stage hold every stage's weights bit for bit and evaluate the validation set as the run did.
+TEST(LoadTrial, APipelineOfTwoStagesLoadsOnOneProcessAndEvaluatesAsTheRun) {
+  comm::MpiCommunicator world(env().world());
+  if (world.size() % 2 != 0) GTEST_SKIP() << "2 stages on " << world.size() << " ranks";
+  const std::string dir = testing_mpi::shared_dir("hpctrial-pipeline-engine", "load");
+  std::map<std::string, torch::Tensor> stage, loaded_parameters;
+  PipelineTrial::Options options;
+  options.parameters_out = &stage;
+  pipeline_engine_test::Setup cut;
+  cut.partition = "[0, 2, 7]";
+  const LoopResult piped = train(world, dir, cut, 20, options);
+  options.parameters_out = &loaded_parameters;
+  {
+    const LoadedTrial loaded = load_trial_from_checkpoint(dir + "/checkpoints", pipeline_factory(options));
+    EXPECT_EQ(loaded.config().engine->pipeline.stages, 1);
+    EXPECT_NEAR(testing_mpi::mean_evaluation(loaded, "validation_loss"),
+                piped.last_validation.at("validation_loss").number(), 1e-6);
+  }
+  EXPECT_EQ(loaded_parameters.size(), 8u);  // 4 linear layers' weights and biases
+  for (const auto& [name, tensor] : stage) {
+    ASSERT_EQ(loaded_parameters.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(tensor, loaded_parameters.at(name))) << name;
+  }
+  MPI_Barrier(env().world());
+  if (env().is_chief()) std::filesystem::remove_all(dir);
 }
 
 TEST(PipelineEngine, AStopOnTheFirstStageResumesBitwise) { expect_bitwise_resume(0); }

@@ -8,6 +8,7 @@
 #include "hpctrial/trainer/data.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/grad_scaler.h"
+#include "hpctrial/trainer/load.h"
 #include "hpctrial/trainer/lr_schedulers.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/metrics.h"
@@ -34,6 +35,9 @@ using trainer::GradScaler;
 using trainer::GradScalerOptions;
 using trainer::Hdf5Dataset;
 using trainer::LayerSpec;
+using trainer::load_trial_from_checkpoint;
+using trainer::LoadedTrial;
+using trainer::LoadOptions;
 using trainer::Metrics;
 using trainer::ModelEngine;
 using trainer::ModelParallelUnit;

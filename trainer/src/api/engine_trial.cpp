@@ -193,7 +193,7 @@ EngineTrialContext::EngineTrialContext(TrialContext& context) : context_(context
                       std::to_string(context.aggregation_frequency()) +
                       "}` to the experiment config and remove aggregation_frequency");
   }
-  if (engine && engine->pipeline.stages > 1) set_up_pipeline(engine->pipeline);
+  if (engine && (engine->pipeline.stages > 1 || engine->pipeline.as_one_stage)) set_up_pipeline(engine->pipeline);
   resolve_batch();
   if (engine) {
     gradient_clipping_ = engine->gradient_clipping;

@@ -27,10 +27,10 @@ nlohmann::json gather_to_chief(comm::Communicator& comm, const nlohmann::json& m
 // and each replica made of as many ranks. A rank's part of the model is its place among the
 // ranks of its replica (rank order); the first replica's rank of each part writes it into
 // checkpoints. ConfigError on every rank for units that do not fit together.
-void Loop::agree_on_model_parallelism() {
-  const ModelParallelUnit& mine = context_->mpu();
+ModelLayout agree_on_model_layout(comm::Communicator& comm, const core::ExperimentConfig& config,
+                                  const ModelParallelUnit& mine) {
   const std::string line = std::to_string(mine.data_parallel_rank) + " " + std::to_string(mine.data_parallel_world_size);
-  const auto all = comm_.size() > 1 ? comm_.allgather(line) : std::vector<std::string>{line};
+  const auto all = comm.size() > 1 ? comm.allgather(line) : std::vector<std::string>{line};
   const int replicas = mine.data_parallel_world_size;
   std::vector<int> ranks_of_replica(static_cast<std::size_t>(replicas), 0);
   int part = 0;
@@ -39,35 +39,44 @@ void Loop::agree_on_model_parallelism() {
     const int replica = std::stoi(all[r].substr(0, space)), size = std::stoi(all[r].substr(space + 1));
     if (size != replicas) {
       throw ConfigError("the model-parallel units disagree: rank " + std::to_string(r) + " has data_parallel_world_size " +
-                        std::to_string(size) + " and rank " + std::to_string(comm_.rank()) + " " +
+                        std::to_string(size) + " and rank " + std::to_string(comm.rank()) + " " +
                         std::to_string(replicas) + "; call context.set_mpu with the same number of replicas on "
                         "every rank (or on none)");
     }
-    if (static_cast<int>(r) < comm_.rank() && replica == mine.data_parallel_rank) ++part;
+    if (static_cast<int>(r) < comm.rank() && replica == mine.data_parallel_rank) ++part;
     ++ranks_of_replica.at(static_cast<std::size_t>(replica));
   }
-  const int parts = comm_.size() / replicas;
+  const int parts = comm.size() / replicas;
   for (int replica = 0; replica < replicas; ++replica) {
     if (ranks_of_replica[static_cast<std::size_t>(replica)] != parts) {
       throw ConfigError("the model-parallel units disagree: data-parallel replica " + std::to_string(replica) +
                         " has " + std::to_string(ranks_of_replica[static_cast<std::size_t>(replica)]) +
-                        " rank(s), not " + std::to_string(parts) + " (" + std::to_string(comm_.size()) + " ranks / " +
+                        " rank(s), not " + std::to_string(parts) + " (" + std::to_string(comm.size()) + " ranks / " +
                         std::to_string(replicas) + " replicas); give each rank of one replica the same "
                         "data_parallel_rank");
     }
   }
-  identity_.parts = parts;
-  identity_.part = parts > 1 ? "model_parallel/" + std::to_string(part) + "/" : "";
+  ModelLayout layout;
+  layout.parts = parts;
+  layout.part = parts > 1 ? "model_parallel/" + std::to_string(part) + "/" : "";
   // engine.pipeline's stages: the parts hold layers named by their place in the whole model.
-  identity_.pipeline = parts > 1 && config_.engine && config_.engine->pipeline.stages == parts;
-  if (parts > 1 && chief()) {
-    core::log_info("model parallelism: {} replica(s) of a model in {} parts", replicas, parts);
+  layout.pipeline = parts > 1 && config.engine && config.engine->pipeline.stages == parts;
+  return layout;
+}
+
+void Loop::agree_on_model_parallelism() {
+  const ModelLayout layout = agree_on_model_layout(comm_, config_, context_->mpu());
+  identity_.parts = layout.parts;
+  identity_.part = layout.part;
+  identity_.pipeline = layout.pipeline;
+  if (layout.parts > 1 && chief()) {
+    core::log_info("model parallelism: {} replica(s) of a model in {} parts", replicas(), layout.parts);
   }
 }
 
 // An engine trial's batch: train_batch_size records a step, in gradient_accumulation_steps
 // micro-batches on each rank (hyperparameters.global_batch_size wins over train_batch_size).
-void Loop::resolve_engine_batch(TrialSettings& settings) const {
+void resolve_engine_batch(const core::ExperimentConfig& config, comm::Communicator& comm, TrialSettings& settings) {
   std::optional<std::int64_t> global_batch_size;
   if (const auto it = settings.hparams.find("global_batch_size"); it != settings.hparams.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() < 1) {
@@ -77,29 +86,29 @@ void Loop::resolve_engine_batch(TrialSettings& settings) const {
   }
   std::string error;
   // Over the data-parallel replicas: a pipeline's stages share each micro-batch.
-  const auto replicas = core::engine_replicas(*config_.engine, comm_.size(), error);
+  const auto replicas = core::engine_replicas(*config.engine, comm.size(), error);
   if (!replicas) throw ConfigError("engine: " + error);
-  const auto batch = core::resolve_engine_batch(*config_.engine, global_batch_size, *replicas, error);
+  const auto batch = core::resolve_engine_batch(*config.engine, global_batch_size, *replicas, error);
   if (!batch) {
-    throw ConfigError("engine: " + error + " (with " + std::to_string(comm_.size()) + " ranks" +
-                      (*replicas != comm_.size() ? ", " + std::to_string(*replicas) + " data-parallel replica(s)" : "") +
+    throw ConfigError("engine: " + error + " (with " + std::to_string(comm.size()) + " ranks" +
+                      (*replicas != comm.size() ? ", " + std::to_string(*replicas) + " data-parallel replica(s)" : "") +
                       ")");
   }
   settings.global_batch_size = batch->train_batch_size;
   settings.aggregation_frequency = batch->accumulation_steps;
-  settings.engine = *config_.engine;
-  if (chief()) {
-    if (global_batch_size && config_.engine->train_batch_size && *config_.engine->train_batch_size != *global_batch_size) {
+  settings.engine = *config.engine;
+  if (comm.is_chief()) {
+    if (global_batch_size && config.engine->train_batch_size && *config.engine->train_batch_size != *global_batch_size) {
       core::log_info("hyperparameters.global_batch_size ({}) overrides engine.train_batch_size ({})",
-                     *global_batch_size, *config_.engine->train_batch_size);
+                     *global_batch_size, *config.engine->train_batch_size);
     }
-    if (*replicas == comm_.size()) {
+    if (*replicas == comm.size()) {
       core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} rank(s)",
-                     batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm_.size());
+                     batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps, comm.size());
     } else {
       core::log_info("engine: train_batch_size {} = micro-batch {} x {} accumulation step(s) x {} replica(s) of {} "
                      "pipeline stages", batch->train_batch_size, batch->micro_batch_size, batch->accumulation_steps,
-                     *replicas, config_.engine->pipeline.stages);
+                     *replicas, config.engine->pipeline.stages);
     }
   }
 }

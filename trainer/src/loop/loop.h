@@ -47,6 +47,26 @@ struct Period {
   bool enabled() const { return batches > 0 || seconds > 0; }
 };
 
+// The stream of the trial seed LibTorch's generator is seeded from before the trial is built.
+constexpr std::uint64_t kTorchSeedStream = 1;
+
+// How the trial's model lies over the ranks (TrialIdentity's parts, part and pipeline).
+struct ModelLayout {
+  int parts = 1;
+  std::string part;  // "model_parallel/<k>/", or empty for a whole model
+  bool pipeline = false;
+};
+// Once the trial is built: the ranks' model-parallel units agree, and this rank's part is known.
+// A collective; ConfigError on every rank for units that do not fit together.
+ModelLayout agree_on_model_layout(comm::Communicator& comm, const core::ExperimentConfig& config,
+                                  const ModelParallelUnit& mine);
+// The context's settings from the config, for the trial's `hparams`, on `comm`'s ranks (an
+// engine trial's batch resolved over them); the caller sets where it runs (distributed, trial
+// id, experiment, TensorBoard).
+TrialSettings trial_settings(const core::ExperimentConfig& config, comm::Communicator& comm,
+                             const nlohmann::json& hparams, std::uint64_t trial_seed);
+void resolve_engine_batch(const core::ExperimentConfig& config, comm::Communicator& comm, TrialSettings& settings);
+
 class Loop {
  public:
   Loop(const core::ExperimentConfig& config, const TrialFactory& factory, comm::Communicator& comm,
@@ -58,7 +78,6 @@ class Loop {
  private:
   void setup();
   TrialSettings make_trial_settings(std::uint64_t trial_seed) const;
-  void resolve_engine_batch(TrialSettings& settings) const;
   void resume();
   // The chief: opens the checkpoint store in `dir` and picks the checkpoint resume() restores.
   std::string choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents);
@@ -89,7 +108,7 @@ class Loop {
   void restore_rank_files(const checkpoint::Contents& contents, const std::string& path);
   void finish_checkpoint();
   // Training data (loop/data.cpp).
-  // Once the trial is built: the ranks' model-parallel units agree, and this rank's part is known.
+  // agree_on_model_layout into identity_.
   void agree_on_model_parallelism();
   // The data-parallel view: this rank's replica and their number; whether it reads records and
   // whether its metrics count (its model-parallel unit's, every rank's without one).

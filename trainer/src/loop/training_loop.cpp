@@ -44,7 +44,6 @@ using comm::ReduceOp;
 namespace {
 
 // Streams of the trial seed, one per consumer, so that adding a consumer changes no other.
-constexpr std::uint64_t kTorchStream = 1;
 constexpr std::uint64_t kDataStream = 2;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -73,29 +72,33 @@ Period to_period(const std::optional<Length>& length, std::int64_t global_batch,
 
 }  // namespace
 
-TrialSettings Loop::make_trial_settings(std::uint64_t trial_seed) const {
+TrialSettings trial_settings(const core::ExperimentConfig& config, comm::Communicator& comm,
+                             const nlohmann::json& hparams, std::uint64_t trial_seed) {
   TrialSettings settings;
-  settings.hparams = detail::trial_hparams(config_);
-  settings.data_config = detail::to_json(config_.data);
+  settings.hparams = hparams;
+  settings.data_config = detail::to_json(config.data);
   settings.trial_seed = trial_seed;
-  settings.aggregation_frequency = config_.optimizations.aggregation_frequency;
-  settings.adaptive_batch = config_.optimizations.adaptive_batch_size.enabled;
-  if (config_.engine) resolve_engine_batch(settings);
-  settings.bucket_cap_mb = config_.optimizations.bucket_cap_mb;
-  settings.gradient_compression = config_.optimizations.gradient_compression;
-  settings.gpus_per_slot = config_.resources.gpus_per_slot;
+  settings.aggregation_frequency = config.optimizations.aggregation_frequency;
+  settings.adaptive_batch = config.optimizations.adaptive_batch_size.enabled;
+  if (config.engine) resolve_engine_batch(config, comm, settings);
+  settings.bucket_cap_mb = config.optimizations.bucket_cap_mb;
+  settings.gradient_compression = config.optimizations.gradient_compression;
+  settings.gpus_per_slot = config.resources.gpus_per_slot;
+  if (config.profiling.enabled) {
+    settings.profiler_window = ProfilerWindow{config.profiling.begin_on_batch, config.profiling.last_batch()};
+  }
+  core::Diagnostics d;
+  settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config), "config", d));
+  settings.experiment_config["hyperparameters"] = settings.hparams;
+  return settings;
+}
+
+TrialSettings Loop::make_trial_settings(std::uint64_t trial_seed) const {
+  TrialSettings settings = trial_settings(config_, comm_, detail::trial_hparams(config_), trial_seed);
   settings.distributed = options_.distributed;
   settings.trial_id = options_.trial_id;
   settings.experiment_dir = options_.experiment_dir;
   if (chief()) settings.tensorboard_dir = core::TrialLayout{options_.trial_dir}.tensorboard_dir();
-  if (config_.profiling.enabled) {
-    settings.profiler_window = ProfilerWindow{config_.profiling.begin_on_batch, config_.profiling.last_batch()};
-  }
-  {
-    core::Diagnostics d;
-    settings.experiment_config = detail::to_json(core::parse_config_text(core::to_yaml(config_), "config", d));
-    settings.experiment_config["hyperparameters"] = settings.hparams;
-  }
   return settings;
 }
 
@@ -103,7 +106,7 @@ void Loop::setup() {
   faults_ = std::make_unique<rank::FaultPlan>(options_.fault, comm_.rank(), options_.restart_count);
   if (chief() && !options_.stop_file.empty()) stop_file_ = std::make_unique<rank::StopFile>(options_.stop_file);
   const std::uint64_t trial_seed = derive_seed(options_.experiment_seed, static_cast<std::uint64_t>(options_.trial_id));
-  torch::manual_seed(derive_seed(trial_seed, kTorchStream));
+  torch::manual_seed(derive_seed(trial_seed, kTorchSeedStream));
 
   TrialSettings settings = make_trial_settings(trial_seed);
   settings_hparams_ = settings.hparams;

@@ -347,6 +347,17 @@ void check_resumable(const checkpoint::Contents& contents, const std::string& pa
   for (const char* text : {"callbacks", "trial_state"}) parse(contents, text, path);
 }
 
+void restore_weights(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
+                     const TrialIdentity& identity) {
+  const auto [parts, pipeline] = model_parts(contents, path);
+  if (pipeline && has_pipeline_module(context)) {
+    restore_model_tensors(repartition_weights(contents, path, context, identity.part), path, context, identity.part);
+    return;
+  }
+  check_model_parts(contents, path, identity);
+  restore_model_tensors(contents, path, context, identity.part);
+}
+
 void restore(const checkpoint::Contents& file, const std::string& path, TrialContext& context, Trial& trial,
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded) {

@@ -138,6 +138,13 @@ void restore(const checkpoint::Contents& contents, const std::string& path, Tria
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded = {});
 
+// The models' weights alone (a trained model loaded, a fine-tuning's start): the tensors of
+// `identity.part`, a pipeline's layers taken from whichever stage held them on any number of
+// stages; nothing of the optimizers, schedulers, progress or data position. ConfigError naming
+// the tensor for another model, and for a model split into another number of parts.
+void restore_weights(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
+                     const TrialIdentity& identity);
+
 // Writes and publishes checkpoints on a thread of its own, one at a time: submit() waits for
 // the previous one first; wait() returns once the last is durable (rethrowing its error).
 class AsyncCheckpointWriter {

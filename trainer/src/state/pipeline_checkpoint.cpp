@@ -1,5 +1,6 @@
 #include "state/pipeline_checkpoint.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -169,6 +170,20 @@ void take_optimizer(const checkpoint::Contents& contents, const FileIndex& index
 }
 
 }  // namespace
+
+bool has_pipeline_module(const TrialContext& context) {
+  return std::any_of(context.models().begin(), context.models().end(), [](const auto& model) {
+    return dynamic_cast<const PipelineModuleImpl*>(model.get()) != nullptr;
+  });
+}
+
+checkpoint::Contents repartition_weights(const checkpoint::Contents& contents, const std::string& path,
+                                         TrialContext& context, const std::string& part) {
+  checkpoint::Contents out;
+  out.attributes = contents.attributes;
+  take_model(index_of(contents), path, context, part, out);
+  return out;
+}
 
 ParameterGroups parameter_groups(torch::optim::Optimizer& optimizer, const ShardedOptimizer* sharded) {
   if (sharded != nullptr) return sharded->parameter_groups();

@@ -39,4 +39,12 @@ checkpoint::Contents repartition(const checkpoint::Contents& contents, const std
                                  const std::map<std::size_t, ShardedOptimizer*>& sharded, const std::string& part,
                                  int parts, int parts_in_file);
 
+// Whether one of the context's wrapped models is a pipeline's stage (a PipelineModule).
+bool has_pipeline_module(const TrialContext& context);
+
+// The weights alone of such a checkpoint, as this rank's stage would have written them (prefix
+// `part`): the model tensors of the file's `parts_in_file` stages, renamed, nothing else.
+checkpoint::Contents repartition_weights(const checkpoint::Contents& contents, const std::string& path,
+                                         TrialContext& context, const std::string& part);
+
 }  // namespace hpctrial::trainer::detail

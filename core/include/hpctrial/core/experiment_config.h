@@ -170,6 +170,8 @@ struct EngineConfig {
     std::string partition_method = "parameters";
     std::vector<std::int64_t> bounds;
     int activation_checkpoint_interval = 0;  // layers a segment recomputed in backward; 0: none
+    // Not a key: a pipeline's layers run as one stage (a trained pipeline loaded on one rank).
+    bool as_one_stage = false;
   } pipeline;
 };
 

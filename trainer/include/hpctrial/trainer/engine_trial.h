@@ -342,6 +342,7 @@ class EngineTrialRunner final : public Trial {
   void save_files(const std::filesystem::path& directory) override { trial_->save(directory); }
   void load_files(const std::filesystem::path& directory) override { trial_->load(directory); }
   EngineTrialContext& engine_context() const { return *context_; }
+  EngineTrial& engine_trial() const { return *trial_; }
   // The adaptive batch's shape from the global batch `batch_idx` on (EngineTrialContext::reshape);
   // the training data must be read again in batches of micro_batch x accumulation.
   void reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation);

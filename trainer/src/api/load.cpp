@@ -1,0 +1,170 @@
+// load_trial_from_checkpoint: the trial built outside any launcher from what its checkpoint
+// carries, and its weights loaded (state/checkpointing.h: restore_weights).
+#include "hpctrial/trainer/load.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "api/config_json.h"
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/checkpoint/store.h"
+#include "hpctrial/comm/communicator.h"
+#include "hpctrial/core/config_node.h"
+#include "hpctrial/core/diagnostics.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/random.h"
+#include "loop/loop.h"
+#include "state/checkpointing.h"
+
+namespace hpctrial::trainer {
+namespace {
+
+using json = nlohmann::json;
+
+// The file `path` names: itself, or a directory's latest good checkpoint (chosen by the chief,
+// every rank reading the same one).
+std::string choose_file(const std::string& path, comm::Communicator& comm) {
+  std::string chosen;
+  if (comm.is_chief()) {
+    if (!std::filesystem::is_directory(path)) {
+      chosen = std::filesystem::exists(path) ? path : "!" + path + " does not exist (give a checkpoint file or a "
+                                                                    "trial's checkpoint directory)";
+    } else {
+      std::vector<std::string> problems;
+      checkpoint::CheckpointStore store(path, {});
+      if (const auto latest = store.load_latest(&problems)) {
+        chosen = latest->path;
+      } else {
+        chosen = "!" + path + " holds no usable checkpoint";
+        for (const auto& problem : problems) chosen += "; " + problem;
+      }
+    }
+  }
+  comm.broadcast(chosen, 0);
+  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
+  return chosen;
+}
+
+std::string text_of(const checkpoint::Contents& contents, const char* name, const std::string& path) {
+  return contents.at(name, path).text();
+}
+
+// The config the checkpoint was written with, the overrides applied.
+core::ExperimentConfig config_of(const checkpoint::Contents& contents, const std::string& path,
+                                 const std::vector<std::string>& overrides) {
+  core::Diagnostics d;
+  core::ConfigNode root = core::parse_config_text(text_of(contents, "meta/config", path), path + ":meta/config", d);
+  for (const auto& assignment : overrides) {
+    if (assignment.rfind("hyperparameters", 0) == 0) {
+      throw ConfigError("override '" + assignment + "': a loaded trial's hyperparameters are the checkpoint's, "
+                        "which shape its model; train another trial to change them");
+    }
+    core::apply_override(root, assignment, d);
+  }
+  d.throw_if_any();
+  core::ExperimentConfig config = core::parse_experiment_config(root, d);
+  d.throw_if_any();
+  return config;
+}
+
+// A pipeline's stages as the loading ranks can hold them: the written number when it divides the
+// ranks, else the largest that does (one process: one stage of every layer).
+void fit_pipeline(core::ExperimentConfig& config, int ranks, bool chief) {
+  if (!config.engine || config.engine->pipeline.stages <= 1) return;
+  auto& pipeline = config.engine->pipeline;
+  if (ranks % pipeline.stages == 0) return;
+  const int stages = std::gcd(ranks, pipeline.stages);
+  if (chief) {
+    core::log_info("loading a pipeline of {} stages on {} rank(s) as {} stage(s)", pipeline.stages, ranks, stages);
+  }
+  pipeline.stages = stages;
+  pipeline.as_one_stage = stages == 1;
+  if (pipeline.partition_method == "explicit") {
+    pipeline.partition_method = "parameters";
+    pipeline.bounds.clear();
+  }
+}
+
+std::int64_t batches_of(const checkpoint::Contents& contents, const std::string& path) {
+  try {
+    return json::parse(text_of(contents, "progress", path)).at("batches").get<std::int64_t>();
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": progress is malformed: " + e.what());
+  }
+}
+
+}  // namespace
+
+LoadedTrial::LoadedTrial() = default;
+LoadedTrial::LoadedTrial(LoadedTrial&&) noexcept = default;
+LoadedTrial& LoadedTrial::operator=(LoadedTrial&&) noexcept = default;
+LoadedTrial::~LoadedTrial() {
+  trial_.reset();  // before its context
+  context_.reset();
+}
+
+namespace {
+detail::EngineTrialRunner& runner_of(Trial& trial, const std::string& path) {
+  auto* runner = dynamic_cast<detail::EngineTrialRunner*>(&trial);
+  if (runner == nullptr) {
+    throw ConfigError(path + " was loaded into a Trial, not an EngineTrial: use trial<YourTrial>() and context()");
+  }
+  return *runner;
+}
+}  // namespace
+
+EngineTrial& LoadedTrial::engine_trial() const { return runner_of(*trial_, path_).engine_trial(); }
+EngineTrialContext& LoadedTrial::engine_context() const { return runner_of(*trial_, path_).engine_context(); }
+
+LoadedTrial load_trial_from_checkpoint(const std::string& path, const TrialFactory& factory, const LoadOptions& options) {
+  LoadedTrial loaded;
+  if (options.communicator == nullptr) loaded.alone_ = std::make_unique<comm::LocalCommunicator>();
+  comm::Communicator& comm = options.communicator != nullptr ? *options.communicator : *loaded.alone_;
+  loaded.path_ = choose_file(path, comm);
+  const checkpoint::Contents contents = checkpoint::read_checkpoint(loaded.path_);
+  loaded.batches_trained_ = batches_of(contents, loaded.path_);
+  loaded.config_ = std::make_unique<core::ExperimentConfig>(config_of(contents, loaded.path_, options.overrides));
+  core::ExperimentConfig& config = *loaded.config_;
+  fit_pipeline(config, comm.size(), comm.is_chief());
+  json hparams;
+  try {
+    hparams = json::parse(text_of(contents, "meta/hparams", loaded.path_));
+  } catch (const json::exception& e) {
+    throw CheckpointError(loaded.path_ + ": meta/hparams is malformed: " + e.what());
+  }
+  const auto trial_attribute = contents.attributes.find("trial_id");
+  const int trial_id = trial_attribute == contents.attributes.end() ? 0 : std::stoi(trial_attribute->second);
+
+  // The seeds of the run that wrote it: whatever the trial draws while it is built draws alike.
+  const std::uint64_t trial_seed =
+      derive_seed(config.reproducibility.experiment_seed.value_or(0), static_cast<std::uint64_t>(trial_id));
+  torch::manual_seed(derive_seed(trial_seed, detail::kTorchSeedStream));
+  TrialSettings settings = detail::trial_settings(config, comm, hparams, trial_seed);
+  settings.distributed = {comm.rank(), comm.size(), options.local_rank >= 0 ? options.local_rank : 0,
+                          options.local_size >= 1 ? options.local_size : 1, 1};
+  settings.trial_id = trial_id;
+  loaded.context_ = std::make_unique<TrialContext>(std::move(settings), comm, options.device_communicator);
+  loaded.trial_ = factory(*loaded.context_);
+  if (!loaded.trial_) throw ConfigError("the trial factory returned no trial");
+
+  const detail::ModelLayout layout = detail::agree_on_model_layout(comm, config, loaded.context_->mpu());
+  detail::TrialIdentity identity;
+  identity.hparams = hparams;
+  identity.trial_id = trial_id;
+  identity.world_size = comm.size();
+  identity.parts = layout.parts;
+  identity.part = layout.part;
+  identity.pipeline = layout.pipeline;
+  detail::restore_weights(contents, loaded.path_, *loaded.context_, identity);
+  for (const auto& model : loaded.context_->models()) model->eval();
+  if (comm.is_chief()) {
+    core::log_info("loaded {} (trial {}, {} batches trained) on {} rank(s)", loaded.path_, trial_id,
+                   loaded.batches_trained_, comm.size());
+  }
+  return loaded;
+}
+
+}  // namespace hpctrial::trainer
