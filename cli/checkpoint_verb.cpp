@@ -1,4 +1,5 @@
-// hpctrial checkpoint list|inspect|verify: look at checkpoints without training code.
+// hpctrial checkpoint list|inspect|verify|export: look at checkpoints without training code, and
+// write a checkpoint's model as a file others read.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,6 +12,9 @@
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/subprocess.h"
+#include "hpctrial/core/text.h"
+#include "launch_options.h"
 #include "verb.h"
 
 namespace hpctrial::cli {
@@ -21,12 +25,18 @@ namespace fs = std::filesystem;
 constexpr const char* kUsage = R"(usage: hpctrial checkpoint list DIR
        hpctrial checkpoint inspect FILE
        hpctrial checkpoint verify FILE|DIR [FILE|DIR ...]
+       hpctrial checkpoint export FILE|DIR OUT [--model I] [--part K]
 
   list     the checkpoints of a trial's checkpoint directory, newest first: batches, time,
            size, whether the manifest reads, the searcher metric, and which one `latest` names
   inspect  a checkpoint's attributes and datasets (name, dtype, shape, bytes)
   verify   read every dataset of each file (each ckpt-*.h5 of a directory) and check its
            CRC-32C; exit code 1 when any file is bad
+  export   write wrapped model I (default 0) of the checkpoint (a directory: its latest good
+           one) to OUT as a LibTorch archive, joined from a pipeline's stages: C++ reads it with
+           torch::load(model, "OUT"), Python with torch.jit.load("OUT").state_dict(). A model
+           the trial split over ranks itself is exported one part at a time (--part K).
+           For a PyTorch state_dict: python3 scripts/hpctrial_checkpoint.py FILE --out model.pt
 )";
 
 std::string time_text(std::time_t t) {
@@ -108,6 +118,24 @@ int verify(const std::vector<std::string>& targets) {
   return bad == 0 ? kExitOk : kExitFailure;
 }
 
+// Through hpctrial-worker, the program of ours that links LibTorch (this one does not).
+int export_model(const std::vector<std::string>& rest) {
+  const std::string worker = find_worker();
+  if (worker.empty()) {
+    throw IoError("hpctrial checkpoint export writes LibTorch archives through hpctrial-worker, which was not "
+                  "found beside hpctrial; reinstall hpctrial or set HPCTRIAL_WORKER");
+  }
+  std::vector<std::string> argv{worker, "export"};
+  argv.insert(argv.end(), rest.begin(), rest.end());
+  const core::RunResult result = core::run_process(argv);
+  if (!result.ok()) {
+    std::cerr << (result.err.empty() ? result.describe() + "\n" : result.err);
+    return result.exit_code == kExitUsage ? kExitUsage : kExitFailure;
+  }
+  std::cout << "wrote " << rest[1] << ": " << core::trim(result.out) << " tensors\n";
+  return kExitOk;
+}
+
 int run_checkpoint(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -118,9 +146,10 @@ int run_checkpoint(const std::vector<std::string>& args) {
   if (action == "list" && rest.size() == 1) return list(rest[0]);
   if (action == "inspect" && rest.size() == 1) return inspect(rest[0]);
   if (action == "verify" && !rest.empty()) return verify(rest);
-  std::cerr << "hpctrial checkpoint: " << (action == "list" || action == "inspect" || action == "verify"
-                                               ? "wrong number of arguments for " + action
-                                               : "unknown action '" + action + "'; use list, inspect or verify")
+  if (action == "export" && rest.size() >= 2) return export_model(rest);
+  const bool known = action == "list" || action == "inspect" || action == "verify" || action == "export";
+  std::cerr << "hpctrial checkpoint: " << (known ? "wrong number of arguments for " + action
+                                                 : "unknown action '" + action + "'; use list, inspect, verify or export")
             << "\nrun 'hpctrial checkpoint --help' for usage\n";
   return kExitUsage;
 }
@@ -128,7 +157,7 @@ int run_checkpoint(const std::vector<std::string>& args) {
 }  // namespace
 
 Verb checkpoint_verb() {
-  return {"checkpoint", "list, inspect or verify checkpoints", run_checkpoint};
+  return {"checkpoint", "list, inspect, verify or export checkpoints", run_checkpoint};
 }
 
 }  // namespace hpctrial::cli

@@ -3,6 +3,7 @@
 
     python3 hpctrial_checkpoint.py CKPT.h5                 # attributes and datasets
     python3 hpctrial_checkpoint.py CKPT.h5 --out model.pt  # model 0 as a PyTorch state_dict
+                                                           # (a pipeline's stages joined)
 
 From Python:
     from hpctrial_checkpoint import read_manifest, model_state_dict
@@ -73,30 +74,59 @@ def read_dataset(f, entry, verify=False):
     return array.reshape(entry["shape"])
 
 
-def model_state_dict(path, model=0, verify=False):
-    """The parameters and buffers of wrapped model `model`, as a PyTorch state_dict."""
+def model_parts(path):
+    """(parts, pipeline): how the checkpoint's model lies over ranks (meta/model_parallel)."""
+    with h5py.File(path, "r") as f:
+        if "meta/model_parallel" not in f:
+            return 1, False
+        record = json.loads(np.asarray(f["meta/model_parallel"][()]).tobytes().decode())
+    return int(record["parts"]), bool(record.get("pipeline", False))
+
+
+def model_state_dict(path, model=0, verify=False, part=None):
+    """The parameters and buffers of wrapped model `model`, as a PyTorch state_dict.
+
+    A pipeline's stages are joined into the whole model (its layers are named by their index
+    in it); a model the trial split over ranks itself is taken one part at a time (`part`).
+    """
     import torch
 
     manifest = read_manifest(path)
-    prefix = f"model/{model}/"
+    parts, pipeline = model_parts(path)
+    if parts == 1:
+        if part not in (None, 0):
+            raise ValueError(f"{path} holds its model whole, not in parts: leave out the part")
+        prefixes = [f"model/{model}/"]
+    elif part is not None:
+        if not 0 <= part < parts:
+            raise ValueError(f"{path} holds a model in {parts} parts, 0 to {parts - 1}; part {part} is none of them")
+        prefixes = [f"model_parallel/{part}/model/{model}/"]
+    elif pipeline:
+        prefixes = [f"model_parallel/{k}/model/{model}/" for k in range(parts)]
+    else:
+        raise ValueError(f"{path} holds a model the trial split into {parts} parts (model parallelism), which "
+                         f"only the trial's code joins: take one part at a time (--part 0 to {parts - 1})")
+    entries = {entry["name"]: entry for entry in manifest["datasets"]}
     state = {}
     with h5py.File(path, "r") as f:
-        for entry in manifest["datasets"]:
-            if not entry["name"].startswith(prefix):
-                continue
-            tensor = torch.from_numpy(np.ascontiguousarray(read_dataset(f, entry, verify)))
-            if entry["dtype"] == "bfloat16":
-                tensor = tensor.to(torch.bfloat16)
-            state[entry["name"][len(prefix):]] = tensor
+        for prefix in prefixes:
+            for name, entry in sorted(entries.items()):
+                if not name.startswith(prefix) or name[len(prefix):] in state:
+                    continue
+                tensor = torch.from_numpy(np.ascontiguousarray(read_dataset(f, entry, verify)))
+                if entry["dtype"] == "bfloat16":
+                    tensor = tensor.to(torch.bfloat16)
+                state[name[len(prefix):]] = tensor
     if not state:
         raise ValueError(f"{path}: no model {model} in the checkpoint")
-    return state
+    return dict(sorted(state.items()))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--model", type=int, default=0)
+    parser.add_argument("--part", type=int, help="the part of a model the trial split over ranks")
     parser.add_argument("--out", help="write model MODEL's state_dict here with torch.save")
     parser.add_argument("--verify", action="store_true", help="check every dataset's CRC-32C")
     args = parser.parse_args()
@@ -104,7 +134,12 @@ def main():
     if args.out:
         import torch
 
-        torch.save(model_state_dict(args.checkpoint, args.model, args.verify), args.out)
+        try:
+            state = model_state_dict(args.checkpoint, args.model, args.verify, args.part)
+        except ValueError as e:
+            print(f"hpctrial_checkpoint.py: {e}", file=sys.stderr)
+            return 2
+        torch.save(state, args.out)
         print(f"wrote {args.out}")
         return 0
     for key, value in sorted(manifest.get("attributes", {}).items()):

@@ -205,4 +205,33 @@ void CheckpointStore::remove_temporaries() const {
   }
 }
 
+CheckpointStore::Loaded load_checkpoint_at(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> problems;
+    auto loaded = CheckpointStore(path, {}).load_latest(&problems);
+    if (!loaded) {
+      std::string why = path + " holds no usable checkpoint";
+      for (const auto& problem : problems) why += "; " + problem;
+      throw CheckpointError(why);
+    }
+    return std::move(*loaded);
+  }
+  if (!std::filesystem::exists(path, ec)) {
+    throw CheckpointError(path + " does not exist (give a checkpoint file or a trial's checkpoint directory)");
+  }
+  CheckpointStore::Loaded loaded;
+  loaded.path = path;
+  loaded.contents = read_checkpoint(path);
+  const auto batches = loaded.contents.attributes.find(kBatchesAttribute);
+  if (batches != loaded.contents.attributes.end()) {
+    try {
+      loaded.batches = std::stoll(batches->second);
+    } catch (const std::exception&) {
+      throw CheckpointError(path + ": its attribute " + kBatchesAttribute + " is not a number: " + batches->second);
+    }
+  }
+  return loaded;
+}
+
 }  // namespace hpctrial::checkpoint

@@ -22,6 +22,8 @@
 #include "../support/search_log.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/comm/communicator.h"
@@ -314,6 +316,129 @@ TEST_F(ExactResume, PythonReadsTheCheckpointIntoTheSameModel) {
   for (std::size_t i = 0; i < python.size(); ++i) {
     EXPECT_NEAR(python[i], outputs[static_cast<std::int64_t>(i)].item<double>(), 1e-5) << "output " << i;
   }
+}
+
+// The trained model exported (hpctrial checkpoint export) loads into the same network in C++ with
+// torch::load, and reads in Python from the archive (torch.jit.load) and, through the Python
+// reader, as a state_dict torch.load reads: each time the model's tensors, bit for bit.
+TEST_F(ExactResume, TheExportedModelIsTheTrainedOneInLibTorchAndPython) {
+  const std::string dir = (dir_.path() / "export").string();
+  const auto weights = train_with_stops(dir, {});
+  const std::string archive = dir + "/model.pt";
+  const auto exported = core::run_process({HPCTRIAL_CLI, "checkpoint", "export", dir + "/checkpoints", archive});
+  ASSERT_TRUE(exported.ok()) << exported.describe() << "\n" << exported.err;
+  EXPECT_THAT(exported.out, testing::HasSubstr("wrote " + archive + ": 6 tensors"));
+  mlp_example::Mlp net(32, 64, 10);
+  torch::load(net, archive);
+  const auto parameters = net->named_parameters();
+  ASSERT_EQ(parameters.size(), weights.size());
+  std::map<std::string, std::uint32_t> crcs;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_TRUE(torch::equal(parameters[i].value(), weights[i])) << parameters[i].key();
+    crcs[parameters[i].key()] = checkpoint::crc32c(weights[i].data_ptr(), weights[i].nbytes());
+  }
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const auto python = core::run_process({"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/tests/python/exported_model.py",
+                                         HPCTRIAL_SOURCE_DIR "/scripts", dir + "/checkpoints/ckpt-400.h5", archive,
+                                         dir + "/state_dict.pt"},
+                                        options);
+  ASSERT_TRUE(python.ok()) << python.describe() << "\n" << python.err;
+  std::map<std::string, std::uint32_t> read;
+  std::istringstream lines(python.out);
+  for (std::string name, crc; lines >> name >> crc;) read[name] = static_cast<std::uint32_t>(std::stoul(crc));
+  EXPECT_EQ(read, crcs);
+  const auto missing = core::run_process({HPCTRIAL_CLI, "checkpoint", "export", dir + "/checkpoints", archive, "--model", "1"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, testing::HasSubstr("has no model 1"));
+}
+
+// The mlp trial, noting at its first batch where it starts: the batch, the weights, and whether
+// its optimizer holds any state.
+class FirstBatchMlp : public CapturingMlp {
+ public:
+  struct Start {
+    std::int64_t batch = -1;
+    std::vector<torch::Tensor> weights;
+    bool fresh_optimizer = false;
+  };
+  FirstBatchMlp(TrialContext& context, std::vector<torch::Tensor>* out, Start* start)
+      : CapturingMlp(context, out), context_(context), start_(start) {}
+  Metrics train_batch(Batch& batch, std::int64_t epoch, std::int64_t batch_idx) override {
+    if (start_->batch < 0) {
+      start_->batch = batch_idx;
+      for (const auto& p : model()->parameters()) start_->weights.push_back(p.detach().clone());
+      start_->fresh_optimizer = context_.optimizers().at(0)->state().empty();
+    }
+    return CapturingMlp::train_batch(batch, epoch, batch_idx);
+  }
+
+ private:
+  TrialContext& context_;
+  Start* start_;
+};
+
+class FineTuning : public ExactResume {
+ protected:
+  // A run of 20 batches in `dir` under `overrides`: where it started.
+  FirstBatchMlp::Start fine_tune(const std::string& dir, const std::vector<std::string>& overrides) {
+    auto src = sources(1);
+    src.overrides.push_back("searcher.max_length={batches: 20}");
+    src.overrides.insert(src.overrides.end(), overrides.begin(), overrides.end());
+    const core::ExperimentConfig config = core::load_experiment_config(src);
+    FirstBatchMlp::Start start;
+    std::vector<torch::Tensor> weights;
+    comm::LocalCommunicator communicator;
+    trainer::LoopOptions options;
+    options.trial_dir = dir;
+    options.experiment_seed = 77;  // another experiment: its own initial weights
+    options.progress_interval_s = 0;
+    trainer::run_training(config, [&](TrialContext& context) {
+      return std::unique_ptr<Trial>(std::make_unique<FirstBatchMlp>(context, &weights, &start));
+    }, communicator, options);
+    return start;
+  }
+};
+
+// searcher.source_checkpoint: a new experiment's trial starts from the source's weights at batch 0
+// with a fresh optimizer, and its runs.jsonl names the source; an experiment directory and
+// source_trial_id name the same checkpoint; a missing source or trial is a config error.
+TEST_F(FineTuning, StartsFromTheSourceWeightsAtBatchZeroWithAFreshOptimizer) {
+  const core::ExperimentLayout source{(dir_.path() / "source").string()};
+  const core::ExperimentConfig source_config = core::load_experiment_config(sources(1));
+  core::create_directories(source.dir);
+  core::commit_experiment_config(source, source_config, source.dir);
+  const auto trained = train_with_stops(source.trial_dir(0), {});
+  const std::string file = source.trial_dir(0) + "/checkpoints/ckpt-400.h5";
+
+  const std::string tuned = (dir_.path() / "tuned").string();
+  const auto start = fine_tune(tuned, {"searcher.source_checkpoint=" + source.trial_dir(0) + "/checkpoints"});
+  EXPECT_EQ(start.batch, 0);
+  EXPECT_TRUE(start.fresh_optimizer);
+  ASSERT_EQ(start.weights.size(), trained.size());
+  for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(start.weights[i], trained[i])) << i;
+  std::ifstream runs(tuned + "/runs.jsonl");
+  std::string first;
+  ASSERT_TRUE(std::getline(runs, first));
+  EXPECT_EQ(nlohmann::json::parse(first).value("source_checkpoint", ""), file);
+
+  const auto by_trial = fine_tune((dir_.path() / "by-trial").string(),
+                                  {"searcher.source_checkpoint=" + source.dir, "searcher.source_trial_id=0"});
+  ASSERT_EQ(by_trial.weights.size(), trained.size());
+  for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(by_trial.weights[i], trained[i])) << i;
+
+  const auto config_error = [&](const std::vector<std::string>& overrides) -> std::string {
+    try {
+      fine_tune((dir_.path() / "refused").string(), overrides);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_THAT(config_error({"searcher.source_checkpoint=" + source.dir + "/nowhere"}),
+              testing::HasSubstr("searcher.source_checkpoint: " + source.dir + "/nowhere does not exist"));
+  EXPECT_THAT(config_error({"searcher.source_checkpoint=" + source.dir, "searcher.source_trial_id=3"}),
+              testing::HasSubstr("has no checkpoints of trial 3"));
 }
 
 std::vector<nlohmann::json> validations(const std::string& path) {

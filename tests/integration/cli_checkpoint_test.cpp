@@ -1,4 +1,4 @@
-// hpctrial checkpoint list|inspect|verify, as a user runs them.
+// hpctrial checkpoint list|inspect|verify|export, as a user runs them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -65,7 +65,59 @@ TEST(CliCheckpoint, ListInspectAndVerify) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "nope")) << "list must not create directories";
   const auto wrong = hpctrial_cli({"checkpoint", "frobnicate"});
   EXPECT_EQ(wrong.exit_code, 2);
-  EXPECT_THAT(wrong.err, HasSubstr("unknown action 'frobnicate'; use list, inspect or verify"));
+  EXPECT_THAT(wrong.err, HasSubstr("unknown action 'frobnicate'; use list, inspect, verify or export"));
+}
+
+// A file of two parts: a pipeline's stages (their layers named by their index in the whole
+// model), or a model a trial split itself.
+std::string parts_file(const std::string& dir, bool pipeline) {
+  checkpoint::Contents c;
+  const std::vector<float> w(6, 0.5f), b(2, -1.0f);
+  c.add("model_parallel/0/model/0/layer0.weight", checkpoint::DType::kFloat32, {2, 3}, w.data());
+  c.add("model_parallel/0/model/0/layer0.bias", checkpoint::DType::kFloat32, {2}, b.data());
+  c.add("model_parallel/1/model/0/layer" + std::string(pipeline ? "2" : "0") + ".weight", checkpoint::DType::kFloat32,
+        {2, 3}, w.data());
+  c.add_text("meta/model_parallel", pipeline ? R"({"parts": 2, "pipeline": true})" : R"({"parts": 2})");
+  const std::string path = dir + (pipeline ? "/pipeline.h5" : "/split.h5");
+  checkpoint::write_checkpoint(path, c);
+  return path;
+}
+
+core::RunResult python_reader(const std::string& file, const std::vector<std::string>& more) {
+  std::vector<std::string> argv{"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/scripts/hpctrial_checkpoint.py", file};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return core::run_process(argv);
+}
+
+// A pipeline's stages export joined; a model split by its trial one part at a time, and refused
+// whole with what to do, by the command and by the Python reader alike.
+TEST(CliCheckpoint, ExportJoinsAPipelineAndTakesASplitModelPartByPart) {
+  TempDir dir;
+  const std::string out = (dir.path() / "model.pt").string();
+  const std::string pipeline = parts_file(dir.path().string(), true);
+  auto r = hpctrial_cli({"checkpoint", "export", pipeline, out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("wrote " + out + ": 3 tensors"));
+  r = python_reader(pipeline, {"--out", (dir.path() / "state.pt").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  const std::string split = parts_file(dir.path().string(), false);
+  r = hpctrial_cli({"checkpoint", "export", split, out});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr(split + " holds a model the trial split into 2 parts"));
+  EXPECT_THAT(r.err, HasSubstr("--part 0 to 1"));
+  r = python_reader(split, {"--out", (dir.path() / "state.pt").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("split into 2 parts"));
+  r = hpctrial_cli({"checkpoint", "export", split, out, "--part", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("1 tensors"));
+  r = hpctrial_cli({"checkpoint", "export", split, out, "--part", "2"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("part 2 is none of them"));
+  r = hpctrial_cli({"checkpoint", "export", (dir.path() / "none.h5").string(), out});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("none.h5 does not exist"));
 }
 
 }  // namespace cli_checkpoint_test

@@ -332,9 +332,17 @@ TEST(LoadTrial, APipelineOfTwoStagesLoadsOnOneProcessAndEvaluatesAsTheRun) {
                 piped.last_validation.at("validation_loss").number(), 1e-6);
   }
   EXPECT_EQ(loaded_parameters.size(), 8u);  // 4 linear layers' weights and biases
+  // Exported, the stages' layers are one model that torch::load reads into the whole pipeline.
+  const std::string archive = dir + "/model-" + std::to_string(world.rank()) + ".pt";
+  EXPECT_EQ(export_model(dir + "/checkpoints", archive), 8u);
+  PipelineModule whole(layers(), mse, 0, PipelineOptions());
+  torch::load(whole, archive);
+  std::map<std::string, torch::Tensor> exported;
+  for (const auto& item : whole->named_parameters()) exported[item.key()] = item.value();
   for (const auto& [name, tensor] : stage) {
     ASSERT_EQ(loaded_parameters.count(name), 1u) << name;
     EXPECT_TRUE(torch::equal(tensor, loaded_parameters.at(name))) << name;
+    EXPECT_TRUE(torch::equal(tensor, exported.at(name))) << name;
   }
   MPI_Barrier(env().world());
   if (env().is_chief()) std::filesystem::remove_all(dir);

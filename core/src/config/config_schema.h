@@ -114,6 +114,9 @@ std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const C
 
 // Sections.
 void read_searcher(MapReader& r, Searcher& s);
+// A path `key`, made absolute: relative to the file that sets it (a template's directory for a
+// template's value), or to the working directory for --set.
+void read_path(MapReader& r, const char* key, std::string& out);
 void read_resources(MapReader& r, Resources& res);
 void read_optimizations(MapReader& r, Optimizations& o);
 void read_adaptive_batch(const ConfigNode& node, const std::string& path, Diagnostics& d, AdaptiveBatch& a);

@@ -67,6 +67,47 @@ void read_halving(MapReader& r, Searcher& s) {
 
 }  // namespace
 
+void read_path(MapReader& r, const char* key, std::string& out) {
+  Diagnostics& d = r.diagnostics();
+  const ConfigNode* n = r.get(key);
+  if (n == nullptr) return;
+  const auto v = read_string(*n, r.path(key), d);
+  if (!v) return;
+  // Relative to the file that says it (a template's directory for a template's path); relative
+  // to the working directory for --set.
+  const SourceLocation& where = n->where();
+  std::filesystem::path base = std::filesystem::current_path();
+  if (where.line > 0 && std::filesystem::path(where.file).has_parent_path()) {
+    base = std::filesystem::path(where.file).parent_path();
+  }
+  try {
+    out = resolve_user_path(*v, base, r.path(key)).string();
+  } catch (const ConfigError& e) {
+    // The message already starts with the key path; keep only the reason.
+    const std::string message = e.what();
+    report(*n, r.path(key), d, message.substr(r.path(key).size() + 2));
+  }
+}
+
+namespace {
+
+// Fine-tuning: source_checkpoint, and source_trial_id, a trial of the experiment it names.
+void read_source(MapReader& r, Searcher& s) {
+  read_path(r, "source_checkpoint", s.source_checkpoint);
+  if (const ConfigNode* n = r.get("source_trial_id")) {
+    if (auto v = read_int(*n, r.path("source_trial_id"), r.diagnostics(), 0, kMaxTrials)) {
+      s.source_trial_id = static_cast<int>(*v);
+      if (s.source_checkpoint.empty()) {
+        report(*n, r.path("source_trial_id"), r.diagnostics(),
+               "names a trial of the experiment directory searcher.source_checkpoint names (hpctrial numbers "
+               "trials per experiment); add it, e.g. `source_checkpoint: runs/pretrain`");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void read_searcher(MapReader& r, Searcher& s) {
   Diagnostics& d = r.diagnostics();
   // The checks that depend on the searcher are made only when its name is known: an unknown
@@ -115,6 +156,7 @@ void read_searcher(MapReader& r, Searcher& s) {
     if (auto v = read_int(*n, r.path("max_concurrent_trials"), d, 1, kMaxTrials)) s.max_concurrent_trials = *v;
   }
   if (name_known) read_halving(r, s);
+  read_source(r, s);
   r.finish();
 }
 
@@ -272,24 +314,7 @@ void read_checkpoint_storage(MapReader& r, CheckpointStorage& c) {
   if (const ConfigNode* n = r.get("type")) {
     read_choice(*n, r.path("type"), d, "storage type", kStorageTypes);
   }
-  if (const ConfigNode* n = r.get("host_path")) {
-    if (auto v = read_string(*n, r.path("host_path"), d)) {
-      // Relative to the file that says it (a template's directory for a template's path);
-      // relative to the working directory for --set.
-      const SourceLocation& where = n->where();
-      std::filesystem::path base = std::filesystem::current_path();
-      if (where.line > 0 && std::filesystem::path(where.file).has_parent_path()) {
-        base = std::filesystem::path(where.file).parent_path();
-      }
-      try {
-        c.host_path = resolve_user_path(*v, base, r.path("host_path")).string();
-      } catch (const ConfigError& e) {
-        // The message already starts with the key path; keep only the reason.
-        const std::string message = e.what();
-        report(*n, r.path("host_path"), d, message.substr(r.path("host_path").size() + 2));
-      }
-    }
-  }
+  read_path(r, "host_path", c.host_path);
   const ConfigNode* latest = r.get("save_trial_latest");
   if (latest != nullptr) {
     if (auto v = read_int(*latest, r.path("save_trial_latest"), d, 0, 100000)) {

@@ -123,6 +123,10 @@ void emit_searcher(YAML::Emitter& out, const Searcher& searcher) {
     }
   }
   if (searcher.name == Searcher::Name::kAsyncHalving) out << YAML::Key << "num_rungs" << YAML::Value << searcher.num_rungs;
+  if (!searcher.source_checkpoint.empty()) {
+    out << YAML::Key << "source_checkpoint" << YAML::Value << YAML::DoubleQuoted << searcher.source_checkpoint;
+  }
+  if (searcher.source_trial_id) out << YAML::Key << "source_trial_id" << YAML::Value << *searcher.source_trial_id;
   out << YAML::EndMap;
 }
 

@@ -268,6 +268,18 @@ std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& tr
   return (base / TrialLayout::folder(trial_id)).string();
 }
 
+std::string trial_checkpoint_dir(const ExperimentLayout& layout, int trial_id) {
+  if (!fs::exists(layout.config())) {
+    throw ConfigError(layout.dir + " is not an experiment directory (no " + fs::path(layout.config()).filename().string() +
+                      "); give the directory `hpctrial run` or `submit` made, or a checkpoint without source_trial_id");
+  }
+  const std::string dir = checkpoint_dir(load_experiment_config(ConfigSources{layout.config(), "", {}}),
+                                         layout.trial(trial_id), trial_id, require_experiment_identity(layout));
+  if (fs::is_directory(dir)) return dir;
+  throw ConfigError(layout.dir + " has no checkpoints of trial " + std::to_string(trial_id) + " (no " + dir +
+                    "); `hpctrial describe " + layout.dir + "` lists its trials");
+}
+
 std::vector<RecordedJob> recorded_jobs(const ExperimentLayout& layout) {
   const json state = read_state(layout);
   std::vector<RecordedJob> jobs;

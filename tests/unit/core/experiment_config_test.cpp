@@ -814,6 +814,25 @@ TEST(LoadExperimentConfig, HostPathIsRelativeToTheFileThatSaysIt) {
             "does not expand (there is no shell); write the full path, e.g. /home/you/...");
 }
 
+TEST(LoadExperimentConfig, AFineTuningsSourceIsAbsoluteAndItsTrialNeedsAnExperiment) {
+  TempDir dir;
+  const std::string config = dir.write("exp/exp.yaml", "name: t\nentrypoint: ./trial\nsearcher: {name: single, "
+                                                       "metric: loss, max_length: {batches: 10}, source_checkpoint: "
+                                                       "../base, source_trial_id: 2}\n");
+  const ExperimentConfig c = load_experiment_config({config, "", {}});
+  EXPECT_EQ(c.searcher.source_checkpoint, (dir.path() / "base").string());
+  EXPECT_EQ(c.searcher.source_trial_id, 2);
+  // Round trip through the effective config.
+  const std::string written = dir.write("effective.yaml", to_yaml(c));
+  const ExperimentConfig again = load_experiment_config({written, "", {}});
+  EXPECT_EQ(again.searcher.source_checkpoint, c.searcher.source_checkpoint);
+  EXPECT_EQ(again.searcher.source_trial_id, 2);
+  EXPECT_THAT(one_error("name: t\nentrypoint: ./trial\nsearcher: {name: single, metric: loss, max_length: "
+                        "{batches: 10}, source_trial_id: 2}\n"),
+              HasSubstr("searcher.source_trial_id: names a trial of the experiment directory "
+                        "searcher.source_checkpoint names"));
+}
+
 TEST(LoadExperimentConfig, SetOverridesAreTypedByTheSchema) {
   TempDir dir;
   const std::string config = dir.write("exp.yaml", kMinimal);

@@ -5,48 +5,29 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <numeric>
+#include <sstream>
 
 #include "api/config_json.h"
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/checkpoint/model_state.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/config_node.h"
 #include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/trainer/random.h"
 #include "loop/loop.h"
 #include "state/checkpointing.h"
+#include "state/state_io.h"
 
 namespace hpctrial::trainer {
 namespace {
 
 using json = nlohmann::json;
-
-// The file `path` names: itself, or a directory's latest good checkpoint (chosen by the chief,
-// every rank reading the same one).
-std::string choose_file(const std::string& path, comm::Communicator& comm) {
-  std::string chosen;
-  if (comm.is_chief()) {
-    if (!std::filesystem::is_directory(path)) {
-      chosen = std::filesystem::exists(path) ? path : "!" + path + " does not exist (give a checkpoint file or a "
-                                                                    "trial's checkpoint directory)";
-    } else {
-      std::vector<std::string> problems;
-      checkpoint::CheckpointStore store(path, {});
-      if (const auto latest = store.load_latest(&problems)) {
-        chosen = latest->path;
-      } else {
-        chosen = "!" + path + " holds no usable checkpoint";
-        for (const auto& problem : problems) chosen += "; " + problem;
-      }
-    }
-  }
-  comm.broadcast(chosen, 0);
-  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
-  return chosen;
-}
 
 std::string text_of(const checkpoint::Contents& contents, const char* name, const std::string& path) {
   return contents.at(name, path).text();
@@ -123,8 +104,9 @@ LoadedTrial load_trial_from_checkpoint(const std::string& path, const TrialFacto
   LoadedTrial loaded;
   if (options.communicator == nullptr) loaded.alone_ = std::make_unique<comm::LocalCommunicator>();
   comm::Communicator& comm = options.communicator != nullptr ? *options.communicator : *loaded.alone_;
-  loaded.path_ = choose_file(path, comm);
-  const checkpoint::Contents contents = checkpoint::read_checkpoint(loaded.path_);
+  const checkpoint::CheckpointStore::Loaded file = detail::load_chosen_checkpoint(path, comm);
+  const checkpoint::Contents& contents = file.contents;
+  loaded.path_ = file.path;
   loaded.batches_trained_ = batches_of(contents, loaded.path_);
   loaded.config_ = std::make_unique<core::ExperimentConfig>(config_of(contents, loaded.path_, options.overrides));
   core::ExperimentConfig& config = *loaded.config_;
@@ -165,6 +147,56 @@ LoadedTrial load_trial_from_checkpoint(const std::string& path, const TrialFacto
                    loaded.batches_trained_, comm.size());
   }
   return loaded;
+}
+
+namespace {
+
+// A module's tensors and submodules, by their names below it.
+struct ModuleTree {
+  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, ModuleTree> children;
+};
+
+ModuleTree& node_at(ModuleTree& root, const std::string& dotted) {
+  ModuleTree* node = &root;
+  std::size_t start = 0;
+  for (std::size_t dot = dotted.find('.'); dot != std::string::npos; dot = dotted.find('.', start)) {
+    node = &node->children[dotted.substr(start, dot - start)];
+    start = dot + 1;
+  }
+  return node->children[dotted.substr(start)];
+}
+
+// A nested archive per module ("fc1.weight": "weight" of the archive "fc1"), every submodule
+// one, as torch::load(module, ...) reads them.
+void write_nested(torch::serialize::OutputArchive& archive, const ModuleTree& tree) {
+  for (const auto& [name, tensor] : tree.tensors) archive.write(name, tensor, /*is_buffer=*/!tensor.is_floating_point());
+  for (const auto& [child, below] : tree.children) {
+    torch::serialize::OutputArchive nested;
+    write_nested(nested, below);
+    archive.write(child, nested);
+  }
+}
+
+}  // namespace
+
+std::size_t export_model(const std::string& path, const std::string& out, int model, std::optional<int> part) {
+  const checkpoint::CheckpointStore::Loaded loaded = checkpoint::load_checkpoint_at(path);
+  const checkpoint::ModelState state = checkpoint::model_state(loaded.contents, loaded.path, model, part);
+  ModuleTree root;
+  for (const auto& name : state.modules) node_at(root, name);
+  for (const auto& item : state.tensors) {
+    const auto dot = item.name.rfind('.');
+    ModuleTree& owner = dot == std::string::npos ? root : node_at(root, item.name.substr(0, dot));
+    owner.tensors.emplace(dot == std::string::npos ? item.name : item.name.substr(dot + 1),
+                          detail::tensor_of(*item.dataset));
+  }
+  torch::serialize::OutputArchive archive;
+  write_nested(archive, root);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  core::write_file_atomic(out, bytes.str());
+  return state.tensors.size();
 }
 
 }  // namespace hpctrial::trainer

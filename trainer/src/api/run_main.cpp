@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <vector>
 
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/env.h"
@@ -22,6 +24,7 @@
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/comm/mpi_environment.h"
 #include "hpctrial/comm/nccl_communicator.h"
+#include "hpctrial/trainer/load.h"
 #include "hpctrial/trainer/main.h"
 #include "hpctrial/trainer/trial_library.h"
 #include "hpctrial/rank/bootstrap.h"
@@ -248,6 +251,38 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
   }
 }
 
+// `hpctrial-worker export CKPT OUT [--model I] [--part K]`: export_model, for `hpctrial
+// checkpoint export` (which names the errors first: this prints them as they are).
+int run_export(int argc, char** argv) {
+  std::vector<std::string> positional;
+  int model = 0;
+  std::optional<int> part;
+  po::options_description options("options");
+  options.add_options()("model", po::value(&model), "the wrapped model")("part", po::value<int>(), "the part")(
+      "file", po::value(&positional)->composing(), "CKPT OUT");
+  po::positional_options_description files;
+  files.add("file", -1);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(options).positional(files).run(), vm);
+    po::notify(vm);
+    if (vm.count("part")) part = vm["part"].as<int>();
+    if (positional.size() != 2) throw ConfigError("usage: hpctrial-worker export CKPT OUT [--model I] [--part K]");
+    const std::size_t tensors = export_model(positional[0], positional[1], model, part);
+    std::cout << tensors << "\n";
+    return kExitFinished;
+  } catch (const ConfigError& e) {
+    std::cerr << "hpctrial-worker export: " << e.what() << "\n";
+    return kExitConfig;
+  } catch (const po::error& e) {
+    std::cerr << "hpctrial-worker export: " << e.what() << "\n";
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::cerr << "hpctrial-worker export: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
 }  // namespace
 
 int run_main(int argc, char** argv, const TrialFactory& factory) {
@@ -255,6 +290,7 @@ int run_main(int argc, char** argv, const TrialFactory& factory) {
 }
 
 int run_worker(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "export") return run_export(argc - 1, argv + 1);
   return run(argc, argv, [](const core::ExperimentConfig& config) -> TrialFactory {
     if (config.entrypoint.kind != core::Entrypoint::Kind::kLibrary) {
       throw ConfigError("entrypoint: '" + config.entrypoint.argv.front() +

@@ -205,6 +205,7 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
   if (const core::Container& container = config_.container; !container.image.empty()) {
     line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
   }
+  if (!source_checkpoint_.empty()) line["source_checkpoint"] = source_checkpoint_;
   line["placement"] = nlohmann::json::array();
   for (const std::string& place : placement) line["placement"].push_back(nlohmann::json::parse(place));
   const std::string runs = core::TrialLayout{options_.trial_dir}.runs_file();

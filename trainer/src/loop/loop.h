@@ -67,6 +67,11 @@ TrialSettings trial_settings(const core::ExperimentConfig& config, comm::Communi
                              const nlohmann::json& hparams, std::uint64_t trial_seed);
 void resolve_engine_batch(const core::ExperimentConfig& config, comm::Communicator& comm, TrialSettings& settings);
 
+// The checkpoint `path` names (a file, or a directory's newest good one), as the chief chose it:
+// the chief keeps what it read, the other ranks read the same file. A collective; CheckpointError
+// on every rank when there is none.
+checkpoint::CheckpointStore::Loaded load_chosen_checkpoint(const std::string& path, comm::Communicator& comm);
+
 class Loop {
  public:
   Loop(const core::ExperimentConfig& config, const TrialFactory& factory, comm::Communicator& comm,
@@ -79,6 +84,8 @@ class Loop {
   void setup();
   TrialSettings make_trial_settings(std::uint64_t trial_seed) const;
   void resume();
+  // A fresh start of a fine-tuning (searcher.source_checkpoint): its weights only.
+  void start_from_source();
   // The chief: opens the checkpoint store in `dir` and picks the checkpoint resume() restores.
   std::string choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents);
   // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
@@ -262,6 +269,7 @@ class Loop {
   // thread it releases.
   std::unique_ptr<detail::ShardedWriteInFlight> sharded_in_flight_;
   detail::TrialIdentity identity_;
+  std::string source_checkpoint_;  // the checkpoint whose weights a fine-tuning started from
   nlohmann::json settings_hparams_;
   Period checkpoint_period_;
   // min_checkpoint_period: auto, on the chief: the period follows what checkpoints cost.

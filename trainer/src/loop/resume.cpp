@@ -18,6 +18,55 @@
 
 namespace hpctrial::trainer::detail {
 
+checkpoint::CheckpointStore::Loaded load_chosen_checkpoint(const std::string& path, comm::Communicator& comm) {
+  checkpoint::CheckpointStore::Loaded loaded;
+  std::string chosen;
+  if (comm.is_chief()) {
+    try {
+      loaded = checkpoint::load_checkpoint_at(path);
+      chosen = loaded.path;
+    } catch (const Error& e) {
+      chosen = "!" + std::string(e.what());
+    }
+  }
+  comm.broadcast(chosen, 0);
+  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
+  if (!comm.is_chief()) {
+    loaded.path = chosen;
+    loaded.contents = checkpoint::read_checkpoint(chosen);
+  }
+  return loaded;
+}
+
+// Fine-tuning: a fresh start takes the weights of searcher.source_checkpoint, nothing else of it
+// (its optimizer, data position and progress are the new trial's own, from the start).
+void Loop::start_from_source() {
+  const core::Searcher& searcher = config_.searcher;
+  std::string path = searcher.source_checkpoint;
+  std::string error;
+  if (chief() && searcher.source_trial_id) {
+    try {
+      path = core::trial_checkpoint_dir(core::ExperimentLayout{path}, *searcher.source_trial_id);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  comm_.broadcast(error, 0);
+  if (!error.empty()) throw ConfigError("searcher.source_trial_id: " + error);
+  checkpoint::CheckpointStore::Loaded source;
+  try {
+    source = load_chosen_checkpoint(path, comm_);
+  } catch (const CheckpointError& e) {
+    throw ConfigError("searcher.source_checkpoint: " + std::string(e.what()));
+  }
+  detail::restore_weights(source.contents, source.path, *context_, identity_);
+  source_checkpoint_ = source.path;
+  if (chief()) {
+    core::log_info("fine-tuning from the weights of {} ({} batches trained), with a fresh optimizer at batch 0",
+                   source.path, source.batches);
+  }
+}
+
 std::optional<core::ExperimentIdentity> Loop::experiment_identity() const {
   if (options_.identity_dir.empty()) return std::nullopt;
   return core::require_experiment_identity(core::ExperimentLayout{options_.identity_dir});
@@ -83,6 +132,11 @@ void Loop::resume() {
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
   if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
+  if (chosen.empty() && !config_.searcher.source_checkpoint.empty()) {
+    start_from_source();  // every rank loads the same weights
+    if (chief()) trim_metrics(0);
+    return;
+  }
   if (chosen.empty()) {
     context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
     // What a run that failed before its first checkpoint reported is trained again from here.

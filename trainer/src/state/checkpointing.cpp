@@ -8,6 +8,7 @@
 #include <set>
 
 #include "hpctrial/build_config.h"
+#include "hpctrial/checkpoint/model_state.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/logging.h"
@@ -88,6 +89,11 @@ void add_model_state(checkpoint::Contents& c, Deferred* deferred, TrialContext& 
     const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (const auto& item : models[i]->named_parameters()) add_or_defer(c, deferred, prefix + item.key(), item.value());
     for (const auto& item : models[i]->named_buffers()) add_tensor(c, prefix + item.key(), item.value());
+    // Every submodule, those without tensors too: an exported model's archive holds them all, as
+    // torch::load(model, ...) reads every one.
+    json modules = json::array();
+    for (const auto& item : models[i]->named_modules("", /*include_self=*/false)) modules.push_back(item.key());
+    c.add_text(part + "meta/modules/" + std::to_string(i), modules.dump());
   }
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
@@ -254,22 +260,10 @@ void restore_model_tensors(const checkpoint::Contents& contents, const std::stri
   }
 }
 
-// The parts of the model in the checkpoint (meta/model_parallel), and whether they are a
-// pipeline's stages.
-std::pair<int, bool> model_parts(const checkpoint::Contents& contents, const std::string& path) {
-  if (contents.find("meta/model_parallel") == nullptr) return {1, false};
-  try {
-    const json parallel = parse(contents, "meta/model_parallel", path);
-    return {parallel.at("parts").get<int>(), parallel.value("pipeline", false)};
-  } catch (const json::exception& e) {
-    throw CheckpointError(path + ": meta/model_parallel is malformed: " + e.what());
-  }
-}
-
 // A model split over ranks resumes on as many parts, each rank taking its own; a pipeline on any
 // number of stages.
 void check_model_parts(const checkpoint::Contents& contents, const std::string& path, const TrialIdentity& identity) {
-  const auto [parts, pipeline] = model_parts(contents, path);
+  const auto [parts, pipeline] = checkpoint::model_parts(contents, path);
   if (parts == identity.parts || (pipeline && identity.pipeline)) return;
   const auto describe = [](int n) {
     return n == 1 ? std::string("a model whole on every rank") : "a model split into " + std::to_string(n) + " parts";
@@ -349,7 +343,7 @@ void check_resumable(const checkpoint::Contents& contents, const std::string& pa
 
 void restore_weights(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
                      const TrialIdentity& identity) {
-  const auto [parts, pipeline] = model_parts(contents, path);
+  const auto [parts, pipeline] = checkpoint::model_parts(contents, path);
   if (pipeline && has_pipeline_module(context)) {
     restore_model_tensors(repartition_weights(contents, path, context, identity.part), path, context, identity.part);
     return;
@@ -365,7 +359,7 @@ void restore(const checkpoint::Contents& file, const std::string& path, TrialCon
   check_model_parts(file, path, identity);
   // A pipeline written on another number of stages, or cut elsewhere (another partition_method):
   // this stage's layers from wherever they are.
-  const auto [parts, pipeline] = model_parts(file, path);
+  const auto [parts, pipeline] = checkpoint::model_parts(file, path);
   const bool elsewhere = parts != identity.parts || (pipeline && identity.pipeline && !holds_part(file, context, identity.part));
   const auto repartitioned = elsewhere ? std::optional(repartition(file, path, context, sharded, identity.part,
                                                                    identity.parts, parts))

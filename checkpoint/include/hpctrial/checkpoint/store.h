@@ -96,6 +96,10 @@ class CheckpointStore {
   StoreOptions options_;
 };
 
+// A checkpoint a user names: a file, read whole, or a checkpoint directory's newest good one.
+// CheckpointError naming `path` (and each rejected checkpoint of a directory) when there is none.
+CheckpointStore::Loaded load_checkpoint_at(const std::string& path);
+
 // Whether `name` has the form ckpt-<digits>.h5; its batch count if so.
 std::optional<std::int64_t> checkpoint_batches(const std::string& name);
 

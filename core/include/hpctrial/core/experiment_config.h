@@ -72,6 +72,12 @@ struct Searcher {
   std::vector<int> bracket_rungs;      // adaptive_asha: the brackets' rungs, instead of mode
   int num_rungs = 0;                   // async_halving (required there)
   bool stop_once = false;              // stop a trial for good at a rung rather than pause it
+  // Fine-tuning (Determined's source_checkpoint_uuid and source_trial_id): every trial starts
+  // from this checkpoint's weights, with its own fresh optimizer, at batch 0. A checkpoint file,
+  // a trial's checkpoint directory (its latest good checkpoint), or, with source_trial_id, an
+  // experiment directory whose trial it names. Absolute once loaded.
+  std::string source_checkpoint;
+  std::optional<int> source_trial_id;
   bool adaptive() const { return name == Name::kAdaptiveAsha || name == Name::kAsyncHalving; }
 };
 std::string_view to_string(Searcher::Mode mode);

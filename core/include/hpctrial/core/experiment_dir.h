@@ -89,6 +89,12 @@ ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, cons
 std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& trial, int trial_id,
                            const std::optional<ExperimentIdentity>& identity);
 
+// The checkpoint directory of trial `trial_id` of the experiment in `layout` (another
+// experiment's, which a fine-tuning starts from), from its recorded config and identity.
+// ConfigError naming the directory when it is no experiment directory or has no checkpoints of
+// that trial.
+std::string trial_checkpoint_dir(const ExperimentLayout& layout, int trial_id);
+
 // The batch jobs of an experiment, recorded in experiment.json when they are submitted.
 struct RecordedJob {
   std::string id;

@@ -17,8 +17,10 @@
 // ranks that are a multiple of some number of stages.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -102,5 +104,13 @@ LoadedTrial load_trial_from_checkpoint(const std::string& path, const LoadOption
   return load_trial_from_checkpoint(path, [](TrialContext& context) { return make_any_trial<TrialClass>(context); },
                                     options);
 }
+
+// `hpctrial checkpoint export`: model `model` of the checkpoint at `path` (a file, or a directory's
+// latest good one), joined from its parts (checkpoint/model_state.h), written to `out` as a
+// LibTorch archive: C++ reads it with torch::load(model, out), Python with
+// torch.jit.load(out).state_dict(). Floating-point tensors are the archive's parameters, others
+// its buffers. With `part`, that part of a model split over ranks. Returns the tensors written.
+std::size_t export_model(const std::string& path, const std::string& out, int model = 0,
+                         std::optional<int> part = std::nullopt);
 
 }  // namespace hpctrial::trainer
