@@ -41,6 +41,7 @@
 #include "hand_over.h"
 #include "launcher_internal.h"
 #include "processes.h"
+#include "startup_hook.h"
 #include "supervisor.h"
 
 extern char** environ;
@@ -351,6 +352,24 @@ void hold_launch_config(const std::string& trial_dir, const core::ExperimentConf
 
 }  // namespace
 
+// The startup hook of an attempt (startup_hook.h). One that fails is recorded in the trial's
+// launcher-state.json and ends the launch with its status: not the trial's failure, nothing to
+// retry until the hook is fixed.
+std::optional<int> run_hook(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                            const LaunchOptions& options, int starts, const core::EnvSource& env, json& state,
+                            const std::string& state_path) {
+  constexpr const char* kRecord = "startup_hook_failure";
+  const auto hook = detail::run_startup_hook(config, allocation, options, starts, env);
+  if (!hook) {
+    state.erase(kRecord);
+    return std::nullopt;
+  }
+  core::log_error("{}", hook->message);
+  state[kRecord] = {{"exit_code", hook->exit_code}, {"message", hook->message}, {"at", core::utc_now_iso()}};
+  core::write_json_file(state_path, state);
+  return hook->exit_code;
+}
+
 int launch(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
            core::UniqueFd* held) {
   // A closed stdout or stderr (`hpctrial run ... | head`, a dropped terminal) fails writes with
@@ -387,6 +406,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
 
   while (true) {
     const MpirunCommand command = build_mpirun_command(config, allocation, options, starts, env);
+    if (const auto failed = run_hook(config, allocation, options, starts, env, state, state_path)) return *failed;
     prepare_attempt(command, trial_dir);
     state["starts"] = ++starts;
     state["failures"] = failures;

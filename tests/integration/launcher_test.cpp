@@ -21,6 +21,7 @@ namespace hpctrial {
 namespace launcher_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
 using testing::HasSubstr;
+using testing::Not;
 using testing_launcher::Launcher;
 using testing_support::BackgroundProcess;
 using testing_support::processes_running;
@@ -132,6 +133,38 @@ TEST_F(Launcher, AFailureRestartsFromTheLatestCheckpoint) {
   EXPECT_EQ(records[0]["signal"], 9);
   EXPECT_THAT(records[0]["reason"].get<std::string>(), HasSubstr("was killed by signal 9"));
   EXPECT_GE(records[0]["last_steps"]["0"].get<long long>(), 20);
+  expect_no_rank_left();
+}
+
+// launcher.startup_hook runs before the ranks with their environment, its output in the log; a
+// hook that fails ends the run with its status and last lines, named as the hook's, no rank
+// started and nothing counted as the trial's failure.
+TEST_F(Launcher, AStartupHookRunsBeforeTheRanksAndItsFailureIsItsOwn) {
+  const std::string ran = (dir_.path() / "hook-ran").string();
+  const std::string good = config("launcher: {startup_hook: 'echo prepared for trial $HPCTRIAL_TRIAL_ID; touch " + ran +
+                                  "'}\n", 20);
+  auto p = run(good);
+  std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("startup hook on 1 node(s): echo prepared for trial"));
+  EXPECT_THAT(out, HasSubstr("[startup hook] prepared for trial 0"));
+  EXPECT_LT(out.find("[startup hook] prepared"), out.find("starting 2 rank(s) of trial 0")) << out;
+  EXPECT_TRUE(std::filesystem::exists(ran));
+
+  std::filesystem::remove_all(experiment());
+  const std::string bad = config("max_restarts: 3\nlauncher: {startup_hook: [/bin/sh, -c, 'echo no scratch space "
+                                 "left >&2; exit 7']}\n", 20);
+  p = run(bad);
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 7) << out;
+  EXPECT_THAT(out, HasSubstr("the startup hook (launcher.startup_hook: echo no scratch space left >&2; exit 7) "
+                             "exited with status 7; the ranks were not started and the trial is not retried"));
+  EXPECT_THAT(out, HasSubstr("Its last lines:\n  no scratch space left"));
+  EXPECT_THAT(out, Not(HasSubstr("starting 2 rank(s)")));
+  EXPECT_TRUE(failures().empty());
+  const json state = json::parse(testing_support::read_file(trial() + "/launcher-state.json"));
+  EXPECT_EQ(state["startup_hook_failure"]["exit_code"], 7);
+  EXPECT_EQ(state.value("failures", 0), 0);
   expect_no_rank_left();
 }
 

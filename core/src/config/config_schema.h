@@ -114,6 +114,8 @@ std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const C
 
 // Sections.
 void read_searcher(MapReader& r, Searcher& s);
+// launcher.startup_hook: a shell command (run by /bin/sh -c) or a command's words.
+void read_startup_hook(MapReader& r, LauncherConfig& l);
 // A path `key`, made absolute: relative to the file that sets it (a template's directory for a
 // template's value), or to the working directory for --set.
 void read_path(MapReader& r, const char* key, std::string& out);

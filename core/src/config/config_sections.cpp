@@ -14,6 +14,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/paths.h"
+#include "hpctrial/core/text.h"
 
 namespace hpctrial::core::detail {
 
@@ -402,7 +403,30 @@ void read_launcher(MapReader& r, LauncherConfig& l) {
   if (const ConfigNode* n = r.get("hang_timeout")) {
     if (auto v = read_duration(*n, r.path("hang_timeout"), d, 1, kMaxCollectiveTimeout)) l.hang_timeout_seconds = *v;
   }
+  read_startup_hook(r, l);
   r.finish();
+}
+
+void read_startup_hook(MapReader& r, LauncherConfig& l) {
+  const ConfigNode* n = r.get("startup_hook");
+  if (n == nullptr) return;
+  Diagnostics& d = r.diagnostics();
+  if (n->is_scalar()) {
+    const auto command = read_string(*n, r.path("startup_hook"), d);
+    if (command && trim(*command).empty()) {
+      report(*n, r.path("startup_hook"), d, "is empty; give a shell command, e.g. `startup_hook: ./setup.sh`");
+    } else if (command) {
+      l.startup_hook = {"/bin/sh", "-c", *command};
+    }
+    return;
+  }
+  if (auto list = read_string_list(*n, r.path("startup_hook"), d)) {
+    if (list->empty() || list->front().empty()) {
+      report(*n, r.path("startup_hook"), d, "names no program; give a command, e.g. [./setup.sh, --quiet]");
+    } else {
+      l.startup_hook = *list;
+    }
+  }
 }
 
 void read_scheduler(MapReader& r, SchedulerConfig& s) {

@@ -274,6 +274,10 @@ void emit_launcher(YAML::Emitter& out, const ExperimentConfig& c) {
   emit_strings(out, c.launcher.srun_args);
   out << YAML::Key << "hang_timeout" << YAML::Value << YAML::DoubleQuoted
       << format_duration(c.launcher.hang_timeout_seconds);
+  if (!c.launcher.startup_hook.empty()) {
+    out << YAML::Key << "startup_hook" << YAML::Value << YAML::Flow;
+    emit_strings(out, c.launcher.startup_hook);
+  }
   out << YAML::EndMap;
 }
 

@@ -283,6 +283,9 @@ struct LauncherConfig {
   std::vector<std::string> srun_args;
   // No rank finishing a step for this long ends the attempt as a failure (the hang watchdog).
   std::int64_t hang_timeout_seconds = 3600;
+  // Run once on each node before every start of the ranks (Determined's startup hook), in their
+  // environment and container; empty: none. A string in the config is run by /bin/sh -c.
+  std::vector<std::string> startup_hook;
 };
 
 // The launcher's name as the config spells it: "mpirun" or "srun".
