@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 
@@ -62,7 +63,10 @@ std::optional<HookFailure> run_startup_hook(const core::ExperimentConfig& config
                                             const core::EnvSource& env) {
   if (config.launcher.startup_hook.empty()) return std::nullopt;
   const MpirunCommand command = startup_hook_command(config, allocation, options, restart_count, env);
-  if (!command.hostfile_path.empty()) core::write_file_atomic(command.hostfile_path, command.hostfile);
+  if (!command.hostfile_path.empty()) {
+    core::create_directories(std::filesystem::path(command.hostfile_path).parent_path().string());
+    core::write_file_atomic(command.hostfile_path, command.hostfile);
+  }
   const std::string what = command_text(config.launcher.startup_hook);
   core::log_info("startup hook on {} node(s): {}", command.np, what);
   core::RunOptions run;

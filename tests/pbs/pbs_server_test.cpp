@@ -66,6 +66,26 @@ TEST_F(PbsServer, ASubmittedExperimentRunsToCompletion) {
   EXPECT_THAT(logs.out, HasSubstr("trial 0 finished"));
 }
 
+// launcher.startup_hook under the real server: a hook that fails ends the job before any rank
+// starts, with the hook's status as PBS's Exit_status and its last lines in the job's output,
+// reported as the hook's failure.
+TEST_F(PbsServer, AFailingStartupHookEndsTheJobWithItsStatusReportedAsTheHooks) {
+  const std::string path = config(20, "0", "time_limit: 10m");
+  std::ofstream(path, std::ios::app) << "launcher: {startup_hook: 'echo hook in job $HPCTRIAL_JOB_ID; echo cannot "
+                                        "mount scratch >&2; exit 5'}\n";
+  const std::string job = submit(path);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for_state(job, "F", 180s)) << "state " << state_of(job) << "\n" << job_output(job);
+  EXPECT_EQ(exit_status(job), 5) << job_output(job);
+  const std::string out = job_output(job);
+  EXPECT_THAT(out, HasSubstr("] hook in job " + job));  // "[startup hook on <node>] ..."
+  EXPECT_THAT(out, HasSubstr("exited with status 5; the ranks were not started and the trial is not retried"));
+  EXPECT_THAT(out, HasSubstr("Its last lines:"));
+  EXPECT_THAT(out, HasSubstr("  cannot mount scratch"));
+  EXPECT_THAT(out, Not(HasSubstr("starting 2 rank(s)")));
+  expect_no_process_of(job);
+}
+
 // pause of a running job: no signal (qsig would kill the job's login shell and the job); the
 // chief sees the stop request, the job exits 75 after a durable checkpoint and submits its
 // successor held; activate (qrls) resumes it, and the weights equal an uninterrupted run's.

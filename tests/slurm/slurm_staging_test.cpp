@@ -129,5 +129,45 @@ TEST_F(SlurmStaging, EachNodeCopiesOnceItsRankReadsItAndTheRequeuedJobReusesIt) 
   for (const auto& folder : folders) EXPECT_FALSE(fs::exists(folder)) << "the complete trial leaves no copies";
 }
 
+// launcher.startup_hook on the two-node partition: it runs once on each node, before the ranks,
+// its output in the job's log marked with the node; a hook that fails ends the job with its
+// status (Slurm's ExitCode), reported as the hook's, and no rank starts.
+TEST_F(SlurmStaging, AStartupHookRunsOnceOnEachNodeAndItsFailureIsItsOwn) {
+  const auto config = [&](const std::string& name, const std::string& hook) {
+    return dir_.write(name + ".yaml",
+        "name: " + name + "\nentrypoint: " + std::string(HPCTRIAL_FAULTY_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: 20}}\n"
+        "hyperparameters: {global_batch_size: 16, fail_rank: -1, fail_batch: 0, fail_mode: none, batch_ms: 0}\n"
+        "resources: {slots_per_trial: 2, slots_per_node: 1}\n"
+        "launcher: {startup_hook: '" + hook + "'}\n"
+        "scheduler: {type: slurm, partition: elastic, time_limit: 10m}\n");
+  };
+  const auto submit = [&](const std::string& path, const std::string& dir) {
+    const auto submitted = run({HPCTRIAL_CLI, "submit", path, "--experiment", dir});
+    EXPECT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
+    return testing_support::submitted_job(submitted.out);
+  };
+  const std::string good = (dir_.path() / "good").string();
+  const std::string job = submit(config("hook-good", "echo hook task $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE"), good);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(testing_support::wait_for_state(job, "COMPLETED", 180s)) << job_field(job, "JobState");
+  const std::string log = read_file(good + "/slurm-" + job + ".err");
+  EXPECT_THAT(log, HasSubstr("startup hook on 2 node(s)"));
+  EXPECT_EQ(count_of(log, "] hook task "), 2) << log;
+  EXPECT_THAT(log, HasSubstr("[startup hook on " + nodes_[0] + "] hook task 0 of 2")) << log;
+  EXPECT_THAT(log, HasSubstr("[startup hook on " + nodes_[1] + "] hook task 1 of 2")) << log;
+  EXPECT_LT(log.find("] hook task "), log.find("starting 2 rank(s)")) << log;
+
+  const std::string bad = (dir_.path() / "bad").string();
+  const std::string failed = submit(config("hook-bad", "echo no scratch on this node >&2; exit 5"), bad);
+  ASSERT_FALSE(failed.empty());
+  ASSERT_TRUE(testing_support::wait_for_state(failed, "FAILED", 180s)) << job_field(failed, "JobState");
+  EXPECT_EQ(job_field(failed, "ExitCode"), "5:0");
+  const std::string failed_log = read_file(bad + "/slurm-" + failed + ".err");
+  EXPECT_THAT(failed_log, HasSubstr("exited with status 5; the ranks were not started and the trial is not retried"));
+  EXPECT_THAT(failed_log, HasSubstr("  no scratch on this node"));
+  EXPECT_THAT(failed_log, testing::Not(HasSubstr("starting 2 rank(s)")));
+}
+
 }  // namespace
 }  // namespace hpctrial
