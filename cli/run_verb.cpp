@@ -81,7 +81,10 @@ int run_run(const std::vector<std::string>& args) {
       ("np,n", po::value(&launch.np)->value_name("N"), "ranks to start (default: slots_per_trial)")
       ("trial", po::value(&only_trial)->value_name("ID"), "run only this trial of a search (default: each in turn)")
       ("oversubscribe", po::bool_switch(&launch.oversubscribe), "allow more ranks than cores")
-      ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing");
+      ("dry-run", po::bool_switch(&launch.dry_run), "print the mpirun command; start nothing")
+      ("update-code", po::bool_switch(&launch.update_code),
+       "run the program now at the entrypoint's path, though it differs from the copy the experiment "
+       "froze when it was made (the change is recorded)");
   command_line.add_config_file(config_args);
   if (!command_line.parse(args)) return kExitOk;
   if (config_args.config_path.empty()) return missing_config("run");
@@ -114,7 +117,7 @@ int run_run(const std::vector<std::string>& args) {
   if (launch.dry_run) {
     // This config as it would run, with nothing written.
     launch.working_dir = launcher::experiment_workdir(config);
-    launcher::print_launch_plan(launcher::resolve_experiment(config, launch.experiment_dir), launch, env,
+    launcher::print_launch_plan(launcher::resolve_experiment(config, launch.experiment_dir, launch.update_code), launch, env,
                                     core::real_command_runner());
     return kExitOk;
   }

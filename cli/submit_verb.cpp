@@ -57,12 +57,16 @@ int run_submit(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;
   bool dry_run = false;
+  bool update_code = false;
   VerbArgs command_line(kUsage);
   command_line.add_config_options(config_args);
   command_line.add_scheduler_option(config_args);
   command_line.add_options()
       ("experiment,e", po::value(&experiment_dir)->value_name("DIR"), "the experiment directory (default runs/<name>)")
-      ("dry-run", po::bool_switch(&dry_run), "print the batch script; write and submit nothing");
+      ("dry-run", po::bool_switch(&dry_run), "print the batch script; write and submit nothing")
+      ("update-code", po::bool_switch(&update_code),
+       "submit the program now at the entrypoint's path, though it differs from the copy the experiment "
+       "froze when it was made (the change is recorded)");
   command_line.add_config_file(config_args);
   if (!command_line.parse(args)) return kExitOk;
   if (config_args.config_path.empty()) return missing_config("submit");
@@ -78,7 +82,7 @@ int run_submit(const std::vector<std::string>& args) {
   };
 
   if (dry_run) {
-    const auto resolved = launcher::resolve_experiment(config, experiment_dir);
+    const auto resolved = launcher::resolve_experiment(config, experiment_dir, update_code);
     std::cout << render(resolved);
     for (const auto& [name, value] : core::exported_environment(resolved, env)) {
       std::cout << "# passed to the job from your environment by name, not written: " << name << "\n";
@@ -95,8 +99,8 @@ int run_submit(const std::vector<std::string>& args) {
                         "` resumes a paused experiment, `hpctrial kill " + experiment_dir + "` ends it");
     }
   }
-  render(launcher::resolve_experiment(config, experiment_dir));  // a value the script refuses: nothing written
-  const auto prepared = launcher::prepare_experiment(config, experiment_dir);
+  render(launcher::resolve_experiment(config, experiment_dir, update_code));  // a value the script refuses: nothing written
+  const auto prepared = launcher::prepare_experiment(config, experiment_dir, update_code);
   const std::string script = layout.job_file(batch.script_name());
   core::SubmitRequest request;
   request.script = script;

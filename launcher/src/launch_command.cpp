@@ -17,8 +17,11 @@
 
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/digest.h"
 #include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/frozen_code.h"
 #include "hpctrial/core/json_file.h"
+#include "hpctrial/core/logging.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/paths.h"
 #include "hpctrial/core/text.h"
@@ -36,7 +39,57 @@ std::string experiment_workdir(const core::ExperimentConfig& config) {
   return (config.source_path.empty() ? fs::current_path() : fs::absolute(config.source_path).parent_path()).string();
 }
 
-core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir) {
+namespace {
+
+// The program or library a config names, as the experiment runs it: its frozen copy when the
+// experiment froze these very bytes; the file itself for an experiment about to freeze it (a new
+// one, or --update-code). ConfigError for other bytes than the frozen ones, naming both digests.
+void use_frozen_code(core::ExperimentConfig& config, const ExperimentLayout& layout, bool update_code) {
+  const std::string source = core::entrypoint_file(config.entrypoint);
+  std::error_code ec;
+  if (!config.container.image.empty() || source.empty() || core::is_frozen(layout, source) ||
+      !fs::is_regular_file(source, ec)) {
+    return;  // the image's, a name on PATH, or missing (check_entrypoint says so)
+  }
+  const auto frozen = core::frozen_code(layout);
+  if (!frozen) return;
+  const std::string digest = core::file_sha256(source);
+  if (digest == frozen->digest) {
+    if (!fs::is_regular_file(frozen->path, ec)) {
+      throw IoError("the frozen copy of the experiment's code, " + frozen->path + ", is missing; restore it, or "
+                    "pass --update-code to freeze " + source + " again (the change is recorded)");
+    }
+    core::set_entrypoint_file(config.entrypoint, frozen->path);
+  } else if (!update_code) {
+    throw ConfigError(source + " is not the code this experiment runs: its SHA-256 is " + digest + ", and the "
+                      "experiment froze " + frozen->digest + " (" + frozen->source + ", kept as " + frozen->path +
+                      ") when it was made; every start of the experiment runs that copy. Pass --update-code to run "
+                      "the new program from the next start on (recorded in " + layout.state() + "), or run it as "
+                      "another experiment (--experiment DIR)");
+  }
+}
+
+// The config as the experiment is to run it: the entrypoint's file replaced by the path of its
+// frozen copy where it is to be frozen (a new experiment, or --update-code); writes nothing.
+core::ExperimentConfig freeze_target(core::ExperimentConfig config, const std::string& dir, bool update_code) {
+  const ExperimentLayout layout{dir};
+  const std::string source = core::entrypoint_file(config.entrypoint);
+  std::error_code ec;
+  if (!config.container.image.empty() || source.empty() || core::is_frozen(layout, source) ||
+      !fs::is_regular_file(source, ec)) {
+    return config;
+  }
+  // An experiment that began before code was frozen keeps running the file (changing it now
+  // would be a change of its entrypoint).
+  if (!update_code && (core::frozen_code(layout) || core::experiment_started(layout))) return config;
+  const fs::path frozen = fs::path(layout.code_dir()) / core::file_sha256(source) / fs::path(source).filename();
+  core::set_entrypoint_file(config.entrypoint, frozen.string());
+  return config;
+}
+
+}  // namespace
+
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir, bool update_code) {
   const ExperimentLayout layout{dir};
   const fs::path source_dir = experiment_workdir(config);
   // The program or library, absolute: the batch job may start anywhere.
@@ -49,6 +102,7 @@ core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const s
   } else {
     config.entrypoint.argv.front() = absolute(config.entrypoint.argv.front());
   }
+  use_frozen_code(config, layout, update_code);
   if (!config.reproducibility.experiment_seed) {
     if (fs::exists(layout.config())) {
       const auto earlier = core::load_experiment_config({layout.config(), "", {}});
@@ -61,21 +115,35 @@ core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const s
   return config;
 }
 
-void check_experiment(const core::ExperimentConfig& config, const std::string& dir) {
-  core::check_experiment_config(ExperimentLayout{dir}, resolve_experiment(config, dir));
+void check_experiment(const core::ExperimentConfig& config, const std::string& dir, bool update_code) {
+  core::check_experiment_config(ExperimentLayout{dir},
+                                freeze_target(resolve_experiment(config, dir, update_code), dir, update_code));
 }
 
-core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir) {
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir, bool update_code) {
   const ExperimentLayout layout{dir};
   const std::string workdir = experiment_workdir(config);
-  config = resolve_experiment(std::move(config), dir);
+  config = resolve_experiment(std::move(config), dir, update_code);
+  const std::string source = core::entrypoint_file(config.entrypoint);
+  config = freeze_target(std::move(config), dir, update_code);
   core::check_experiment_config(layout, config);  // before anything is made
   const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
   core::create_directories(dir, mode);  // runs/ too, when it is made now
   if (::chmod(dir.c_str(), mode) != 0) {  // the config says who may read it, now as when it was made
     throw IoError("cannot set the mode of " + dir + ": " + std::strerror(errno));
   }
+  const std::string target = core::entrypoint_file(config.entrypoint);
+  const bool freezing = source != target && !core::is_frozen(layout, source);
+  const std::string digest = freezing ? core::file_sha256(source) : "";
+  if (freezing && core::freeze_file(layout, source, digest) != target) {
+    throw IoError(source + " changed while the experiment was made (its copy is not the bytes checked); run the "
+                  "command again");
+  }
   core::commit_experiment_config(layout, config, workdir);
+  if (freezing) {
+    core::record_frozen_code(layout, {source, digest, target});
+    core::log_info("the experiment runs {} as frozen now: {} (SHA-256 {})", source, target, digest);
+  }
   config.source_path = layout.config();
   return config;
 }
@@ -185,6 +253,12 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
       {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
   };
   if (options.max_length) vars.emplace_back(core::kEnvMaxLength, core::length_text(*options.max_length));
+  if (!config.container.image.empty()) {
+    vars.emplace_back(core::kEnvCodeDigest, "image " + config.container.image);
+  } else if (const auto code = core::frozen_code(layout);
+             code && code->path == core::entrypoint_file(config.entrypoint)) {
+    vars.emplace_back(core::kEnvCodeDigest, code->digest);
+  }
   // NCCL's bootstrap and socket transport over the same interface as MPI's (the user's own
   // environment, below, may still say otherwise).
   if (!config.optimizations.network_interface.empty()) {

@@ -322,13 +322,13 @@ core::UniqueFd prepare_held_trial(const LaunchOptions& options, const core::EnvS
   if (!options.write_config || options.dry_run) return core::UniqueFd();
   const ExperimentLayout layout{options.experiment_dir};
   const core::ExperimentConfig& fresh = *options.write_config;
-  check_experiment(fresh, layout.dir);  // another experiment's config: refused before anything is made
+  check_experiment(fresh, layout.dir, options.update_code);  // another experiment's config: refused before anything is made
   const mode_t mode = fresh.checkpoint_storage.group_readable ? 0750 : 0700;
   core::create_directories(layout.dir, mode);
   core::create_directories(layout.trial_dir(options.trial_id), mode);
   core::UniqueFd lock = lock_trial(layout.trial_dir(options.trial_id), options.trial_id,
                                    job_allocation(fresh, options, env, run));
-  prepare_experiment(fresh, layout.dir);
+  prepare_experiment(fresh, layout.dir, options.update_code);
   return lock;
 }
 

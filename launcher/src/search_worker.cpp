@@ -314,7 +314,7 @@ struct Worker {
 int run_search_worker(const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
   detail::hold_warning_signals();  // a warning before the first trial is kept for the worker to see
   const core::ExperimentLayout layout{options.experiment_dir};
-  if (options.write_config) prepare_experiment(*options.write_config, layout.dir);
+  if (options.write_config) prepare_experiment(*options.write_config, layout.dir, options.update_code);
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   if (!config.searcher.adaptive()) {
     throw ConfigError(layout.config() + ": searcher " + std::string(core::to_string(config.searcher.name)) +

@@ -168,6 +168,54 @@ TEST_F(Launcher, AStartupHookRunsBeforeTheRanksAndItsFailureIsItsOwn) {
   expect_no_rank_left();
 }
 
+// The entrypoint's program is frozen when the experiment is made: every start runs the copy,
+// whose digest runs.jsonl and the checkpoints record; the program rebuilt at its path is refused,
+// naming both digests, until --update-code, which runs it and records the change.
+TEST_F(Launcher, TheProgramIsFrozenWhenTheExperimentIsMadeAndAnUpdateIsRecorded) {
+  const std::string program = (dir_.path() / "my-trial").string();
+  std::filesystem::copy_file(HPCTRIAL_FAULTY_TRIAL, program);
+  std::string exp = config("min_checkpoint_period: {batches: 10}\n", 20);
+  {
+    std::string text = testing_support::read_file(exp);
+    text.replace(text.find(HPCTRIAL_FAULTY_TRIAL), std::string(HPCTRIAL_FAULTY_TRIAL).size(), program);
+    exp = dir_.write("exp.yaml", text);
+  }
+  auto p = run(exp);
+  std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  const json first = json::parse(testing_support::read_file(experiment() + "/experiment.json"));
+  const std::string digest = first["code"]["digest"];
+  const std::string frozen = experiment() + "/code/" + digest + "/my-trial";
+  EXPECT_EQ(digest.size(), 64u);
+  EXPECT_EQ(first["code"]["source"], program);
+  EXPECT_EQ(first["code"]["path"], frozen);
+  EXPECT_THAT(testing_support::read_file(experiment() + "/experiment.yaml"), HasSubstr(frozen));
+  EXPECT_THAT(out, HasSubstr("the experiment runs " + program + " as frozen now"));
+  EXPECT_THAT(testing_support::read_file(trial() + "/runs.jsonl"), HasSubstr("\"code\":\"" + digest + "\""));
+  EXPECT_EQ(checkpoint::read_summary(trial() + "/checkpoints/ckpt-20.h5").attributes["code_digest"], digest);
+
+  // Rebuilt: other bytes at the path.
+  std::ofstream(program, std::ios::app) << "rebuilt";
+  p = run(exp);
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 2) << out;
+  EXPECT_THAT(out, HasSubstr(program + " is not the code this experiment runs: its SHA-256 is "));
+  EXPECT_THAT(out, HasSubstr("and the experiment froze " + digest + " (" + program + ", kept as " + frozen + ")"));
+  EXPECT_THAT(out, HasSubstr("Pass --update-code"));
+
+  p = run(exp, "", {"--update-code"});
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 0) << out;
+  const json updated = json::parse(testing_support::read_file(experiment() + "/experiment.json"));
+  const std::string now = updated["code"]["digest"];
+  EXPECT_NE(now, digest);
+  ASSERT_EQ(updated["code_changes"].size(), 1u);
+  EXPECT_EQ(updated["code_changes"][0]["from"], digest);
+  EXPECT_EQ(updated["code_changes"][0]["to"], now);
+  EXPECT_TRUE(std::filesystem::exists(frozen)) << "the copy the checkpoints name stays";
+  EXPECT_THAT(testing_support::read_file(trial() + "/runs.jsonl"), HasSubstr("\"code\":\"" + now + "\""));
+}
+
 TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {
   const std::string exp = config("max_restarts: 2\n", 200);
   auto p = run(exp, "rank0:step5:exit3");

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "../support/event_files.h"
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../unit/trainer/test_trial.h"
 #include "hpctrial/checkpoint/format.h"
@@ -54,6 +55,7 @@ struct Behaviour {
   bool rank_files = false;  // save(path) writes files of this rank's; load(path) reads them into `loaded`
   std::map<std::string, std::string>* loaded = nullptr;  // relative path -> contents
   bool stream = false;  // reads a stream of its own, sharded by rank (a TensorStream), not a Dataset
+  bool tensorboard_logging = true;  // set_enable_tensorboard_logging in the constructor
 };
 
 struct Seen {
@@ -80,6 +82,7 @@ class EngineMlpTrial : public EngineTrial {
                            : std::make_shared<ModelEngine>(model_, optimizer_, scheduler);
     if (setup_.wrap) context.wrap_model_engine(engine_);
     if (setup_.manual) context.disable_auto_grad_accumulation();
+    if (!setup_.tensorboard_logging) context.set_enable_tensorboard_logging(false);
     if (setup_.profile_batch > 0) {
       context.set_profiler(setup_.profile_batch, setup_.profile_last > 0 ? setup_.profile_last : setup_.profile_batch);
     }
@@ -418,6 +421,29 @@ TEST(EngineTrial, TheTensorBoardWriterAndTheProfilerWindowGoOnAfterAResume) {
       EXPECT_EQ(custom[i].second, static_cast<double>(i));
     }
   }
+}
+
+// set_enable_tensorboard_logging(false): the harness's metrics stay out of the event files (they
+// are in metrics.jsonl), the trial's own summaries go in.
+TEST(EngineTrial, WithoutTensorBoardLoggingOnlyTheTrialsOwnSummariesAreInTheEventFiles) {
+  const std::string dir = shared_dir("no-tensorboard-logging");
+  Behaviour quiet;
+  quiet.summaries = true;
+  quiet.tensorboard_logging = false;
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\nscheduling_unit: 2\n");
+  EXPECT_EQ(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, quiet); }, dir).batches_trained, 6);
+  const std::vector<std::string> files =
+      env().is_chief() ? testing_support::event_files(dir + "/tensorboard") : std::vector<std::string>{};
+  const auto read = testing_support::read_events(files);
+  const std::string metrics = env().is_chief() ? testing_support::read_file(dir + "/metrics.jsonl") : "";
+  remove_dir(dir);
+  if (!env().is_chief()) return;
+  ASSERT_TRUE(read.ok) << read.error;
+  EXPECT_EQ(testing_support::scalars(read.events, "custom/batch_idx").size(), 6u);
+  EXPECT_TRUE(testing_support::scalars(read.events, "training/loss").empty());
+  EXPECT_TRUE(testing_support::scalars(read.events, "validation/validation_loss").empty());
+  EXPECT_THAT(metrics, HasSubstr("\"kind\":\"training\""));
+  EXPECT_THAT(metrics, HasSubstr("\"kind\":\"validation\""));
 }
 
 // A profiler window of global batches 2 to 5 that a stop by the chief or by another rank after

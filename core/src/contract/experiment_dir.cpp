@@ -15,6 +15,7 @@
 #include "hpctrial/core/config_compare.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/frozen_code.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
@@ -40,9 +41,6 @@ bool output_in_experiment(const std::string& output_file, const std::string& exp
          a.st_ino == b.st_ino;
 }
 
-namespace {
-
-// Held while experiment.json is read, changed and written back; released when closed.
 UniqueFd lock_experiment(const ExperimentLayout& layout) {
   const std::string path = layout.lock_file();
   UniqueFd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
@@ -50,6 +48,8 @@ UniqueFd lock_experiment(const ExperimentLayout& layout) {
   lock_file_exclusive(lock.get(), path);
   return lock;
 }
+
+namespace {
 
 std::optional<ExperimentIdentity> identity_in(const json& state, const std::string& path) {
   const std::string id = json_field(state, "experiment_id", std::string(), path);
@@ -152,7 +152,7 @@ std::optional<ExperimentConfig> compare_with_recorded(const ExperimentLayout& la
   }
   ExperimentConfig recorded = load_experiment_config({layout.config(), "", {}});
   if (!begun) return recorded;
-  const std::string changes = definition_changes(config_differences(recorded, given), recorded);
+  const std::string changes = definition_changes(config_differences(code_as_given(layout, recorded, given), given), recorded);
   if (!changes.empty()) {
     const std::string who = identity ? "experiment " + identity->name + " (" + identity->id + ")" : "the experiment";
     throw ConfigError(layout.config() + " is the config of " + who + ", made in " + layout.dir +

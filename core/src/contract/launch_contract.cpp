@@ -93,6 +93,7 @@ RankContract read_contract(const EnvSource& env) {
   c.abort_file = text(kEnvAbortFile);
   c.verdict_file = text(kEnvVerdictFile);
   c.fault = text(kEnvFault);
+  c.code_digest = text(kEnvCodeDigest);
   if (const std::string length = text(kEnvMaxLength); !length.empty()) c.max_length = parse_length_text(length);
   return c;
 }

@@ -102,6 +102,7 @@ TrialLayout ExperimentLayout::trial(int trial_id) const {
 }
 std::string ExperimentLayout::trial_dir(int trial_id) const { return trial(trial_id).dir; }
 std::string ExperimentLayout::job_file(const std::string& name) const { return join(dir, name); }
+std::string ExperimentLayout::code_dir() const { return join(dir, "code"); }
 
 std::string default_experiment_dir(const std::string& name) { return join("runs", name); }
 

@@ -156,6 +156,7 @@ LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfi
   options.allow_config_change = args.allow_config_change;
   options.stop_file = contract.stop_file;
   options.fault = contract.fault;
+  options.code_digest = contract.code_digest;
   if (!bootstrap.alone()) {
     options.on_failure = [&bootstrap](int code, const std::string& message) { bootstrap.fail(code, message); };
   }

@@ -206,6 +206,7 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
     line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
   }
   if (!source_checkpoint_.empty()) line["source_checkpoint"] = source_checkpoint_;
+  if (!options_.code_digest.empty()) line["code"] = options_.code_digest;
   line["placement"] = nlohmann::json::array();
   for (const std::string& place : placement) line["placement"].push_back(nlohmann::json::parse(place));
   const std::string runs = core::TrialLayout{options_.trial_dir}.runs_file();

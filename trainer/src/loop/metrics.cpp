@@ -138,7 +138,7 @@ void Loop::start_outputs() {
     result_.metrics_path = core::TrialLayout{options_.trial_dir}.metrics_file();
     log_ = std::make_unique<detail::MetricsLog>(result_.metrics_path);
     tensorboard::EventWriter* events = context_->tensorboard_writer().events();
-    log_->set_events(events);
+    log_->set_events(events, [this] { return context_->get_enable_tensorboard_logging(); });
     // TensorBoard drops what a crashed run wrote past the checkpoint, as trim_metrics does here.
     if (batches_trained_ > 0) events->purge_from(batches_trained_ + 1);
     record_run(placement);
@@ -250,7 +250,7 @@ void Loop::report_training() {
     // The period's mean time of each phase, beside the metrics in TensorBoard.
     SummaryWriter& writer = context_->tensorboard_writer();
     for (const auto& [phase, ms] : timings_.period_means_ms()) {
-      writer.add_scalar("timings/" + phase + "_ms", ms, batches_trained_);
+      if (context_->get_enable_tensorboard_logging()) writer.add_scalar("timings/" + phase + "_ms", ms, batches_trained_);
     }
     writer.flush();
   }

@@ -153,6 +153,7 @@ void Loop::setup() {
     identity_.experiment_name = experiment->name;
   }
   identity_.config_yaml = core::to_yaml(config_);
+  identity_.code_digest = options_.code_digest;
   identity_.hparams = settings_hparams_;
   identity_.trial_id = options_.trial_id;
   identity_.world_size = comm_.size();  // parts: agree_on_model_parallelism()

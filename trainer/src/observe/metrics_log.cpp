@@ -66,7 +66,7 @@ void MetricsLog::write(const std::string& kind, std::int64_t batches, std::int64
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
   }
   core::write_fully(fd_, line.dump() + "\n", "to the metrics file " + path_);
-  if (events_ != nullptr) {
+  if (events_ != nullptr && (!events_enabled_ || events_enabled_())) {
     for (const auto& [name, value] : metrics) add_scalars(*events_, kind + "/" + name, value.value(), batches);
   }
 }

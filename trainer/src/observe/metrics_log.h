@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,14 +38,19 @@ class MetricsLog {
              const nlohmann::json& extra = nullptr);
   // Flushes what was written to disk.
   void sync();
-  // Null: metrics.jsonl only.
-  void set_events(tensorboard::EventWriter* events) { events_ = events; }
+  // Null: metrics.jsonl only. `enabled`, when given, is asked at each write whether the metrics
+  // go to the event files too (TrialContext::get_enable_tensorboard_logging).
+  void set_events(tensorboard::EventWriter* events, std::function<bool()> enabled = {}) {
+    events_ = events;
+    events_enabled_ = std::move(enabled);
+  }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   int fd_ = -1;
   tensorboard::EventWriter* events_ = nullptr;
+  std::function<bool()> events_enabled_;
 };
 
 // Marks the phases as they run, where a profiler records them (profiler.h).

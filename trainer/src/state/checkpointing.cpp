@@ -182,6 +182,7 @@ Snapshot capture(TrialContext& context, Trial& trial, const Callbacks& callbacks
   c.attributes["created"] = core::utc_now_iso();
   c.attributes["world_size"] = std::to_string(identity.world_size);
   c.attributes["trial_id"] = std::to_string(identity.trial_id);
+  if (!identity.code_digest.empty()) c.attributes["code_digest"] = identity.code_digest;
   c.attributes["experiment_id"] = identity.experiment_id;
   c.attributes["experiment_name"] = identity.experiment_name;
   c.attributes["config_crc32c"] = hex(checkpoint::crc32c(identity.config_yaml.data(), identity.config_yaml.size()));

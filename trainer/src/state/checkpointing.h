@@ -72,6 +72,7 @@ struct TrialIdentity {
   std::string experiment_id;
   std::string experiment_name;
   std::string config_yaml;
+  std::string code_digest;  // the code the run is (LoopOptions::code_digest); empty: not frozen
   nlohmann::json hparams;
   int trial_id = 0;
   int world_size = 1;

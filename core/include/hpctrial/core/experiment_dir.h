@@ -12,6 +12,7 @@
 
 #include "hpctrial/core/allocation.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/core/files.h"
 #include "hpctrial/core/layout.h"
 
 namespace hpctrial::core {
@@ -88,6 +89,9 @@ ExperimentIdentity commit_experiment_config(const ExperimentLayout& layout, cons
 // when it is not a usable path).
 std::string checkpoint_dir(const ExperimentConfig& config, const TrialLayout& trial, int trial_id,
                            const std::optional<ExperimentIdentity>& identity);
+
+// Held while experiment.json is read, changed and written back; released when closed.
+UniqueFd lock_experiment(const ExperimentLayout& layout);
 
 // The checkpoint directory of trial `trial_id` of the experiment in `layout` (another
 // experiment's, which a fine-tuning starts from), from its recorded config and identity.

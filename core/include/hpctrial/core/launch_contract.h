@@ -48,6 +48,9 @@ inline constexpr const char* kEnvVerdictFile = "HPCTRIAL_VERDICT_FILE";
 inline constexpr const char* kEnvFault = "HPCTRIAL_FAULT";
 // Set by an adaptive search's worker: train to this length only (a rung), "<unit>:<value>".
 inline constexpr const char* kEnvMaxLength = "HPCTRIAL_MAX_LENGTH";
+// The code the ranks run (core/frozen_code.h): the SHA-256 of the experiment's frozen program or
+// library, or "image <reference>" in a container image; unset for code that is not frozen.
+inline constexpr const char* kEnvCodeDigest = "HPCTRIAL_CODE_DIGEST";
 
 // What the launcher told a rank, read once from the environment by every rank bootstrap (trials
 // and Core API programs alike). Outside the launcher (a plain `mpirun`, a test) the names are
@@ -67,6 +70,7 @@ struct RankContract {
   std::string verdict_file;    // HPCTRIAL_VERDICT_FILE
   std::string fault;           // HPCTRIAL_FAULT: the tests' fault-injection plan
   std::optional<Length> max_length;  // HPCTRIAL_MAX_LENGTH: this run's searcher.max_length
+  std::string code_digest;     // HPCTRIAL_CODE_DIGEST
 };
 // ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT
 // is not a whole number of 0 or more.

@@ -131,6 +131,8 @@ struct ExperimentLayout {
   TrialLayout trial(int trial_id) const;
   // <dir>/trial-<id>: trial(trial_id).dir.
   std::string trial_dir(int trial_id) const;
+  // <dir>/code: the experiment's frozen code (frozen_code.h), a folder per digest.
+  std::string code_dir() const;
   // <dir>/<name>: a file a scheduler keeps in the experiment directory (its batch script, its
   // jobs' output), named by that scheduler.
   std::string job_file(const std::string& name) const;

@@ -45,12 +45,18 @@ using core::ExperimentLayout;
 // recorded as where the ranks run, so that the experiment directory is all a batch job needs. A
 // seed left unset in `config` is taken from an earlier experiment.yaml in `dir` (so that running
 // again resumes with the same data order), else chosen now. Returns the config as written.
-core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir);
+// The entrypoint's program or library is frozen when the experiment is made (core/frozen_code.h):
+// copied into the experiment directory, the copy's path in the config written; other bytes at
+// the path later are refused (ConfigError naming both digests) unless `update_code`, which
+// freezes them anew and records the change.
+core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const std::string& dir,
+                                          bool update_code = false);
 // What prepare_experiment() checks first, writing nothing: ConfigError when `config` is not the
 // config of the experiment in `dir`; IoError for its damaged or lost record.
-void check_experiment(const core::ExperimentConfig& config, const std::string& dir);
+void check_experiment(const core::ExperimentConfig& config, const std::string& dir, bool update_code = false);
 // What prepare_experiment() would write, without writing anything.
-core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir);
+core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const std::string& dir,
+                                          bool update_code = false);
 // Where the ranks of an experiment made from `config` run: its config file's directory.
 std::string experiment_workdir(const core::ExperimentConfig& config);
 
@@ -70,6 +76,9 @@ struct LaunchOptions {
   // `hpctrial run`: the config to prepare the experiment with (prepare_experiment), written
   // once this launcher holds the trial, never while another runs it. Unset: as recorded.
   std::optional<core::ExperimentConfig> write_config;
+  // With write_config: other bytes at the entrypoint's path than the experiment froze are frozen
+  // anew (`hpctrial run --update-code`), the change recorded.
+  bool update_code = false;
   // An adaptive search's worker: train the trial to this length only (its rung), in the unit of
   // searcher.max_length (HPCTRIAL_MAX_LENGTH). Unset: to searcher.max_length.
   std::optional<core::Length> max_length;

@@ -247,6 +247,8 @@ class EngineTrialContext {
   // batches (counted from 1).
   SummaryWriter& tensorboard_writer() { return context_.tensorboard_writer(); }
   const std::string& tensorboard_path() const { return context_.tensorboard_path(); }
+  void set_enable_tensorboard_logging(bool enable) { context_.set_enable_tensorboard_logging(enable); }
+  bool get_enable_tensorboard_logging() const { return context_.get_enable_tensorboard_logging(); }
   void set_profiler(std::int64_t begin_batch, std::int64_t end_batch) { context_.set_profiler(begin_batch, end_batch); }
   std::shared_ptr<MetricReducer> wrap_reducer(std::shared_ptr<MetricReducer> reducer,
                                               std::optional<std::string> name = std::nullopt,

@@ -57,6 +57,9 @@ struct LoopOptions {
   std::string stop_file;
   int restart_count = 0;
   std::string fault;
+  // The digest of the code this run is (HPCTRIAL_CODE_DIGEST): recorded in runs.jsonl and in
+  // every checkpoint's attributes (code_digest). Empty: code that is not frozen.
+  std::string code_digest;
   // Called when training fails on this rank, with the exit code (2 for a ConfigError, else 1)
   // and the error's message, before anything of the loop is destroyed: the objects of a failed
   // rank must not wait for its peers in their destructors. A multi-rank program aborts the job

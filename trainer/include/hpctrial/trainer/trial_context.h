@@ -268,6 +268,12 @@ class TrialContext {
   SummaryWriter& tensorboard_writer();
   // Determined's get_tensorboard_path(): the folder of the event files; empty on other ranks.
   const std::string& tensorboard_path() const { return settings_.tensorboard_dir; }
+  // Determined's set/get_enable_tensorboard_logging: whether the harness writes its metrics
+  // (training, validation, system) into the event files as well as metrics.jsonl; true by
+  // default. The trial's own tensorboard_writer() calls are written either way. Any time, on the
+  // chief (where the event files are); it holds from the next metrics written.
+  void set_enable_tensorboard_logging(bool enable) { tensorboard_logging_ = enable; }
+  bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
   // Records batches begin_batch to end_batch (counted from 1) with LibTorch's profiler, into a
   // Chrome trace per rank under <trial dir>/tensorboard/traces/ (Determined's set_profiler; the
   // config's profiling section does the same). Call it in the constructor, alike on every rank.
@@ -393,6 +399,7 @@ class TrialContext {
 
  private:
   c10::ScalarType mixed_precision_ = c10::ScalarType::Undefined;
+  bool tensorboard_logging_ = true;
   void register_model(std::shared_ptr<torch::nn::Module> model);
   void register_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer);
   void register_lr_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, StepMode mode);

@@ -1,0 +1,99 @@
+#include "hpctrial/core/frozen_code.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "hpctrial/core/digest.h"
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/json_file.h"
+#include "hpctrial/core/text.h"
+
+namespace hpctrial::core {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+constexpr const char* kCode = "code";
+constexpr const char* kChanges = "code_changes";
+}  // namespace
+
+std::string entrypoint_file(const Entrypoint& entrypoint) {
+  if (entrypoint.kind == Entrypoint::Kind::kLibrary) return entrypoint.library;
+  if (entrypoint.argv.empty() || entrypoint.argv.front().find('/') == std::string::npos) return "";
+  return entrypoint.argv.front();
+}
+
+void set_entrypoint_file(Entrypoint& entrypoint, const std::string& file) {
+  if (entrypoint.kind == Entrypoint::Kind::kLibrary) {
+    entrypoint.library = file;
+  } else if (!entrypoint.argv.empty()) {
+    entrypoint.argv.front() = file;
+  }
+}
+
+bool is_frozen(const ExperimentLayout& layout, const std::string& file) {
+  const std::string folder = layout.code_dir() + "/";
+  return !file.empty() && file.compare(0, folder.size(), folder) == 0;
+}
+
+ExperimentConfig code_as_given(const ExperimentLayout& layout, ExperimentConfig recorded, const ExperimentConfig& given) {
+  if (is_frozen(layout, entrypoint_file(recorded.entrypoint)) && is_frozen(layout, entrypoint_file(given.entrypoint))) {
+    recorded.entrypoint = given.entrypoint;
+  }
+  return recorded;
+}
+
+std::optional<FrozenCode> frozen_code(const ExperimentLayout& layout) {
+  std::error_code ec;
+  if (!fs::exists(layout.state(), ec)) return std::nullopt;
+  const json state = read_json_file(layout.state());
+  if (!state.contains(kCode)) return std::nullopt;
+  const json& code = state[kCode];
+  if (!code.is_object()) throw IoError(layout.state() + ": \"code\" is not a record of the frozen code: " + code.dump());
+  FrozenCode out{json_field(code, "source", std::string(), layout.state()),
+                 json_field(code, "digest", std::string(), layout.state()),
+                 json_field(code, "path", std::string(), layout.state())};
+  if (out.digest.empty() || out.path.empty()) {
+    throw IoError(layout.state() + ": the record of the frozen code lacks its digest or path: " + code.dump());
+  }
+  return out;
+}
+
+std::string freeze_file(const ExperimentLayout& layout, const std::string& source, const std::string& digest) {
+  const fs::path folder = fs::path(layout.code_dir()) / digest;
+  const fs::path frozen = folder / fs::path(source).filename();
+  std::error_code ec;
+  if (fs::exists(frozen, ec) && file_sha256(frozen.string()) == digest) return frozen.string();
+  create_directories(layout.code_dir(), 0700);
+  create_directories(folder.string(), 0700);
+  const fs::path temp = folder / ("." + frozen.filename().string() + ".tmp");
+  fs::copy_file(source, temp, fs::copy_options::overwrite_existing, ec);
+  if (ec) throw IoError("cannot copy " + source + " to " + temp.string() + ": " + ec.message());
+  if (::chmod(temp.c_str(), 0700) != 0) throw_errno("cannot set the mode of " + temp.string(), errno);
+  if (file_sha256(temp.string()) != digest) {
+    fs::remove(temp, ec);
+    throw IoError(source + " changed while it was copied into " + folder.string() + "; run the command again");
+  }
+  publish_file(temp.string(), frozen.string());
+  return frozen.string();
+}
+
+void record_frozen_code(const ExperimentLayout& layout, const FrozenCode& code) {
+  const UniqueFd lock = lock_experiment(layout);
+  json state = read_json_file(layout.state());
+  const json record = {{"source", code.source}, {"digest", code.digest}, {"path", code.path}};
+  if (state.contains(kCode) && state[kCode].is_object() && state[kCode].value("digest", "") != code.digest) {
+    if (!state[kChanges].is_array()) state[kChanges] = json::array();
+    state[kChanges].push_back({{"from", state[kCode].value("digest", "")}, {"to", code.digest},
+                               {"source", code.source}, {"at", utc_now_iso()}});
+  }
+  state[kCode] = record;
+  write_json_file(layout.state(), state);
+}
+
+}  // namespace hpctrial::core
