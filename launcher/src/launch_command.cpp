@@ -62,8 +62,8 @@ void use_frozen_code(core::ExperimentConfig& config, const ExperimentLayout& lay
     core::set_entrypoint_file(config.entrypoint, frozen->path);
   } else if (!update_code) {
     throw ConfigError(source + " is not the code this experiment runs: its SHA-256 is " + digest + ", and the "
-                      "experiment froze " + frozen->digest + " (" + frozen->source + ", kept as " + frozen->path +
-                      ") when it was made; every start of the experiment runs that copy. Pass --update-code to run "
+                      "experiment froze " + frozen->digest + " (" + (frozen->source.empty() ? "" : frozen->source + ", ") +
+                      "kept as " + frozen->path + ") when it was made; every start of the experiment runs that copy. Pass --update-code to run "
                       "the new program from the next start on (recorded in " + layout.state() + "), or run it as "
                       "another experiment (--experiment DIR)");
   }

@@ -430,7 +430,7 @@ TEST(EngineTrial, WithoutTensorBoardLoggingOnlyTheTrialsOwnSummariesAreInTheEven
   Behaviour quiet;
   quiet.summaries = true;
   quiet.tensorboard_logging = false;
-  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 2}\nscheduling_unit: 2\n");
+  const std::string config = yaml(6, "engine: {gradient_accumulation_steps: 1}\n");
   EXPECT_EQ(run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, quiet); }, dir).batches_trained, 6);
   const std::vector<std::string> files =
       env().is_chief() ? testing_support::event_files(dir + "/tensorboard") : std::vector<std::string>{};

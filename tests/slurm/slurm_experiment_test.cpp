@@ -19,6 +19,7 @@
 #include "../support/same_weights.h"
 #include "../support/slurm_jobs.h"
 #include "../support/temp_dir.h"
+#include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
@@ -203,6 +204,44 @@ void SlurmExperiment::pause_and_activate(const std::string& extra) {
   EXPECT_THAT(all, HasSubstr("resumed from ")) << "the output file keeps every run (append)";
   EXPECT_THAT(all, HasSubstr("trial 0 stopped (pause)")) << "the first run's output is still there";
   expect_same_weights(straight, final_checkpoint(kBatches));
+}
+
+// The code frozen at submission: the program rebuilt while the job is held, the activated job
+// still runs the frozen copy - every run's digest in runs.jsonl, and the last checkpoint's, is
+// the one frozen - and a run of the rebuilt program is refused, naming both digests.
+TEST_F(SlurmExperiment, AProgramRebuiltWhileTheJobIsHeldLeavesTheJobOnItsFrozenCopy) {
+  const std::string program = (dir_.path() / "my-trial").string();
+  std::filesystem::copy_file(HPCTRIAL_FAULTY_TRIAL, program);
+  std::string text = read_file(config(600, 2));
+  text.replace(text.find(HPCTRIAL_FAULTY_TRIAL), std::string(HPCTRIAL_FAULTY_TRIAL).size(), program);
+  const std::string exp = dir_.write("exp.yaml", text);
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  const std::string digest =
+      nlohmann::json::parse(read_file(experiment() + "/experiment.json"))["code"].value("digest", "");
+  ASSERT_EQ(digest.size(), 64u);
+  ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 100) << job_log(job);
+  const auto pause = run({HPCTRIAL_CLI, "pause", job});
+  ASSERT_TRUE(pause.ok()) << pause.describe() << pause.err;
+  ASSERT_TRUE(wait_for(job, "PENDING", 60s)) << "state " << job_field(job, "JobState");
+
+  std::ofstream(program, std::ios::app) << "rebuilt";  // other bytes at the path, while the job waits
+  const auto activate = run({HPCTRIAL_CLI, "activate", experiment()});
+  ASSERT_TRUE(activate.ok()) << activate.describe() << activate.err;
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 180s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
+  std::ifstream runs(experiment() + "/trial-0/runs.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(runs, line); ++lines) {
+    EXPECT_EQ(nlohmann::json::parse(line).value("code", ""), digest) << line;
+  }
+  EXPECT_EQ(lines, 2) << "a run before the pause and one after";
+  EXPECT_EQ(checkpoint::read_summary(final_checkpoint(600)).attributes["code_digest"], digest);
+  const auto again = run({HPCTRIAL_CLI, "run", exp, "--set", "scheduler.type=local", "--experiment", experiment()});
+  EXPECT_EQ(again.exit_code, 2) << again.out << again.err;
+  EXPECT_THAT(again.err, HasSubstr("and the experiment froze " + digest));
 }
 
 // The time limit, with Slurm's warning (--signal=B:USR2@grace, which may come up to a minute

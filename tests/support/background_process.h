@@ -99,7 +99,12 @@ inline std::vector<pid_t> processes_running(const std::string& needle, const std
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const pid_t pid = static_cast<pid_t>(std::stol(name));
     // A zombie has an empty command line and does not count.
-    if (pid == ::getpid() || cmdline.find(needle) == std::string::npos) continue;
+    // A program given by its path also matches the copy an experiment froze of it
+    // (<experiment>/code/<sha256>/<name>), which its ranks run.
+    const std::string name_of = needle.empty() || needle.front() != '/' ? "" : std::filesystem::path(needle).filename().string();
+    const bool frozen_copy = !name_of.empty() && cmdline.find("/code/") != std::string::npos &&
+                             cmdline.find("/" + name_of) != std::string::npos;
+    if (pid == ::getpid() || (cmdline.find(needle) == std::string::npos && !frozen_copy)) continue;
     if (!env_entry.empty()) {
       std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
       bool has = false;

@@ -1,10 +1,12 @@
 #include "hpctrial/core/frozen_code.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "hpctrial/core/digest.h"
 #include "hpctrial/core/error.h"
@@ -42,26 +44,33 @@ bool is_frozen(const ExperimentLayout& layout, const std::string& file) {
 }
 
 ExperimentConfig code_as_given(const ExperimentLayout& layout, ExperimentConfig recorded, const ExperimentConfig& given) {
-  if (is_frozen(layout, entrypoint_file(recorded.entrypoint)) && is_frozen(layout, entrypoint_file(given.entrypoint))) {
-    recorded.entrypoint = given.entrypoint;
+  // The file only: the program's arguments, or the trial class, are the experiment's still.
+  const std::string file = entrypoint_file(given.entrypoint);
+  if (is_frozen(layout, file) && recorded.entrypoint.kind == given.entrypoint.kind) {
+    set_entrypoint_file(recorded.entrypoint, file);
   }
   return recorded;
 }
 
 std::optional<FrozenCode> frozen_code(const ExperimentLayout& layout) {
   std::error_code ec;
-  if (!fs::exists(layout.state(), ec)) return std::nullopt;
-  const json state = read_json_file(layout.state());
-  if (!state.contains(kCode)) return std::nullopt;
-  const json& code = state[kCode];
-  if (!code.is_object()) throw IoError(layout.state() + ": \"code\" is not a record of the frozen code: " + code.dump());
-  FrozenCode out{json_field(code, "source", std::string(), layout.state()),
-                 json_field(code, "digest", std::string(), layout.state()),
-                 json_field(code, "path", std::string(), layout.state())};
-  if (out.digest.empty() || out.path.empty()) {
-    throw IoError(layout.state() + ": the record of the frozen code lacks its digest or path: " + code.dump());
+  try {
+    const json state = fs::exists(layout.state(), ec) ? read_json_file(layout.state()) : json::object();
+    if (state.contains(kCode)) {
+      const json& code = state[kCode];
+      FrozenCode out{code.is_object() ? code.value("source", "") : "", code.is_object() ? code.value("digest", "") : "",
+                     code.is_object() ? code.value("path", "") : ""};
+      if (!out.digest.empty() && !out.path.empty()) return out;
+    }
+  } catch (const Error&) {
+    // A damaged record: the identity's check names it; the config still names the copy.
   }
-  return out;
+  // Where the record is lost (rebuilt by `hpctrial experiment repair`), the recorded config's
+  // entrypoint names the copy: code/<digest>/<name>.
+  if (!fs::exists(layout.config(), ec)) return std::nullopt;
+  const std::string file = entrypoint_file(load_experiment_config({layout.config(), "", {}}).entrypoint);
+  if (!is_frozen(layout, file)) return std::nullopt;
+  return FrozenCode{"", fs::path(file).parent_path().filename().string(), file};
 }
 
 std::string freeze_file(const ExperimentLayout& layout, const std::string& source, const std::string& digest) {
@@ -71,7 +80,10 @@ std::string freeze_file(const ExperimentLayout& layout, const std::string& sourc
   if (fs::exists(frozen, ec) && file_sha256(frozen.string()) == digest) return frozen.string();
   create_directories(layout.code_dir(), 0700);
   create_directories(folder.string(), 0700);
-  const fs::path temp = folder / ("." + frozen.filename().string() + ".tmp");
+  // A temporary of this process's own: two commands making the experiment at once each publish
+  // whole bytes.
+  const fs::path temp = folder / ("." + frozen.filename().string() + "." + std::to_string(::getpid()) + "." +
+                                  std::to_string(std::random_device{}()) + ".tmp");
   fs::copy_file(source, temp, fs::copy_options::overwrite_existing, ec);
   if (ec) throw IoError("cannot copy " + source + " to " + temp.string() + ": " + ec.message());
   if (::chmod(temp.c_str(), 0700) != 0) throw_errno("cannot set the mode of " + temp.string(), errno);

@@ -27,12 +27,14 @@ void set_entrypoint_file(Entrypoint& entrypoint, const std::string& file);
 
 // Whether `file` is a frozen copy in the experiment's code folder.
 bool is_frozen(const ExperimentLayout& layout, const std::string& file);
-// `recorded` with `given`'s entrypoint where both are frozen copies: another copy is a change of
-// code, which a command makes only when told (--update-code), not a change of the experiment.
+// `recorded` with the file of `given`'s entrypoint where that is a frozen copy: another copy (or
+// a first one, for an experiment made before code was frozen) is a change of code, which a
+// command makes only when told (--update-code), not a change of the experiment.
 ExperimentConfig code_as_given(const ExperimentLayout& layout, ExperimentConfig recorded, const ExperimentConfig& given);
 
-// The code recorded in experiment.json; nullopt for an experiment that froze none (made before
-// code was frozen, or running in a container image).
+// The code recorded in experiment.json, else (a record lost or damaged) the copy the recorded
+// config names, its source unknown; nullopt for an experiment that froze none (made before code
+// was frozen, or running in a container image).
 std::optional<FrozenCode> frozen_code(const ExperimentLayout& layout);
 
 // Copies `source` (whose digest is `digest`) into the code folder, once (a copy of these bytes is
