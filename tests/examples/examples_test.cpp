@@ -18,10 +18,12 @@
 #include <set>
 
 #include "../support/metric_lines.h"
+#include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/search_log.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/digest.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/subprocess.h"
@@ -714,6 +716,28 @@ TEST_F(MlpExample, TheWorkerRunsTheTrialFromItsLibrary) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v.back()["batches"], 200);
   EXPECT_GT(v.back()["metrics"]["accuracy"].get<double>(), kAccuracyThreshold);
+}
+
+// A trial library is frozen as a program is: hpctrial-worker loads the experiment's copy.
+TEST_F(MlpExample, ATrialLibraryIsFrozenAndTheWorkerLoadsTheCopy) {
+  const std::string experiment = (dir_.path() / "frozen-library").string();
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(300);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const auto r = core::run_process(
+      {HPCTRIAL_CLI, "run", HPCTRIAL_SOURCE_DIR "/examples/mlp/experiment-library.yaml", "--experiment", experiment,
+       "--set", "entrypoint=" HPCTRIAL_MLP_LIBRARY_DIR "/libmlp_trial.so:mlp_example::MlpTrial", "--set",
+       "data.train=" + train_, "--set", "data.validation=" + validation_, "--set", "searcher.max_length={batches: 50}"},
+      options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+  const auto state = nlohmann::json::parse(testing_support::read_file(experiment + "/experiment.json"));
+  const std::string digest = state["code"]["digest"];
+  EXPECT_EQ(state["code"]["source"], HPCTRIAL_MLP_LIBRARY_DIR "/libmlp_trial.so");
+  EXPECT_EQ(state["code"]["path"], experiment + "/code/" + digest + "/libmlp_trial.so");
+  EXPECT_EQ(digest, core::file_sha256(HPCTRIAL_MLP_LIBRARY_DIR "/libmlp_trial.so"));
+  EXPECT_THAT(testing_support::read_file(experiment + "/experiment.yaml"),
+              HasSubstr(experiment + "/code/" + digest + "/libmlp_trial.so:mlp_example::MlpTrial"));
+  EXPECT_THAT(testing_support::read_file(experiment + "/trial-0/runs.jsonl"), HasSubstr("\"code\":\"" + digest));
 }
 
 TEST_F(MlpExample, TheWorkerExplainsWhatItCannotRun) {
