@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -87,28 +88,51 @@ class BackgroundProcess {
   std::chrono::system_clock::time_point ended_wall_;
 };
 
+// The bytes of /proc/<pid>/<file>; empty when the process has gone meanwhile (a read of a
+// process that exits fails with ESRCH, which an ifstream would throw from).
+inline std::string read_proc_file(const std::filesystem::path& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      out.clear();
+      break;
+    }
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 // Processes whose command line contains `needle` (other than the caller) and, when `env_entry`
 // is given, whose environment holds that NAME=VALUE entry: the processes of one test's trial,
-// whatever else runs on the machine.
+// whatever else runs on the machine. A program given by its path also matches the copy an
+// experiment froze of it (<experiment>/code/<sha256>/<name>), which its ranks run.
 inline std::vector<pid_t> processes_running(const std::string& needle, const std::string& env_entry = "") {
   std::vector<pid_t> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+  const std::string name_of =
+      needle.empty() || needle.front() != '/' ? "" : std::filesystem::path(needle).filename().string();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cmdline = read_proc_file(entry.path() / "cmdline");
     const pid_t pid = static_cast<pid_t>(std::stol(name));
     // A zombie has an empty command line and does not count.
-    // A program given by its path also matches the copy an experiment froze of it
-    // (<experiment>/code/<sha256>/<name>), which its ranks run.
-    const std::string name_of = needle.empty() || needle.front() != '/' ? "" : std::filesystem::path(needle).filename().string();
     const bool frozen_copy = !name_of.empty() && cmdline.find("/code/") != std::string::npos &&
                              cmdline.find("/" + name_of) != std::string::npos;
-    if (pid == ::getpid() || (cmdline.find(needle) == std::string::npos && !frozen_copy)) continue;
+    if (pid == ::getpid() || cmdline.empty() || (cmdline.find(needle) == std::string::npos && !frozen_copy)) continue;
     if (!env_entry.empty()) {
-      std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+      const std::string environ_text = read_proc_file(entry.path() / "environ");
       bool has = false;
-      for (std::string item; !has && std::getline(environ_file, item, '\0');) has = item == env_entry;
+      for (std::size_t at = 0; !has && at < environ_text.size();) {
+        const std::size_t end = environ_text.find('\0', at);
+        has = environ_text.compare(at, (end == std::string::npos ? environ_text.size() : end) - at, env_entry) == 0;
+        at = end == std::string::npos ? environ_text.size() : end + 1;
+      }
       if (!has) continue;
     }
     found.push_back(pid);
