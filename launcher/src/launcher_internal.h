@@ -27,6 +27,16 @@ core::UniqueFd try_lock_trial(const std::string& trial_dir);
 // goes to the launcher's own stdout or stderr as "[rank 3] text" and to the trial's
 // logs/rank-3.log; untagged lines (mpirun's own) as they are, and to logs/mpirun.log.
 // Keeps the last lines of each rank for failure records.
+// One line of mpirun's tagged output ("[1,3]<stderr>:text") or srun's labelled output
+// ("  3: text"): the rank, the text, and whether it came from stderr; nullopt for a line of
+// mpirun's or srun's own.
+struct TaggedLine {
+  int rank = -1;
+  std::string text;
+  bool from_stderr = false;
+};
+std::optional<TaggedLine> untag_line(const std::string& line, bool srun_labels);
+
 class RankOutput {
  public:
   // `srun_labels`: the lines come from `srun --label` ("3: text") rather than from mpirun's

@@ -71,19 +71,22 @@ void RankOutput::flush() {
   }
 }
 
-void RankOutput::line(const std::string& text, bool from_stderr) {
+std::optional<TaggedLine> untag_line(const std::string& line, bool srun_labels) {
   static const std::regex tagged(R"(\[[0-9]+,([0-9]+)\]<std(out|err)>: ?(.*))");
   static const std::regex labelled(R"( *([0-9]+): ?(.*))");  // srun pads the numbers to one width
   std::smatch m;
+  if (srun_labels && std::regex_match(line, m, labelled)) return TaggedLine{std::stoi(m[1]), m[2], false};
+  if (!srun_labels && std::regex_match(line, m, tagged)) return TaggedLine{std::stoi(m[1]), m[3], m[2] == "err"};
+  return std::nullopt;
+}
+
+void RankOutput::line(const std::string& text, bool from_stderr) {
   int rank = -1;
   std::string body = text;
-  if (srun_labels_ && std::regex_match(text, m, labelled)) {
-    rank = std::stoi(m[1]);
-    body = m[2];
-  } else if (!srun_labels_ && std::regex_match(text, m, tagged)) {
-    rank = std::stoi(m[1]);
-    body = m[3];
-    from_stderr = m[2] == "err";
+  if (const auto tagged = untag_line(text, srun_labels_)) {
+    rank = tagged->rank;
+    body = tagged->text;
+    if (!srun_labels_) from_stderr = tagged->from_stderr;  // mpirun's tag says which stream
   }
   std::string shown = body;
   bool hold = false;

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
-#include <regex>
 #include <sstream>
 
 #include "hpctrial/core/error.h"
@@ -12,20 +11,12 @@
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/shell_quote.h"
+#include "launcher_internal.h"
 
 namespace hpctrial::launcher::detail {
 namespace {
 
 constexpr std::size_t kLastLines = 20;
-
-// "[1,3]<stderr>:text" (mpirun's tags) or "3: text" (srun's labels): the node's index and the text.
-std::pair<std::string, std::string> untag(const std::string& line) {
-  static const std::regex tagged(R"(^\[\d+,(\d+)\]<std(?:out|err)>:(.*)$)");
-  static const std::regex labelled(R"(^\s*(\d+): (.*)$)");
-  std::smatch m;
-  if (std::regex_match(line, m, tagged) || std::regex_match(line, m, labelled)) return {m[1], m[2]};
-  return {"", line};
-}
 
 std::string command_text(const std::vector<std::string>& hook) {
   if (hook.size() == 3 && hook[0] == "/bin/sh" && hook[1] == "-c") return hook[2];
@@ -78,13 +69,16 @@ std::optional<HookFailure> run_startup_hook(const core::ExperimentConfig& config
   for (const std::string* stream : {&result.out, &result.err}) {
     std::istringstream lines(*stream);
     for (std::string line; std::getline(lines, line);) {
-      const auto [node, text] = untag(line);
-      const std::string where = node.empty() || !allocation.in_job() || std::stoul(node) >= allocation.hosts.size()
-                                    ? std::string()
-                                    : " on " + allocation.hosts[std::stoul(node)].name;
-      core::log_info("[startup hook{}] {}", where, text);
-      if (node.empty()) continue;  // mpirun's or srun's own words, not the hook's
-      last.push_back(text);
+      const auto tagged = untag_line(line, command.srun);
+      if (!tagged) {  // mpirun's or srun's own words, not the hook's
+        core::log_info("[startup hook] {}", line);
+        continue;
+      }
+      const auto node = static_cast<std::size_t>(tagged->rank);
+      const std::string where = allocation.in_job() && node < allocation.hosts.size()
+                                    ? " on " + allocation.hosts[node].name : std::string();
+      core::log_info("[startup hook{}] {}", where, tagged->text);
+      last.push_back(tagged->text);
       if (last.size() > kLastLines) last.pop_front();
     }
   }
