@@ -60,6 +60,12 @@ class MlpTrial : public hpctrial::Trial {
     return {{"validation_loss", torch::nll_loss(output, batch.target)}, {"accuracy", accuracy}};
   }
 
+  // Batch inference (predict.yaml): each record's log-probabilities and the class it is given.
+  hpctrial::Predictions predict_batch(hpctrial::Batch& batch) override {
+    auto output = model_->forward(batch.data);
+    return {{"log_probabilities", output}, {"class", output.argmax(1)}};
+  }
+
   hpctrial::DataLoader build_training_data_loader() override {
     return {train_, context_.per_slot_batch_size()};
   }

@@ -228,7 +228,7 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
     std::optional<int> for_rank, for_restart;
     std::stringstream words(text);
     static const std::regex numbered(R"((rank|step|restart)([0-9]{1,12}))");
-    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|segv|abort|throw|hang|sleep[0-9]{1,4})");
+    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|segv|abort|throw|hang|usr2|sleep[0-9]{1,4})");
     for (std::string word; std::getline(words, word, ':');) {
       std::smatch m;
       if (std::regex_match(word, m, numbered)) {
@@ -245,7 +245,7 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
         f.action = word;
       } else {
         throw ConfigError("HPCTRIAL_FAULT: \"" + word + "\" in \"" + text + "\" is not rank<N>, step<N>, restart<N>, "
-                          "batch, validation, checkpoint, writer, shards or an action (exit<N>, sigkill, segv, abort, throw, hang, "
+                          "batch, validation, checkpoint, writer, shards or an action (exit<N>, sigkill, segv, abort, throw, hang, usr2, "
                           "sleep<seconds>)");
       }
     }
@@ -264,6 +264,10 @@ void FaultPlan::at(FaultPhase phase, long long step, bool writer) const {
     if (f.action == "segv") ::raise(SIGSEGV);  // as a bad access would: through the handlers installed
     if (f.action == "abort") std::abort();
     if (f.action == "throw") throw std::runtime_error("injected fault " + f.text);
+    if (f.action == "usr2") {  // a scheduler's warning reaching this rank alone: then on as before
+      ::raise(SIGUSR2);
+      continue;
+    }
     if (f.action.rfind("sleep", 0) == 0) {  // slow storage, a slow node: then on as before
       std::this_thread::sleep_for(std::chrono::seconds(std::stoi(f.action.substr(5))));
       continue;

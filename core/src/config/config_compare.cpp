@@ -91,6 +91,10 @@ bool is_run_setting(std::string_view key, const ExperimentConfig& config) {
       "min_checkpoint_period",
       "data.stage",
       "scheduling_unit",
+      // An inference run's rows are by record: how many it predicts at once and how often it
+      // records its progress change nothing it writes.
+      "inference.batch_size",
+      "inference.progress_period",
       "checkpoint_storage.save_trial_best",
       "checkpoint_storage.save_trial_latest",
       "checkpoint_storage.async",

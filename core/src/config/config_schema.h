@@ -114,6 +114,8 @@ std::vector<std::pair<std::string, Hyperparameter>> read_hyperparameters(const C
 
 // Sections.
 void read_searcher(MapReader& r, Searcher& s);
+// `inference:` (node), which takes the place of `searcher:` in `top` (config_inference.cpp).
+void read_inference(MapReader& top, const ConfigNode& node, ExperimentConfig& config);
 // launcher.startup_hook: a shell command (run by /bin/sh -c) or a command's words.
 void read_startup_hook(MapReader& r, LauncherConfig& l);
 // A path `key`, made absolute: relative to the file that sets it (a template's directory for a

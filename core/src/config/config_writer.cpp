@@ -100,6 +100,16 @@ void emit_hyperparameters(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::EndMap;
 }
 
+void emit_inference(YAML::Emitter& out, const Inference& inference) {
+  out << YAML::Key << "inference" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::DoubleQuoted << inference.checkpoint;
+  if (inference.trial_id) out << YAML::Key << "trial_id" << YAML::Value << *inference.trial_id;
+  if (inference.batch_size) out << YAML::Key << "batch_size" << YAML::Value << *inference.batch_size;
+  out << YAML::Key << "progress_period" << YAML::Value;
+  emit_length(out, inference.progress_period);
+  out << YAML::EndMap;
+}
+
 void emit_searcher(YAML::Emitter& out, const Searcher& searcher) {
   out << YAML::Key << "searcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << std::string(to_string(searcher.name));
@@ -320,7 +330,11 @@ std::string to_yaml(const ExperimentConfig& c) {
   out << YAML::Key << "description" << YAML::Value << YAML::DoubleQuoted << c.description;
   emit_entrypoint(out, c.entrypoint);
   emit_hyperparameters(out, c);
-  emit_searcher(out, c.searcher);
+  if (c.inference) {
+    emit_inference(out, *c.inference);
+  } else {
+    emit_searcher(out, c.searcher);
+  }
   emit_periods(out, c);
   emit_resources(out, c.resources);
   emit_optimizations(out, c.optimizations);

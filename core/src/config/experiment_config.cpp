@@ -71,6 +71,10 @@ void read_trial_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
       config.hyperparameters = read_hyperparameters(*n, "hyperparameters", d, 0);
     }
   }
+  if (const ConfigNode* n = top.get("inference"); n != nullptr && !n->is_null()) {
+    read_inference(top, *n, config);  // in place of a searcher
+    return;
+  }
   const ConfigNode* n = top.require(
       "searcher", "searcher: {name: single, metric: validation_loss, max_length: {batches: 1000}}");
   if (n != nullptr && detail::expect_map(*n, "searcher", d,

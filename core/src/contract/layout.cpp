@@ -34,6 +34,8 @@ std::string TrialLayout::effective_config() const { return join(dir, "effective-
 std::string TrialLayout::core_state_file() const { return join(dir, "core-state.json"); }
 std::string TrialLayout::runs_file() const { return join(dir, "runs.jsonl"); }
 std::string TrialLayout::elastic_file() const { return join(dir, "elastic.json"); }
+std::string TrialLayout::predictions_file() const { return join(dir, "predictions.h5"); }
+std::string TrialLayout::inference_progress_file() const { return join(dir, "inference-progress.json"); }
 std::string TrialLayout::default_checkpoint_dir() const { return join(dir, "checkpoints"); }
 
 std::string TrialLayout::launcher_state_file() const { return join(dir, "launcher-state.json"); }

@@ -45,6 +45,7 @@ using trainer::MetricValues;
 using trainer::PipelineLoss;
 using trainer::PipelineModule;
 using trainer::PipelineOptions;
+using trainer::Predictions;
 using trainer::ReduceLROnPlateau;
 using trainer::ReduceLROnPlateauOptions;
 using trainer::Reducer;

@@ -167,12 +167,20 @@ LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfi
 int report_training_end(const LoopResult& result, bool chief) {
   if (result.stopped_early) {
     if (chief) {
-      core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
-                     result.batches_trained, result.checkpoint_path);
+      if (!result.predictions_path.empty()) {
+        core::log_info("stopped after {} records predicted in this run; their progress, {}, is durable; the next "
+                       "run goes on from it", result.records_predicted, result.checkpoint_path);
+      } else {
+        core::log_info("stopped after {} batches; checkpoint {} is durable; the next run resumes from it",
+                       result.batches_trained, result.checkpoint_path);
+      }
     }
     return kExitStopped;
   }
-  if (chief) {
+  if (chief && !result.predictions_path.empty()) {
+    core::log_info("finished: {} records predicted in this run; the predictions are in {}", result.records_predicted,
+                   result.predictions_path);
+  } else if (chief) {
     core::log_info("finished{}: {} batches; metrics in {}",
                    result.ended_by_trial ? " early, as the trial asked (set_stop_requested)" : "",
                    result.batches_trained, result.metrics_path);

@@ -8,6 +8,8 @@ Metrics Trial::evaluate_batch(Batch& /*batch*/) { throw detail::NotOverridden{};
 
 MetricValues Trial::evaluate_full_dataset(DataLoader& /*loader*/) { throw detail::NotOverridden{}; }
 
+Predictions Trial::predict_batch(Batch& /*batch*/) { throw detail::NotOverridden{}; }
+
 void Trial::save_files(const std::filesystem::path& /*directory*/) { throw detail::NotOverridden{}; }
 
 void Trial::load_files(const std::filesystem::path& /*directory*/) { throw detail::NotOverridden{}; }

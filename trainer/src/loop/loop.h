@@ -71,6 +71,16 @@ void resolve_engine_batch(const core::ExperimentConfig& config, comm::Communicat
 // the chief keeps what it read, the other ranks read the same file. A collective; CheckpointError
 // on every rank when there is none.
 checkpoint::CheckpointStore::Loaded load_chosen_checkpoint(const std::string& path, comm::Communicator& comm);
+// A fine-tuning's or an inference's source: `path`, or with `trial_id` that trial of the
+// experiment directory `path`, as load_chosen_checkpoint chose it. ConfigError naming `key` on
+// every rank when there is none.
+checkpoint::CheckpointStore::Loaded load_source_checkpoint(const std::string& path, std::optional<int> trial_id,
+                                                           const std::string& key, comm::Communicator& comm);
+
+// An experiment with `inference:` (loop/inference.cpp): the trial's predict_batch over its
+// inference data with the source checkpoint's weights, rows written by every rank into one file.
+LoopResult run_inference(const core::ExperimentConfig& config, const TrialFactory& factory, comm::Communicator& comm,
+                         const LoopOptions& options);
 
 class Loop {
  public:

@@ -38,27 +38,33 @@ checkpoint::CheckpointStore::Loaded load_chosen_checkpoint(const std::string& pa
   return loaded;
 }
 
-// Fine-tuning: a fresh start takes the weights of searcher.source_checkpoint, nothing else of it
-// (its optimizer, data position and progress are the new trial's own, from the start).
-void Loop::start_from_source() {
-  const core::Searcher& searcher = config_.searcher;
-  std::string path = searcher.source_checkpoint;
+checkpoint::CheckpointStore::Loaded load_source_checkpoint(const std::string& path, std::optional<int> trial_id,
+                                                           const std::string& key, comm::Communicator& comm) {
+  std::string chosen = path;
   std::string error;
-  if (chief() && searcher.source_trial_id) {
+  if (comm.is_chief() && trial_id) {
     try {
-      path = core::trial_checkpoint_dir(core::ExperimentLayout{path}, *searcher.source_trial_id);
+      chosen = core::trial_checkpoint_dir(core::ExperimentLayout{path}, *trial_id);
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  comm_.broadcast(error, 0);
-  if (!error.empty()) throw ConfigError("searcher.source_trial_id: " + error);
-  checkpoint::CheckpointStore::Loaded source;
+  comm.broadcast(error, 0);
+  if (!error.empty()) throw ConfigError(key + ": " + error);
   try {
-    source = load_chosen_checkpoint(path, comm_);
+    return load_chosen_checkpoint(chosen, comm);
   } catch (const CheckpointError& e) {
-    throw ConfigError("searcher.source_checkpoint: " + std::string(e.what()));
+    throw ConfigError(key + ": " + std::string(e.what()));
   }
+}
+
+// Fine-tuning: a fresh start takes the weights of searcher.source_checkpoint, nothing else of it
+// (its optimizer, data position and progress are the new trial's own, from the start).
+void Loop::start_from_source() {
+  const core::Searcher& searcher = config_.searcher;
+  const checkpoint::CheckpointStore::Loaded source = load_source_checkpoint(
+      searcher.source_checkpoint, searcher.source_trial_id,
+      searcher.source_trial_id ? "searcher.source_trial_id" : "searcher.source_checkpoint", comm_);
   detail::restore_weights(source.contents, source.path, *context_, identity_);
   source_checkpoint_ = source.path;
   if (chief()) {

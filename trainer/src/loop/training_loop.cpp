@@ -473,9 +473,12 @@ LoopResult Loop::run() {
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
                         comm::Communicator& communicator, const LoopOptions& options) {
   detail::Loop loop(config, factory, communicator, options);
-  if (!options.on_failure) return loop.run();
+  const auto run = [&] {
+    return config.inference ? detail::run_inference(config, factory, communicator, options) : loop.run();
+  };
+  if (!options.on_failure) return run();
   try {
-    return loop.run();
+    return run();
   } catch (const ConfigError& e) {
     options.on_failure(core::kExitConfig, e.what());  // here, while every object of the loop lives
     throw;

@@ -313,12 +313,28 @@ struct SchedulerConfig {
   std::string option(const std::string& key) const;
 };
 
+// An inference experiment (`inference:`, in place of `searcher:`): one trial that runs the
+// trial's predict_batch over its inference data with a trained checkpoint's weights, on every
+// rank, and writes one row per record into one HDF5 file (docs/user-guide.md, "Batch inference").
+struct Inference {
+  // The checkpoint whose weights are evaluated: a checkpoint file, a trial's checkpoint
+  // directory (its latest good one) or, with trial_id, an experiment directory. Absolute.
+  std::string checkpoint;
+  std::optional<int> trial_id;
+  // Records a rank predicts at once; unset: the inference data loader's batch size.
+  std::optional<std::int64_t> batch_size;
+  // How often the rows written are made durable and the progress recorded: the work a
+  // preemption or a crash can cost ({batches: N} on each rank, or {seconds: N}).
+  Length progress_period{LengthUnit::kSeconds, 30};
+};
+
 struct ExperimentConfig {
   std::string name;
   std::string description;
   Entrypoint entrypoint;
   std::vector<std::pair<std::string, Hyperparameter>> hyperparameters;
-  Searcher searcher;
+  Searcher searcher;  // a single trial, not read from the config, for an inference experiment
+  std::optional<Inference> inference;
   std::int64_t records_per_epoch = 0;  // 0: from the training data loader
   std::optional<Length> min_validation_period;
   // An explicit period; unset: see auto_checkpoint_period.

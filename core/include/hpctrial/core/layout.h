@@ -55,6 +55,10 @@ struct TrialLayout {
   // <dir>/elastic.json: what the chief's adaptive batch prefers for the trial's next run,
   // rewritten at each checkpoint: {"preferred_slots": N} (docs/adaptive.md).
   std::string elastic_file() const;
+  // An inference run's result (one row per record, the checkpoint format), and the record of
+  // the rows durable in its temporary while it runs (trainer/src/loop/inference.cpp).
+  std::string predictions_file() const;
+  std::string inference_progress_file() const;
   // <dir>/checkpoints: where the trial's checkpoints go when the config sets no
   // checkpoint_storage.host_path (core::checkpoint_dir chooses between the two).
   std::string default_checkpoint_dir() const;

@@ -87,6 +87,9 @@ struct LoopResult {
   nlohmann::json timings;
   MetricValues last_validation;
   std::string metrics_path;
+  // An inference experiment's: the result file, and the records this run predicted.
+  std::string predictions_path;
+  std::int64_t records_predicted = 0;
 };
 
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,

@@ -24,6 +24,9 @@ namespace detail {
 struct TrialAccess;
 }  // namespace detail
 
+// What predict_batch returns: named outputs, one row per record of the batch.
+using Predictions = std::map<std::string, torch::Tensor>;
+
 class Trial {
  public:
   virtual ~Trial() = default;
@@ -39,6 +42,16 @@ class Trial {
 
   virtual DataLoader build_training_data_loader() = 0;
   virtual DataLoader build_validation_data_loader() = 0;
+
+  // Batch inference (an experiment with an `inference:` section, docs/user-guide.md): the
+  // outputs for the records of `batch`, already on device(), by name, each with one row per
+  // record (its first dimension the batch's). Each name becomes a dataset of the result file,
+  // record i at row i; every batch gives the same names, dtypes and row shapes. Runs in eval
+  // mode under torch::NoGradGuard.
+  virtual Predictions predict_batch(Batch& batch);
+  // The records an inference experiment predicts, in order (an indexed dataset): by default the
+  // validation data. Its batch size is a rank's unless inference.batch_size sets one.
+  virtual DataLoader build_inference_data_loader() { return build_validation_data_loader(); }
   virtual std::map<std::string, std::shared_ptr<Callback>> build_callbacks() { return {}; }
   virtual ReducerSpec evaluation_reducer() { return Reducer::kAvg; }
 
