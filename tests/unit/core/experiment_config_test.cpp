@@ -752,7 +752,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
     EXPECT_EQ(std::string(e.what()),
               path + ":5:20: resources.slots_per_trial: must be a positive integer, got \"-2\"\n" +
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
-                         "hyperparameters, searcher, records_per_epoch, min_validation_period, "
+                         "hyperparameters, inference, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, engine, reproducibility, "
                          "checkpoint_storage, profiling, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
   }
@@ -831,6 +831,46 @@ TEST(LoadExperimentConfig, AFineTuningsSourceIsAbsoluteAndItsTrialNeedsAnExperim
                         "{batches: 10}, source_trial_id: 2}\n"),
               HasSubstr("searcher.source_trial_id: names a trial of the experiment directory "
                         "searcher.source_checkpoint names"));
+}
+
+// inference: in place of a searcher: its checkpoint made absolute, a single trial, the section
+// round-tripped through the effective config; a searcher beside it, or a progress period in
+// epochs, is refused where it is written.
+TEST(LoadExperimentConfig, AnInferenceExperimentHasNoSearcher) {
+  TempDir dir;
+  const std::string config = dir.write("exp/exp.yaml", "name: p\nentrypoint: ./trial\ninference: {checkpoint: "
+                                                       "../trained, trial_id: 1, batch_size: 512, progress_period: "
+                                                       "{batches: 20}}\n");
+  const ExperimentConfig c = load_experiment_config({config, "", {}});
+  ASSERT_TRUE(c.inference.has_value());
+  EXPECT_EQ(c.inference->checkpoint, (dir.path() / "trained").string());
+  EXPECT_EQ(c.inference->trial_id, 1);
+  EXPECT_EQ(c.inference->batch_size, 512);
+  EXPECT_EQ(c.inference->progress_period.unit, LengthUnit::kBatches);
+  EXPECT_EQ(c.inference->progress_period.value, 20);
+  EXPECT_EQ(c.searcher.name, Searcher::Name::kSingle);
+  EXPECT_EQ(c.searcher.max_trials, 1);
+  const std::string written = dir.write("effective.yaml", to_yaml(c));
+  const ExperimentConfig again = load_experiment_config({written, "", {}});
+  ASSERT_TRUE(again.inference.has_value());
+  EXPECT_EQ(again.inference->checkpoint, c.inference->checkpoint);
+  EXPECT_EQ(again.inference->batch_size, 512);
+  EXPECT_EQ(to_yaml(again), to_yaml(c));
+  const ExperimentConfig defaults =
+      load_experiment_config({dir.write("d.yaml", "name: p\nentrypoint: ./t\ninference: {checkpoint: /c}\n"), "", {}});
+  EXPECT_EQ(defaults.inference->progress_period.unit, LengthUnit::kSeconds);
+  EXPECT_EQ(defaults.inference->progress_period.value, 30);
+  EXPECT_FALSE(defaults.inference->batch_size.has_value());
+
+  EXPECT_THAT(one_error("name: p\nentrypoint: ./t\ninference: {checkpoint: /c}\nsearcher: {name: single, metric: "
+                        "loss, max_length: {batches: 1}}\n"),
+              HasSubstr("exp.yaml:4:11: searcher: an inference experiment (inference:) runs one trial"));
+  EXPECT_THAT(one_error("name: p\nentrypoint: ./t\ninference: {checkpoint: /c, progress_period: {epochs: 1}}\n"),
+              HasSubstr("inference.progress_period"));
+  EXPECT_THAT(one_error("name: p\nentrypoint: ./t\ninference: {batch_size: 8}\n"),
+              HasSubstr("inference.checkpoint: required key is missing"));
+  EXPECT_THAT(one_error("name: p\nentrypoint: ./t\ninference: {checkpoint: /c, batch_size: 0}\n"),
+              HasSubstr("inference.batch_size"));
 }
 
 TEST(LoadExperimentConfig, SetOverridesAreTypedByTheSchema) {
