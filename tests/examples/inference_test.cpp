@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/inference_files.h"
 #include "../support/read_file.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/checkpoint/format.h"
@@ -87,16 +88,7 @@ class BatchInference : public testing::Test {
   // The result file equals the uninterrupted run's, dataset by dataset, byte by byte (and reads
   // whole: every CRC checked).
   static void expect_same_as_reference(const std::string& experiment) {
-    const checkpoint::Contents mine = checkpoint::read_checkpoint(predictions(experiment));
-    const checkpoint::Contents reference = checkpoint::read_checkpoint(predictions(reference_dir()));
-    ASSERT_EQ(mine.datasets.size(), reference.datasets.size());
-    for (const auto& theirs : reference.datasets) {
-      const checkpoint::Dataset* ours = mine.find(theirs.name);
-      ASSERT_NE(ours, nullptr) << theirs.name;
-      EXPECT_EQ(ours->shape, theirs.shape) << theirs.name;
-      ASSERT_EQ(ours->nbytes(), theirs.nbytes()) << theirs.name;
-      EXPECT_EQ(std::memcmp(ours->data->data(), theirs.data->data(), theirs.nbytes()), 0) << theirs.name;
-    }
+    testing_support::expect_same_predictions(predictions(experiment), predictions(reference_dir()));
   }
 
   static std::unique_ptr<TempDir> shared_;

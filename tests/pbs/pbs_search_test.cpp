@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include "pbs_fixture.h"
+#include "../support/inference_files.h"
 #include "../support/search_log.h"
 
 namespace hpctrial {
@@ -154,6 +155,34 @@ TEST_F(PbsSearch, APauseOfTheSearchHoldsAWorkerForEachAndActivateEndsIt) {
   ASSERT_TRUE(wait_for_all_ended(600s)) << all_output();
   EXPECT_THAT(all_output(), HasSubstr("resumed from "));
   testing_support::expect_search_complete(experiment(), kTrials, expected);
+}
+
+// Batch inference submitted to the real server: the job's ranks write the one result file, which
+// equals a run's on this machine byte for byte, and the experiment's files are the user's alone.
+TEST_F(PbsSearch, BatchInferenceUnderPbsWritesWhatARunHereWrites) {
+  const std::string trained = user_dir() + "/trained";
+  const auto training = user({HPCTRIAL_CLI, "run",
+                              dir_.write("train.yaml", testing_support::mlp_training_yaml("mlp", HPCTRIAL_MLP,
+                                                                                          data_dir(), 60)),
+                              "--experiment", trained, "--oversubscribe"}, 300s);
+  ASSERT_TRUE(training.ok()) << training.describe() << training.err;
+  const auto config = [&](const std::string& name, const std::string& extra) {
+    return dir_.write(name + ".yaml",
+                      testing_support::mlp_inference_yaml(name, HPCTRIAL_MLP, data_dir(), trained, extra));
+  };
+  const std::string here = user_dir() + "/here";
+  const auto local = user({HPCTRIAL_CLI, "run", config("here", "resources: {slots_per_trial: 2}\n"), "--experiment",
+                           here, "--oversubscribe"}, 300s);
+  ASSERT_TRUE(local.ok()) << local.describe() << local.err;
+
+  const std::string job = submit(config("pbs", "resources: {slots_per_trial: 2, slots_per_node: 2}\n"
+                                               "scheduler: {type: pbs, queue: workq, time_limit: 10m}\n"));
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for_state(job, "F", 180s)) << "state " << state_of(job) << "\n" << job_output(job);
+  EXPECT_EQ(exit_status(job), 0) << job_output(job);
+  EXPECT_THAT(job_output(job), HasSubstr("2048 records predicted in this run"));
+  testing_support::expect_same_predictions(trial_dir() + "/predictions.h5", here + "/trial-0/predictions.h5");
+  expect_private({"trial-0/predictions.h5", "trial-0/inference-progress.json"});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "../support/read_file.h"
 #include "../support/slurm_jobs.h"
+#include "../support/inference_files.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -167,6 +168,39 @@ TEST_F(SlurmStaging, AStartupHookRunsOnceOnEachNodeAndItsFailureIsItsOwn) {
   EXPECT_THAT(failed_log, HasSubstr("exited with status 5; the ranks were not started and the trial is not retried"));
   EXPECT_THAT(failed_log, HasSubstr("  no scratch on this node"));
   EXPECT_THAT(failed_log, testing::Not(HasSubstr("starting 2 rank(s)")));
+}
+
+// Batch inference submitted to the two-node partition: a rank on each node, each writing its rows
+// into the one result file, which equals a run's on this machine byte for byte.
+TEST_F(SlurmStaging, BatchInferenceOnTwoNodesWritesWhatARunHereWrites) {
+  const std::string data = (dir_.path() / "mlp-data").string();
+  ASSERT_TRUE(run({HPCTRIAL_MLP_MAKE_DATASET, data}).ok());
+  const std::string trained = (dir_.path() / "trained").string();
+  const auto training = testing_support::run_command(
+      {HPCTRIAL_CLI, "run", dir_.write("train.yaml", testing_support::mlp_training_yaml("mlp", HPCTRIAL_MLP, data, 60)),
+       "--experiment", trained, "--oversubscribe"}, 300s);
+  ASSERT_TRUE(training.ok()) << training.describe() << training.err;
+  const auto config = [&](const std::string& name, const std::string& extra) {
+    return dir_.write(name + ".yaml", testing_support::mlp_inference_yaml(name, HPCTRIAL_MLP, data, trained, extra));
+  };
+  const std::string here = (dir_.path() / "here").string();
+  const auto local = testing_support::run_command(
+      {HPCTRIAL_CLI, "run", config("here", "resources: {slots_per_trial: 2}\n"), "--experiment", here,
+       "--oversubscribe"}, 300s);
+  ASSERT_TRUE(local.ok()) << local.describe() << local.err;
+
+  const std::string there = (dir_.path() / "slurm").string();
+  const auto submitted = run({HPCTRIAL_CLI, "submit",
+                              config("slurm", "resources: {slots_per_trial: 2, slots_per_node: 1}\n"
+                                              "scheduler: {type: slurm, partition: elastic, time_limit: 10m}\n"),
+                              "--experiment", there});
+  ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
+  const std::string job = testing_support::submitted_job(submitted.out);
+  ASSERT_FALSE(job.empty()) << submitted.out;
+  ASSERT_TRUE(testing_support::wait_for_state(job, "COMPLETED", 180s))
+      << job_field(job, "JobState") << "\n" << read_file(there + "/slurm-" + job + ".err");
+  EXPECT_THAT(read_file(there + "/slurm-" + job + ".err"), HasSubstr("2048 records predicted in this run"));
+  testing_support::expect_same_predictions(there + "/trial-0/predictions.h5", here + "/trial-0/predictions.h5");
 }
 
 }  // namespace
