@@ -8,6 +8,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "hpctrial/core/config_node.h"
+#include "hpctrial/core/diagnostics.h"
 #include "hpctrial/core/error.h"
 
 namespace hpctrial::core {
@@ -93,7 +95,106 @@ std::string searcher_name(const ExperimentConfig& config) {
          (config.source_path.empty() ? "" : " of " + config.source_path);
 }
 
+// `config` with every range replaced by the constant of trial `trial_id` (trial_config).
+ExperimentConfig with_constants(const ExperimentConfig& config, int trial_id) {
+  ExperimentConfig out = config;
+  std::vector<std::pair<std::string, Hyperparameter*>> ranges;
+  collect(out.hyperparameters, "", ranges);
+  if (ranges.empty() && trial_id == 0) return out;
+  const int count = trial_count(config);
+  if (trial_id < 0 || trial_id >= count) {
+    throw ConfigError("trial " + std::to_string(trial_id) + " does not exist: " + searcher_name(config) +
+                      " makes " + std::to_string(count) + " trial(s), numbered 0 to " + std::to_string(count - 1));
+  }
+  switch (config.searcher.name) {
+    case Searcher::Name::kSingle:
+      throw ConfigError("hyperparameters." + ranges.front().first + " is a range (type: " +
+                        std::string(to_string(ranges.front().second->type)) + "), but " + searcher_name(config) +
+                        " runs one trial with constant values: give a constant (e.g. --set hyperparameters." +
+                        ranges.front().first + "=VALUE), or use searcher.name grid or random");
+    case Searcher::Name::kGrid: {
+      // Mixed radix, the last range varying fastest.
+      std::int64_t rest = trial_id;
+      for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) {
+        auto points = grid_points(*it->second);
+        const auto n = static_cast<std::int64_t>(points.size());
+        make_constant(*it->second, points[static_cast<std::size_t>(rest % n)]);
+        rest /= n;
+      }
+      return out;
+    }
+    case Searcher::Name::kRandom:
+    case Searcher::Name::kAdaptiveAsha:  // each trial sampled as random samples it
+    case Searcher::Name::kAsyncHalving: {
+      if (!config.reproducibility.experiment_seed) {
+        throw ConfigError(searcher_name(config) + " needs reproducibility.experiment_seed to choose each trial's "
+                          "values; `hpctrial run` and `hpctrial submit` record one in the experiment directory");
+      }
+      TrialRandom random(*config.reproducibility.experiment_seed, static_cast<std::uint64_t>(trial_id));
+      for (auto& [name, hp] : ranges) make_constant(*hp, sample(*hp, random));
+      return out;
+    }
+  }
+  return out;
+}
+
+// The constants under hyperparameters.engine, with their dotted paths below it.
+void engine_leaves(const std::vector<std::pair<std::string, Hyperparameter>>& hps, const std::string& prefix,
+                   std::vector<std::pair<std::string, const ConfigNode*>>& out) {
+  for (const auto& [name, hp] : hps) {
+    if (hp.type == Type::kNested) {
+      engine_leaves(hp.nested, prefix + name + ".", out);
+    } else {
+      out.emplace_back(prefix + name, &hp.value);
+    }
+  }
+}
+
+// hyperparameters.engine (DeepSpeedTrial's overwrite_deepspeed_config): each of its constants
+// replaces the engine section's key of the same path for this trial, so that a search ranges
+// over engine.* keys; the trial's hparams keep them too. ConfigError naming the trial and the key
+// for one the engine section has not or a value it refuses.
+ExperimentConfig with_engine_hyperparameters(ExperimentConfig config, int trial_id) {
+  const auto it = std::find_if(config.hyperparameters.begin(), config.hyperparameters.end(),
+                               [](const auto& hp) { return hp.first == "engine"; });
+  if (it == config.hyperparameters.end()) return config;
+  const std::string what = "hyperparameters.engine of trial " + std::to_string(trial_id);
+  if (it->second.type != Type::kNested) {
+    throw ConfigError(what + " must be a map of engine keys, e.g. {zero_optimization: {stage: 2}}");
+  }
+  if (!config.engine) {
+    throw ConfigError(what + " sets keys of the engine section, which this config has not; add `engine:` (an "
+                      "EngineTrial's settings) or rename the hyperparameter");
+  }
+  std::vector<std::pair<std::string, const ConfigNode*>> leaves;
+  engine_leaves(it->second.nested, "", leaves);
+  Diagnostics d;
+  ConfigNode root = parse_config_text(to_yaml(config), what, d);
+  for (const auto& [path, value] : leaves) {
+    ConfigNode* node = root.find("engine");
+    std::size_t start = 0;
+    for (std::size_t dot = path.find('.'); node != nullptr; dot = path.find('.', start)) {
+      const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (dot == std::string::npos) {
+        node->set(key, *value);
+        break;
+      }
+      if (node->find(key) == nullptr || !node->find(key)->is_map()) node->set(key, ConfigNode::map());
+      node = node->find(key);
+      start = dot + 1;
+    }
+  }
+  ExperimentConfig merged = parse_experiment_config(root, d);
+  if (!d.empty()) throw ConfigError(what + ": " + d.to_string());
+  merged.source_path = config.source_path;
+  return merged;
+}
+
 }  // namespace
+
+ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id) {
+  return with_engine_hyperparameters(with_constants(config, trial_id), trial_id);
+}
 
 std::vector<ConfigNode> grid_points(const Hyperparameter& hp) {
   std::vector<ConfigNode> points;
@@ -155,46 +256,5 @@ int search_workers(const ExperimentConfig& config) {
   return static_cast<int>(std::min<std::int64_t>(config.searcher.max_concurrent_trials, config.searcher.max_trials));
 }
 
-ExperimentConfig trial_config(const ExperimentConfig& config, int trial_id) {
-  ExperimentConfig out = config;
-  std::vector<std::pair<std::string, Hyperparameter*>> ranges;
-  collect(out.hyperparameters, "", ranges);
-  if (ranges.empty() && trial_id == 0) return out;
-  const int count = trial_count(config);
-  if (trial_id < 0 || trial_id >= count) {
-    throw ConfigError("trial " + std::to_string(trial_id) + " does not exist: " + searcher_name(config) +
-                      " makes " + std::to_string(count) + " trial(s), numbered 0 to " + std::to_string(count - 1));
-  }
-  switch (config.searcher.name) {
-    case Searcher::Name::kSingle:
-      throw ConfigError("hyperparameters." + ranges.front().first + " is a range (type: " +
-                        std::string(to_string(ranges.front().second->type)) + "), but " + searcher_name(config) +
-                        " runs one trial with constant values: give a constant (e.g. --set hyperparameters." +
-                        ranges.front().first + "=VALUE), or use searcher.name grid or random");
-    case Searcher::Name::kGrid: {
-      // Mixed radix, the last range varying fastest.
-      std::int64_t rest = trial_id;
-      for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) {
-        auto points = grid_points(*it->second);
-        const auto n = static_cast<std::int64_t>(points.size());
-        make_constant(*it->second, points[static_cast<std::size_t>(rest % n)]);
-        rest /= n;
-      }
-      return out;
-    }
-    case Searcher::Name::kRandom:
-    case Searcher::Name::kAdaptiveAsha:  // each trial sampled as random samples it
-    case Searcher::Name::kAsyncHalving: {
-      if (!config.reproducibility.experiment_seed) {
-        throw ConfigError(searcher_name(config) + " needs reproducibility.experiment_seed to choose each trial's "
-                          "values; `hpctrial run` and `hpctrial submit` record one in the experiment directory");
-      }
-      TrialRandom random(*config.reproducibility.experiment_seed, static_cast<std::uint64_t>(trial_id));
-      for (auto& [name, hp] : ranges) make_constant(*hp, sample(*hp, random));
-      return out;
-    }
-  }
-  return out;
-}
 
 }  // namespace hpctrial::core

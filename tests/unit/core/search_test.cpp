@@ -92,6 +92,35 @@ TEST(Search, NestedRangesAreSearchedToo) {
   EXPECT_EQ(t.hyperparameters[0].second.nested[1].second.value.text(), "0.2");
 }
 
+// hyperparameters.engine (overwrite_deepspeed_config): a search over engine.* keys, each trial's
+// engine section taking its values; the trial's hparams keep them. A key the engine section has
+// not, a value it refuses, or no engine section at all, is a ConfigError naming the trial.
+TEST(Search, EngineHyperparametersOverrideTheEngineSectionPerTrial) {
+  const std::string engine = "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 0}}\n";
+  const auto c = parse(kGrid, "{global_batch_size: 8, engine: {zero_optimization: {stage: {type: categorical, "
+                              "vals: [1, 2]}}, gradient_clipping: 0.5}}", engine);
+  ASSERT_EQ(trial_count(c), 2);
+  const auto first = trial_config(c, 0);
+  const auto second = trial_config(c, 1);
+  ASSERT_TRUE(first.engine && second.engine);
+  EXPECT_EQ(first.engine->zero_stage, 1);
+  EXPECT_EQ(second.engine->zero_stage, 2);
+  EXPECT_EQ(second.engine->gradient_clipping, 0.5);
+  EXPECT_EQ(second.engine->train_micro_batch_size_per_gpu, 4);  // the section's own keys stay
+  EXPECT_EQ(second.hyperparameters[1].first, "engine");
+  EXPECT_EQ(c.engine->zero_stage, 0);  // the experiment's config is untouched
+
+  const char* kSingle = "{name: single, metric: loss, max_length: {batches: 10}}";
+  EXPECT_THAT(error_of([&] { trial_config(parse(kSingle, "{engine: {zero_optimization: {stages: 2}}}", engine), 0); }),
+              HasSubstr("hyperparameters.engine of trial 0: "));
+  EXPECT_THAT(error_of([&] { trial_config(parse(kSingle, "{engine: {zero_optimization: {stages: 2}}}", engine), 0); }),
+              HasSubstr("engine.zero_optimization.stages"));
+  EXPECT_THAT(error_of([&] { trial_config(parse(kSingle, "{engine: {zero_optimization: {stage: 7}}}", engine), 0); }),
+              HasSubstr("engine.zero_optimization.stage"));
+  EXPECT_THAT(error_of([&] { trial_config(parse(kSingle, "{engine: {zero_optimization: {stage: 2}}}"), 0); }),
+              HasSubstr("sets keys of the engine section, which this config has not"));
+}
+
 TEST(Search, RandomIsDeterministicPerSeedAndTrialAndInRange) {
   const std::string hp = "{n: {type: int, minval: 3, maxval: 5}, x: {type: double, minval: -1, maxval: 1}, "
                          "lr: {type: log, minval: -4, maxval: -2}, k: {type: categorical, vals: [a, b, c]}}";

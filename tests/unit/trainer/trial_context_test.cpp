@@ -7,6 +7,9 @@
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/comm/communicator.h"
+#include "hpctrial/trainer/engine_trial.h"
+#include "../../support/temp_dir.h"
+#include "test_trial.h"
 
 namespace hpctrial::trainer {
 namespace trial_context_test {  // named: the target compiles its sources together (UNITY_BUILD)
@@ -255,6 +258,45 @@ TEST(Metric, TensorsAndNumbers) {
   EXPECT_EQ(spec.reducer_for("errors"), Reducer::kSum);
   EXPECT_EQ(spec.reducer_for("loss"), Reducer::kAvg);
   EXPECT_EQ(ReducerSpec(Reducer::kMax).reducer_for("x"), Reducer::kMax);
+}
+
+// from_config: a context for calling a trial's methods by hand, its hyperparameters those of the
+// asked trial of the config's searcher, and the overrides applied; an engine trial's from the same
+// config; a config that does not load is the config's error.
+TEST(FromConfig, BuildsAContextForATrialCalledByHand) {
+  testing_support::TempDir dir;
+  const std::string path = dir.write("exp.yaml",
+      "name: by-hand\nentrypoint: ./t\nsearcher: {name: grid, metric: validation_loss, max_length: {batches: 4}}\n"
+      "hyperparameters: {global_batch_size: 8, lr: {type: categorical, vals: [0.1, 0.2]}}\n"
+      "reproducibility: {experiment_seed: 5}\ndata: {path: /data/x.h5}\n");
+  const auto context = TrialContext::from_config(path, {"data.path=/other.h5"}, 1);
+  EXPECT_DOUBLE_EQ(context->hparam<double>("lr"), 0.2);
+  EXPECT_EQ(context->data_config().at("path"), "/other.h5");
+  EXPECT_EQ(context->distributed().size, 1);
+  EXPECT_EQ(context->per_slot_batch_size(), 8);
+
+  testing_trial::Record record;
+  testing_trial::LinearTrial trial(*context, {}, &record);
+  DataLoader loader = trial.build_training_data_loader();
+  Batch batch = loader.read({0, 1, 2, 3, 4, 5, 6, 7});
+  const auto before = trial.model->weight.clone();
+  const Metrics metrics = trial.train_batch(batch, 0, 0);
+  EXPECT_TRUE(metrics.count("loss"));
+  EXPECT_FALSE(torch::equal(before, trial.model->weight)) << "the optimizer stepped";
+
+  const std::string engine = dir.write("engine.yaml",
+      "name: engine\nentrypoint: ./t\nsearcher: {name: single, metric: loss, max_length: {batches: 4}}\n"
+      "hyperparameters: {global_batch_size: 8}\nengine: {train_micro_batch_size_per_gpu: 4}\n");
+  const auto engine_context = EngineTrialContext::from_config(engine);
+  EXPECT_EQ(engine_context->train_batch_size(), 8);
+  EXPECT_EQ(engine_context->gradient_accumulation_steps(), 2);
+
+  try {
+    TrialContext::from_config(path, {"resources.slots_per_trial=0"});
+    ADD_FAILURE() << "a bad override loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("resources.slots_per_trial"));
+  }
 }
 
 }  // namespace trial_context_test

@@ -19,6 +19,8 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/core/search.h"
+#include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/random.h"
 #include "loop/loop.h"
 #include "state/checkpointing.h"
@@ -147,6 +149,31 @@ LoadedTrial load_trial_from_checkpoint(const std::string& path, const TrialFacto
                    loaded.batches_trained_, comm.size());
   }
   return loaded;
+}
+
+std::unique_ptr<TrialContext> TrialContext::from_config(const std::string& config_path,
+                                                       const std::vector<std::string>& overrides, int trial_id) {
+  const core::ExperimentConfig config =
+      core::trial_config(core::load_experiment_config({config_path, "", overrides}), trial_id);
+  auto alone = std::make_unique<comm::LocalCommunicator>();
+  const std::uint64_t trial_seed =
+      derive_seed(config.reproducibility.experiment_seed.value_or(0), static_cast<std::uint64_t>(trial_id));
+  torch::manual_seed(derive_seed(trial_seed, detail::kTorchSeedStream));
+  TrialSettings settings = detail::trial_settings(config, *alone, detail::trial_hparams(config), trial_seed);
+  settings.distributed = {0, 1, 0, 1, 1};
+  settings.trial_id = trial_id;
+  auto context = std::make_unique<TrialContext>(std::move(settings), *alone);
+  context->owned_communicator_ = std::move(alone);
+  return context;
+}
+
+std::unique_ptr<EngineTrialContext> EngineTrialContext::from_config(const std::string& config_path,
+                                                                   const std::vector<std::string>& overrides,
+                                                                   int trial_id) {
+  std::unique_ptr<TrialContext> context = TrialContext::from_config(config_path, overrides, trial_id);
+  auto engine = std::make_unique<EngineTrialContext>(*context);
+  engine->owned_context_ = std::move(context);
+  return engine;
 }
 
 namespace {

@@ -181,6 +181,15 @@ class EngineTrialContext {
   EngineTrialContext(const EngineTrialContext&) = delete;
   EngineTrialContext& operator=(const EngineTrialContext&) = delete;
 
+  // DeepSpeedTrialContext.from_config: a context for calling an engine trial's methods by hand,
+  // outside any launcher (TrialContext::from_config's, which it owns):
+  //   auto context = EngineTrialContext::from_config("exp.yaml");
+  //   MyTrial trial(*context);
+  //   DataIterator batches({batch});  trial.train_batch(batches, 0, 0);
+  static std::unique_ptr<EngineTrialContext> from_config(const std::string& config_path,
+                                                         const std::vector<std::string>& overrides = {},
+                                                         int trial_id = 0);
+
   // Registers the engine: its model moves to device() and is averaged across ranks and
   // checkpointed with its optimizer and LR scheduler (which the engine steps). Wrap every engine
   // in the trial's constructor. The first engine's batch sizes are the trial's.
@@ -274,6 +283,7 @@ class EngineTrialContext {
   void reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation);
 
  private:
+  std::unique_ptr<TrialContext> owned_context_;  // from_config's
   TrialContext& context_;
   core::EngineBatch batch_;
   double gradient_clipping_ = 0;

@@ -127,6 +127,15 @@ class TrialContext {
   TrialContext(const TrialContext&) = delete;
   TrialContext& operator=(const TrialContext&) = delete;
 
+  // A context for calling a trial's methods by hand, outside any launcher (Determined's
+  // from_config, for debugging): `MyTrial trial(*context); trial.train_batch(batch, 0, 0);`. One
+  // process (the context owns its communicator); the config at `config_path` with `overrides`
+  // (--set assignments), its hyperparameters those of trial `trial_id` of its searcher; the
+  // device resources.gpus_per_slot asks for. ConfigError naming the file and key for a config
+  // that does not load.
+  static std::unique_ptr<TrialContext> from_config(const std::string& config_path,
+                                                   const std::vector<std::string>& overrides = {}, int trial_id = 0);
+
   // --- models, optimizers, schedulers -----------------------------------------------------
   // Moves the model to device() and registers it for gradient averaging and checkpoints.
   // Works with module holders (TORCH_MODULE types, torch::nn::Linear...) and shared_ptrs.
@@ -398,6 +407,7 @@ class TrialContext {
   };
 
  private:
+  std::unique_ptr<comm::Communicator> owned_communicator_;  // from_config's; destroyed last
   c10::ScalarType mixed_precision_ = c10::ScalarType::Undefined;
   bool tensorboard_logging_ = true;
   void register_model(std::shared_ptr<torch::nn::Module> model);
