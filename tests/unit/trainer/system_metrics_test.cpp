@@ -38,6 +38,39 @@ TEST(SystemMonitor, MeasuresTheProcesssCpuMemoryAndIo) {
   EXPECT_LT(monitor.sample().at("cpu_percent"), 50.0);
 }
 
+// The host's figures: network bytes from /proc/net/dev without loopback, disk operations from
+// /proc/diskstats of the disks alone, and on this machine all four present.
+TEST(SystemMonitor, MeasuresTheHostsNetworkDisksAndAvailableMemory) {
+  const std::string net =
+      "Inter-|   Receive                                                |  Transmit\n"
+      " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+      "    lo: 5000 10 0 0 0 0 0 0 5000 10 0 0 0 0 0 0\n"
+      "  eth0: 1000 4 0 0 0 0 0 0 300 2 0 0 0 0 0 0\n"
+      "  ib0: 24 1 0 0 0 0 0 0 76 1 0 0 0 0 0 0\n";
+  EXPECT_EQ(detail::network_bytes(net), (std::pair<double, double>{1024, 376}));
+  EXPECT_EQ(detail::network_bytes("Inter-|\n    lo: 1 1 0 0 0 0 0 0 1 1 0 0 0 0 0 0\n"),
+            (std::pair<double, double>{-1, -1}));
+  const std::string disks = "   8       0 sda 100 0 800 10 50 0 400 5 0 20 15 0 0 0 0\n"
+                            "   8       1 sda1 90 0 720 9 45 0 360 4 0 18 13 0 0 0 0\n"
+                            "   7       0 loop0 7 0 56 1 0 0 0 0 0 1 1 0 0 0 0\n"
+                            " 259       0 nvme0n1 10 0 80 1 5 0 40 1 0 2 2 0 0 0 0\n";
+  EXPECT_EQ(detail::disk_operations(disks, {"sda", "nvme0n1"}), 165.0);
+  EXPECT_EQ(detail::disk_operations(disks, {"vda"}), -1.0);
+  for (const auto& disk : detail::physical_disks()) EXPECT_NE(disk.rfind("loop", 0), 0u) << disk;
+
+  detail::SystemMonitor monitor;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto m = monitor.sample();
+  ASSERT_TRUE(m.count("memory_available_mb"));
+  EXPECT_GT(m.at("memory_available_mb"), 1.0);
+  if (m.count("net_sent_mbps")) {
+    EXPECT_GE(m.at("net_sent_mbps"), 0.0);
+  }
+  if (m.count("disk_iops")) {
+    EXPECT_GE(m.at("disk_iops"), 0.0);
+  }
+}
+
 TEST(SystemMonitor, MapsCudaDevicesToNvmlIndices) {
   EXPECT_EQ(detail::nvml_index(-1, ""), -1);
   EXPECT_EQ(detail::nvml_index(1, ""), 1);

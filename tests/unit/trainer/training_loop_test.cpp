@@ -170,7 +170,7 @@ TEST(TrainingLoop, WritesTrainingValidationAndTimingLines) {
   EXPECT_TRUE(lines[0]["metrics"]["loss"].is_number()) << "the trial returns its loss tensor bare";
   EXPECT_LT(lines[5]["metrics"]["validation_loss"].get<double>(), lines[1]["metrics"]["validation_loss"].get<double>());
   for (const char* phase : {"dataloader_next", "to_device", "train_batch", "step_lr_schedulers",
-                            "reduce_metrics", "validation"}) {
+                            "from_device", "reduce_metrics", "validation"}) {
     EXPECT_TRUE(lines.back()["timings"].contains(phase)) << phase;
     EXPECT_GE(lines.back()["timings"][phase]["total_s"].get<double>(), 0.0);
   }

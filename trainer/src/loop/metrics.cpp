@@ -219,15 +219,19 @@ void Loop::trim_metrics(std::int64_t batches) {
 
 void Loop::report_training() {
   if (period_batches_ == 0) return;
-  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
   MetricValues values;
   std::vector<double> means;
-  for (auto& [name, list] : period_values_) {
-    // Summed where the values live: one device-to-host copy per metric and period.
-    const torch::Device device = list.front().device();
-    for (auto& v : list) v = v.to(device, torch::kFloat64);
-    means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+  {
+    // Determined's from_device: the period's metrics to the host, summed where the values live
+    // (one device-to-host copy per metric and period).
+    detail::PhaseTimings::Scope from_device(timings_, "from_device");
+    for (auto& [name, list] : period_values_) {
+      const torch::Device device = list.front().device();
+      for (auto& v : list) v = v.to(device, torch::kFloat64);
+      means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+    }
   }
+  detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
   if (config_.optimizations.average_training_metrics && comm_.size() > 1) {
     // Over the ranks whose model-parallel unit reports metrics (every rank without one).
     const double weight = reports_metrics() ? 1.0 : 0.0;

@@ -3,7 +3,11 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <iterator>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -98,6 +102,57 @@ class Nvml {
   int (*shutdown_)() = nullptr;
 };
 
+std::pair<double, double> network_bytes(const std::string& proc_net_dev) {
+  double received = 0, sent = 0;
+  bool any = false;
+  std::istringstream lines(proc_net_dev);
+  for (std::string line; std::getline(lines, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;  // the two header lines
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name == "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    std::vector<double> values;
+    for (double v; fields >> v;) values.push_back(v);
+    if (values.size() < 9) continue;
+    received += values[0];  // receive bytes
+    sent += values[8];      // transmit bytes
+    any = true;
+  }
+  return any ? std::pair{received, sent} : std::pair{-1.0, -1.0};
+}
+
+double disk_operations(const std::string& proc_diskstats, const std::vector<std::string>& disks) {
+  double total = 0;
+  bool any = false;
+  std::istringstream lines(proc_diskstats);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string major, minor, name;
+    double reads = 0, reads_merged = 0, sectors_read = 0, ms_reading = 0, writes = 0;
+    if (!(fields >> major >> minor >> name >> reads >> reads_merged >> sectors_read >> ms_reading >> writes)) continue;
+    if (std::find(disks.begin(), disks.end(), name) == disks.end()) continue;
+    total += reads + writes;
+    any = true;
+  }
+  return any ? total : -1;
+}
+
+std::vector<std::string> physical_disks() {
+  std::vector<std::string> disks;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/block", ec)) {
+    const std::string name = entry.path().filename().string();
+    bool virtual_device = false;
+    for (const char* prefix : {"loop", "ram", "zram", "dm-", "sr", "md"}) {
+      if (name.rfind(prefix, 0) == 0) virtual_device = true;
+    }
+    if (!virtual_device) disks.push_back(name);
+  }
+  return disks;
+}
+
 int nvml_index(int cuda_device, const std::string& visible) {
   if (cuda_device < 0) return -1;
   if (visible.empty()) return cuda_device;
@@ -109,6 +164,13 @@ int nvml_index(int cuda_device, const std::string& visible) {
   if (entry.empty() || entry.find_first_not_of("0123456789") != std::string::npos) return -1;  // a UUID
   return std::atoi(entry.c_str());
 }
+
+namespace {
+std::string file_text(const char* path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
 
 SystemMonitor::SystemMonitor(int cuda_device) : last_(read_counters()) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -140,6 +202,9 @@ SystemMonitor::Counters SystemMonitor::read_counters() {
     const double value = proc_field("/proc/self/io", key);
     if (value >= 0) c.io[key] = value;
   }
+  std::tie(c.net_received, c.net_sent) = network_bytes(file_text("/proc/net/dev"));
+  static const std::vector<std::string> disks = physical_disks();
+  c.disk_operations = disk_operations(file_text("/proc/diskstats"), disks);
   return c;
 }
 
@@ -160,7 +225,15 @@ std::map<std::string, double> SystemMonitor::sample() {
         out[name] = (after->second - before->second) / kMiB / seconds;
       }
     }
+    const auto rate = [&](const char* name, double before, double after, double unit) {
+      if (before >= 0 && after >= before) out[name] = (after - before) / unit / seconds;
+    };
+    rate("net_sent_mbps", last_.net_sent, now.net_sent, kMiB);
+    rate("net_received_mbps", last_.net_received, now.net_received, kMiB);
+    rate("disk_iops", last_.disk_operations, now.disk_operations, 1);
   }
+  const double available_kib = proc_field("/proc/meminfo", "MemAvailable");
+  if (available_kib >= 0) out["memory_available_mb"] = available_kib / 1024.0;
   const double rss_kib = proc_field("/proc/self/status", "VmRSS");
   if (rss_kib >= 0) out["rss_mb"] = rss_kib / 1024.0;
   if (nvml_) nvml_->sample(out);
