@@ -33,7 +33,7 @@ std::set<std::string> documented_keys() {
 bool is_leaf_section(const std::string& path) {
   static const std::set<std::string> leaves = {
       "data", "environment", "scheduler.environment", "searcher.max_length",
-      "min_validation_period", "min_checkpoint_period"};
+      "min_validation_period", "min_checkpoint_period", "inference.progress_period"};
   return leaves.count(path) > 0;
 }
 
@@ -65,7 +65,7 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
 TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
   std::set<std::string> schema_keys;
   for (const char* name : {"every_key.yaml", "every_key_pbs.yaml", "every_key_fp16.yaml", "every_key_pipeline.yaml",
-                           "every_key_asha.yaml", "every_key_halving.yaml"}) {
+                           "every_key_asha.yaml", "every_key_halving.yaml", "every_key_inference.yaml"}) {
     Diagnostics d;
     const ConfigNode root =
         load_config_file(std::string(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/") + name, d);
