@@ -69,10 +69,38 @@ void use_frozen_code(core::ExperimentConfig& config, const ExperimentLayout& lay
   }
 }
 
+// The context folder a config names, as the experiment runs it: the frozen copy of these very
+// files; the folder itself for an experiment about to freeze it (a new one, or --update-code).
+// ConfigError for other files than the frozen ones, naming both digests.
+void use_frozen_context(core::ExperimentConfig& config, const ExperimentLayout& layout, bool update_code) {
+  if (config.context.empty() || core::is_frozen(layout, config.context)) return;
+  const auto frozen = core::frozen_context(layout);
+  if (!frozen) return;
+  const std::string digest = core::scan_context(config.context).digest;
+  if (digest == frozen->digest) {
+    std::error_code ec;
+    if (!fs::is_directory(frozen->path, ec)) {
+      throw IoError("the frozen copy of the experiment's context folder, " + frozen->path + ", is missing; restore "
+                    "it, or pass --update-code to freeze " + config.context + " again (the change is recorded)");
+    }
+    config.context = frozen->path;
+    return;
+  }
+  if (update_code) return;
+  throw ConfigError("context: " + config.context + " now holds files of SHA-256 " + digest + ", but the experiment "
+                    "froze " + frozen->digest + " (kept as " + frozen->path + ") when it was made; every start of the "
+                    "experiment runs in that copy. Pass --update-code to freeze the folder as it is now (the change is "
+                    "recorded in experiment.json), or restore its files");
+}
+
 // The config as the experiment is to run it: the entrypoint's file replaced by the path of its
 // frozen copy where it is to be frozen (a new experiment, or --update-code); writes nothing.
 core::ExperimentConfig freeze_target(core::ExperimentConfig config, const std::string& dir, bool update_code) {
   const ExperimentLayout layout{dir};
+  if (!config.context.empty() && !core::is_frozen(layout, config.context) &&
+      (update_code || !(core::frozen_context(layout) || core::experiment_started(layout)))) {
+    config.context = core::frozen_context_path(layout, core::scan_context(config.context).digest);
+  }
   const std::string source = core::entrypoint_file(config.entrypoint);
   std::error_code ec;
   if (!config.container.image.empty() || source.empty() || core::is_frozen(layout, source) ||
@@ -103,6 +131,7 @@ core::ExperimentConfig resolve_experiment(core::ExperimentConfig config, const s
     config.entrypoint.argv.front() = absolute(config.entrypoint.argv.front());
   }
   use_frozen_code(config, layout, update_code);
+  use_frozen_context(config, layout, update_code);
   if (!config.reproducibility.experiment_seed) {
     if (fs::exists(layout.config())) {
       const auto earlier = core::load_experiment_config({layout.config(), "", {}});
@@ -125,6 +154,7 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
   const std::string workdir = experiment_workdir(config);
   config = resolve_experiment(std::move(config), dir, update_code);
   const std::string source = core::entrypoint_file(config.entrypoint);
+  const std::string context_source = config.context;
   config = freeze_target(std::move(config), dir, update_code);
   core::check_experiment_config(layout, config);  // before anything is made
   const mode_t mode = config.checkpoint_storage.group_readable ? 0750 : 0700;
@@ -139,10 +169,24 @@ core::ExperimentConfig prepare_experiment(core::ExperimentConfig config, const s
     throw IoError(source + " changed while the experiment was made (its copy is not the bytes checked); run the "
                   "command again");
   }
+  const bool freezing_context = context_source != config.context;
+  if (freezing_context) {
+    const core::ContextFolder context = core::scan_context(context_source);
+    if (core::freeze_context(layout, context) != config.context) {
+      throw IoError("context: files of " + context_source + " changed while the experiment was made; run the "
+                    "command again");
+    }
+  }
   core::commit_experiment_config(layout, config, workdir);
   if (freezing) {
     core::record_frozen_code(layout, {source, digest, target});
     core::log_info("the experiment runs {} as frozen now: {} (SHA-256 {})", source, target, digest);
+  }
+  if (freezing_context) {
+    const std::string context_digest = fs::path(config.context).parent_path().filename().string();
+    core::record_frozen_context(layout, {context_source, context_digest, config.context});
+    core::log_info("the experiment's ranks run in {} as frozen now: {} (SHA-256 {})", context_source, config.context,
+                   context_digest);
   }
   config.source_path = layout.config();
   return config;
@@ -394,6 +438,7 @@ MpirunCommand build_mpirun_command(const core::ExperimentConfig& config, const c
   c.working_dir = options.working_dir.empty()
                       ? core::json_field(core::read_json_file(layout.state()), "workdir", std::string(), layout.state())
                       : options.working_dir;
+  if (!config.context.empty()) c.working_dir = config.context;  // the frozen context folder
   if (config.launcher.mpi == core::LauncherConfig::Mpi::kSrun) {
     add_srun_words(c, config, allocation, options, env);
   } else {

@@ -216,6 +216,75 @@ TEST_F(Launcher, TheProgramIsFrozenWhenTheExperimentIsMadeAndAnUpdateIsRecorded)
   EXPECT_THAT(testing_support::read_file(trial() + "/runs.jsonl"), HasSubstr("\"code\":\"" + now + "\""));
 }
 
+// context: the folder is frozen with the code through its .hpctrialignore (a pattern, a folder,
+// a negation), the ranks and the startup hook run in the copy; the folder changed is refused,
+// naming both digests, until --update-code, which records the change; a folder beyond the size
+// limit is refused naming its largest file, and a symbolic link naming the fix.
+TEST_F(Launcher, TheContextFolderIsFrozenAndTheRanksRunInIt) {
+  const std::filesystem::path context = dir_.path() / "context";
+  dir_.write("context/notes.txt", "first notes\n");
+  dir_.write("context/sub/keep.txt", "kept\n");
+  dir_.write("context/weights.bin", "large");
+  dir_.write("context/sub/needed.bin", "needed");
+  dir_.write("context/logs/old.log", "old");
+  dir_.write("context/.hpctrialignore", "# not the trial's\n*.bin\n!sub/needed.bin\nlogs/\n");
+  const std::string exp = config("context: " + context.string() + "\n"
+                                 "launcher: {startup_hook: 'cat notes.txt; echo in $(pwd)'}\n", 20);
+  auto p = run(exp);
+  std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  const json first = json::parse(testing_support::read_file(experiment() + "/experiment.json"));
+  const std::string digest = first["context"]["digest"];
+  const std::string frozen = experiment() + "/code/" + digest + "/context";
+  EXPECT_EQ(first["context"]["source"], context.string());
+  EXPECT_EQ(first["context"]["path"], frozen);
+  EXPECT_THAT(testing_support::read_file(experiment() + "/experiment.yaml"), HasSubstr("context: \"" + frozen + "\""));
+  EXPECT_THAT(out, HasSubstr("[startup hook] first notes"));
+  EXPECT_THAT(out, HasSubstr("[startup hook] in " + frozen));
+  namespace fs = std::filesystem;
+  EXPECT_TRUE(fs::exists(frozen + "/notes.txt"));
+  EXPECT_TRUE(fs::exists(frozen + "/sub/keep.txt"));
+  EXPECT_TRUE(fs::exists(frozen + "/sub/needed.bin")) << "kept again by the negation";
+  EXPECT_TRUE(fs::exists(frozen + "/.hpctrialignore"));
+  EXPECT_FALSE(fs::exists(frozen + "/weights.bin"));
+  EXPECT_FALSE(fs::exists(frozen + "/logs"));
+  EXPECT_EQ(fs::status(frozen + "/notes.txt").permissions() & fs::perms::others_read, fs::perms::none);
+
+  // Changed: refused until --update-code, which freezes the folder anew and records the change.
+  dir_.write("context/notes.txt", "second notes\n");
+  p = run(exp, "", {"--set", "searcher.max_length={batches: 30}"});
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 2) << out;
+  EXPECT_THAT(out, HasSubstr("context: " + context.string() + " now holds files of SHA-256 "));
+  EXPECT_THAT(out, HasSubstr("but the experiment froze " + digest + " (kept as " + frozen + ")"));
+  p = run(exp, "", {"--set", "searcher.max_length={batches: 30}", "--update-code"});
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("[startup hook] second notes"));
+  const json updated = json::parse(testing_support::read_file(experiment() + "/experiment.json"));
+  ASSERT_EQ(updated["context_changes"].size(), 1u);
+  EXPECT_EQ(updated["context_changes"][0]["from"], digest);
+  EXPECT_EQ(updated["context_changes"][0]["to"], updated["context"]["digest"]);
+  EXPECT_TRUE(fs::exists(frozen + "/notes.txt")) << "the first copy stays";
+
+  // Beyond the limit (a sparse file: its size, not its blocks), and a symbolic link.
+  fs::remove_all(experiment());
+  {
+    std::ofstream big(context / "big.data");
+  }
+  fs::resize_file(context / "big.data", std::uintmax_t{97} << 20);
+  p = run(exp);
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 2) << out;
+  EXPECT_THAT(out, HasSubstr("more than the 96 MiB an experiment freezes; the largest: big.data (97.0 MiB)"));
+  fs::remove(context / "big.data");
+  fs::create_symlink("/etc/hostname", context / "link");
+  p = run(exp);
+  out = p->output();
+  EXPECT_EQ(p->exit_code(), 2) << out;
+  EXPECT_THAT(out, HasSubstr("context: " + (context / "link").string() + " is a symbolic link"));
+}
+
 TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {
   const std::string exp = config("max_restarts: 2\n", 200);
   auto p = run(exp, "rank0:step5:exit3");

@@ -66,12 +66,12 @@ for folder in data parallel state adaptive observe; do
 done
 # core/ in three floors: os/ (errors, logging, files, processes) < config/ (the experiment config,
 # yaml-cpp private to it) < contract/ (launch contract, experiment and trial directories, Scheduler).
-core_os='(digest|env|error|files|json_file|logging|paths|shell_quote|subprocess|text)'
+core_os='(digest|env|error|files|ignore_rules|json_file|logging|paths|shell_quote|subprocess|text)'
 core_config='(config_node|config_compare|diagnostics|experiment_config|search|metric_order)'
 core_header() { echo "$src/core/include/hpctrial/core/$1.h"; }
 os_files=("$src"/core/src/os/*.cpp)
 config_files=("$src"/core/src/config/*.cpp "$src"/core/src/config/*.h)
-for name in digest env error files json_file logging paths shell_quote subprocess text; do os_files+=("$(core_header "$name")"); done
+for name in digest env error files ignore_rules json_file logging paths shell_quote subprocess text; do os_files+=("$(core_header "$name")"); done
 for name in config_node config_compare diagnostics experiment_config search metric_order; do config_files+=("$(core_header "$name")"); done
 if grep -En '#include "hpctrial/core/' "${os_files[@]}" | grep -Ev "hpctrial/core/$core_os\.h\""; then
   fail "core's OS utilities (core/src/os/) include the config or the contracts"

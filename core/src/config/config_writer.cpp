@@ -346,6 +346,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   emit_profiling(out, c);
   emit_launcher(out, c);
   emit_scheduler(out, c.scheduler);
+  if (!c.context.empty()) out << YAML::Key << "context" << YAML::Value << YAML::DoubleQuoted << c.context;
   out << YAML::Key << "data" << YAML::Value;
   emit_node(out, c.data);
   out << YAML::Key << "environment" << YAML::Value;

@@ -274,6 +274,7 @@ void read_run_keys(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
   if (const ConfigNode* n = top.get("max_restarts")) {
     if (auto v = read_int(*n, "max_restarts", d, 0, kMaxRestarts)) config.max_restarts = static_cast<int>(*v);
   }
+  detail::read_path(top, "context", config.context);
   if (const ConfigNode* n = top.get("data")) {
     if (n->is_null()) {
       config.data = ConfigNode::map(n->where());

@@ -22,6 +22,22 @@ using json = nlohmann::json;
 namespace {
 constexpr const char* kCode = "code";
 constexpr const char* kChanges = "code_changes";
+constexpr const char* kContext = "context";
+constexpr const char* kContextChanges = "context_changes";
+
+// Records `code` under `key` of experiment.json, a change of digest appended to `changes`.
+void record(const ExperimentLayout& layout, const char* key, const char* changes, const FrozenCode& code) {
+  const UniqueFd lock = lock_experiment(layout);
+  json state = read_json_file(layout.state());
+  const json entry = {{"source", code.source}, {"digest", code.digest}, {"path", code.path}};
+  if (state.contains(key) && state[key].is_object() && state[key].value("digest", "") != code.digest) {
+    if (!state[changes].is_array()) state[changes] = json::array();
+    state[changes].push_back({{"from", state[key].value("digest", "")}, {"to", code.digest},
+                              {"source", code.source}, {"at", utc_now_iso()}});
+  }
+  state[key] = entry;
+  write_json_file(layout.state(), state);
+}
 }  // namespace
 
 std::string entrypoint_file(const Entrypoint& entrypoint) {
@@ -49,6 +65,7 @@ ExperimentConfig code_as_given(const ExperimentLayout& layout, ExperimentConfig 
   if (is_frozen(layout, file) && recorded.entrypoint.kind == given.entrypoint.kind) {
     set_entrypoint_file(recorded.entrypoint, file);
   }
+  if (is_frozen(layout, given.context) && is_frozen(layout, recorded.context)) recorded.context = given.context;
   return recorded;
 }
 
@@ -96,16 +113,22 @@ std::string freeze_file(const ExperimentLayout& layout, const std::string& sourc
 }
 
 void record_frozen_code(const ExperimentLayout& layout, const FrozenCode& code) {
-  const UniqueFd lock = lock_experiment(layout);
-  json state = read_json_file(layout.state());
-  const json record = {{"source", code.source}, {"digest", code.digest}, {"path", code.path}};
-  if (state.contains(kCode) && state[kCode].is_object() && state[kCode].value("digest", "") != code.digest) {
-    if (!state[kChanges].is_array()) state[kChanges] = json::array();
-    state[kChanges].push_back({{"from", state[kCode].value("digest", "")}, {"to", code.digest},
-                               {"source", code.source}, {"at", utc_now_iso()}});
-  }
-  state[kCode] = record;
-  write_json_file(layout.state(), state);
+  record(layout, kCode, kChanges, code);
+}
+
+void record_frozen_context(const ExperimentLayout& layout, const FrozenCode& context) {
+  record(layout, kContext, kContextChanges, context);
+}
+
+std::optional<FrozenCode> frozen_context(const ExperimentLayout& layout) {
+  std::error_code ec;
+  if (!fs::exists(layout.state(), ec)) return std::nullopt;
+  const json state = read_json_file(layout.state());
+  if (!state.contains(kContext) || !state[kContext].is_object()) return std::nullopt;
+  const json& entry = state[kContext];
+  FrozenCode out{entry.value("source", ""), entry.value("digest", ""), entry.value("path", "")};
+  if (out.digest.empty() || out.path.empty()) return std::nullopt;
+  return out;
 }
 
 }  // namespace hpctrial::core

@@ -754,7 +754,7 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, inference, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, engine, reproducibility, "
-                         "checkpoint_storage, profiling, launcher, scheduler, scheduling_unit, max_restarts, data, environment");
+                         "checkpoint_storage, profiling, launcher, scheduler, scheduling_unit, max_restarts, context, data, environment");
   }
 }
 

@@ -353,6 +353,9 @@ struct ExperimentConfig {
   std::int64_t scheduling_unit = 100;
   LauncherConfig launcher;
   SchedulerConfig scheduler;
+  // The context folder (Determined's context directory), absolute: frozen with the code when the
+  // experiment is made, through its .hpctrialignore, and the ranks' working directory (frozen_code.h).
+  std::string context;
   ConfigNode data = ConfigNode::map();
   DataStage stage;  // data.stage
   std::vector<EnvVar> environment;
