@@ -1,6 +1,7 @@
 // hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, as their
 // schedulers say, joined with what the launcher and the chief left in each experiment directory.
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/json_file.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
@@ -312,6 +314,35 @@ void print_failures(std::ostream& out, const core::TrialProgress& progress) {
   }
 }
 
+// describe's second line: the searcher, or an inference experiment's source.
+std::string searcher_text(const core::ExperimentConfig& config, int trials) {
+  return "searcher:    " + std::string(core::to_string(config.searcher.name)) + ", " + std::to_string(trials) +
+         " trial(s), metric " + config.searcher.metric + "\n";
+}
+
+std::string inference_text(const core::Inference& inference) {
+  return "inference:   the weights of " + inference.checkpoint +
+         (inference.trial_id ? " (trial " + std::to_string(*inference.trial_id) + ")" : std::string()) +
+         (inference.batch_size ? ", " + std::to_string(*inference.batch_size) + " records a batch" : std::string()) +
+         "\n";
+}
+
+// An inference trial's records predicted and durable, from its progress record.
+std::string inference_progress_text(const core::TrialLayout& trial) {
+  std::error_code ec;
+  if (!std::filesystem::exists(trial.inference_progress_file(), ec)) return "  records:     none predicted yet\n";
+  try {
+    const nlohmann::json p = core::read_json_file(trial.inference_progress_file());
+    const bool complete = p.value("complete", false);
+    return "  records:     " + std::to_string(p.value("done", std::int64_t{0})) + " of " +
+           std::to_string(p.value("records", std::int64_t{0})) + " predicted" + (complete ? ", complete" : "") +
+           "\n  source:      " + p.value("source_checkpoint", std::string()) + "\n" +
+           (complete ? "  predictions: " + p.value("file", std::string()) + "\n" : std::string());
+  } catch (const std::exception& e) {
+    return "  records:     unknown: " + std::string(e.what()) + "\n";
+  }
+}
+
 int run_describe(const std::vector<std::string>& args) {
   po::options_description options;
   bool best = false;
@@ -335,8 +366,7 @@ best trial's best checkpoint alone.
   const int trials = core::trial_count(config);
   std::cout << "experiment:  " << config.name << "\n"
             << "directory:   " << layout.dir << "\n"
-            << "searcher:    " << core::to_string(config.searcher.name) << ", " << trials << " trial(s), metric "
-            << config.searcher.metric << "\n"
+            << (config.inference ? inference_text(*config.inference) : searcher_text(config, trials))
             << "resources:   "
             << (config.resources.elastic() ? std::to_string(config.resources.min_slots()) + " to " : std::string())
             << config.resources.slots_per_trial << " slot(s) per trial on "
@@ -345,7 +375,9 @@ best trial's best checkpoint alone.
   for (const auto& job : core::recorded_jobs(layout)) {
     std::cout << "job:         " << job.scheduler << " " << job.id << ", submitted " << job.submitted << "\n";
   }
-  if (const auto ranked = rank_trials(layout, config); !ranked.empty()) print_ranking(std::cout, ranked, config);
+  if (const auto ranked = config.inference ? std::vector<TrialStanding>{} : rank_trials(layout, config); !ranked.empty()) {
+    print_ranking(std::cout, ranked, config);
+  }
   for (int trial = 0; trial < trials; ++trial) {
     const auto jobs = t.scheduler->trial_jobs(layout, trial, trials);
     std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
@@ -366,16 +398,22 @@ best trial's best checkpoint alone.
     }
     const auto progress = core::trial_progress(layout, trial);
     const auto ckpt = latest_checkpoint(layout, trial);
-    std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
-              << " " << core::to_string(config.searcher.max_length.unit) << "\n"
-              << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n"
-              << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
+    if (config.inference) {
+      std::cout << inference_progress_text(core::TrialLayout{layout.trial_dir(trial)});
+    } else {
+      std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
+                << " " << core::to_string(config.searcher.max_length.unit) << "\n"
+                << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n";
+    }
+    std::cout << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
               << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
     for (std::size_t i = 0; i < progress.runs.size(); ++i) {
       const core::TrialRun& run = progress.runs[i];
       std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
                 << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
-                << "), from batch " << run.batches << ", started " << run.started
+                << "), from " << (run.from_record ? "record " + std::to_string(*run.from_record)
+                                                  : "batch " + std::to_string(run.batches))
+                << ", started " << run.started
                 << (run.launcher.empty() ? "" : " by " + run.launcher)
                 << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";
       if (!run.placement.empty()) std::cout << "    " << placement_text(run.placement) << "\n";

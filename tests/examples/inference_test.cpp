@@ -152,6 +152,13 @@ TEST_P(StoppedInference, ResumesAtTheFirstUnpredictedRecordAndWritesEveryRowOnce
   EXPECT_EQ(run_starts(experiment), (std::vector<std::int64_t>{0, done}));
   EXPECT_THAT(resumed.err, HasSubstr(std::to_string(kRecords - done) + " records predicted in this run"));
   expect_same_as_reference(experiment);
+  const auto described = core::run_process({HPCTRIAL_CLI, "describe", experiment});
+  ASSERT_TRUE(described.ok()) << described.err;
+  EXPECT_THAT(described.out, HasSubstr("inference:   the weights of " + source_dir() + " (trial 0), 64 records a batch"));
+  EXPECT_THAT(described.out, HasSubstr("records:     2048 of 2048 predicted, complete"));
+  EXPECT_THAT(described.out, HasSubstr("predictions: " + predictions(experiment)));
+  EXPECT_THAT(described.out, HasSubstr("from record " + std::to_string(done)));
+  EXPECT_THAT(described.out, testing::Not(HasSubstr("ranking by")));
 }
 
 // A rank killed between progress points (the chief, the last rank): the launcher restarts the

@@ -124,6 +124,7 @@ struct TrialRun {
   std::int64_t batches = 0;       // batches trained before the run
   std::string launcher;           // "mpirun" or "srun"; empty in a record older than the key
   std::string runtime, image;     // the container every rank ran in; empty: none
+  std::optional<std::int64_t> from_record;  // an inference run's first record
   // Where each rank ran, in rank order: its host, the CPUs it could run on, its device(s).
   struct Place {
     std::string host, cpus, device;
