@@ -107,13 +107,6 @@ class TimedMlp : public hpctrial::Trial {
   Clock::time_point start_, end_;
 };
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');) out.push_back(std::stoi(item));
-  return out;
-}
-
 Setup parse(int argc, char** argv) {
   Setup s;
   for (int i = 1; i < argc; ++i) {
@@ -137,7 +130,7 @@ Setup parse(int argc, char** argv) {
       }
       s.model = value;
       if (value == "large") s.features = 784, s.hidden = 1024, s.classes = 10, s.global_batch = 256;
-    } else if (arg == "--world-sizes") s.world_sizes = parse_list(value);
+    } else if (arg == "--world-sizes") s.world_sizes = hpctrial::bench::parse_int_list(value);
     else if (arg == "--rounds") s.rounds = std::stoi(value);
     else if (arg == "--steps") s.steps = std::stoll(value);
     else if (arg == "--warmup") s.warmup = std::stoll(value);

@@ -217,13 +217,6 @@ double hpctrial_rate(const Settings& s, int world, int round, const char* self) 
   return rate;
 }
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream words(text);
-  for (std::string word; std::getline(words, word, ',');) out.push_back(std::stoi(word));
-  return out;
-}
-
 Settings parse(int argc, char** argv) {
   Settings s;
   for (int i = 1; i < argc; ++i) {
@@ -242,7 +235,7 @@ Settings parse(int argc, char** argv) {
     else if (arg == "--features") s.features = std::stoll(value);
     else if (arg == "--hidden") s.hidden = std::stoll(value);
     else if (arg == "--batch") s.batch = std::stoll(value);
-    else if (arg == "--world-sizes") s.world_sizes = parse_list(value);
+    else if (arg == "--world-sizes") s.world_sizes = hpctrial::bench::parse_int_list(value);
     else if (arg == "--rounds") s.rounds = std::stoi(value);
     else if (arg == "--dir") s.dir = value;
     else if (arg == "--run-dir") s.run_dir = value;

@@ -7,10 +7,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
 namespace hpctrial::bench {
+
+// "1,2,4" as numbers: a benchmark's --world-sizes.
+inline std::vector<int> parse_int_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

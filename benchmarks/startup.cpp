@@ -61,6 +61,7 @@
 #include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
+#include "io_util.h"
 #include "mlp_trial.h"
 
 namespace {
@@ -134,13 +135,6 @@ class FirstStep : public hpctrial::Trial {
   std::shared_ptr<torch::optim::SGD> optimizer_;
 };
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');) out.push_back(std::stoi(item));
-  return out;
-}
-
 Setup parse(int argc, char** argv) {
   Setup s;
   for (int i = 1; i < argc; ++i) {
@@ -156,7 +150,7 @@ Setup parse(int argc, char** argv) {
       std::exit(2);
     }
     const std::string value = argv[++i];
-    if (arg == "--world-sizes") s.world_sizes = parse_list(value);
+    if (arg == "--world-sizes") s.world_sizes = hpctrial::bench::parse_int_list(value);
     else if (arg == "--rounds") s.rounds = std::stoi(value);
     else if (arg == "--threads") s.threads = std::stoi(value);
     else if (arg == "--podman") s.podman_image = value;
