@@ -1,5 +1,10 @@
 #include "data/prefetcher.h"
 
+#include <malloc.h>
+
+#include <cstdlib>
+#include <mutex>
+
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,6 +14,16 @@
 #include <algorithm>
 
 namespace hpctrial::trainer::detail {
+
+void keep_batch_memory() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) ::mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
+#endif
+}
 
 Prefetcher::Prefetcher(Read read, NextIndices next_indices, std::size_t workers, std::size_t depth)
     : read_(std::move(read)), next_indices_(std::move(next_indices)), depth_(std::max(depth, workers)) {

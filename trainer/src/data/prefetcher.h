@@ -14,6 +14,15 @@
 
 namespace hpctrial::trainer::detail {
 
+// glibc's malloc serves a block larger than its mmap threshold (128 KiB at first, raised only as
+// such blocks are freed) with a fresh mapping, which it returns to the system when the block is
+// freed: a batch read on a loader thread and freed on the training thread then costs a page fault
+// for every page of it, every batch (a fifth of an inference's time with batches of 256 KiB).
+// Sets fixed thresholds instead - blocks up to 32 MiB from the heap, trimmed beyond 256 MiB
+// free - unless MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the environment set them.
+// Once per process (run_training calls it); nothing with another C library.
+void keep_batch_memory();
+
 class Prefetcher {
  public:
   using NextIndices = std::function<std::vector<std::int64_t>()>;

@@ -472,6 +472,7 @@ LoopResult Loop::run() {
 
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
                         comm::Communicator& communicator, const LoopOptions& options) {
+  detail::keep_batch_memory();
   detail::Loop loop(config, factory, communicator, options);
   const auto run = [&] {
     return config.inference ? detail::run_inference(config, factory, communicator, options) : loop.run();

@@ -92,6 +92,9 @@ struct LoopResult {
   std::int64_t records_predicted = 0;
 };
 
+// Trains (or, for a config with `inference:`, predicts). With glibc it fixes malloc's mmap and
+// trim thresholds for the process first, so that batches freed on one thread and read on another
+// reuse memory (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment win).
 LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory& factory,
                         comm::Communicator& communicator, const LoopOptions& options);
 
