@@ -106,6 +106,7 @@ void Supervisor::begin(const MpirunCommand& command, pid_t child) {
   rank_failure_.reset();
   stopped_at_ = {};
   stop_finished_ = false;
+  stop_signal_pending_ = false;
 }
 
 // Ctrl-C asks for a stop, a second one aborts; SIGTERM asks for a stop and starts the grace;
@@ -146,6 +147,11 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
 // What the launcher does while mpirun runs: a failed rank ends the others, a finished stop ends
 // the stragglers, the kill timers, the job's deadline, the grace after SIGTERM, the hang watch.
 void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& loop) {
+  // A rank's record read (below, every 50 ms while stopping): mpirun has set itself up.
+  if (stop_signal_pending_ && (!beats_.empty() || now - started_ > kMpirunSetUp)) {
+    stop_signal_pending_ = false;
+    ::kill(child_, SIGUSR2);
+  }
   // A rank that failed: end the others now (mpirun would give them the whole grace), then
   // mpirun, if it does not end by itself.
   if (!rank_failure_ && (rank_failure_ = find_failed_rank(now, output_->mpirun_text()))) {
@@ -259,9 +265,13 @@ void Supervisor::request_stop(std::string reason) {
   } catch (const Error& e) {
     core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
   }
-  // mpirun forwards it to every rank once it has set itself up; a younger one would die of it,
-  // and the ranks read the request on disk within a second anyway.
-  if (!on_disk || Clock::now() - started_ > kMpirunSetUp) ::kill(child_, SIGUSR2);
+  // mpirun forwards it to every rank once it has set itself up; a younger one would die of it:
+  // the signal then waits for the first rank (supervise), the request on disk meanwhile.
+  if (!on_disk || Clock::now() - started_ > kMpirunSetUp || !beats_.empty()) {
+    ::kill(child_, SIGUSR2);
+  } else {
+    stop_signal_pending_ = true;
+  }
   core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
 }
 

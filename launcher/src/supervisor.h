@@ -126,6 +126,9 @@ class Supervisor {
   std::optional<detail::RankFailure> rank_failure_;
   Clock::time_point stopped_at_{};  // when a rank was first seen to have exited 75
   bool stop_finished_ = false;     // the stragglers of a stop were ended by the launcher
+  // A stop requested while mpirun was setting itself up: its SIGUSR2 is sent once the first rank
+  // is seen (mpirun then forwards signals; the ranks hold it until their handlers are in place).
+  bool stop_signal_pending_ = false;
   std::string abort_file_;         // $HPCTRIAL_ABORT_FILE of the attempt
   std::string verdict_file_;       // $HPCTRIAL_VERDICT_FILE of the attempt
   std::string tasks_;              // under srun, HPCTRIAL_ABORT_FILE=..., which marks the step's tasks

@@ -352,6 +352,24 @@ TEST_F(Launcher, AStopRequestCheckpointsAndRunningAgainEndsWithTheSameWeights) {
   testing_support::expect_same_weights((dir_.path() / "straight").string() + end, experiment() + end);
 }
 
+// Ctrl-C as soon as the ranks train, while mpirun is too young to be signalled safely: the
+// launcher signals it once it has seen the first rank, and the ranks stop within a few steps of
+// the request (2 ms steps: a request noticed only by the chief's look at the request on disk,
+// once a second, would land hundreds of steps later).
+TEST_F(Launcher, AStopRightAfterTheStartLandsWithinAFewSteps) {
+  auto p = start(config("", 100000, 2, 2));
+  wait_for_step(1);
+  const long long at_signal = heartbeat(0);
+  p->signal(SIGINT);
+  ASSERT_TRUE(p->wait(60s).has_value());
+  const std::string out = p->output();
+  EXPECT_EQ(p->exit_code(), 75) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("stopping after batch ([0-9]+) of 100000"))) << out;
+  EXPECT_LT(std::stoll(m[1]) - at_signal, 150) << "the signal reached the ranks late:\n" << out;
+  expect_no_rank_left();
+}
+
 // A warning that comes while the ranks still load their libraries (before their handlers exist)
 // waits for the handlers: the ranks stop with a checkpoint instead of dying of SIGUSR2.
 TEST_F(Launcher, AWarningBeforeTheRanksHandleSignalsStopsThemWithACheckpoint) {
