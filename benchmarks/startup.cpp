@@ -108,12 +108,14 @@ class FirstStep : public hpctrial::Trial {
     model_ = context.wrap_model(mlp_example::Mlp(32, 64, 10));
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)));
+    step_ms_ = context.hparam<std::int64_t>("step_ms");
   }
 
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
     context_.step_optimizer(*optimizer_);
+    if (step_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));  // a slow step
     if (batch_idx == 0 && context_.distributed().is_chief() && std::getenv("HPCTRIAL_STARTUP_QUIET") == nullptr) {
       std::printf("first step ended at %lld\n", wall_ns());
       std::fflush(stdout);
@@ -133,6 +135,7 @@ class FirstStep : public hpctrial::Trial {
   std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
   mlp_example::Mlp model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
+  std::int64_t step_ms_ = 0;
 };
 
 Setup parse(int argc, char** argv) {
@@ -183,9 +186,9 @@ double median(std::vector<double> v) {
 
 // The experiment config of the hpctrial side: `world` ranks training `batches` steps.
 std::string write_config(const std::filesystem::path& path, const std::string& self, int world, int threads,
-                         long long batches, const std::string& extra = "") {
+                         long long batches, const std::string& extra = "", int step_ms = 0) {
   std::ofstream(path) << "name: startup\nentrypoint: [" << self << ", --worker]\n" << extra
-                      << "hyperparameters: {global_batch_size: 64}\n"
+                      << "hyperparameters: {global_batch_size: 64, step_ms: " << step_ms << "}\n"
                       << "searcher: {name: single, metric: validation_loss, max_length: {batches: " << batches << "}}\n"
                       << "resources: {slots_per_trial: " << world << ", cpus_per_slot: " << threads << "}\n"
                       << "min_validation_period: {batches: " << std::max(1000LL, batches) << "}\n"
@@ -197,7 +200,28 @@ std::string write_config(const std::filesystem::path& path, const std::string& s
 struct StopLatency {
   double request_s = 0;  // SIGUSR2 to the ranks' stop request on disk
   double exit_s = 0;     // ... to the launcher's exit, with the ranks' checkpoint
+  long long steps = 0;   // the steps the chief trained after the one it was at when signalled
+  double steps_per_s = 0;  // the chief's rate in the half second before the signal
 };
+
+// The chief's last step (its heartbeat record), or -1.
+long long chief_step(const hpctrial::core::TrialLayout& trial) {
+  for (const auto& [rank, record] : hpctrial::core::read_heartbeats(trial.heartbeat_dir())) {
+    if (rank == 0) return record.step;
+  }
+  return -1;
+}
+
+// The batches of the trial's newest checkpoint (the stop's), or -1.
+long long checkpoint_batches(const hpctrial::core::TrialLayout& trial) {
+  long long newest = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(trial.default_checkpoint_dir(), ec)) {
+    long long batches = -1;
+    if (std::sscanf(entry.path().filename().c_str(), "ckpt-%lld.h5", &batches) == 1) newest = std::max(newest, batches);
+  }
+  return newest;
+}
 
 // One round of the stop latency (see the top of the file); exits on a failure.
 StopLatency stop_latency(const std::string& config, const std::string& experiment,
@@ -222,11 +246,7 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
     std::exit(1);
   };
   for (const auto deadline = Clock::now() + std::chrono::seconds(120);;) {
-    long long step = -1;
-    for (const auto& [rank, record] : hpctrial::core::read_heartbeats(trial.heartbeat_dir())) {
-      if (rank == 0) step = record.step;
-    }
-    if (step >= 20) break;
+    if (chief_step(trial) >= 20) break;
     if (Clock::now() > deadline) fail("the chief did not reach step 20 in 120 s");
     drain();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -256,10 +276,14 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
     spinners.reset();
     fail(why);
   };
+  const long long busy_from = chief_step(trial);
+  const auto busy_at = Clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every core busy for a while
   StopLatency out;
+  const long long at_signal = chief_step(trial);
   const auto signalled = Clock::now();
   ::kill(child.pid, SIGUSR2);
+  out.steps_per_s = static_cast<double>(at_signal - busy_from) / std::chrono::duration<double>(signalled - busy_at).count();
   while (hpctrial::core::stop_reason(trial.dir).empty()) {
     if (Clock::now() - signalled > std::chrono::seconds(60)) fail_spinning("no stop request 60 s after SIGUSR2");
     drain();
@@ -275,6 +299,7 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
   out.exit_s = std::chrono::duration<double>(Clock::now() - signalled).count();
   spinners.reset();
   drain();
+  out.steps = checkpoint_batches(trial) - at_signal;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != hpctrial::core::kExitStopped) {
     std::fprintf(stderr, "hpctrial run ended with status %d after SIGUSR2, not exit %d\n%s\n", status,
                  hpctrial::core::kExitStopped, output.c_str());
@@ -398,17 +423,29 @@ int orchestrate(const Setup& s, const std::string& self) {
   if (!s.srun_partition.empty()) srun_side(s, dir, self, options);
 
   const int busy_ranks = static_cast<int>(cores);
-  const std::string long_config = write_config(dir / "exp-stop.yaml", self, busy_ranks, s.threads, 100000000);
-  std::vector<double> requests, exits;
-  for (int round = 0; round < s.rounds; ++round) {
-    const StopLatency l = stop_latency(long_config, (dir / ("stop-" + std::to_string(round))).string(), options);
-    requests.push_back(l.request_s);
-    exits.push_back(l.exit_s);
+  // The mlp's own steps, and steps of 20 ms (a model on a device).
+  std::vector<double> requests, exits, fast_steps, fast_rates, slow_steps, slow_rates;
+  for (const int step_ms : {0, 20}) {
+    const std::string long_config = write_config(dir / ("exp-stop-" + std::to_string(step_ms) + ".yaml"), self,
+                                                 busy_ranks, s.threads, 100000000, "", step_ms);
+    for (int round = 0; round < s.rounds; ++round) {
+      const std::string name = "stop-" + std::to_string(step_ms) + "-" + std::to_string(round);
+      const StopLatency l = stop_latency(long_config, (dir / name).string(), options);
+      if (step_ms == 0) {
+        requests.push_back(l.request_s);
+        exits.push_back(l.exit_s);
+      }
+      (step_ms == 0 ? fast_steps : slow_steps).push_back(static_cast<double>(l.steps));
+      (step_ms == 0 ? fast_rates : slow_rates).push_back(l.steps_per_s);
+    }
   }
   std::printf("\nstop latency with every core busy (%d ranks on %u cores and a spinning thread on each, median of %d "
               "rounds):\n  SIGUSR2 to the launcher -> the ranks' stop request on disk: %.4f s (goal <= 1 s)\n"
               "  SIGUSR2 -> hpctrial run exited 75 with the ranks' checkpoint:   %.4f s\n",
               busy_ranks, cores, s.rounds, median(requests), median(exits));
+  std::printf("  steps the chief trained after SIGUSR2: %.0f at the mlp's steps (%.0f steps/s), %.0f at 20 ms steps "
+              "(%.0f steps/s) (goal <= 2)\n",
+              median(fast_steps), median(fast_rates), median(slow_steps), median(slow_rates));
   std::filesystem::remove_all(dir);
   return std::isfinite(worst) && worst > 0 ? 0 : 1;
 }
