@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include "observe/metrics_log.h"
-#include "data/prefetcher.h"
 #include "hpctrial/trainer/data.h"
 #include "../../support/temp_dir.h"
 #include "hpctrial/core/error.h"
@@ -147,78 +146,6 @@ TEST(Progress, RateLimitedAndSilentWhenDisabled) {
   limited.update(2, 0, 1.0);
   silent.update(1, 0, 1.0, true);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
-}
-
-class CountingDataset : public Dataset {
- public:
-  std::uint64_t size() const override { return 1000; }
-  Batch get_batch(const std::vector<std::int64_t>& indices) override {
-    if (indices.front() == fail_at) throw IoError("the disk went away at " + std::to_string(fail_at));
-    return {torch::tensor(indices), torch::tensor(indices)};
-  }
-  std::int64_t fail_at = -1;
-};
-
-Prefetcher::Read reader(CountingDataset& dataset) {
-  return [&dataset](const std::vector<std::int64_t>& indices) { return dataset.get_batch(indices); };
-}
-
-TEST(Prefetcher, DeliversBatchesInOrderWithAnyWorkersAndDepth) {
-  for (std::size_t workers : {0, 1, 3}) {
-    for (std::size_t depth : {1, 4}) {
-      CountingDataset dataset;
-      std::int64_t next = 0;
-      Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, workers, depth);
-      for (std::int64_t i = 0; i < 50; ++i) {
-        ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i) << workers << " workers, depth " << depth;
-      }
-    }
-  }
-}
-
-TEST(Prefetcher, WorkersReadAtOnceAndStillHandOverInOrder) {
-  // In each run of three batches the first takes longest (6, 4, 2 ms), so with three workers
-  // later batches finish first.
-  std::atomic<int> reading{0}, most{0};
-  std::int64_t next = 0;
-  Prefetcher prefetcher(
-      [&](const std::vector<std::int64_t>& indices) {
-        const int now = ++reading;
-        int seen = most.load();
-        while (now > seen && !most.compare_exchange_weak(seen, now)) {
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(2 * (3 - indices[0] % 3)));
-        --reading;
-        return Batch(torch::tensor(indices), torch::tensor(indices));
-      },
-      [&] { return std::vector<std::int64_t>{next++}; }, 3, 3);
-  for (std::int64_t i = 0; i < 30; ++i) ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i);
-  EXPECT_GT(most.load(), 1);
-}
-
-TEST(Prefetcher, AReadErrorReachesTheTrainingThreadAfterTheBatchesBeforeIt) {
-  for (std::size_t workers : {0, 1, 3}) {
-    CountingDataset dataset;
-    dataset.fail_at = 3;
-    std::int64_t next = 0;
-    Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, workers, 2);
-    for (std::int64_t i = 0; i < 3; ++i) ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), i);
-    for (int attempt = 0; attempt < 2; ++attempt) {  // and again: the failed batch stays failed
-      try {
-        prefetcher.next();
-        FAIL() << workers << " workers";
-      } catch (const IoError& e) {
-        EXPECT_THAT(e.what(), HasSubstr("the disk went away at 3"));
-      }
-    }
-  }
-}
-
-TEST(Prefetcher, StopsCleanlyWithBatchesStillQueued) {
-  CountingDataset dataset;
-  std::int64_t next = 0;
-  { Prefetcher prefetcher(reader(dataset), [&] { return std::vector<std::int64_t>{next++}; }, 4, 8); }
-  SUCCEED();
 }
 
 }  // namespace metrics_log_test

@@ -64,7 +64,10 @@ std::uint64_t TensorDataset::size() const { return static_cast<std::uint64_t>(da
 Batch TensorDataset::get(std::int64_t index) { return {data_[index], target_[index]}; }
 
 Batch TensorDataset::get_batch(const std::vector<std::int64_t>& indices) {
-  const auto index = torch::tensor(indices, torch::kInt64);
+  // A view of the indices, not a copy: torch::tensor's conversion of a vector costs as much as
+  // the rows' copy of a small batch, and index_select is done with it before this returns.
+  const auto index = torch::from_blob(const_cast<std::int64_t*>(indices.data()),
+                                      {static_cast<std::int64_t>(indices.size())}, torch::kInt64);
   return {data_.index_select(0, index), target_.index_select(0, index)};
 }
 

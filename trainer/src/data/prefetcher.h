@@ -1,6 +1,7 @@
 // Batches read ahead on background threads and handed over in order. Internal to the trainer.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -8,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/trainer/batch.h"
@@ -23,38 +25,101 @@ namespace hpctrial::trainer::detail {
 // Once per process (run_training calls it); nothing with another C library.
 void keep_batch_memory();
 
+// Where the next batches are read: ahead, on the reader threads, which hides a read's time
+// behind the step; or inline, on the training thread when it asks, which saves the hand-off - a
+// reader woken every step (on a virtual machine an interrupt to another core) and a batch
+// written in one core's cache and read from another's. Inline is faster when a read costs less
+// than the hand-off: an in-memory dataset's rows copied into a batch (on a 2-core virtual
+// machine, reading ahead made such an MLP's steps 3 % slower than reading inline).
+//
+// Measures rather than guesses: the median step (from one next() to the next) over a window
+// read ahead, then over a window read inline, and keeps the faster - inline only when it is at
+// least `margin` faster, as a read's time varies more inline than behind a queue. A window
+// ahead whose median read takes more than a tenth of the step settles ahead at once: inline
+// would add the read to every step. Measures again `recheck` steps later, twice as long after
+// each time the choice stayed, so what the measuring costs shrinks as a run goes on.
+class ReadPlacement {
+ public:
+  enum class Where { kAhead, kInline };
+  struct Options {
+    std::int64_t warmup = 16;  // steps before the first window: allocations, first-use set-up
+    std::int64_t window = 32;  // steps measured each way
+    std::int64_t recheck = 1024;
+    std::int64_t max_recheck = 65536;
+    double margin = 0.005;  // negative: inline is kept while it is less than 1 - margin times slower
+  };
+  ReadPlacement() : ReadPlacement(Options()) {}
+  explicit ReadPlacement(Options options) : options_(options), recheck_(options.recheck) {}
+
+  // Where the next batch is read.
+  Where where() const { return where_; }
+  // A step ended: `step_s` seconds since the previous one, on a batch read where `read` says,
+  // whose read took `read_s` seconds (on whichever thread read it).
+  void step(double step_s, Where read, double read_s);
+  // The medians of the last windows, in seconds (0 before the first).
+  double ahead_step_s() const { return ahead_step_s_; }
+  double inline_step_s() const { return inline_step_s_; }
+
+ private:
+  enum class Phase { kWarmup, kAhead, kInline, kSettled };
+  void settle(Where where);
+
+  Options options_;
+  Phase phase_ = Phase::kWarmup;
+  Where where_ = Where::kAhead;
+  std::int64_t steps_in_phase_ = 0;
+  std::int64_t recheck_;
+  bool settled_once_ = false;
+  Where where_settled_ = Where::kAhead;
+  std::vector<double> steps_, reads_;
+  double ahead_step_s_ = 0, inline_step_s_ = 0;
+};
+
 class Prefetcher {
  public:
   using NextIndices = std::function<std::vector<std::int64_t>()>;
   using Read = std::function<Batch(const std::vector<std::int64_t>&)>;
-  // Reads the batches next_indices() names with read(), on `workers` threads, keeping up to
-  // `depth` (at least `workers`) read or being read. next_indices is called under a lock, in
-  // order; read runs on several threads at once. workers 0 reads on the caller's thread in next().
-  Prefetcher(Read read, NextIndices next_indices, std::size_t workers, std::size_t depth);
+  // Reads the batches next_indices() names with read(), keeping up to `depth` (at least
+  // `workers`) read or being read on `workers` threads, or on the caller's thread in next() where
+  // a ReadPlacement finds that faster (`adaptive`). next_indices is called under a lock, in
+  // order; read runs on several threads at once. workers 0 reads on the caller's thread always.
+  Prefetcher(Read read, NextIndices next_indices, std::size_t workers, std::size_t depth, bool adaptive = true,
+             ReadPlacement::Options placement = {});
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // The next batch in order; rethrows what reading it threw.
   Batch next();
+  // Where the batches are read now.
+  ReadPlacement::Where where() const { return placement_.where(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Slot {
     Batch batch;
     std::exception_ptr error;
+    double read_s = 0;
   };
   void run();
+  Batch read_inline(std::unique_lock<std::mutex>& lock);
+  void measure(ReadPlacement::Where read, double read_s);
 
   Read read_;
   NextIndices next_indices_;
   std::size_t depth_;
+  bool adaptive_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::uint64_t assigned_ = 0;   // batches handed to a worker
+  std::uint64_t assigned_ = 0;   // batches taken to read (by a worker or inline)
   std::uint64_t delivered_ = 0;  // batches handed to next()'s caller
   std::map<std::uint64_t, Slot> ready_;
-  bool failed_ = false;  // a worker's read threw: the others stop taking batches
+  bool ahead_ = true;    // workers may take batches
+  bool failed_ = false;  // a read threw: nothing takes batches any more
   bool stop_ = false;
+  ReadPlacement placement_;  // the training thread's
+  Clock::time_point last_next_{};
+  std::pair<ReadPlacement::Where, double> last_read_{ReadPlacement::Where::kAhead, 0.0};  // the batch last handed over
   std::vector<std::thread> workers_;
 };
 

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -223,12 +222,16 @@ void Loop::report_training() {
   std::vector<double> means;
   {
     // Determined's from_device: the period's metrics to the host, summed where the values live
-    // (one device-to-host copy per metric and period).
+    // (one device-to-host copy per metric and period), widened exactly (at once where alike).
     detail::PhaseTimings::Scope from_device(timings_, "from_device");
     for (auto& [name, list] : period_values_) {
       const torch::Device device = list.front().device();
-      for (auto& v : list) v = v.to(device, torch::kFloat64);
-      means.push_back(torch::stack(list).sum().item<double>() / static_cast<double>(list.size()));
+      const auto type = list.front().scalar_type();
+      if (!std::all_of(list.begin(), list.end(), [&](auto& v) { return v.scalar_type() == type && v.device() == device; })) {
+        for (auto& v : list) v = v.to(device, torch::kFloat64);
+      }
+      const torch::Tensor values = torch::stack(list).to(torch::kFloat64);
+      means.push_back(values.sum().item<double>() / static_cast<double>(list.size()));
     }
   }
   detail::PhaseTimings::Scope t(timings_, "reduce_metrics");
