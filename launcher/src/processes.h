@@ -21,23 +21,24 @@
 namespace hpctrial::launcher::detail {
 
 // The signals the launcher handles, read from a signalfd in its poll loop.
-// A warning or a pause (USR1, USR2) that comes while the launcher starts waits, blocked, for the
-// SignalFd: call it first. The batch script ignores them until the launcher is there, and an
-// ignored signal never reaches a signalfd. SIGTERM, SIGINT and SIGHUP still end a launcher that
-// has not started the ranks (one waiting for a trial's lock, say).
+// A warning or a pause (USR1, USR2; URG, PBS's pause) that comes while the launcher starts
+// waits, blocked, for the SignalFd: call it first. The batch script ignores USR1 and USR2 until
+// the launcher is there, and an ignored signal never reaches a signalfd (URG is ignored by
+// default, but held while blocked). SIGTERM, SIGINT and SIGHUP still end a launcher that has not
+// started the ranks (one waiting for a trial's lock, say).
 inline void hold_warning_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGUSR1, SIGUSR2}) sigaddset(&set, s);
+  for (int s : {SIGUSR1, SIGUSR2, SIGURG}) sigaddset(&set, s);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
-  for (int s : {SIGUSR1, SIGUSR2}) ::signal(s, SIG_DFL);
+  for (int s : {SIGUSR1, SIGUSR2, SIGURG}) ::signal(s, SIG_DFL);
 }
 
 class SignalFd {
  public:
   SignalFd() {
     sigemptyset(&set_);
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&set_, s);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGURG, SIGCHLD}) sigaddset(&set_, s);
     if (::sigprocmask(SIG_BLOCK, &set_, &old_) != 0) core::throw_errno("cannot block the launcher's signals", errno);
     fd_ = ::signalfd(-1, &set_, SFD_CLOEXEC | SFD_NONBLOCK);
     if (fd_ < 0) core::throw_errno("cannot create a signalfd", errno);

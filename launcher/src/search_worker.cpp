@@ -180,8 +180,8 @@ search::AfterRung record_rung(const search::EventLog& log, const search::AshaOpt
   return after;
 }
 
-// Before the worker takes a trial: a pause of its job (core::job_stop_reason), a warning (USR1,
-// USR2: the time limit, a preemption) that came while it held none, or the job's end within the
+// Before the worker takes a trial: a pause of its job (core::job_stop_reason, or PBS's URG), a
+// warning (USR1, USR2: the time limit, a preemption) that came while it held none, or the job's end within the
 // grace, which leaves no time for a trial. Empty: none. The warnings are taken (they are blocked:
 // detail::hold_warning_signals), so that the next trial's launcher does not see them again.
 std::string stop_between_trials(const core::ExperimentLayout& layout, const core::Allocation& allocation,
@@ -195,12 +195,14 @@ std::string stop_between_trials(const core::ExperimentLayout& layout, const core
   sigemptyset(&warnings);
   sigaddset(&warnings, SIGUSR1);
   sigaddset(&warnings, SIGUSR2);
+  sigaddset(&warnings, SIGURG);
   if (::sigpending(&pending) != 0) return reason;
-  if (sigismember(&pending, SIGUSR1) == 1 || sigismember(&pending, SIGUSR2) == 1) {
+  if (sigismember(&pending, SIGUSR1) == 1 || sigismember(&pending, SIGUSR2) == 1 || sigismember(&pending, SIGURG) == 1) {
+    const bool pause = sigismember(&pending, SIGURG) == 1;
     const timespec now{};
     while (::sigtimedwait(&warnings, nullptr, &now) > 0) {
     }
-    if (reason.empty()) reason = "preemption";
+    if (reason.empty()) reason = pause ? "pause" : "preemption";
   }
   return reason;
 }

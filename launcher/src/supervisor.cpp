@@ -110,7 +110,8 @@ void Supervisor::begin(const MpirunCommand& command, pid_t child) {
 }
 
 // Ctrl-C asks for a stop, a second one aborts; SIGTERM asks for a stop and starts the grace;
-// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (a preemption warning, `hpctrial pause`) ask for one.
+// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (a preemption warning, `hpctrial pause` on Slurm)
+// and SIGURG (`hpctrial pause` on PBS) ask for one.
 void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
   for (int signal; (signal = signals.next()) != 0;) {
     if (signal == SIGCHLD) continue;  // reaped below
@@ -138,6 +139,9 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
                   "(the queue's kill_delay) unless it was deleted with a longer `qdel -W` (`hpctrial kill` gives "
                   "scheduler.preemption_grace)");
       }
+    } else if (signal == SIGURG) {
+      core::log_info("SIGURG: a pause of the job (hpctrial pause); passing it to the ranks");
+      request_stop("pause");
     } else {
       request_stop(signal == SIGHUP ? "hangup" : "preemption");
     }

@@ -170,6 +170,10 @@ void Client::hold(const std::string& job) const { checked({"qhold", job}); }
 
 void Client::release(const std::string& job) const { checked({"qrls", job}); }
 
+bool Client::signal(const std::string& job, const std::string& signal) const {
+  return run_({"qsig", "-s", signal, job}, {}).ok();
+}
+
 void Client::cancel(const std::string& job, std::optional<int> kill_delay_seconds) const {
   std::vector<std::string> argv = {"qdel"};
   if (kill_delay_seconds) argv.insert(argv.end(), {"-W", std::to_string(std::max(0, *kill_delay_seconds))});

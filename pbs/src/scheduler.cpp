@@ -278,10 +278,12 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
       throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
                            job.output_path + "); pause it by its experiment directory instead");
     }
-    // No signal: qsig signals every process of the job, and the job's top process, the user's
-    // login shell, dies of SIGUSR2 (and the job with it). The chief sees the request within a
-    // second and the ranks stop after their current step. A search's worker: its job's request,
-    // which the worker reads before each trial and its launcher each second while one trains
+    // The request on disk is the record; SIGURG delivers it. qsig signals every process of the
+    // job, and SIGURG is the signal that every one of them but the launcher ignores (the job's
+    // top process, the user's login shell, dies of SIGUSR2, and the job with it): the launcher
+    // passes the stop to the ranks at once, without waiting to see the request on a shared
+    // filesystem that may cache the directory for seconds. A search's worker: its job's
+    // request, which the worker reads before each trial and its launcher when the signal comes
     // (the trial it trains may change at any moment: a request of the trial's could reach
     // another worker's).
     if (workers) {
@@ -290,6 +292,8 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
     } else {
       core::request_stop(layout, trial, "pause", job.id);
     }
+    // Refused: the job left R since it was listed, and reads the request if it runs again.
+    client_.signal(job.id, "SIGURG");
     steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
   };
   for (const Unit& unit : live_units(target)) {

@@ -235,9 +235,9 @@ TEST_F(PbsExperiment, AFailingTrialStopsAfterMaxRestartsAndSubmitsNoSuccessor) {
   EXPECT_EQ(records, 3) << "the first run and max_restarts: 2 restarts";
 }
 
-// hpctrial pause on a running PBS job: the stop request alone (qsig would kill the job's login
-// shell, and the job with it); the ranks checkpoint, the job submits its successor held (-h,
-// afterany) and ends; activate releases it (qrls), and
+// hpctrial pause on a running PBS job: the stop request, and SIGURG to the job's processes (the
+// signal its login shell ignores) that brings it to the launcher at once; the ranks checkpoint,
+// the job submits its successor held (-h, afterany) and ends; activate releases it (qrls), and
 // the successor ends with the weights of an uninterrupted run.
 TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   constexpr int kBatches = 1500;
@@ -255,7 +255,8 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   ASSERT_TRUE(status.has_value()) << "the paused job did not end";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << job_output(first);
   std::ofstream(pbs_dir() + "/" + first + ".state") << "F\n";
-  EXPECT_TRUE(calls("qsig").empty()) << "no signal: the chief sees the stop request";
+  EXPECT_EQ(calls("qsig"), std::vector<std::string>{"qsig -s SIGURG 1.fakepbs"});
+  EXPECT_THAT(job_output(first), HasSubstr("SIGURG: a pause of the job (hpctrial pause); passing it to the ranks"));
   const std::string second = latest_job();
   ASSERT_EQ(second, "2.fakepbs");
   EXPECT_EQ(state_of(second), "H") << "the successor of a paused job waits for activate";

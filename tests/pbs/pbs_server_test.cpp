@@ -86,9 +86,10 @@ TEST_F(PbsServer, AFailingStartupHookEndsTheJobWithItsStatusReportedAsTheHooks) 
   expect_no_process_of(job);
 }
 
-// pause of a running job: no signal (qsig would kill the job's login shell and the job); the
-// chief sees the stop request, the job exits 75 after a durable checkpoint and submits its
-// successor held; activate (qrls) resumes it, and the weights equal an uninterrupted run's.
+// pause of a running job: the stop request, and SIGURG to every process of the job (qsig; the
+// login shell ignores it, where USR2 would kill it and the job), which the launcher passes to
+// the ranks at once; the job exits 75 after a durable checkpoint and submits its successor
+// held; activate (qrls) resumes it, and the weights equal an uninterrupted run's.
 TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
   constexpr int kBatches = 1500;  // ~6 s of 4 ms steps
   const std::string exp = config(kBatches, "4", "time_limit: 10m, preemption_grace: 30s");
@@ -103,6 +104,7 @@ TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
   ASSERT_TRUE(wait_for_state(first, "F", 120s)) << "state " << state_of(first) << "\n" << job_output(first);
   EXPECT_EQ(exit_status(first), 75) << "the paused job ends as stopped, not killed\n" << job_output(first);
   EXPECT_THAT(job_output(first), HasSubstr("trial 0 stopped (pause) after a durable checkpoint"));
+  EXPECT_THAT(job_output(first), HasSubstr("SIGURG: a pause of the job (hpctrial pause); passing it to the ranks"));
   const auto ids = recorded_jobs();
   ASSERT_EQ(ids.size(), 2u) << job_output(first);
   const std::string second = ids.back();

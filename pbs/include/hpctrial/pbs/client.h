@@ -64,6 +64,9 @@ class Client {
   std::string submit(const Submit& submit) const;
   void hold(const std::string& job) const;     // qhold: a queued job waits for qrls
   void release(const std::string& job) const;  // qrls
+  // qsig -s SIGNAL: every process of a running job; false when PBS refused (the job is not
+  // running any more).
+  bool signal(const std::string& job, const std::string& signal) const;
   // qdel; with `kill_delay_seconds` (qdel -W N), the time a running job's processes get between
   // PBS's SIGTERM and its SIGKILL instead of the queue's kill_delay.
   void cancel(const std::string& job, std::optional<int> kill_delay_seconds = std::nullopt) const;
