@@ -1,0 +1,454 @@
+// scale: how hpctrial's own costs grow with the number of ranks. At each world size (1, 2, 4, 8,
+// 16 and 32 ranks on this machine: oversubscribed, Open MPI told to yield an idle core, a model
+// so small that hpctrial's own work is most of a step) one `hpctrial run` measures
+//   - launch: from the command to the end of the chief's first step;
+//   - control plane: the chief's median time a step spends outside train_batch (the stop and
+//     request flags' agreement, metrics, the heartbeat, the next batch), beyond the gradient
+//     all-reduce, which is in train_batch;
+//   - checkpoint commit: the chief's mean `checkpoint_durable` phase (pieces, manifest,
+//     identity checks, publication, retention), a checkpoint every 50 steps;
+//   - stop: from SIGUSR2 to `hpctrial run` (a scheduler's warning, a pause) to its exit 75 with
+//     the ranks' checkpoint, and the steps the chief trained after the signal;
+// and a second run measures
+//   - failure: from SIGKILL of the last rank to `hpctrial run`'s exit, every other rank ended.
+// Each cost is fitted three ways - constant, a + b log2 N, a + b N (least squares) - and the
+// best fit (the simplest whose residual is within 20 % of the best's) extrapolated to 4 096
+// ranks. Goals: the control plane no faster than log N; launch, stop and checkpoint commit
+// extrapolated to <= 10 s at 4 096 ranks.
+//
+// Then the paths that read one record per rank, at 4 096 and 65 536 simulated ranks (records
+// written here, no processes): core::read_heartbeats, which the launcher's failure record and
+// `hpctrial describe` read, and `hpctrial describe` of an experiment whose trial holds them.
+// Goal: each <= 1 s at 65 536 ranks.
+//
+//   scale [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536]
+//
+// --quick: 1, 2 and 4 ranks, records at 4 096 - the test suite's smoke run.
+#include <torch/torch.h>
+
+#include <hpctrial/trainer.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpctrial/core/experiment_dir.h"
+#include "hpctrial/core/launch_contract.h"
+#include "hpctrial/core/layout.h"
+#include "hpctrial/core/subprocess.h"
+#include "io_util.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr long long kReportAt = 200;     // the chief prints its control plane's median here
+constexpr long long kCheckpointEvery = 50;
+
+long long wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The ranks' trial: a tiny MLP; the chief times what the harness does between its batches.
+class Tiny : public hpctrial::Trial {
+ public:
+  explicit Tiny(hpctrial::TrialContext& context) : context_(context) {
+    torch::manual_seed(1);
+    data_ = std::make_shared<hpctrial::TensorDataset>(torch::randn({4096, 8}), torch::randint(0, 4, {4096}));
+    model_ = context.wrap_model(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4)));
+    optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(model_->parameters(), 0.01));
+  }
+  hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
+    const long long start = wall_ns();
+    if (last_end_ > 0) gaps_.push_back(static_cast<double>(start - last_end_));
+    auto loss = torch::nn::functional::cross_entropy(model_->forward(batch.data), batch.target);
+    context_.backward(loss);
+    context_.step_optimizer(*optimizer_);
+    const bool chief = context_.distributed().is_chief();
+    if (batch_idx == 0 && chief) std::printf("first step ended at %lld\n", wall_ns());
+    if (batch_idx == kReportAt && chief) {
+      std::printf("control plane median %.0f ns\n", hpctrial::bench::median(gaps_));
+    }
+    std::fflush(stdout);
+    last_end_ = wall_ns();
+    return {{"loss", loss}};
+  }
+  hpctrial::Metrics evaluate_batch(hpctrial::Batch& batch) override {
+    return {{"validation_loss", torch::nn::functional::cross_entropy(model_->forward(batch.data), batch.target)}};
+  }
+  hpctrial::DataLoader build_training_data_loader() override { return {data_, context_.per_slot_batch_size()}; }
+  hpctrial::DataLoader build_validation_data_loader() override { return {data_, context_.per_slot_batch_size(), false}; }
+
+ private:
+  hpctrial::TrialContext& context_;
+  std::shared_ptr<hpctrial::TensorDataset> data_;
+  torch::nn::Sequential model_{nullptr};
+  std::shared_ptr<torch::optim::SGD> optimizer_;
+  long long last_end_ = 0;
+  std::vector<double> gaps_;
+};
+
+struct Setup {
+  std::vector<int> world_sizes = {1, 2, 4, 8, 16, 32};
+  std::vector<int> records = {4096, 65536};
+};
+
+struct Costs {
+  double launch_s = 0, control_us = 0, commit_s = 0, stop_s = 0, failure_s = 0;
+  long long stop_steps = 0;
+};
+
+[[noreturn]] void fail(const std::string& why, const std::string& output = "") {
+  std::fprintf(stderr, "scale: %s\n%s\n", why.c_str(), output.c_str());
+  std::exit(1);
+}
+
+// A running `hpctrial run`, its output read as it comes.
+class Run {
+ public:
+  Run(const std::vector<std::string>& argv, const hpctrial::core::SpawnOptions& options)
+      : started_(wall_ns()), child_(hpctrial::core::spawn_process(argv, options)) {}
+  // A run that a failure here leaves behind: two Ctrl-C abort it, its ranks with it.
+  ~Run() {
+    if (ended_) return;
+    ::kill(child_.pid, SIGINT);
+    ::kill(child_.pid, SIGINT);
+    for (int i = 0; i < 1000 && !exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!ended_) ::kill(child_.pid, SIGKILL);
+    ::waitpid(child_.pid, nullptr, 0);
+  }
+  void drain() {
+    char buffer[4096];
+    for (const int fd : {child_.out.get(), child_.err.get()}) {
+      for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) output_.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+  // Waits for `pattern` in the output; its first group.
+  std::string wait_for(const std::string& pattern, int timeout_s) {
+    const std::regex re(pattern);
+    for (const auto deadline = Clock::now() + std::chrono::seconds(timeout_s); Clock::now() < deadline;) {
+      drain();
+      std::smatch m;
+      if (std::regex_search(output_, m, re)) return m[1];
+      if (exited()) fail("hpctrial run ended before printing /" + pattern + "/", output_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    fail("no /" + pattern + "/ within " + std::to_string(timeout_s) + " s", output_);
+  }
+  bool exited() {
+    if (!ended_ && ::waitpid(child_.pid, &status_, WNOHANG) == child_.pid) ended_ = true;
+    return ended_;
+  }
+  int wait_exit(int timeout_s) {
+    for (const auto deadline = Clock::now() + std::chrono::seconds(timeout_s); !exited();) {
+      if (Clock::now() > deadline) fail("hpctrial run did not end within " + std::to_string(timeout_s) + " s", output_);
+      drain();
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    drain();
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+  pid_t pid() const { return child_.pid; }
+  long long started_ns() const { return started_; }
+  const std::string& output() const { return output_; }
+
+ private:
+  long long started_;
+  hpctrial::core::Child child_;
+  std::string output_;
+  bool ended_ = false;
+  int status_ = 0;
+};
+
+hpctrial::core::SpawnOptions run_options() {
+  hpctrial::core::SpawnOptions o;
+  o.env_set = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+               {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}, {"OMPI_MCA_mpi_yield_when_idle", "1"},
+               {"HPCTRIAL_LOG_LEVEL", "warning"}};
+  return o;
+}
+
+std::vector<std::string> run_argv(const std::string& config, const std::string& experiment, int world) {
+  std::vector<std::string> argv = {HPCTRIAL_CLI, "run", config, "--experiment", experiment};
+  if (static_cast<unsigned>(world) > std::max(1u, std::thread::hardware_concurrency())) argv.push_back("--oversubscribe");
+  return argv;
+}
+
+// `restarts`: max_restarts; the failure's run has none, so that the launcher ends it.
+std::string write_config(const std::filesystem::path& dir, const std::string& self, int world, int restarts) {
+  const auto path = dir / ("scale-" + std::to_string(world) + "-" + std::to_string(restarts) + ".yaml");
+  std::ofstream(path) << "name: scale\nentrypoint: [" << self << ", --worker]\n"
+                      << "hyperparameters: {global_batch_size: " << 4 * world << "}\n"
+                      << "searcher: {name: single, metric: validation_loss, max_length: {batches: 100000000}}\n"
+                      << "resources: {slots_per_trial: " << world << ", cpus_per_slot: 1}\n"
+                      << "min_validation_period: {batches: 100000000}\n"
+                      << "min_checkpoint_period: {batches: " << kCheckpointEvery << "}\n"
+                      << "checkpoint_storage: {save_trial_latest: 2}\n"
+                      << "max_restarts: " << restarts << "\n"
+                      << "reproducibility: {experiment_seed: 1}\n";
+  return path.string();
+}
+
+long long chief_step(const hpctrial::core::TrialLayout& trial) {
+  for (const auto& [rank, record] : hpctrial::core::read_heartbeats(trial.heartbeat_dir())) {
+    if (rank == 0) return record.step;
+  }
+  return -1;
+}
+
+long long newest_checkpoint(const hpctrial::core::TrialLayout& trial) {
+  long long newest = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(trial.default_checkpoint_dir(), ec)) {
+    long long batches = -1;
+    if (std::sscanf(entry.path().filename().c_str(), "ckpt-%lld.h5", &batches) == 1) newest = std::max(newest, batches);
+  }
+  return newest;
+}
+
+// The chief's mean time of `phase` in seconds, from the timings its metrics file ends with.
+double phase_mean_s(const hpctrial::core::TrialLayout& trial, const std::string& phase) {
+  std::ifstream in(trial.dir + "/metrics.jsonl");
+  double mean_ms = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "timings" && j.contains("timings") && j["timings"].contains(phase)) {
+      mean_ms = j["timings"][phase].value("mean_ms", -1.0);
+    }
+  }
+  if (mean_ms < 0) fail("no timings of " + phase + " in " + trial.dir + "/metrics.jsonl");
+  return mean_ms / 1e3;
+}
+
+void wait_for_step(const hpctrial::core::TrialLayout& trial, Run& run, long long step) {
+  for (const auto deadline = Clock::now() + std::chrono::seconds(600); chief_step(trial) < step;) {
+    if (Clock::now() > deadline) fail("the chief did not reach step " + std::to_string(step), run.output());
+    if (run.exited()) fail("hpctrial run ended before step " + std::to_string(step), run.output());
+    run.drain();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+Costs measure(const std::filesystem::path& dir, const std::string& self, int world) {
+  Costs c;
+  const std::string config = write_config(dir, self, world, 5);
+  const std::string experiment = (dir / ("run-" + std::to_string(world))).string();
+  const hpctrial::core::TrialLayout trial = hpctrial::core::ExperimentLayout{experiment}.trial(0);
+  {
+    Run run(run_argv(config, experiment, world), run_options());
+    c.launch_s = static_cast<double>(std::stoll(run.wait_for("first step ended at ([0-9]+)", 600)) - run.started_ns()) / 1e9;
+    c.control_us = std::stod(run.wait_for("control plane median ([0-9.]+) ns", 600)) / 1e3;
+    wait_for_step(trial, run, kReportAt + 10);
+    const long long at_signal = chief_step(trial);
+    const auto signalled = Clock::now();
+    ::kill(run.pid(), SIGUSR2);
+    const int code = run.wait_exit(300);
+    c.stop_s = seconds_since(signalled);
+    if (code != hpctrial::core::kExitStopped) fail("hpctrial run ended " + std::to_string(code) + " after SIGUSR2", run.output());
+    c.stop_steps = newest_checkpoint(trial) - at_signal;
+    c.commit_s = phase_mean_s(trial, "checkpoint_durable");
+  }
+  const std::string failing = (dir / ("fail-" + std::to_string(world))).string();
+  const hpctrial::core::TrialLayout failing_trial = hpctrial::core::ExperimentLayout{failing}.trial(0);
+  Run run(run_argv(write_config(dir, self, world, 0), failing, world), run_options());
+  wait_for_step(failing_trial, run, 20);
+  int victim = 0;
+  for (const auto& [rank, record] : hpctrial::core::read_heartbeats(failing_trial.heartbeat_dir())) {
+    if (rank == world - 1) victim = record.pid;
+  }
+  if (victim <= 0) fail("no pid in rank " + std::to_string(world - 1) + "'s record", run.output());
+  const auto killed = Clock::now();
+  ::kill(victim, SIGKILL);
+  const int code = run.wait_exit(300);
+  c.failure_s = seconds_since(killed);
+  if (code == 0 || code == hpctrial::core::kExitStopped) fail("a killed rank ended the run with " + std::to_string(code), run.output());
+  return c;
+}
+
+// y = a + b f(N), least squares; the residual's sum of squares.
+struct Fit {
+  const char* name;
+  double a = 0, b = 0, sse = 0;
+  double at(double n) const;
+};
+
+double shape(const char* name, double n) {
+  if (std::strcmp(name, "log N") == 0) return std::log2(n);
+  if (std::strcmp(name, "N") == 0) return n;
+  return 0;
+}
+
+double Fit::at(double n) const { return a + b * shape(name, n); }
+
+Fit fit(const char* name, const std::vector<int>& ns, const std::vector<double>& ys) {
+  Fit f{name};
+  const double m = static_cast<double>(ns.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < ns.size(); ++i) {
+    const double x = shape(name, ns[i]);
+    sx += x, sy += ys[i], sxx += x * x, sxy += x * ys[i];
+  }
+  const double det = m * sxx - sx * sx;
+  f.b = det > 1e-12 ? (m * sxy - sx * sy) / det : 0;
+  f.b = std::max(0.0, f.b);  // a cost that falls with N is read as constant
+  f.a = (sy - f.b * sx) / m;
+  for (std::size_t i = 0; i < ns.size(); ++i) f.sse += std::pow(ys[i] - f.at(ns[i]), 2);
+  return f;
+}
+
+// The simplest of constant, log N, N whose residual is within 20 % of the smallest (plus a
+// floor of 1 % of the mean squared, so that noise does not pick a slope).
+Fit best_fit(const std::vector<int>& ns, const std::vector<double>& ys) {
+  std::vector<Fit> fits = {fit("constant", ns, ys), fit("log N", ns, ys), fit("N", ns, ys)};
+  double mean = 0;
+  for (const double y : ys) mean += y / static_cast<double>(ys.size());
+  double smallest = std::numeric_limits<double>::max();
+  for (const auto& f : fits) smallest = std::min(smallest, f.sse);
+  const double floor = 0.0001 * mean * mean * static_cast<double>(ys.size());
+  for (const auto& f : fits) {
+    if (f.sse <= 1.2 * smallest + floor) return f;
+  }
+  return fits.back();
+}
+
+void print_costs(const Setup& s, const std::vector<Costs>& costs) {
+  std::printf("%-6s %10s %14s %12s %10s %12s %12s\n", "ranks", "launch", "control/step", "ckpt commit", "stop",
+              "steps after", "failure");
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    const Costs& c = costs[i];
+    std::printf("%-6d %9.2fs %12.1fus %11.3fs %9.2fs %12lld %11.2fs\n", s.world_sizes[i], c.launch_s, c.control_us,
+                c.commit_s, c.stop_s, c.stop_steps, c.failure_s);
+  }
+  struct Row {
+    const char* name;
+    double (*get)(const Costs&);
+    const char* unit;
+    const char* goal;
+  };
+  const Row rows[] = {
+      {"launch", [](const Costs& c) { return c.launch_s; }, "s", "<= 10 s at 4096"},
+      {"control plane a step", [](const Costs& c) { return c.control_us; }, "us", "constant or log N"},
+      {"checkpoint commit", [](const Costs& c) { return c.commit_s; }, "s", "<= 10 s at 4096"},
+      {"stop after SIGUSR2", [](const Costs& c) { return c.stop_s; }, "s", "<= 10 s at 4096"},
+      {"failure to every rank ended", [](const Costs& c) { return c.failure_s; }, "s", "(measured)"},
+  };
+  std::printf("\nfits (least squares; the simplest within 20 %% of the best residual), extrapolated to 4096 ranks:\n");
+  for (const Row& row : rows) {
+    std::vector<double> ys;
+    for (const Costs& c : costs) ys.push_back(row.get(c));
+    const Fit f = best_fit(s.world_sizes, ys);
+    std::printf("  %-28s grows as %-8s (a %.4g, b %.4g %s): %.4g %s at 4096   goal: %s\n", row.name, f.name, f.a, f.b,
+                row.unit, f.at(4096), row.unit, row.goal);
+  }
+}
+
+// Heartbeat records of `ranks` ranks, one file each, as the ranks write them; the last one failed.
+void write_records(const std::string& dir, int ranks) {
+  std::filesystem::create_directories(dir);
+  char page[hpctrial::core::kHeartbeatSize];
+  for (int rank = 0; rank < ranks; ++rank) {
+    hpctrial::core::heartbeat_init(page, 1000 + rank % 7, hpctrial::core::RankPhase::kBatch, 100000 + rank,
+                                   "node" + std::to_string(rank / 64));
+    if (rank == ranks - 1) {
+      hpctrial::core::RankEnd end;
+      end.kind = hpctrial::core::RankEnd::Kind::kSignal;
+      end.code = SIGKILL;
+      end.unix_ms = 1;
+      hpctrial::core::heartbeat_put_end(page, end);
+    }
+    std::ofstream(hpctrial::core::TrialLayout::heartbeat_file(dir, rank), std::ios::binary).write(page, sizeof page);
+  }
+}
+
+void simulated_records(const Setup& s, const std::filesystem::path& dir) {
+  // An experiment that `describe` reads: the 1-rank run's, its trial's records replaced.
+  const std::string experiment = (dir / ("run-" + std::to_string(s.world_sizes.front()))).string();
+  const hpctrial::core::TrialLayout trial = hpctrial::core::ExperimentLayout{experiment}.trial(0);
+  std::printf("\nper-rank records, simulated (no processes), median of 3:\n%-8s %18s %12s\n", "ranks", "read_heartbeats",
+              "describe");
+  for (const int ranks : s.records) {
+    std::filesystem::remove_all(trial.heartbeat_dir());
+    write_records(trial.heartbeat_dir(), ranks);
+    std::vector<double> reads, describes;
+    for (int round = 0; round < 3; ++round) {
+      auto t = Clock::now();
+      const auto records = hpctrial::core::read_heartbeats(trial.heartbeat_dir());
+      reads.push_back(seconds_since(t));
+      if (static_cast<int>(records.size()) != ranks) fail("read " + std::to_string(records.size()) + " records of " + std::to_string(ranks));
+      t = Clock::now();
+      hpctrial::core::RunOptions options;
+      options.timeout = std::chrono::minutes(5);
+      const auto r = hpctrial::core::run_process({HPCTRIAL_CLI, "describe", experiment}, options);
+      describes.push_back(seconds_since(t));
+      if (!r.ok()) fail("hpctrial describe failed: " + r.describe(), r.out + r.err);
+    }
+    std::printf("%-8d %17.3fs %11.3fs   goal: <= 1 s at 65536\n", ranks, hpctrial::bench::median(reads),
+                hpctrial::bench::median(describes));
+    std::fflush(stdout);
+  }
+}
+
+Setup parse(int argc, char** argv) {
+  Setup s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      s.world_sizes = {1, 2, 4};
+      s.records = {4096};
+    } else if (arg == "--world-sizes" && i + 1 < argc) {
+      s.world_sizes = hpctrial::bench::parse_int_list(argv[++i]);
+    } else if (arg == "--records" && i + 1 < argc) {
+      s.records = hpctrial::bench::parse_int_list(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  if (s.world_sizes.size() < 2) fail("--world-sizes needs two sizes at least, to fit");
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--worker") == 0) {
+    argv[1] = argv[0];
+    return hpctrial::trainer::run_main(argc - 1, argv + 1, [](hpctrial::TrialContext& context) {
+      return std::unique_ptr<hpctrial::Trial>(std::make_unique<Tiny>(context));
+    });
+  }
+  const Setup s = parse(argc, argv);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const auto dir = std::filesystem::temp_directory_path() / ("hpctrial-scale-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::printf("scale: hpctrial's own costs by world size (MLP 8-16-4, batch 4 a rank, %u cores, ranks beyond them "
+              "oversubscribed, mpi_yield_when_idle)\n", std::max(1u, std::thread::hardware_concurrency()));
+  std::fflush(stdout);
+  std::vector<Costs> costs;
+  for (const int world : s.world_sizes) {
+    costs.push_back(measure(dir, self, world));
+    std::fprintf(stderr, "scale: %d rank(s) measured\n", world);
+  }
+  print_costs(s, costs);
+  simulated_records(s, dir);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
