@@ -110,8 +110,7 @@ void Supervisor::begin(const MpirunCommand& command, pid_t child) {
 }
 
 // Ctrl-C asks for a stop, a second one aborts; SIGTERM asks for a stop and starts the grace;
-// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (a preemption warning, `hpctrial pause` on Slurm)
-// and SIGURG (`hpctrial pause` on PBS) ask for one.
+// SIGHUP (a closed terminal), USR1/USR2 (a warning, a pause on Slurm), URG (a pause on PBS) ask for one.
 void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
   for (int signal; (signal = signals.next()) != 0;) {
     if (signal == SIGCHLD) continue;  // reaped below
@@ -123,7 +122,6 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
     } else if (signal == SIGINT) {
       request_stop("interrupt");
       core::log_info("stopping after the current step with a checkpoint; press Ctrl-C again to abort now");
-
     } else if (signal == SIGTERM) {
       // Not forwarded: the scheduler signals every process of the job itself, and a second
       // TERM makes mpirun kill the ranks at once. A stop request reaches them if it did not.
@@ -139,11 +137,9 @@ void Supervisor::handle_signals(SignalFd& signals, Loop& loop) {
                   "(the queue's kill_delay) unless it was deleted with a longer `qdel -W` (`hpctrial kill` gives "
                   "scheduler.preemption_grace)");
       }
-    } else if (signal == SIGURG) {
-      core::log_info("SIGURG: a pause of the job (hpctrial pause); passing it to the ranks");
-      request_stop("pause");
     } else {
-      request_stop(signal == SIGHUP ? "hangup" : "preemption");
+      if (signal == SIGURG) core::log_info("SIGURG: a pause of the job (hpctrial pause); passing it to the ranks");
+      request_stop(signal == SIGHUP ? "hangup" : signal == SIGURG ? "pause" : "preemption");
     }
   }
 }

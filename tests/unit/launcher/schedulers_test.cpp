@@ -228,9 +228,9 @@ TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {
   }
 }
 
-// A running PBS job is paused by the stop request alone, naming the job: `qsig` signals every
-// process of the job, and the job's login shell dies of SIGUSR2 (with the job).
-TEST_F(SchedulerOverFakes, PbsPausesARunningJobWithTheStopRequestAlone) {
+// A running PBS job is paused by the stop request, naming the job, then SIGURG: `qsig` signals
+// every process of the job, and the job's login shell dies of SIGUSR2 (with the job).
+TEST_F(SchedulerOverFakes, PbsPausesARunningJobWithTheStopRequestThenSigurg) {
   core::record_job({dir_}, "pbs", "6.srv", -1);
   const pbs::Scheduler pbs{pbs::Client(runner(
       "Job Id: 6.srv\n    job_state = R\n    Output_Path = login1:" + dir_ + "/pbs-scheduler.out\n"))};
@@ -240,8 +240,9 @@ TEST_F(SchedulerOverFakes, PbsPausesARunningJobWithTheStopRequestAlone) {
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
   EXPECT_TRUE(core::stop_requested_for(dir_ + "/trial-0", "6.srv")) << "kept by the launcher of job 6.srv";
   EXPECT_FALSE(core::stop_requested_for(dir_ + "/trial-0", "7.srv"));
-  for (const auto& argv : ran_) EXPECT_EQ(argv[0], "qstat") << "only qstat: no qsig, no qhold";
-  EXPECT_EQ(ran_.size(), 1u) << "one qstat for every job of the experiment";
+  ASSERT_EQ(ran_.size(), 2u) << "one qstat for every job of the experiment, then qsig";
+  EXPECT_EQ(ran_[0][0], "qstat");
+  EXPECT_EQ(ran_[1], (std::vector<std::string>{"qsig", "-s", "SIGURG", "6.srv"})) << "URG: the login shell ignores it";
 }
 
 // A recorded id PBS now gives to another job (the server was re-created and its ids began
