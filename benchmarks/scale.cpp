@@ -208,10 +208,8 @@ std::string write_config(const std::filesystem::path& dir, const std::string& se
 }
 
 long long chief_step(const hpctrial::core::TrialLayout& trial) {
-  for (const auto& [rank, record] : hpctrial::core::read_heartbeats(trial.heartbeat_dir())) {
-    if (rank == 0) return record.step;
-  }
-  return -1;
+  const auto chief = hpctrial::core::read_heartbeat(trial.heartbeat_dir(), 0);
+  return chief ? chief->step : -1;
 }
 
 long long newest_checkpoint(const hpctrial::core::TrialLayout& trial) {

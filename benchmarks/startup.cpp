@@ -206,10 +206,8 @@ struct StopLatency {
 
 // The chief's last step (its heartbeat record), or -1.
 long long chief_step(const hpctrial::core::TrialLayout& trial) {
-  for (const auto& [rank, record] : hpctrial::core::read_heartbeats(trial.heartbeat_dir())) {
-    if (rank == 0) return record.step;
-  }
-  return -1;
+  const auto chief = hpctrial::core::read_heartbeat(trial.heartbeat_dir(), 0);
+  return chief ? chief->step : -1;
 }
 
 // The batches of the trial's newest checkpoint (the stop's), or -1.

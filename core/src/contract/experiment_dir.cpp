@@ -344,9 +344,7 @@ std::optional<FailedHandOver> failed_hand_over_in(const json& state, const std::
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const TrialLayout trial = layout.trial(trial_id);
   TrialProgress p;
-  for (const auto& [rank, record] : read_heartbeats(trial.heartbeat_dir())) {
-    if (rank == 0) p.reported_step = record.step;
-  }
+  if (const auto chief = read_heartbeat(trial.heartbeat_dir(), 0)) p.reported_step = chief->step;
   const std::string state_path = trial.launcher_state_file();
   const json state = read_json_file(state_path);
   p.starts = json_field(state, "starts", 0, state_path);

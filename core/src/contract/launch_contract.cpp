@@ -1,13 +1,15 @@
 #include "hpctrial/core/launch_contract.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include "hpctrial/core/error.h"
@@ -244,6 +246,19 @@ std::optional<HeartbeatRecord> heartbeat_decode(std::string_view text) {
   return r;
 }
 
+std::optional<HeartbeatRecord> read_heartbeat(const std::string& dir, int rank) {
+  const int fd = ::open(TrialLayout::heartbeat_file(dir, rank).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char page[kHeartbeatSize];
+  ssize_t n;
+  do {
+    n = ::pread(fd, page, sizeof page, 0);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  return heartbeat_decode(std::string_view(page, static_cast<std::size_t>(n)));
+}
+
 std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& dir) {
   std::vector<std::pair<int, HeartbeatRecord>> out;
   DIR* d = ::opendir(dir.c_str());
@@ -251,9 +266,7 @@ std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& 
   while (const dirent* entry = ::readdir(d)) {
     const std::optional<int> rank = TrialLayout::heartbeat_rank(entry->d_name);
     if (!rank) continue;
-    std::ifstream in(TrialLayout::heartbeat_file(dir, *rank), std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
-    if (auto record = heartbeat_decode(text)) out.emplace_back(*rank, std::move(*record));
+    if (auto record = read_heartbeat(dir, *rank)) out.emplace_back(*rank, std::move(*record));
   }
   ::closedir(d);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -125,8 +125,12 @@ void heartbeat_put_phase(char* page, RankPhase phase) noexcept;
 void heartbeat_put_end(char* page, RankEnd end) noexcept;
 void heartbeat_put_message(char* page, const char* message) noexcept;
 std::optional<HeartbeatRecord> heartbeat_decode(std::string_view text);
-// The records of every rank-<N> file in a heartbeat directory, by rank.
+// The records of every rank-<N> file in a heartbeat directory, by rank: one open and one read
+// of kHeartbeatSize bytes a rank (65 536 ranks' records: half a second on the test machine).
 std::vector<std::pair<int, HeartbeatRecord>> read_heartbeats(const std::string& dir);
+// One rank's record; nullopt when it has none (yet) or it reads torn. What needs one rank's
+// record reads it alone: the whole directory costs a read a rank.
+std::optional<HeartbeatRecord> read_heartbeat(const std::string& dir, int rank);
 
 // The watchdog's verdict: the ranks it found stuck (that did not arrive in a collective the
 // others waited in) and its message.
