@@ -114,6 +114,8 @@ struct Setup {
 struct Costs {
   double launch_s = 0, control_us = 0, commit_s = 0, stop_s = 0, failure_s = 0;
   long long stop_steps = 0;
+  // The same work without hpctrial: scale_plain under mpirun.
+  double plain_launch_s = 0, plain_control_us = 0, plain_stop_s = 0, plain_failure_s = 0;
 };
 
 [[noreturn]] void fail(const std::string& why, const std::string& output = "") {
@@ -186,10 +188,53 @@ hpctrial::core::SpawnOptions run_options() {
   return o;
 }
 
+bool oversubscribed(int world) { return static_cast<unsigned>(world) > std::max(1u, std::thread::hardware_concurrency()); }
+
 std::vector<std::string> run_argv(const std::string& config, const std::string& experiment, int world) {
   std::vector<std::string> argv = {HPCTRIAL_CLI, "run", config, "--experiment", experiment};
-  if (static_cast<unsigned>(world) > std::max(1u, std::thread::hardware_concurrency())) argv.push_back("--oversubscribe");
+  if (oversubscribed(world)) argv.push_back("--oversubscribe");
   return argv;
+}
+
+// The peer: mpirun of scale_plain, bound to no core as hpctrial's ranks are.
+std::vector<std::string> plain_argv(int world) {
+  std::vector<std::string> argv = {HPCTRIAL_MPIRUN, "-np", std::to_string(world), "--bind-to", "none"};
+  if (oversubscribed(world)) argv.push_back("--oversubscribe");
+  argv.push_back(HPCTRIAL_SCALE_PLAIN);
+  return argv;
+}
+
+// The children of a process (its ranks, for mpirun on one host), whichever of its threads
+// started them.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t child; in >> child;) out.push_back(child);
+  }
+  return out;
+}
+
+void measure_plain(int world, Costs& c) {
+  {
+    Run run(plain_argv(world), run_options());
+    c.plain_launch_s = static_cast<double>(std::stoll(run.wait_for("first step ended at ([0-9]+)", 600)) - run.started_ns()) / 1e9;
+    c.plain_control_us = std::stod(run.wait_for("control plane median ([0-9.]+) ns", 600)) / 1e3;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto signalled = Clock::now();
+    ::kill(run.pid(), SIGUSR2);  // mpirun forwards it to every rank
+    if (const int code = run.wait_exit(300); code != 0) fail("scale_plain ended " + std::to_string(code) + " after SIGUSR2", run.output());
+    c.plain_stop_s = seconds_since(signalled);
+  }
+  Run run(plain_argv(world), run_options());
+  run.wait_for("control plane median ([0-9.]+) ns", 600);
+  const auto ranks = children_of(run.pid());
+  if (ranks.empty()) fail("mpirun of scale_plain has no child process to kill", run.output());
+  const auto killed = Clock::now();
+  ::kill(ranks.back(), SIGKILL);
+  if (run.wait_exit(300) == 0) fail("scale_plain ended 0 after a rank was killed", run.output());
+  c.plain_failure_s = seconds_since(killed);
 }
 
 // `restarts`: max_restarts; the failure's run has none, so that the launcher ends it.
@@ -278,6 +323,7 @@ Costs measure(const std::filesystem::path& dir, const std::string& self, int wor
   const int code = run.wait_exit(300);
   c.failure_s = seconds_since(killed);
   if (code == 0 || code == hpctrial::core::kExitStopped) fail("a killed rank ended the run with " + std::to_string(code), run.output());
+  measure_plain(world, c);
   return c;
 }
 
@@ -328,27 +374,31 @@ Fit best_fit(const std::vector<int>& ns, const std::vector<double>& ys) {
 }
 
 void print_costs(const Setup& s, const std::vector<Costs>& costs) {
-  std::printf("%-6s %10s %14s %12s %10s %12s %12s\n", "ranks", "launch", "control/step", "ckpt commit", "stop",
-              "steps after", "failure");
+  std::printf("%-6s %17s %21s %12s %17s %7s %17s\n", "ranks", "launch (plain)", "control/step (plain)", "ckpt commit",
+              "stop (plain)", "steps", "failure (plain)");
   for (std::size_t i = 0; i < costs.size(); ++i) {
     const Costs& c = costs[i];
-    std::printf("%-6d %9.2fs %12.1fus %11.3fs %9.2fs %12lld %11.2fs\n", s.world_sizes[i], c.launch_s, c.control_us,
-                c.commit_s, c.stop_s, c.stop_steps, c.failure_s);
+    std::printf("%-6d %7.2fs (%6.2fs) %9.1fus (%7.1fus) %11.3fs %7.2fs (%6.2fs) %7lld %7.2fs (%6.2fs)\n", s.world_sizes[i],
+                c.launch_s, c.plain_launch_s, c.control_us, c.plain_control_us, c.commit_s, c.stop_s, c.plain_stop_s,
+                c.stop_steps, c.failure_s, c.plain_failure_s);
   }
   struct Row {
     const char* name;
-    double (*get)(const Costs&);
+    double (*get)(const Costs&);  // hpctrial's own: beyond the plain loop where it has a peer
     const char* unit;
     const char* goal;
   };
   const Row rows[] = {
-      {"launch", [](const Costs& c) { return c.launch_s; }, "s", "<= 10 s at 4096"},
-      {"control plane a step", [](const Costs& c) { return c.control_us; }, "us", "constant or log N"},
+      {"launch", [](const Costs& c) { return c.launch_s - c.plain_launch_s; }, "s", "<= 10 s at 4096"},
+      {"control plane a step", [](const Costs& c) { return c.control_us - c.plain_control_us; }, "us",
+       "constant or log N"},
       {"checkpoint commit", [](const Costs& c) { return c.commit_s; }, "s", "<= 10 s at 4096"},
-      {"stop after SIGUSR2", [](const Costs& c) { return c.stop_s; }, "s", "<= 10 s at 4096"},
-      {"failure to every rank ended", [](const Costs& c) { return c.failure_s; }, "s", "(measured)"},
+      {"stop after SIGUSR2", [](const Costs& c) { return c.stop_s - c.plain_stop_s; }, "s", "<= 10 s at 4096"},
+      {"failure to every rank ended", [](const Costs& c) { return c.failure_s - c.plain_failure_s; }, "s",
+       "(measured)"},
   };
-  std::printf("\nfits (least squares; the simplest within 20 %% of the best residual), extrapolated to 4096 ranks:\n");
+  std::printf("\nhpctrial's own cost (beyond the plain loop's, where it has one), fitted (least squares; the simplest "
+              "within 20 %% of the best residual) and extrapolated to 4096 ranks:\n");
   for (const Row& row : rows) {
     std::vector<double> ys;
     for (const Costs& c : costs) ys.push_back(row.get(c));

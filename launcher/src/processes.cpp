@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -137,6 +139,47 @@ void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status, const std:
   }
   reap(mpirun, mpirun_status);
   kill_tasks(tasks);
+  if (mpirun > 0 && mpirun_status != nullptr && mpirun_status->has_value()) remove_session_dir(mpirun);
+}
+
+std::string session_dir(pid_t mpirun) {
+  std::string tmp = "/tmp";
+  for (const char* name : {"OMPI_MCA_orte_tmpdir_base", "TMPDIR", "TEMP", "TMP"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      tmp = value;
+      break;
+    }
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string node = host;
+  node = node.substr(0, node.find('.'));
+  return tmp + "/ompi." + node + "." + std::to_string(::getuid()) + "/pid." + std::to_string(mpirun);
+}
+
+void remove_session_dir(pid_t mpirun) {
+  std::error_code ignored;
+  std::filesystem::remove_all(session_dir(mpirun), ignored);
+}
+
+void remove_stale_session_dirs() {
+  const std::filesystem::path mine = std::filesystem::path(session_dir(0)).parent_path();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(mine, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("pid.", 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + 4));
+    // "<pid> (<command>) <state> ...": its mpirun is gone, a zombie, or the number is another
+    // program's now - nothing uses the directory any more.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    const std::string line((std::istreambuf_iterator<char>(stat)), {});
+    const auto open = line.find('('), close = line.rfind(')');
+    const std::string command = open < close && close != std::string::npos ? line.substr(open + 1, close - open - 1) : "";
+    const bool zombie = close != std::string::npos && line.compare(close, 3, ") Z") == 0;
+    if (pid > 0 && (zombie || (command != "mpirun" && command != "orterun" && command != "mpiexec"))) {
+      std::filesystem::remove_all(entry.path(), ec);
+    }
+  }
 }
 
 // mpirun's children on this host (each the parent of one rank) by rank, from the rank number
@@ -174,6 +217,7 @@ void kill_ranks(pid_t mpirun, const std::string& tasks) {
 }
 
 core::Child spawn_mpirun(const MpirunCommand& command) {
+  remove_stale_session_dirs();
   core::SpawnOptions options;
   options.env_set = command.env;
   options.working_dir = command.working_dir;

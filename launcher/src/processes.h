@@ -68,6 +68,15 @@ void reap(pid_t mpirun, std::optional<int>* mpirun_status);
 // marks its tasks (they are not below the launcher); empty under mpirun.
 // SIGKILL to mpirun and everything below it, reaping them, and to the tasks, until nothing is left.
 void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status, const std::string& tasks = "");
+// Open MPI's session directory of an mpirun that ran here, <tmp>/ompi.<host>.<uid>/pid.<pid>
+// (tmp: orte_tmpdir_base, else TMPDIR, TEMP, TMP, else /tmp). mpirun removes it when it ends by
+// itself, not when killed: 8 MiB a killed attempt in /tmp, until the node's disk is full.
+std::string session_dir(pid_t mpirun);
+// Removes it, once mpirun is reaped (kill_everything does).
+void remove_session_dir(pid_t mpirun);
+// Removes this user's session directories on this host whose mpirun is gone - left by a
+// launcher that was itself killed (spawn_mpirun does, before it starts one).
+void remove_stale_session_dirs();
 // The rank processes of this host by rank (from their environment), zombies included: mpirun's
 // children, or the tasks.
 std::map<int, pid_t> rank_processes(pid_t mpirun, const std::string& tasks = "");

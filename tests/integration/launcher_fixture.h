@@ -44,8 +44,11 @@ class Launcher : public testing::Test {
   std::string trial() const { return experiment() + "/trial-0"; }
 
   std::vector<std::pair<std::string, std::string>> env(const std::string& fault = "") const {
+    // A TMPDIR of the test's own: Open MPI's session directories (expect_no_rank_left).
+    std::filesystem::create_directories(dir_.path() / "tmp");
     std::vector<std::pair<std::string, std::string>> e = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
-                                                          {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+                                                          {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                                                          {"TMPDIR", (dir_.path() / "tmp").string()}};
     if (!fault.empty()) e.emplace_back("HPCTRIAL_FAULT", fault);
     e.insert(e.end(), extra_env_.begin(), extra_env_.end());
     return e;
@@ -94,13 +97,22 @@ class Launcher : public testing::Test {
   }
 
   // No rank of this test's trial may outlive the launcher (ranks of other tests may run).
-  void expect_no_rank_left() const {
+  void expect_no_rank_left(bool session_dirs = true) const {
     const std::string mine = "HPCTRIAL_EXPERIMENT_DIR=" + experiment();
     const auto until = std::chrono::steady_clock::now() + 1s;
     while (!processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(20ms);
     }
     EXPECT_TRUE(processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty()) << "a rank outlived the launcher";
+    // Nor an mpirun's session directory (<TMPDIR>/ompi.<host>.<uid>/pid.<pid>), which a killed
+    // mpirun leaves: the launcher removes it.
+    std::error_code ec;
+    if (!session_dirs) return;
+    for (const auto& top : std::filesystem::directory_iterator(dir_.path() / "tmp", ec)) {
+      for (const auto& session : std::filesystem::directory_iterator(top.path(), ec)) {
+        ADD_FAILURE() << "an Open MPI session directory was left: " << session.path();
+      }
+    }
   }
 
   TempDir dir_;
