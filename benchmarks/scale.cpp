@@ -118,24 +118,32 @@ struct Costs {
   double plain_launch_s = 0, plain_control_us = 0, plain_stop_s = 0, plain_failure_s = 0;
 };
 
-[[noreturn]] void fail(const std::string& why, const std::string& output = "") {
-  std::fprintf(stderr, "scale: %s\n%s\n", why.c_str(), output.c_str());
-  std::exit(1);
-}
+class Run;
+std::vector<Run*> g_runs;  // the runs alive, which a failure ends before it exits
 
-// A running `hpctrial run`, its output read as it comes.
+[[noreturn]] void fail(const std::string& why, const std::string& output = "");
+
+// A running `hpctrial run` (or mpirun of the peer), its output read as it comes.
 class Run {
  public:
   Run(const std::vector<std::string>& argv, const hpctrial::core::SpawnOptions& options)
-      : started_(wall_ns()), child_(hpctrial::core::spawn_process(argv, options)) {}
-  // A run that a failure here leaves behind: two Ctrl-C abort it, its ranks with it.
+      : started_(wall_ns()), child_(hpctrial::core::spawn_process(argv, options)) {
+    g_runs.push_back(this);
+  }
   ~Run() {
+    end();
+    g_runs.erase(std::find(g_runs.begin(), g_runs.end(), this));
+  }
+  // A run left going: two Ctrl-C abort `hpctrial run` with its ranks, and mpirun ends its ranks on
+  // SIGINT; SIGKILL to its process group if it is still there 10 s later.
+  void end() {
     if (ended_) return;
     ::kill(child_.pid, SIGINT);
     ::kill(child_.pid, SIGINT);
     for (int i = 0; i < 1000 && !exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!ended_) ::kill(child_.pid, SIGKILL);
-    ::waitpid(child_.pid, nullptr, 0);
+    if (!ended_) ::kill(-child_.pid, SIGKILL);
+    if (!ended_) ::waitpid(child_.pid, nullptr, 0);
+    ended_ = true;
   }
   void drain() {
     char buffer[4096];
@@ -179,6 +187,12 @@ class Run {
   bool ended_ = false;
   int status_ = 0;
 };
+
+void fail(const std::string& why, const std::string& output) {
+  std::fprintf(stderr, "scale: %s\n%s\n", why.c_str(), output.c_str());
+  for (Run* run : std::vector<Run*>(g_runs)) run->end();
+  std::exit(1);
+}
 
 hpctrial::core::SpawnOptions run_options() {
   hpctrial::core::SpawnOptions o;

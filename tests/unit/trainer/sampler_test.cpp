@@ -129,6 +129,25 @@ TEST(StreamOrder, TheOrderIsPinned) {
   EXPECT_EQ(derive_seed(42, 0), 5043374705829640723ULL);
 }
 
+// append() is at() of each position, across epochs, shuffled or not, with a prefix epoch or not.
+TEST(StreamOrder, AppendGivesWhatAtGivesPositionByPosition) {
+  for (const bool shuffle : {true, false}) {
+    for (const std::uint64_t per_epoch : {0, 7}) {
+      for (const std::uint64_t first : {0, 5, 13, 29}) {
+        StreamOrder by_position(23, 4, shuffle, per_epoch), by_run(23, 4, shuffle, per_epoch);
+        std::vector<std::int64_t> appended = {-1};
+        by_run.append(first, 40, appended);
+        ASSERT_EQ(appended.size(), 41u);
+        EXPECT_EQ(appended[0], -1) << "appended after what was there";
+        for (std::uint64_t i = 0; i < 40; ++i) {
+          EXPECT_EQ(static_cast<std::uint64_t>(appended[i + 1]), by_position.at(first + i))
+              << "shuffle " << shuffle << ", records_per_epoch " << per_epoch << ", position " << first + i;
+        }
+      }
+    }
+  }
+}
+
 TEST(StreamOrder, WithoutShuffleIsSequentialAndRecordsPerEpochTakesAPrefix) {
   StreamOrder plain(5, 9, false);
   for (std::uint64_t p = 0; p < 12; ++p) EXPECT_EQ(plain.at(p), p % 5);

@@ -51,6 +51,23 @@ std::uint64_t StreamOrder::at(std::uint64_t position) {
   return small_.empty() ? large_[offset] : small_[offset];
 }
 
+void StreamOrder::append(std::uint64_t first, std::uint64_t count, std::vector<std::int64_t>& out) {
+  std::uint64_t epoch = epoch_of(first);
+  std::uint64_t offset = first % records_per_epoch_;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::uint64_t index = offset;
+    if (shuffle_) {
+      if (epoch != loaded_epoch_) load_epoch(epoch);
+      index = small_.empty() ? large_[offset] : small_[offset];
+    }
+    out.push_back(static_cast<std::int64_t>(index));
+    if (++offset == records_per_epoch_) {
+      offset = 0;
+      ++epoch;
+    }
+  }
+}
+
 TrainingSampler::TrainingSampler(StreamOrder order, std::uint64_t global_batch_size, int rank,
                                  int world_size, std::uint64_t start_position)
     : order_(std::move(order)),
@@ -74,10 +91,7 @@ TrainingSampler::TrainingSampler(StreamOrder order, std::uint64_t global_batch_s
 std::vector<std::int64_t> TrainingSampler::next_batch() {
   std::vector<std::int64_t> indices;
   indices.reserve(per_rank_);
-  const std::uint64_t first = position_ + static_cast<std::uint64_t>(rank_) * per_rank_;
-  for (std::uint64_t i = 0; i < per_rank_; ++i) {
-    indices.push_back(static_cast<std::int64_t>(order_.at(first + i)));
-  }
+  order_.append(position_ + static_cast<std::uint64_t>(rank_) * per_rank_, per_rank_, indices);
   position_ += global_batch_size_;
   return indices;
 }

@@ -82,10 +82,13 @@ double PhaseTimings::total_s(const std::string& phase) const {
   return 0;
 }
 
-void PhaseTimings::add(const std::string& phase, Clock::duration elapsed) {
+void PhaseTimings::add(std::string_view phase, Clock::duration elapsed) {
   Phase* target = nullptr;
   for (auto& p : phases_) {
-    if (p.name == phase) target = &p;
+    if (p.name == phase) {
+      target = &p;
+      break;
+    }
   }
   if (target == nullptr) {
     phases_.emplace_back();

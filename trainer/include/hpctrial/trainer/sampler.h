@@ -29,6 +29,9 @@ class StreamOrder {
   std::uint64_t epoch_of(std::uint64_t position) const { return position / records_per_epoch_; }
   // The dataset index at stream position `position`.
   std::uint64_t at(std::uint64_t position);
+  // The dataset indices at positions first, first + 1, ... (count of them), appended to `out`:
+  // at() of each, without its two divisions a position.
+  void append(std::uint64_t first, std::uint64_t count, std::vector<std::int64_t>& out);
 
  private:
   void load_epoch(std::uint64_t epoch);
