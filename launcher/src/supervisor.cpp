@@ -21,7 +21,6 @@ constexpr auto kKillGrace = std::chrono::seconds(5);  // SIGTERM to mpirun, then
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
 constexpr auto kHeartbeatCheckStopping = std::chrono::milliseconds(50);
 constexpr auto kMpirunReapSingleHost = std::chrono::milliseconds(200);
-constexpr auto kMpirunSetUp = std::chrono::seconds(2);  // before it, a signal would kill mpirun
 constexpr Clock::time_point kNever = Clock::time_point::max();
 
 }  // namespace
@@ -150,7 +149,7 @@ void Supervisor::supervise(Clock::time_point now, int np, bool stopping, Loop& l
   // A rank's record read (below, every 50 ms while stopping): mpirun has set itself up.
   if (stop_signal_pending_ && (!beats_.empty() || now - started_ > kMpirunSetUp)) {
     stop_signal_pending_ = false;
-    ::kill(child_, SIGUSR2);
+    pass_stop_to_ranks();
   }
   // A rank that failed: end the others now (mpirun would give them the whole grace), then
   // mpirun, if it does not end by itself.
@@ -253,6 +252,11 @@ std::map<int, long long> Supervisor::steps() const {
 
 void Supervisor::request_stop(std::string reason) {
   if (attempt_->stop_requested) return;
+  // The ranks first: mpirun forwards SIGUSR2 to every rank once it has set itself up (a younger
+  // one would die of it: the signal then waits for the first rank, in supervise); the record
+  // below is read and written durably after, which would cost a fast trial hundreds of steps.
+  const bool young = !mpirun_set_up();
+  if (!young) pass_stop_to_ranks();
   // `hpctrial pause` writes its request (the trial's, or a worker's job's) before it signals.
   const std::string recorded = core::stop_reason(trial_.dir), for_job = core::job_stop_reason(experiment_, allocation_);
   if (!recorded.empty() || !for_job.empty()) reason = recorded.empty() ? for_job : recorded;
@@ -265,13 +269,8 @@ void Supervisor::request_stop(std::string reason) {
   } catch (const Error& e) {
     core::log_warning("cannot record the stop request ({}); the signal still reaches the ranks", e.what());
   }
-  // mpirun forwards it to every rank once it has set itself up; a younger one would die of it:
-  // the signal then waits for the first rank (supervise), the request on disk meanwhile.
-  if (!on_disk || Clock::now() - started_ > kMpirunSetUp || !beats_.empty()) {
-    ::kill(child_, SIGUSR2);
-  } else {
-    stop_signal_pending_ = true;
-  }
+  if (young && !on_disk) pass_stop_to_ranks();
+  if (young && on_disk) stop_signal_pending_ = true;
   core::log_info("stop requested ({}): the ranks checkpoint after their current step", reason);
 }
 

@@ -22,6 +22,7 @@
 namespace hpctrial::launcher::detail {
 
 using Clock = std::chrono::steady_clock;
+inline constexpr auto kMpirunSetUp = std::chrono::seconds(2);  // before it, a signal would kill mpirun
 
 // "90 s", or "2h 30m" from two minutes on.
 inline std::string describe_seconds(std::int64_t seconds) {
@@ -101,6 +102,15 @@ class Supervisor {
   // True when each of the `np` ranks has exited with `code` (75: stopped; 0: finished): by its
   // record, and those of this host also seen ended (a zombie of mpirun's, or reaped).
   bool all_ranks_exited(int np, int code) const;  // supervisor_ranks.cpp
+  // SIGUSR2 to mpirun, which forwards it to every rank (tens of milliseconds later on a busy
+  // node: hundreds of a small model's steps), and at once to each rank process of this host
+  // already seen in its record (by then its parent forwards signals to it); the step's
+  // agreement passes the stop to the rest.
+  void pass_stop_to_ranks();  // supervisor_ranks.cpp
+  // mpirun has set itself up (it forwards signals to the ranks, where a younger one would die of
+  // one): it is older than kMpirunSetUp, or a rank has a record - read now if none was yet, so
+  // that a stop asked for right after the start waits for no periodic read.
+  bool mpirun_set_up();  // supervisor_ranks.cpp
   // mpirun ended of the USR2 the launcher passed it (a warning, a pause) just as every rank had
   // finished (exit 0): the attempt finished, and the stop was never needed.
   bool finished_despite_warning();

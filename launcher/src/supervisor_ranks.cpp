@@ -23,6 +23,19 @@ bool Supervisor::all_ranks_exited(int np, int code) const {
   return true;
 }
 
+bool Supervisor::mpirun_set_up() {
+  if (Clock::now() - started_ > kMpirunSetUp || !beats_.empty()) return true;
+  for (const auto& [rank, record] : core::read_heartbeats(trial_.heartbeat_dir())) beats_[rank] = record;
+  return !beats_.empty();
+}
+
+void Supervisor::pass_stop_to_ranks() {
+  ::kill(child_, SIGUSR2);
+  for (const auto& [rank, pid] : rank_processes(child_, tasks_)) {
+    if (beats_.count(rank) != 0) ::kill(pid, SIGUSR2);
+  }
+}
+
 bool Supervisor::finished_despite_warning() {
   const int status = attempt_->status;
   if (!attempt_->stop_requested || !WIFSIGNALED(status) || WTERMSIG(status) != SIGUSR2) return false;
