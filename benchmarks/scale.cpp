@@ -53,6 +53,7 @@
 #include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
 #include "io_util.h"
+#include "trial_records.h"
 
 namespace {
 
@@ -266,21 +267,6 @@ std::string write_config(const std::filesystem::path& dir, const std::string& se
   return path.string();
 }
 
-long long chief_step(const hpctrial::core::TrialLayout& trial) {
-  const auto chief = hpctrial::core::read_heartbeat(trial.heartbeat_dir(), 0);
-  return chief ? chief->step : -1;
-}
-
-long long newest_checkpoint(const hpctrial::core::TrialLayout& trial) {
-  long long newest = -1;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(trial.default_checkpoint_dir(), ec)) {
-    long long batches = -1;
-    if (std::sscanf(entry.path().filename().c_str(), "ckpt-%lld.h5", &batches) == 1) newest = std::max(newest, batches);
-  }
-  return newest;
-}
-
 // The chief's mean time of `phase` in seconds, from the timings its metrics file ends with.
 double phase_mean_s(const hpctrial::core::TrialLayout& trial, const std::string& phase) {
   std::ifstream in(trial.dir + "/metrics.jsonl");
@@ -296,7 +282,7 @@ double phase_mean_s(const hpctrial::core::TrialLayout& trial, const std::string&
 }
 
 void wait_for_step(const hpctrial::core::TrialLayout& trial, Run& run, long long step) {
-  for (const auto deadline = Clock::now() + std::chrono::seconds(600); chief_step(trial) < step;) {
+  for (const auto deadline = Clock::now() + std::chrono::seconds(600); hpctrial::bench::chief_step(trial) < step;) {
     if (Clock::now() > deadline) fail("the chief did not reach step " + std::to_string(step), run.output());
     if (run.exited()) fail("hpctrial run ended before step " + std::to_string(step), run.output());
     run.drain();
@@ -314,13 +300,13 @@ Costs measure(const std::filesystem::path& dir, const std::string& self, int wor
     c.launch_s = static_cast<double>(std::stoll(run.wait_for("first step ended at ([0-9]+)", 600)) - run.started_ns()) / 1e9;
     c.control_us = std::stod(run.wait_for("control plane median ([0-9.]+) ns", 600)) / 1e3;
     wait_for_step(trial, run, kReportAt + 10);
-    const long long at_signal = chief_step(trial);
+    const long long at_signal = hpctrial::bench::chief_step(trial);
     const auto signalled = Clock::now();
     ::kill(run.pid(), SIGUSR2);
     const int code = run.wait_exit(300);
     c.stop_s = seconds_since(signalled);
     if (code != hpctrial::core::kExitStopped) fail("hpctrial run ended " + std::to_string(code) + " after SIGUSR2", run.output());
-    c.stop_steps = newest_checkpoint(trial) - at_signal;
+    c.stop_steps = hpctrial::bench::newest_checkpoint(trial) - at_signal;
     c.commit_s = phase_mean_s(trial, "checkpoint_durable");
   }
   const std::string failing = (dir / ("fail-" + std::to_string(world))).string();

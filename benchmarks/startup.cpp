@@ -62,6 +62,7 @@
 #include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
 #include "io_util.h"
+#include "trial_records.h"
 #include "mlp_trial.h"
 
 namespace {
@@ -204,23 +205,6 @@ struct StopLatency {
   double steps_per_s = 0;  // the chief's rate in the half second before the signal
 };
 
-// The chief's last step (its heartbeat record), or -1.
-long long chief_step(const hpctrial::core::TrialLayout& trial) {
-  const auto chief = hpctrial::core::read_heartbeat(trial.heartbeat_dir(), 0);
-  return chief ? chief->step : -1;
-}
-
-// The batches of the trial's newest checkpoint (the stop's), or -1.
-long long checkpoint_batches(const hpctrial::core::TrialLayout& trial) {
-  long long newest = -1;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(trial.default_checkpoint_dir(), ec)) {
-    long long batches = -1;
-    if (std::sscanf(entry.path().filename().c_str(), "ckpt-%lld.h5", &batches) == 1) newest = std::max(newest, batches);
-  }
-  return newest;
-}
-
 // One round of the stop latency (see the top of the file); exits on a failure.
 StopLatency stop_latency(const std::string& config, const std::string& experiment,
                          const hpctrial::core::RunOptions& run_options) {
@@ -244,7 +228,7 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
     std::exit(1);
   };
   for (const auto deadline = Clock::now() + std::chrono::seconds(120);;) {
-    if (chief_step(trial) >= 20) break;
+    if (hpctrial::bench::chief_step(trial) >= 20) break;
     if (Clock::now() > deadline) fail("the chief did not reach step 20 in 120 s");
     drain();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -274,11 +258,11 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
     spinners.reset();
     fail(why);
   };
-  const long long busy_from = chief_step(trial);
+  const long long busy_from = hpctrial::bench::chief_step(trial);
   const auto busy_at = Clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every core busy for a while
   StopLatency out;
-  const long long at_signal = chief_step(trial);
+  const long long at_signal = hpctrial::bench::chief_step(trial);
   const auto signalled = Clock::now();
   ::kill(child.pid, SIGUSR2);
   out.steps_per_s = static_cast<double>(at_signal - busy_from) / std::chrono::duration<double>(signalled - busy_at).count();
@@ -297,7 +281,7 @@ StopLatency stop_latency(const std::string& config, const std::string& experimen
   out.exit_s = std::chrono::duration<double>(Clock::now() - signalled).count();
   spinners.reset();
   drain();
-  out.steps = checkpoint_batches(trial) - at_signal;
+  out.steps = hpctrial::bench::newest_checkpoint(trial) - at_signal;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != hpctrial::core::kExitStopped) {
     std::fprintf(stderr, "hpctrial run ended with status %d after SIGUSR2, not exit %d\n%s\n", status,
                  hpctrial::core::kExitStopped, output.c_str());
