@@ -58,5 +58,12 @@ for dir in "${plugins[@]}" /usr/share/openmpi /usr/share/pmix /etc/openmpi /etc/
   [[ -e $dir ]] && cp -a --parents "$dir" "$rootfs"
 done
 cp /etc/ld.so.cache "$rootfs/etc/"
+previous=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 tar -C "$rootfs" -cf - . | podman import -q --change "LABEL hpctrial.files=$key" - "$image" >/dev/null
+# The image this tag named before is left untagged (1.6 GB of layers of its own each): removed,
+# or every rebuild of the tests keeps one more, until the disk is full. Kept if a container
+# still uses it.
+if [[ -n $previous && $previous != "$(podman image inspect --format '{{.Id}}' "$image")" ]]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 echo "$image"
