@@ -21,9 +21,10 @@
 // `hpctrial describe` read, and `hpctrial describe` of an experiment whose trial holds them.
 // Goal: each <= 1 s at 65 536 ranks.
 //
-//   scale [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536]
+//   scale [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536] [--rounds 3]
 //
-// --quick: 1, 2 and 4 ranks, records at 4 096 - the test suite's smoke run.
+// Every cost is the median of --rounds rounds, each of which measures every size once.
+// --quick: 1, 2 and 4 ranks, one round, records at 4 096 - the test suite's smoke run.
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -110,6 +111,7 @@ class Tiny : public hpctrial::Trial {
 struct Setup {
   std::vector<int> world_sizes = {1, 2, 4, 8, 16, 32};
   std::vector<int> records = {4096, 65536};
+  int rounds = 3;
 };
 
 struct Costs {
@@ -290,10 +292,12 @@ void wait_for_step(const hpctrial::core::TrialLayout& trial, Run& run, long long
   }
 }
 
-Costs measure(const std::filesystem::path& dir, const std::string& self, int world) {
+std::string run_name(int world, int round) { return "run-" + std::to_string(world) + "-" + std::to_string(round); }
+
+Costs measure(const std::filesystem::path& dir, const std::string& self, int world, int round) {
   Costs c;
   const std::string config = write_config(dir, self, world, 5);
-  const std::string experiment = (dir / ("run-" + std::to_string(world))).string();
+  const std::string experiment = (dir / run_name(world, round)).string();
   const hpctrial::core::TrialLayout trial = hpctrial::core::ExperimentLayout{experiment}.trial(0);
   {
     Run run(run_argv(config, experiment, world), run_options());
@@ -309,7 +313,7 @@ Costs measure(const std::filesystem::path& dir, const std::string& self, int wor
     c.stop_steps = hpctrial::bench::newest_checkpoint(trial) - at_signal;
     c.commit_s = phase_mean_s(trial, "checkpoint_durable");
   }
-  const std::string failing = (dir / ("fail-" + std::to_string(world))).string();
+  const std::string failing = (dir / ("fail-" + std::to_string(world) + "-" + std::to_string(round))).string();
   const hpctrial::core::TrialLayout failing_trial = hpctrial::core::ExperimentLayout{failing}.trial(0);
   Run run(run_argv(write_config(dir, self, world, 0), failing, world), run_options());
   wait_for_step(failing_trial, run, 20);
@@ -325,6 +329,27 @@ Costs measure(const std::filesystem::path& dir, const std::string& self, int wor
   if (code == 0 || code == hpctrial::core::kExitStopped) fail("a killed rank ended the run with " + std::to_string(code), run.output());
   measure_plain(world, c);
   return c;
+}
+
+// Each cost's median over the rounds.
+Costs median_costs(const std::vector<Costs>& rounds) {
+  auto of = [&](auto field) {
+    std::vector<double> v;
+    for (const Costs& c : rounds) v.push_back(static_cast<double>(c.*field));
+    return hpctrial::bench::median(v);
+  };
+  Costs m;
+  m.launch_s = of(&Costs::launch_s);
+  m.control_us = of(&Costs::control_us);
+  m.commit_s = of(&Costs::commit_s);
+  m.stop_s = of(&Costs::stop_s);
+  m.failure_s = of(&Costs::failure_s);
+  m.stop_steps = static_cast<long long>(std::lround(of(&Costs::stop_steps)));
+  m.plain_launch_s = of(&Costs::plain_launch_s);
+  m.plain_control_us = of(&Costs::plain_control_us);
+  m.plain_stop_s = of(&Costs::plain_stop_s);
+  m.plain_failure_s = of(&Costs::plain_failure_s);
+  return m;
 }
 
 // y = a + b f(N), least squares; the residual's sum of squares.
@@ -374,6 +399,7 @@ Fit best_fit(const std::vector<int>& ns, const std::vector<double>& ys) {
 }
 
 void print_costs(const Setup& s, const std::vector<Costs>& costs) {
+  std::printf("median of %d round(s):\n", s.rounds);
   std::printf("%-6s %17s %21s %12s %17s %7s %17s\n", "ranks", "launch (plain)", "control/step (plain)", "ckpt commit",
               "stop (plain)", "steps", "failure (plain)");
   for (std::size_t i = 0; i < costs.size(); ++i) {
@@ -428,7 +454,7 @@ void write_records(const std::string& dir, int ranks) {
 
 void simulated_records(const Setup& s, const std::filesystem::path& dir) {
   // An experiment that `describe` reads: the 1-rank run's, its trial's records replaced.
-  const std::string experiment = (dir / ("run-" + std::to_string(s.world_sizes.front()))).string();
+  const std::string experiment = (dir / run_name(s.world_sizes.front(), 0)).string();
   const hpctrial::core::TrialLayout trial = hpctrial::core::ExperimentLayout{experiment}.trial(0);
   std::printf("\nper-rank records, simulated (no processes), median of 3:\n%-8s %18s %12s\n", "ranks", "read_heartbeats",
               "describe");
@@ -461,16 +487,20 @@ Setup parse(int argc, char** argv) {
     if (arg == "--quick") {
       s.world_sizes = {1, 2, 4};
       s.records = {4096};
+      s.rounds = 1;
+    } else if (arg == "--rounds" && i + 1 < argc) {
+      s.rounds = std::atoi(argv[++i]);
     } else if (arg == "--world-sizes" && i + 1 < argc) {
       s.world_sizes = hpctrial::bench::parse_int_list(argv[++i]);
     } else if (arg == "--records" && i + 1 < argc) {
       s.records = hpctrial::bench::parse_int_list(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--world-sizes 1,2,4,8,16,32] [--records 4096,65536] [--rounds 3]\n", argv[0]);
       std::exit(2);
     }
   }
   if (s.world_sizes.size() < 2) fail("--world-sizes needs two sizes at least, to fit");
+  if (s.rounds < 1) fail("--rounds needs a positive number");
   return s;
 }
 
@@ -490,11 +520,17 @@ int main(int argc, char** argv) {
   std::printf("scale: hpctrial's own costs by world size (MLP 8-16-4, batch 4 a rank, %u cores, ranks beyond them "
               "oversubscribed, mpi_yield_when_idle)\n", std::max(1u, std::thread::hardware_concurrency()));
   std::fflush(stdout);
-  std::vector<Costs> costs;
-  for (const int world : s.world_sizes) {
-    costs.push_back(measure(dir, self, world));
-    std::fprintf(stderr, "scale: %d rank(s) measured\n", world);
+  // Round after round over every size, so that a slow minute of a shared machine lands in one
+  // round of several sizes rather than in every round of one.
+  std::vector<std::vector<Costs>> measured(s.world_sizes.size());
+  for (int round = 0; round < s.rounds; ++round) {
+    for (std::size_t i = 0; i < s.world_sizes.size(); ++i) {
+      measured[i].push_back(measure(dir, self, s.world_sizes[i], round));
+      std::fprintf(stderr, "scale: round %d, %d rank(s) measured\n", round + 1, s.world_sizes[i]);
+    }
   }
+  std::vector<Costs> costs;
+  for (const auto& rounds : measured) costs.push_back(median_costs(rounds));
   print_costs(s, costs);
   simulated_records(s, dir);
   std::filesystem::remove_all(dir);

@@ -9,6 +9,7 @@
 #include "hpctrial/core/env.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
+#include "hpctrial/build_config.h"
 #include "verb.h"
 
 namespace {
@@ -66,6 +67,11 @@ int main(int argc, char** argv) {
       std::cerr << "hpctrial " << name << ": " << e.what() << "\n";
       return cli::kExitFailure;
     }
+  }
+  if (!HPCTRIAL_WITH_PLOT && name == "plot") {
+    std::cerr << "hpctrial: this hpctrial was built without PLplot (-DHPCTRIAL_PLOT=OFF) and has no 'plot' verb; "
+                 "TensorBoard draws every trial's metrics: tensorboard --logdir EXPDIR\n";
+    return cli::kExitUsage;
   }
   std::vector<std::string> names;
   for (const auto& verb : verbs) names.push_back(verb.name);

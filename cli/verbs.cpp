@@ -1,3 +1,4 @@
+#include "hpctrial/build_config.h"
 #include "verb.h"
 
 namespace hpctrial::cli {
@@ -13,7 +14,9 @@ std::vector<Verb> builtin_verbs() {
       jobs_verb(),
       logs_verb(),
       describe_verb(),
+#if HPCTRIAL_WITH_PLOT
       plot_verb(),
+#endif
       launch_verb(),
       checkpoint_verb(),
       experiment_verb(),

@@ -13,6 +13,7 @@ std::string version_text() {
   text += std::string("  CUDA     ") +
           (HPCTRIAL_WITH_CUDA ? std::string("yes (") + HPCTRIAL_CUDA_VERSION + ")" : "no") + "\n";
   text += std::string("  NCCL     ") + (HPCTRIAL_WITH_NCCL ? "yes" : "no") + "\n";
+  text += std::string("  plot     ") + (HPCTRIAL_WITH_PLOT ? "yes (PLplot)" : "no (built with -DHPCTRIAL_PLOT=OFF)") + "\n";
   return text;
 }
 

@@ -13,6 +13,7 @@
 #include "../support/event_files.h"
 #include "../support/read_file.h"
 #include "../support/temp_dir.h"
+#include "hpctrial/build_config.h"
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
@@ -110,6 +111,7 @@ TEST_F(GridViews, EachTrialsEventFilesHoldItsMetrics) {
 }
 
 TEST_F(GridViews, PlotDrawsTheGridAndOneTrialAsPngAndSvg) {
+  if (!HPCTRIAL_WITH_PLOT) GTEST_SKIP() << "built with -DHPCTRIAL_PLOT=OFF";
   ASSERT_TRUE(run_->ok()) << run_->describe();
   const std::string png = dir_->path() / "grid.png", svg = dir_->path() / "grid.svg";
   const auto r = plot({experiment_, "-o", png, "-o", svg});
@@ -142,6 +144,7 @@ TEST_F(GridViews, PlotDrawsTheGridAndOneTrialAsPngAndSvg) {
 }
 
 TEST_F(GridViews, PlotNamesWhatIsWrong) {
+  if (!HPCTRIAL_WITH_PLOT) GTEST_SKIP() << "built with -DHPCTRIAL_PLOT=OFF";
   ASSERT_TRUE(run_->ok()) << run_->describe();
   const auto metric = plot({experiment_, "--metric", "perplexity"});
   EXPECT_EQ(metric.exit_code, 2);
@@ -156,6 +159,15 @@ TEST_F(GridViews, PlotNamesWhatIsWrong) {
   const auto where = plot({experiment_, "-o", "/nonexistent-dir/x.png"});
   EXPECT_EQ(where.exit_code, 1);
   EXPECT_THAT(where.err, HasSubstr("/nonexistent-dir/x.png"));
+}
+
+// A build without PLplot has no plot verb, and says so.
+TEST(PlotVerb, ABuildWithoutPlplotSaysItHasNone) {
+  if (HPCTRIAL_WITH_PLOT) GTEST_SKIP() << "built with PLplot";
+  const auto r = core::run_process({HPCTRIAL_CLI, "plot", "somewhere"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("built without PLplot (-DHPCTRIAL_PLOT=OFF)"));
+  EXPECT_THAT(r.err, HasSubstr("tensorboard --logdir EXPDIR"));
 }
 
 }  // namespace
