@@ -31,6 +31,7 @@ if [[ ! -x $chroot_dir/usr/bin/cmake ]]; then
     --keyring="$work/keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg" \
     --include=build-essential,cmake,ninja-build,python3 noble "$chroot_dir" "$mirror" \
     /usr/share/debootstrap/scripts/gutsy >/dev/null
+  rm -rf "$work"  # the trap below replaces this one
 fi
 
 # This machine's LibTorch (its files and the libraries they load, where the root has none of its
