@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -162,6 +164,33 @@ void remove_session_dir(pid_t mpirun) {
   std::filesystem::remove_all(session_dir(mpirun), ignored);
 }
 
+namespace {
+
+// When process `pid` started, in seconds since the epoch (to about a second: the boot time is
+// whole seconds); nullopt when there is no such process or it is a zombie (it has ended).
+std::optional<double> start_of_live_process(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string line((std::istreambuf_iterator<char>(stat)), {});
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  // After "<pid> (<command>) ": state (field 3) ... starttime (field 22), in clock ticks since boot.
+  std::istringstream fields(line.substr(close + 1));
+  std::string field, state;
+  fields >> state;
+  if (state == "Z" || state == "X") return std::nullopt;
+  for (int i = 4; i <= 22 && fields >> field; ++i) {}
+  std::ifstream boot("/proc/stat");
+  for (std::string key; boot >> key;) {
+    if (key != "btime") continue;
+    double btime = 0;
+    boot >> btime;
+    return btime + std::strtod(field.c_str(), nullptr) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void remove_stale_session_dirs() {
   const std::filesystem::path mine = std::filesystem::path(session_dir(0)).parent_path();
   std::error_code ec;
@@ -169,16 +198,15 @@ void remove_stale_session_dirs() {
     const std::string name = entry.path().filename().string();
     if (name.rfind("pid.", 0) != 0) continue;
     const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + 4));
-    // "<pid> (<command>) <state> ...": its mpirun is gone, a zombie, or the number is another
-    // program's now - nothing uses the directory any more.
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    const std::string line((std::istreambuf_iterator<char>(stat)), {});
-    const auto open = line.find('('), close = line.rfind(')');
-    const std::string command = open < close && close != std::string::npos ? line.substr(open + 1, close - open - 1) : "";
-    const bool zombie = close != std::string::npos && line.compare(close, 3, ") Z") == 0;
-    if (pid > 0 && (zombie || (command != "mpirun" && command != "orterun" && command != "mpiexec"))) {
-      std::filesystem::remove_all(entry.path(), ec);
-    }
+    struct stat dir {};
+    if (pid <= 0 || ::stat(entry.path().c_str(), &dir) != 0) continue;
+    // The directory belongs to the Open MPI process of that number while it lives: an mpirun, a
+    // singleton's orted, a DVM. Stale once the process is gone, or once the number is another
+    // process's: one started after the directory last changed (its owner changes it while it
+    // runs). The margin covers the boot time's whole seconds; a number reused sooner keeps its
+    // directory until the process that has it ends.
+    const auto started = start_of_live_process(pid);
+    if (!started || *started > static_cast<double>(dir.st_mtime) + 2.0) std::filesystem::remove_all(entry.path(), ec);
   }
 }
 

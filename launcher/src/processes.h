@@ -74,8 +74,9 @@ void kill_everything(pid_t mpirun, std::optional<int>* mpirun_status, const std:
 std::string session_dir(pid_t mpirun);
 // Removes it, once mpirun is reaped (kill_everything does).
 void remove_session_dir(pid_t mpirun);
-// Removes this user's session directories on this host whose mpirun is gone - left by a
-// launcher that was itself killed (spawn_mpirun does, before it starts one).
+// Removes this user's session directories on this host whose process is gone - left by a
+// launcher that was itself killed (spawn_mpirun does, before it starts one). Those of live
+// Open MPI processes stay, whatever they are: a singleton's orted has one beside mpirun's.
 void remove_stale_session_dirs();
 // The rank processes of this host by rank (from their environment), zombies included: mpirun's
 // children, or the tasks.
