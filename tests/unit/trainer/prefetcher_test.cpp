@@ -149,6 +149,68 @@ TEST(ReadPlacement, MeasuresAgainLaterAndLessOftenWhileTheChoiceStays) {
   EXPECT_EQ(later.back(), Where::kAhead);
 }
 
+// Feeds the same as feed(), and hand-overs of `ahead_fetch_s` and `inline_fetch_s`.
+std::vector<Where> feed_fetches(ReadPlacement& p, int steps, double ahead_s, double inline_s, double ahead_fetch_s,
+                                double inline_fetch_s) {
+  std::vector<Where> where;
+  for (int i = 0; i < steps; ++i) {
+    const Where w = p.where();
+    const bool ahead = w == Where::kAhead;
+    p.step(ahead ? ahead_s : inline_s, w, 1e-6, ahead ? ahead_fetch_s : inline_fetch_s);
+    where.push_back(p.where());
+  }
+  return where;
+}
+
+TEST(ReadPlacement, TheHandOverDecidesWhereTheStepsAreWithinTheMargin) {
+  {  // Steps 0.1 % apart (noise): the hand-over ahead costs 14 us, inline 12 us.
+    ReadPlacement p(small_windows());
+    EXPECT_EQ(feed_fetches(p, 16, 100e-6, 100.1e-6, 14e-6, 12e-6).back(), Where::kInline);
+    EXPECT_DOUBLE_EQ(p.ahead_fetch_s(), 14e-6);
+    EXPECT_DOUBLE_EQ(p.inline_fetch_s(), 12e-6);
+  }
+  {  // A paced reader's hand-over, 0.2 us, against the read inline.
+    ReadPlacement p(small_windows());
+    EXPECT_EQ(feed_fetches(p, 16, 100.1e-6, 100e-6, 0.2e-6, 12e-6).back(), Where::kAhead);
+  }
+  {  // Steps ahead faster by more than the margin win over a shorter hand-over inline.
+    ReadPlacement p(small_windows());
+    EXPECT_EQ(feed_fetches(p, 16, 90e-6, 100e-6, 14e-6, 12e-6).back(), Where::kAhead);
+  }
+}
+
+TEST(ReadPlacement, TheHandOverIsTheMeanOfAllButTheSlowestTenth) {
+  ReadPlacement::Options o = small_windows();
+  o.window = 10;
+  ReadPlacement q(o);
+  // Two steps of warm-up, two skipped, then a window of ten ahead: every other hand-over wakes a
+  // reader (1 us, 13 us), and in the last the machine took the core away.
+  for (int i = 0; i < 2 + 2 + 10; ++i) q.step(100e-6, Where::kAhead, 1e-6, i == 13 ? 5e-3 : (i % 2 == 0 ? 1e-6 : 13e-6));
+  EXPECT_NEAR(q.ahead_fetch_s(), (5 * 1e-6 + 4 * 13e-6) / 9, 1e-12);
+}
+
+TEST(ReadPlacement, OneMeasurementAgainstTheChoiceIsRepeatedBeforeItCounts) {
+  ReadPlacement p(small_windows());
+  ASSERT_EQ(feed(p, 16, 100e-6, 90e-6, 5e-6).back(), Where::kInline);
+  // The next measurement finds inline slower, once: the choice stays, and it measures again at once.
+  std::vector<Where> where;
+  for (int i = 0; i < 400 && where.size() < 2; ++i) {
+    const Where w = p.where();
+    const bool measuring_again = !where.empty();
+    const double inline_s = measuring_again ? 90e-6 : 200e-6;
+    const Where before = w;
+    p.step(w == Where::kAhead ? 100e-6 : inline_s, w, 5e-6);
+    if (before != Where::kInline || p.where() != Where::kInline) continue;
+    if (p.inline_step_s() == 200e-6 && where.empty()) where.push_back(p.where());
+    if (p.inline_step_s() == 90e-6 && !where.empty()) where.push_back(p.where());
+  }
+  ASSERT_EQ(where.size(), 2u);
+  EXPECT_EQ(where[0], Where::kInline) << "one window against the choice moved it";
+  EXPECT_EQ(where[1], Where::kInline);
+  // Two in a row do move it.
+  EXPECT_EQ(feed(p, 400, 100e-6, 200e-6, 5e-6).back(), Where::kAhead);
+}
+
 TEST(ReadPlacement, IgnoresBatchesReadTheOtherWayAndTheFirstTwoOfAWindow) {
   ReadPlacement p(small_windows());
   p.step(1, Where::kAhead, 0);
@@ -200,6 +262,39 @@ TEST(Prefetcher, MovesReadsToTheTrainingThreadAndBackInOrder) {
   const int inline_reads = read_on_caller.load();
   for (int i = 0; i < 20; ++i) step(std::chrono::microseconds(500));
   EXPECT_EQ(read_on_caller.load(), inline_reads);
+}
+
+// Reads far shorter than a step are paced: the reader looks by itself every nine tenths of a step
+// (depth 2), and a step that takes a batch wakes no one. Slow reads are woken for.
+TEST(Prefetcher, PacesAReaderOfShortReadsAndStillDeliversWhenTheStepsOutrunIt) {
+  std::atomic<bool> slow{false};
+  std::int64_t next = 0;
+  ReadPlacement::Options ahead_only;
+  ahead_only.warmup = 1 << 30;  // reads ahead throughout
+  Prefetcher prefetcher(
+      [&](const std::vector<std::int64_t>& indices) {
+        if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return Batch(torch::tensor(indices), torch::tensor(indices));
+      },
+      [&] { return std::vector<std::int64_t>{next++}; }, 1, 2, true, ahead_only);
+  std::int64_t expected = 0;
+  const auto step = [&](std::chrono::microseconds work) {
+    ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), expected++);
+    const auto until = std::chrono::steady_clock::now() + work;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  };
+  EXPECT_EQ(prefetcher.reader_pace_s(), 0);  // nothing measured yet
+  for (int i = 0; i < 60; ++i) step(std::chrono::microseconds(2000));
+  const double pace = prefetcher.reader_pace_s();
+  EXPECT_GT(pace, 0.9 * 1.5e-3);
+  EXPECT_LT(pace, 0.9 * 20e-3);
+  // Steps far shorter than the pace: each next() that finds the queue empty wakes the reader.
+  for (int i = 0; i < 300; ++i) step(std::chrono::microseconds(0));
+  // Reads of 1 ms against steps of about 1 ms: woken for every batch again.
+  slow = true;
+  for (int i = 0; i < 60; ++i) step(std::chrono::microseconds(1000));
+  EXPECT_EQ(prefetcher.reader_pace_s(), 0);
 }
 
 TEST(Prefetcher, AReadErrorStaysWhereverTheBatchesAreRead) {

@@ -1,6 +1,7 @@
 // Batches read ahead on background threads and handed over in order. Internal to the trainer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -27,17 +28,25 @@ void keep_batch_memory();
 
 // Where the next batches are read: ahead, on the reader threads, which hides a read's time
 // behind the step; or inline, on the training thread when it asks, which saves the hand-off - a
-// reader woken every step (on a virtual machine an interrupt to another core) and a batch
-// written in one core's cache and read from another's. Inline is faster when a read costs less
-// than the hand-off: an in-memory dataset's rows copied into a batch (on a 2-core virtual
-// machine, reading ahead made such an MLP's steps 3 % slower than reading inline).
+// batch written in one core's cache and read from another's, a reader that shares the training
+// thread's core (a rank bound to one) - and a reader woken every step: a system call and, on a
+// virtual machine, an interrupt to another core, as long as copying a small batch's rows
+// (15 us on a 2-core virtual machine). Readers of reads far shorter than a step are not woken:
+// they look for a free slot by themselves once a step (Prefetcher::pace), and taking a batch
+// costs the training thread a lock (0.2 us there).
 //
-// Measures rather than guesses: the median step (from one next() to the next) over a window
-// read ahead, then over a window read inline, and keeps the faster - inline only when it is at
-// least `margin` faster, as a read's time varies more inline than behind a queue. A window
-// ahead whose median read takes more than a tenth of the step settles ahead at once: inline
-// would add the read to every step. Measures again `recheck` steps later, twice as long after
-// each time the choice stayed, so what the measuring costs shrinks as a run goes on.
+// Measures rather than guesses, over a window read ahead, then a window read inline: the median
+// step (from one next() to the next) and the typical time next() took to hand the batch over
+// (ahead: taking it from the queue and, now and then, waking a reader; inline: the read itself;
+// the mean of all but the slowest tenth, as the wake-ups make it bimodal). Inline is
+// kept when its steps are at least `margin` faster; or when its hand-over is the shorter and
+// ahead's steps are not `margin` faster - a step's time varies with the machine far more than
+// the few microseconds that tell the two apart, which the hand-over's own time shows directly.
+// A window ahead whose median read takes more than a tenth of the step settles ahead at once:
+// inline would add the read to every step. Measures again `recheck` steps later, twice as long
+// after each time the choice stayed, so what the measuring costs shrinks as a run goes on; a
+// measurement against the choice in place is repeated at once, and the choice changes only when
+// the second agrees.
 class ReadPlacement {
  public:
   enum class Where { kAhead, kInline };
@@ -46,7 +55,9 @@ class ReadPlacement {
     std::int64_t window = 32;  // steps measured each way
     std::int64_t recheck = 1024;
     std::int64_t max_recheck = 65536;
-    double margin = 0.005;  // negative: inline is kept while it is less than 1 - margin times slower
+    // Steps of 32-step windows on a shared machine differ by 2 % at random. Negative: inline is
+    // kept while it is less than 1 - margin times slower.
+    double margin = 0.02;
   };
   ReadPlacement() : ReadPlacement(Options()) {}
   explicit ReadPlacement(Options options) : options_(options), recheck_(options.recheck) {}
@@ -54,11 +65,14 @@ class ReadPlacement {
   // Where the next batch is read.
   Where where() const { return where_; }
   // A step ended: `step_s` seconds since the previous one, on a batch read where `read` says,
-  // whose read took `read_s` seconds (on whichever thread read it).
-  void step(double step_s, Where read, double read_s);
+  // whose read took `read_s` seconds (on whichever thread read it) and whose hand-over took
+  // next() `fetch_s` seconds.
+  void step(double step_s, Where read, double read_s, double fetch_s = 0);
   // The medians of the last windows, in seconds (0 before the first).
   double ahead_step_s() const { return ahead_step_s_; }
   double inline_step_s() const { return inline_step_s_; }
+  double ahead_fetch_s() const { return ahead_fetch_s_; }
+  double inline_fetch_s() const { return inline_fetch_s_; }
 
  private:
   enum class Phase { kWarmup, kAhead, kInline, kSettled };
@@ -69,10 +83,12 @@ class ReadPlacement {
   Where where_ = Where::kAhead;
   std::int64_t steps_in_phase_ = 0;
   std::int64_t recheck_;
+  std::int64_t settled_for_ = 0;  // steps before the next measurement
   bool settled_once_ = false;
+  bool doubted_ = false;  // the last measurement went against the choice in place
   Where where_settled_ = Where::kAhead;
-  std::vector<double> steps_, reads_;
-  double ahead_step_s_ = 0, inline_step_s_ = 0;
+  std::vector<double> steps_, reads_, fetches_;
+  double ahead_step_s_ = 0, inline_step_s_ = 0, ahead_fetch_s_ = 0, inline_fetch_s_ = 0;
 };
 
 class Prefetcher {
@@ -93,6 +109,9 @@ class Prefetcher {
   Batch next();
   // Where the batches are read now.
   ReadPlacement::Where where() const { return placement_.where(); }
+  // How long an idle reader waits before it looks for a free slot by itself, in seconds; 0 while
+  // it waits until woken.
+  double reader_pace_s() const { return static_cast<double>(pace_ns_.load(std::memory_order_relaxed)) / 1e9; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -103,7 +122,8 @@ class Prefetcher {
   };
   void run();
   Batch read_inline(std::unique_lock<std::mutex>& lock);
-  void measure(ReadPlacement::Where read, double read_s);
+  void measure();
+  void pace(double step_s);
 
   Read read_;
   NextIndices next_indices_;
@@ -118,8 +138,16 @@ class Prefetcher {
   bool failed_ = false;  // a read threw: nothing takes batches any more
   bool stop_ = false;
   ReadPlacement placement_;  // the training thread's
+  double step_mean_s_ = 0, read_mean_s_ = 0;  // the training thread's running means
+  // How long a reader with nothing to do waits before it looks for a free slot by itself; 0:
+  // until woken. Set by the training thread.
+  std::atomic<std::int64_t> pace_ns_{0};
   Clock::time_point last_next_{};
-  std::pair<ReadPlacement::Where, double> last_read_{ReadPlacement::Where::kAhead, 0.0};  // the batch last handed over
+  struct Handed {  // the batch last handed over
+    ReadPlacement::Where where = ReadPlacement::Where::kAhead;
+    double read_s = 0, fetch_s = 0;
+  };
+  Handed last_{};
   std::vector<std::thread> workers_;
 };
 
