@@ -226,6 +226,23 @@ TEST(ReadPlacement, IgnoresBatchesReadTheOtherWayAndTheFirstTwoOfAWindow) {
   EXPECT_DOUBLE_EQ(p.inline_step_s(), 80e-6);
 }
 
+// A training loop's steps: each takes the next batch, which must be the next in order, then
+// computes (spins) for `work`.
+class Steps {
+ public:
+  explicit Steps(Prefetcher& prefetcher) : prefetcher_(prefetcher) {}
+  void take(std::chrono::microseconds work) {
+    ASSERT_EQ(prefetcher_.next().data[0].item<std::int64_t>(), expected_++);
+    const auto until = std::chrono::steady_clock::now() + work;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+
+ private:
+  Prefetcher& prefetcher_;
+  std::int64_t expected_ = 0;
+};
+
 // The batches move to the training thread when the placement says so, in order, and back when
 // the reads become slow. A placement that keeps inline while it is under twice ahead's step
 // (margin -1) makes the move certain with reads of a few microseconds.
@@ -244,13 +261,8 @@ TEST(Prefetcher, MovesReadsToTheTrainingThreadAndBackInOrder) {
         return Batch(torch::tensor(indices), torch::tensor(indices));
       },
       [&] { return std::vector<std::int64_t>{next++}; }, 1, 2, true, options);
-  std::int64_t expected = 0;
-  const auto step = [&](std::chrono::microseconds work) {
-    ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), expected++);
-    const auto until = std::chrono::steady_clock::now() + work;
-    while (std::chrono::steady_clock::now() < until) {
-    }
-  };
+  Steps steps(prefetcher);
+  const auto step = [&](std::chrono::microseconds work) { steps.take(work); };
   for (int i = 0; i < 200 && prefetcher.where() != Where::kInline; ++i) step(std::chrono::microseconds(50));
   ASSERT_EQ(prefetcher.where(), Where::kInline);
   for (int i = 0; i < 10; ++i) step(std::chrono::microseconds(50));
@@ -277,13 +289,8 @@ TEST(Prefetcher, PacesAReaderOfShortReadsAndStillDeliversWhenTheStepsOutrunIt) {
         return Batch(torch::tensor(indices), torch::tensor(indices));
       },
       [&] { return std::vector<std::int64_t>{next++}; }, 1, 2, true, ahead_only);
-  std::int64_t expected = 0;
-  const auto step = [&](std::chrono::microseconds work) {
-    ASSERT_EQ(prefetcher.next().data[0].item<std::int64_t>(), expected++);
-    const auto until = std::chrono::steady_clock::now() + work;
-    while (std::chrono::steady_clock::now() < until) {
-    }
-  };
+  Steps steps(prefetcher);
+  const auto step = [&](std::chrono::microseconds work) { steps.take(work); };
   EXPECT_EQ(prefetcher.reader_pace_s(), 0);  // nothing measured yet
   for (int i = 0; i < 60; ++i) step(std::chrono::microseconds(2000));
   const double pace = prefetcher.reader_pace_s();
