@@ -94,24 +94,55 @@ TEST(AshaBrackets, EachModeMakesDeterminedsBrackets) {
   EXPECT_EQ(trials_of(make_brackets(o)), (std::vector<int>{10}));
 }
 
-// Determined gives every bracket a trial even when max_trials is smaller than that makes: here
-// the least aggressive brackets give theirs back, so that the search makes max_trials trials.
+// Determined gives every bracket a trial even when max_trials is smaller than that makes
+// (getBracketMaxTrials, master/pkg/searcher/adaptive_asha.go): here the least aggressive
+// brackets give theirs back, so that the search makes max_trials trials at most.
 TEST(AshaBrackets, TheBracketsMakeExactlyMaxTrials) {
   AshaOptions o = sixty_four();
   o.bracket_rungs = {3, 2, 1};
   o.max_trials = 2;  // weights 16/3, 2, 1: 1, 0 and 0 trials, each raised to 1 by Determined
-  const auto b = make_brackets(o);
+  auto b = make_brackets(o);
   EXPECT_EQ(rungs_of(b), (std::vector<int>{3, 2}));
   EXPECT_EQ(trials_of(b), (std::vector<int>{1, 1}));
+  // Weights 4^3/4 = 16, 4^2/3, 4/2, 1 (total 24.33) of 5 trials: 3.29, 1.10, 0.41, 0.21, rounded
+  // down to 3, 1, 0, 0. Determined raises each to 1: 3, 1, 1, 1 - six trials.
+  o.bracket_rungs = {4, 3, 2, 1};
+  o.divisor = 4;
+  o.max_trials = 5;
+  b = make_brackets(o);
+  EXPECT_EQ(rungs_of(b), (std::vector<int>{4, 3, 2}));
+  EXPECT_EQ(trials_of(b), (std::vector<int>{3, 1, 1}));
 }
 
+// Determined caps the rungs at int(log(x) / log(divisor)) + 1 for max_length and max_trials
+// (makeBrackets, master/pkg/searcher/adaptive_asha.go), which in doubles is one rung short on
+// exact powers of the divisor: log(1000) / log(10) is 2.9999999999999996, so 1000 gets 3 rungs
+// where 999 gets 3 and 1001 gets 4. hpctrial counts the rungs whose shortest still holds one
+// unit: a power of the divisor counts as itself.
 TEST(AshaBrackets, TheTopRungMustBeAbleToHoldATrial) {
   AshaOptions o = sixty_four();
   o.mode = AshaOptions::Mode::kAggressive;
-  o.max_trials = 1000;  // 1000 = 10^3: 4 rungs of divisor 10, not 3 (log 1000 / log 10 < 3 in doubles)
+  o.max_trials = 1000;  // 1000 = 10^3: 4 rungs of divisor 10 (Determined: 3)
   o.divisor = 10;
   o.max_length = 100000;
   EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{4}));
+  o.max_trials = 999;  // 2.9996: 3 rungs, as Determined
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{3}));
+  o.max_trials = 1001;  // 3.0004: 4 rungs, as Determined
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{4}));
+  o.max_rungs = 10;
+  o.max_trials = 1000000;  // 10^6: 7 rungs (Determined: 5.999999999999999, 6)
+  o.max_length = 100000000;
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{7}));
+  o.divisor = 3;
+  o.max_trials = 243;  // 3^5: 6 rungs (Determined: 4.999999999999999, 5)
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{6}));
+  o.max_trials = 59049;  // 3^10: 11 rungs (Determined: 9.999999999999998, 10)
+  o.max_rungs = 12;
+  EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{11}));
+  o.max_trials = 1000;
+  o.divisor = 10;
+  o.max_rungs = 5;
   o.max_length = 50;  // 50 batches: 2 rungs (5 and 50)
   EXPECT_EQ(rungs_of(make_brackets(o)), (std::vector<int>{2}));
   EXPECT_EQ(rung_lengths(2, 10, 50), (std::vector<std::int64_t>{5, 50}));
