@@ -221,6 +221,16 @@ class Run {
   int status_ = 0;
 };
 
+// A worker's "cpu before MPI_Init" line: negative where the worker's MPI_Init was not timed.
+double cpu_before_mpi(Run& run, const char* side) {
+  const double cpu_s = std::stod(run.wait_for("cpu before MPI_Init (-?[0-9.]+) s", 600));
+  if (cpu_s < 0) {
+    fail(std::string(side) + "'s MPI_Init was not timed: the library did not call this program's MPI_Init_thread "
+         "(is the program linked with its symbols exported, ENABLE_EXPORTS?)", run.output());
+  }
+  return cpu_s;
+}
+
 void fail(const std::string& why, const std::string& output) {
   std::fprintf(stderr, "scale: %s\n%s\n", why.c_str(), output.c_str());
   for (Run* run : std::vector<Run*>(g_runs)) run->end();
@@ -267,7 +277,7 @@ void measure_plain(int world, Costs& c) {
   {
     Run run(plain_argv(world), run_options());
     c.plain_launch_s = static_cast<double>(std::stoll(run.wait_for("first step ended at ([0-9]+)", 600)) - run.started_ns()) / 1e9;
-    c.plain_launch_cpu_s = std::stod(run.wait_for("cpu before MPI_Init ([0-9.]+) s", 600));
+    c.plain_launch_cpu_s = cpu_before_mpi(run, "scale_plain");
     c.plain_control_us = std::stod(run.wait_for("control plane median ([0-9.]+) ns", 600)) / 1e3;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto signalled = Clock::now();
@@ -334,7 +344,7 @@ Costs measure(const std::filesystem::path& dir, const std::string& self, int wor
   {
     Run run(run_argv(config, experiment, world), run_options());
     c.launch_s = static_cast<double>(std::stoll(run.wait_for("first step ended at ([0-9]+)", 600)) - run.started_ns()) / 1e9;
-    c.launch_cpu_s = std::stod(run.wait_for("cpu before MPI_Init ([0-9.]+) s", 600));
+    c.launch_cpu_s = cpu_before_mpi(run, "hpctrial's worker");
     c.control_us = std::stod(run.wait_for("control plane median ([0-9.]+) ns", 600)) / 1e3;
     wait_for_step(trial, run, kReportAt + 10);
     const long long at_signal = hpctrial::bench::chief_step(trial);

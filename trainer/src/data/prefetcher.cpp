@@ -195,11 +195,9 @@ void Prefetcher::run() {
 void Prefetcher::measure() {
   const auto now = Clock::now();
   if (last_next_ != Clock::time_point{}) {
-    placement_.step(std::chrono::duration<double>(now - last_next_).count(), last_.where, last_.read_s,
-                    last_.fetch_s);
-  }
-  if (last_next_ != Clock::time_point{}) {
-    pace(std::chrono::duration<double>(now - last_next_).count());
+    const double step_s = std::chrono::duration<double>(now - last_next_).count();
+    placement_.step(step_s, last_.where, last_.read_s, last_.fetch_s);
+    pace(step_s);
   }
   last_next_ = now;
   const bool ahead = placement_.where() == ReadPlacement::Where::kAhead;
