@@ -181,7 +181,8 @@ TEST(AdaptiveBatchState, OneRankKeepsTheBaseBatchWhateverEstimateItResumedWith) 
       two.start_step();
       // b local records, B = 2b averaged: |G|^2 = 0.02 and tr(S) = 80 per record.
       const double b = static_cast<double>(local), big = 2 * b;
-      two.end_step(GradientNorms{0.02 + 80 / b, 0.02 + 80 / big, 0}, 0.004 + 0.0001 * b, 0.005 + 0.0001 * b);
+      two.fold_norms(GradientNorms{0.02 + 80 / b, 0.02 + 80 / big, 0});
+      two.end_step(0.004 + 0.0001 * b, 0.005 + 0.0001 * b);
     }
   }
   const BatchChoice on_two = two.decide();
@@ -198,7 +199,8 @@ TEST(AdaptiveBatchState, OneRankKeepsTheBaseBatchWhateverEstimateItResumedWith) 
     one.apply({local, 1, 1});
     for (int i = 0; i < 20; ++i) {
       one.start_step();
-      one.end_step(std::nullopt, 0.004 + 0.0001 * static_cast<double>(local), 0.004 + 0.0001 * static_cast<double>(local));
+      one.fold_norms(GradientNorms{0.5, 0.3, 0});  // measured nowhere on one rank: no effect
+      one.end_step(0.004 + 0.0001 * static_cast<double>(local), 0.004 + 0.0001 * static_cast<double>(local));
     }
   }
   EXPECT_EQ(one.decide().shape.global(), 16);
@@ -206,6 +208,53 @@ TEST(AdaptiveBatchState, OneRankKeepsTheBaseBatchWhateverEstimateItResumedWith) 
   one.start_step();
   EXPECT_EQ(one.step_gain(), 1.0);
   EXPECT_EQ(one.state_dict().at("noise"), two.state_dict().at("noise")) << "the estimate is kept for more ranks";
+}
+
+// AdaptDL folds a step's own gradient statistics into its estimate before that step's learning
+// rate factor and progress are taken (scaling_rules.py: _final_callback at the end of backward,
+// then run_step's calculate_lr_factors(scale) and `progress += gain(scale)`). With 2 replicas and
+// scale 2 (count 2): grad_sqr = (2 total - local), grad_var = (local - total) x 2, each averaged
+// with weight theta = 0.999^2 and the bias correction _update_avg applies.
+//   step 1, local 0.5, total 0.3: sqr 0.1, var 0.4           gain (0.4 + 0.1) / (0.2 + 0.1) = 5/3
+//   step 2, local 0.4, total 0.35: sample sqr 0.3, var 0.1;
+//     sqr_avg = (theta 0.1 + 0.3) / (1 + theta) = 0.20010005, var_avg = (theta 0.4 + 0.1) / (1 + theta)
+//     = 0.249849925                                          gain 1.3843549194541
+// So the first measured step already trains with its own noisy sample's factor (not 1), and the
+// progress after two steps is 5/3 + 1.38435 (not 1 + 5/3).
+TEST(AdaptiveBatchState, TheGainOfAStepFoldsInItsOwnGradientsAsAdaptDLDoes) {
+  core::AdaptiveBatch config;
+  config.enabled = true;
+  config.max_batch_size = 256;
+  config.min_local_batch = 8;
+  config.max_local_batch = 64;
+  config.smoothing = 0.999;
+  config.scaling_rule = core::ScalingRule::kAdaScale;
+  AdaptiveBatchState state(config, 16, 4096, 2);
+  state.apply({16, 1, 2});
+  state.start_step();
+  EXPECT_EQ(state.lr_factor(), 1.0) << "before the step's gradients, nothing is known";
+  state.fold_norms(GradientNorms{0.5, 0.3, 0});
+  EXPECT_NEAR(state.step_gain(), 5.0 / 3.0, 1e-12);
+  EXPECT_NEAR(state.lr_factor(), 5.0 / 3.0, 1e-12);
+  state.end_step(0.01, 0);
+  EXPECT_NEAR(state.progress(), 5.0 / 3.0, 1e-12);
+
+  state.start_step();
+  EXPECT_NEAR(state.lr_factor(), 5.0 / 3.0, 1e-12) << "until the step's own norms: the estimate so far";
+  state.fold_norms(GradientNorms{0.4, 0.35, 0});
+  EXPECT_NEAR(state.noise().sqr(), 0.20010004999997497, 1e-12);
+  EXPECT_NEAR(state.noise().var() / 16, 0.24984992500003755, 1e-12);  // per record, var_avg / B0
+  EXPECT_NEAR(state.lr_factor(), 1.384354919454149, 1e-12);
+  // A second measurement in the same step (a second optimizer's) replaces the first.
+  state.fold_norms(GradientNorms{0.5, 0.3, 0});
+  state.fold_norms(GradientNorms{0.4, 0.35, 0});
+  EXPECT_NEAR(state.lr_factor(), 1.384354919454149, 1e-12);
+  state.end_step(0.01, 0);
+  EXPECT_NEAR(state.progress(), 5.0 / 3.0 + 1.384354919454149, 1e-12);
+  // A step that measures nothing (skipped for an overflow) keeps the estimate so far.
+  state.start_step();
+  state.end_step(0.01, 0);
+  EXPECT_NEAR(state.progress(), 5.0 / 3.0 + 2 * 1.384354919454149, 1e-12);
 }
 
 // AdamScale's moments start afresh when a step's scale differs from the last step's: at a fresh

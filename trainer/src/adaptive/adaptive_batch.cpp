@@ -9,7 +9,7 @@ namespace hpctrial::trainer::detail {
 
 AdaptiveBatchState::AdaptiveBatchState(const core::AdaptiveBatch& config, std::int64_t base_batch,
                                        std::int64_t records_per_epoch, int ranks)
-    : config_(config), records_per_epoch_(records_per_epoch), ranks_(ranks), noise_(config.smoothing) {
+    : config_(config), records_per_epoch_(records_per_epoch), ranks_(ranks), noise_(config.smoothing), noise_before_step_(config.smoothing) {
   if (config.max_batch_size < base_batch) {
     throw ConfigError("optimizations.adaptive_batch_size.max_batch_size (" + std::to_string(config.max_batch_size) +
                       ") is below the trial's global batch size (" + std::to_string(base_batch) +
@@ -32,20 +32,29 @@ std::int64_t AdaptiveBatchState::epoch_at(double progress) const {
 }
 
 void AdaptiveBatchState::start_step() {
+  noise_before_step_ = noise_;
+  price_step();
+}
+
+void AdaptiveBatchState::fold_norms(const GradientNorms& norms) {
+  if (!measures_noise()) return;
+  noise_ = noise_before_step_;
+  const std::int64_t micro_batches = norms.local_micro_batches > 0 ? norms.local_micro_batches : shape_.accumulation;
+  const double local = static_cast<double>(shape_.local_batch * micro_batches);
+  noise_.update(norms.local_sqr, norms.global_sqr, local, static_cast<double>(shape_.global()),
+                static_cast<double>(limits_.base_batch));
+  price_step();
+}
+
+void AdaptiveBatchState::price_step() {
   step_gain_ = !measures_noise() ? 1.0 : noise_.gain(static_cast<double>(shape_.global()), static_cast<double>(limits_.base_batch));
   const double scale = static_cast<double>(shape_.global()) / static_cast<double>(limits_.base_batch);
   lr_factor_ = detail::lr_factor(config_.scaling_rule, scale, step_gain_, progress_ + step_gain_, warmup_);
 }
 
-void AdaptiveBatchState::end_step(const std::optional<GradientNorms>& norms, double step_seconds, double sync_seconds) {
+void AdaptiveBatchState::end_step(double step_seconds, double sync_seconds) {
   ++steps_;
   progress_ += step_gain_;
-  if (norms) {
-    const std::int64_t micro_batches = norms->local_micro_batches > 0 ? norms->local_micro_batches : shape_.accumulation;
-    const double local = static_cast<double>(shape_.local_batch * micro_batches);
-    noise_.update(norms->local_sqr, norms->global_sqr, local, static_cast<double>(shape_.global()),
-                  static_cast<double>(limits_.base_batch));
-  }
   if (step_seconds > 0) model_.observe(shape_, std::max(0.0, step_seconds - sync_seconds), step_seconds);
 }
 

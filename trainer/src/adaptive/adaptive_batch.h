@@ -5,7 +5,9 @@
 //
 //   start_step()                  before a step's first micro-batch: its gain, its LR factor
 //   end_micro_batch()             after each micro-batch: the records it took
-//   end_step(norms, seconds)      after the step: progress, the noise estimate, the model
+//   fold_norms(norms)             once the step's gradients are averaged, before the optimizer
+//                                 steps: the noise estimate, then the gain and LR factor again
+//   end_step(seconds)             after the step: progress, the step-time model
 //   decision_due() / decide()     every decision_interval steps: the chief chooses, every rank
 //   apply(shape)                  takes the broadcast choice
 //
@@ -60,16 +62,22 @@ class AdaptiveBatchState {
   std::int64_t epoch_at(double progress) const;
   std::int64_t epoch() const { return epoch_at(progress_); }
 
-  // The step about to run: its gain (progress it will make) and the learning rate's factor.
+  // The step about to run: its gain (progress it will make) and the learning rate's factor, from
+  // the estimates so far - what the step keeps when it measures no norms (one rank, a skipped
+  // step).
   void start_step();
+  // The step's own norms, measured once its gradients are averaged: folded into the estimate, and
+  // the step's gain and LR factor computed again from it, as AdaptDL's optimizer step does after
+  // its `_final_callback` (scaling_rules.py). Called again in the same step (a second optimizer),
+  // the later norms replace the earlier.
+  void fold_norms(const GradientNorms& norms);
   double step_gain() const { return step_gain_; }
   double lr_factor() const { return lr_factor_; }
   // The epoch the step ends in: differs from epoch() when the step completes one.
   std::int64_t epoch_after_step() const { return epoch_at(progress_ + step_gain_); }
   void end_micro_batch() { records_ += shape_.local_batch * shape_.ranks; }
-  // `norms` when measured (more than one rank, a step not skipped); the step's seconds, all in
-  // and exposed gradient all-reduce.
-  void end_step(const std::optional<GradientNorms>& norms, double step_seconds, double sync_seconds);
+  // The step's seconds, all in and exposed gradient all-reduce.
+  void end_step(double step_seconds, double sync_seconds);
 
   // AdamScale's preconditioned noise: whether the step about to run has another scale (batch /
   // base batch) than the last step asked about - AdaptDL starts Adam's moments afresh then. The
@@ -96,6 +104,8 @@ class AdaptiveBatchState {
   // Whether this run measures the gradient noise: across ranks, so not on one. A run that does
   // not keeps the base batch and a gain of 1, whatever estimate a checkpoint brought.
   bool measures_noise() const { return ranks_ > 1; }
+  // step_gain_ and lr_factor_ from the estimate in noise_.
+  void price_step();
 
   core::AdaptiveBatch config_;
   BatchLimits limits_;
@@ -103,6 +113,7 @@ class AdaptiveBatchState {
   int ranks_;
   BatchShape shape_;
   GradientNoise noise_;
+  GradientNoise noise_before_step_;  // fold_norms() folds into this
   ThroughputModel model_;
   std::int64_t records_ = 0;
   std::int64_t steps_ = 0;

@@ -178,12 +178,8 @@ void TrialContext::precondition_gradient_noise(NoisePreconditioner preconditione
 }
 
 void TrialContext::record_gradient_norms(const GradientNorms& norms, double seconds) {
-  gradient_norms_ = norms;
   estimator_seconds_ += seconds;
-}
-
-std::optional<TrialContext::GradientNorms> TrialContext::take_gradient_norms() {
-  return std::exchange(gradient_norms_, std::nullopt);
+  if (gradient_norms_listener_) gradient_norms_listener_(norms);
 }
 
 double TrialContext::take_sync_wait_seconds() {
@@ -354,7 +350,7 @@ bool TrialContext::step(torch::optim::Optimizer& optimizer, GradScaler* scaler, 
       estimator_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
     const double unscale = scaler != nullptr ? 1.0 / (scaler->get_scale() * scaler->get_scale()) : 1.0;
-    if (!skip) gradient_norms_ = GradientNorms{local * unscale, norms->global_sqr * unscale, 0};
+    if (!skip) record_gradient_norms(GradientNorms{local * unscale, norms->global_sqr * unscale, 0}, 0);
   }
   if (clip_grads && !skip) {
     std::vector<torch::Tensor> parameters;

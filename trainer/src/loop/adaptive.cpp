@@ -93,6 +93,13 @@ void Loop::setup_adaptive() {
   }
   adaptive_ = std::make_unique<AdaptiveBatchState>(resolved, global_batch_, records_per_epoch_, comm_.size());
   context_->measure_gradient_noise(true);
+  // As AdaptDL's optimizer step: the step's own gradients in the estimate before its gain and LR
+  // factor are taken (scaling_rules.py, run_step after _final_callback).
+  context_->set_gradient_norms_listener([this](const TrialContext::GradientNorms& norms) {
+    adaptive_->fold_norms(GradientNorms{norms.local_sqr, norms.global_sqr, norms.local_micro_batches});
+    context_->set_lr_factor(adaptive_->lr_factor());
+    if (micro_in_step_ + 1 == loop_accumulation()) context_->set_epoch_end(adaptive_->epoch_after_step() != step_epoch_);
+  });
   // AdamScale named in the config is AdaptDL's AdamScale() passed to AdaptiveDataParallel: the
   // noise of Adam-preconditioned gradients; `auto` measures the raw ones, as AdaptDL's default does.
   if (config.scaling_rule == core::ScalingRule::kAdamScale) {
@@ -138,10 +145,6 @@ bool Loop::end_adaptive_micro_batch() {
     const BatchShape& shape = adaptive_->shape();
     seconds = options_.adaptive_step_seconds(shape.local_batch, shape.accumulation, shape.ranks);
   }
-  std::optional<GradientNorms> norms;
-  if (auto measured = context_->take_gradient_norms()) {
-    norms = GradientNorms{measured->local_sqr, measured->global_sqr, measured->local_micro_batches};
-  }
   // What the adaptive batch costs a step: measuring the gradients' norms (inside train_batch), and
   // updating the estimates.
   timings_.add("adaptive_norms", std::chrono::duration_cast<Clock::duration>(
@@ -149,7 +152,7 @@ bool Loop::end_adaptive_micro_batch() {
   {
     detail::PhaseTimings::Scope t(timings_, "adaptive_update");
     const bool modelled = static_cast<bool>(options_.adaptive_step_seconds);
-    adaptive_->end_step(norms, seconds, modelled ? (comm_.size() > 1 ? options_.adaptive_sync_seconds : 0.0) : sync);
+    adaptive_->end_step(seconds, modelled ? (comm_.size() > 1 ? options_.adaptive_sync_seconds : 0.0) : sync);
   }
   last_step_epoch_ = step_epoch_;
   return true;

@@ -264,7 +264,9 @@ void Loop::train_one_batch() {
   const std::int64_t epoch = adaptive_ ? step_epoch_ : epoch_of_batch(batch_idx);
   const bool epoch_start = adaptive_ ? micro_in_step_ == 0 && epoch != last_started_epoch_
                                      : batch_idx == 0 || epoch_of_batch(batch_idx - 1) != epoch;
-  const bool epoch_end = adaptive_ ? micro_in_step_ + 1 == loop_accumulation() &&
+  // An adaptive step's end is foreseen with the gain known now, and decided with its own, once its
+  // gradients are measured (fold_norms).
+  bool epoch_end = adaptive_ ? micro_in_step_ + 1 == loop_accumulation() &&
                                          adaptive_->epoch_after_step() != epoch
                                    : epoch_of_batch(batch_idx + 1) != epoch;
   if (epoch_start) {
@@ -301,7 +303,7 @@ void Loop::train_one_batch() {
   }
   ++period_batches_;
   ++batches_trained_;
-  if (adaptive_) end_adaptive_micro_batch();
+  if (adaptive_) epoch_end = end_adaptive_micro_batch() && adaptive_->epoch() != epoch;
   step_lr_schedulers(epoch_end);
   if (epoch_end) {
     call([&](Callback& c) { c.on_training_epoch_end(epoch); });

@@ -335,6 +335,8 @@ class TrialContext {
   const std::vector<std::shared_ptr<GradScaler>>& scalers() const { return scalers_; }
   comm::Communicator& communicator() const { return communicator_; }
   void set_loop_position(bool epoch_start, bool epoch_end, std::int64_t batches_trained);
+  // An adaptive step's end of epoch decided again once its own gain is known.
+  void set_epoch_end(bool epoch_end) { epoch_end_ = epoch_end; }
   // An engine's micro-batches: what the gradient averaging counts (the loop's batches stay the
   // TensorBoard writer's step).
   void set_micro_step(std::int64_t micro_steps);
@@ -377,9 +379,13 @@ class TrialContext {
     double global_sqr = 0;
     std::int64_t local_micro_batches = 0;
   };
-  // Norms measured by an optimizer stepped elsewhere (a ZeRO engine's), and the seconds it took.
+  // A step's norms, measured once its gradients are averaged (by step_optimizer, or an optimizer
+  // stepped elsewhere, a ZeRO engine's), and the seconds measuring took: handed at once to the
+  // listener, which may set lr_factor() and is_epoch_end() for the optimizer step that follows.
   void record_gradient_norms(const GradientNorms& norms, double seconds);
-  std::optional<GradientNorms> take_gradient_norms();
+  void set_gradient_norms_listener(std::function<void(const GradientNorms&)> listener) {
+    gradient_norms_listener_ = std::move(listener);
+  }
   // Seconds the steps waited for gradient collectives since the last call: the all-reduces', and
   // what an optimizer stepped elsewhere (a ZeRO engine's) adds.
   void add_sync_wait_seconds(double seconds) { sync_wait_seconds_ += seconds; }
@@ -456,7 +462,7 @@ class TrialContext {
   NoisePreconditioner noise_preconditioner_;
   double estimator_seconds_ = 0;
   double sync_wait_seconds_ = 0;
-  std::optional<GradientNorms> gradient_norms_;
+  std::function<void(const GradientNorms&)> gradient_norms_listener_;
   std::unique_ptr<SummaryWriter> summary_writer_;
   bool batch_started_ = false;
 };
