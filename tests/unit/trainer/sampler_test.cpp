@@ -158,6 +158,30 @@ TEST(StreamOrder, WithoutShuffleIsSequentialAndRecordsPerEpochTakesAPrefix) {
   EXPECT_EQ(prefix.epoch_of(10), 1u);
 }
 
+// ElasticSampler.__len__'s counterpart: 100 records an epoch in global batches of 12 over 4 ranks
+// (3 each) are 8 whole batches - 24 records a rank - and 4 records of a ninth batch, which go to
+// rank 0 (3) and rank 1 (1): 27, 25, 24, 24, every record once (AdaptDL: ceil(100 / 4) = 25 each,
+// padded by repeating a record). From index 50: 4 whole batches and 2 records, 14, 12, 12, 12.
+TEST(TrainingSampler, RemainingInEpochCountsThisRanksRecordsOfTheEpoch) {
+  const StreamOrder order(100, 3, true);
+  const std::vector<std::uint64_t> from_start = {27, 25, 24, 24}, from_50 = {14, 12, 12, 12};
+  for (int r = 0; r < 4; ++r) {
+    TrainingSampler sampler(order, 12, r, 4);
+    EXPECT_EQ(sampler.remaining_in_epoch(), from_start[static_cast<std::size_t>(r)]) << "rank " << r;
+    sampler.set_epoch(0, 50);
+    EXPECT_EQ(sampler.remaining_in_epoch(), from_50[static_cast<std::size_t>(r)]) << "rank " << r;
+    // What the batches hand this rank before the epoch's end, position by position.
+    std::uint64_t taken = 0;
+    for (std::uint64_t first = 50; first < 100; first += 12) {
+      const std::uint64_t mine = first + static_cast<std::uint64_t>(r) * 3;
+      for (std::uint64_t p = mine; p < mine + 3; ++p) taken += p < 100 ? 1 : 0;
+    }
+    EXPECT_EQ(sampler.remaining_in_epoch(), taken) << "rank " << r;
+    sampler.set_epoch(1, 99);  // the epoch's last record: rank 0's
+    EXPECT_EQ(sampler.remaining_in_epoch(), r == 0 ? 1u : 0u);
+  }
+}
+
 TEST(TrainingSampler, ImpossibleSizesAreClearErrors) {
   try {
     StreamOrder(0, 1, true);

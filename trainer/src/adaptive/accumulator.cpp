@@ -85,8 +85,9 @@ double value_from_json(const json& value, const std::string& where) {
 
 }  // namespace
 
-Accumulator::Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock)
-    : name_(std::move(name)), communicator_(communicator), clock_(clock) {}
+Accumulator::Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock,
+                         Values initial)
+    : name_(std::move(name)), communicator_(communicator), clock_(clock), sums_(std::move(initial)) {}
 
 Accumulator::Entry& Accumulator::Entry::operator+=(double value) {
   (owner_.synchronized_ ? owner_.view() : owner_.pending_)[key_] += value;
@@ -117,13 +118,12 @@ void Accumulator::subtract(const Values& updates) {
 }
 
 Accumulator::Synchronized Accumulator::synchronized() {
-  if (synchronized_) {
-    throw ConfigError("accumulator '" + name_ + "' is in synchronized mode already: end the first guard of "
-                      "synchronized() before making another");
-  }
+  // Inside another guard: part of that synchronization (AdaptDL's nested synchronized() yields at
+  // once). A guard that owns nothing, so the outer one ends the mode.
+  if (synchronized_) return Synchronized(nullptr);
   if (replay()) {
     synchronized_ = true;
-    return Synchronized(*this);
+    return Synchronized(this);
   }
   const std::vector<std::string> all = communicator_.allgather(detail::encode_values(name_, pending_));
   std::vector<Values> updates;
@@ -143,7 +143,7 @@ Accumulator::Synchronized Accumulator::synchronized() {
     history_[epoch ? std::to_string(*epoch) : "none"].push_back(sums_);
   }
   synchronized_ = true;
-  return Synchronized(*this);
+  return Synchronized(this);
 }
 
 // AdaptDL's rule: the n-th synchronization of an epoch replays the n-th recorded one, while
@@ -280,14 +280,14 @@ std::pair<std::string, Accumulator::Values> decode_values(const std::string& byt
   return out;
 }
 
-std::shared_ptr<Accumulator> Accumulators::make(std::string name) {
+std::shared_ptr<Accumulator> Accumulators::make(std::string name, Accumulator::Values initial) {
   if (name.empty()) name = "accumulator" + std::to_string(made_.size());
   for (const auto& accumulator : made_) {
     if (accumulator->name() == name) {
       throw ConfigError("an accumulator named '" + name + "' exists already: give each accumulator its own name");
     }
   }
-  auto accumulator = std::make_shared<Accumulator>(name, communicator_, clock_);
+  auto accumulator = std::make_shared<Accumulator>(name, communicator_, clock_, std::move(initial));
   if (restored_.contains(name)) {
     accumulator->load_state_dict(restored_.at(name));
     restored_.erase(name);

@@ -150,8 +150,8 @@ void CoreContext::save_state(const nlohmann::json& program_state) {
   if (!error.empty()) throw IoError("the program's state was not saved: " + error);
 }
 
-std::shared_ptr<Accumulator> CoreContext::make_accumulator(std::string name) {
-  return accumulators_->make(std::move(name));
+std::shared_ptr<Accumulator> CoreContext::make_accumulator(std::string name, Accumulator::Values initial) {
+  return accumulators_->make(std::move(name), std::move(initial));
 }
 
 CoreContext::EpochRange CoreContext::remaining_epochs_until(std::int64_t epoch) {

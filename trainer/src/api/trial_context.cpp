@@ -191,8 +191,8 @@ double TrialContext::take_estimator_seconds() {
   return std::exchange(estimator_seconds_, 0.0) + measured;
 }
 
-std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name) {
-  return accumulators_->make(std::move(name));
+std::shared_ptr<Accumulator> TrialContext::make_accumulator(std::string name, Accumulator::Values initial) {
+  return accumulators_->make(std::move(name), std::move(initial));
 }
 
 TrialContext::~TrialContext() = default;

@@ -96,6 +96,14 @@ std::vector<std::int64_t> TrainingSampler::next_batch() {
   return indices;
 }
 
+std::uint64_t TrainingSampler::remaining_in_epoch() const {
+  const std::uint64_t left = order_.records_per_epoch() - index();
+  const std::uint64_t mine_of_last = left % global_batch_size_;
+  const std::uint64_t before_me = static_cast<std::uint64_t>(rank_) * per_rank_;
+  const std::uint64_t partial = mine_of_last > before_me ? std::min(per_rank_, mine_of_last - before_me) : 0;
+  return left / global_batch_size_ * per_rank_ + partial;
+}
+
 void TrainingSampler::set_epoch(std::uint64_t epoch, std::uint64_t index) {
   if (index > order_.records_per_epoch()) {
     throw ConfigError("set_epoch(" + std::to_string(epoch) + ", " + std::to_string(index) + "): an epoch has " +

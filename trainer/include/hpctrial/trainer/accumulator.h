@@ -37,8 +37,10 @@
 // accumulators never replay: its loop resumes at the step it saved, running nothing again.
 //
 // Values are doubles (integers up to 2^53 are exact). Not thread-safe: one thread per process
-// uses an accumulator. Misuse (a read in accumulation mode, a key never added, nested guards,
+// uses an accumulator. Misuse (a read in accumulation mode, a key never added,
 // ranks that synchronize different accumulators) throws ConfigError naming the accumulator and key.
+// A synchronized() inside another's guard is part of it, as AdaptDL's nested `with
+// accum.synchronized()` is: no collective, not counted for replay, and the outer guard ends the mode.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -72,8 +74,10 @@ class Accumulator {
 
   // `name` identifies it in checkpoints; `communicator` sums across ranks and must outlive it.
   // Made by TrialContext::make_accumulator or CoreContext::make_accumulator, which save it.
-  // `clock`: replay after restarts (CoreContext); null: never (the Trial API).
-  Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock = nullptr);
+  // `clock`: replay after restarts (CoreContext); null: never (the Trial API). `initial`: the sums
+  // it starts with (AdaptDL's Accumulator(*args, **kwargs)), the same on every rank.
+  Accumulator(std::string name, comm::Communicator& communicator, const detail::ReplayClock* clock = nullptr,
+              Values initial = {});
   Accumulator(const Accumulator&) = delete;
   Accumulator& operator=(const Accumulator&) = delete;
 
@@ -119,7 +123,7 @@ class Accumulator {
 
    private:
     friend class Accumulator;
-    explicit Synchronized(Accumulator& owner) : owner_(&owner) {}
+    explicit Synchronized(Accumulator* owner) : owner_(owner) {}
     Accumulator* owner_;
   };
   [[nodiscard]] Synchronized synchronized();
@@ -176,8 +180,9 @@ class Accumulators {
       : communicator_(communicator), clock_(clock) {}
 
   // A new accumulator; an empty name is "accumulator<i>" (i: the number made before). Its sums
-  // come from the restored state when that has one of the name. ConfigError for a name in use.
-  std::shared_ptr<Accumulator> make(std::string name);
+  // are `initial`, or the restored state's when that has one of the name (as AdaptDL's
+  // load_state replaces the initial dict). ConfigError for a name in use.
+  std::shared_ptr<Accumulator> make(std::string name, Accumulator::Values initial = {});
   // Collective: folds every rank's pending updates of every accumulator into its sums. Throws
   // ConfigError on every rank when the ranks have made different accumulators.
   void synchronize_all();

@@ -90,7 +90,9 @@ class CoreContext {
 
   // --- state across restarts (AdaptDL's checkpoint-restart) ---------------------------------
   // An Accumulator (accumulator.h) saved by save_state(); make them in the same order on every rank.
-  std::shared_ptr<Accumulator> make_accumulator(std::string name = {});
+  // `initial`: the sums it starts with, the same on every rank (AdaptDL's Accumulator(*args,
+  // **kwargs)); a restored one's saved sums replace them.
+  std::shared_ptr<Accumulator> make_accumulator(std::string name = {}, Accumulator::Values initial = {});
 
   // Epochs that survive restarts, as AdaptDL's remaining_epochs_until:
   //   for (std::int64_t epoch : context.remaining_epochs_until(30)) { ... }   // 0 .. 29

@@ -63,6 +63,12 @@ class TrainingSampler {
   std::uint64_t epoch() const { return order_.epoch_of(position_); }
   std::uint64_t index() const { return position_ % order_.records_per_epoch(); }
   std::uint64_t per_rank_batch_size() const { return per_rank_; }
+  // AdaptDL's ElasticSampler.__len__: the records this rank takes from the next batch to the end
+  // of its epoch. A batch that runs into the next epoch counts only its records of this one, so
+  // the ranks' counts can differ by up to a batch (AdaptDL pads each rank to the same count,
+  // repeating a record; here every record of the epoch is taken once, and the batch goes on into
+  // the next epoch).
+  std::uint64_t remaining_in_epoch() const;
   const StreamOrder& order() const { return order_; }
 
  private:

@@ -313,7 +313,9 @@ class TrialContext {
   // A new Accumulator (accumulator.h), summed across the ranks and saved in every checkpoint: a
   // resumed trial's accumulators hold the sums they had, on any number of ranks. Make them in the
   // constructor, or at least in the same order on every rank; an empty name is "accumulator<i>".
-  std::shared_ptr<Accumulator> make_accumulator(std::string name = {});
+  // `initial`: the sums it starts with, the same on every rank (AdaptDL's Accumulator(*args,
+  // **kwargs)); a restored one's saved sums replace them.
+  std::shared_ptr<Accumulator> make_accumulator(std::string name = {}, Accumulator::Values initial = {});
 
   // --- for the harness ----------------------------------------------------------------------
   detail::Accumulators& accumulators() { return *accumulators_; }
