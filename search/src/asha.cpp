@@ -50,6 +50,7 @@ const char* to_string(Event::Kind kind) {
     case Event::Kind::kStopped: return "stopped";
     case Event::Kind::kFinished: return "finished";
     case Event::Kind::kFailed: return "failed";
+    case Event::Kind::kInvalid: return "invalid_hp";
   }
   return "?";
 }
@@ -132,6 +133,7 @@ Asha::Asha(AshaOptions options) : options_(std::move(options)), brackets_(make_b
     lengths_.push_back(rung_lengths(b.rungs, options_.divisor, options_.max_length));
     rungs_.emplace_back(static_cast<std::size_t>(b.rungs));
   }
+  owed_.assign(brackets_.size(), 0);
 }
 
 std::int64_t Asha::length(int bracket, int rung) const {
@@ -178,6 +180,8 @@ void Asha::apply(const Event& e) {
     t.trial = e.trial;
     t.bracket = e.bracket;
     trials_[e.trial] = t;
+    int& owed = owed_[static_cast<std::size_t>(e.bracket)];
+    owed = std::max(0, owed - 1);
     return;
   }
   const auto it = trials_.find(e.trial);
@@ -185,10 +189,6 @@ void Asha::apply(const Event& e) {
   TrialState& t = it->second;
   const int top = brackets_[static_cast<std::size_t>(t.bracket)].rungs - 1;
   if (e.rung < 0 || e.rung > top) throw wrong("names rung " + std::to_string(e.rung) + " past the bracket's");
-  const auto arrive = [&](double metric) {
-    t.metrics.push_back(metric);
-    rungs_[static_cast<std::size_t>(t.bracket)][static_cast<std::size_t>(t.rung)].push_back({t.trial, metric, arrivals_++});
-  };
   switch (e.kind) {
     case Event::Kind::kStarted:
       if (e.rung != t.rung || t.ended() || static_cast<int>(t.metrics.size()) != t.rung) {
@@ -199,7 +199,7 @@ void Asha::apply(const Event& e) {
     case Event::Kind::kRung:
       if (!t.training || e.rung != t.rung) throw wrong("reaches a rung the trial was not training toward");
       t.training = false;
-      arrive(e.metric);
+      arrive(t, e.metric);
       if (e.rung == top) t.finished = true;
       // With stop_once a rung's decision is appended with it; a log that ends between the two
       // (the worker died) leaves the trial stopped.
@@ -213,6 +213,7 @@ void Asha::apply(const Event& e) {
       t.rung = e.rung;
       t.training = true;
       t.stop_pending = false;
+      t.granted = false;
       break;
     case Event::Kind::kStopped:
       t.stopped = true;
@@ -223,24 +224,88 @@ void Asha::apply(const Event& e) {
       t.finished = true;
       break;
     case Event::Kind::kFailed:
-      // Ranked last at the rung it trained toward, so that the rung's counts move on.
-      if (t.training) arrive(std::nan(""));
-      t.training = false;
+      // Determined's trialExitedEarly: the worst value at the rung it trained toward, so that the
+      // rung's counts move on (asha.go 326).
       t.failed = true;
+      if (t.training) {
+        t.training = false;
+        arrive(t, std::nan(""));
+      }
       break;
+    case Event::Kind::kInvalid: {
+      // Determined's InvalidHP (asha.go 296-322): out of every rung, not counted, replaced by a
+      // new trial of its bracket. Promotions it caused stand, as Determined's flags do.
+      if (!t.training) throw wrong("reports a trial invalid that is not training");
+      t.invalid = true;
+      t.training = t.granted = false;
+      for (auto& rung : rungs_[static_cast<std::size_t>(t.bracket)]) {
+        rung.erase(std::remove_if(rung.begin(), rung.end(), [&](const Arrival& a) { return a.trial == t.trial; }),
+                   rung.end());
+      }
+      // As many replaced as max_trials at most: a space where most samples are invalid ends.
+      if (++invalid_ <= options_.max_trials) {
+        ++owed_[static_cast<std::size_t>(t.bracket)];
+        uncounted_.insert(t.trial);
+      }
+      break;
+    }
     default:
       break;
   }
+}
+
+// Determined's promotionsAsync (asha.go 90-127): of the n trials at the rung before this one,
+// floor(n / divisor) are due a promotion; the newcomer is granted one if it ranks within the top
+// floor((n + 1) / divisor), and otherwise, if that number grew, the trial at its old edge is,
+// unless granted already. Ranks as better(): NaN and failures last, among equals by arrival
+// (Determined's sort.Search places a newcomer after equals, and a NaN where its comparisons fall).
+void Asha::arrive(TrialState& t, double metric) {
+  t.metrics.push_back(metric);
+  auto& rung = rungs_[static_cast<std::size_t>(t.bracket)][static_cast<std::size_t>(t.rung)];
+  const Arrival mine{t.trial, metric, arrivals_++, false};
+  const int top = brackets_[static_cast<std::size_t>(t.bracket)].rungs - 1;
+  if (options_.stop_once || t.rung == top) {
+    rung.push_back(mine);
+    return;
+  }
+  const int n = static_cast<int>(rung.size());
+  const int was_due = static_cast<int>(static_cast<double>(n) / options_.divisor);
+  const int due = static_cast<int>(static_cast<double>(n + 1) / options_.divisor);
+  rung.push_back(mine);
+  std::vector<Arrival*> order;
+  for (auto& a : rung) order.push_back(&a);
+  std::stable_sort(order.begin(), order.end(), [this](const Arrival* a, const Arrival* b) { return better(*a, *b); });
+  const auto at = std::find_if(order.begin(), order.end(), [&](const Arrival* a) { return a->trial == t.trial; });
+  Arrival* chosen = nullptr;
+  if (at - order.begin() < due) {
+    chosen = *at;
+  } else if (due != was_due && !order[static_cast<std::size_t>(was_due)]->granted) {
+    chosen = order[static_cast<std::size_t>(was_due)];
+  }
+  if (chosen == nullptr) return;
+  chosen->granted = true;
+  grant(trials_.at(chosen->trial));
+}
+
+// A granted trial waits for a worker; a failed one fails at the next rung at once, as Determined's
+// promoteAsync does for an early-exited trial (asha.go 223-229).
+void Asha::grant(TrialState& t) {
+  if (!t.failed) {
+    t.granted = true;
+    t.grant = grants_++;
+    return;
+  }
+  t.rung += 1;
+  arrive(t, std::nan(""));
 }
 
 AfterRung Asha::after_rung(int trial, int rung) const {
   const TrialState& t = trials_.at(trial);
   const Bracket& b = brackets_[static_cast<std::size_t>(t.bracket)];
   if (rung == b.rungs - 1) return AfterRung::kFinish;
-  const auto all = ranked(t.bracket, rung);
-  const int n = static_cast<int>(all.size());
-  const int top = static_cast<int>(static_cast<double>(n) / options_.divisor);
   if (options_.stop_once) {
+    const auto all = ranked(t.bracket, rung);
+    const int top = static_cast<int>(static_cast<double>(all.size()) / options_.divisor);
     // Determined's asha_stopping: the trial is placed before those equal to it.
     const Arrival* mine = nullptr;
     for (const auto& a : all) {
@@ -252,51 +317,34 @@ AfterRung Asha::after_rung(int trial, int rung) const {
     }
     return ahead < std::max(top, 1) ? AfterRung::kContinue : AfterRung::kStop;
   }
-  for (int i = 0; i < top; ++i) {
-    if (all[static_cast<std::size_t>(i)].trial == trial) return AfterRung::kContinue;
-  }
-  return AfterRung::kPause;
+  return t.granted && t.rung == rung ? AfterRung::kContinue : AfterRung::kPause;
 }
 
-// The best trial that stands in the top floor(n / divisor) of a rung and has not gone past it,
-// from the highest rung down (brackets in order); `prefer` first when it is one.
+// The granted trial the asking worker brought to its rung (`prefer`), else the one granted
+// first: Determined hands its promotions out in the order the rungs grant them.
 std::optional<Decision> Asha::promotion(std::optional<int> prefer, const std::function<bool(int)>& running) const {
   if (options_.stop_once) return std::nullopt;
-  const auto promotable = [&](int trial, int bracket, int rung) {
-    const TrialState& t = trials_.at(trial);
-    return t.bracket == bracket && t.rung == rung && !t.training && !t.ended() &&
-           static_cast<int>(t.metrics.size()) == rung + 1 && !running(trial);
+  const auto promotable = [&](const TrialState& t) {
+    return t.granted && !t.training && !t.ended() && static_cast<int>(t.metrics.size()) == t.rung + 1 &&
+           !running(t.trial);
   };
-  const auto decision = [&](int trial, int bracket, int rung) {
-    Decision d;
-    d.kind = Decision::Kind::kRun;
-    d.trial = trial;
-    d.bracket = bracket;
-    d.rung = rung + 1;
-    d.length = length(bracket, rung + 1);
-    d.promote = true;
-    return d;
-  };
-  if (prefer) {
-    const TrialState& t = trials_.at(*prefer);
-    if (promotable(*prefer, t.bracket, t.rung) && after_rung(*prefer, t.rung) == AfterRung::kContinue) {
-      return decision(*prefer, t.bracket, t.rung);
+  const TrialState* chosen = nullptr;
+  if (prefer && promotable(trials_.at(*prefer))) {
+    chosen = &trials_.at(*prefer);
+  } else {
+    for (const auto& [id, t] : trials_) {
+      if (promotable(t) && (chosen == nullptr || t.grant < chosen->grant)) chosen = &t;
     }
   }
-  int highest = 0;
-  for (const auto& b : brackets_) highest = std::max(highest, b.rungs - 2);
-  for (int rung = highest; rung >= 0; --rung) {
-    for (int bracket = 0; bracket < static_cast<int>(brackets_.size()); ++bracket) {
-      if (rung > brackets_[static_cast<std::size_t>(bracket)].rungs - 2) continue;
-      const auto all = ranked(bracket, rung);
-      const int top = static_cast<int>(static_cast<double>(all.size()) / options_.divisor);
-      for (int i = 0; i < top; ++i) {
-        const int trial = all[static_cast<std::size_t>(i)].trial;
-        if (promotable(trial, bracket, rung)) return decision(trial, bracket, rung);
-      }
-    }
-  }
-  return std::nullopt;
+  if (chosen == nullptr) return std::nullopt;
+  Decision d;
+  d.kind = Decision::Kind::kRun;
+  d.trial = chosen->trial;
+  d.bracket = chosen->bracket;
+  d.rung = chosen->rung + 1;
+  d.length = length(chosen->bracket, chosen->rung + 1);
+  d.promote = true;
+  return d;
 }
 
 // The next trial to sample, in the first bracket with trials left and room under its share of
@@ -304,10 +352,15 @@ std::optional<Decision> Asha::promotion(std::optional<int> prefer, const std::fu
 std::optional<Decision> Asha::new_trial(const std::function<bool(int)>& running) const {
   std::vector<int> made(brackets_.size(), 0), busy(brackets_.size(), 0);
   for (const auto& [id, t] : trials_) {
-    ++made[static_cast<std::size_t>(t.bracket)];
+    if (uncounted_.count(id) == 0) ++made[static_cast<std::size_t>(t.bracket)];
     if (t.training && running(id)) ++busy[static_cast<std::size_t>(t.bracket)];
   }
   std::optional<int> chosen;
+  // A trial reported invalid is replaced in its own bracket first, as Determined's bracket
+  // searcher creates the replacement itself.
+  for (int b = 0; b < static_cast<int>(brackets_.size()) && !chosen; ++b) {
+    if (owed_[static_cast<std::size_t>(b)] > 0) chosen = b;
+  }
   for (int b = 0; b < static_cast<int>(brackets_.size()) && !chosen; ++b) {
     const Bracket& bracket = brackets_[static_cast<std::size_t>(b)];
     if (made[b] < bracket.max_trials && busy[b] < bracket.max_concurrent_trials) chosen = b;

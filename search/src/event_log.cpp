@@ -29,7 +29,8 @@ const std::map<std::string, Event::Kind>& kinds() {
   static const std::map<std::string, Event::Kind> all = {
       {"search", Event::Kind::kSearch},     {"created", Event::Kind::kCreated}, {"started", Event::Kind::kStarted},
       {"rung", Event::Kind::kRung},         {"promoted", Event::Kind::kPromoted}, {"stopped", Event::Kind::kStopped},
-      {"finished", Event::Kind::kFinished}, {"failed", Event::Kind::kFailed}};
+      {"finished", Event::Kind::kFinished}, {"failed", Event::Kind::kFailed},
+      {"invalid_hp", Event::Kind::kInvalid}};
   return all;
 }
 

@@ -317,6 +317,113 @@ TEST(Asha, AFailedTrialRanksLastAndIsNeverPromoted) {
   EXPECT_TRUE(std::isnan(s.asha.standings(0, 0).back().second));
 }
 
+// Determined grants a promotion when a trial arrives (asha.go, promotionsAsync), and the grant
+// sticks; deciding only when a worker asks would promote a subset. Two workers, W1 and W2, on
+// async_halving of 3 rungs (2, 4, 8 batches), divisor 2, max_trials 3:
+//   W1 starts trial 0, W2 trial 1. Trial 0 reaches rung 0 at 0.5: 1 there, floor(1/2) = 0 due.
+//   W1 starts trial 2. W2's job is preempted, leaving trial 1 half-way.
+//   Trial 2 reaches rung 0 at 0.6: 2 there, 1 due, trial 2 ranks second: trial 0, at the old
+//   edge (index 0), is granted. W1 asks: trial 1, left by a worker that is gone, comes first.
+//   Trial 1 reaches rung 0 at 0.4: 3 there, still 1 due, trial 1 ranks first: granted. W1 asks,
+//   preferring it: trial 1 to rung 1. Trial 0 is now out of the top 1 of rung 0.
+//   W2 comes back and asks. Determined: trial 0's grant stands - promoted to rung 1. (Deciding
+//   from the top floor(3/2) = 1 at that moment, trial 1 alone, would end the search here.)
+TEST(Asha, AGrantedPromotionSticksAsDeterminedsFlagDoes) {
+  AshaOptions o = halving(false);
+  o.max_trials = 3;
+  Search s(o);
+  s.take(expect_run(s.ask(), 0, 0, true, false));  // W1
+  s.take(expect_run(s.ask(), 1, 0, true, false));  // W2
+  EXPECT_EQ(s.reach(0, 0.5), AfterRung::kPause);
+  s.take(expect_run(s.ask(0), 2, 0, true, false));  // W1
+  s.running.erase(1);                               // W2 gone
+  EXPECT_EQ(s.reach(2, 0.6), AfterRung::kPause);
+  EXPECT_TRUE(s.asha.trials().at(0).granted);
+  const Decision over = expect_run(s.ask(2), 1, 0, false, false);
+  EXPECT_TRUE(over.resume);
+  s.log(ev(Event::Kind::kStarted, 1, 0, 0));
+  s.running.insert(1);
+  EXPECT_EQ(s.reach(1, 0.4), AfterRung::kContinue);
+  s.take(expect_run(s.ask(1), 1, 1, false, true));   // W1
+  EXPECT_EQ(s.asha.standings(0, 0).front().first, 1);
+  s.take(expect_run(s.ask(), 0, 1, false, true));    // W2, back: the grant stands
+  EXPECT_FALSE(s.asha.trials().at(0).granted) << "taken";
+  EXPECT_EQ(s.ask().kind, Decision::Kind::kDone);
+}
+
+// A failed trial ranks last at the rung it trained toward, as Determined's worst value
+// (ashaExitedMetricValue); granted a promotion there, it fails at the next rung at once (asha.go
+// promoteAsync's recursion), where it counts. Divisor 2, rungs at 2, 4 and 8:
+//   trial 0 fails at rung 0 (1 there, none due); trial 1 fails too (2 there, 1 due, trial 1 ranks
+//   second: trial 0 at the edge is granted - and fails at rung 1, 1 there);
+//   trial 2 reaches rung 0 at 0.3 (3 there, 1 due: ranks first, goes on), then rung 1 at 0.4: 2
+//   there with trial 0's failure, 1 due, trial 2 first: it goes on to the top rung at once.
+TEST(Asha, AFailedTrialInTheTopOfItsRungFailsAtTheNextAndCountsThere) {
+  Search s(halving(false));
+  for (int i = 0; i < 3; ++i) s.take(s.ask());
+  s.log(ev(Event::Kind::kFailed, 0, 0, 0));
+  s.running.erase(0);
+  s.log(ev(Event::Kind::kFailed, 1, 0, 0));
+  s.running.erase(1);
+  EXPECT_EQ(s.asha.trials().at(0).rung, 1) << "carried to rung 1";
+  EXPECT_EQ(s.asha.trials().at(0).metrics.size(), 2u);
+  EXPECT_EQ(s.asha.standings(0, 1).size(), 1u);
+  EXPECT_FALSE(s.asha.trials().at(0).granted);
+  EXPECT_EQ(s.reach(2, 0.3), AfterRung::kContinue);
+  s.take(expect_run(s.ask(2), 2, 1, false, true));
+  EXPECT_EQ(s.reach(2, 0.4), AfterRung::kContinue);
+  s.take(expect_run(s.ask(2), 2, 2, false, true));
+}
+
+// NaN ranks last, always. Determined's sort.Search with a NaN in a rung's list places a later,
+// worse value after the NaN (its comparisons with NaN are false), so at divisor 2 the arrivals
+// 1, NaN, 5, 6 grant trial 0 (at the second arrival) and then the NaN trial (at the fourth: the
+// edge, index 1, holds the NaN). hpctrial grants the trial with 5 instead - a defect not copied.
+TEST(Asha, ANaNRanksLastAndIsNotGrantedAheadOfAFiniteValue) {
+  AshaOptions o = halving(false);
+  o.max_concurrent_trials = 4;
+  Search s(o);
+  for (int i = 0; i < 4; ++i) s.take(s.ask());
+  EXPECT_EQ(s.reach(0, 1.0), AfterRung::kPause);
+  EXPECT_EQ(s.reach(1, std::nan("")), AfterRung::kPause);
+  EXPECT_TRUE(s.asha.trials().at(0).granted);
+  EXPECT_EQ(s.reach(2, 5.0), AfterRung::kPause);
+  EXPECT_EQ(s.reach(3, 6.0), AfterRung::kPause);
+  EXPECT_TRUE(s.asha.trials().at(2).granted);
+  EXPECT_FALSE(s.asha.trials().at(1).granted);
+}
+
+// Determined's InvalidHP (asha.go trialExitedEarly): the trial leaves every rung, does not count
+// toward max_trials, and a new trial of its bracket replaces it.
+TEST(Asha, ATrialWithInvalidHyperparametersIsReplacedWithoutCounting) {
+  AshaOptions o = halving(false);
+  o.max_trials = 2;
+  Search s(o);
+  s.take(s.ask());
+  s.take(s.ask());
+  EXPECT_EQ(s.reach(0, 0.5), AfterRung::kPause);
+  s.log(ev(Event::Kind::kInvalid, 1, 0, 0));
+  s.running.erase(1);
+  EXPECT_TRUE(s.asha.trials().at(1).invalid);
+  EXPECT_EQ(s.asha.invalid(), 1);
+  s.take(expect_run(s.ask(0), 2, 0, true, false));  // the replacement, beyond max_trials' 2 made
+  EXPECT_EQ(s.reach(2, 0.6), AfterRung::kPause);
+  EXPECT_EQ(s.asha.standings(0, 0).size(), 2u) << "trial 1 left the rung";
+  s.take(expect_run(s.ask(2), 0, 1, false, true));  // 2 there: trial 0 granted
+  EXPECT_EQ(s.ask().kind, Decision::Kind::kDone);
+  EXPECT_THROW(s.asha.apply(ev(Event::Kind::kInvalid, 1, 0, 0)), SearchError) << "ended already";
+  EXPECT_THROW(s.asha.apply(ev(Event::Kind::kInvalid, 2, 0, 0)), SearchError) << "not training";
+  // Reported invalid at rung 1, after it reached rung 0: it leaves rung 0 too, and is replaced.
+  s.log(ev(Event::Kind::kInvalid, 0, 0, 1));
+  s.running.erase(0);
+  EXPECT_EQ(s.asha.standings(0, 0).size(), 1u);
+  s.take(expect_run(s.ask(), 3, 0, true, false));
+  // A third: max_trials (2) invalid trials at most are replaced, so the search ends.
+  s.log(ev(Event::Kind::kInvalid, 3, 0, 0));
+  s.running.erase(3);
+  EXPECT_EQ(s.ask().kind, Decision::Kind::kDone);
+}
+
 TEST(Asha, TheSearchEndsOnceEveryTrialIsCreatedAndNoneIsPromotable) {
   AshaOptions o = halving(false);
   o.max_trials = 2;

@@ -5,9 +5,14 @@
 //
 // A bracket is one ASHA of `rungs` rungs. Rung k of it ends at max_length / divisor^(rungs-1-k)
 // (at least 1; the top rung at max_length), in the unit of max_length. Two ways to halve:
-//   promotions (stop_once: false)  a trial stops at each rung; it is promoted to the next when it
-//       stands in the top floor(n / divisor) of the n trials that reached that rung, at once or
-//       later, as more trials arrive, and resumes from its checkpoint then.
+//   promotions (stop_once: false)  a trial stops at each rung; it is granted a promotion to the
+//       next as Determined's asha.go grants it: when it arrives in the top floor(n / divisor) of
+//       the n trials at that rung, or when an arrival makes that top one larger and it is the
+//       best not yet granted there - at most one grant an arrival, and a grant sticks. A worker
+//       takes the granted trials in the order they were granted, and resumes each from its
+//       checkpoint. A failed trial ranks last; granted, it fails at the next rung at once.
+//   A trial that reports its hyperparameters invalid (hpctrial::InvalidHP) leaves every rung, does
+//   not count toward max_trials, and a new trial of its bracket takes its place.
 //   stop_once: true                a trial that reaches a rung goes on at once if it stands in
 //       the top max(floor(n / divisor), 1) of that rung so far, and is stopped for good if not.
 // adaptive_asha runs several brackets (its `mode`, or `bracket_rungs`), most aggressive first;
@@ -18,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +85,7 @@ struct Event {
     kStopped,   // `trial` is stopped for good at rung `rung` (stop_once, or the search ended)
     kFinished,  // `trial` trained to max_length
     kFailed,    // `trial` failed past its restarts while training to rung `rung`
+    kInvalid,   // `trial` reported its hyperparameters invalid (Determined's InvalidHP) at rung `rung`
   };
   Kind kind = Kind::kCreated;
   int trial = -1;
@@ -118,12 +125,15 @@ struct TrialState {
   int rung = 0;          // the rung it trains toward, or reached last
   bool training = false;  // started or promoted, the rung not reached yet
   bool promoted = false;  // promoted past `rung` (while training: to it)
-  bool stopped = false, finished = false, failed = false;
+  bool stopped = false, finished = false, failed = false, invalid = false;
+  // Promoted past `rung` by the rungs' rule, and not taken yet (no kPromoted); `grant` orders them.
+  bool granted = false;
+  std::int64_t grant = -1;
   // stop_once: the rung was reached and its decision (promoted or stopped) not logged yet; a log
   // that ends there (its worker died between the two) leaves the trial stopped.
   bool stop_pending = false;
   std::vector<double> metrics;  // by rung reached
-  bool ended() const { return stopped || stop_pending || finished || failed; }
+  bool ended() const { return stopped || stop_pending || finished || failed || invalid; }
 };
 
 // The search replayed from its events: the same events, in the same order, give the same state
@@ -149,19 +159,26 @@ class Asha {
   std::int64_t length(int bracket, int rung) const;
   const std::map<int, TrialState>& trials() const { return trials_; }
   int created() const { return static_cast<int>(trials_.size()); }
+  // The trials reported invalid: they do not count toward max_trials, up to max_trials of them.
+  int invalid() const { return invalid_; }
   // The trials that reached rung `rung` of `bracket`, best first: (trial, metric).
   std::vector<std::pair<int, double>> standings(int bracket, int rung) const;
 
  private:
   struct Arrival {
     int trial;
-    double metric;
+    double metric;       // NaN for a failure
     std::int64_t order;  // when it arrived: earlier ranks first among equals
+    bool granted;        // Determined's trialMetric.Promoted
   };
   bool better(const Arrival& a, const Arrival& b) const;
   std::vector<Arrival> ranked(int bracket, int rung) const;
   std::optional<Decision> promotion(std::optional<int> prefer, const std::function<bool(int)>& running) const;
   std::optional<Decision> new_trial(const std::function<bool(int)>& running) const;
+  // `t` arrives at its rung `t.rung` with `metric` (a failure: NaN), and the rung grants a
+  // promotion if one is due.
+  void arrive(TrialState& t, double metric);
+  void grant(TrialState& t);
 
   AshaOptions options_;
   std::vector<Bracket> brackets_;
@@ -170,6 +187,10 @@ class Asha {
   // By bracket, by rung: the trials that reached it, in arrival order.
   std::vector<std::vector<std::vector<Arrival>>> rungs_;
   std::int64_t arrivals_ = 0;
+  std::int64_t grants_ = 0;
+  int invalid_ = 0;
+  std::vector<int> owed_;  // by bracket: trials reported invalid and not replaced yet
+  std::set<int> uncounted_;  // trials reported invalid that do not count toward max_trials
   bool has_search_ = false;
 };
 
