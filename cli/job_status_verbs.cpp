@@ -213,7 +213,7 @@ job: give --rank.
   const Target t = experiment_target(what);
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
-  const int trials = core::trial_count(config);
+  const int trials = core::trial_ids(config);
   const bool workers = core::search_workers(config) > 0, named = !t.jobs.job.empty() && trial < 0;
   trial = logs_trial(t, trial, trials, layout);
   const std::string scheduler = t.scheduler->name();

@@ -149,7 +149,7 @@ search stopped it. Works while the experiment runs.
   const Target t = experiment_target(what);
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
-  const int count = core::trial_count(config);
+  const int count = core::trial_ids(config);
   std::vector<int> trials;
   for (int trial : only_trials) {
     if (trial < 0 || trial >= count) {

@@ -100,7 +100,7 @@ std::map<int, SearchPlace> search_places(const core::ExperimentLayout& layout, c
 }
 
 std::vector<TrialStanding> rank_trials(const core::ExperimentLayout& layout, const core::ExperimentConfig& config) {
-  const int trials = core::trial_count(config);
+  const int trials = core::trial_ids(config);
   const auto places = search_places(layout, config);
   std::vector<std::vector<std::pair<std::string, std::string>>> values;
   std::vector<TrialStanding> out;

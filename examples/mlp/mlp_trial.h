@@ -36,6 +36,11 @@ class MlpTrial : public hpctrial::Trial {
     train_ = std::make_shared<hpctrial::Hdf5Dataset>(required(data, "train"), x, y);
     validation_ = std::make_shared<hpctrial::Hdf5Dataset>(required(data, "validation"), x, y);
 
+    // A configuration that cannot train is the trial's own verdict: a search replaces it.
+    if (context.hparam<std::int64_t>("hidden") < 1) {
+      throw hpctrial::InvalidHP("hidden: " + std::to_string(context.hparam<std::int64_t>("hidden")) +
+                                " units: the model needs at least one hidden unit");
+    }
     model_ = context.wrap_model(Mlp(train_->sample_shape().at(0), context.hparam<std::int64_t>("hidden"),
                                     context.hparam<std::int64_t>("classes")));
     optimizer_ = context.wrap_optimizer(std::make_shared<torch::optim::SGD>(

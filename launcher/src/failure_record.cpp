@@ -168,7 +168,8 @@ FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, in
   const bool startup = failure.record.value("phase", std::string()) == core::phase_name(core::RankPhase::kStartup);
   const std::string signature = startup ? what + " " + failure.record.at("last_steps").dump() : std::string();
   const bool repeated = startup && signature == std::exchange(previous, signature);
-  const bool restart = !a.stop_requested && !repeated && failures <= config.max_restarts;
+  const bool restart =
+      !a.stop_requested && !repeated && failures <= config.max_restarts && failure.exit_code != kExitInvalidHP;
   const std::string leave_out = restart ? node_to_leave_out(failure.record, record_path, config, allocation, state,
                                                           core::TrialLayout{trial_dir}.launcher_state_file())
                                        : "";
@@ -179,6 +180,11 @@ FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, in
     core::write_json_file(core::TrialLayout{trial_dir}.launcher_state_file(), state);
   }
   append_failure(record_path, failure.record);
+  if (failure.exit_code == kExitInvalidHP) {
+    core::log_error("trial {} reported its hyperparameters invalid ({}); it is not restarted. Recorded in {}",
+                    options.trial_id, what, record_path);
+    return {failure.exit_code, ""};
+  }
   if (a.stop_requested) {
     core::log_error("trial {} failed while stopping: {}; recorded in {}", options.trial_id, what, record_path);
     return {failure.exit_code, ""};

@@ -269,6 +269,14 @@ struct Worker {
         if (!core::job_stop_reason(layout, allocation).empty()) core::clear_job_stop(layout, allocation.job_id);
         return code;
       }
+      if (code == kExitInvalidHP) {
+        core::log_info("search: trial {} reported its hyperparameters invalid; a new trial takes its place", d.trial);
+        auto locked = log.lock();
+        locked.append({event(Event::Kind::kInvalid, d.trial, d.rung)}, name);
+        lease = core::UniqueFd();
+        prefer.reset();
+        return std::nullopt;
+      }
       if (code != kExitFinished) {
         core::log_error("search: trial {} failed (exit code {}); recorded, and the search goes on", d.trial, code);
         auto locked = log.lock();

@@ -27,6 +27,7 @@
 #include "hpctrial/core/digest.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/files.h"
+#include "hpctrial/core/launch_contract.h"
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/comm/communicator.h"
@@ -552,6 +553,46 @@ TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothi
     const auto plotted = core::run_process({HPCTRIAL_CLI, "plot", straight, "-o", svg}, quick);
     ASSERT_TRUE(plotted.ok()) << plotted.describe() << "\n" << plotted.err;
     EXPECT_TRUE(std::filesystem::exists(svg));
+  }
+}
+
+// A trial that throws hpctrial::InvalidHP (the mlp example, for 0 hidden units) on 2 ranks ends at
+// once, is not restarted, and the search replaces it: Determined's InvalidHP. async_halving of 2
+// rungs over max_trials 3, half the sample space invalid.
+TEST_F(MlpExample, ATrialWithInvalidHyperparametersIsReplacedAndNotRestarted) {
+  const std::string config = dir_.write("invalid.yaml",
+      std::string("name: invalid\nentrypoint: ") + HPCTRIAL_MLP + "\nhyperparameters: {global_batch_size: 64, "
+      "classes: 10, learning_rate: 0.01, hidden: {type: categorical, vals: [0, 16]}}\n"
+      "searcher: {name: async_halving, metric: validation_loss, max_length: {batches: 8}, num_rungs: 2, divisor: 2, "
+      "max_trials: 3, max_concurrent_trials: 1}\nmin_validation_period: {batches: 1000}\nmax_restarts: 3\n"
+      "resources: {slots_per_trial: 2}\nreproducibility: {experiment_seed: 7}\ndata: {train: " + train_ +
+      ", validation: " + validation_ + ", x_dataset: x, y_dataset: y}\n");
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(300);
+  options.env_set = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+  const std::string dir = (dir_.path() / "invalid").string();
+  const auto r = core::run_process({HPCTRIAL_CLI, "run", config, "--experiment", dir}, options);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.out << r.err;
+  const std::string log = dir + "/search-events.jsonl";
+  const std::size_t invalid = events_in(log, "invalid_hp");
+  ASSERT_GE(invalid, 1u) << "no sample of the seed had 0 hidden units: the test tests nothing";
+  // Each replaced, not counted - up to max_trials of them: with this seed 5 of the first 6
+  // samples are invalid, so the last 2 are not replaced and the search ends with 6 trials.
+  EXPECT_EQ(events_in(log, "created"), 3u + std::min<std::size_t>(invalid, 3));
+  EXPECT_EQ(invalid, 5u) << "the seed's samples changed: the cap on replacements is no longer tested";
+  EXPECT_EQ(events_in(log, "failed"), 0u);
+  EXPECT_THAT(r.out + r.err, HasSubstr("the model needs at least one hidden unit"));
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const auto e = nlohmann::json::parse(line);
+    if (e.value("event", "") != "invalid_hp") continue;
+    const std::string trial_dir = dir + "/trial-" + std::to_string(e.at("trial").get<int>());
+    std::ifstream failures(trial_dir + "/failures.jsonl");
+    std::vector<nlohmann::json> records;
+    for (std::string f; std::getline(failures, f);) records.push_back(nlohmann::json::parse(f));
+    ASSERT_EQ(records.size(), 1u) << trial_dir << ": restarted, though max_restarts is 3";
+    EXPECT_EQ(records.front().value("exit_code", 0), core::kExitInvalidHP);
+    EXPECT_THAT(records.front().value("reason", ""), HasSubstr("hyperparameters are invalid"));
   }
 }
 

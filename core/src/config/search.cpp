@@ -101,7 +101,7 @@ ExperimentConfig with_constants(const ExperimentConfig& config, int trial_id) {
   std::vector<std::pair<std::string, Hyperparameter*>> ranges;
   collect(out.hyperparameters, "", ranges);
   if (ranges.empty() && trial_id == 0) return out;
-  const int count = trial_count(config);
+  const int count = trial_ids(config);
   if (trial_id < 0 || trial_id >= count) {
     throw ConfigError("trial " + std::to_string(trial_id) + " does not exist: " + searcher_name(config) +
                       " makes " + std::to_string(count) + " trial(s), numbered 0 to " + std::to_string(count - 1));
@@ -223,6 +223,10 @@ std::vector<ConfigNode> grid_points(const Hyperparameter& hp) {
     points.push_back(ConfigNode::scalar(number_text(hp.type == Type::kLog ? std::pow(hp.base, x) : x)));
   }
   return points;
+}
+
+int trial_ids(const ExperimentConfig& config) {
+  return trial_count(config) * (config.searcher.adaptive() ? 2 : 1);
 }
 
 int trial_count(const ExperimentConfig& config) {

@@ -251,6 +251,8 @@ int run(int argc, char** argv, const FactoryResolver& resolve) {
     // The stop's checkpoint is durable: the launcher may end this rank if finalizing hangs.
     if (code == kExitStopped) rank::record_exit(code);
     return code;
+  } catch (const InvalidHP& e) {
+    return rank->fail(core::kExitInvalidHP, std::string("the trial's hyperparameters are invalid: ") + e.what());
   } catch (const ConfigError& e) {
     return rank->fail(kExitConfig, e.what());
   } catch (const po::error& e) {

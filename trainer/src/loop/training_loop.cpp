@@ -482,6 +482,9 @@ LoopResult run_training(const core::ExperimentConfig& config, const TrialFactory
   if (!options.on_failure) return run();
   try {
     return run();
+  } catch (const InvalidHP& e) {
+    options.on_failure(core::kExitInvalidHP, std::string("the trial's hyperparameters are invalid: ") + e.what());
+    throw;
   } catch (const ConfigError& e) {
     options.on_failure(core::kExitConfig, e.what());  // here, while every object of the loop lives
     throw;

@@ -22,6 +22,9 @@ namespace hpctrial::core {
 
 // How many trials the searcher of `config` produces (1 for single).
 int trial_count(const ExperimentConfig& config);
+// The trial ids it may number, 0 to trial_ids() - 1: trial_count(), and for an adaptive search as
+// many again, for the trials that replace ones reported invalid (hpctrial::InvalidHP).
+int trial_ids(const ExperimentConfig& config);
 
 // How many workers a batch job of an adaptive search has (searcher.max_concurrent_trials, at most
 // max_trials): one array task each. 0 for the other searchers, whose tasks are their trials.

@@ -33,6 +33,7 @@ namespace hpctrial::launcher {
 
 using core::kExitAborted;
 using core::kExitFailed;
+using core::kExitInvalidHP;
 using core::kExitFinished;
 using core::kExitStopped;
 
