@@ -232,23 +232,10 @@ void Asha::apply(const Event& e) {
         arrive(t, std::nan(""));
       }
       break;
-    case Event::Kind::kInvalid: {
-      // Determined's InvalidHP (asha.go 296-322): out of every rung, not counted, replaced by a
-      // new trial of its bracket. Promotions it caused stand, as Determined's flags do.
+    case Event::Kind::kInvalid:
       if (!t.training) throw wrong("reports a trial invalid that is not training");
-      t.invalid = true;
-      t.training = t.granted = false;
-      for (auto& rung : rungs_[static_cast<std::size_t>(t.bracket)]) {
-        rung.erase(std::remove_if(rung.begin(), rung.end(), [&](const Arrival& a) { return a.trial == t.trial; }),
-                   rung.end());
-      }
-      // As many replaced as max_trials at most: a space where most samples are invalid ends.
-      if (++invalid_ <= options_.max_trials) {
-        ++owed_[static_cast<std::size_t>(t.bracket)];
-        uncounted_.insert(t.trial);
-      }
+      invalidate(t);
       break;
-    }
     default:
       break;
   }
@@ -285,6 +272,22 @@ void Asha::arrive(TrialState& t, double metric) {
   if (chosen == nullptr) return;
   chosen->granted = true;
   grant(trials_.at(chosen->trial));
+}
+
+// Determined's InvalidHP (asha.go 296-322): out of every rung, not counted, replaced by a new
+// trial of its bracket. Promotions it caused stand, as Determined's flags do.
+void Asha::invalidate(TrialState& t) {
+  t.invalid = true;
+  t.training = t.granted = false;
+  for (auto& rung : rungs_[static_cast<std::size_t>(t.bracket)]) {
+    rung.erase(std::remove_if(rung.begin(), rung.end(), [&](const Arrival& a) { return a.trial == t.trial; }),
+               rung.end());
+  }
+  // As many replaced as max_trials at most: a space where most samples are invalid ends.
+  if (++invalid_ <= options_.max_trials) {
+    ++owed_[static_cast<std::size_t>(t.bracket)];
+    uncounted_.insert(t.trial);
+  }
 }
 
 // A granted trial waits for a worker; a failed one fails at the next rung at once, as Determined's

@@ -179,6 +179,7 @@ class Asha {
   // promotion if one is due.
   void arrive(TrialState& t, double metric);
   void grant(TrialState& t);
+  void invalidate(TrialState& t);
 
   AshaOptions options_;
   std::vector<Bracket> brackets_;
