@@ -189,7 +189,7 @@ TEST(PipelineModule, BuildsOnlyItsOwnLayers) {
   options.stages = 4;
   options.partition_method = "parameters";
   PipelineModule stage(layers(), cross_entropy, 1, options);
-  // Parameters: 144, 0, 272, 0, 272, 0, 272, 51: the heaviest stage (323) as light as it can be.
+  // Parameters: 144, 0, 272, 0, 272, 0, 272, 51: DeepSpeed's partition_balanced cuts 2/2/2/2.
   EXPECT_EQ(stage->bounds(), (std::vector<std::size_t>{0, 2, 4, 6, 8}));
   EXPECT_EQ(stage->first_layer(), 2u);
   EXPECT_EQ(stage->parameters().size(), 2u) << "layer 2's weight and bias, nothing else";
@@ -202,9 +202,51 @@ TEST(PipelineModule, BuildsOnlyItsOwnLayers) {
     PipelineModule(layers(), cross_entropy, 0, options);
     ADD_FAILURE();
   } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("the pipeline's partition_method is 'by-hand'; it is one of parameters, uniform "
-                                    "or a list of stage bounds"));
+    EXPECT_THAT(e.what(), HasSubstr("the pipeline's partition_method is 'by-hand'; it is one of parameters, uniform, "
+                                    "type:REGEX or a list of stage bounds"));
   }
+}
+
+// DeepSpeed's "type:REGEX": each layer whose name the expression finds (case aside) weighs 1 -
+// here the five torch::nn::LinearImpl, [1, 0, 1, 0, 1, 0, 1, 1] - and partition_balanced cuts
+// them as it returns for those weights. A frozen layer's parameters do not count under
+// "parameters" (DeepSpeed's _count_layer_params counts requires_grad only): with the first Linear
+// frozen, [0, 0, 272, 0, 272, 0, 272, 51] on 2 stages are cut at 6, not at 4.
+TEST(PipelineModule, TypePartitionsAndFrozenLayersAreDeepSpeeds) {
+  PipelineOptions options;
+  options.stages = 4;
+  options.partition_method = "type:linear";
+  EXPECT_EQ(PipelineModule(layers(), cross_entropy, 0, options)->bounds(), (std::vector<std::size_t>{0, 4, 6, 7, 8}));
+  options.partition_method = "type:conv";
+  try {
+    PipelineModule(layers(), cross_entropy, 0, options);
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the pipeline's partition_method type:conv finds no layer to balance; the layers are "
+                                    "torch::nn::LinearImpl, tanh"));
+  }
+  std::vector<LayerSpec> frozen = layers();
+  frozen[0] = LayerSpec("frozen", [] {
+    torch::nn::Linear linear(8, 16);
+    for (auto& p : linear->parameters()) p.set_requires_grad(false);
+    return torch::nn::AnyModule(linear);
+  });
+  options.stages = 2;
+  options.partition_method = "parameters";
+  EXPECT_EQ(PipelineModule(frozen, cross_entropy, 0, options)->bounds(), (std::vector<std::size_t>{0, 6, 8}));
+  EXPECT_EQ(PipelineModule(layers(), cross_entropy, 0, options)->bounds(), (std::vector<std::size_t>{0, 4, 8}));
+}
+
+// DeepSpeed's _is_checkpointable: an activation-checkpointing segment without parameters (a tanh
+// alone, a dropout alone) runs as it is; the others are recomputed in backward.
+TEST(PipelineModule, SegmentsWithoutParametersAreNotRecomputed) {
+  PipelineOptions options;
+  options.activation_checkpoint_interval = 1;
+  PipelineModule whole(layers(), cross_entropy, 0, options);
+  EXPECT_EQ(whole->recomputed_segments(), (std::vector<bool>{true, false, true, false, true, false, true, true}));
+  options.activation_checkpoint_interval = 2;
+  PipelineModule pairs(layers(), cross_entropy, 0, options);
+  EXPECT_EQ(pairs->recomputed_segments(), (std::vector<bool>{true, true, true, true}));
 }
 
 }  // namespace pipeline_test

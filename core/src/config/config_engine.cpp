@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <regex>
 
 #include "hpctrial/core/error.h"
 
@@ -11,7 +12,7 @@ namespace hpctrial::core::detail {
 
 namespace {
 
-// engine.pipeline: {stages: 4, partition_method: parameters | uniform | [0, 3, 6, 8],
+// engine.pipeline: {stages: 4, partition_method: parameters | uniform | type:REGEX | [0, 3, 6, 8],
 // activation_checkpoint_interval: 0}.
 void read_pipeline(const ConfigNode& node, const std::string& path, Diagnostics& d, EngineConfig::Pipeline& p) {
   if (!expect_map(node, path, d, "pipeline: {stages: 2}")) return;
@@ -38,10 +39,24 @@ void read_pipeline(const ConfigNode& node, const std::string& path, Diagnostics&
                "explicit bounds start at 0 and end with the number of layers, one more than the stages, e.g. [0, 4, 8]");
       }
     } else if (auto v = read_string(*n, r.path("partition_method"), d)) {
-      if (*v != "parameters" && *v != "uniform") {
+      const bool type = v->rfind("type:", 0) == 0;
+      std::string bad_regex;
+      if (type) {
+        try {
+          (void)std::regex(v->substr(5), std::regex::ECMAScript | std::regex::icase);
+        } catch (const std::regex_error& e) {
+          bad_regex = e.what();
+        }
+      }
+      if (*v != "parameters" && *v != "uniform" && !type) {
         report(*n, r.path("partition_method"), d,
-               "must be parameters (balance the parameter counts), uniform (balance the layer counts) or a list of "
-               "bounds, e.g. [0, 4, 8]; got \"" + *v + "\"");
+               "must be parameters (balance the parameter counts), uniform (balance the layer counts), type:REGEX "
+               "(balance the layers whose name REGEX finds, e.g. type:block) or a list of bounds, e.g. [0, 4, 8]; "
+               "got \"" + *v + "\"");
+      } else if (type && (v->size() == 5 || !bad_regex.empty())) {
+        report(*n, r.path("partition_method"), d,
+               "type: needs a regular expression of the layers to balance, e.g. type:block" +
+                   (bad_regex.empty() ? std::string() : "; \"" + v->substr(5) + "\" is not one: " + bad_regex));
       } else {
         p.partition_method = *v;
       }

@@ -1103,6 +1103,10 @@ TEST(EngineConfig, PipelineSectionIsReadAndWrittenBack) {
                                 "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: uniform}}\n");
   EXPECT_EQ(uniform.engine->pipeline.partition_method, "uniform");
   EXPECT_EQ(parse_ok(to_yaml(uniform)).engine->pipeline.partition_method, "uniform");
+  const auto typed = parse_ok(std::string(kMinimal) + "resources: {slots_per_trial: 2}\n"
+                              "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: \"type:block\"}}\n");
+  EXPECT_EQ(typed.engine->pipeline.partition_method, "type:block");
+  EXPECT_EQ(parse_ok(to_yaml(typed)).engine->pipeline.partition_method, "type:block");
   const auto defaults = parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->pipeline;
   EXPECT_EQ(defaults.stages, 1);
   EXPECT_EQ(defaults.partition_method, "parameters");
@@ -1124,7 +1128,12 @@ TEST(ConfigErrors, PipelineMistakesAreLocated) {
                         "resources.slots_per_trial: 4, 2 data-parallel replica(s) of 2 pipeline stages)"));
   EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: balanced}}\n"),
               HasSubstr("engine.pipeline.partition_method: must be parameters (balance the parameter counts), uniform "
-                        "(balance the layer counts) or a list of bounds, e.g. [0, 4, 8]; got \"balanced\""));
+                        "(balance the layer counts), type:REGEX (balance the layers whose name REGEX finds, e.g. "
+                        "type:block) or a list of bounds, e.g. [0, 4, 8]; got \"balanced\""));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: \"type:(\"}}\n"),
+              HasSubstr("type: needs a regular expression of the layers to balance, e.g. type:block; \"(\" is not one"));
+  EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: \"type:\"}}\n"),
+              HasSubstr("type: needs a regular expression"));
   EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: [0, 3, 3]}}\n"),
               HasSubstr("the bounds must increase"));
   EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, partition_method: [0, 3, 5, 7]}}\n"),

@@ -1,4 +1,4 @@
-// The pipeline's partitions (uniform, by parameters, explicit) against DeepSpeed's results, and
+// The pipeline's partitions (uniform, balanced, explicit) against DeepSpeed's results, and
 // the 1F1B schedule: its order on the first and last stage, and for every small pipeline that
 // each micro-batch runs forward then backward once, that no stage holds more activations than
 // it says, that the stages together never wait on each other forever, and that with forwards and
@@ -32,25 +32,51 @@ TEST(PipelinePartition, UniformGivesTheFirstStagesTheLayersLeftOver) {
   }
 }
 
-TEST(PipelinePartition, ParametersMakeTheHeaviestStageAsLightAsItCanBe) {
-  EXPECT_EQ(partition_parameters(std::vector<std::int64_t>(8, 10), 2), (Bounds{0, 4, 8}));
-  EXPECT_EQ(partition_parameters(std::vector<std::int64_t>(8, 10), 4), (Bounds{0, 2, 4, 6, 8}));
-  // One heavy layer is a stage alone; the light ones share the others.
-  EXPECT_EQ(partition_parameters({1, 1, 1, 1, 100, 1, 1, 1}, 3), (Bounds{0, 4, 5, 8}));
-  // Layers without parameters (activations) go with the stage before them.
-  EXPECT_EQ(partition_parameters({0, 5, 0, 5, 0}, 2), (Bounds{0, 3, 5}));
-  EXPECT_EQ(partition_parameters({0, 0, 0}, 3), (Bounds{0, 1, 2, 3}));
-  // An embedding, equal blocks and a head: the bottleneck is the lightest possible.
-  const std::vector<std::int64_t> weights = {50, 20, 20, 20, 20, 20, 20, 40};
-  const Bounds cut = partition_parameters(weights, 3);
-  std::int64_t heaviest = 0;
-  for (std::size_t s = 0; s + 1 < cut.size(); ++s) {
-    std::int64_t weight = 0;
-    for (std::size_t i = cut[s]; i < cut[s + 1]; ++i) weight += weights[i];
-    heaviest = std::max(heaviest, weight);
+// DeepSpeed's partition_balanced (deepspeed/runtime/utils.py at 38327e0, lines 583-621): the
+// expected bounds are what its dynamic program returns for the same weights, run by hand in
+// Python (its numpy arrays as lists of floats).
+TEST(PipelinePartition, BalancedCutsWhereDeepSpeedsPartitionBalancedDoes) {
+  EXPECT_EQ(partition_balanced(std::vector<std::int64_t>(8, 10), 2), (Bounds{0, 4, 8}));
+  EXPECT_EQ(partition_balanced(std::vector<std::int64_t>(8, 10), 4), (Bounds{0, 2, 4, 6, 8}));
+  EXPECT_EQ(partition_balanced({1, 1, 1, 1, 100, 1, 1, 1}, 3), (Bounds{0, 4, 5, 8}));
+  EXPECT_EQ(partition_balanced({0, 5, 0, 5, 0}, 2), (Bounds{0, 3, 5}));
+  EXPECT_EQ(partition_balanced({0, 0, 0}, 3), (Bounds{0, 1, 2, 3}));
+  // An embedding, equal blocks and a head: stages of 70, 80 and 60, the smallest spread (20).
+  EXPECT_EQ(partition_balanced({50, 20, 20, 20, 20, 20, 20, 40}, 3), (Bounds{0, 2, 6, 8}));
+  EXPECT_THROW(partition_balanced({1, 2}, 3), ConfigError);
+}
+
+// A GPT-2-like model: an embedding of 39 383 808 parameters (50 257 x 768 tokens and 1 024 x 768
+// positions), 12 blocks of 7 087 872, a LayerNorm of 1 536 and an untied head of 38 597 376. On 2
+// to 8 stages, DeepSpeed's cuts; with the embedding frozen (its parameters do not train, so
+// _count_layer_params counts 0), other cuts; and `type:block`, which weighs each block 1.
+TEST(PipelinePartition, AGpt2LikeModelIsCutAsDeepSpeedCutsIt) {
+  std::vector<std::int64_t> gpt = {39383808};
+  for (int i = 0; i < 12; ++i) gpt.push_back(7087872);
+  gpt.push_back(1536);
+  gpt.push_back(38597376);
+  const std::vector<Bounds> expected = {
+      {0, 7, 15},          {0, 3, 11, 15},          {0, 1, 7, 13, 15},          {0, 1, 5, 9, 14, 15},
+      {0, 1, 4, 7, 10, 14, 15}, {0, 1, 4, 7, 9, 11, 14, 15}, {0, 1, 3, 5, 7, 9, 11, 14, 15}};
+  std::vector<std::int64_t> frozen = gpt;
+  frozen[0] = 0;
+  const std::vector<Bounds> expected_frozen = {
+      {0, 10, 15},         {0, 7, 13, 15},          {0, 5, 9, 14, 15},          {0, 4, 7, 10, 14, 15},
+      {0, 4, 7, 9, 11, 14, 15}, {0, 3, 5, 7, 9, 11, 14, 15}, {0, 3, 5, 7, 9, 11, 12, 14, 15}};
+  std::vector<std::int64_t> blocks(15, 0);
+  for (int i = 1; i <= 12; ++i) blocks[static_cast<std::size_t>(i)] = 1;
+  const std::vector<Bounds> expected_type = {
+      {0, 7, 15},          {0, 5, 9, 15},           {0, 4, 7, 10, 15},          {0, 4, 7, 9, 11, 15},
+      {0, 3, 5, 7, 9, 11, 15},  {0, 3, 5, 7, 9, 11, 12, 15},  {0, 3, 5, 7, 9, 10, 11, 12, 15}};
+  for (int stages = 2; stages <= 8; ++stages) {
+    const auto i = static_cast<std::size_t>(stages - 2);
+    EXPECT_EQ(partition_balanced(gpt, stages), expected[i]) << stages << " stages";
+    EXPECT_EQ(partition_balanced(frozen, stages), expected_frozen[i]) << stages << " stages, embedding frozen";
+    EXPECT_EQ(partition_balanced(blocks, stages), expected_type[i]) << stages << " stages, type:block";
   }
-  EXPECT_EQ(heaviest, 80) << "a 3-way cut of 210 with no stage under 70 and layers of 20";
-  EXPECT_THROW(partition_parameters({1, 2}, 3), ConfigError);
+  // On 6 stages: the embedding alone, 3 + 3 + 3 blocks, 3 blocks and the LayerNorm, the head
+  // alone - no stage holding only the LayerNorm.
+  EXPECT_EQ(partition_balanced(gpt, 6), (Bounds{0, 1, 4, 7, 10, 14, 15}));
 }
 
 TEST(PipelinePartition, ExplicitBoundsAreCheckedWithTheFix) {

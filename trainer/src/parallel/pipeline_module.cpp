@@ -2,6 +2,8 @@
 
 #include <ATen/Context.h>
 
+#include <regex>
+
 #include "hpctrial/core/error.h"
 #include "hpctrial/trainer/pipeline.h"
 #include "parallel/pipeline_plan.h"
@@ -28,24 +30,49 @@ torch::nn::AnyModule build_layer(const LayerSpec& spec, std::uint64_t seed, std:
   return layer;
 }
 
-std::vector<std::size_t> partition(const std::vector<LayerSpec>& specs, const PipelineOptions& options) {
-  if (options.partition_method == "uniform") return detail::partition_uniform(specs.size(), options.stages);
-  if (options.partition_method == "explicit") {
-    return detail::partition_explicit(options.bounds, specs.size(), options.stages);
+// DeepSpeed's "type:REGEX" (pipe/module.py _find_layer_type): 1 for each layer whose name the
+// regular expression finds, case-insensitive; an error when none does.
+std::vector<std::int64_t> layers_of_type(const std::vector<LayerSpec>& specs, const std::string& pattern) {
+  std::regex type;
+  try {
+    type = std::regex(pattern, std::regex::ECMAScript | std::regex::icase);
+  } catch (const std::regex_error& e) {
+    throw ConfigError("the pipeline's partition_method type:" + pattern + " is not a regular expression: " + e.what());
   }
-  if (options.partition_method != "parameters") {
-    throw ConfigError("the pipeline's partition_method is '" + options.partition_method +
-                      "'; it is one of parameters, uniform or a list of stage bounds");
-  }
-  // Each layer is built once, alone, to count its parameters (as DeepSpeed does).
   std::vector<std::int64_t> weights;
-  for (std::size_t i = 0; i < specs.size() && options.stages > 1; ++i) {
-    std::int64_t count = 0;
-    for (const auto& parameter : build_layer(specs[i], options.seed, i).ptr()->parameters()) count += parameter.numel();
-    weights.push_back(count);
+  std::string names;
+  for (const auto& spec : specs) {
+    weights.push_back(std::regex_search(spec.name(), type) ? 1 : 0);
+    names += (names.empty() ? "" : ", ") + spec.name();
+  }
+  if (std::count(weights.begin(), weights.end(), 1) == 0) {
+    throw ConfigError("the pipeline's partition_method type:" + pattern + " finds no layer to balance; the layers are " +
+                      names);
+  }
+  return weights;
+}
+
+std::vector<std::size_t> partition(const std::vector<LayerSpec>& specs, const PipelineOptions& options) {
+  const std::string& method = options.partition_method;
+  if (method == "uniform") return detail::partition_uniform(specs.size(), options.stages);
+  if (method == "explicit") return detail::partition_explicit(options.bounds, specs.size(), options.stages);
+  if (method.rfind("type:", 0) == 0) return detail::partition_balanced(layers_of_type(specs, method.substr(5)), options.stages);
+  if (method != "parameters") {
+    throw ConfigError("the pipeline's partition_method is '" + method +
+                      "'; it is one of parameters, uniform, type:REGEX or a list of stage bounds");
   }
   if (options.stages == 1) return {0, specs.size()};
-  return detail::partition_parameters(weights, options.stages);
+  // Each layer is built once, alone, to count the parameters that train (DeepSpeed's
+  // _count_layer_params: requires_grad only, so frozen layers weigh nothing).
+  std::vector<std::int64_t> weights;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::int64_t count = 0;
+    for (const auto& parameter : build_layer(specs[i], options.seed, i).ptr()->parameters()) {
+      if (parameter.requires_grad()) count += parameter.numel();
+    }
+    weights.push_back(count);
+  }
+  return detail::partition_balanced(weights, options.stages);
 }
 
 // The generators a recomputed forward must draw from as the first one did (dropout): the CPU's,
@@ -132,6 +159,11 @@ PipelineModuleImpl::PipelineModuleImpl(std::vector<LayerSpec> layers, PipelineLo
       for (std::size_t i = first; i < end; ++i) y = layers_[i].forward(y);
       return y;
     }));
+    // DeepSpeed's _is_checkpointable (pipe/module.py): a segment without parameters is run as it
+    // is - recomputing it saves little and its backward would reach no parameter.
+    bool parameters = false;
+    for (std::size_t i = first; i < end; ++i) parameters = parameters || !layers_[i].ptr()->parameters().empty();
+    recomputed_.push_back(parameters);
   }
 }
 
@@ -148,9 +180,16 @@ torch::Tensor PipelineModuleImpl::forward(torch::Tensor input) {
     for (auto& layer : layers_) input = layer.forward(input);
     return input;
   }
-  // A segment's input must take a gradient, or backward would never reach its parameters.
-  if (!input.requires_grad()) input = input.detach().requires_grad_(true);
-  for (auto& segment : segments_) input = CheckpointedSegment::apply(input, segment.get());
+  for (std::size_t s = 0; s < segments_.size(); ++s) {
+    if (!recomputed_[s]) {
+      input = (*segments_[s])(input);
+      continue;
+    }
+    // A recomputed segment's input must take a gradient, or backward would never reach its
+    // parameters.
+    if (!input.requires_grad()) input = input.detach().requires_grad_(true);
+    input = CheckpointedSegment::apply(input, segments_[s].get());
+  }
   return input;
 }
 

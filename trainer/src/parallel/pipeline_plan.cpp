@@ -1,6 +1,7 @@
 #include "parallel/pipeline_plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "hpctrial/core/error.h"
@@ -16,25 +17,6 @@ void check_fill(std::size_t layers, int stages) {
   }
 }
 
-// Cuts the layers greedily, each stage taking layers while its weight stays within `bottleneck`
-// and enough are left for the stages after it. Empty when no such cut exists.
-std::vector<std::size_t> cut_within(const std::vector<std::int64_t>& weights, int stages, std::int64_t bottleneck) {
-  std::vector<std::size_t> bounds = {0};
-  std::size_t next = 0;
-  for (int stage = 0; stage < stages; ++stage) {
-    const std::size_t stages_after = static_cast<std::size_t>(stages - stage - 1);
-    std::int64_t weight = 0;
-    const std::size_t first = next;
-    while (next < weights.size() - stages_after && (next == first || weight + weights[next] <= bottleneck)) {
-      if (weight + weights[next] > bottleneck) return {};  // one layer alone is too heavy
-      weight += weights[next++];
-    }
-    bounds.push_back(next);
-  }
-  if (next != weights.size()) return {};
-  return bounds;
-}
-
 }  // namespace
 
 std::vector<std::size_t> partition_uniform(std::size_t layers, int stages) {
@@ -46,23 +28,44 @@ std::vector<std::size_t> partition_uniform(std::size_t layers, int stages) {
   return bounds;
 }
 
-std::vector<std::size_t> partition_parameters(const std::vector<std::int64_t>& weights, int stages) {
+// DeepSpeed's partition_balanced (deepspeed/runtime/utils.py at 38327e0, lines 583-621), step for
+// step: over the first i layers in j stages, the last stage starting at k, keep the k whose stages'
+// spread (heaviest - lightest, along the cuts kept before) is smallest, the last such k on a tie,
+// in doubles with infinity for what cannot be cut, as its numpy arrays hold them.
+std::vector<std::size_t> partition_balanced(const std::vector<std::int64_t>& weights, int stages) {
   check_fill(weights.size(), stages);
   for (std::size_t i = 0; i < weights.size(); ++i) {
     if (weights[i] < 0) throw InternalError("layer " + std::to_string(i) + " weighs " + std::to_string(weights[i]));
   }
-  // The lightest heaviest stage: between the heaviest layer and all of them.
-  std::int64_t low = *std::max_element(weights.begin(), weights.end());
-  std::int64_t high = std::accumulate(weights.begin(), weights.end(), std::int64_t{0});
-  while (low < high) {
-    const std::int64_t middle = low + (high - low) / 2;
-    if (cut_within(weights, stages, middle).empty()) {
-      low = middle + 1;
-    } else {
-      high = middle;
+  const std::size_t n = weights.size(), m = static_cast<std::size_t>(stages);
+  if (n <= m) return partition_uniform(n, stages);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const auto table = [&](double value) { return std::vector<std::vector<double>>(n + 1, std::vector<double>(m + 1, value)); };
+  auto most = table(kInf), least = table(kInf), cost = table(kInf);
+  std::vector<std::vector<std::size_t>> position(n + 1, std::vector<std::size_t>(m + 1, 0));
+  std::vector<double> prefix(n + 1, 0.0);
+  for (std::size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + static_cast<double>(weights[i]);
+  most[0][0] = 0;
+  cost[0][0] = 0;
+  for (std::size_t i = 1; i <= n; ++i) {
+    for (std::size_t j = 1; j <= std::min(i, m); ++j) {
+      for (std::size_t k = 0; k < i; ++k) {
+        const double part = prefix[i] - prefix[k];
+        const double high = std::max(most[k][j - 1], part), low = std::min(least[k][j - 1], part);
+        const double spread = high - low;
+        if (cost[i][j] >= spread) {
+          cost[i][j] = spread;
+          most[i][j] = high;
+          least[i][j] = low;
+          position[i][j] = k;
+        }
+      }
     }
   }
-  return cut_within(weights, stages, low);
+  std::vector<std::size_t> bounds = {n};
+  for (std::size_t j = m; j >= 1; --j) bounds.push_back(position[bounds.back()][j]);
+  std::reverse(bounds.begin(), bounds.end());
+  return bounds;
 }
 
 std::vector<std::size_t> partition_explicit(const std::vector<std::size_t>& bounds, std::size_t layers, int stages) {

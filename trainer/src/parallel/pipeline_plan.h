@@ -5,8 +5,12 @@
 // bounds: stage s holds layers [bounds[s], bounds[s + 1]). Every stage holds at least one layer.
 //   uniform     balances the number of layers (DeepSpeed's partition_method "uniform": the first
 //               layers % stages stages take one layer more)
-//   parameters  balances a weight per layer, the parameter count (DeepSpeed's "parameters"): the
-//               cut whose heaviest stage is lightest, the earlier stages as full as it allows
+//   parameters  balances a weight per layer, the count of parameters that train (DeepSpeed's
+//               "parameters"), by DeepSpeed's partition_balanced: the cut that makes the spread
+//               between the heaviest and the lightest stage smallest, found as its dynamic
+//               program finds it (deepspeed/runtime/utils.py), ties to the later cut
+//   type:REGEX  the same over a weight of 1 for each layer whose name REGEX finds (DeepSpeed's
+//               "type:"), 0 for the others
 //   explicit    the bounds a trial gives, checked
 //
 // The schedule is 1F1B (PipeDream-Flush, as Megatron-LM runs it, and DeepSpeed's TrainSchedule
@@ -26,7 +30,7 @@ namespace hpctrial::trainer::detail {
 
 std::vector<std::size_t> partition_uniform(std::size_t layers, int stages);
 // `weights`: one per layer, 0 or more.
-std::vector<std::size_t> partition_parameters(const std::vector<std::int64_t>& weights, int stages);
+std::vector<std::size_t> partition_balanced(const std::vector<std::int64_t>& weights, int stages);
 // ConfigError unless `bounds` has stages + 1 entries from 0 to `layers`, each above the last.
 std::vector<std::size_t> partition_explicit(const std::vector<std::size_t>& bounds, std::size_t layers, int stages);
 

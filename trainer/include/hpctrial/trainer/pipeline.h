@@ -82,6 +82,9 @@ class PipelineModuleImpl : public torch::nn::Module {
   bool is_last_stage() const { return stage_ == options_.stages - 1; }
   // Where each stage's layers start, and the number of layers: stage s holds [bounds[s], bounds[s + 1]).
   const std::vector<std::size_t>& bounds() const { return bounds_; }
+  // By activation-checkpointing segment of this stage: whether backward recomputes it (it holds
+  // a parameter, as DeepSpeed's _is_checkpointable asks); the others keep their activations.
+  const std::vector<bool>& recomputed_segments() const { return recomputed_; }
   std::size_t first_layer() const { return bounds_[static_cast<std::size_t>(stage_)]; }
   std::size_t end_layer() const { return bounds_[static_cast<std::size_t>(stage_) + 1]; }
   std::size_t layer_count() const { return specs_.size(); }
@@ -98,6 +101,7 @@ class PipelineModuleImpl : public torch::nn::Module {
   std::vector<torch::nn::AnyModule> layers_;  // this stage's
   using Segment = std::function<torch::Tensor(const torch::Tensor&)>;
   std::vector<std::unique_ptr<Segment>> segments_;  // of activation checkpointing
+  std::vector<bool> recomputed_;                    // by segment: whether it holds a parameter
 };
 TORCH_MODULE(PipelineModule);
 
