@@ -297,6 +297,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
       {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
   };
   if (options.max_length) vars.emplace_back(core::kEnvMaxLength, core::length_text(*options.max_length));
+  if (!options.search_worker.empty()) vars.emplace_back(core::kEnvSearchWorker, options.search_worker);
   if (!config.container.image.empty()) {
     vars.emplace_back(core::kEnvCodeDigest, "image " + config.container.image);
   } else if (const auto code = core::frozen_code(layout);

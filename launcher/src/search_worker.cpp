@@ -30,16 +30,6 @@ namespace {
 using search::Decision;
 using search::Event;
 
-Event event(Event::Kind kind, int trial, int rung, int bracket = 0, double metric = 0) {
-  Event e;
-  e.kind = kind;
-  e.trial = trial;
-  e.rung = rung;
-  e.bracket = bracket;
-  e.metric = metric;
-  return e;
-}
-
 // The trial's last validation (metrics.jsonl): the searcher metric (NaN, which ranks last, when
 // it has none) and the batch it was taken at (-1: no validation).
 struct Validated {
@@ -145,10 +135,11 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
   const Decision& d = out.decision;
   std::vector<Event> decided;
   if (d.create) {
-    decided.push_back(event(Event::Kind::kCreated, d.trial, 0, d.bracket));
+    decided.push_back(search::make_event(Event::Kind::kCreated, d.trial, 0));
+    decided.back().bracket = d.bracket;
     decided.back().time = core::utc_now_iso();
   }
-  decided.push_back(event(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, d.rung));
+  decided.push_back(search::make_event(d.promote ? Event::Kind::kPromoted : Event::Kind::kStarted, d.trial, d.rung));
   locked.append(decided, worker);
   if (d.create) {
     // After the event: a worker that dies between the two leaves a trial the log knows.
@@ -159,25 +150,49 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
   return out;
 }
 
-// Under the log's lock: the rung the trial reached, and (stop_once, or the top rung) what follows
-// from it, appended together. Returns what the trial does next. The lease is let go before the
-// log is, unless the trial goes on here (stop_once): a trial that waits for a promotion is free
-// for the worker that promotes it.
-search::AfterRung record_rung(const search::EventLog& log, const search::AshaOptions& options, const Decision& d,
-                              double metric, const std::string& worker, core::UniqueFd& lease) {
+// Under the log's lock, once the trial's ranks ended: what its rung led to. The chief records
+// the rung itself at the rung's end (and trains on when promoted in place: search_rungs.h); a
+// trial that ended itself before (set_stop_requested) is recorded here with its last validation.
+// The lease is let go before the log is, unless the trial goes on here (stop_once): a trial that
+// waits for a promotion is free for the worker that promotes it.
+search::RungRecorded after_training(const search::EventLog& log, const search::AshaOptions& options, const Decision& d,
+                                    const core::ExperimentLayout& layout, const core::ExperimentConfig& config,
+                                    const std::string& worker, core::UniqueFd& lease) {
   auto locked = log.lock();
-  search::Asha asha = search::replay(options, locked.read(), log.path());
-  std::vector<Event> events = {event(Event::Kind::kRung, d.trial, d.rung, 0, metric)};
-  asha.apply(events.front());
-  const search::AfterRung after = asha.after_rung(d.trial, d.rung);
-  if (after == search::AfterRung::kFinish) events.push_back(event(Event::Kind::kFinished, d.trial, d.rung));
-  if (after == search::AfterRung::kStop) events.push_back(event(Event::Kind::kStopped, d.trial, d.rung));
-  if (after == search::AfterRung::kContinue && options.stop_once) {
-    events.push_back(event(Event::Kind::kPromoted, d.trial, d.rung + 1));
+  const search::Asha asha = search::replay(options, locked.read(), log.path());
+  const search::TrialState& t = asha.trials().at(d.trial);
+  search::RungRecorded recorded;
+  if (t.training) {
+    const std::int64_t length = search::training_length(asha, d.trial, log.path());
+    const Validated validated = last_validation(layout.trial(d.trial), config.searcher.metric);
+    // The rung's metric is the validation at the rung's length, or before it for a trial that
+    // ended itself; one past it is of another training of the trial (its directory and the log
+    // disagree).
+    if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches > length) {
+      throw search::SearchError(
+          layout.trial(d.trial).metrics_file() + ": the last validation of trial " + std::to_string(d.trial) +
+          " is at batch " + std::to_string(validated.batches) + ", but rung " + std::to_string(t.rung) +
+          " of the search log " + log.path() + " ends at batch " + std::to_string(length) + ": the trial's "
+          "directory holds another training than the log records. Restore the log that made the trial, or run "
+          "the search as a new experiment (--experiment DIR)");
+    }
+    recorded = search::record_rung(locked, options, log.path(), d.trial, validated.metric, false, worker);
+  } else {
+    recorded.rung = t.rung;
+    recorded.after = t.finished ? search::AfterRung::kFinish
+                     : t.stopped ? search::AfterRung::kStop
+                                 : search::AfterRung::kPause;
   }
-  locked.append(events, worker);
-  if (!(after == search::AfterRung::kContinue && options.stop_once)) lease = core::UniqueFd();
-  return after;
+  if (!(recorded.after == search::AfterRung::kContinue && options.stop_once)) lease = core::UniqueFd();
+  return recorded;
+}
+
+// Appends `kind` (kFailed, kInvalid) for the trial at the rung the log says it trains toward.
+void record_end(const search::EventLog& log, const search::AshaOptions& options, Event::Kind kind, int trial,
+                const std::string& worker) {
+  auto locked = log.lock();
+  const search::Asha asha = search::replay(options, locked.read(), log.path());
+  locked.append({search::make_event(kind, trial, asha.trials().at(trial).rung)}, worker);
 }
 
 // Before the worker takes a trial: a pause of its job (core::job_stop_reason, or PBS's URG), a
@@ -249,6 +264,7 @@ struct Worker {
       trial.trial_id = d.trial;
       trial.write_config.reset();
       trial.max_length = core::Length{config.searcher.max_length.unit, d.length};
+      trial.search_worker = name;
       detail::name_holder(lease, core::TrialLayout{layout.trial_dir(d.trial)}.launcher_lock(), allocation);
       if (allocation.in_job()) {
         // Recorded before the job's stop request is read again: a pause either finds the trial
@@ -269,47 +285,27 @@ struct Worker {
         if (!core::job_stop_reason(layout, allocation).empty()) core::clear_job_stop(layout, allocation.job_id);
         return code;
       }
-      if (code == kExitInvalidHP) {
-        core::log_info("search: trial {} reported its hyperparameters invalid; a new trial takes its place", d.trial);
-        auto locked = log.lock();
-        locked.append({event(Event::Kind::kInvalid, d.trial, d.rung)}, name);
+      if (code == kExitInvalidHP || code != kExitFinished) {
+        if (code == kExitInvalidHP) {
+          core::log_info("search: trial {} reported its hyperparameters invalid; a new trial takes its place", d.trial);
+        } else {
+          core::log_error("search: trial {} failed (exit code {}); recorded, and the search goes on", d.trial, code);
+        }
+        record_end(log, asha, code == kExitInvalidHP ? Event::Kind::kInvalid : Event::Kind::kFailed, d.trial, name);
         lease = core::UniqueFd();
         prefer.reset();
         return std::nullopt;
       }
-      if (code != kExitFinished) {
-        core::log_error("search: trial {} failed (exit code {}); recorded, and the search goes on", d.trial, code);
-        auto locked = log.lock();
-        locked.append({event(Event::Kind::kFailed, d.trial, d.rung)}, name);
-        lease = core::UniqueFd();
-        prefer.reset();
-        return std::nullopt;
-      }
-      const Validated validated = last_validation(layout.trial(d.trial), config.searcher.metric);
-      // The rung's metric is the validation at the rung's length: one taken elsewhere is of
-      // another training of the trial (its directory and the log disagree).
-      if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches >= 0 &&
-          validated.batches != d.length) {
-        throw search::SearchError(
-            layout.trial(d.trial).metrics_file() + ": the last validation of trial " + std::to_string(d.trial) +
-            " is at batch " + std::to_string(validated.batches) + ", but rung " + std::to_string(d.rung) +
-            " of the search log " + log.path() + " ends at batch " + std::to_string(d.length) + ": the trial's "
-            "directory holds another training than the log records. Restore the log that made the trial, or run "
-            "the search as a new experiment (--experiment DIR)");
-      }
-      const double metric = validated.metric;
-      const search::AfterRung after = record_rung(log, asha, d, metric, name, lease);
-      core::log_info("search: trial {} reached rung {} with {} {}: {}", d.trial, d.rung, config.searcher.metric, metric,
+      const search::RungRecorded recorded = after_training(log, asha, d, layout, config, name, lease);
+      const search::AfterRung after = recorded.after;
+      core::log_info("search: trial {} ended at rung {}: {}", d.trial, recorded.rung,
                      after == search::AfterRung::kFinish ? "finished" : after == search::AfterRung::kStop ? "stopped"
                      : after == search::AfterRung::kPause ? "waits for a promotion" : "goes on");
       // stop_once: a trial that goes on is promoted already and stays leased.
       same_trial = after == search::AfterRung::kContinue && asha.stop_once;
       if (same_trial) {
-        d.rung += 1;
-        const auto brackets = search::make_brackets(asha);
-        d.length = search::rung_lengths(brackets.at(static_cast<std::size_t>(d.bracket)).rungs, asha.divisor,
-                                        asha.max_length)
-                       .at(static_cast<std::size_t>(d.rung));
+        d.rung = recorded.rung + 1;
+        d.length = recorded.next_length;
         d.create = d.resume = false;
         d.promote = true;
       }

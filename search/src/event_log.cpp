@@ -317,4 +317,53 @@ Asha replay(const AshaOptions& options, const std::vector<Event>& events, const 
   return asha;
 }
 
+Event make_event(Event::Kind kind, int trial, int rung, double metric) {
+  Event e;
+  e.kind = kind;
+  e.trial = trial;
+  e.rung = rung;
+  e.metric = metric;
+  return e;
+}
+
+namespace {
+
+const TrialState& training_trial(const Asha& asha, int trial, const std::string& log_path) {
+  const auto it = asha.trials().find(trial);
+  if (it == asha.trials().end() || !it->second.training) {
+    throw SearchError(log_path + " says trial " + std::to_string(trial) + " is not training toward a rung, but its "
+                      "ranks are: the log was edited, restored from an older copy, or another worker recorded the "
+                      "rung. Restore the log that made the trial, or run the search as a new experiment "
+                      "(--experiment DIR)");
+  }
+  return it->second;
+}
+
+}  // namespace
+
+std::int64_t training_length(const Asha& asha, int trial, const std::string& log_path) {
+  const TrialState& t = training_trial(asha, trial, log_path);
+  return asha.length(t.bracket, t.rung);
+}
+
+RungRecorded record_rung(EventLog::Locked& locked, const AshaOptions& options, const std::string& log_path, int trial,
+                         double metric, bool in_place, const std::string& worker) {
+  Asha asha = replay(options, locked.read(), log_path);
+  const TrialState& t = training_trial(asha, trial, log_path);
+  RungRecorded out;
+  out.rung = t.rung;
+  const int bracket = t.bracket;
+  std::vector<Event> events = {make_event(Event::Kind::kRung, trial, out.rung, metric)};
+  asha.apply(events.front());
+  out.after = asha.after_rung(trial, out.rung);
+  if (out.after == AfterRung::kFinish) events.push_back(make_event(Event::Kind::kFinished, trial, out.rung));
+  if (out.after == AfterRung::kStop) events.push_back(make_event(Event::Kind::kStopped, trial, out.rung));
+  if (out.after == AfterRung::kContinue && (options.stop_once || in_place)) {
+    events.push_back(make_event(Event::Kind::kPromoted, trial, out.rung + 1));
+    out.next_length = asha.length(bracket, out.rung + 1);
+  }
+  locked.append(events, worker);
+  return out;
+}
+
 }  // namespace hpctrial::search

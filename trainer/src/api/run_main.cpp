@@ -30,6 +30,7 @@
 #include "hpctrial/rank/bootstrap.h"
 #include "hpctrial/rank/runtime.h"
 #include "hpctrial/rank/stop_signals.h"
+#include "api/search_rungs.h"
 #include "api/rank_identity.h"
 #include "data/staging.h"
 
@@ -159,6 +160,14 @@ LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfi
   options.code_digest = contract.code_digest;
   if (!bootstrap.alone()) {
     options.on_failure = [&bootstrap](int code, const std::string& message) { bootstrap.fail(code, message); };
+  }
+  if (!contract.search_worker.empty()) {
+    options.search_in_place = true;
+    if (mpi.rank() == 0) {
+      const detail::SearchRungs rungs = detail::search_rungs(contract.experiment_dir, contract.trial_id, contract.search_worker);
+      options.search_target = rungs.target;
+      options.search_rung_reached = rungs.reached;
+    }
   }
   return options;
 }

@@ -139,6 +139,10 @@ class Loop {
   nlohmann::json gather_stream_positions();
   nlohmann::json gather_reducer_states();
   void restore_reducer_states(const nlohmann::json& states);
+  // An adaptive search's rungs, trained in place (options_.search_in_place).
+  std::int64_t search_length(const std::function<std::int64_t()>& ask);
+  bool promoted_in_place();
+  bool search_recorded_ = false;  // the search log has this run's rung already
   // The adaptive batch (loop/adaptive.cpp).
   void setup_adaptive();
   void start_adaptive_step();

@@ -140,6 +140,12 @@ void Loop::setup() {
   }
   records_per_epoch_ = training_records_per_epoch();
   max_batches_ = to_batches(config_.searcher.max_length, global_batch_, records_per_epoch_);
+  if (options_.search_in_place) {
+    // 0: the log has the trial's rung already (recorded by the attempt before this one, which
+    // failed as it ended): nothing is left to train.
+    max_batches_ = search_length([&] { return options_.search_target(); });
+    search_recorded_ = max_batches_ == 0;
+  }
   validation_period_ = to_period(config_.min_validation_period, global_batch_, records_per_epoch_);
   checkpoint_period_ = to_period(config_.min_checkpoint_period, global_batch_, records_per_epoch_);
   if (config_.auto_checkpoint_period && !config_.min_checkpoint_period && chief()) {
@@ -462,12 +468,53 @@ LoopResult Loop::run() {
   faults_->at(rank::FaultPhase::kStartup, batches_trained_);
   call([](Callback& c) { c.on_training_start(); });
   for (auto& model : context_->models()) model->train();
-  while (!reached_max_length()) {
-    if (profiler_) profiler_->before_batch(batches_trained_ + 1);
-    train_one_batch();
-    if (step_boundary()) break;
+  while (true) {
+    while (!reached_max_length()) {
+      if (profiler_) profiler_->before_batch(batches_trained_ + 1);
+      train_one_batch();
+      if (step_boundary()) break;
+    }
+    if (!options_.search_in_place || search_recorded_ || result_.stopped_early || !reached_max_length() ||
+        !promoted_in_place()) {
+      break;
+    }
   }
   return finish_run();
+}
+
+// The chief's answer of the search log, a length in the unit of max_length (0: none), as
+// batches on every rank.
+std::int64_t Loop::search_length(const std::function<std::int64_t()>& ask) {
+  std::int64_t batches = 0;
+  if (chief()) {
+    const std::int64_t length = ask();
+    if (length > 0) batches = to_batches(core::Length{config_.searcher.max_length.unit, length}, global_batch_,
+                                         records_per_epoch_);
+  }
+  comm_.broadcast_async(&batches, sizeof batches, 0)->wait();
+  return batches;
+}
+
+// At a rung's end, as at a run's: validated and checkpointed (a trial that waits for a promotion
+// resumes from that checkpoint); then the chief records the rung, and the ranks train on when the
+// search promotes the trial at once.
+bool Loop::promoted_in_place() {
+  with_chief_hooks([&] {
+    if (last_validation_batches_ != batches_trained_) validate();
+  });
+  with_chief_hooks([&] {
+    if (last_checkpoint_batches_ != batches_trained_) save_checkpoint(/*wait=*/true);
+    settle_sharded_checkpoint();
+  });
+  const std::int64_t next = search_length([&] {
+    const auto it = result_.last_validation.find(config_.searcher.metric);
+    const double metric = it != result_.last_validation.end() ? it->second.number() : std::nan("");
+    return options_.search_rung_reached(metric);
+  });
+  if (next <= max_batches_) return false;
+  if (chief()) core::log_info("promoted at batch {}: the trial trains on to batch {}", batches_trained_, next);
+  max_batches_ = next;
+  return true;
 }
 
 }  // namespace detail

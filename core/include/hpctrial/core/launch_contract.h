@@ -49,6 +49,9 @@ inline constexpr const char* kEnvVerdictFile = "HPCTRIAL_VERDICT_FILE";
 inline constexpr const char* kEnvFault = "HPCTRIAL_FAULT";
 // Set by an adaptive search's worker: train to this length only (a rung), "<unit>:<value>".
 inline constexpr const char* kEnvMaxLength = "HPCTRIAL_MAX_LENGTH";
+// Set by an adaptive search's worker: its name in the search log's events. The trial's chief
+// records each rung in the log and trains on when promoted there.
+inline constexpr const char* kEnvSearchWorker = "HPCTRIAL_SEARCH_WORKER";
 // The code the ranks run (core/frozen_code.h): the SHA-256 of the experiment's frozen program or
 // library, or "image <reference>" in a container image; unset for code that is not frozen.
 inline constexpr const char* kEnvCodeDigest = "HPCTRIAL_CODE_DIGEST";
@@ -71,6 +74,7 @@ struct RankContract {
   std::string verdict_file;    // HPCTRIAL_VERDICT_FILE
   std::string fault;           // HPCTRIAL_FAULT: the tests' fault-injection plan
   std::optional<Length> max_length;  // HPCTRIAL_MAX_LENGTH: this run's searcher.max_length
+  std::string search_worker;         // HPCTRIAL_SEARCH_WORKER
   std::string code_digest;     // HPCTRIAL_CODE_DIGEST
 };
 // ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT

@@ -83,6 +83,9 @@ struct LaunchOptions {
   // An adaptive search's worker: train the trial to this length only (its rung), in the unit of
   // searcher.max_length (HPCTRIAL_MAX_LENGTH). Unset: to searcher.max_length.
   std::optional<core::Length> max_length;
+  // An adaptive search's worker, as its events name it (HPCTRIAL_SEARCH_WORKER): the trial's chief
+  // records each rung it reaches in the search log, and trains on when promoted there.
+  std::string search_worker;
   // When the job ends, where its scheduler does not say: an adaptive search's worker assumes it
   // once, as it starts, for every trial it launches. Unset: now + scheduler.time_limit.
   std::optional<std::chrono::system_clock::time_point> job_end;

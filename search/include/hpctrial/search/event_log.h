@@ -68,4 +68,26 @@ class EventLog {
 // first event that does not follow.
 Asha replay(const AshaOptions& options, const std::vector<Event>& events, const std::string& path);
 
+// An event of `kind` for `trial` at `rung` (a kRung's `metric`).
+Event make_event(Event::Kind kind, int trial, int rung, double metric = 0);
+
+// What reaching a rung led to.
+struct RungRecorded {
+  AfterRung after = AfterRung::kPause;
+  int rung = 0;
+  // The end of the next rung, in the unit of max_length, when the trial goes on at once
+  // (promoted in place, or stop_once); 0 otherwise.
+  std::int64_t next_length = 0;
+};
+// Under the log's lock: `trial`, which the log says trains toward a rung, reached it with
+// `metric`. The rung and what follows are appended together: kFinished at the top rung,
+// kStopped under stop_once, and kPromoted when it goes on at once - under stop_once, or granted
+// a promotion and `in_place` (the trial's ranks train on). SearchError when the log says the
+// trial is not training.
+RungRecorded record_rung(EventLog::Locked& locked, const AshaOptions& options, const std::string& log_path, int trial,
+                         double metric, bool in_place, const std::string& worker);
+// The end of the rung the log says `trial` trains toward, in the unit of max_length; SearchError
+// when it is not training.
+std::int64_t training_length(const Asha& asha, int trial, const std::string& log_path);
+
 }  // namespace hpctrial::search

@@ -60,6 +60,15 @@ struct LoopOptions {
   // The digest of the code this run is (HPCTRIAL_CODE_DIGEST): recorded in runs.jsonl and in
   // every checkpoint's attributes (code_digest). Empty: code that is not frozen.
   std::string code_digest;
+  // An adaptive search's trial, run by its worker (HPCTRIAL_SEARCH_WORKER): the run trains to
+  // the end of the rung the search log says the trial trains toward; there the ranks validate
+  // and checkpoint, the chief records the rung, and they train on to the next rung's end when the
+  // search promotes the trial at once (in place), or end. The chief's access to the log (empty
+  // functions on the other ranks): the rung's end, and the rung reached with the searcher metric
+  // (the next rung's end when promoted, else 0), both in the unit of searcher.max_length.
+  bool search_in_place = false;
+  std::function<std::int64_t()> search_target;
+  std::function<std::int64_t(double metric)> search_rung_reached;
   // Called when training fails on this rank, with the exit code (2 for a ConfigError, else 1)
   // and the error's message, before anything of the loop is destroyed: the objects of a failed
   // rank must not wait for its peers in their destructors. A multi-rank program aborts the job
