@@ -211,55 +211,6 @@ void Loop::apply(const detail::LoopState& s) {
   }
 }
 
-// Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
-// once the checkpoint is durable on every rank's view.
-void Loop::save_checkpoint(bool wait) {
-  const rank::PhaseRecord phase(core::RankPhase::kCheckpoint);
-  faults_->at(rank::FaultPhase::kCheckpoint, batches_trained_);
-  check_replicas("before the checkpoint at batch " + std::to_string(batches_trained_));
-  detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
-  last_checkpoint_batches_ = batches_trained_;
-  last_checkpoint_time_ = Clock::now();
-  checkpoint_pending_ = false;
-  detail::LoopState state = loop_state();
-  state.reducer_states = gather_reducer_states();
-  state.stream_positions = gather_stream_positions();
-  context_->accumulators().synchronize_all();
-  record_elastic_preference();
-  settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
-  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  const std::optional<checkpoint::Contents> files = capture_rank_files();
-  if (!shards.empty() || identity_.parts > 1 || files) {
-    const checkpoint::Contents* mine = files ? &*files : nullptr;
-    wait ? save_sharded_checkpoint(state, shards, mine) : start_sharded_checkpoint(state, shards, mine);
-    return;
-  }
-  checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank
-  for (const auto& [index, sharded] : shards) {
-    sharded->save_whole(whole_optimizers, "optimizer/" + std::to_string(index));
-  }
-  if (chief()) {
-    finish_checkpoint();  // the previous one, if still being written: its on_checkpoint_end first
-    // Periodic checkpoints leave copying parameters and optimizer state to the writer thread,
-    // which the next optimizer step waits for; a stop or the end copies them here.
-    detail::Snapshot snapshot =
-        detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/!wait, &whole_optimizers);
-    snapshot.before_publish = writer_fault_hook();
-    writer_->submit(std::move(snapshot));
-    if (wait) finish_checkpoint();
-  }
-  if (wait) comm_.barrier();  // nobody leaves before the chief's checkpoint is durable
-}
-
-void Loop::finish_checkpoint() {
-  if (!writer_) return;
-  if (auto path = writer_->wait()) {
-    result_.checkpoint_path = *path;
-    core::log_debug("checkpoint {} is durable", *path);
-    call([&](Callback& c) { c.on_checkpoint_end(*path); });
-  }
-}
-
 void Loop::train_one_batch() {
   const std::int64_t batch_idx = batches_trained_;
   rank::record_phase(core::RankPhase::kBatch);
