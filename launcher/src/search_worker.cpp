@@ -150,6 +150,23 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
   return out;
 }
 
+// The trial's last validation, refused when it lies past the end of the rung the log says the
+// trial trains toward: the trial's directory holds another training than the log records (a
+// log restored from an older copy), and going on would record a stale metric.
+Validated check_trained_within(const core::ExperimentLayout& layout, const core::ExperimentConfig& config,
+                               const search::EventLog& log, int trial, int rung, std::int64_t length) {
+  const Validated validated = last_validation(layout.trial(trial), config.searcher.metric);
+  if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches > length) {
+    throw search::SearchError(
+        layout.trial(trial).metrics_file() + ": the last validation of trial " + std::to_string(trial) +
+        " is at batch " + std::to_string(validated.batches) + ", but rung " + std::to_string(rung) +
+        " of the search log " + log.path() + " ends at batch " + std::to_string(length) + ": the trial's "
+        "directory holds another training than the log records. Restore the log that made the trial, or run "
+        "the search as a new experiment (--experiment DIR)");
+  }
+  return validated;
+}
+
 // Under the log's lock, once the trial's ranks ended: what its rung led to. The chief records
 // the rung itself at the rung's end (and trains on when promoted in place: search_rungs.h); a
 // trial that ended itself before (set_stop_requested) is recorded here with its last validation.
@@ -164,18 +181,7 @@ search::RungRecorded after_training(const search::EventLog& log, const search::A
   search::RungRecorded recorded;
   if (t.training) {
     const std::int64_t length = search::training_length(asha, d.trial, log.path());
-    const Validated validated = last_validation(layout.trial(d.trial), config.searcher.metric);
-    // The rung's metric is the validation at the rung's length, or before it for a trial that
-    // ended itself; one past it is of another training of the trial (its directory and the log
-    // disagree).
-    if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches > length) {
-      throw search::SearchError(
-          layout.trial(d.trial).metrics_file() + ": the last validation of trial " + std::to_string(d.trial) +
-          " is at batch " + std::to_string(validated.batches) + ", but rung " + std::to_string(t.rung) +
-          " of the search log " + log.path() + " ends at batch " + std::to_string(length) + ": the trial's "
-          "directory holds another training than the log records. Restore the log that made the trial, or run "
-          "the search as a new experiment (--experiment DIR)");
-    }
+    const Validated validated = check_trained_within(layout, config, log, d.trial, t.rung, length);
     recorded = search::record_rung(locked, options, log.path(), d.trial, validated.metric, false, worker);
   } else {
     recorded.rung = t.rung;
@@ -276,6 +282,8 @@ struct Worker {
           return stop_worker(stop, allocation, config, options, env, run);
         }
       }
+      // Before anything trains: a trial whose directory is past the rung is not the log's.
+      check_trained_within(layout, config, log, d.trial, d.rung, d.length);
       const int code = launch(trial, env, run, &lease);
       if (allocation.in_job()) core::record_worker_trial(layout, allocation.job_id, -1);
       // Stopped (the trial's checkpoint is durable; a worker takes it over), aborted by a second

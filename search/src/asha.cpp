@@ -149,10 +149,8 @@ bool Asha::better(const Arrival& a, const Arrival& b) const {
   return a.order < b.order;
 }
 
-std::vector<Asha::Arrival> Asha::ranked(int bracket, int rung) const {
-  auto out = rungs_.at(static_cast<std::size_t>(bracket)).at(static_cast<std::size_t>(rung));
-  std::stable_sort(out.begin(), out.end(), [this](const Arrival& a, const Arrival& b) { return better(a, b); });
-  return out;
+const std::vector<Asha::Arrival>& Asha::ranked(int bracket, int rung) const {
+  return rungs_.at(static_cast<std::size_t>(bracket)).at(static_cast<std::size_t>(rung));
 }
 
 std::vector<std::pair<int, double>> Asha::standings(int bracket, int rung) const {
@@ -248,26 +246,22 @@ void Asha::apply(const Event& e) {
 // (Determined's sort.Search places a newcomer after equals, and a NaN where its comparisons fall).
 void Asha::arrive(TrialState& t, double metric) {
   t.metrics.push_back(metric);
+  // Each rung's arrivals are kept best first: the newcomer goes after every one better or equal.
   auto& rung = rungs_[static_cast<std::size_t>(t.bracket)][static_cast<std::size_t>(t.rung)];
   const Arrival mine{t.trial, metric, arrivals_++, false};
-  const int top = brackets_[static_cast<std::size_t>(t.bracket)].rungs - 1;
-  if (options_.stop_once || t.rung == top) {
-    rung.push_back(mine);
-    return;
-  }
   const int n = static_cast<int>(rung.size());
+  const auto at = rung.insert(
+      std::upper_bound(rung.begin(), rung.end(), mine, [this](const Arrival& a, const Arrival& b) { return better(a, b); }),
+      mine);
+  const int top = brackets_[static_cast<std::size_t>(t.bracket)].rungs - 1;
+  if (options_.stop_once || t.rung == top) return;
   const int was_due = static_cast<int>(static_cast<double>(n) / options_.divisor);
   const int due = static_cast<int>(static_cast<double>(n + 1) / options_.divisor);
-  rung.push_back(mine);
-  std::vector<Arrival*> order;
-  for (auto& a : rung) order.push_back(&a);
-  std::stable_sort(order.begin(), order.end(), [this](const Arrival* a, const Arrival* b) { return better(*a, *b); });
-  const auto at = std::find_if(order.begin(), order.end(), [&](const Arrival* a) { return a->trial == t.trial; });
   Arrival* chosen = nullptr;
-  if (at - order.begin() < due) {
-    chosen = *at;
-  } else if (due != was_due && !order[static_cast<std::size_t>(was_due)]->granted) {
-    chosen = order[static_cast<std::size_t>(was_due)];
+  if (at - rung.begin() < due) {
+    chosen = &*at;
+  } else if (due != was_due && !rung[static_cast<std::size_t>(was_due)].granted) {
+    chosen = &rung[static_cast<std::size_t>(was_due)];
   }
   if (chosen == nullptr) return;
   chosen->granted = true;

@@ -495,6 +495,45 @@ TEST(Asha, TheSameEventsGiveTheSameDecisions) {
   }
 }
 
+// A trial's chief records its rung itself (record_rung, in place): the rung and what follows are
+// appended together - a promotion granted at once is appended as kPromoted, and the chief trains
+// on to the next rung's end; a trial that waits only has its rung. A trial the log says is not
+// training cannot reach a rung.
+TEST(SearchLog, AChiefRecordsItsRungAndAPromotionAtOnceTrainsOnInPlace) {
+  testing_support::TempDir dir;
+  EventLog log((dir.path() / "search-events.jsonl").string(), (dir.path() / ".search.lock").string(), "exp-1",
+               settings_of(halving(false)));
+  {
+    auto locked = log.lock();
+    locked.read();
+    locked.append({ev(Event::Kind::kCreated, 0), ev(Event::Kind::kStarted, 0), ev(Event::Kind::kCreated, 1),
+                   ev(Event::Kind::kStarted, 1)},
+                  "w");
+  }
+  auto locked = log.lock();
+  const RungRecorded waits = record_rung(locked, halving(false), log.path(), 0, 0.5, true, "chief of 0");
+  EXPECT_EQ(waits.after, AfterRung::kPause);
+  EXPECT_EQ(waits.rung, 0);
+  EXPECT_EQ(waits.next_length, 0);
+  // 2 at rung 0, trial 1 the better: granted at once, promoted in place to rung 1 (4 batches).
+  const RungRecorded goes_on = record_rung(locked, halving(false), log.path(), 1, 0.3, true, "chief of 1");
+  EXPECT_EQ(goes_on.after, AfterRung::kContinue);
+  EXPECT_EQ(goes_on.next_length, 4);
+  const auto events = locked.read();
+  EXPECT_EQ(events.back().kind, Event::Kind::kPromoted);
+  EXPECT_EQ(events.back().rung, 1);
+  EXPECT_EQ(events.back().worker, "chief of 1");
+  const Asha asha = replay(halving(false), events, log.path());
+  EXPECT_TRUE(asha.trials().at(1).training);
+  EXPECT_EQ(training_length(asha, 1, log.path()), 4);
+  try {
+    record_rung(locked, halving(false), log.path(), 0, 0.1, true, "chief of 0");
+    ADD_FAILURE() << "trial 0 waits: it reached no rung";
+  } catch (const SearchError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("says trial 0 is not training toward a rung, but its ranks are"));
+  }
+}
+
 TEST(SearchLog, MetricsOfAnyValueRoundTripAndATornLastLineIsNeverRead) {
   testing_support::TempDir dir;
   const std::string path = (dir.path() / "search-events.jsonl").string();

@@ -450,6 +450,9 @@ std::int64_t Loop::search_length(const std::function<std::int64_t()>& ask) {
 // resumes from that checkpoint); then the chief records the rung, and the ranks train on when the
 // search promotes the trial at once.
 bool Loop::promoted_in_place() {
+  // A checkpoint past the rung's end is not of the training the log records: nothing is recorded
+  // here, and the worker refuses it, naming both.
+  if (!adaptive_ && batches_trained_ > max_batches_) return false;
   with_chief_hooks([&] {
     if (last_validation_batches_ != batches_trained_) validate();
   });

@@ -172,7 +172,7 @@ class Asha {
     bool granted;        // Determined's trialMetric.Promoted
   };
   bool better(const Arrival& a, const Arrival& b) const;
-  std::vector<Arrival> ranked(int bracket, int rung) const;
+  const std::vector<Arrival>& ranked(int bracket, int rung) const;  // best first
   std::optional<Decision> promotion(std::optional<int> prefer, const std::function<bool(int)>& running) const;
   std::optional<Decision> new_trial(const std::function<bool(int)>& running) const;
   // `t` arrives at its rung `t.rung` with `metric` (a failure: NaN), and the rung grants a
@@ -185,7 +185,7 @@ class Asha {
   std::vector<Bracket> brackets_;
   std::vector<std::vector<std::int64_t>> lengths_;  // by bracket, by rung
   std::map<int, TrialState> trials_;
-  // By bracket, by rung: the trials that reached it, in arrival order.
+  // By bracket, by rung: the trials that reached it, best first (among equals, by arrival).
   std::vector<std::vector<std::vector<Arrival>>> rungs_;
   std::int64_t arrivals_ = 0;
   std::int64_t grants_ = 0;
