@@ -484,6 +484,28 @@ TEST_F(MlpExample, AnAdaptiveSearchsWorkerKilledMidTrialIsTakenOverAndLosesNothi
   EXPECT_EQ(events_in(straight + "/search-events.jsonl", "created"), 6u);
   EXPECT_GE(events_in(straight + "/search-events.jsonl", "promoted"), 3u);  // floor(6 / 2) from rung 0
   EXPECT_GE(events_in(straight + "/search-events.jsonl", "finished"), 1u);
+  // A trial that arrives in the top of its rung trains on in its ranks: the chief appends the
+  // rung and the promotion together, and the worker launches it no second time for that rung.
+  EXPECT_THAT(r.out + r.err, HasSubstr("promoted, and trains on here"));
+  std::size_t in_place = 0, launched = 0;
+  {
+    std::ifstream in(straight + "/search-events.jsonl");
+    nlohmann::json before;
+    for (std::string line; std::getline(in, line);) {
+      const auto e = nlohmann::json::parse(line);
+      if (e.value("event", "") == "promoted") {
+        (before.value("event", "") == "rung" && before.value("trial", -1) == e.value("trial", -2) ? in_place : launched)++;
+      }
+      before = e;
+    }
+  }
+  EXPECT_GE(in_place, 1u);
+  const auto promoting = [](const std::string& text) {
+    std::size_t n = 0;
+    for (auto at = text.find("search: promoting trial"); at != std::string::npos; at = text.find("search: promoting trial", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(promoting(r.out + r.err), launched) << "a launch for each promotion not made in place, and no other";
 
   // The second search's worker, killed once the fourth trial has started.
   core::SpawnOptions spawn;
