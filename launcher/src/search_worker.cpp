@@ -36,7 +36,7 @@ struct Validated {
   double metric = std::nan("");
   std::int64_t batches = -1;
 };
-Validated last_validation(const core::TrialLayout& trial, const std::string& metric) {
+Validated last_validation(const core::TrialLayout& trial, const std::string& metric, bool quiet = false) {
   std::ifstream in(trial.metrics_file());
   Validated last;
   std::optional<double> found;
@@ -51,7 +51,9 @@ Validated last_validation(const core::TrialLayout& trial, const std::string& met
       // a line cut short by a killed rank: the ones before it stand
     }
   }
-  if (!found) core::log_warning("{} holds no validation of {}: the rung counts it last", trial.metrics_file(), metric);
+  if (!found && !quiet) {
+    core::log_warning("{} holds no validation of {}: the rung counts it last", trial.metrics_file(), metric);
+  }
   last.metric = found.value_or(std::nan(""));
   return last;
 }
@@ -154,8 +156,9 @@ Leased decide(const search::EventLog& log, const search::AshaOptions& options, c
 // trial trains toward: the trial's directory holds another training than the log records (a
 // log restored from an older copy), and going on would record a stale metric.
 Validated check_trained_within(const core::ExperimentLayout& layout, const core::ExperimentConfig& config,
-                               const search::EventLog& log, int trial, int rung, std::int64_t length) {
-  const Validated validated = last_validation(layout.trial(trial), config.searcher.metric);
+                               const search::EventLog& log, int trial, int rung, std::int64_t length,
+                               bool quiet = false) {
+  const Validated validated = last_validation(layout.trial(trial), config.searcher.metric, quiet);
   if (config.searcher.max_length.unit == core::LengthUnit::kBatches && validated.batches > length) {
     throw search::SearchError(
         layout.trial(trial).metrics_file() + ": the last validation of trial " + std::to_string(trial) +
@@ -283,7 +286,7 @@ struct Worker {
         }
       }
       // Before anything trains: a trial whose directory is past the rung is not the log's.
-      check_trained_within(layout, config, log, d.trial, d.rung, d.length);
+      check_trained_within(layout, config, log, d.trial, d.rung, d.length, /*quiet=*/true);
       const int code = launch(trial, env, run, &lease);
       if (allocation.in_job()) core::record_worker_trial(layout, allocation.job_id, -1);
       // Stopped (the trial's checkpoint is durable; a worker takes it over), aborted by a second

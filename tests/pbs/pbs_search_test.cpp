@@ -120,7 +120,11 @@ TEST_F(PbsSearch, ASearchRunsToItsEndThroughWalltimesAndAKilledWorker) {
   EXPECT_GT(kill_job(second), 0);
   ASSERT_TRUE(wait_for_all_ended(600s)) << all_output();
   const std::string output = all_output();
-  EXPECT_THAT(output, HasSubstr("search: taking over trial " + std::to_string(taken)));
+  // Killed while the trial trained, it is taken over; killed as its ranks ended, after its chief
+  // recorded the rung in worker 1's name, there is nothing to take over.
+  if (!testing_support::each_start_reached_its_rung(log(), taken)) {
+    EXPECT_THAT(output, HasSubstr("search: taking over trial " + std::to_string(taken)));
+  }
   EXPECT_THAT(output, HasSubstr("submitted to resume a worker of the search")) << "no walltime stopped a worker";
   EXPECT_THAT(output, HasSubstr("has nothing left for this worker"));
   testing_support::expect_search_complete(experiment(), kTrials, expected);

@@ -157,7 +157,11 @@ TEST_F(SlurmSearch, ASearchRunsToItsEndAndAWorkerKilledMidTrialLosesNoTrial) {
   ASSERT_TRUE(testing_support::wait_for_state(array + "_0", "COMPLETED", 420s))
       << "state " << job_field(array + "_0", "JobState") << "\n" << worker_output(array, 0);
   EXPECT_NE(job_field(array + "_1", "JobState"), "COMPLETED") << "worker 1 was killed";
-  EXPECT_THAT(worker_output(array, 0), HasSubstr("search: taking over trial " + std::to_string(taken)));
+  // Killed while the trial trained, it is taken over; killed as its ranks ended, after its chief
+  // recorded the rung in worker 1's name, there is nothing to take over.
+  if (!testing_support::each_start_reached_its_rung(log(), taken)) {
+    EXPECT_THAT(worker_output(array, 0), HasSubstr("search: taking over trial " + std::to_string(taken)));
+  }
   EXPECT_THAT(worker_output(array, 0), HasSubstr("has nothing left for this worker"));
   expect_search_complete();
 

@@ -30,6 +30,27 @@ inline std::vector<std::tuple<int, int, double>> rungs_of(const std::string& log
 }
 
 // How many events of `kind` ("created", "promoted", ...) the log holds; 0 without a log.
+// Whether each start (or promotion) of `trial` reached its rung in the hands of the worker that
+// made it: the trial's chief records the rung in its worker's name as its ranks end, so a worker
+// killed after that left nothing to take over.
+inline bool each_start_reached_its_rung(const std::string& log, int trial) {
+  std::ifstream in(log);
+  std::string starter;
+  for (std::string line; std::getline(in, line);) {
+    const auto e = nlohmann::json::parse(line);
+    if (e.value("trial", -1) != trial) continue;
+    const std::string kind = e.value("event", "");
+    if (kind == "started" || kind == "promoted") {
+      if (!starter.empty()) return false;  // started again before its rung: taken over
+      starter = e.value("worker", "");
+    } else if (kind == "rung") {
+      if (e.value("worker", "") != starter) return false;
+      starter.clear();
+    }
+  }
+  return starter.empty();
+}
+
 inline std::size_t events_in(const std::string& log, const std::string& kind) {
   std::ifstream in(log);
   std::size_t n = 0;

@@ -306,7 +306,7 @@ TEST(Asha, ACreatedTrialNeverStartedIsTakenOverAndAHeldTrialIsPassedOver) {
   EXPECT_THROW(s.asha.apply(ev(Event::Kind::kStarted, 1, 0, 0)), SearchError);
 }
 
-TEST(Asha, AFailedTrialRanksLastAndIsNeverPromoted) {
+TEST(Asha, AFailedTrialRanksLastAtItsRung) {
   Search s(halving(false));
   s.take(s.ask());
   s.take(s.ask());

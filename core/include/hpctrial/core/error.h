@@ -66,7 +66,7 @@ class InternalError : public Error {
 
 // A trial's own verdict that its hyperparameters cannot train (Determined's det.InvalidHP):
 // thrown from the trial's constructor or any of its methods, on any rank, with the reason. The
-// trial ends at once with core::kExitInvalidHP and is not restarted; an adaptive search replaces
+// trial ends at once with core::kExitInvalidHP (65) and is not restarted; an adaptive search replaces
 // it with a new trial that does not count toward max_trials.
 class InvalidHP : public Error {
  public:

@@ -30,7 +30,7 @@ namespace hpctrial::core {
 inline constexpr int kExitFinished = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitConfig = 2;
-inline constexpr int kExitInvalidHP = 3;  // the trial threw InvalidHP: never restarted
+inline constexpr int kExitInvalidHP = 65;  // EX_DATAERR: the trial threw InvalidHP; never restarted
 inline constexpr int kExitStopped = 75;   // EX_TEMPFAIL: checkpointed on request; resume me
 inline constexpr int kExitAborted = 130;  // a second Ctrl-C: ended without a checkpoint
 
