@@ -468,6 +468,7 @@ bool Loop::promoted_in_place() {
   if (next <= max_batches_) return false;
   if (chief()) core::log_info("promoted at batch {}: the trial trains on to batch {}", batches_trained_, next);
   max_batches_ = next;
+  progress_->set_total(next);
   return true;
 }
 

@@ -121,6 +121,8 @@ class Progress {
   Progress(std::int64_t total_batches, std::int64_t global_batch_size, double interval_s, bool enabled);
   void update(std::int64_t batches, std::int64_t epoch, double loss, bool force = false);
   void finish();
+  // A run that goes on past its first end (a search's trial promoted in place).
+  void set_total(std::int64_t total_batches) { total_ = total_batches; }
 
  private:
   std::int64_t total_;
