@@ -1,14 +1,14 @@
 // search: adaptive_asha against random on the mlp example, and the cost of a worker's decision.
 //
-//   search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--seeds S] [--mode M] [--divisor D]
-//          [--max-rungs R] [--teacher H]
+//   search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--global-batch G] [--seeds S]
+//          [--mode M] [--divisor D] [--max-rungs R] [--teacher H]
 //
 // The task: the mlp example on labels drawn from a teacher network of width 32 (a task the
 // width and the learning rate both matter for: too narrow cannot fit it, too small a rate does
 // not get there in time). The same space for both searches (the learning rate, log-uniform from
 // 1e-4 to 0.3, and the width, 16 to 128), the same seed and the same max_trials, so that trial N
 // of each samples the same configuration; each search run by `hpctrial run` on one rank:
-//   random         every trial trains B batches (320), then validates
+//   random         every trial trains B batches (320) of G records (1024), then validates
 //   adaptive_asha  mode conservative, divisor 4, max_rungs 3 (rungs of B/16, B/4 and B batches;
 //                  Determined's default of 5 would make the first rung 1 batch long here). The
 //                  conservative mode's bracket that starts trials at full length hedges against
@@ -21,7 +21,13 @@
 // time from the search's start to the validation that reached it, and their ratio (a promoted
 // trial trains on in its ranks, so adaptive_asha pays a trial's start-up once a trial, not once a
 // rung); then the median ratios over the seeds (goals: adaptive_asha <= 1/3 of random's compute,
-// <= 1/2 of its wall time).
+// <= 1/2 of its wall time). Also printed: a random trial's wall time and how much of it it spent
+// in train_batch; the rest is starting and ending it (mpirun, LibTorch's initialisation - about
+// 0.4 s of CPU in any program that links it - the data, the checkpoint), paid once a trial by both
+// searches. Wall time can only show the compute saved where training is most of a trial, as it
+// is in any search worth running on a batch scheduler: with G = 1024 a full trial trains about
+// 3 s against about 0.7 s to start and end; with --global-batch 64 it trains 0.07 s, and both
+// searches take the time of starting 64 trials whatever they compute.
 // Then the decision: a log of N simulated trials' events is written, and a worker's "what next?"
 // (the log's lock, reading and replaying every event, the decision) is timed, median of 20 (goal
 // <= 10 ms at 1 000 trials).
@@ -29,7 +35,7 @@
 // sampled) and prints the median ratio; --mode, --divisor and --max-rungs set adaptive_asha's
 // keys; --teacher H draws the labels from a teacher network of width H (a task whose best width
 // is not the smallest).
-// --quick (bench-smoke): 4 trials of 32 batches, and a log of 100 trials.
+// --quick (bench-smoke): 4 trials of 32 batches of 64, and a log of 100 trials.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,7 +66,7 @@ double since(Clock::time_point start) { return std::chrono::duration<double>(Clo
 struct Options {
   bool quick = false;
   std::string dir = "search-scratch";
-  int trials = 64, batches = 320, seeds = 5;
+  int trials = 64, batches = 320, seeds = 5, batch = 1024;
   std::string mode = "conservative";
   int divisor = 4, max_rungs = 3;  // rungs of 20, 80 and 320 batches
   std::int64_t teacher = 32;  // labels from a teacher network of this width (synthetic_data.h); 0: blobs
@@ -68,7 +74,7 @@ struct Options {
 
 std::string config(const std::string& name, const std::string& searcher, const Options& o, int seed,
                    const std::string& data) {
-  return "name: " + name + "\nentrypoint: " HPCTRIAL_MLP "\nhyperparameters:\n  global_batch_size: 64\n"
+  return "name: " + name + "\nentrypoint: " HPCTRIAL_MLP "\nhyperparameters:\n  global_batch_size: " + std::to_string(o.batch) + "\n"
          "  classes: 10\n  learning_rate: {type: log, base: 10, minval: -4, maxval: -0.5}\n"
          "  hidden: {type: categorical, vals: [16, 32, 64, 128]}\nsearcher:\n  name: " + searcher +
          "\n  metric: validation_loss\n  max_length: {batches: " + std::to_string(o.batches) + "}\n  max_trials: " +
@@ -161,6 +167,23 @@ Reached random_compute(const std::string& experiment, int trials, double target)
     before += v.empty() ? 0 : v.back().first;
   }
   return out;
+}
+
+// The seconds a trial spent in train_batch (its last timings record), summed over the trials.
+double training_seconds(const std::string& experiment, int trials) {
+  double total = 0;
+  for (int t = 0; t < trials; ++t) {
+    std::ifstream in(experiment + "/trial-" + std::to_string(t) + "/metrics.jsonl");
+    double last = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("kind", "") == "timings" && j["timings"].contains("train_batch")) {
+        last = j["timings"]["train_batch"]["total_s"].get<double>();
+      }
+    }
+    total += last;
+  }
+  return total;
 }
 
 // Every trial's batches, summed: the compute a search spent in all.
@@ -272,6 +295,10 @@ std::pair<double, double> compare(const Options& o, int seed, const std::string&
               "batches to random's best", "batches in all", "s to random's best");
   std::printf("%-14s %12.4f %10.1f %22lld %16lld %20.1f\n", "random", random_best, random_run.seconds,
               static_cast<long long>(random.batches), static_cast<long long>(o.trials) * o.batches, random_wall);
+  const double per_trial = random_run.seconds / o.trials,
+               training = training_seconds(o.dir + "/random" + tag, o.trials) / o.trials;
+  std::printf("a random trial: %.2f s of wall time, %.2f s of it in train_batch (%.2f s to start and end it)\n",
+              per_trial, training, per_trial - training);
   std::printf("%-14s %12.4f %10.1f %22s %16lld %20s\n", "adaptive_asha", asha.best, asha_run.seconds,
               asha.batches < 0 ? "not reached" : std::to_string(asha.batches).c_str(),
               static_cast<long long>(total_batches(o.dir + "/asha" + tag, o.trials)),
@@ -310,6 +337,7 @@ int main(int argc, char** argv) {
       o.trials = 4;
       o.batches = 32;
       o.seeds = 1;
+      o.batch = 64;
     } else if (a == "--dir" && more) {
       o.dir = argv[++i];
     } else if (a == "--trials" && more) {
@@ -324,11 +352,13 @@ int main(int argc, char** argv) {
       o.divisor = std::atoi(argv[++i]);
     } else if (a == "--max-rungs" && more) {
       o.max_rungs = std::atoi(argv[++i]);
+    } else if (a == "--global-batch" && more) {
+      o.batch = std::atoi(argv[++i]);
     } else if (a == "--teacher" && more) {
       o.teacher = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--seeds S] "
-                           "[--mode M] [--divisor D] [--max-rungs R] [--teacher H]\n");
+      std::fprintf(stderr, "usage: search [--quick] [--dir DIR] [--trials N] [--max-batches B] [--global-batch G] "
+                           "[--seeds S] [--mode M] [--divisor D] [--max-rungs R] [--teacher H]\n");
       return 2;
     }
   }
@@ -341,10 +371,10 @@ int main(int argc, char** argv) {
   spec.samples = 2048;
   spec.seed = 2;
   mlp_example::write_synthetic_dataset(o.dir + "/data/validation.h5", spec);
-  std::printf("mlp example%s, %d trials of at most %d batches each, one worker (hpctrial run, 1 rank); "
+  std::printf("mlp example%s, %d trials of at most %d batches of %d each, one worker (hpctrial run, 1 rank); "
               "adaptive_asha: mode %s, divisor %d, max_rungs %d\n",
               o.teacher > 0 ? (" (labels from a teacher of width " + std::to_string(o.teacher) + ")").c_str() : "",
-              o.trials, o.batches, o.mode.c_str(), o.divisor, o.max_rungs);
+              o.trials, o.batches, o.batch, o.mode.c_str(), o.divisor, o.max_rungs);
   std::vector<double> ratios, walls;
   for (int s = 0; s < o.seeds; ++s) {
     const auto [ratio, wall] = compare(o, 1234 + s, o.dir + "/data");

@@ -167,6 +167,28 @@ std::uintmax_t copy_from(const std::string& path, std::uintmax_t offset) {
   return offset;
 }
 
+// Where the last `lines` lines of `path` begin (0: the file has no more); a last line without its
+// newline counts as one.
+std::uintmax_t tail_offset(const std::string& path, long lines) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in || lines <= 0) return in ? static_cast<std::uintmax_t>(in.tellg()) : 0;
+  std::streamoff end = in.tellg(), at = end;
+  char buffer[65536];
+  long newlines = 0;
+  while (at > 0) {
+    const std::streamoff size = std::min<std::streamoff>(at, sizeof buffer);
+    at -= size;
+    in.seekg(at);
+    in.read(buffer, size);
+    for (std::streamoff i = size - 1; i >= 0; --i) {
+      // The newline that ends the file ends the last line; each one before it ends a line more.
+      if (buffer[i] != '\n' || at + i == end - 1) continue;
+      if (++newlines == lines) return static_cast<std::uintmax_t>(at + i + 1);
+    }
+  }
+  return 0;
+}
+
 // The trial `hpctrial logs` prints: --trial, else the one the task named runs, else 0.
 int logs_trial(const Target& t, int trial, int trials, const core::ExperimentLayout& layout) {
   if (trial < 0 && !t.jobs.job.empty()) {
@@ -193,22 +215,24 @@ void worker_logs(const Target& t, int trial, bool named, std::vector<core::JobSt
 int run_logs(const std::vector<std::string>& args) {
   po::options_description options;
   int rank = -1, trial = -1;
+  long tail = -1;
   bool follow = false;
   options.add_options()
       ("rank,r", po::value(&rank)->value_name("N"), "only rank N's lines (trial-T/logs/rank-N.log)")
       ("trial", po::value(&trial)->value_name("T"), "the trial of a search (default: task 0)")
+      ("tail,n", po::value(&tail)->value_name("N"), "only the last N lines (of the newest run's output)")
       ("follow,f", po::bool_switch(&follow), "keep printing what is added, until the job ends");
   po::variables_map vm;
-  const std::string what = target_argument(args, "logs", R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--follow]
+  const std::string what = target_argument(args, "logs", R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--tail N] [--follow]
 
 Prints the output of a job: the launcher's log and every rank's lines, from every run of the
-job (requeued runs append). --rank N prints rank N's own log; --follow keeps printing until
-the job ends (until Ctrl-C when there is no job). An experiment run with `hpctrial run` has no
-job: give --rank.
+job (requeued runs append). --rank N prints rank N's own log; --tail N only the last N lines of
+the newest run (as tail -n N); --follow keeps printing until the job ends (until Ctrl-C when
+there is no job). An experiment run with `hpctrial run` has no job: give --rank.
 )", &options, &vm);
   if (what.empty()) return kExitOk;
-  if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0)) {
-    throw ConfigError("hpctrial logs: --rank and --trial are 0 or more");
+  if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0) || (vm.count("tail") && tail < 0)) {
+    throw ConfigError("hpctrial logs: --rank, --trial and --tail are 0 or more");
   }
   const Target t = experiment_target(what);
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
@@ -225,12 +249,12 @@ job: give --rank.
   if (rank >= 0) {
     path = layout.trial(trial).rank_log(rank);
   } else if (!jobs.empty()) {
-    for (std::size_t i = 0; i + 1 < jobs.size(); ++i) {
+    for (std::size_t i = 0; i + 1 < jobs.size() && tail < 0; ++i) {
       if (!fs::exists(jobs[i].output)) continue;
       std::cout << "==> " << scheduler << " job " << jobs[i].id << " <==\n";
       copy_from(jobs[i].output, 0);
     }
-    if (jobs.size() > 1) std::cout << "==> " << scheduler << " job " << jobs.back().id << " <==\n";
+    if (jobs.size() > 1 && tail < 0) std::cout << "==> " << scheduler << " job " << jobs.back().id << " <==\n";
     path = jobs.back().output;
   } else if (!t.job.empty()) {
     throw ConfigError(layout.dir + " records no " + scheduler + " job of trial " + std::to_string(trial));
@@ -242,7 +266,7 @@ job: give --rank.
                   (rank >= 0 ? "trial " + std::to_string(trial) + " has not run, or has no rank " + std::to_string(rank)
                              : "the job has not started; --follow waits for it"));
   }
-  std::uintmax_t offset = copy_from(path, 0);
+  std::uintmax_t offset = copy_from(path, tail < 0 ? 0 : tail_offset(path, tail));
   if (!follow) return kExitOk;
   // Follow while the trial's job may still write, on into the job that resumes it.
   std::string job = jobs.empty() ? "" : jobs.back().id;

@@ -15,7 +15,7 @@
 namespace {
 
 void print_help(const std::vector<hpctrial::cli::Verb>& verbs) {
-  std::cout << "usage: hpctrial [--version] [--help] VERB [ARGS]\n\n"
+  std::cout << "usage: hpctrial [--version] [--help] VERB [ARGS]\n       hpctrial help VERB\n\n"
                "Run LibTorch trials on HPC batch schedulers: configs, checkpoints, pause and "
                "resume.\n\nverbs:\n";
   for (const auto& verb : verbs) {
@@ -26,8 +26,8 @@ void print_help(const std::vector<hpctrial::cli::Verb>& verbs) {
   std::cout << "\nexamples:\n"
                "  hpctrial config validate experiment.yaml\n"
                "  hpctrial config show experiment.yaml --set resources.slots_per_trial=4\n\n"
-               "Run 'hpctrial VERB --help' for a verb's options. Set HPCTRIAL_LOG_LEVEL=debug for "
-               "more detail.\n";
+               "Run 'hpctrial help VERB' (or 'hpctrial VERB --help') for a verb's options, 'man hpctrial-VERB'\n"
+               "for its page. Set HPCTRIAL_LOG_LEVEL=debug for more detail.\n";
 }
 
 }  // namespace
@@ -38,9 +38,14 @@ int main(int argc, char** argv) {
   const std::vector<cli::Verb> verbs = cli::builtin_verbs();
   std::vector<std::string> args(argv + 1, argv + argc);
 
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || (args[0] == "help" && args.size() == 1)) {
     print_help(verbs);
     return args.empty() ? cli::kExitUsage : cli::kExitOk;
+  }
+  if (args[0] == "help") {
+    // `hpctrial help VERB [ACTION]` is `hpctrial VERB [ACTION] --help`.
+    args.erase(args.begin());
+    args.push_back("--help");
   }
   if (args[0] == "--version" || args[0] == "-V") {
     std::cout << cli::version_text();

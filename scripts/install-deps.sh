@@ -22,6 +22,9 @@ packages=(
   # the install tier: modulefiles loaded by a real Lmod (Environment Modules conflicts with it in
   # Debian; its Tcl modulefile is loaded by Lmod and read by tclsh)
   lmod tcl
+  # the manual pages, written from the command's help texts; bash completion's loader (the
+  # install tier finds hpctrial's completion through it)
+  help2man bash-completion
   # containers (environment.image): rootless Podman with runc, which runs on the hosts whose
   # cgroups are mixed v1 and v2, where crun refuses to
   podman runc uidmap

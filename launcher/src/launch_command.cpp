@@ -309,6 +309,12 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
   if (!config.optimizations.network_interface.empty()) {
     vars.emplace_back("NCCL_SOCKET_IFNAME", config.optimizations.network_interface);
   }
+  // torch.distributed's rendezvous (what torchrun sets): rank 0's host, and a port free there
+  // when that is this host (else torch's default).
+  const std::string first = allocation.hosts.empty() ? core::host_name() : allocation.hosts.front().name;
+  const int port = first == core::host_name() ? core::free_tcp_port() : 0;
+  vars.emplace_back("MASTER_ADDR", first);
+  vars.emplace_back("MASTER_PORT", std::to_string(port > 0 ? port : 29500));
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
   }
@@ -331,6 +337,7 @@ detail::ContainerCommandInput container_input(const MpirunCommand& c, const core
     }
     return false;
   };
+  for (const char* name : detail::kTorchRankVariables) input.passed.push_back(name);
   for (const auto& [name, value] : c.env) {
     if (!covered(name)) input.passed.push_back(name);
     if (name == core::kEnvAbortFile) input.attempt = value;

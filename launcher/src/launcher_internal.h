@@ -103,4 +103,11 @@ RankFailure attribute_failure(const std::vector<std::pair<int, core::HeartbeatRe
 // ranks on this host, read from /proc/PID/stat); nullopt while it runs or once it is gone.
 std::optional<int> zombie_status(int pid);
 
+// The tasks Slurm's SLURM_STEP_TASKS_PER_NODE ("2(x3),1": a count, repeated) puts on node
+// `node` (counted from 0), as text; nullopt where the text does not say.
+std::optional<std::string> tasks_on_node(const std::string& per_node, int node);
+// What torchrun sets for each rank, which each rank's parent sets from Open MPI's or Slurm's
+// variables (MASTER_ADDR and MASTER_PORT the launcher sets, the same for every rank).
+inline constexpr const char* kTorchRankVariables[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};
+
 }  // namespace hpctrial::launcher::detail

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/files.h"
@@ -24,6 +25,7 @@
 #include "hpctrial/core/subprocess.h"
 #include "hpctrial/launcher/launcher.h"
 #include "container.h"
+#include "launcher_internal.h"
 
 namespace hpctrial::launcher {
 namespace {
@@ -48,6 +50,34 @@ std::optional<int> rank_from(const core::EnvSource& env) {
   return std::nullopt;
 }
 
+// The variables torch.distributed and torchrun's users read (RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE), from Open MPI's under mpirun, from Slurm's under srun; none that the
+// launcher cannot tell. MASTER_ADDR and MASTER_PORT come from the launcher, the same for all.
+std::vector<std::pair<std::string, std::string>> torch_variables(const core::EnvSource& env) {
+  const auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::string> {
+    for (const char* name : names) {
+      if (const auto value = env.get(name); value && !value->empty()) return value;
+    }
+    return std::nullopt;
+  };
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto put = [&](const char* name, const std::optional<std::string>& value) {
+    if (value) out.emplace_back(name, *value);
+  };
+  put("RANK", first({"OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK"}));
+  put("LOCAL_RANK", first({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}));
+  put("WORLD_SIZE", first({"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}));
+  auto local_size = first({"OMPI_COMM_WORLD_LOCAL_SIZE"});
+  if (!local_size) {
+    // srun: this node's count in SLURM_STEP_TASKS_PER_NODE ("2(x3),1": counts, each repeated).
+    const auto per_node = first({"SLURM_STEP_TASKS_PER_NODE"});
+    const auto node = first({"SLURM_NODEID"});
+    if (per_node && node) local_size = detail::tasks_on_node(*per_node, std::atoi(node->c_str()));
+  }
+  put("LOCAL_WORLD_SIZE", local_size);
+  return out;
+}
+
 void record_end(const std::string& path, int status) {
   std::ifstream in(path, std::ios::binary);
   std::string page((std::istreambuf_iterator<char>(in)), {});
@@ -64,6 +94,24 @@ void record_end(const std::string& path, int status) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::optional<std::string> tasks_on_node(const std::string& per_node, int node) {
+  std::stringstream items(per_node);
+  int first = 0;  // the first node the item covers
+  for (std::string item; std::getline(items, item, ',');) {
+    int count = 0, repeat = 1;
+    char close = 0;
+    const int read = std::sscanf(item.c_str(), "%d(x%d%c", &count, &repeat, &close);
+    if (read < 1 || (read > 1 && (read != 3 || close != ')')) || count < 0 || repeat < 1) return std::nullopt;
+    if (node >= first && node < first + repeat) return std::to_string(count);
+    first += repeat;
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource& env) {
   if (argv.empty()) {
@@ -93,6 +141,7 @@ int run_rank_parent(const std::vector<std::string>& argv, const core::EnvSource&
   // A warning forwarded before the rank installed its handlers (it loads its libraries and
   // starts MPI first: seconds on a busy node) would kill it; held, it reaches the handler.
   options.blocked_signals = {SIGUSR1, SIGUSR2};
+  options.env_set = torch_variables(env);
   pid_t child = -1;
   try {
     child = core::spawn_process(argv, options).pid;

@@ -46,12 +46,23 @@ check_prefix() {
   local flavour loaded
   for flavour in lua tcl; do
     [[ $flavour == tcl ]] && mv "$modules/$version.lua" "$work/hidden.lua"
+    # Also: the manual pages through MANPATH, the Python readers through PYTHONPATH, and the
+    # completion through bash-completion's own loader (XDG_DATA_DIRS).
     loaded=$(clean bash -c "source $lmod; module use '$prefix/share/modulefiles' && module load hpctrial &&
-                            echo \"root=\$HPCTRIAL_ROOT cmake=\$CMAKE_PREFIX_PATH\" && hpctrial --version" 2>&1) ||
+                            echo \"root=\$HPCTRIAL_ROOT cmake=\$CMAKE_PREFIX_PATH\" && hpctrial --version &&
+                            echo \"man=\$(man -w hpctrial-run)\" && man -P cat hpctrial-run 2>/dev/null | grep -m1 -o 'hpctrial run EXP.yaml' &&
+                            python3 -c 'import hpctrial_metrics, hpctrial_checkpoint; print(\"python=\" + hpctrial_metrics.__file__)' &&
+                            source /usr/share/bash-completion/bash_completion && __load_completion hpctrial &&
+                            COMP_WORDS=(hpctrial lo) COMP_CWORD=1 && _hpctrial && echo \"complete=\${COMPREPLY[*]}\"" 2>&1) ||
       fail "module load hpctrial ($flavour) failed: $loaded"
     [[ $flavour == tcl ]] && mv "$work/hidden.lua" "$modules/$version.lua"
     grep -qxF "root=$prefix cmake=$prefix" <<<"$loaded" || fail "the $flavour modulefile set: $loaded"
     grep -q '^hpctrial [0-9]' <<<"$loaded" || fail "hpctrial did not run after module load ($flavour): $loaded"
+    grep -qxF "man=$prefix/share/man/man1/hpctrial-run.1" <<<"$loaded" || fail "man hpctrial-run ($flavour): $loaded"
+    grep -qxF "hpctrial run EXP.yaml" <<<"$loaded" || fail "man hpctrial-run shows no synopsis ($flavour): $loaded"
+    grep -qxF "python=$prefix/share/hpctrial/python/hpctrial_metrics.py" <<<"$loaded" ||
+      fail "the Python readers are not on PYTHONPATH ($flavour): $loaded"
+    grep -qxF "complete=logs" <<<"$loaded" || fail "bash completion ($flavour): $loaded"
   done
   # A project of one's own finds the package.
   mkdir -p "$work/project"

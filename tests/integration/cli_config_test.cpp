@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <iterator>
 
@@ -174,6 +175,43 @@ TEST(Cli, ConfigHelp) {
     EXPECT_THAT(help.out, HasSubstr("\n\noptions:\n")) << verb;
     EXPECT_THAT(help.out, testing::Not(HasSubstr("options:\noptions:"))) << verb;
   }
+}
+
+// Every verb, and every action of one, answers --help with its usage and exit code 0, and
+// `hpctrial help VERB [ACTION]` says the same; an unknown verb is an error that suggests one.
+TEST(Cli, EveryVerbAndActionHasHelpAndHelpVerbSaysTheSame) {
+  const auto verbs = hpctrial({"--help"});
+  ASSERT_EQ(verbs.exit_code, 0);
+  std::vector<std::string> names;
+  const auto from = verbs.out.find("verbs:\n");
+  ASSERT_NE(from, std::string::npos) << verbs.out;
+  const std::string listed = verbs.out.substr(from, verbs.out.find("\n\n", from) - from);
+  const std::regex line("\n  ([a-z][a-z-]*) +[a-z]");
+  for (std::sregex_iterator it(listed.begin(), listed.end(), line), end; it != end; ++it) {
+    names.push_back((*it)[1]);
+  }
+  EXPECT_GE(names.size(), 14u) << verbs.out;
+  const std::vector<std::vector<std::string>> commands = {
+      {"config", "show"}, {"checkpoint", "list"}, {"checkpoint", "inspect"}, {"checkpoint", "verify"},
+      {"checkpoint", "export"}, {"experiment", "repair"}};
+  std::vector<std::vector<std::string>> all;
+  for (const auto& name : names) all.push_back({name});
+  all.insert(all.end(), commands.begin(), commands.end());
+  for (const auto& command : all) {
+    std::vector<std::string> args = command, asked = {"help"};
+    args.push_back("--help");
+    asked.insert(asked.end(), command.begin(), command.end());
+    const auto help = hpctrial(args), same = hpctrial(asked);
+    const std::string what = command.front() + (command.size() > 1 ? " " + command[1] : "");
+    EXPECT_EQ(help.exit_code, 0) << what << ": " << help.err;
+    EXPECT_THAT(help.out, HasSubstr("usage: hpctrial " + command.front())) << what;
+    EXPECT_EQ(help.err, "") << what;
+    EXPECT_EQ(same.exit_code, 0) << what;
+    EXPECT_EQ(same.out, help.out) << what;
+  }
+  const auto unknown = hpctrial({"help", "jbos"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown verb 'jbos'; did you mean 'jobs'?"));
 }
 
 TEST(Cli, ValidateAcceptsAValidConfig) {

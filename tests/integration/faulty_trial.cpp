@@ -69,6 +69,15 @@ class FaultyTrial : public hpctrial::Trial {
       std::printf("rank %d reads %s: %s\n", context.distributed().rank, path.c_str(), first.c_str());
       std::fflush(stdout);
     }
+    if (context.hparams().contains("print_torch_env") && context.hparam<bool>("print_torch_env")) {
+      std::string line = "torch env";
+      for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+        const char* value = std::getenv(name);
+        line += std::string(" ") + name + "=" + (value != nullptr ? value : "unset");
+      }
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
     if (context.hparams().contains("nan_from_batch")) nan_from_batch_ = context.hparam<std::int64_t>("nan_from_batch");
     if (context.hparams().contains("nudge_rank")) {

@@ -16,6 +16,7 @@
 #include "launcher_fixture.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/env.h"
+#include "hpctrial/core/subprocess.h"
 
 namespace hpctrial {
 namespace launcher_test {  // named: the target compiles its sources together (UNITY_BUILD)
@@ -283,6 +284,43 @@ TEST_F(Launcher, TheContextFolderIsFrozenAndTheRanksRunInIt) {
   out = p->output();
   EXPECT_EQ(p->exit_code(), 2) << out;
   EXPECT_THAT(out, HasSubstr("context: " + (context / "link").string() + " is a symbolic link"));
+}
+
+// Each rank sees what torchrun would set: its rank, local rank and the sizes, and one rendezvous
+// address and port for all.
+TEST_F(Launcher, EachRankSeesTorchsLaunchVariables) {
+  const std::string exp = config("", 4, 2, 0, ", print_torch_env: true");
+  auto p = run(exp);
+  ASSERT_EQ(p->exit_code(), 0) << p->output();
+  const std::string host = core::host_name();
+  std::string port;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_file(trial() + "/logs/rank-" + std::to_string(rank) + ".log");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("torch env RANK=(\\d+) LOCAL_RANK=(\\d+) WORLD_SIZE=2 "
+                                                     "LOCAL_WORLD_SIZE=2 MASTER_ADDR=(\\S+) MASTER_PORT=(\\d+)")))
+        << log;
+    EXPECT_EQ(m[1], std::to_string(rank));
+    EXPECT_EQ(m[2], std::to_string(rank));
+    EXPECT_EQ(m[3], host);
+    if (rank == 0) port = m[4];
+    EXPECT_EQ(m[4], port) << "one port for all ranks";
+    EXPECT_GT(std::stoi(port), 0);
+  }
+  // `hpctrial logs --tail N`: the last N lines, as tail -n N prints them.
+  const std::string log = read_file(trial() + "/logs/rank-0.log");
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < log.size();) {
+    const auto end = log.find('\n', at);
+    lines.push_back(log.substr(at, end - at + 1));
+    at = end + 1;
+  }
+  ASSERT_GE(lines.size(), 3u) << log;
+  const auto tail = core::run_process({HPCTRIAL_CLI, "logs", experiment(), "--rank", "0", "--tail", "2"});
+  EXPECT_EQ(tail.exit_code, 0) << tail.err;
+  EXPECT_EQ(tail.out, lines[lines.size() - 2] + lines.back());
+  EXPECT_EQ(core::run_process({HPCTRIAL_CLI, "logs", experiment(), "--rank", "0", "--tail", "100000"}).out, log);
+  EXPECT_EQ(core::run_process({HPCTRIAL_CLI, "logs", experiment(), "--rank", "0", "-n", "0"}).out, "");
 }
 
 TEST_F(Launcher, ATrialThatFailsEveryTimeStopsAfterMaxRestarts) {

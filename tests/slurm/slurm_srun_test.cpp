@@ -107,6 +107,27 @@ TEST_F(SrunFault, AnEnrootImageWithoutPyxisIsRefusedBeforeAnyRankStarts) {
   EXPECT_FALSE(std::filesystem::exists(trial() + "/launch/heartbeat/rank-0")) << "a rank started";
 }
 
+// As under mpirun, each task sees what torchrun would set, from Slurm's variables.
+TEST_F(SrunFault, EachTaskSeesTorchsLaunchVariables) {
+  const std::string exp = config("launcher: {mpi: srun}\n", 4, kRanks, 0, ", print_torch_env: true");
+  auto p = run(exp, "", {}, 120s);
+  ASSERT_EQ(p->exit_code(), 0) << p->output();
+  std::string port;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::string log = read_file(trial() + "/logs/rank-" + std::to_string(rank) + ".log");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("torch env RANK=(\\d+) LOCAL_RANK=(\\d+) WORLD_SIZE=2 "
+                                                     "LOCAL_WORLD_SIZE=2 MASTER_ADDR=(\\S+) MASTER_PORT=(\\d+)")))
+        << log;
+    EXPECT_EQ(m[1], std::to_string(rank));
+    EXPECT_EQ(m[2], std::to_string(rank));
+    EXPECT_NE(m[3], "unset");
+    if (rank == 0) port = m[4];
+    EXPECT_EQ(m[4], port) << "one port for all ranks";
+  }
+  EXPECT_FALSE(std::filesystem::exists(trial() + "/launch/hostfile")) << "mpirun ran the ranks";
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return "rank" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
 }

@@ -10,10 +10,11 @@ std::string trim(std::string_view text) {
   return std::string(text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1));
 }
 
-std::string utc_now_iso() {
-  const std::time_t now = std::time(nullptr);
+std::string utc_now_iso() { return utc_iso(std::time(nullptr)); }
+
+std::string utc_iso(std::time_t t) {
   std::tm tm{};
-  gmtime_r(&now, &tm);
+  gmtime_r(&t, &tm);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;

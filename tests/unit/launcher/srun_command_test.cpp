@@ -215,5 +215,18 @@ TEST(ParseSrunFailure, RanksThatStoppedOnRequestOrFinishedAreNoFailure) {
             1);
 }
 
+// LOCAL_WORLD_SIZE under srun: each node's count in SLURM_STEP_TASKS_PER_NODE.
+TEST(SrunTasksPerNode, EachNodesCountAsSlurmWritesThem) {
+  EXPECT_EQ(detail::tasks_on_node("4", 0), "4");
+  EXPECT_EQ(detail::tasks_on_node("2(x3),1", 0), "2");
+  EXPECT_EQ(detail::tasks_on_node("2(x3),1", 2), "2");
+  EXPECT_EQ(detail::tasks_on_node("2(x3),1", 3), "1");
+  EXPECT_EQ(detail::tasks_on_node("2(x3),1", 4), std::nullopt);
+  EXPECT_EQ(detail::tasks_on_node("3,1(x2)", 2), "1");
+  EXPECT_EQ(detail::tasks_on_node("2(x3", 0), std::nullopt);
+  EXPECT_EQ(detail::tasks_on_node("", 0), std::nullopt);
+  EXPECT_EQ(detail::tasks_on_node("x", 0), std::nullopt);
+}
+
 }  // namespace
 }  // namespace hpctrial::launcher

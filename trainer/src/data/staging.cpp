@@ -81,10 +81,32 @@ class Fd {
   int fd_;
 };
 
+// How far the staging of one key is, logged every 10 s once it has taken 10 s: the bytes read
+// of those it reads (the source and the copy read back, or the copy checked for reuse).
+class Progress {
+ public:
+  Progress(std::string what, std::uint64_t total) : what_(std::move(what)), total_(total) {}
+  void add(std::uint64_t bytes) {
+    done_ += bytes;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(10)) return;
+    last_ = now;
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    core::log_info("data.stage: {}: {:.0f} of {:.0f} MB read ({:.0f} MB/s)", what_, static_cast<double>(done_) / 1e6,
+                   static_cast<double>(total_) / 1e6, static_cast<double>(done_) / 1e6 / seconds);
+  }
+
+ private:
+  std::string what_;
+  std::uint64_t total_, done_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+};
+
 // Reads `from` whole (into `to` when given, written through to the device), returning its
 // CRC-32C; IoError when it does not hold `size` bytes. `from_device`: what the page cache holds
 // of it is dropped first, so that the bytes checked are those on the device.
-std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path* to, bool from_device = false) {
+std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path* to, Progress& progress,
+                        bool from_device = false) {
   const Fd in(from, O_RDONLY);
   if (from_device) ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_DONTNEED);
   std::unique_ptr<Fd> out;
@@ -99,6 +121,7 @@ std::uint32_t read_file(const fs::path& from, std::uint64_t size, const fs::path
     if (n == 0) break;
     crc = checkpoint::crc32c(buffer.data(), static_cast<std::size_t>(n), crc);
     total += static_cast<std::uint64_t>(n);
+    progress.add(static_cast<std::uint64_t>(n));
     for (ssize_t done = 0; out && done < n;) {
       const ssize_t w = ::write(out->get(), buffer.data() + done, static_cast<std::size_t>(n - done));
       if (w < 0 && errno == EINTR) continue;
@@ -125,7 +148,7 @@ nlohmann::json manifest_of(const std::string& source, const std::vector<StagedFi
 // Whether the copy in `copy` (with its manifest) is of `source` as it is now, every file with
 // its checksum; fills the files' checksums when it is.
 bool reusable(const fs::path& copy, const fs::path& manifest, const std::string& source,
-              std::vector<StagedFile>& files) {
+              std::vector<StagedFile>& files, Progress& progress) {
   std::error_code ec;
   if (!fs::exists(manifest, ec) || !fs::exists(copy, ec)) return false;
   nlohmann::json recorded;
@@ -148,7 +171,7 @@ bool reusable(const fs::path& copy, const fs::path& manifest, const std::string&
     const fs::path file = f.path.empty() ? copy : copy / f.path;
     bool same = fs::is_regular_file(file, ec) && fs::file_size(file, ec) == f.size;
     try {
-      same = same && read_file(file, f.size, nullptr, /*from_device=*/true) == f.crc;
+      same = same && read_file(file, f.size, nullptr, progress, /*from_device=*/true) == f.crc;
     } catch (const IoError& e) {
       core::log_warning("data.stage: {}", e.what());
       same = false;
@@ -179,7 +202,8 @@ fs::path partials_of(const fs::path& folder) { return folder / "partial"; }
 
 // Copies `source` to `copy` (data/<key>/<name>) by way of a partial folder, reading the copy back
 // to compare.
-void copy_source(const fs::path& source, const fs::path& copy, const fs::path& folder, std::vector<StagedFile>& files) {
+void copy_source(const fs::path& source, const fs::path& copy, const fs::path& folder, std::vector<StagedFile>& files,
+                 Progress& progress) {
   const fs::path partial = partials_of(folder) / copy.parent_path().filename();
   fs::remove_all(partial);
   core::create_directories(partial.string());
@@ -188,8 +212,8 @@ void copy_source(const fs::path& source, const fs::path& copy, const fs::path& f
     const fs::path from = f.path.empty() ? source : source / f.path;
     const fs::path to = f.path.empty() ? target : target / f.path;
     core::create_directories(to.parent_path().string());
-    f.crc = read_file(from, f.size, &to);
-    if (read_file(to, f.size, nullptr, /*from_device=*/true) != f.crc) {
+    f.crc = read_file(from, f.size, &to, progress);
+    if (read_file(to, f.size, nullptr, progress, /*from_device=*/true) != f.crc) {
       throw IoError("the copy " + to.string() + " of " + from.string() + " reads back with another checksum (a "
                     "failing disk or memory on this node)");
     }
@@ -212,11 +236,15 @@ std::string stage_key(const std::string& key, const fs::path& source, const fs::
   const std::string size = fmt::format("{:.1f} MB in {} file{}", static_cast<double>(bytes) / 1e6, files.size(),
                                        files.size() == 1 ? "" : "s");
   const auto start = std::chrono::steady_clock::now();
-  if (reusable(copy, manifest, source.string(), files)) return "reused " + copy.string() + " (" + size + ", checksums verified)";
+  Progress checked("data." + key + ": checking the copy " + copy.string(), bytes);
+  if (reusable(copy, manifest, source.string(), files, checked)) {
+    return "reused " + copy.string() + " (" + size + ", checksums verified)";
+  }
   fs::remove(manifest, ec);
   fs::remove_all(copy.parent_path());  // a stale copy: its space is the new one's
   check_space(folder, bytes, key);
-  copy_source(source, copy, folder, files);
+  Progress copied("data." + key + ": copying " + source.string() + " and reading the copy back", 2 * bytes);
+  copy_source(source, copy, folder, files, copied);
   core::write_file_atomic(manifest.string(), manifest_of(source.string(), files).dump(1) + "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return fmt::format("copied to {} ({}, {:.2f} s, checksums verified)", copy.string(), size, seconds);

@@ -41,6 +41,10 @@ bool is_valid_env_name(const std::string& name);
 // This node's name, as ranks record it in their heartbeats: the name Slurm knows it by
 // ($SLURMD_NODENAME, what --exclude takes) in a Slurm job, else gethostname's.
 std::string host_name();
+// A TCP port no socket of this host is bound to now (the kernel's choice of an ephemeral one),
+// for a rendezvous that binds it soon after, as torchrun picks MASTER_PORT; 0 where none could
+// be had.
+int free_tcp_port();
 
 // The CPUs this process may run on (sched_getaffinity), as a list: "0-3,8,10-11".
 std::string cpu_affinity();
