@@ -48,6 +48,7 @@ examples:
   hpctrial submit experiment.yaml --set scheduler.time_limit=4h --set resources.slots_per_trial=8
   hpctrial submit experiment.yaml --dry-run       # print the script; submit nothing
   hpctrial submit experiment.yaml --scheduler pbs --set scheduler.queue=workq
+  job=$(hpctrial submit experiment.yaml --parsable)
 
 )";
 
@@ -57,7 +58,7 @@ int run_submit(const std::vector<std::string>& args) {
   ConfigArgs config_args;
   std::string experiment_dir;
   bool dry_run = false;
-  bool update_code = false;
+  bool update_code = false, parsable = false;
   VerbArgs command_line(kUsage);
   command_line.add_config_options(config_args);
   command_line.add_scheduler_option(config_args);
@@ -66,7 +67,8 @@ int run_submit(const std::vector<std::string>& args) {
       ("dry-run", po::bool_switch(&dry_run), "print the batch script; write and submit nothing")
       ("update-code", po::bool_switch(&update_code),
        "submit the program now at the entrypoint's path, though it differs from the copy the experiment "
-       "froze when it was made (the change is recorded)");
+       "froze when it was made (the change is recorded)")
+      ("parsable", po::bool_switch(&parsable), "print only the job id (as sbatch --parsable), for scripts");
   command_line.add_config_file(config_args);
   if (!command_line.parse(args)) return kExitOk;
   if (config_args.config_path.empty()) return missing_config("submit");
@@ -80,6 +82,9 @@ int run_submit(const std::vector<std::string>& args) {
   const auto render = [&](const core::ExperimentConfig& c) {
     return batch.render_script(c, {experiment_dir, core::self_program(), -1});
   };
+  for (const std::string& warning : batch.submission_warnings(config)) {
+    std::cerr << "hpctrial submit: warning: " << warning << "\n";
+  }
 
   if (dry_run) {
     const auto resolved = launcher::resolve_experiment(config, experiment_dir, update_code);
@@ -110,6 +115,10 @@ int run_submit(const std::vector<std::string>& args) {
   ::umask(077);
   const std::string id = batch.submit(request);
   core::record_job(layout, batch.name(), id);
+  if (parsable) {
+    std::cout << id << "\n";
+    return kExitOk;
+  }
   std::cout << "submitted " << batch.name() << " job " << id << "\n";
   if (const int workers = core::search_workers(prepared); workers > 0) {
     std::cout << workers << " worker(s) of the " << core::to_string(prepared.searcher.name) << " search, "

@@ -142,7 +142,9 @@ std::vector<core::SchedulerOption> Scheduler::options() const { return {{"queue"
 
 void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
   for (const auto& [key, message] : {std::pair<std::string, const char*>{"partition", "is a Slurm option; PBS calls it scheduler.queue"},
-                                     {"qos", "is a Slurm option that PBS does not have; remove it"}}) {
+                                     {"qos", "is a Slurm option that PBS does not have; remove it"},
+                                     {"gpu_type", "is a Slurm option; on PBS name the GPU type in resources the queue "
+                                                  "knows, through scheduler.extra_directives (e.g. -l select=...:gpu_model=a100)"}}) {
     if (const auto at = config.written_at.find(key); at != config.written_at.end()) {
       diagnostics.error(at->second, "scheduler." + key, message);
     }

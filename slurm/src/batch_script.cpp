@@ -154,7 +154,10 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   }
   directive("--cpus-per-task", std::to_string(r.cpus_per_slot), "resources.cpus_per_slot");
   if (r.gpus_per_slot > 0) {
-    directive("--gpus-per-node", std::to_string(r.gpus_per_slot * std::min(r.slots_per_node, r.slots_per_trial)),
+    const std::string type = s.option("gpu_type");
+    directive("--gpus-per-node",
+              (type.empty() ? "" : type + ":") +
+                  std::to_string(r.gpus_per_slot * std::min(r.slots_per_node, r.slots_per_trial)),
               "resources.gpus_per_slot");
   }
   if (r.memory_per_node_bytes) {

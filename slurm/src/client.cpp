@@ -119,6 +119,13 @@ int Client::partition_nodes(const std::string& partition) const {
   }
 }
 
+bool Client::partition_has_gpus(const std::string& partition) const {
+  const core::RunResult r = run_({"scontrol", "-o", "show", "partition", partition}, {});
+  if (!r.ok()) return false;
+  const std::size_t at = r.out.find(" TRES=");
+  return at != std::string::npos && r.out.substr(at, r.out.find(' ', at + 1) - at).find("gres/gpu") != std::string::npos;
+}
+
 void Client::release(const std::string& job) const { checked({"scontrol", "release", job}); }
 
 void Client::cancel(const std::string& job) const { checked({"scancel", job}); }

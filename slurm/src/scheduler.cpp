@@ -104,12 +104,29 @@ std::optional<core::Allocation> Scheduler::detect(const core::EnvSource& env, co
 
 bool Scheduler::is_job_id(const std::string& text) const { return is_valid_job_id(text); }
 
-std::vector<core::SchedulerOption> Scheduler::options() const { return {{"partition", false}, {"qos", false}}; }
+std::vector<core::SchedulerOption> Scheduler::options() const {
+  return {{"partition", false}, {"qos", false}, {"gpu_type", false}};
+}
 
 void Scheduler::check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const {
   if (const auto at = config.written_at.find("queue"); at != config.written_at.end()) {
     diagnostics.error(at->second, "scheduler.queue", "is a PBS option; Slurm calls it scheduler.partition");
   }
+}
+
+std::vector<std::string> Scheduler::submission_warnings(const core::ExperimentConfig& config) const {
+  if (config.resources.gpus_per_slot > 0) return {};
+  const std::string no_gpus = " but resources.gpus_per_slot is 0, so the job asks for no GPU: an hpctrial slot is a "
+                              "rank, not a GPU as in Determined; set resources.gpus_per_slot (1: one GPU a rank)";
+  std::vector<std::string> out;
+  if (const std::string type = config.scheduler.option("gpu_type"); !type.empty()) {
+    out.push_back("scheduler.gpu_type names GPUs of type " + type + no_gpus);
+  }
+  if (const std::string partition = config.scheduler.option("partition");
+      !partition.empty() && client_.partition_has_gpus(partition)) {
+    out.push_back("partition " + partition + " has GPUs (its TRES counts gres/gpu)" + no_gpus);
+  }
+  return out;
 }
 
 std::string Scheduler::render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const {

@@ -116,6 +116,25 @@ TEST(Cli, AnAdaptiveSearchIsSubmittedAsAnArrayOfWorkersAndRunHereAsOne) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "e"));
 }
 
+// A Determined config's GPU type becomes Slurm's GPU request; named with no GPU asked for, the
+// submission warns that an hpctrial slot is a rank.
+TEST(Cli, AGpuTypeIsAskedForAndItsAbsentGpusWarnedOf) {
+  TempDir dir;
+  const std::string path = dir.write("gpu.yaml", std::string(kValid) + "slurm: {gpu_type: a100}\n");
+  const auto none = hpctrial({"submit", path, "--scheduler", "slurm", "--dry-run"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_THAT(none.err, HasSubstr("hpctrial submit: warning: scheduler.gpu_type names GPUs of type a100 but "
+                                  "resources.gpus_per_slot is 0, so the job asks for no GPU: an hpctrial slot is a "
+                                  "rank, not a GPU as in Determined"));
+  EXPECT_THAT(none.out, testing::Not(HasSubstr("--gpus-per-node")));
+  const auto some = hpctrial({"submit", path, "--scheduler", "slurm", "--dry-run", "--set", "resources.gpus_per_slot=1"});
+  EXPECT_EQ(some.exit_code, 0) << some.err;
+  EXPECT_EQ(some.err, "");
+  EXPECT_THAT(some.out, HasSubstr("#SBATCH --gpus-per-node=a100:2\n"));
+  const auto pbs = hpctrial({"submit", path, "--scheduler", "pbs", "--dry-run"});
+  EXPECT_EQ(pbs.exit_code, 0) << pbs.err << " (Determined's slurm section is Slurm's only)";
+}
+
 // A site's defaults lie under everything else: site < template < config < --set.
 TEST(Cli, SiteDefaultsLieUnderTheTemplateTheConfigAndSet) {
   TempDir dir;

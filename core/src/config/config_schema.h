@@ -137,4 +137,8 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
 void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 void check_adaptive_batch(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 
+// The tree with the keys of Determined's config that mean something here (environment_variables,
+// bind_mounts, slurm:, pbs:) written as hpctrial's own (config_reference_keys.cpp).
+ConfigNode from_reference_keys(const ConfigNode& root, Diagnostics& d);
+
 }  // namespace hpctrial::core::detail

@@ -312,7 +312,8 @@ std::string runtime_name(Container::Runtime runtime) {
   return "";
 }
 
-ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& d) {
+ExperimentConfig parse_experiment_config(const ConfigNode& written, Diagnostics& d) {
+  const ConfigNode root = detail::from_reference_keys(written, d);
   ExperimentConfig config;
   if (!root.is_map()) {
     d.error(root.where(), "",

@@ -32,6 +32,8 @@ std::vector<SchedulerOption> Scheduler::options() const { return {}; }
 
 void Scheduler::check_config(const SchedulerConfig&, Diagnostics&) const {}
 
+std::vector<std::string> Scheduler::submission_warnings(const ExperimentConfig&) const { return {}; }
+
 bool Scheduler::can_leave_out(const Allocation&, int, int) const { return false; }
 bool Scheduler::allows_srun() const { return false; }
 

@@ -43,7 +43,7 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
     collect(*node.find("stage"), "data.stage", keys);  // hpctrial's one key among the user's
   }
   if (path == "environment" && node.is_map()) {
-    for (const char* setting : {"image", "container_runtime", "bind"}) {  // settings among the variables
+    for (const char* setting : {"image", "container_runtime", "bind", "environment_variables"}) {  // settings
       if (node.find(setting) != nullptr) keys.insert(std::string("environment.") + setting);
     }
   }
@@ -65,7 +65,8 @@ void collect(const ConfigNode& node, const std::string& path, std::set<std::stri
 TEST(ConfigReference, DocumentsExactlyTheKeysOfTheSchema) {
   std::set<std::string> schema_keys;
   for (const char* name : {"every_key.yaml", "every_key_pbs.yaml", "every_key_fp16.yaml", "every_key_pipeline.yaml",
-                           "every_key_asha.yaml", "every_key_halving.yaml", "every_key_inference.yaml"}) {
+                           "every_key_asha.yaml", "every_key_halving.yaml", "every_key_inference.yaml",
+                           "every_key_determined.yaml"}) {
     Diagnostics d;
     const ConfigNode root =
         load_config_file(std::string(HPCTRIAL_SOURCE_DIR "/tests/unit/core/data/") + name, d);

@@ -129,6 +129,9 @@ class Scheduler {
   // Reports the options of other schedulers it does not have (PBS has no partition, Slurm no
   // queue) at the place the user wrote them (config.scheduler.written_at). Accepts all by default.
   virtual void check_config(const SchedulerConfig& config, Diagnostics& diagnostics) const;
+  // What `hpctrial submit` should tell the user before it submits `config`, though the config is
+  // valid (a GPU type or a GPU partition named, and no GPUs asked for). None by default.
+  virtual std::vector<std::string> submission_warnings(const ExperimentConfig& config) const;
 
   // The batch script of an experiment; ConfigError naming the key of a value it cannot write.
   virtual std::string render_script(const ExperimentConfig& config, const ScriptOptions& options) const = 0;

@@ -58,6 +58,8 @@ class Client {
   void hold(const std::string& job) const;     // scontrol hold: a pending job waits for release
   // TotalNodes of `scontrol show partition`; 0 when Slurm does not answer.
   int partition_nodes(const std::string& partition) const;
+  // Whether the partition's TRES counts GPUs (gres/gpu); false when Slurm does not answer.
+  bool partition_has_gpus(const std::string& partition) const;
   // scontrol update ExcNodeList=NODES: a pending job's next run avoids them (a hostlist).
   void exclude_nodes(const std::string& job, const std::string& nodes) const;
   void release(const std::string& job) const;  // scontrol release

@@ -28,6 +28,7 @@ class Scheduler final : public core::Scheduler {
   bool is_job_id(const std::string& text) const override;
   std::vector<core::SchedulerOption> options() const override;
   void check_config(const core::SchedulerConfig& config, core::Diagnostics& diagnostics) const override;
+  std::vector<std::string> submission_warnings(const core::ExperimentConfig& config) const override;
   std::string render_script(const core::ExperimentConfig& config, const core::ScriptOptions& options) const override;
   std::string script_name() const override { return "job.sbatch"; }
   std::string submit(const core::SubmitRequest& request) const override;
