@@ -110,6 +110,39 @@ std::string name_of(const Target& t, const std::string& what) {
   return t.jobs.experiment_dir.empty() ? what : t.jobs.experiment_dir;
 }
 
+// What `hpctrial pause` and `hpctrial cancel` did, job by job.
+int report_stop(const Target& t, const std::string& what, core::StopMode mode) {
+  const std::string scheduler = t.scheduler->name();
+  const bool end = mode == core::StopMode::kEnd;
+  int held = 0, stopping = 0;
+  for (const core::StopStep& step : t.scheduler->stop(t.jobs, mode)) {
+    switch (step.kind) {
+      case core::StopStep::Kind::kStopping:
+        std::cout << (end ? "cancelling " : "pausing ") << scheduler << " job " << step.job << ": the ranks of "
+                  << (step.trial >= 0 ? "trial " + std::to_string(step.trial) : std::string("the trial it trains"))
+                  << " checkpoint after their current step, then " << (end ? "it ends" : "it is held in the queue")
+                  << "\n";
+        ++stopping;
+        break;
+      case core::StopStep::Kind::kHeld:
+        std::cout << scheduler << " job " << step.job << " was waiting; now held\n";
+        ++held;
+        break;
+      case core::StopStep::Kind::kEnded:
+        std::cout << scheduler << " job " << step.job << " was waiting; cancelled\n";
+        ++held;
+        break;
+      case core::StopStep::Kind::kAlreadyHeld:
+        break;
+    }
+  }
+  if (stopping == 0 && held == 0) std::cout << scheduler << " job " << t.job << " is already held\n";
+  std::cout << (end ? "`hpctrial submit` of the experiment resumes it from its checkpoint"
+                    : "`hpctrial activate " + name_of(t, what) + "` resumes it")
+            << "\n";
+  return kExitOk;
+}
+
 int run_pause(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "pause", R"(usage: hpctrial pause JOB|EXPDIR
 
@@ -123,28 +156,22 @@ has since given to another job (a cluster started afresh, ids that wrapped) is r
 exit 1, and nothing is signalled.
 )");
   if (what.empty()) return kExitOk;
-  const Target t = resolve_target(what);
-  const std::string scheduler = t.scheduler->name();
-  int held = 0, stopping = 0;
-  for (const core::PauseStep& step : t.scheduler->pause(t.jobs)) {
-    switch (step.kind) {
-      case core::PauseStep::Kind::kStopping:
-        std::cout << "pausing " << scheduler << " job " << step.job << ": the ranks of "
-                  << (step.trial >= 0 ? "trial " + std::to_string(step.trial) : std::string("the trial it trains"))
-                  << " checkpoint after their current step, then it is held in the queue\n";
-        ++stopping;
-        break;
-      case core::PauseStep::Kind::kHeld:
-        std::cout << scheduler << " job " << step.job << " was waiting; now held\n";
-        ++held;
-        break;
-      case core::PauseStep::Kind::kAlreadyHeld:
-        break;
-    }
-  }
-  if (stopping == 0 && held == 0) std::cout << scheduler << " job " << t.job << " is already held\n";
-  std::cout << "`hpctrial activate " << name_of(t, what) << "` resumes it\n";
-  return kExitOk;
+  return report_stop(resolve_target(what), what, core::StopMode::kPause);
+}
+
+int run_cancel(const std::vector<std::string>& args) {
+  const std::string what = target_argument(args, "cancel", R"(usage: hpctrial cancel JOB|EXPDIR
+
+Cancels a job gracefully: the ranks checkpoint after their current step, and the job ends (it
+does not go back to the queue). A job that has not started, or is held, is cancelled at once.
+For a job array (a search), every task; JOB_N cancels task N alone. Submitting the experiment
+again resumes every trial from its latest checkpoint. `hpctrial kill` ends a job now instead.
+Only the experiment's own jobs are touched: a job id recorded for EXPDIR that the scheduler
+has since given to another job (a cluster started afresh, ids that wrapped) is refused with
+exit 1, and nothing is signalled.
+)");
+  if (what.empty()) return kExitOk;
+  return report_stop(resolve_target(what), what, core::StopMode::kEnd);
 }
 
 int run_activate(const std::vector<std::string>& args) {
@@ -174,10 +201,10 @@ exit 1, and nothing is signalled.
 int run_kill(const std::vector<std::string>& args) {
   const std::string what = target_argument(args, "kill", R"(usage: hpctrial kill JOB|EXPDIR
 
-Cancels the job, or every task of a job array (Slurm: scancel; PBS: qdel of every queued or
+Ends the job now, or every task of a job array (Slurm: scancel; PBS: qdel of every queued or
 running job of the experiment). The ranks get the scheduler's SIGTERM and checkpoint if they can
 within the grace; the last published checkpoint stays valid either way, and submitting the
-experiment again resumes from it.
+experiment again resumes from it. `hpctrial cancel` checkpoints first.
 Only the experiment's own jobs are touched: a job id recorded for EXPDIR that the scheduler
 has since given to another job (a cluster started afresh, ids that wrapped) is refused with
 exit 1, and nothing is signalled.
@@ -194,6 +221,7 @@ exit 1, and nothing is signalled.
 
 Verb pause_verb() { return {"pause", "checkpoint a running job and hold it in the queue", run_pause}; }
 Verb activate_verb() { return {"activate", "release a paused job; it resumes from its checkpoint", run_activate}; }
-Verb kill_verb() { return {"kill", "cancel a job; its last checkpoint stays valid", run_kill}; }
+Verb cancel_verb() { return {"cancel", "checkpoint a running job, then end it (submit again to resume)", run_cancel}; }
+Verb kill_verb() { return {"kill", "end a job now; its last checkpoint stays valid", run_kill}; }
 
 }  // namespace hpctrial::cli

@@ -33,6 +33,7 @@ Verb launch_verb();
 Verb submit_verb();
 Verb pause_verb();
 Verb activate_verb();
+Verb cancel_verb();
 Verb kill_verb();
 Verb jobs_verb();
 Verb logs_verb();

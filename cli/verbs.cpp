@@ -10,6 +10,7 @@ std::vector<Verb> builtin_verbs() {
       submit_verb(),
       pause_verb(),
       activate_verb(),
+      cancel_verb(),
       kill_verb(),
       jobs_verb(),
       logs_verb(),

@@ -196,6 +196,7 @@ std::string stop_reason_of(const Attempt& a, const ExperimentLayout& layout, con
 const char* what_resumes(const core::Allocation& allocation, const std::string& reason) {
   if (!allocation.in_job()) return "run the same command again to resume";
   if (reason == "terminate") return "it resumes from it if the job runs again, or when the experiment is submitted again";
+  if (reason == "cancel") return "the job ends as `hpctrial cancel` asked; submitting the experiment again resumes it";
   return "it resumes when the job runs again";
 }
 
@@ -206,7 +207,7 @@ void hand_over(const core::Allocation& allocation, const std::string& reason, co
                const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run,
                core::UniqueFd* held, std::vector<std::string> exclude = {}) {
   if (held != nullptr) *held = core::UniqueFd();
-  if (!allocation.in_job() || reason == "terminate" || reason == "interrupt") return;
+  if (!allocation.in_job() || reason == "terminate" || reason == "interrupt" || reason == "cancel") return;
   const core::HandOver stopped{allocation,      config, options.experiment_dir, options.trial_id, reason == "pause",
                                held != nullptr, &env,   run,                    std::move(exclude)};
   if (held != nullptr) {
@@ -431,7 +432,8 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
                      what_resumes(allocation, reason));
       hand_over(allocation, reason, config, options, env, run, held);
-      return kExitStopped;
+      // Cancelled, the job ends as it was asked to (a search's worker learns it from its job's request).
+      return reason == "cancel" && held == nullptr ? kExitFinished : kExitStopped;
     }
     if (a.grace_expired) {
       core::log_warning("the ranks did not checkpoint within the grace; the next run resumes from the previous checkpoint");

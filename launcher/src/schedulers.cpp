@@ -31,7 +31,7 @@ class LocalScheduler final : public core::Scheduler {
   std::optional<core::JobStatus> job(const std::string&) const override { return std::nullopt; }
   std::vector<core::JobStatus> user_jobs() const override { return {}; }
   std::vector<core::JobStatus> trial_jobs(const core::ExperimentLayout&, int, int) const override { return {}; }
-  std::vector<core::PauseStep> pause(const core::JobTarget&) const override { throw no_jobs(); }
+  std::vector<core::StopStep> stop(const core::JobTarget&, core::StopMode) const override { throw no_jobs(); }
   std::vector<std::string> activate(const core::JobTarget&) const override { throw no_jobs(); }
   std::vector<std::string> cancel(const core::JobTarget&) const override { throw no_jobs(); }
   std::optional<core::HandOverFailure> hand_over(const core::HandOver&) const override { return std::nullopt; }

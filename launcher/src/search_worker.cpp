@@ -235,9 +235,14 @@ std::string stop_between_trials(const core::ExperimentLayout& layout, const core
 // worker again; nothing of the search is lost whatever happens to it.
 int stop_worker(const std::string& reason, const core::Allocation& allocation, const core::ExperimentConfig& config,
                 const LaunchOptions& options, const core::EnvSource& env, const core::CommandRunner& run) {
+  const bool cancelled = reason == "cancel";
   core::log_info("search worker stopped ({}) between trials{}", reason,
-                 allocation.in_job() ? "; it works on when the job runs again" : "");
+                 !allocation.in_job() ? "" : cancelled ? "; its job ends" : "; it works on when the job runs again");
   if (!allocation.in_job()) return kExitStopped;
+  if (cancelled) {  // `hpctrial cancel`: the job ends; the search's trials wait in its log
+    core::clear_job_stop(core::ExperimentLayout{options.experiment_dir}, allocation.job_id);
+    return kExitFinished;
+  }
   // The SIGTERM of the requeue that follows, as the launcher's, waits for the hand-over to be said.
   detail::SignalFd held_back;
   core::clear_job_stop(core::ExperimentLayout{options.experiment_dir}, allocation.job_id);
@@ -293,8 +298,9 @@ struct Worker {
       // Ctrl-C, or ended before it could checkpoint in its grace (its last checkpoint stands): the
       // worker ends too, the trial left to be taken over.
       if (code == kExitStopped || code == kExitAborted || code == 128 + SIGTERM) {
-        if (!core::job_stop_reason(layout, allocation).empty()) core::clear_job_stop(layout, allocation.job_id);
-        return code;
+        const std::string stop = core::job_stop_reason(layout, allocation);
+        if (!stop.empty()) core::clear_job_stop(layout, allocation.job_id);
+        return code == kExitStopped && stop == "cancel" ? kExitFinished : code;  // cancelled: the job ends
       }
       if (code == kExitInvalidHP || code != kExitFinished) {
         if (code == kExitInvalidHP) {

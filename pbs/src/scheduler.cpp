@@ -271,14 +271,15 @@ std::vector<Scheduler::Unit> Scheduler::live_units(const core::JobTarget& target
   return live;
 }
 
-std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) const {
-  std::vector<core::PauseStep> steps;
+std::vector<core::StopStep> Scheduler::stop(const core::JobTarget& target, core::StopMode mode) const {
+  const std::string reason = core::stop_reason_of(mode);
+  std::vector<core::StopStep> steps;
   const core::ExperimentLayout layout{target.experiment_dir};
   const bool workers = !target.experiment_dir.empty() && runs_workers(layout);
   const auto stop = [&](const JobInfo& job, int trial) {
     if (target.experiment_dir.empty()) {
       throw SchedulerError("cannot find the experiment directory of pbs job " + job.id + " (its output goes to " +
-                           job.output_path + "); pause it by its experiment directory instead");
+                           job.output_path + "); " + reason + " it by its experiment directory instead");
     }
     // The request on disk is the record; SIGURG delivers it. qsig signals every process of the
     // job, and SIGURG is the signal that every one of them but the launcher ignores (the job's
@@ -289,14 +290,14 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
     // (the trial it trains may change at any moment: a request of the trial's could reach
     // another worker's).
     if (workers) {
-      core::request_job_stop(layout, job.id, -1, "pause");
+      core::request_job_stop(layout, job.id, -1, reason);
       trial = core::worker_trial(layout, job.id).value_or(-1);
     } else {
-      core::request_stop(layout, trial, "pause", job.id);
+      core::request_stop(layout, trial, reason, job.id);
     }
     // Refused: the job left R since it was listed, and reads the request if it runs again.
     client_.signal(job.id, "SIGURG");
-    steps.push_back({core::PauseStep::Kind::kStopping, job.id, trial});
+    steps.push_back({core::StopStep::Kind::kStopping, job.id, trial});
   };
   for (const Unit& unit : live_units(target)) {
     bool queued = unit.job.state == "Q" || unit.job.state == "W";
@@ -309,16 +310,26 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
     } else if (unit.job.state == "R") {
       stop(unit.job, unit.trial);
     }
-    if (unit.job.held()) {
-      steps.push_back({core::PauseStep::Kind::kAlreadyHeld, unit.job.id, unit.trial});
+    if (mode == core::StopMode::kEnd && (queued || (unit.job.held() && !unit.array()))) {
+      // Nothing trained since its checkpoint. An array's running subjobs end on their own.
+      if (unit.array()) {
+        for (const auto& sub : unit.subjobs) {
+          if (sub.state != "R") client_.cancel(sub.id);
+        }
+      } else {
+        client_.cancel(unit.job.id);
+      }
+      steps.push_back({core::StopStep::Kind::kEnded, unit.job.id, unit.trial});
+    } else if (unit.job.held()) {
+      steps.push_back({core::StopStep::Kind::kAlreadyHeld, unit.job.id, unit.trial});
     } else if (queued) {
       client_.hold(unit.job.id);  // an array job: its queued subjobs wait with it
-      steps.push_back({core::PauseStep::Kind::kHeld, unit.job.id, unit.trial});
+      steps.push_back({core::StopStep::Kind::kHeld, unit.job.id, unit.trial});
     }
   }
   if (steps.empty()) {
     throw SchedulerError((target.job.empty() ? target.experiment_dir : target.job) +
-                         " has no queued or running pbs job to pause");
+                         " has no queued or running pbs job to " + reason);
   }
   return steps;
 }

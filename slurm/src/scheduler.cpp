@@ -229,32 +229,37 @@ std::pair<std::string, std::vector<JobInfo>> Scheduler::target_tasks(const core:
   return {job, std::move(tasks)};
 }
 
-std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) const {
+std::vector<core::StopStep> Scheduler::stop(const core::JobTarget& target, core::StopMode mode) const {
   const auto [job, tasks] = target_tasks(target);
-  std::vector<core::PauseStep> steps;
+  const std::string reason = core::stop_reason_of(mode);
+  std::vector<core::StopStep> steps;
   for (const JobInfo& task : tasks) {
     const std::string id = task.display_id();
-    if (task.state == "PENDING") {
+    if (task.state == "PENDING" && mode == core::StopMode::kEnd) {
+      client_.cancel(id);  // nothing trained since its checkpoint
+      steps.push_back({core::StopStep::Kind::kEnded, id, trial_of(task)});
+    } else if (task.state == "PENDING") {
       if (task.held()) {
-        steps.push_back({core::PauseStep::Kind::kAlreadyHeld, id, trial_of(task)});
+        steps.push_back({core::StopStep::Kind::kAlreadyHeld, id, trial_of(task)});
       } else {
         client_.hold(id);
-        steps.push_back({core::PauseStep::Kind::kHeld, id, trial_of(task)});
+        steps.push_back({core::StopStep::Kind::kHeld, id, trial_of(task)});
       }
     } else if (task.state == "RUNNING") {
       if (target.experiment_dir.empty()) {
         throw SchedulerError("cannot find the experiment directory of slurm job " + id + " (its output file is " +
-                             task.std_out + "); pause it by its experiment directory instead");
+                             task.std_out + "); " + (mode == core::StopMode::kEnd ? "cancel" : "pause") +
+                             " it by its experiment directory instead");
       }
       const core::ExperimentLayout layout{target.experiment_dir};
       int trial = trial_of(task);
       if (is_worker(task)) {
         // A worker's trial may change at any moment: the request is its job's, for this run of it,
         // read by its launcher when the signal comes or by the worker before its next trial.
-        core::request_job_stop(layout, id, task.restarts, "pause");
+        core::request_job_stop(layout, id, task.restarts, reason);
         trial = core::worker_trial(layout, id).value_or(-1);
       } else {
-        core::request_stop(layout, trial, "pause");
+        core::request_stop(layout, trial, reason);
       }
       // By the task's own name: the raw id of an array's last task is the array's, which scancel takes
       // for every task of it, each of which would stop without its request.
@@ -262,13 +267,18 @@ std::vector<core::PauseStep> Scheduler::pause(const core::JobTarget& target) con
         // It left RUNNING since it was listed: it read the request already and requeued itself,
         // or ended. Seen pending and not held, it is held like any waiting task.
         const auto now = client_.job(id);
-        if (now && now->state == "PENDING" && !now->held()) client_.hold(id);
+        if (now && now->state == "PENDING" && mode == core::StopMode::kEnd) {
+          client_.cancel(id);
+        } else if (now && now->state == "PENDING" && !now->held()) {
+          client_.hold(id);
+        }
       }
-      steps.push_back({core::PauseStep::Kind::kStopping, id, trial});
+      steps.push_back({core::StopStep::Kind::kStopping, id, trial});
     }
   }
   if (steps.empty()) {
-    throw SchedulerError("slurm job " + job + " is neither pending nor running; only those can be paused");
+    throw SchedulerError("slurm job " + job + " is neither pending nor running; only those can be " +
+                         (mode == core::StopMode::kEnd ? "cancelled" : "paused"));
   }
   return steps;
 }

@@ -138,6 +138,33 @@ TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
   expect_same_weights(straight, trial_dir() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5");
 }
 
+// cancel of a running job: the same stop request (reason "cancel") and SIGURG; the job exits 0
+// after a durable checkpoint and submits no successor; a new submission resumes it.
+TEST_F(PbsServer, CancelOfARunningJobCheckpointsAndEndsItWithoutASuccessor) {
+  constexpr int kBatches = 1500;
+  const std::string exp = config(kBatches, "4", "time_limit: 10m, preemption_grace: 30s");
+  const std::string first = submit(exp);
+  ASSERT_FALSE(first.empty());
+  wait_for_training(300);
+
+  const auto cancel = user({HPCTRIAL_CLI, "cancel", experiment()});
+  ASSERT_TRUE(cancel.ok()) << cancel.describe() << cancel.out << cancel.err;
+  EXPECT_THAT(cancel.out, HasSubstr("cancelling pbs job " + first));
+  ASSERT_TRUE(wait_for_state(first, "F", 120s)) << "state " << state_of(first) << "\n" << job_output(first);
+  EXPECT_EQ(exit_status(first), 0) << job_output(first);
+  EXPECT_THAT(job_output(first), HasSubstr("trial 0 stopped (cancel) after a durable checkpoint; the job ends"));
+  EXPECT_EQ(recorded_jobs().size(), 1u) << "no successor\n" << job_output(first);
+  expect_no_process_of(first);
+  ASSERT_TRUE(fs::exists(trial_dir() + "/checkpoints/latest"));
+  EXPECT_FALSE(fs::exists(trial_dir() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"));
+
+  const std::string second = submit(exp);
+  ASSERT_FALSE(second.empty());
+  ASSERT_TRUE(wait_for_state(second, "F", 180s)) << state_of(second) << "\n" << job_output(second);
+  EXPECT_EQ(exit_status(second), 0) << job_output(second);
+  EXPECT_THAT(job_output(second), HasSubstr("resumed from "));
+}
+
 // pause of a job that has not started holds it (qhold); activate releases it (qrls); kill of a
 // queued job deletes it. A job of the user's own that takes both CPUs keeps it queued.
 TEST_F(PbsServer, PauseHoldsAQueuedJobActivateReleasesItKillDeletesIt) {

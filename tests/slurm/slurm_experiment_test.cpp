@@ -206,6 +206,40 @@ void SlurmExperiment::pause_and_activate(const std::string& extra) {
   expect_same_weights(straight, final_checkpoint(kBatches));
 }
 
+// `hpctrial cancel`: the ranks checkpoint and the job ends (COMPLETED: it did as asked), not back
+// in the queue; submitting the experiment again resumes from that checkpoint and finishes.
+TEST_F(SlurmExperiment, CancelCheckpointsAndEndsTheJobAndASubmissionResumesIt) {
+  constexpr int kBatches = 1500;
+  const std::string exp = config(kBatches, 2, "time_limit: 30m, preemption_grace: 20s",
+                                 "fail_rank: -1, fail_batch: 0, fail_mode: none", "min_checkpoint_period: {batches: 100}\n");
+  const std::string job = submit(exp);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_for(job, "RUNNING", 60s));
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (heartbeat() < 300 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
+  ASSERT_GE(heartbeat(), 300) << "the job never reached its first checkpoint";
+
+  const auto cancel = run({HPCTRIAL_CLI, "cancel", experiment()});
+  ASSERT_TRUE(cancel.ok()) << cancel.describe() << cancel.err;
+  EXPECT_THAT(cancel.out, HasSubstr("cancelling slurm job " + job + ": the ranks of trial 0 checkpoint after their "
+                                    "current step, then it ends"));
+  ASSERT_TRUE(wait_for(job, "COMPLETED", 60s)) << "state " << job_field(job, "JobState") << "\n" << job_log(job);
+  expect_no_rank_left();
+  const std::string log = read_file(experiment() + "/slurm-" + job + ".err");
+  EXPECT_THAT(log, HasSubstr("trial 0 stopped (cancel) after a durable checkpoint; the job ends as `hpctrial cancel` "
+                             "asked"));
+  EXPECT_THAT(log, testing::Not(HasSubstr("requeued")));
+  ASSERT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/latest"));
+  EXPECT_FALSE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"));
+
+  const std::string again = submit(exp);
+  ASSERT_FALSE(again.empty());
+  EXPECT_NE(again, job);
+  ASSERT_TRUE(wait_for(again, "COMPLETED", 180s)) << "state " << job_field(again, "JobState") << "\n" << job_log(again);
+  EXPECT_THAT(read_file(experiment() + "/slurm-" + again + ".err"), HasSubstr("resumed from "));
+  EXPECT_TRUE(std::filesystem::exists(experiment() + "/trial-0/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"));
+}
+
 // The code frozen at submission: the program rebuilt while the job is held, the activated job
 // still runs the frozen copy - every run's digest in runs.jsonl, and the last checkpoint's, is
 // the one frozen - and a run of the rebuilt program is refused, naming both digests.

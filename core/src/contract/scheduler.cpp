@@ -34,6 +34,8 @@ void Scheduler::check_config(const SchedulerConfig&, Diagnostics&) const {}
 
 std::vector<std::string> Scheduler::submission_warnings(const ExperimentConfig&) const { return {}; }
 
+const char* stop_reason_of(StopMode mode) { return mode == StopMode::kEnd ? "cancel" : "pause"; }
+
 bool Scheduler::can_leave_out(const Allocation&, int, int) const { return false; }
 bool Scheduler::allows_srun() const { return false; }
 

@@ -108,7 +108,7 @@ TEST(SchedulerRegistry, LocalHasNoJobsAndSaysWhatToDoInstead) {
   const auto allocation = local.detect(core::MapEnv(), {});
   ASSERT_TRUE(allocation.has_value());
   EXPECT_FALSE(allocation->in_job());
-  EXPECT_THROW(local.pause({"/x", ""}), ConfigError);
+  EXPECT_THROW(local.stop({"/x", ""}, core::StopMode::kPause), ConfigError);
   core::ExperimentConfig config;
   config.source_path = "exp.yaml";
   try {
@@ -169,9 +169,9 @@ TEST_F(SchedulerOverFakes, SlurmPausesARunningJobWithTheStopRequestAndUsr2) {
   const slurm::Scheduler slurm{slurm::Client(runner(
       "JobId=7 JobName=exp UserId=u(0) JobState=RUNNING Reason=None Restarts=0 RunTime=00:00:09 "
       "StdOut=" + dir_ + "/slurm-7.err StdErr=" + dir_ + "/slurm-7.err"))};
-  const auto steps = slurm.pause({dir_, "7"});
+  const auto steps = slurm.stop({dir_, "7"}, core::StopMode::kPause);
   ASSERT_EQ(steps.size(), 1u);
-  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kStopping);
   EXPECT_EQ(steps[0].trial, 0);
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
   EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "--batch", "--signal=USR2", "--verbose", "7"}));
@@ -197,9 +197,9 @@ TEST_F(SchedulerOverFakes, SlurmPausesAJobThatLeftRunningBeforeItsSignal) {
     }
     return r;
   })};
-  const auto steps = slurm.pause({dir_, "7"});
+  const auto steps = slurm.stop({dir_, "7"}, core::StopMode::kPause);
   ASSERT_EQ(steps.size(), 1u);
-  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kStopping);
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
   EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scontrol", "hold", "7"}));
 }
@@ -208,9 +208,9 @@ TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {
   const slurm::Scheduler slurm{slurm::Client(runner(
       "JobId=8 JobName=exp UserId=u(0) JobState=PENDING Reason=Priority Restarts=0 RunTime=00:00:00 "
       "StdOut=" + dir_ + "/slurm-8.err"))};
-  const auto steps = slurm.pause({dir_, "8"});
+  const auto steps = slurm.stop({dir_, "8"}, core::StopMode::kPause);
   ASSERT_EQ(steps.size(), 1u);
-  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kHeld);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kHeld);
   EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scontrol", "hold", "8"}));
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "") << "a waiting job has no ranks to stop";
   const slurm::Scheduler forgetful{slurm::Client([](const std::vector<std::string>& argv, const core::RunOptions&) {
@@ -221,11 +221,52 @@ TEST_F(SchedulerOverFakes, SlurmHoldsAWaitingJobAndNamesAForgottenOne) {
     return r;
   })};
   try {
-    forgetful.pause({dir_, "9"});
+    forgetful.stop({dir_, "9"}, core::StopMode::kPause);
     FAIL();
   } catch (const SchedulerError& e) {
     EXPECT_THAT(e.what(), HasSubstr("slurm no longer knows job 9"));
   }
+}
+
+// `hpctrial cancel`: a running job's stop request says "cancel", and a waiting one is cancelled
+// (it trained nothing since its checkpoint), on either scheduler.
+TEST_F(SchedulerOverFakes, CancelAsksARunningJobToCheckpointAndEndsAWaitingOne) {
+  const slurm::Scheduler running{slurm::Client(runner(
+      "JobId=7 JobName=exp UserId=u(0) JobState=RUNNING Reason=None Restarts=0 RunTime=00:00:09 "
+      "StdOut=" + dir_ + "/slurm-7.err"))};
+  auto steps = running.stop({dir_, "7"}, core::StopMode::kEnd);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kStopping);
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "cancel");
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "--batch", "--signal=USR2", "--verbose", "7"}));
+  std::filesystem::remove(core::TrialLayout{dir_ + "/trial-0"}.stop_file());
+  const slurm::Scheduler waiting{slurm::Client(runner(
+      "JobId=8 JobName=exp UserId=u(0) JobState=PENDING Reason=JobHeldUser Priority=0 Restarts=0 "
+      "RunTime=00:00:00 StdOut=" + dir_ + "/slurm-8.err"))};
+  steps = waiting.stop({dir_, "8"}, core::StopMode::kEnd);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kEnded);
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"scancel", "8"}));
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "");
+
+  core::record_job({dir_}, "pbs", "6.srv", -1);
+  ran_.clear();
+  const pbs::Scheduler pbs_running{pbs::Client(runner(
+      "Job Id: 6.srv\n    job_state = R\n    Output_Path = login1:" + dir_ + "/pbs-scheduler.out\n"))};
+  steps = pbs_running.stop({dir_, ""}, core::StopMode::kEnd);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kStopping);
+  EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "cancel");
+  EXPECT_EQ(ran_.back(), (std::vector<std::string>{"qsig", "-s", "SIGURG", "6.srv"}));
+  ran_.clear();
+  const pbs::Scheduler pbs_held{pbs::Client(runner(
+      "Job Id: 6.srv\n    job_state = H\n    Hold_Types = u\n    Output_Path = login1:" + dir_ +
+      "/pbs-scheduler.out\n"))};
+  steps = pbs_held.stop({dir_, ""}, core::StopMode::kEnd);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kEnded);
+  EXPECT_EQ(ran_.back().front(), "qdel");
+  EXPECT_EQ(ran_.back().back(), "6.srv");
 }
 
 // A running PBS job is paused by the stop request, naming the job, then SIGURG: `qsig` signals
@@ -234,9 +275,9 @@ TEST_F(SchedulerOverFakes, PbsPausesARunningJobWithTheStopRequestThenSigurg) {
   core::record_job({dir_}, "pbs", "6.srv", -1);
   const pbs::Scheduler pbs{pbs::Client(runner(
       "Job Id: 6.srv\n    job_state = R\n    Output_Path = login1:" + dir_ + "/pbs-scheduler.out\n"))};
-  const auto steps = pbs.pause({dir_, ""});
+  const auto steps = pbs.stop({dir_, ""}, core::StopMode::kPause);
   ASSERT_EQ(steps.size(), 1u);
-  EXPECT_EQ(steps[0].kind, core::PauseStep::Kind::kStopping);
+  EXPECT_EQ(steps[0].kind, core::StopStep::Kind::kStopping);
   EXPECT_EQ(core::stop_reason(dir_ + "/trial-0"), "pause");
   EXPECT_TRUE(core::stop_requested_for(dir_ + "/trial-0", "6.srv")) << "kept by the launcher of job 6.srv";
   EXPECT_FALSE(core::stop_requested_for(dir_ + "/trial-0", "7.srv"));
@@ -258,7 +299,7 @@ TEST_F(SchedulerOverFakes, PbsIgnoresAnotherJobThatGotARecordedIdAgain) {
   EXPECT_TRUE(jobs[0].native_state.empty()) << "shown as a job PBS no longer knows";
   EXPECT_TRUE(pbs.live_jobs({dir_}).empty());
   EXPECT_THROW(pbs.cancel({dir_, ""}), SchedulerError);
-  EXPECT_THROW(pbs.pause({dir_, ""}), SchedulerError);
+  EXPECT_THROW(pbs.stop({dir_, ""}, core::StopMode::kPause), SchedulerError);
   for (const auto& argv : ran_) EXPECT_EQ(argv[0], "qstat") << "nothing deleted or held";
   std::filesystem::remove_all(dir_ + "-other");
 }
@@ -275,7 +316,7 @@ TEST_F(SchedulerOverFakes, SlurmRefusesARecordedIdGivenToAnotherJob) {
         "RunTime=00:00:09 WorkDir=" + dir_ + "-other StdOut=" + dir_ + "-other/out.txt StdErr=" + dir_ +
         "-other/out.txt"))};
     const std::vector<std::pair<const char*, std::function<void()>>> verbs = {
-        {"pause", [&] { slurm.pause({dir_, ""}); }},
+        {"pause", [&] { slurm.stop({dir_, ""}, core::StopMode::kPause); }},
         {"activate", [&] { slurm.activate({dir_, ""}); }},
         {"kill", [&] { slurm.cancel({dir_, ""}); }}};
     for (const auto& [verb, act] : verbs) {

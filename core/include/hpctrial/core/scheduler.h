@@ -61,12 +61,19 @@ struct SubmitRequest {
   std::string after;   // starts only once this job has ended, however it ended
 };
 
-// What pausing did to one job of an experiment.
-struct PauseStep {
+// How `stop` stops an experiment's jobs: `hpctrial pause` (checkpoint, then wait held in the
+// queue) or `hpctrial cancel` (checkpoint, then end; a queued job ends at once).
+enum class StopMode { kPause, kEnd };
+// The reason a stop request of that mode gives: "pause" or "cancel".
+const char* stop_reason_of(StopMode mode);
+
+// What stopping did to one job of an experiment.
+struct StopStep {
   enum class Kind {
-    kStopping,     // running: asked to checkpoint and stop, then held in the queue
+    kStopping,     // running: asked to checkpoint and stop, then held in the queue (or ended)
     kHeld,         // queued: now held
     kAlreadyHeld,  // was held already
+    kEnded,        // queued or held: cancelled, as it had trained nothing since its checkpoint
   };
   Kind kind = Kind::kHeld;
   std::string job;
@@ -154,7 +161,9 @@ class Scheduler {
   // id and output file.
   virtual std::vector<JobStatus> trial_jobs(const ExperimentLayout& layout, int trial, int trials) const = 0;
 
-  virtual std::vector<PauseStep> pause(const JobTarget& target) const = 0;
+  // Asks each running job or task to checkpoint after its current step (a stop request with
+  // stop_reason_of(mode), then a signal), and holds (kPause) or cancels (kEnd) the queued ones.
+  virtual std::vector<StopStep> stop(const JobTarget& target, StopMode mode) const = 0;
   // Releases held jobs; returns their ids.
   virtual std::vector<std::string> activate(const JobTarget& target) const = 0;
   // Cancels live jobs; returns their ids.
