@@ -133,6 +133,12 @@ TEST(Cli, AGpuTypeIsAskedForAndItsAbsentGpusWarnedOf) {
   EXPECT_THAT(some.out, HasSubstr("#SBATCH --gpus-per-node=a100:2\n"));
   const auto pbs = hpctrial({"submit", path, "--scheduler", "pbs", "--dry-run"});
   EXPECT_EQ(pbs.exit_code, 0) << pbs.err << " (Determined's slurm section is Slurm's only)";
+  // A key of the section that is no option of the scheduler's is refused where it was written.
+  const std::string other = dir.write("other.yaml", std::string(kValid) + "scheduler: {type: slurm}\n"
+                                                                          "slurm: {frobnicate: 1}\n");
+  const auto refused = hpctrial({"config", "validate", other});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr(other + ":6:9: scheduler.frobnicate: "));
 }
 
 // A site's defaults lie under everything else: site < template < config < --set.

@@ -5,9 +5,11 @@
 //   environment.environment_variables: [NAME=VALUE, ...]   environment: {NAME: VALUE}
 //     (or {cpu: [...], cuda: [...]}: cuda's where resources.gpus_per_slot > 0, else cpu's)
 //   bind_mounts: [{host_path, container_path, read_only}]   environment.bind: [HOST:CONTAINER[:ro]]
-//   slurm.sbatch_args / pbs.pbsbatch_args                   scheduler.extra_directives (that scheduler's)
-//   slurm.gpu_type                                          scheduler.gpu_type (Slurm)
-//   slurm.slots_per_node / pbs.slots_per_node               resources.slots_per_node
+//   SCHEDULER.*batch_args (sbatch_args, pbsbatch_args)     scheduler.extra_directives
+//   SCHEDULER.OPTION (slurm.gpu_type)                       scheduler.OPTION
+//   SCHEDULER.slots_per_node                                resources.slots_per_node
+// (SCHEDULER: a name of the registry's, slurm or pbs; its section counts where it is
+// scheduler.type.)
 //
 // Each rewritten value keeps the place it was written, so that an error in it names that line. A
 // key written both ways with different values is an error naming both places.
@@ -41,7 +43,7 @@ ConfigNode* map_at(ConfigNode& parent, const std::string& key, const std::string
 // Sets `key` of `target` (at `target_path`) to `value` written as `alias`; an error when the
 // config already sets it otherwise.
 void put(ConfigNode& target, const std::string& target_path, const std::string& key, ConfigNode value,
-         const std::string& alias, Diagnostics& d) {
+         const std::string& alias, Diagnostics& d, const SourceLocation& key_where = {}) {
   if (const ConfigNode* there = target.find(key); there != nullptr && !there->is_null()) {
     if (there->is_scalar() && value.is_scalar() && there->text() == value.text()) return;
     d.error(value.where(), alias,
@@ -49,7 +51,8 @@ void put(ConfigNode& target, const std::string& target_path, const std::string& 
                 " sets to something else; keep one of the two");
     return;
   }
-  target.set(key, std::move(value));
+  const SourceLocation where = key_where.file.empty() ? value.where() : key_where;
+  target.set(key, std::move(value), where);
 }
 
 // Appends `items` to the list `key` of `target`.
@@ -182,9 +185,11 @@ void bind_mounts(ConfigNode& root, Diagnostics& d) {
   if (env != nullptr) append(*env, "environment", "bind", binds, d);
 }
 
-// slurm: and pbs:, Determined's sections of scheduler settings. Their batch arguments and GPU
-// type count only for the scheduler the experiment runs under (as Determined applies only the
-// section of the cluster's own); slots_per_node always.
+// A scheduler's section of Determined's config (slurm:, pbs:), named after the scheduler. Its
+// batch arguments (sbatch_args, pbsbatch_args: a key ending in "batch_args") and its other keys
+// (gpu_type), which become scheduler options the registry vets as it vets scheduler:'s own, count
+// only where it is the config's scheduler (as Determined applies only its own cluster's section);
+// slots_per_node always.
 void scheduler_section(ConfigNode& root, const std::string& name, Diagnostics& d) {
   const ConfigNode* found = root.find(name);
   if (found == nullptr) return;
@@ -198,37 +203,37 @@ void scheduler_section(ConfigNode& root, const std::string& name, Diagnostics& d
     return;
   }
   const bool ours = scheduler_type(root) == name;
-  const std::string args = name == "slurm" ? "sbatch_args" : "pbsbatch_args";
+  const std::string suffix = "batch_args";
   for (const auto& entry : section.entries()) {
     const std::string path = name + "." + entry.key;
     if (entry.key == "slots_per_node") {
       if (ConfigNode* resources = map_at(root, "resources", "resources", d)) {
         put(*resources, "resources", "slots_per_node", entry.value, path, d);
       }
-    } else if (entry.key == args) {
-      const auto items = string_items(entry.value, path, d);
-      ConfigNode* scheduler = ours ? map_at(root, "scheduler", "scheduler", d) : nullptr;
-      if (scheduler != nullptr) append(*scheduler, "scheduler", "extra_directives", items, d);
-    } else if (entry.key == "gpu_type" && name == "slurm") {
-      ConfigNode* scheduler = ours ? map_at(root, "scheduler", "scheduler", d) : nullptr;
-      if (scheduler != nullptr) put(*scheduler, "scheduler", "gpu_type", entry.value, path, d);
+      continue;
+    }
+    const bool args = entry.key.size() > suffix.size() &&
+                      entry.key.compare(entry.key.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const auto items = args ? string_items(entry.value, path, d) : std::vector<ConfigNode>{};
+    ConfigNode* scheduler = ours ? map_at(root, "scheduler", "scheduler", d) : nullptr;
+    if (scheduler == nullptr) continue;
+    if (args) {
+      append(*scheduler, "scheduler", "extra_directives", items, d);
     } else {
-      d.error(entry.key_where, path,
-              "is not a key of Determined's " + name + " section that hpctrial takes (it takes slots_per_node, " + args +
-                  (name == "slurm" ? ", gpu_type" : "") + "); see docs/coming-from-determined.md");
+      put(*scheduler, "scheduler", entry.key, entry.value, path, d, entry.key_where);
     }
   }
 }
 
 }  // namespace
 
-ConfigNode from_reference_keys(const ConfigNode& root, Diagnostics& d) {
+ConfigNode from_reference_keys(const ConfigNode& root, const std::vector<std::string>& scheduler_sections,
+                               Diagnostics& d) {
   if (!root.is_map()) return root;
   ConfigNode out = root;
   environment_variables(out, d);
   bind_mounts(out, d);
-  scheduler_section(out, "slurm", d);
-  scheduler_section(out, "pbs", d);
+  for (const std::string& name : scheduler_sections) scheduler_section(out, name, d);
   return out;
 }
 

@@ -138,7 +138,9 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
 void check_adaptive_batch(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d);
 
 // The tree with the keys of Determined's config that mean something here (environment_variables,
-// bind_mounts, slurm:, pbs:) written as hpctrial's own (config_reference_keys.cpp).
-ConfigNode from_reference_keys(const ConfigNode& root, Diagnostics& d);
+// bind_mounts, the sections of `scheduler_sections`) written as hpctrial's own
+// (config_reference_keys.cpp).
+ConfigNode from_reference_keys(const ConfigNode& root, const std::vector<std::string>& scheduler_sections,
+                               Diagnostics& d);
 
 }  // namespace hpctrial::core::detail

@@ -312,8 +312,9 @@ std::string runtime_name(Container::Runtime runtime) {
   return "";
 }
 
-ExperimentConfig parse_experiment_config(const ConfigNode& written, Diagnostics& d) {
-  const ConfigNode root = detail::from_reference_keys(written, d);
+ExperimentConfig parse_experiment_config(const ConfigNode& written, Diagnostics& d,
+                                         const std::vector<std::string>& scheduler_sections) {
+  const ConfigNode root = detail::from_reference_keys(written, scheduler_sections, d);
   ExperimentConfig config;
   if (!root.is_map()) {
     d.error(root.where(), "",
@@ -375,7 +376,7 @@ ExperimentConfig load(const ConfigSources& sources, const std::string& site_path
   for (const auto& assignment : sources.overrides) apply_override(root, assignment, d);
   // Problems with the YAML itself come first; the schema is only checked on a readable tree.
   d.throw_if_any();
-  ExperimentConfig config = parse_experiment_config(root, d);
+  ExperimentConfig config = parse_experiment_config(root, d, sources.scheduler_sections);
   config.source_path = sources.config_path;
   if (check) check(config, d);
   d.sort();

@@ -15,6 +15,9 @@ namespace {
 using testing::ElementsAre;
 using testing::HasSubstr;
 
+// The registry's names, whose sections of Determined's config a config may hold.
+const std::vector<std::string> kSchedulers = {"local", "slurm", "pbs"};
+
 const char* kBase = R"(name: t
 entrypoint: ./trial
 searcher: {name: single, metric: loss, max_length: {batches: 10}}
@@ -23,7 +26,7 @@ searcher: {name: single, metric: loss, max_length: {batches: 10}}
 std::vector<std::string> errors_of(const std::string& yaml) {
   Diagnostics d;
   const ConfigNode root = parse_config_text(yaml, "exp.yaml", d);
-  if (d.empty()) parse_experiment_config(root, d);
+  if (d.empty()) parse_experiment_config(root, d, kSchedulers);
   std::vector<std::string> out;
   for (const auto& item : d.items()) out.push_back(item.to_string());
   return out;
@@ -32,7 +35,7 @@ std::vector<std::string> errors_of(const std::string& yaml) {
 ExperimentConfig parse_ok(const std::string& yaml) {
   Diagnostics d;
   const ConfigNode root = parse_config_text(yaml, "exp.yaml", d);
-  ExperimentConfig config = parse_experiment_config(root, d);
+  ExperimentConfig config = parse_experiment_config(root, d, kSchedulers);
   EXPECT_TRUE(d.empty()) << d.to_string();
   return config;
 }
@@ -123,9 +126,14 @@ TEST(ReferenceKeys, MistakesAndConflictsNameTheirPlaces) {
   EXPECT_THAT(errors_of(std::string(kBase) + image +
                         "bind_mounts: [{host_path: /a, container_path: /b, propagation: shared}]\n"),
               ElementsAre(HasSubstr("bind_mounts[0].propagation: takes only rprivate here")));
-  EXPECT_THAT(errors_of(std::string(kBase) + "slurm: {sbatch_args: [--x], partition: gpu}\n"),
-              ElementsAre("exp.yaml:4:29: slurm.partition: is not a key of Determined's slurm section that hpctrial "
-                          "takes (it takes slots_per_node, sbatch_args, gpu_type); see docs/coming-from-determined.md"));
+  EXPECT_THAT(errors_of(std::string(kBase) + "scheduler: {type: slurm, gpu_type: a100}\nslurm: {gpu_type: h100}\n"),
+              ElementsAre("exp.yaml:5:19: slurm.gpu_type: sets scheduler.gpu_type, which exp.yaml:4:36 sets to "
+                          "something else; keep one of the two"));
+  EXPECT_THAT(errors_of(std::string(kBase) + "slurm: [a]\n"),
+              ElementsAre("exp.yaml:4:8: slurm: must be a map, e.g. slurm: {slots_per_node: 4}"));
+  Diagnostics d;
+  parse_experiment_config(parse_config_text(std::string(kBase) + "slurm: {gpu_type: a100}\n", "exp.yaml", d), d);
+  EXPECT_THAT(d.to_string(), HasSubstr("slurm: unknown key")) << "a section only where the registry names it";
   EXPECT_THAT(errors_of(std::string(kBase) + "scheduler: {type: slurm}\nslurm: {sbatch_args: [exclusive]}\n"),
               ElementsAre(HasSubstr("must be an option such as --exclusive")));
 }

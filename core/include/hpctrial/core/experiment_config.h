@@ -370,6 +370,9 @@ struct ConfigSources {
   std::string config_path;
   std::string template_path;  // empty: none
   std::vector<std::string> overrides;
+  // The schedulers whose section of Determined's config (`slurm:`, `pbs:`) the config may hold:
+  // the registry's names (load_experiment_config in scheduler.h fills them in).
+  std::vector<std::string> scheduler_sections = {};
 };
 
 // Reads, merges, overrides and validates. Throws ConfigError listing every problem. The keys of
@@ -392,8 +395,11 @@ const std::vector<std::string>& scheduler_common_keys();
 bool check_scheduler_name(const ConfigNode& node, const std::string& path, Diagnostics& diagnostics,
                           bool allow_at);
 
-// Validates a tree (already merged and overridden). Problems go to `diagnostics`.
-ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics);
+// Validates a tree (already merged and overridden). Problems go to `diagnostics`. A top-level key
+// named in `scheduler_sections` is that scheduler's section of Determined's config: read as
+// hpctrial's keys where it is the config's scheduler.type, left out otherwise.
+ExperimentConfig parse_experiment_config(const ConfigNode& root, Diagnostics& diagnostics,
+                                         const std::vector<std::string>& scheduler_sections = {});
 
 // The effective config as YAML, every key present, in the order of the reference.
 std::string to_yaml(const ExperimentConfig& config);
