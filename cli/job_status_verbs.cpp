@@ -1,4 +1,4 @@
-// hpctrial jobs / logs / describe: what the batch jobs of experiments are doing, as their
+// hpctrial jobs / describe: what the batch jobs of experiments are doing, as their
 // schedulers say, joined with what the launcher and the chief left in each experiment directory.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
@@ -86,208 +86,126 @@ std::string state_text(const core::JobStatus& job) {
   return (job.native_state.empty() ? core::to_string(job.state) : job.native_state) + (job.held() ? " (held)" : "");
 }
 
-int run_jobs(const std::vector<std::string>& args) {
-  bool all = false;
-  VerbArgs command_line(R"(usage: hpctrial jobs [--all]
+// One line of `hpctrial jobs`: a job (a task of an array) and what its experiment directory says.
+struct JobRow {
+  std::string scheduler;
+  core::JobStatus job;
+  std::string experiment;  // empty: not an hpctrial job's
+  std::optional<std::int64_t> batches;
+  std::string checkpoint;  // the file `latest` names; empty: none
+};
 
-Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
-ended), one line per task of a job array, with what their experiment directories say: batches
-trained and the latest checkpoint. A scheduler that cannot be asked is reported on stderr and
-the others' jobs are still listed; when none can be, the command fails.
-)" "\n");
-  command_line.add_options()("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's");
-  if (!command_line.parse(args)) return kExitOk;
-  std::vector<std::vector<std::string>> rows = {
-      {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
-  const auto progress_cells = [](const std::string& dir, int trial, bool running) {
-    std::pair<std::string, std::string> cells{"-", "-"};
-    if (dir.empty() || trial < 0) return cells;
-    const core::ExperimentLayout layout{dir};
-    cells.first = batches_text(layout, trial, running);
-    if (const auto latest = latest_checkpoint(layout, trial)) cells.second = latest->file;
-    return cells;
-  };
-  // The schedulers this machine has; one that fails is reported, the others still listed.
-  std::vector<const core::Scheduler*> here;
-  for (const core::Scheduler* scheduler : launcher::schedulers()) {
-    if (scheduler->available()) here.push_back(scheduler);
-  }
-  if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
-  std::vector<std::string> unanswered;  // schedulers that could not be asked
-  for (const core::Scheduler* scheduler : here) {
+// This user's jobs from each scheduler in `asked` (only hpctrial's unless `all`); the names of
+// those that could not be asked go to `unanswered`, each reported on stderr.
+std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& asked, bool all,
+                                  std::vector<std::string>& unanswered) {
+  std::vector<JobRow> rows;
+  for (const core::Scheduler* scheduler : asked) {
     try {
       for (const core::JobStatus& job : scheduler->user_jobs()) {
-        const std::string dir = core::experiment_of_output(job.output);
-        if (dir.empty() && !all) continue;
-        const auto [batches, ckpt] = progress_cells(dir, job.trial, job.state == core::JobState::kRunning);
-        rows.push_back({job.id, job.name, state_text(job), std::to_string(job.restarts),
-                        job.elapsed.empty() ? "-" : job.elapsed,
-                        job.trial >= 0 ? std::to_string(job.trial) : job.tasks.empty() ? "-" : job.tasks, batches, ckpt,
-                        dir.empty() ? "-" : dir});
+        JobRow row{scheduler->name(), job, core::experiment_of_output(job.output), std::nullopt, ""};
+        if (row.experiment.empty() && !all) continue;
+        if (!row.experiment.empty() && job.trial >= 0) {
+          const core::ExperimentLayout layout{row.experiment};
+          const std::string batches = batches_text(layout, job.trial, job.state == core::JobState::kRunning);
+          if (batches != "-") row.batches = std::stoll(batches);
+          if (const auto latest = latest_checkpoint(layout, job.trial)) row.checkpoint = latest->file;
+        }
+        rows.push_back(std::move(row));
       }
     } catch (const SchedulerError& e) {
-      if (here.size() == 1) throw;
-      // The others' jobs are still listed; the exit status says the list is incomplete.
       std::cerr << "hpctrial jobs: " << scheduler->name() << ": " << e.what() << "\n";
       unanswered.push_back(scheduler->name());
     }
   }
-  if (unanswered.size() == here.size()) {
-    throw SchedulerError("no scheduler on this machine could be asked for jobs (above); try again, or check that "
-                         "its controller is up");
+  return rows;
+}
+
+void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::string>& unanswered) {
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const JobRow& r : rows) {
+    const auto text_or_null = [](const std::string& t) { return t.empty() ? nlohmann::json() : nlohmann::json(t); };
+    jobs.push_back({{"scheduler", r.scheduler},
+                    {"id", r.job.id},
+                    {"name", r.job.name},
+                    {"state", core::to_string(r.job.state)},
+                    {"native_state", r.job.native_state},
+                    {"held", r.job.held()},
+                    {"restarts", r.job.restarts},
+                    {"elapsed", text_or_null(r.job.elapsed)},
+                    {"trial", r.job.trial >= 0 ? nlohmann::json(r.job.trial) : nlohmann::json()},
+                    {"tasks", text_or_null(r.job.tasks)},
+                    {"batches", r.batches ? nlohmann::json(*r.batches) : nlohmann::json()},
+                    {"checkpoint", text_or_null(r.checkpoint)},
+                    {"experiment", text_or_null(r.experiment)}});
   }
-  if (rows.size() == 1) {
-    std::string missing;
-    for (const auto& name : unanswered) missing += (missing.empty() ? "" : " and ") + name;
-    std::cout << "no hpctrial jobs"
-              << (missing.empty() ? "" : " in what answered (" + missing + " could not be asked; see above)")
-              << " (the scheduler forgets a job some time after it ends; `hpctrial describe EXPDIR` still tells its "
-                 "story)\n";
-    return kExitOk;
+  std::cout << nlohmann::json{{"jobs", jobs}, {"unanswered", unanswered}}.dump(2) << "\n";
+}
+
+void print_jobs_table(const std::vector<JobRow>& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
+  for (const JobRow& r : jobs) {
+    const core::JobStatus& job = r.job;
+    rows.push_back({job.id, job.name, state_text(job), std::to_string(job.restarts), job.elapsed.empty() ? "-" : job.elapsed,
+                    job.trial >= 0 ? std::to_string(job.trial) : job.tasks.empty() ? "-" : job.tasks,
+                    r.batches ? std::to_string(*r.batches) : "-", r.checkpoint.empty() ? "-" : r.checkpoint,
+                    r.experiment.empty() ? "-" : r.experiment});
   }
   std::vector<std::size_t> widths(rows.front().size(), 0);
   for (const auto& row : rows) {
     for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
   }
   for (const auto& row : rows) print_row(std::cout, row, widths);
-  return kExitOk;
 }
 
-// Copies what `path` holds from `offset` on to stdout; returns the new offset.
-std::uintmax_t copy_from(const std::string& path, std::uintmax_t offset) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return offset;
-  in.seekg(static_cast<std::streamoff>(offset));
-  char buffer[65536];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    std::cout.write(buffer, in.gcount());
-    offset += static_cast<std::uintmax_t>(in.gcount());
-  }
-  std::cout.flush();
-  return offset;
-}
+int run_jobs(const std::vector<std::string>& args) {
+  bool all = false, json = false;
+  std::string only;
+  VerbArgs command_line(R"(usage: hpctrial jobs [--all] [--scheduler slurm|pbs] [--json]
 
-// Where the last `lines` lines of `path` begin (0: the file has no more); a last line without its
-// newline counts as one.
-std::uintmax_t tail_offset(const std::string& path, long lines) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in || lines <= 0) return in ? static_cast<std::uintmax_t>(in.tellg()) : 0;
-  std::streamoff end = in.tellg(), at = end;
-  char buffer[65536];
-  long newlines = 0;
-  while (at > 0) {
-    const std::streamoff size = std::min<std::streamoff>(at, sizeof buffer);
-    at -= size;
-    in.seekg(at);
-    in.read(buffer, size);
-    for (std::streamoff i = size - 1; i >= 0; --i) {
-      // The newline that ends the file ends the last line; each one before it ends a line more.
-      if (buffer[i] != '\n' || at + i == end - 1) continue;
-      if (++newlines == lines) return static_cast<std::uintmax_t>(at + i + 1);
-    }
+Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
+ended), one line per task of a job array, with what their experiment directories say: batches
+trained and the latest checkpoint. A scheduler that cannot be asked is reported on stderr, the
+others' jobs are still listed, and the exit status is 1: the list is incomplete. --json prints
+one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be asked]}.
+)" "\n");
+  command_line.add_options()
+      ("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's")
+      ("scheduler", po::value(&only)->value_name("NAME"), "ask only this scheduler (default: every one on PATH)")
+      ("json", po::bool_switch(&json), "print JSON instead of a table");
+  if (!command_line.parse(args)) return kExitOk;
+  // The schedulers this machine has (or the one named).
+  std::vector<const core::Scheduler*> here;
+  for (const core::Scheduler* scheduler : launcher::schedulers()) {
+    if ((only.empty() && scheduler->available()) || scheduler->name() == only) here.push_back(scheduler);
   }
-  return 0;
-}
-
-// The trial `hpctrial logs` prints: --trial, else the one the task named runs, else 0.
-int logs_trial(const Target& t, int trial, int trials, const core::ExperimentLayout& layout) {
-  if (trial < 0 && !t.jobs.job.empty()) {
-    if (const auto job = t.scheduler->job(t.jobs.job)) trial = std::max(0, job->trial);  // the task named
+  if (!only.empty() && (here.empty() || !here.front()->available())) {
+    throw ConfigError("hpctrial jobs: --scheduler " + only + ": " +
+                      (here.empty() ? "no scheduler of that name (hpctrial knows Slurm and PBS: slurm, pbs)"
+                                    : "its commands are not on PATH"));
   }
-  if (trial < 0) trial = 0;
-  if (trial >= trials) {
-    throw ConfigError("the experiment in " + layout.dir + " has " + std::to_string(trials) + " trial(s); --trial " +
-                      std::to_string(trial) + " does not exist");
+  if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
+  std::vector<std::string> unanswered;  // schedulers that could not be asked
+  const std::vector<JobRow> rows = user_job_rows(here, all, unanswered);
+  if (unanswered.size() == here.size()) {
+    throw SchedulerError("no scheduler on this machine could be asked for jobs (above); try again, or check that "
+                         "its controller is up");
   }
-  return trial;
-}
-
-// A search's worker trains trial after trial: its output is the job named, or the one training
-// the trial now (it holds each trial that worker trained), else the trial's rank 0 (`rank`).
-void worker_logs(const Target& t, int trial, bool named, std::vector<core::JobStatus>& jobs, int& rank) {
-  if (named) jobs = {t.scheduler->job(t.jobs.job).value_or(core::JobStatus{})};
-  if (rank >= 0 || !jobs.empty()) return;
-  rank = 0;
-  std::cerr << "hpctrial logs: no worker trains trial " << trial << " now; its rank 0's log follows (a worker's "
-            << "whole output: hpctrial logs JOB)\n";
-}
-
-int run_logs(const std::vector<std::string>& args) {
-  po::options_description options;
-  int rank = -1, trial = -1;
-  long tail = -1;
-  bool follow = false;
-  options.add_options()
-      ("rank,r", po::value(&rank)->value_name("N"), "only rank N's lines (trial-T/logs/rank-N.log)")
-      ("trial", po::value(&trial)->value_name("T"), "the trial of a search (default: task 0)")
-      ("tail,n", po::value(&tail)->value_name("N"), "only the last N lines (of the newest run's output)")
-      ("follow,f", po::bool_switch(&follow), "keep printing what is added, until the job ends");
-  po::variables_map vm;
-  const std::string what = target_argument(args, "logs", R"(usage: hpctrial logs JOB|EXPDIR [--rank N] [--trial T] [--tail N] [--follow]
-
-Prints the output of a job: the launcher's log and every rank's lines, from every run of the
-job (requeued runs append). --rank N prints rank N's own log; --tail N only the last N lines of
-the newest run (as tail -n N); --follow keeps printing until the job ends (until Ctrl-C when
-there is no job). An experiment run with `hpctrial run` has no job: give --rank.
-)", &options, &vm);
-  if (what.empty()) return kExitOk;
-  if ((vm.count("rank") && rank < 0) || (vm.count("trial") && trial < 0) || (vm.count("tail") && tail < 0)) {
-    throw ConfigError("hpctrial logs: --rank, --trial and --tail are 0 or more");
-  }
-  const Target t = experiment_target(what);
-  const core::ExperimentLayout layout{t.jobs.experiment_dir};
-  const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
-  const int trials = core::trial_ids(config);
-  const bool workers = core::search_workers(config) > 0, named = !t.jobs.job.empty() && trial < 0;
-  trial = logs_trial(t, trial, trials, layout);
-  const std::string scheduler = t.scheduler->name();
-  // The trial's jobs, oldest first, each with its own output file (a job that resumes a trial
-  // may be a new job); the runs before the last are printed whole, each under its job's name.
-  std::vector<core::JobStatus> jobs = t.scheduler->trial_jobs(layout, trial, trials);
-  if (workers) worker_logs(t, trial, named, jobs, rank);
-  std::string path;
-  if (rank >= 0) {
-    path = layout.trial(trial).rank_log(rank);
-  } else if (!jobs.empty()) {
-    for (std::size_t i = 0; i + 1 < jobs.size() && tail < 0; ++i) {
-      if (!fs::exists(jobs[i].output)) continue;
-      std::cout << "==> " << scheduler << " job " << jobs[i].id << " <==\n";
-      copy_from(jobs[i].output, 0);
-    }
-    if (jobs.size() > 1 && tail < 0) std::cout << "==> " << scheduler << " job " << jobs.back().id << " <==\n";
-    path = jobs.back().output;
-  } else if (!t.job.empty()) {
-    throw ConfigError(layout.dir + " records no " + scheduler + " job of trial " + std::to_string(trial));
+  const int code = unanswered.empty() ? kExitOk : kExitFailure;
+  if (json) {
+    print_jobs_json(rows, unanswered);
+  } else if (rows.empty()) {
+    std::string missing;
+    for (const auto& name : unanswered) missing += (missing.empty() ? "" : " and ") + name;
+    std::cout << "no hpctrial jobs"
+              << (missing.empty() ? "" : " in what answered (" + missing + " could not be asked; see above)")
+              << " (the scheduler forgets a job some time after it ends; `hpctrial describe EXPDIR` still tells its "
+                 "story)\n";
   } else {
-    throw ConfigError(layout.dir + " has no batch job; give --rank N for a rank's log");
+    print_jobs_table(rows);
   }
-  if (!fs::exists(path) && !follow) {
-    throw IoError(path + " does not exist (yet): " +
-                  (rank >= 0 ? "trial " + std::to_string(trial) + " has not run, or has no rank " + std::to_string(rank)
-                             : "the job has not started; --follow waits for it"));
-  }
-  std::uintmax_t offset = copy_from(path, tail < 0 ? 0 : tail_offset(path, tail));
-  if (!follow) return kExitOk;
-  // Follow while the trial's job may still write, on into the job that resumes it.
-  std::string job = jobs.empty() ? "" : jobs.back().id;
-  for (int checks = 1;; ++checks) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    offset = copy_from(path, offset);
-    if (job.empty() || checks % 4 != 0) continue;
-    if (const auto now = t.scheduler->job(job); now && now->live()) continue;
-    copy_from(path, offset);
-    if (rank < 0 && !workers) {
-      jobs = t.scheduler->trial_jobs(layout, trial, trials);
-      if (!jobs.empty() && jobs.back().id != job) {
-        job = jobs.back().id;
-        path = jobs.back().output;
-        offset = 0;
-        std::cout << "==> " << scheduler << " job " << job << " <==\n";
-        continue;
-      }
-    }
-    return kExitOk;
-  }
+  return code;
 }
 
 // `hpctrial describe --best`: the best trial's best checkpoint, alone on a line.
@@ -451,7 +369,6 @@ best trial's best checkpoint alone.
 }  // namespace
 
 Verb jobs_verb() { return {"jobs", "list your hpctrial batch jobs, with batches trained and checkpoints", run_jobs}; }
-Verb logs_verb() { return {"logs", "print (or follow) a job's output, or one rank's", run_logs}; }
 Verb describe_verb() { return {"describe", "an experiment's jobs, trials, checkpoints and failures", run_describe}; }
 
 }  // namespace hpctrial::cli

@@ -265,11 +265,45 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   EXPECT_THAT(job_output(first), HasSubstr("it is held: `hpctrial activate 2.fakepbs` releases it"));
 
   // jobs lists the held successor with its experiment; describe names it for trial 0.
-  const auto listed = run({HPCTRIAL_CLI, "jobs"});
+  const auto listed = run({HPCTRIAL_CLI, "jobs", "--scheduler", "pbs"});
   ASSERT_TRUE(listed.ok()) << listed.describe() << listed.err;
   EXPECT_THAT(listed.out, testing::ContainsRegex("2\\.fakepbs +pbs-exp +H \\(held\\) +0 +- +0 +[0-9]+ +ckpt-[0-9]+\\.h5 +" +
                                                  experiment()));
   EXPECT_THAT(run({HPCTRIAL_CLI, "describe", second}).out, HasSubstr("pbs:         2.fakepbs H (held), 0 restart(s)"));
+  // Slurm's controller down beside PBS: the PBS jobs are listed, Slurm is named, and the exit
+  // status says the list is incomplete; --json says the same in its own form.
+  {
+    const std::string down = (dir_.path() / "slurm-down").string();
+    fs::create_directories(down);
+    const std::string scontrol = down + "/scontrol";
+    std::ofstream(scontrol) << "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n";
+    fs::permissions(scontrol, fs::perms::owner_all);
+    core::RunOptions options;
+    options.env_set = env();
+    options.env_set[0].second = down + ":" + options.env_set[0].second;
+    const auto partial = core::run_process({HPCTRIAL_CLI, "jobs"}, options);
+    EXPECT_EQ(partial.exit_code, 1) << partial.out << partial.err;
+    EXPECT_THAT(partial.err, HasSubstr("hpctrial jobs: slurm: "));
+    EXPECT_THAT(partial.out, HasSubstr("2.fakepbs"));
+    const auto json = core::run_process({HPCTRIAL_CLI, "jobs", "--json"}, options);
+    EXPECT_EQ(json.exit_code, 1);
+    const auto listed_json = nlohmann::json::parse(json.out);
+    EXPECT_EQ(listed_json["unanswered"], nlohmann::json::array({"slurm"}));
+    nlohmann::json held;
+    for (const auto& job : listed_json["jobs"]) {
+      if (job["id"] == "2.fakepbs") held = job;
+    }
+    ASSERT_TRUE(held.is_object()) << json.out;
+    EXPECT_EQ(held["id"], "2.fakepbs");
+    EXPECT_EQ(held["scheduler"], "pbs");
+    EXPECT_EQ(held["state"], "held");
+    EXPECT_EQ(held["held"], true);
+    EXPECT_EQ(held["trial"], 0);
+    EXPECT_EQ(held["experiment"], experiment());
+    EXPECT_TRUE(held["batches"].is_number_integer());
+    EXPECT_THAT(held["checkpoint"].get<std::string>(), testing::MatchesRegex("ckpt-[0-9]+\\.h5"));
+    EXPECT_THAT(listed.out, HasSubstr(" " + std::to_string(held["batches"].get<long long>()) + " ")) << "as the table says";
+  }
   // Pausing again holds nothing new; activate releases the held successor.
   const auto again = run({HPCTRIAL_CLI, "pause", experiment()});
   EXPECT_TRUE(again.ok()) << again.err;

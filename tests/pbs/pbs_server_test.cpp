@@ -52,7 +52,7 @@ TEST_F(PbsServer, ASubmittedExperimentRunsToCompletion) {
   expect_private({"pbs-scheduler.out"});
   expect_no_process_of(job);
 
-  const auto jobs = user({HPCTRIAL_CLI, "jobs"});
+  const auto jobs = user({HPCTRIAL_CLI, "jobs", "--scheduler", "pbs"});
   ASSERT_TRUE(jobs.ok()) << jobs.describe() << jobs.err;
   EXPECT_THAT(jobs.out, testing::ContainsRegex(std::regex_replace(job, std::regex(R"([.\[\]])"), R"(\$&)") +
                                                " +pbs-real +F .*ckpt-300\\.h5 +" + experiment()));
@@ -114,7 +114,7 @@ TEST_F(PbsServer, PauseOfARunningJobHoldsItsSuccessorAndActivateResumesIt) {
   const auto verify = user({HPCTRIAL_CLI, "checkpoint", "verify", trial_dir() + "/checkpoints"});
   EXPECT_TRUE(verify.ok()) << verify.out << verify.err;
 
-  const auto listed = user({HPCTRIAL_CLI, "jobs"});
+  const auto listed = user({HPCTRIAL_CLI, "jobs", "--scheduler", "pbs"});
   ASSERT_TRUE(listed.ok()) << listed.describe() << "\n" << listed.out << listed.err;
   EXPECT_THAT(listed.out, HasSubstr(second)) << listed.err;
   EXPECT_THAT(listed.out, testing::ContainsRegex(" H \\(held\\) ")) << listed.err;

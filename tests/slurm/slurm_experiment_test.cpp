@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -404,12 +405,21 @@ TEST_F(SlurmExperiment, AGridIsOneJobArrayAndARequeueOfOneTaskLeavesTheOthersAlo
   const auto until = std::chrono::steady_clock::now() + 60s;
   while (step(1) < 1100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(100ms);
   ASSERT_GE(step(1), 1100);
-  const auto listed = run({HPCTRIAL_CLI, "jobs"});
+  const auto listed = run({HPCTRIAL_CLI, "jobs", "--scheduler", "slurm"});
   ASSERT_TRUE(listed.ok()) << listed.describe() << listed.err;
   for (const std::string& task : {job + "_0", task1, job + "_2"}) {
     EXPECT_THAT(listed.out, testing::ContainsRegex(task + " +grid-exp +(RUNNING|PENDING|COMPLETED)")) << listed.out;
   }
   EXPECT_THAT(listed.out, HasSubstr(experiment()));
+  // The same tasks in --json, each of the experiment, with its trial.
+  const auto as_json = run({HPCTRIAL_CLI, "jobs", "--scheduler", "slurm", "--json"});
+  ASSERT_TRUE(as_json.ok()) << as_json.describe() << as_json.err;
+  std::map<std::string, int> trials;
+  const auto parsed = nlohmann::json::parse(as_json.out);
+  for (const auto& j : parsed["jobs"]) {
+    if (j["experiment"] == experiment()) trials[j["id"].get<std::string>()] = j["trial"].get<int>();
+  }
+  EXPECT_EQ(trials, (std::map<std::string, int>{{job + "_0", 0}, {task1, 1}, {job + "_2", 2}})) << as_json.out;
 
   const auto requeue = run({"scontrol", "requeue", task1});
   ASSERT_TRUE(requeue.ok()) << requeue.describe() << requeue.err;
