@@ -97,14 +97,14 @@ struct JobRow {
 
 // This user's jobs from each scheduler in `asked` (only hpctrial's unless `all`); the names of
 // those that could not be asked go to `unanswered`, each reported on stderr.
-std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& asked, bool all,
+std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& asked, bool all, const std::string& queue,
                                   std::vector<std::string>& unanswered) {
   std::vector<JobRow> rows;
   for (const core::Scheduler* scheduler : asked) {
     try {
       for (const core::JobStatus& job : scheduler->user_jobs()) {
         JobRow row{scheduler->name(), job, core::experiment_of_output(job.output), std::nullopt, ""};
-        if (row.experiment.empty() && !all) continue;
+        if ((row.experiment.empty() && !all) || (!queue.empty() && job.queue != queue)) continue;
         if (!row.experiment.empty() && job.trial >= 0) {
           const core::ExperimentLayout layout{row.experiment};
           const std::string batches = batches_text(layout, job.trial, job.state == core::JobState::kRunning);
@@ -132,6 +132,10 @@ void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::str
                     {"native_state", r.job.native_state},
                     {"held", r.job.held()},
                     {"restarts", r.job.restarts},
+                    {"priority", text_or_null(r.job.priority)},
+                    {"queue", text_or_null(r.job.queue)},
+                    {"slots_needed", r.job.slots_needed},
+                    {"slots_acquired", r.job.slots_acquired},
                     {"elapsed", text_or_null(r.job.elapsed)},
                     {"trial", r.job.trial >= 0 ? nlohmann::json(r.job.trial) : nlohmann::json()},
                     {"tasks", text_or_null(r.job.tasks)},
@@ -144,10 +148,15 @@ void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::str
 
 void print_jobs_table(const std::vector<JobRow>& jobs) {
   std::vector<std::vector<std::string>> rows = {
-      {"JOB", "NAME", "STATE", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT", "EXPERIMENT"}};
+      {"JOB", "NAME", "STATE", "PRIORITY", "QUEUE", "SLOTS", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT",
+       "EXPERIMENT"}};
   for (const JobRow& r : jobs) {
     const core::JobStatus& job = r.job;
-    rows.push_back({job.id, job.name, state_text(job), std::to_string(job.restarts), job.elapsed.empty() ? "-" : job.elapsed,
+    const std::string slots =
+        job.slots_needed > 0 ? std::to_string(job.slots_acquired) + "/" + std::to_string(job.slots_needed) : "-";
+    rows.push_back({job.id, job.name, state_text(job), job.priority.empty() ? "-" : job.priority,
+                    job.queue.empty() ? "-" : job.queue, slots, std::to_string(job.restarts),
+                    job.elapsed.empty() ? "-" : job.elapsed,
                     job.trial >= 0 ? std::to_string(job.trial) : job.tasks.empty() ? "-" : job.tasks,
                     r.batches ? std::to_string(*r.batches) : "-", r.checkpoint.empty() ? "-" : r.checkpoint,
                     r.experiment.empty() ? "-" : r.experiment});
@@ -161,18 +170,22 @@ void print_jobs_table(const std::vector<JobRow>& jobs) {
 
 int run_jobs(const std::vector<std::string>& args) {
   bool all = false, json = false;
-  std::string only;
-  VerbArgs command_line(R"(usage: hpctrial jobs [--all] [--scheduler slurm|pbs] [--json]
+  std::string only, queue;
+  VerbArgs command_line(R"(usage: hpctrial jobs [--all] [--scheduler slurm|pbs] [--partition P | --queue Q] [--json]
 
 Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
-ended), one line per task of a job array, with what their experiment directories say: batches
-trained and the latest checkpoint. A scheduler that cannot be asked is reported on stderr, the
+ended), one line per task of a job array: the scheduler's state, priority (pending jobs start
+highest first), partition or queue and slots (ranks held / asked for), with what their
+experiment directories say: batches trained and the latest checkpoint. `hpctrial job update`
+changes a waiting job's place. A scheduler that cannot be asked is reported on stderr, the
 others' jobs are still listed, and the exit status is 1: the list is incomplete. --json prints
 one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be asked]}.
 )" "\n");
   command_line.add_options()
       ("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's")
       ("scheduler", po::value(&only)->value_name("NAME"), "ask only this scheduler (default: every one on PATH)")
+      ("partition,p", po::value(&queue)->value_name("P"), "only the jobs of this Slurm partition")
+      ("queue,q", po::value(&queue)->value_name("Q"), "only the jobs of this PBS queue")
       ("json", po::bool_switch(&json), "print JSON instead of a table");
   if (!command_line.parse(args)) return kExitOk;
   // The schedulers this machine has (or the one named).
@@ -187,7 +200,7 @@ one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be a
   }
   if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
   std::vector<std::string> unanswered;  // schedulers that could not be asked
-  const std::vector<JobRow> rows = user_job_rows(here, all, unanswered);
+  const std::vector<JobRow> rows = user_job_rows(here, all, queue, unanswered);
   if (unanswered.size() == here.size()) {
     throw SchedulerError("no scheduler on this machine could be asked for jobs (above); try again, or check that "
                          "its controller is up");

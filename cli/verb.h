@@ -36,6 +36,7 @@ Verb activate_verb();
 Verb cancel_verb();
 Verb kill_verb();
 Verb jobs_verb();
+Verb job_verb();
 Verb logs_verb();
 Verb describe_verb();
 Verb plot_verb();

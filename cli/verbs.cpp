@@ -13,6 +13,7 @@ std::vector<Verb> builtin_verbs() {
       cancel_verb(),
       kill_verb(),
       jobs_verb(),
+      job_verb(),
       logs_verb(),
       describe_verb(),
 #if HPCTRIAL_WITH_PLOT

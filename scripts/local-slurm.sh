@@ -19,6 +19,7 @@
 #
 # DIR (default /tmp/hpctrial-slurm) holds slurm.conf, state, spool, logs and pid files.
 # HPCTRIAL_SLURM_PORT (default 16817) is slurmctld's port; slurmd takes the next one.
+# HPCTRIAL_TEST_USER (default pbsuser, the pbs tier's) is made when missing: an ordinary user.
 # Client commands find the cluster with `export SLURM_CONF=DIR/slurm.conf`.
 set -euo pipefail
 
@@ -27,6 +28,7 @@ dir=$(realpath -m "${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}")  # the dae
 port=${HPCTRIAL_SLURM_PORT:-16817}
 conf=$dir/slurm.conf
 second=hpctrial-b
+user=${HPCTRIAL_TEST_USER:-pbsuser}  # the same ordinary user as the pbs tier's
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
 
@@ -115,6 +117,8 @@ case $action in
     [[ $(id -u) -eq 0 ]] || die "needs root (slurmd runs jobs as their owners)"
     command -v slurmctld >/dev/null || die "Slurm is not installed; run scripts/install-deps.sh"
     start_munge
+    # An ordinary user for the tests of what Slurm lets a user (not root, its administrator) do.
+    id "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user" || id "$user" >/dev/null
     if [[ -f $conf ]] && running; then
       echo "SLURM_CONF=$conf"
       exit 0

@@ -1,8 +1,13 @@
 #include "hpctrial/pbs/client.h"
 
+#include <pwd.h>
+#include <cstdlib>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -42,6 +47,11 @@ std::optional<int> to_int(const std::string& text) {
 std::string text_of(const json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number_integer()) return std::to_string(value.get<long long>());
+  // A large count printed as a float (queue_rank: 1.79600756305727e+15), its last digit lost.
+  if (value.is_number_float() && std::abs(value.get<double>()) < 9e15 &&
+      value.get<double>() == std::floor(value.get<double>())) {
+    return std::to_string(static_cast<long long>(value.get<double>()));
+  }
   return value.dump();
 }
 
@@ -56,6 +66,9 @@ JobInfo from_fields(const std::string& id, const std::function<std::optional<std
   j.output_path = without_host(field("Output_Path").value_or(""));
   j.start_time = field("stime").value_or("");
   j.exec_host = field("exec_host").value_or("");
+  j.priority = field("Priority").value_or("0");
+  j.queue = field("queue").value_or("");
+  j.mpiprocs = to_int(field("Resource_List.mpiprocs").value_or("")).value_or(0);
   return j;
 }
 
@@ -72,6 +85,12 @@ bool only_unknown_jobs(const core::RunResult& r) {
 }
 
 }  // namespace
+
+std::string user_name() {
+  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_name != nullptr) return pw->pw_name;
+  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
+  return std::to_string(::getuid());
+}
 
 bool JobInfo::active() const {
   return state == "Q" || state == "H" || state == "W" || state == "R" || state == "E" || state == "B" ||
@@ -93,8 +112,16 @@ std::vector<JobInfo> parse_qstat_json(const std::string& text, const std::string
     const json& fields = it.value();
     if (!fields.is_object()) throw SchedulerError("`" + command + "`: job " + it.key() + " is not an object");
     jobs.push_back(from_fields(it.key(), [&](const std::string& key) -> std::optional<std::string> {
-      const auto f = fields.find(key);
-      if (f == fields.end()) return std::nullopt;
+      // "Resource_List.mpiprocs": a member of the object Resource_List in the JSON.
+      const auto dot = key.find('.');
+      const json* in = &fields;
+      if (dot != std::string::npos) {
+        const auto outer = fields.find(key.substr(0, dot));
+        if (outer == fields.end() || !outer->is_object()) return std::nullopt;
+        in = &*outer;
+      }
+      const auto f = in->find(dot == std::string::npos ? key : key.substr(dot + 1));
+      if (f == in->end()) return std::nullopt;
       return text_of(*f);
     }));
   }
@@ -170,6 +197,14 @@ void Client::hold(const std::string& job) const { checked({"qhold", job}); }
 
 void Client::release(const std::string& job) const { checked({"qrls", job}); }
 
+void Client::set_priority(const std::string& job, int priority) const {
+  checked({"qalter", "-p", std::to_string(priority), job});
+}
+
+void Client::move(const std::string& job, const std::string& queue) const { checked({"qmove", queue, job}); }
+
+void Client::swap_order(const std::string& a, const std::string& b) const { checked({"qorder", a, b}); }
+
 bool Client::signal(const std::string& job, const std::string& signal) const {
   return run_({"qsig", "-s", signal, job}, {}).ok();
 }
@@ -242,6 +277,18 @@ std::optional<JobInfo> Client::job(const std::string& id) const {
   auto jobs = qstat({id});
   if (!jobs || jobs->empty()) return std::nullopt;
   return jobs->front();
+}
+
+std::vector<std::string> Client::queued_in_order(const std::string& user, const std::string& queue) const {
+  std::vector<std::string> ids;
+  std::istringstream lines(checked({"qselect", "-u", user, "-s", "Q", "-q", queue}).out);
+  for (std::string line; std::getline(lines, line);) {
+    line = core::trim(line);
+    if (line.empty()) continue;
+    if (!is_valid_job_id(line)) throw SchedulerError("qselect -u " + user + " printed \"" + line + "\", not a job id");
+    ids.push_back(line);
+  }
+  return ids;
 }
 
 std::vector<JobInfo> Client::user_jobs(const std::string& user, std::time_t since) const {

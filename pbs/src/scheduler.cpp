@@ -102,16 +102,13 @@ core::JobStatus status_of(const JobInfo& job, const std::string& experiment_dir)
   s.restarts = std::max(0, job.run_count - 1);
   if (job.exit_status) s.exit = std::to_string(*job.exit_status);
   s.output = job.output_path;
+  s.priority = job.priority;
+  s.queue = job.queue;
+  s.slots_needed = job.mpiprocs;
+  s.slots_acquired = job.state == "R" || job.state == "E" ? job.mpiprocs : 0;
   // A worker's own output file (its trials, one after another), as its script writes it.
   if (!experiment_dir.empty() && core::worker_trial({experiment_dir}, job.id)) s.output = output_file(experiment_dir, job.id);
   return s;
-}
-
-// The user PBS names as the owner of this process's jobs: the name of its user id.
-std::string user_name() {
-  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_name != nullptr) return pw->pw_name;
-  if (const char* user = std::getenv("USER"); user != nullptr && *user != '\0') return user;
-  return std::to_string(::getuid());
 }
 
 // The ids of the PBS jobs that ran or run `trial`, oldest first: the array job's subjob for it

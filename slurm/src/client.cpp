@@ -70,10 +70,17 @@ JobInfo parse_job_line(const std::string& line) {
   const std::string user = field("UserId");
   const std::size_t open = user.find('(');
   if (open != std::string::npos) j.user_id = user.substr(open + 1, user.find(')', open) - open - 1);
+  j.priority = field("Priority");
+  j.nice = field("Nice");
   try {
     j.restarts = std::stoi(field("Restarts"));
   } catch (const std::exception&) {
     j.restarts = 0;
+  }
+  try {
+    j.num_tasks = std::stoi(field("NumTasks"));
+  } catch (const std::exception&) {
+    j.num_tasks = 0;
   }
   return j;
 }
@@ -127,6 +134,14 @@ bool Client::partition_has_gpus(const std::string& partition) const {
 }
 
 void Client::release(const std::string& job) const { checked({"scontrol", "release", job}); }
+
+void Client::update(const std::string& job, const std::vector<std::string>& fields) const {
+  std::vector<std::string> argv{"scontrol", "update", "JobId=" + job};
+  argv.insert(argv.end(), fields.begin(), fields.end());
+  checked(argv);
+}
+
+void Client::top(const std::string& job) const { checked({"scontrol", "top", job}); }
 
 void Client::cancel(const std::string& job) const { checked({"scancel", job}); }
 

@@ -60,6 +60,10 @@ core::JobStatus status_of(const JobInfo& job) {
   s.elapsed = job.run_time;
   if (!s.live()) s.exit = job.exit_code;
   s.output = job.std_err.empty() ? job.std_out : job.std_err;
+  s.priority = job.priority;
+  s.queue = job.partition;
+  s.slots_needed = job.num_tasks;
+  s.slots_acquired = job.state == "RUNNING" || job.state == "COMPLETING" ? job.num_tasks : 0;
   return s;
 }
 
@@ -281,6 +285,55 @@ std::vector<core::StopStep> Scheduler::stop(const core::JobTarget& target, core:
                          (mode == core::StopMode::kEnd ? "cancelled" : "paused"));
   }
   return steps;
+}
+
+// Slurm lets a user lower a job's priority (Nice >= 0, which Slurm subtracts from it), move a
+// pending job to another partition, and put it first among the user's own pending jobs of its
+// partition (scontrol top, where the site allows users it); nothing places a job just ahead of
+// or behind another.
+std::vector<std::string> Scheduler::update_job(const core::JobUpdate& update) const {
+  using Order = core::JobUpdate::Order;
+  if (update.order == Order::kAheadOf || update.order == Order::kBehindOf) {
+    throw ConfigError("Slurm orders a user's waiting jobs only by putting one first among them (scontrol top): "
+                      "use --top, or --priority to lower another job");
+  }
+  std::vector<std::string> done;
+  const auto refused = [&](const SchedulerError& e, const std::string& hint) {
+    return SchedulerError("slurm refused to change job " + update.job + ": " + e.what() + hint);
+  };
+  if (update.priority) {
+    // A user's hold is a priority of 0, which a new Nice replaces: the job would start.
+    if (const auto now = client_.job(update.job); now && now->held()) {
+      throw SchedulerError("slurm job " + update.job + " is held, and Slurm lets a held job start as soon as its "
+                           "Nice changes; release it first (hpctrial activate), then change its priority");
+    }
+    try {
+      client_.update(update.job, {"Nice=" + std::to_string(-*update.priority)});
+    } catch (const SchedulerError& e) {
+      throw refused(e, *update.priority > 0 ? " (Slurm lets users lower a job's priority, --priority 0 or less, "
+                                              "which sets its Nice to the opposite; only an operator raises it)"
+                                            : "");
+    }
+    done.push_back("slurm job " + update.job + ": Nice=" + std::to_string(-*update.priority) + " (priority " +
+                   std::to_string(*update.priority) + ")");
+  }
+  if (!update.queue.empty()) {
+    try {
+      client_.update(update.job, {"Partition=" + update.queue});
+    } catch (const SchedulerError& e) {
+      throw refused(e, " (only a pending job changes partition)");
+    }
+    done.push_back("slurm job " + update.job + ": partition " + update.queue);
+  }
+  if (update.order == Order::kTop) {
+    try {
+      client_.top(update.job);
+    } catch (const SchedulerError& e) {
+      throw refused(e, " (scontrol top is the site's to allow users: SchedulerParameters=enable_user_top)");
+    }
+    done.push_back("slurm job " + update.job + ": first among your pending jobs of its partition");
+  }
+  return done;
 }
 
 std::vector<std::string> Scheduler::activate(const core::JobTarget& target) const {

@@ -267,7 +267,7 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   // jobs lists the held successor with its experiment; describe names it for trial 0.
   const auto listed = run({HPCTRIAL_CLI, "jobs", "--scheduler", "pbs"});
   ASSERT_TRUE(listed.ok()) << listed.describe() << listed.err;
-  EXPECT_THAT(listed.out, testing::ContainsRegex("2\\.fakepbs +pbs-exp +H \\(held\\) +0 +- +0 +[0-9]+ +ckpt-[0-9]+\\.h5 +" +
+  EXPECT_THAT(listed.out, testing::ContainsRegex("2\\.fakepbs +pbs-exp +H \\(held\\) +\\S+ +\\S+ +\\S+ +0 +- +0 +[0-9]+ +ckpt-[0-9]+\\.h5 +" +
                                                  experiment()));
   EXPECT_THAT(run({HPCTRIAL_CLI, "describe", second}).out, HasSubstr("pbs:         2.fakepbs H (held), 0 restart(s)"));
   // Slurm's controller down beside PBS: the PBS jobs are listed, Slurm is named, and the exit

@@ -196,6 +196,61 @@ TEST_F(PbsServer, PauseHoldsAQueuedJobActivateReleasesItKillDeletesIt) {
   EXPECT_THAT(nothing.err, HasSubstr("has no queued or running pbs job to kill"));
 }
 
+// `hpctrial job update` as the jobs' owner: the Priority (qalter -p) and queue (qmove) of a queued
+// job, and its place among the owner's queued jobs (qorder), each as qstat shows it; a priority
+// PBS does not take is refused before qalter runs.
+TEST_F(PbsServer, JobUpdateChangesAQueuedJobsPriorityQueueAndPlace) {
+  const std::string script = dir_.write("sleeper.sh", "#!/bin/bash\nsleep 600\n");
+  ::chmod(script.c_str(), 0755);
+  const auto qsub = [&](const std::string& ncpus) {
+    const auto r = user({"qsub", "-l", "select=1:ncpus=" + ncpus, "-o", "/dev/null", "-j", "oe", script});
+    EXPECT_TRUE(r.ok()) << r.err;
+    submitted_.push_back(core::trim(r.out));
+    return submitted_.back();
+  };
+  const std::string blocker = qsub("2");  // takes both CPUs: the others stay queued
+  ASSERT_TRUE(wait_for_state(blocker, "R", 60s));
+  const std::string first = qsub("1"), second = qsub("1");
+  ASSERT_EQ(state_of(second), "Q");
+  const auto rank = [&](const std::string& id) { return pbs_job(id).value("queue_rank", 0LL); };
+  ASSERT_LT(rank(first), rank(second));
+
+  auto r = user({HPCTRIAL_CLI, "job", "update", second, "--priority", "100", "--queue", "workq"});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_EQ(r.out, "pbs job " + second + ": priority 100\npbs job " + second + ": queue workq\n");
+  EXPECT_EQ(pbs_job(second).value("Priority", 0), 100);
+  r = user({HPCTRIAL_CLI, "job", "update", second, "--priority", "2000"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--priority 2000: PBS takes -1024 to 1023"));
+
+  r = user({HPCTRIAL_CLI, "job", "update", second, "--ahead-of", first});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_THAT(r.out, HasSubstr("ahead of " + first + " (qorder: swapped with " + first + ")"));
+  EXPECT_LT(rank(second), rank(first));
+  r = user({HPCTRIAL_CLI, "job", "update", second, "--ahead-of", first});
+  EXPECT_THAT(r.out, HasSubstr("ahead of " + first + " already"));
+  r = user({HPCTRIAL_CLI, "job", "update-batch", second + ".behind-of=" + first});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_LT(rank(first), rank(second));
+  r = user({HPCTRIAL_CLI, "job", "update", second, "--top"});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_LT(rank(second), rank(first));
+
+  // The queue columns of `hpctrial jobs`: priority and queue as PBS has them.
+  r = user({HPCTRIAL_CLI, "jobs", "--all", "--scheduler", "pbs", "--queue", "workq", "--json"});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  const auto listed = nlohmann::json::parse(r.out);
+  bool seen = false;
+  for (const auto& job : listed["jobs"]) {
+    if (job["id"] != second) continue;
+    seen = true;
+    EXPECT_EQ(job["priority"], "100");
+    EXPECT_EQ(job["queue"], "workq");
+    EXPECT_EQ(job["state"], "queued");
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
 // kill of a running job: qdel -W with the grace (the queue's kill_delay is 10 s); the login
 // shell dies of the SIGTERM at once, the launcher and ranks checkpoint, nothing is submitted,
 // no process is left, and every checkpoint verifies.

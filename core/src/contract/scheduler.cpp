@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "hpctrial/core/error.h"
+
 namespace hpctrial::core {
 namespace {
 
@@ -33,6 +35,10 @@ std::vector<SchedulerOption> Scheduler::options() const { return {}; }
 void Scheduler::check_config(const SchedulerConfig&, Diagnostics&) const {}
 
 std::vector<std::string> Scheduler::submission_warnings(const ExperimentConfig&) const { return {}; }
+
+std::vector<std::string> Scheduler::update_job(const JobUpdate&) const {
+  throw ConfigError("the " + name() + " scheduler has no queue of jobs to change");
+}
 
 const char* stop_reason_of(StopMode mode) { return mode == StopMode::kEnd ? "cancel" : "pause"; }
 

@@ -42,6 +42,14 @@ struct JobStatus {
   std::string elapsed;       // "00:01:23"; empty where the scheduler does not say
   std::string exit;          // how it ended, in the scheduler's words ("0:0", "3"); empty: not yet
   std::string output;        // its output file, absolute; empty when not known
+  // Its place in the queue, as the scheduler says: its priority (Slurm's number, which orders
+  // the pending jobs, higher first; PBS's Priority, -1024..1023), its partition or queue, the
+  // slots (ranks: tasks, MPI processes) it asks for and how many of them it holds now. Empty or
+  // 0 where the scheduler does not say.
+  std::string priority;
+  std::string queue;
+  int slots_needed = 0;
+  int slots_acquired = 0;
   bool live() const { return state != JobState::kEnded; }
   bool held() const { return state == JobState::kHeld; }
 };
@@ -78,6 +86,16 @@ struct StopStep {
   Kind kind = Kind::kHeld;
   std::string job;
   int trial = -1;  // kStopping: the trial that checkpoints
+};
+
+// A change to a waiting job's place in the queue (`hpctrial job update`); what is not set stays.
+struct JobUpdate {
+  std::string job;                // as users name it; an array's id: its waiting tasks
+  std::optional<int> priority;    // higher starts first
+  std::string queue;              // the Slurm partition, the PBS queue
+  enum class Order { kNone, kTop, kAheadOf, kBehindOf };
+  Order order = Order::kNone;
+  std::string other;              // the job of kAheadOf and kBehindOf
 };
 
 // The jobs of an experiment a verb acts on: every live job recorded for the experiment
@@ -164,6 +182,11 @@ class Scheduler {
   // Asks each running job or task to checkpoint after its current step (a stop request with
   // stop_reason_of(mode), then a signal), and holds (kPause) or cancels (kEnd) the queued ones.
   virtual std::vector<StopStep> stop(const JobTarget& target, StopMode mode) const = 0;
+  // Changes a waiting job's priority, partition or queue, or its order among its user's jobs,
+  // with the scheduler's own commands and only as far as it lets an ordinary user; returns what
+  // it did, a line each. SchedulerError with the scheduler's words where it refuses; ConfigError
+  // for a change it has no command for (and where no scheduler has jobs).
+  virtual std::vector<std::string> update_job(const JobUpdate& update) const;
   // Releases held jobs; returns their ids.
   virtual std::vector<std::string> activate(const JobTarget& target) const = 0;
   // Cancels live jobs; returns their ids.

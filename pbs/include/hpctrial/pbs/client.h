@@ -37,11 +37,17 @@ struct JobInfo {
   std::string output_path;         // Output_Path without its "host:"
   std::string start_time;          // stime, as PBS prints it
   std::string exec_host;           // where it runs, "node1/0*4+node2/0*4"
+  std::string priority;            // Priority, -1024..1023 (0 unless set)
+  std::string queue;               // queue
+  int mpiprocs = 0;                // Resource_List.mpiprocs: the ranks it asks for
   bool held() const { return state == "H"; }
   bool active() const;  // queued, held, waiting, running, exiting, begun or suspended
 };
 
 // Every job in `qstat -f -F json` output (none when "Jobs" is absent).
+// The user PBS names as the owner of this process's jobs: the name of its user id.
+std::string user_name();
+
 std::vector<JobInfo> parse_qstat_json(const std::string& text, const std::string& command);
 // Every job in `qstat -f` text output.
 std::vector<JobInfo> parse_qstat_text(const std::string& text, const std::string& command);
@@ -64,6 +70,12 @@ class Client {
   std::string submit(const Submit& submit) const;
   void hold(const std::string& job) const;     // qhold: a queued job waits for qrls
   void release(const std::string& job) const;  // qrls
+  void set_priority(const std::string& job, int priority) const;   // qalter -p
+  void move(const std::string& job, const std::string& queue) const;  // qmove QUEUE JOB
+  void swap_order(const std::string& a, const std::string& b) const;  // qorder A B
+  // The user's queued jobs of `queue` in the order they go (qselect lists them so; queue_rank,
+  // which says it, is shown to operators only).
+  std::vector<std::string> queued_in_order(const std::string& user, const std::string& queue) const;
   // qsig -s SIGNAL: every process of a running job; false when PBS refused (the job is not
   // running any more).
   bool signal(const std::string& job, const std::string& signal) const;

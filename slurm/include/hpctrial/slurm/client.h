@@ -31,6 +31,9 @@ struct JobInfo {
   std::string partition;       // "debug", or "a,b" for a job that may run in either
   std::string work_dir;
   std::string user_id;  // numeric
+  std::string priority;  // Priority: higher starts first; 0 while held
+  std::string nice;      // Nice: subtracted from the priority
+  int num_tasks = 0;     // NumTasks: the ranks it asks for
   // A task of a job array: the array's id and this task's index ("3"), or the indices of tasks
   // not started yet, which Slurm shows as one line ("2-5", "[2-5%2]"). Empty otherwise.
   std::string array_job_id;
@@ -63,6 +66,11 @@ class Client {
   // scontrol update ExcNodeList=NODES: a pending job's next run avoids them (a hostlist).
   void exclude_nodes(const std::string& job, const std::string& nodes) const;
   void release(const std::string& job) const;  // scontrol release
+  // scontrol update JobId=JOB FIELD=VALUE ...: what its user may change (Nice >= 0, the
+  // Partition of a pending job); SchedulerError with Slurm's words otherwise.
+  void update(const std::string& job, const std::vector<std::string>& fields) const;
+  // scontrol top JOB: first among its user's pending jobs of its partition, account and QOS.
+  void top(const std::string& job) const;
   void cancel(const std::string& job) const;   // scancel
   // scancel --batch --signal=SIG: the signal to the batch shell (hpctrial launch) only. False,
   // within kSignalWait, when the job has no batch shell to signal now (it is pending, requeued or

@@ -38,6 +38,7 @@ class Scheduler final : public core::Scheduler {
   std::vector<core::JobStatus> user_jobs() const override;
   std::vector<core::JobStatus> trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const override;
   std::vector<core::StopStep> stop(const core::JobTarget& target, core::StopMode mode) const override;
+  std::vector<std::string> update_job(const core::JobUpdate& update) const override;
   std::vector<std::string> activate(const core::JobTarget& target) const override;
   std::vector<std::string> cancel(const core::JobTarget& target) const override;
   std::optional<core::HandOverFailure> hand_over(const core::HandOver& stopped) const override;
