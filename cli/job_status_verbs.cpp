@@ -28,6 +28,7 @@
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
+#include "experiment_model.h"
 #include "job_verbs.h"
 #include "ranking.h"
 #include "verb.h"
@@ -38,40 +39,6 @@ namespace fs = std::filesystem;
 
 namespace hpctrial::cli {
 namespace {
-
-// The file `latest` names in a trial's checkpoint directory, and its batch count.
-struct LatestCheckpoint {
-  std::string file;
-  std::string path;
-  std::int64_t batches = 0;
-};
-std::optional<LatestCheckpoint> latest_checkpoint(const core::ExperimentLayout& layout, int trial) {
-  const core::TrialLayout trial_layout = layout.trial(trial);
-  std::string dir = trial_layout.default_checkpoint_dir();
-  try {  // where the trainer put them: checkpoint_storage.host_path may say elsewhere
-    dir = core::checkpoint_dir(core::load_experiment_config({layout.config(), "", {}}), trial_layout, trial,
-                               core::experiment_identity(layout));
-  } catch (const Error&) {
-    // no readable experiment.yaml: the default place
-  }
-  if (!fs::is_directory(dir)) return std::nullopt;
-  const checkpoint::CheckpointStore store(dir, {});
-  const auto file = store.latest_file();
-  if (!file) return std::nullopt;
-  const std::string name = fs::path(*file).filename().string();
-  return LatestCheckpoint{name, (fs::path(dir) / name).string(), checkpoint::checkpoint_batches(name).value_or(0)};
-}
-
-// Batches trained: what rank 0 last reported while running, else the latest checkpoint's.
-std::string batches_text(const core::ExperimentLayout& layout, int trial, bool running) {
-  if (trial < 0) return "-";
-  const auto progress = core::trial_progress(layout, trial);
-  const auto ckpt = latest_checkpoint(layout, trial);
-  std::int64_t batches = ckpt ? ckpt->batches : 0;
-  if (running && progress.reported_step > batches) batches = progress.reported_step;
-  if (!ckpt && progress.reported_step < 0) return "-";
-  return std::to_string(batches);
-}
 
 void print_row(std::ostream& out, const std::vector<std::string>& cells, const std::vector<std::size_t>& widths) {
   for (std::size_t i = 0; i < cells.size(); ++i) {
@@ -124,7 +91,6 @@ std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& ask
 void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::string>& unanswered) {
   nlohmann::json jobs = nlohmann::json::array();
   for (const JobRow& r : rows) {
-    const auto text_or_null = [](const std::string& t) { return t.empty() ? nlohmann::json() : nlohmann::json(t); };
     jobs.push_back({{"scheduler", r.scheduler},
                     {"id", r.job.id},
                     {"name", r.job.name},
@@ -300,10 +266,12 @@ std::string inference_progress_text(const core::TrialLayout& trial) {
 
 int run_describe(const std::vector<std::string>& args) {
   po::options_description options;
-  bool best = false;
-  options.add_options()("best", po::bool_switch(&best), "print only the best trial's best checkpoint (for scripts)");
+  bool best = false, json = false;
+  options.add_options()
+      ("best", po::bool_switch(&best), "print only the best trial's best checkpoint (for scripts)")
+      ("json", po::bool_switch(&json), "print the same as one JSON document");
   po::variables_map vm;
-  const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR [--best]
+  const std::string what = target_argument(args, "describe", R"(usage: hpctrial describe JOB|EXPDIR [--best | --json]
 
 Tells an experiment's story: its config, its batch jobs and their state in Slurm or PBS, the
 trials ranked by searcher.metric (each one's best validation, where it stands in an adaptive
@@ -318,6 +286,10 @@ best trial's best checkpoint alone.
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   if (best) return print_best(layout, config);
+  if (json) {
+    std::cout << describe_model(t, layout, config).dump(2) << "\n";
+    return kExitOk;
+  }
   const int trials = core::trial_count(config);
   std::cout << "experiment:  " << config.name << "\n"
             << "directory:   " << layout.dir << "\n"

@@ -39,6 +39,7 @@ Verb jobs_verb();
 Verb job_verb();
 Verb logs_verb();
 Verb describe_verb();
+Verb report_verb();
 Verb plot_verb();
 Verb new_trial_verb();
 Verb rank_verb();  // internal: the parent of each rank, which mpirun starts

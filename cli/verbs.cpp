@@ -16,6 +16,7 @@ std::vector<Verb> builtin_verbs() {
       job_verb(),
       logs_verb(),
       describe_verb(),
+      report_verb(),
 #if HPCTRIAL_WITH_PLOT
       plot_verb(),
 #endif

@@ -25,6 +25,8 @@ packages=(
   # the manual pages, written from the command's help texts; bash completion's loader (the
   # install tier finds hpctrial's completion through it)
   help2man bash-completion
+  # `hpctrial report`'s test opens each page in a real browser, headless
+  chromium
   # containers (environment.image): rootless Podman with runc, which runs on the hosts whose
   # cgroups are mixed v1 and v2, where crun refuses to
   podman runc uidmap

@@ -110,6 +110,30 @@ TEST_F(Launcher, AGridRunsEachTrialInTurnOrTheOneNamed) {
   EXPECT_THAT(p->output(), HasSubstr("trial 1 finished"));
   EXPECT_THAT(read_file(experiment() + "/trial-0/effective-config.yaml"), HasSubstr("lr: 0.5"));
   EXPECT_THAT(read_file(experiment() + "/trial-1/effective-config.yaml"), HasSubstr("lr: 0.25"));
+  // describe --json says what the text says: the ranking, each trial's checkpoint and runs.
+  const auto text = core::run_process({HPCTRIAL_CLI, "describe", experiment()});
+  const auto described = core::run_process({HPCTRIAL_CLI, "describe", experiment(), "--json"});
+  ASSERT_EQ(described.exit_code, 0) << described.err;
+  const json d = json::parse(described.out);
+  EXPECT_EQ(d["experiment"], "grid");
+  EXPECT_EQ(d["searcher"], "grid");
+  ASSERT_EQ(d["ranking"].size(), 2u);
+  ASSERT_EQ(d["trials"].size(), 2u);
+  for (const auto& trial : d["trials"]) {
+    const int id = trial["trial"];
+    EXPECT_EQ(trial["batches"], 50);
+    EXPECT_EQ(trial["checkpoint"], experiment() + "/trial-" + std::to_string(id) + "/checkpoints/ckpt-50.h5");
+    EXPECT_THAT(text.out, HasSubstr("  checkpoint:  " + trial["checkpoint"].get<std::string>() + "\n"));
+    EXPECT_EQ(trial["hparams"]["lr"], id == 0 ? "0.5" : "0.25");
+    ASSERT_EQ(trial["runs"].size(), 1u);
+    EXPECT_EQ(trial["runs"][0]["ranks"], 1);
+    EXPECT_EQ(trial["failures"], 0);
+  }
+  // The best first, as the text's ranking lists it.
+  for (int place = 0; place < 2; ++place) {
+    EXPECT_THAT(text.out, testing::ContainsRegex("\n  " + std::to_string(place + 1) + " +" +
+                                                 std::to_string(d["ranking"][place]["trial"].get<int>()) + " +"));
+  }
   const std::string other = (dir_.path() / "one").string();
   auto one = run(grid, "", {"--trial", "1", "--experiment", other});
   ASSERT_EQ(one->exit_code(), 0) << one->output();

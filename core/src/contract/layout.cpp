@@ -95,6 +95,7 @@ std::string ExperimentLayout::config() const { return join(dir, "experiment.yaml
 std::string ExperimentLayout::state() const { return join(dir, "experiment.json"); }
 std::string ExperimentLayout::lock_file() const { return join(dir, ".experiment.lock"); }
 std::string ExperimentLayout::plot() const { return join(dir, "plot.png"); }
+std::string ExperimentLayout::report() const { return join(dir, "report.html"); }
 std::string ExperimentLayout::search_log() const { return join(dir, "search-events.jsonl"); }
 std::string ExperimentLayout::search_lock() const { return join(dir, ".search.lock"); }
 std::string ExperimentLayout::job_stop_file(const std::string& job) const { return join(dir, "stop-request." + job); }

@@ -122,6 +122,8 @@ struct ExperimentLayout {
   std::string lock_file() const;
   // <dir>/plot.png: where `hpctrial plot` draws when told no other file.
   std::string plot() const;
+  // <dir>/report.html: where `hpctrial report` writes when told no other file.
+  std::string report() const;
   // <dir>/search-events.jsonl: an adaptive search's log of events (search/event_log.h), and
   // <dir>/.search.lock, held while a worker reads it, decides and appends.
   std::string search_log() const;
