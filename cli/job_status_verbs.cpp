@@ -264,6 +264,52 @@ std::string inference_progress_text(const core::TrialLayout& trial) {
   }
 }
 
+// One trial of `hpctrial describe`: its job, batches, checkpoint, runs and failures.
+void print_trial(const Target& t, const core::ExperimentLayout& layout, const core::ExperimentConfig& config, int trial,
+                 int trials) {
+  const auto jobs = t.scheduler->trial_jobs(layout, trial, trials);
+  std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
+  if (trials > 1) std::cout << "  hparams:     " << hparams_text(core::trial_config(config, trial)) << "\n";
+  bool running = false;
+  if (!jobs.empty()) {
+    const core::JobStatus& job = jobs.back();
+    const std::string label = t.scheduler->name() + ":";
+    std::cout << "  " << label << std::string(label.size() < 13 ? 13 - label.size() : 1, ' ') << job.id;
+    if (job.native_state.empty()) {
+      std::cout << " (" << t.scheduler->name() << " no longer knows it)\n";
+    } else {
+      std::cout << " " << state_text(job) << ", " << job.restarts << " restart(s)"
+                << (job.elapsed.empty() ? "" : ", elapsed " + job.elapsed)
+                << (job.exit.empty() ? "" : ", exit " + job.exit) << "\n";
+    }
+    running = job.state == core::JobState::kRunning;
+  }
+  const auto progress = core::trial_progress(layout, trial);
+  const auto ckpt = latest_checkpoint(layout, trial);
+  if (config.inference) {
+    std::cout << inference_progress_text(core::TrialLayout{layout.trial_dir(trial)});
+  } else {
+    std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
+              << " " << core::to_string(config.searcher.max_length.unit) << "\n"
+              << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n";
+  }
+  std::cout << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
+            << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
+  for (std::size_t i = 0; i < progress.runs.size(); ++i) {
+    const core::TrialRun& run = progress.runs[i];
+    std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
+              << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
+              << "), from " << (run.from_record ? "record " + std::to_string(*run.from_record)
+                                                : "batch " + std::to_string(run.batches))
+              << ", started " << run.started
+              << (run.launcher.empty() ? "" : " by " + run.launcher)
+              << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";
+    if (!run.placement.empty()) std::cout << "    " << placement_text(run.placement) << "\n";
+  }
+  print_failures(std::cout, progress);
+  if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
+}
+
 int run_describe(const std::vector<std::string>& args) {
   po::options_description options;
   bool best = false, json = false;
@@ -305,49 +351,7 @@ best trial's best checkpoint alone.
   if (const auto ranked = config.inference ? std::vector<TrialStanding>{} : rank_trials(layout, config); !ranked.empty()) {
     print_ranking(std::cout, ranked, config);
   }
-  for (int trial = 0; trial < trials; ++trial) {
-    const auto jobs = t.scheduler->trial_jobs(layout, trial, trials);
-    std::cout << "\ntrial " << trial << ":  " << layout.trial_dir(trial) << "\n";
-    if (trials > 1) std::cout << "  hparams:     " << hparams_text(core::trial_config(config, trial)) << "\n";
-    bool running = false;
-    if (!jobs.empty()) {
-      const core::JobStatus& job = jobs.back();
-      const std::string label = t.scheduler->name() + ":";
-      std::cout << "  " << label << std::string(label.size() < 13 ? 13 - label.size() : 1, ' ') << job.id;
-      if (job.native_state.empty()) {
-        std::cout << " (" << t.scheduler->name() << " no longer knows it)\n";
-      } else {
-        std::cout << " " << state_text(job) << ", " << job.restarts << " restart(s)"
-                  << (job.elapsed.empty() ? "" : ", elapsed " + job.elapsed)
-                  << (job.exit.empty() ? "" : ", exit " + job.exit) << "\n";
-      }
-      running = job.state == core::JobState::kRunning;
-    }
-    const auto progress = core::trial_progress(layout, trial);
-    const auto ckpt = latest_checkpoint(layout, trial);
-    if (config.inference) {
-      std::cout << inference_progress_text(core::TrialLayout{layout.trial_dir(trial)});
-    } else {
-      std::cout << "  batches:     " << batches_text(layout, trial, running) << " of " << config.searcher.max_length.value
-                << " " << core::to_string(config.searcher.max_length.unit) << "\n"
-                << "  checkpoint:  " << (ckpt ? ckpt->path : "none yet") << "\n";
-    }
-    std::cout << "  runs:        " << progress.starts << " start(s) of the launcher, " << progress.failures
-              << " failure(s) counted against max_restarts " << config.max_restarts << "\n";
-    for (std::size_t i = 0; i < progress.runs.size(); ++i) {
-      const core::TrialRun& run = progress.runs[i];
-      std::cout << "  run " << i + 1 << ":" << std::string(i + 1 < 10 ? 7 : 6, ' ') << run.ranks << " rank(s), batch "
-                << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
-                << "), from " << (run.from_record ? "record " + std::to_string(*run.from_record)
-                                                  : "batch " + std::to_string(run.batches))
-                << ", started " << run.started
-                << (run.launcher.empty() ? "" : " by " + run.launcher)
-                << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";
-      if (!run.placement.empty()) std::cout << "    " << placement_text(run.placement) << "\n";
-    }
-    print_failures(std::cout, progress);
-    if (!jobs.empty()) std::cout << "  output:      " << jobs.back().output << "\n";
-  }
+  for (int trial = 0; trial < trials; ++trial) print_trial(t, layout, config, trial, trials);
   return kExitOk;
 }
 

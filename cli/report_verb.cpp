@@ -153,7 +153,7 @@ void search_section(std::ostream& out, const core::ExperimentLayout& layout) {
 void trial_section(std::ostream& out, const json& trial) {
   const int id = trial["trial"];
   const core::TrialLayout dir{trial["directory"].get<std::string>()};
-  out << "<section class=\"trial\" id=\"trial-" << id << "\"><h2>Trial " << id << "</h2><dl>";
+  out << "<section class=\"trial\" id=\"t-" << id << "\"><h2>Trial " << id << "</h2><dl>";
   std::string hparams;
   for (const auto& [name, value] : trial["hparams"].items()) hparams += (hparams.empty() ? "" : ", ") + name + "=" + value.get<std::string>();
   const json& job = trial["job"];
@@ -201,7 +201,7 @@ void render(std::ostream& out, const core::ExperimentLayout& layout, const json&
   if (!jobs.empty()) table(out, "jobs", {"scheduler", "job", "submitted"}, jobs);
   std::vector<std::vector<std::string>> ranking;
   for (const json& s : model["ranking"]) {
-    const std::string link = "<a href=\"#trial-" + std::to_string(s["trial"].get<int>()) + "\">" + cell(s["trial"]) + "</a>";
+    const std::string link = "<a href=\"#t-" + std::to_string(s["trial"].get<int>()) + "\">" + cell(s["trial"]) + "</a>";
     ranking.push_back({std::to_string(ranking.size() + 1), link, cell(s["best"]), cell(s["best_batches"]),
                        cell(s["state"]), cell(s["checkpoint"]), cell(s["hparams"])});
   }

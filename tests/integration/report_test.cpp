@@ -107,7 +107,7 @@ TEST_F(Report, AGridAndAnAdaptiveSearch) {
   Opened o = open_report(experiment(), "grid");
   expect_loaded(o);
   EXPECT_EQ(count(o.dom, "<section class=\"trial\""), 3);
-  EXPECT_EQ(count(o.dom, "<a href=\"#trial-"), 3) << "each trial ranked, linked to its section";
+  EXPECT_EQ(count(o.dom, "<a href=\"#t-"), 3) << "each trial ranked, linked to its section";
   EXPECT_THAT(o.dom, HasSubstr("lr=0.125"));
 
   const std::string asha = dir_.write("asha.yaml",
