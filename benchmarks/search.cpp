@@ -21,13 +21,14 @@
 // time from the search's start to the validation that reached it, and their ratio (a promoted
 // trial trains on in its ranks, so adaptive_asha pays a trial's start-up once a trial, not once a
 // rung); then the median ratios over the seeds (goals: adaptive_asha <= 1/3 of random's compute,
-// <= 1/2 of its wall time). Also printed: a random trial's wall time and how much of it it spent
-// in train_batch; the rest is starting and ending it (mpirun, LibTorch's initialisation - about
-// 0.4 s of CPU in any program that links it - the data, the checkpoint), paid once a trial by both
-// searches. Wall time can only show the compute saved where training is most of a trial, as it
-// is in any search worth running on a batch scheduler: with G = 1024 a full trial trains about
-// 3 s against about 0.7 s to start and end; with --global-batch 64 it trains 0.07 s, and both
-// searches take the time of starting 64 trials whatever they compute.
+// <= 1/2 of its wall time). Also printed: a random trial's wall time and how much of it went on
+// its batches (loading them, train_batch); the rest is mostly starting and ending it (mpirun,
+// LibTorch's initialisation - about 0.4 s of CPU in any program that links it - the data, the
+// checkpoint), paid once a trial by both searches. Wall time can only show the compute saved
+// where the batches are most of a trial, as they are in any search worth running on a batch
+// scheduler: with G = 1024 a full trial spends about 3 s on its batches against about 0.6 s for
+// the rest; with --global-batch 64 about 0.1 s, and both searches then take the time of starting
+// 64 trials whatever they compute.
 // Then the decision: a log of N simulated trials' events is written, and a worker's "what next?"
 // (the log's lock, reading and replaying every event, the decision) is timed, median of 20 (goal
 // <= 10 ms at 1 000 trials).
@@ -169,19 +170,25 @@ Reached random_compute(const std::string& experiment, int trials, double target)
   return out;
 }
 
-// The seconds a trial spent in train_batch (its last timings record), summed over the trials.
-double training_seconds(const std::string& experiment, int trials) {
-  double total = 0;
+// The seconds the trials spent on their batches, summed over the trials (each one's last timings
+// record): loading them (dataloader_next) and training on them (train_batch).
+struct Training {
+  double loading = 0, stepping = 0;
+};
+Training training_seconds(const std::string& experiment, int trials) {
+  Training total;
   for (int t = 0; t < trials; ++t) {
     std::ifstream in(experiment + "/trial-" + std::to_string(t) + "/metrics.jsonl");
-    double last = 0;
+    Training last;
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line);
-      if (j.value("kind", "") == "timings" && j["timings"].contains("train_batch")) {
-        last = j["timings"]["train_batch"]["total_s"].get<double>();
-      }
+      if (j.value("kind", "") != "timings") continue;
+      const auto& timings = j["timings"];
+      if (timings.contains("train_batch")) last.stepping = timings["train_batch"]["total_s"].get<double>();
+      if (timings.contains("dataloader_next")) last.loading = timings["dataloader_next"]["total_s"].get<double>();
     }
-    total += last;
+    total.loading += last.loading;
+    total.stepping += last.stepping;
   }
   return total;
 }
@@ -295,10 +302,12 @@ std::pair<double, double> compare(const Options& o, int seed, const std::string&
               "batches to random's best", "batches in all", "s to random's best");
   std::printf("%-14s %12.4f %10.1f %22lld %16lld %20.1f\n", "random", random_best, random_run.seconds,
               static_cast<long long>(random.batches), static_cast<long long>(o.trials) * o.batches, random_wall);
-  const double per_trial = random_run.seconds / o.trials,
-               training = training_seconds(o.dir + "/random" + tag, o.trials) / o.trials;
-  std::printf("a random trial: %.2f s of wall time, %.2f s of it in train_batch (%.2f s to start and end it)\n",
-              per_trial, training, per_trial - training);
+  const double per_trial = random_run.seconds / o.trials;
+  const Training training = training_seconds(o.dir + "/random" + tag, o.trials);
+  const double loading = training.loading / o.trials, stepping = training.stepping / o.trials;
+  std::printf("a random trial: %.2f s of wall time, %.2f s of it on its batches (%.2f s loading them, %.2f s in "
+              "train_batch), %.2f s the rest (starting and ending it, validation)\n",
+              per_trial, loading + stepping, loading, stepping, per_trial - loading - stepping);
   std::printf("%-14s %12.4f %10.1f %22s %16lld %20s\n", "adaptive_asha", asha.best, asha_run.seconds,
               asha.batches < 0 ? "not reached" : std::to_string(asha.batches).c_str(),
               static_cast<long long>(total_batches(o.dir + "/asha" + tag, o.trials)),
