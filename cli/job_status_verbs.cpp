@@ -25,6 +25,7 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/json_file.h"
+#include "hpctrial/core/logging.h"
 #include "hpctrial/core/search.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/launcher/schedulers.h"
@@ -62,16 +63,27 @@ struct JobRow {
   std::string checkpoint;  // the file `latest` names; empty: none
 };
 
-// This user's jobs from each scheduler in `asked` (only hpctrial's unless `all`); the names of
-// those that could not be asked go to `unanswered`, each reported on stderr.
-std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& asked, bool all, const std::string& queue,
+// What `hpctrial jobs` lists: whose jobs, which of them, and of which queue.
+struct JobFilter {
+  core::JobOwners owners = core::JobOwners::kMine;
+  bool all = false;   // jobs that are not hpctrial's too
+  std::string queue;  // empty: every partition or queue
+};
+
+// The jobs from each scheduler in `asked` that `filter` keeps; the names of those that could not
+// be asked go to `unanswered`, each reported on stderr.
+std::vector<JobRow> user_job_rows(const std::vector<const core::Scheduler*>& asked, const JobFilter& filter,
                                   std::vector<std::string>& unanswered) {
   std::vector<JobRow> rows;
   for (const core::Scheduler* scheduler : asked) {
     try {
-      for (const core::JobStatus& job : scheduler->user_jobs()) {
+      for (const core::JobStatus& job : scheduler->user_jobs(filter.owners)) {
         JobRow row{scheduler->name(), job, core::experiment_of_output(job.output), std::nullopt, ""};
-        if ((row.experiment.empty() && !all) || (!queue.empty() && job.queue != queue)) continue;
+        if ((row.experiment.empty() && !filter.all) || (!filter.queue.empty() && job.queue != filter.queue)) continue;
+        if (row.experiment.empty()) {  // not hpctrial's: no trial to speak of
+          row.job.trial = -1;
+          row.job.tasks.clear();
+        }
         if (!row.experiment.empty() && job.trial >= 0) {
           const core::ExperimentLayout layout{row.experiment};
           const std::string batches = batches_text(layout, job.trial, job.state == core::JobState::kRunning);
@@ -94,6 +106,7 @@ void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::str
     jobs.push_back({{"scheduler", r.scheduler},
                     {"id", r.job.id},
                     {"name", r.job.name},
+                    {"user", text_or_null(r.job.user)},
                     {"state", core::to_string(r.job.state)},
                     {"native_state", r.job.native_state},
                     {"held", r.job.held()},
@@ -112,10 +125,12 @@ void print_jobs_json(const std::vector<JobRow>& rows, const std::vector<std::str
   std::cout << nlohmann::json{{"jobs", jobs}, {"unanswered", unanswered}}.dump(2) << "\n";
 }
 
-void print_jobs_table(const std::vector<JobRow>& jobs) {
+// The table; with a USER column when it lists every user's jobs.
+void print_jobs_table(const std::vector<JobRow>& jobs, bool users) {
   std::vector<std::vector<std::string>> rows = {
       {"JOB", "NAME", "STATE", "PRIORITY", "QUEUE", "SLOTS", "RESTARTS", "ELAPSED", "TRIAL", "BATCHES", "CHECKPOINT",
        "EXPERIMENT"}};
+  if (users) rows.front().insert(rows.front().begin() + 1, "USER");
   for (const JobRow& r : jobs) {
     const core::JobStatus& job = r.job;
     const std::string slots =
@@ -126,6 +141,7 @@ void print_jobs_table(const std::vector<JobRow>& jobs) {
                     job.trial >= 0 ? std::to_string(job.trial) : job.tasks.empty() ? "-" : job.tasks,
                     r.batches ? std::to_string(*r.batches) : "-", r.checkpoint.empty() ? "-" : r.checkpoint,
                     r.experiment.empty() ? "-" : r.experiment});
+    if (users) rows.back().insert(rows.back().begin() + 1, job.user.empty() ? "-" : job.user);
   }
   std::vector<std::size_t> widths(rows.front().size(), 0);
   for (const auto& row : rows) {
@@ -135,9 +151,11 @@ void print_jobs_table(const std::vector<JobRow>& jobs) {
 }
 
 int run_jobs(const std::vector<std::string>& args) {
-  bool all = false, json = false;
-  std::string only, queue;
-  VerbArgs command_line(R"(usage: hpctrial jobs [--all] [--scheduler slurm|pbs] [--partition P | --queue Q] [--json]
+  bool json = false, all_users = false, verbose = false;
+  JobFilter filter;
+  std::string only;
+  VerbArgs command_line(R"(usage: hpctrial jobs [--all] [--all-users] [--scheduler slurm|pbs] [--partition P | --queue Q]
+                     [--json] [--verbose]
 
 Lists your hpctrial batch jobs that Slurm or PBS still knows (pending, running, or recently
 ended), one line per task of a job array: the scheduler's state, priority (pending jobs start
@@ -146,14 +164,22 @@ experiment directories say: batches trained and the latest checkpoint. `hpctrial
 changes a waiting job's place. A scheduler that cannot be asked is reported on stderr, the
 others' jobs are still listed, and the exit status is 1: the list is incomplete. --json prints
 one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be asked]}.
+--all-users lists every user's hpctrial jobs (with --all, every job), with a USER column; another
+user's experiment directory is private, so its batches and checkpoint show as "-".
+--verbose says on stderr how each scheduler was asked (Slurm: `squeue --json`, or the text of
+`scontrol show job` where squeue has no --json).
 )" "\n");
   command_line.add_options()
-      ("all,a", po::bool_switch(&all), "also list this user's jobs that are not hpctrial's")
+      ("all,a", po::bool_switch(&filter.all), "also list the jobs that are not hpctrial's")
+      ("all-users", po::bool_switch(&all_users), "every user's jobs, not only yours (a USER column)")
       ("scheduler", po::value(&only)->value_name("NAME"), "ask only this scheduler (default: every one on PATH)")
-      ("partition,p", po::value(&queue)->value_name("P"), "only the jobs of this Slurm partition")
-      ("queue,q", po::value(&queue)->value_name("Q"), "only the jobs of this PBS queue")
-      ("json", po::bool_switch(&json), "print JSON instead of a table");
+      ("partition,p", po::value(&filter.queue)->value_name("P"), "only the jobs of this Slurm partition")
+      ("queue,q", po::value(&filter.queue)->value_name("Q"), "only the jobs of this PBS queue")
+      ("json", po::bool_switch(&json), "print JSON instead of a table")
+      ("verbose,v", po::bool_switch(&verbose), "say how each scheduler was asked");
   if (!command_line.parse(args)) return kExitOk;
+  if (verbose) core::set_log_level(core::LogLevel::kDebug);
+  if (all_users) filter.owners = core::JobOwners::kEveryone;
   // The schedulers this machine has (or the one named).
   std::vector<const core::Scheduler*> here;
   for (const core::Scheduler* scheduler : launcher::schedulers()) {
@@ -166,7 +192,7 @@ one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be a
   }
   if (here.empty()) throw SchedulerError("no batch scheduler's commands are on PATH (hpctrial knows Slurm and PBS)");
   std::vector<std::string> unanswered;  // schedulers that could not be asked
-  const std::vector<JobRow> rows = user_job_rows(here, all, queue, unanswered);
+  const std::vector<JobRow> rows = user_job_rows(here, filter, unanswered);
   if (unanswered.size() == here.size()) {
     throw SchedulerError("no scheduler on this machine could be asked for jobs (above); try again, or check that "
                          "its controller is up");
@@ -182,7 +208,7 @@ one JSON document: {"jobs": [...], "unanswered": [schedulers that could not be a
               << " (the scheduler forgets a job some time after it ends; `hpctrial describe EXPDIR` still tells its "
                  "story)\n";
   } else {
-    print_jobs_table(rows);
+    print_jobs_table(rows, all_users);
   }
   return code;
 }

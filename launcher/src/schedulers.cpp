@@ -29,7 +29,7 @@ class LocalScheduler final : public core::Scheduler {
     return std::to_string(trials) + " trials, one after the other";
   }
   std::optional<core::JobStatus> job(const std::string&) const override { return std::nullopt; }
-  std::vector<core::JobStatus> user_jobs() const override { return {}; }
+  std::vector<core::JobStatus> user_jobs(core::JobOwners) const override { return {}; }
   std::vector<core::JobStatus> trial_jobs(const core::ExperimentLayout&, int, int) const override { return {}; }
   std::vector<core::StopStep> stop(const core::JobTarget&, core::StopMode) const override { throw no_jobs(); }
   std::vector<std::string> activate(const core::JobTarget&) const override { throw no_jobs(); }

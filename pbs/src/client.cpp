@@ -292,31 +292,37 @@ std::vector<std::string> Client::queued_in_order(const std::string& user, const 
 }
 
 std::vector<JobInfo> Client::user_jobs(const std::string& user, std::time_t since) const {
-  // qstat refuses -u beside -f ("conflicting options"): qselect names the user's jobs, and qstat
-  // describes them.
+  // qstat refuses -u beside -f ("conflicting options"): qselect names the jobs, and qstat
+  // describes them. No user: every user's.
   std::vector<std::string> ids;
+  const std::vector<std::string> whose = user.empty() ? std::vector<std::string>{} : std::vector<std::string>{"-u", user};
   const auto add = [&](const std::string& text) {
     std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);) {
       line = core::trim(line);
       if (line.empty()) continue;
-      if (!is_valid_job_id(line)) throw SchedulerError("qselect -u " + user + " printed \"" + line + "\", not a job id");
+      if (!is_valid_job_id(line)) throw SchedulerError("qselect printed \"" + line + "\", not a job id");
       if (std::find(ids.begin(), ids.end(), line) == ids.end()) ids.push_back(line);
     }
   };
-  add(checked({"qselect", "-u", user}).out);
+  std::vector<std::string> live{"qselect"};
+  live.insert(live.end(), whose.begin(), whose.end());
+  add(checked(live).out);
   std::tm local{};
   ::localtime_r(&since, &local);
   char when[32];
   std::strftime(when, sizeof when, "%Y%m%d%H%M", &local);
   // Ended ones too, where the server keeps job history (a server without fails this).
-  const core::RunResult ended = run_({"qselect", "-x", "-u", user, std::string("-tm.gt.") + when}, {});
+  std::vector<std::string> ended_argv{"qselect", "-x"};
+  ended_argv.insert(ended_argv.end(), whose.begin(), whose.end());
+  ended_argv.push_back(std::string("-tm.gt.") + when);
+  const core::RunResult ended = run_(ended_argv, {});
   if (ended.ok()) add(ended.out);
-  std::vector<JobInfo> mine;
+  std::vector<JobInfo> listed;
   for (JobInfo& job : jobs(ids)) {
-    if (job.owner.substr(0, job.owner.find('@')) == user) mine.push_back(std::move(job));
+    if (user.empty() || job.owner.substr(0, job.owner.find('@')) == user) listed.push_back(std::move(job));
   }
-  return mine;
+  return listed;
 }
 
 }  // namespace hpctrial::pbs

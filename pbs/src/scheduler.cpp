@@ -96,6 +96,7 @@ core::JobStatus status_of(const JobInfo& job, const std::string& experiment_dir)
   core::JobStatus s;
   s.id = job.id;
   s.name = job.name;
+  s.user = job.owner.substr(0, job.owner.find('@'));
   s.state = job_state(job);
   s.native_state = job.state;
   s.trial = trial_of(job, experiment_dir);
@@ -189,11 +190,12 @@ std::optional<core::JobStatus> Scheduler::job(const std::string& id) const {
   return status_of(*job, core::experiment_of_output(job->output_path));
 }
 
-std::vector<core::JobStatus> Scheduler::user_jobs() const {
+std::vector<core::JobStatus> Scheduler::user_jobs(core::JobOwners owners) const {
   std::vector<core::JobStatus> jobs;
   // Those that ended within a day, as Slurm keeps a job a while after it ended.
   const std::time_t day_ago = std::time(nullptr) - 24 * 3600;
-  for (const JobInfo& job : client_.user_jobs(user_name(), day_ago)) {
+  const std::string user = owners == core::JobOwners::kMine ? user_name() : "";
+  for (const JobInfo& job : client_.user_jobs(user, day_ago)) {
     if (!job.active() && job.state != "F" && job.state != "X") continue;
     if (job.id.find("[]") != std::string::npos) continue;  // an array job: its subjobs are listed
     jobs.push_back(status_of(job, core::experiment_of_output(job.output_path)));

@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/core/shell_quote.h"
 #include "hpctrial/core/text.h"
 #include "hpctrial/slurm/job_environment.h"
 
@@ -60,6 +62,7 @@ JobInfo parse_job_line(const std::string& line) {
   j.submit_time = field("SubmitTime");
   j.start_time = field("StartTime");
   j.node_list = field("NodeList");
+  j.batch_host = field("BatchHost");
   j.partition = field("Partition");
   j.excluded_nodes = field("ExcNodeList");
   if (j.excluded_nodes == "(null)") j.excluded_nodes.clear();
@@ -69,7 +72,10 @@ JobInfo parse_job_line(const std::string& line) {
   // "UserId=alice(1000)": the number
   const std::string user = field("UserId");
   const std::size_t open = user.find('(');
-  if (open != std::string::npos) j.user_id = user.substr(open + 1, user.find(')', open) - open - 1);
+  if (open != std::string::npos) {
+    j.user_id = user.substr(open + 1, user.find(')', open) - open - 1);
+    j.user_name = user.substr(0, open);
+  }
   j.priority = field("Priority");
   j.nice = field("Nice");
   try {
@@ -198,12 +204,50 @@ std::optional<JobInfo> Client::job(const std::string& id) const {
   return std::move(tasks.front());
 }
 
-std::vector<JobInfo> Client::user_jobs() const {
-  // `scontrol show job` lists every job the controller still holds; keep this user's.
-  const core::RunResult r = checked({"scontrol", "-o", "show", "job"});
+namespace {
+
+// squeue answered that it cannot print JSON here: too old for --json, or its serializer plugin
+// is not installed. Any other failure (the controller down) is an error of its own.
+bool json_unsupported(const core::RunResult& r) {
+  for (const char* words : {"--json", "unrecognized option", "invalid option", "serializer", "data_parser", "plugin"}) {
+    if (r.err.find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
+std::string first_line(const std::string& text) { return core::trim(text.substr(0, text.find('\n'))); }
+
+}  // namespace
+
+std::vector<JobInfo> Client::user_jobs(core::JobOwners owners) const {
+  const bool everyone = owners == core::JobOwners::kEveryone;
+  std::vector<JobInfo> listed;
+  if (json_ != false) {
+    std::vector<std::string> argv{"squeue", "--json", "--states=all"};
+    if (!everyone) argv.push_back("--me");
+    const core::RunResult r = run_(argv, {});
+    if (r.ok()) {
+      json_ = true;
+      listed = parse_jobs_json(r.out, core::shell_join(argv), std::time(nullptr));
+      core::log_debug("slurm: {} job(s) from `{}`", listed.size(), core::shell_join(argv));
+    } else if (json_unsupported(r)) {
+      json_ = false;
+      core::log_debug("slurm: `{}` cannot print JSON here ({}); reading `scontrol -o show job` instead",
+                      core::shell_join(argv), first_line(r.err));
+    } else {
+      throw SchedulerError(r.describe());
+    }
+  }
+  if (json_ == false) {
+    const core::RunResult r = checked({"scontrol", "-o", "show", "job"});
+    listed = parse_job_lines(r.out, "scontrol -o show job");
+    core::log_debug("slurm: {} job(s) from `scontrol -o show job` (text)", listed.size());
+  }
+  if (everyone) return listed;
+  // `scontrol show job`, and 22.05's squeue with --json, list every user's jobs: keep this user's.
   std::vector<JobInfo> jobs;
   const std::string uid = std::to_string(::getuid());
-  for (JobInfo& j : parse_job_lines(r.out, "scontrol -o show job")) {
+  for (JobInfo& j : listed) {
     if (j.user_id == uid) jobs.push_back(std::move(j));
   }
   return jobs;

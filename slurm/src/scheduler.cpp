@@ -45,6 +45,7 @@ core::JobStatus status_of(const JobInfo& job) {
   core::JobStatus s;
   s.id = job.display_id();
   s.name = job.name;
+  s.user = job.user_name;
   s.state = job_state(job);
   s.native_state = job.state;
   if (is_worker(job)) {
@@ -167,9 +168,9 @@ std::optional<core::JobStatus> Scheduler::job(const std::string& id) const {
   return status_of(tasks.front());
 }
 
-std::vector<core::JobStatus> Scheduler::user_jobs() const {
+std::vector<core::JobStatus> Scheduler::user_jobs(core::JobOwners owners) const {
   std::vector<core::JobStatus> jobs;
-  for (const JobInfo& job : client_.user_jobs()) jobs.push_back(status_of(job));
+  for (const JobInfo& job : client_.user_jobs(owners)) jobs.push_back(status_of(job));
   return jobs;
 }
 

@@ -249,6 +249,22 @@ TEST_F(PbsServer, JobUpdateChangesAQueuedJobsPriorityQueueAndPlace) {
     EXPECT_EQ(job["state"], "queued");
   }
   EXPECT_TRUE(seen) << r.out;
+
+  // Every user's jobs, as another user (root) lists them: the owner's, each with its user.
+  const auto everyone =
+      run_as({HPCTRIAL_CLI, "jobs", "--all", "--all-users", "--scheduler", "pbs", "--json"}, 60s, false);
+  ASSERT_TRUE(everyone.ok()) << everyone.describe() << everyone.err;
+  int theirs = 0;
+  const auto answer = nlohmann::json::parse(everyone.out);
+  for (const auto& job : answer["jobs"]) {
+    if (job["id"] != first && job["id"] != second && job["id"] != blocker) continue;
+    ++theirs;
+    EXPECT_EQ(job["user"], "pbsuser");
+  }
+  EXPECT_EQ(theirs, 3) << everyone.out;
+  const auto mine = run_as({HPCTRIAL_CLI, "jobs", "--all", "--scheduler", "pbs", "--json"}, 60s, false);
+  ASSERT_TRUE(mine.ok()) << mine.describe() << mine.err;
+  EXPECT_THAT(mine.out, testing::Not(HasSubstr(second))) << "root's own jobs only";
 }
 
 // kill of a running job: qdel -W with the grace (the queue's kill_delay is 10 s); the login

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,54 @@ TEST_F(SlurmQueue, AUserLowersAPriorityMovesAPartitionAndIsRefusedTheRestWithSlu
                                "changes; release it first"));
   EXPECT_EQ(field(held, "Reason"), "JobHeldUser");
   EXPECT_EQ(field(held, "Nice"), "0");
+}
+
+// `hpctrial jobs` asks `squeue --json` (Slurm 22.05 prints every user's jobs whatever the filter,
+// so the user's are picked out) and lists every user's with --all-users, each with its user.
+TEST_F(SlurmQueue, JobsListsTheUsersOwnOrEveryUsersFromSqueuesJson) {
+  const std::string mine = waiting_job();
+  core::RunOptions options;
+  options.timeout = 60s;
+  options.working_dir = "/tmp";
+  const auto submitted = core::run_process({"sbatch", "--parsable", "--begin=now+1hour", "--partition=debug",
+                                            "--output=/dev/null", "--job-name=theirs", "--wrap", "sleep 1"},
+                                           options);
+  ASSERT_TRUE(submitted.ok()) << submitted.describe() << submitted.err;
+  const std::string theirs = core::trim(submitted.out);
+  struct Cancel {
+    std::string job;
+    ~Cancel() { core::run_process({"scancel", job}); }
+  } cancel{theirs};
+
+  auto r = user({HPCTRIAL_CLI, "jobs", "--all", "--scheduler", "slurm", "--verbose"});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  EXPECT_THAT(r.err, HasSubstr("job(s) from `squeue --json --states=all --me`"));
+  EXPECT_THAT(r.out, testing::ContainsRegex("\n" + mine + " +wrap +PENDING "));
+  EXPECT_THAT(r.out, testing::Not(HasSubstr("theirs"))) << "another user's job";
+
+  r = user({HPCTRIAL_CLI, "jobs", "--all", "--all-users", "--scheduler", "slurm", "--json"});
+  ASSERT_TRUE(r.ok()) << r.describe() << r.err;
+  const auto answer = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> listed;
+  for (const auto& job : answer["jobs"]) listed[job["id"].get<std::string>()] = job;
+  ASSERT_EQ(listed.count(mine), 1u) << r.out;
+  ASSERT_EQ(listed.count(theirs), 1u) << r.out;
+  EXPECT_EQ(listed[mine]["user"], kUser);
+  EXPECT_EQ(listed[theirs]["user"], "root");
+  EXPECT_EQ(listed[theirs]["name"], "theirs");
+  // As `scontrol show job` says.
+  for (const std::string& job : {mine, theirs}) {
+    EXPECT_EQ(listed[job]["native_state"], field(job, "JobState"));
+    EXPECT_EQ(listed[job]["priority"], field(job, "Priority"));
+    EXPECT_EQ(listed[job]["elapsed"], field(job, "RunTime"));
+    EXPECT_EQ(listed[job]["queue"], field(job, "Partition"));
+  }
+  r = user({HPCTRIAL_CLI, "jobs", "--all", "--all-users", "--scheduler", "slurm"});
+  ASSERT_TRUE(r.ok()) << r.err;
+  EXPECT_THAT(r.out, testing::StartsWith("JOB "));
+  EXPECT_THAT(r.out, testing::ContainsRegex("^JOB +USER +NAME +STATE "));
+  EXPECT_THAT(r.out, testing::ContainsRegex("\n" + theirs + " +root +theirs +PENDING "));
+  EXPECT_THAT(r.out, testing::ContainsRegex("\n" + mine + " +" + kUser + " +wrap +PENDING "));
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ std::string experiment_of_output(const std::string& output_file) {
   if (output_file.empty()) return "";
   const fs::path dir = fs::path(output_file).parent_path();
   const ExperimentLayout layout{dir.string()};
-  return fs::exists(layout.state()) && fs::exists(layout.config()) ? layout.dir : "";
+  std::error_code ec;  // another user's private directory: not one this user can read
+  return fs::exists(layout.state(), ec) && fs::exists(layout.config(), ec) ? layout.dir : "";
 }
 
 bool output_in_experiment(const std::string& output_file, const std::string& experiment_dir) {

@@ -255,6 +255,19 @@ TEST(PbsClient, ListsAnArraysSubjobsAndTheUsersJobs) {
   EXPECT_THAT(pbs.calls.back().argv, ElementsAre("qstat", "-f", "-x", "1240.pbs1"));
   pbs.answers["qselect -u dave"] = answer(0, "1236.pbs1; rm -rf /\n");
   EXPECT_THROW(client.user_jobs("dave", since), SchedulerError);
+  // No user: every user's jobs, bob's too ("qselect" answers every qselect: the fake matches by
+  // prefix).
+  pbs.answers.clear();
+  pbs.answers["qselect"] = answer(0, "1238.pbs1\n1236.pbs1\n");
+  pbs.answers["qstat -f -x 1238.pbs1 1236.pbs1"] =
+      answer(0, kText + "\nJob Id: 1238.pbs1\n    Job_Owner = bob@login1\n    job_state = R\n");
+  pbs.calls.clear();
+  const auto everyone = client.user_jobs("", since);
+  ASSERT_EQ(everyone.size(), 3u);  // the array job 1237[] too, as qstat described it
+  EXPECT_EQ(everyone[0].owner, "alice@login1");
+  EXPECT_EQ(everyone[2].owner, "bob@login1");
+  EXPECT_THAT(pbs.calls[0].argv, ElementsAre("qselect"));
+  EXPECT_THAT(pbs.calls[1].argv, ElementsAre("qselect", "-x", ended));
 
   // More jobs than qstat may name (a connection and a reserved port each): every job on one
   // connection, then those asked for, an array's subjobs with it.

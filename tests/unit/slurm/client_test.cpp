@@ -107,17 +107,6 @@ TEST(SlurmClient, ListsEveryTaskOfAnArrayAndForgetsGracefully) {
   EXPECT_THROW(c.job_tasks("10"), SchedulerError);
 }
 
-TEST(SlurmClient, UserJobsAreThisUsersOnly) {
-  FakeSlurm fake;
-  const std::string me = std::to_string(::getuid());
-  const std::string mine = "JobId=5 JobName=a UserId=me(" + me + ") JobState=RUNNING Restarts=0";
-  const std::string theirs = "JobId=6 JobName=b UserId=other(" + std::to_string(::getuid() + 1) + ") JobState=RUNNING";
-  fake.answers["scontrol -o show job"] = FakeSlurm::said(mine + "\n" + theirs + "\n");
-  const auto jobs = fake.client().user_jobs();
-  ASSERT_EQ(jobs.size(), 1u);
-  EXPECT_EQ(jobs[0].id, "5");
-}
-
 TEST(SlurmClient, RunsTheVerbsByArgvWithSecretsOnlyInTheEnvironment) {
   FakeSlurm fake;
   fake.answers["sbatch --parsable --export=ALL /e/job.sbatch"] = FakeSlurm::said("77;cluster\n");

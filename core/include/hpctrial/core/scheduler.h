@@ -34,6 +34,7 @@ const char* to_string(JobState state);  // "queued", "held", ...
 struct JobStatus {
   std::string id;            // as users name it: "1234", "1234_3", "1234[3].srv"
   std::string name;
+  std::string user;          // who submitted it; empty where the scheduler does not say
   JobState state = JobState::kEnded;
   std::string native_state;  // the scheduler's own word: "RUNNING", "R"
   int trial = -1;            // the trial it runs; -1: unknown, or a set of tasks not started yet
@@ -53,6 +54,9 @@ struct JobStatus {
   bool live() const { return state != JobState::kEnded; }
   bool held() const { return state == JobState::kHeld; }
 };
+
+// Whose jobs a listing shows: the user's own (`hpctrial jobs`) or every user's (--all-users).
+enum class JobOwners { kMine, kEveryone };
 
 struct ScriptOptions {
   std::string experiment_dir;  // absolute
@@ -172,8 +176,8 @@ class Scheduler {
 
   // One job as the scheduler knows it; nullopt once it has forgotten the job.
   virtual std::optional<JobStatus> job(const std::string& id) const = 0;
-  // This user's jobs the scheduler still knows, one per task of an array.
-  virtual std::vector<JobStatus> user_jobs() const = 0;
+  // The jobs the scheduler still knows of this user (or of every user), one per task of an array.
+  virtual std::vector<JobStatus> user_jobs(JobOwners owners) const = 0;
   // The jobs that ran or run `trial` of the experiment, oldest first (a resumed trial may have
   // had several), as the scheduler knows them now; a forgotten job has state kEnded and only its
   // id and output file.

@@ -90,8 +90,8 @@ class Client {
   // More than kJobsByName ids: one `qstat -f -x` of every job the server has, those kept.
   std::vector<JobInfo> jobs(const std::vector<std::string>& ids) const;
   static constexpr std::size_t kJobsByName = 32;
-  // This user's jobs that PBS still knows: queued, held and running (`qselect -u USER`; qstat
-  // refuses -u beside -f), and where the server keeps history those changed since `since`
+  // USER's jobs (every user's when USER is empty) that PBS still knows: queued, held and
+  // running (`qselect -u USER`; qstat refuses -u beside -f), and where the server keeps history those changed since `since`
   // (`qselect -x -u USER -tm.gt.TIME`: a history of weeks holds hundreds of jobs, and qstat
   // asks for each on a connection of its own), then jobs() of those.
   std::vector<JobInfo> user_jobs(const std::string& user, std::time_t since) const;

@@ -31,7 +31,7 @@ class Scheduler final : public core::Scheduler {
   std::vector<core::JobStatus> live_jobs(const core::ExperimentLayout& layout) const override;
   std::string describe_search(int trials, int concurrent) const override;
   std::optional<core::JobStatus> job(const std::string& id) const override;
-  std::vector<core::JobStatus> user_jobs() const override;
+  std::vector<core::JobStatus> user_jobs(core::JobOwners owners) const override;
   std::vector<core::JobStatus> trial_jobs(const core::ExperimentLayout& layout, int trial, int trials) const override;
   std::vector<core::StopStep> stop(const core::JobTarget& target, core::StopMode mode) const override;
   std::vector<std::string> update_job(const core::JobUpdate& update) const override;

@@ -3,17 +3,19 @@
 #pragma once
 
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "hpctrial/core/scheduler.h"
 #include "hpctrial/core/subprocess.h"
 
 namespace hpctrial::slurm {
 
-// What `scontrol show job` says of a job.
+// What `squeue --json` or `scontrol show job` says of a job.
 struct JobInfo {
   std::string id;
   std::string name;
@@ -27,10 +29,12 @@ struct JobInfo {
   std::string submit_time;  // as Slurm prints it, e.g. 2026-11-22T15:36:20
   std::string start_time;
   std::string node_list;
+  std::string batch_host;      // where the batch script runs; empty until it starts
   std::string excluded_nodes;  // ExcNodeList, "(null)" made empty
   std::string partition;       // "debug", or "a,b" for a job that may run in either
   std::string work_dir;
-  std::string user_id;  // numeric
+  std::string user_id;    // numeric
+  std::string user_name;  // "alice"
   std::string priority;  // Priority: higher starts first; 0 while held
   std::string nice;      // Nice: subtracted from the priority
   int num_tasks = 0;     // NumTasks: the ranks it asks for
@@ -45,6 +49,17 @@ struct JobInfo {
 
 // Parses one line of `scontrol -o show job` (KEY=VALUE fields, separated by blanks).
 JobInfo parse_job_line(const std::string& line);
+
+// Reads what `command` (`squeue --json`) printed: Slurm's OpenAPI job records, as 22.05 writes
+// them (v0.0.38) and as later versions do (numbers as {"set", "infinite", "number"}, job_state a
+// list). RunTime (as of `now`), ExitCode and the output files are computed as `scontrol show job`
+// shows them. SchedulerError naming the command when it printed something else.
+std::vector<JobInfo> parse_jobs_json(const std::string& text, const std::string& command, std::time_t now);
+
+// An output path as slurmd names the file: %% %A %a %J %j %N %n %s %t %u %x, each with an
+// optional width ("%5j": zero-padded). %N stays as written until the job has a batch host, and
+// any other letter as Slurm leaves it.
+std::string expand_output_pattern(const std::string& pattern, const JobInfo& job);
 
 class Client {
  public:
@@ -82,13 +97,20 @@ class Client {
   std::optional<JobInfo> job(const std::string& id) const;
   // Every task of a job array (one element for a plain job); empty once Slurm forgot the job.
   std::vector<JobInfo> job_tasks(const std::string& id) const;
-  // This user's jobs that Slurm still knows (squeue's view: pending, running, just ended),
-  // each with its `scontrol show job` fields.
-  std::vector<JobInfo> user_jobs() const;
+  // The jobs Slurm still knows (pending, running, just ended) of this user or of every user:
+  // from `squeue --json --states=all [--me]`, or from `scontrol -o show job` where squeue has no
+  // --json (before 21.08, or without its serializer plugin). Slurm 22.05 ignores squeue's filters
+  // with --json, so the user's are picked here too. A single job is asked with `scontrol -o show
+  // job ID` (job_tasks): the controller looks it up alone, where 22.05's squeue --json would
+  // print the whole cluster's queue.
+  std::vector<JobInfo> user_jobs(core::JobOwners owners) const;
+  // Whether the last user_jobs read JSON: nullopt before it asked.
+  std::optional<bool> reads_json() const { return json_; }
 
  private:
   core::RunResult checked(const std::vector<std::string>& argv, const core::RunOptions& options = {}) const;
   core::CommandRunner run_;
+  mutable std::optional<bool> json_;  // whether `squeue --json` works here, once known
 };
 
 }  // namespace hpctrial::slurm
