@@ -80,27 +80,8 @@ Target experiment_target(const std::string& what) {
   return t;
 }
 
-// A trial's hyperparameters: nested ones as dotted names, a constant list or map as its YAML.
-std::vector<std::pair<std::string, std::string>> hparam_values(const core::ExperimentConfig& resolved) {
-  std::vector<std::pair<std::string, std::string>> values;
-  std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
-      [&](const auto& hps, const std::string& prefix) {
-        for (const auto& [name, hp] : hps) {
-          if (hp.type == core::Hyperparameter::Type::kNested) {
-            list(hp.nested, prefix + name + ".");
-          } else {
-            values.emplace_back(prefix + name, hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
-          }
-        }
-      };
-  list(resolved.hyperparameters, "");
-  return values;
-}
-
-std::string hparams_text(const core::ExperimentConfig& resolved) {
-  std::string text;
-  for (const auto& [name, value] : hparam_values(resolved)) text += (text.empty() ? "" : ", ") + name + "=" + value;
-  return text;
+std::string state_text(const core::JobStatus& job) {
+  return (job.native_state.empty() ? core::to_string(job.state) : job.native_state) + (job.held() ? " (held)" : "");
 }
 
 namespace {

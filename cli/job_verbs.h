@@ -34,10 +34,7 @@ std::string target_argument(const std::vector<std::string>& args, const char* ve
 // holding experiment.yaml). SchedulerError or ConfigError saying what was found instead.
 Target experiment_target(const std::string& what);
 
-// A trial's hyperparameters, (name, value) in the config's order: nested ones by dotted names,
-// a constant list or map as its YAML (its resolved config's values).
-std::vector<std::pair<std::string, std::string>> hparam_values(const core::ExperimentConfig& resolved);
-// The same as "lr=0.1, layers.hidden=64".
-std::string hparams_text(const core::ExperimentConfig& resolved);
+// A job's state as the scheduler writes it, and whether it is held: "PENDING (held)".
+std::string state_text(const core::JobStatus& job);
 
 }  // namespace hpctrial::cli

@@ -15,8 +15,8 @@
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/search.h"
+#include "hpctrial/view/ranking.h"
 #include "job_verbs.h"
-#include "ranking.h"
 #include "verb.h"
 
 namespace po = boost::program_options;
@@ -94,7 +94,7 @@ std::vector<std::string> choose_metrics(const std::vector<TrialMetrics>& trials,
 // "trial N: lr=0.1, ...": the hyperparameters that tell the trials apart (all of one trial's).
 std::vector<std::string> legend(const core::ExperimentConfig& config, const std::vector<int>& trials) {
   std::vector<std::vector<std::pair<std::string, std::string>>> values;
-  for (int trial : trials) values.push_back(hparam_values(core::trial_config(config, trial)));
+  for (int trial : trials) values.push_back(view::hparam_values(core::trial_config(config, trial)));
   std::vector<std::string> out;
   for (std::size_t i = 0; i < trials.size(); ++i) {
     std::string text;
@@ -111,7 +111,7 @@ std::vector<std::string> legend(const core::ExperimentConfig& config, const std:
 
 // Where the trial was resumed (each run after its first, from its first batch) and, in an adaptive
 // search, where the search stopped it (its last batch).
-std::vector<Mark> marks_of(const core::ExperimentLayout& layout, int trial, const std::map<int, SearchPlace>& places,
+std::vector<Mark> marks_of(const core::ExperimentLayout& layout, int trial, const std::map<int, view::SearchPlace>& places,
                            const TrialMetrics& values) {
   std::vector<Mark> marks;
   for (const core::TrialRun& run : core::trial_progress(layout, trial).runs) {
@@ -167,7 +167,7 @@ search stopped it. Works while the experiment runs.
   std::vector<TrialMetrics> values;
   for (int trial : trials) values.push_back(read_metrics(layout.trial(trial).metrics_file()));
   chart.legend = legend(config, trials);
-  const auto places = search_places(layout, config);
+  const auto places = view::search_places(layout, config);
   for (std::size_t i = 0; i < trials.size(); ++i) chart.marks.push_back(marks_of(layout, trials[i], places, values[i]));
   for (const auto& key : choose_metrics(values, metrics)) {
     Panel panel;

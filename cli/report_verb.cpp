@@ -1,8 +1,8 @@
 // hpctrial report EXPDIR: the experiment on one page - one self-contained HTML file (no script,
 // no server, nothing fetched), which opens from a shared filesystem or as a copied file: the
 // trials ranked, each trial's metrics as charts, its runs and failures, the search's rungs and
-// promotions, and the effective config. It renders describe's model (experiment_model.h), so
-// that the page and `describe --json` cannot disagree.
+// promotions, and the effective config. It renders the read model's JSON (hpctrial::view), as
+// `describe --json` prints it, so that the page and describe cannot disagree.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -21,7 +21,7 @@
 #include "hpctrial/core/files.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/text.h"
-#include "experiment_model.h"
+#include "hpctrial/view/experiment_view.h"
 #include "job_verbs.h"
 #include "verb.h"
 #include "verb_args.h"
@@ -232,7 +232,7 @@ failures, an adaptive search's rungs and promotions, and the effective config. I
   const core::ExperimentLayout layout{t.jobs.experiment_dir};
   const core::ExperimentConfig config = core::load_experiment_config({layout.config(), "", {}});
   std::ostringstream page;
-  render(page, layout, describe_model(t, layout, config), core::to_yaml(config));
+  render(page, layout, view::to_json(view::read_experiment(layout, config, t.scheduler)), core::to_yaml(config));
   if (output.empty()) output = layout.report();
   core::write_file_atomic(output, page.str());
   std::cout << "wrote " << output << "\n";

@@ -10,12 +10,13 @@
 #   - core/ in three floors: os/ < config/ (yaml-cpp private to it) < contract/; core names no
 #     scheduler's options (each scheduler declares its own);
 #   - the launcher uses no MPI C API, CUDA or NCCL; schedulers never LibTorch;
+#   - the read model (view/) asks a scheduler only through core::Scheduler, and runs no rank code;
 #   - nothing outside slurm/, pbs/ and the registry compares scheduler names;
 #   - one process spawner (core/src/os/subprocess.cpp) and one atomic publisher (core/src/os/files.cpp);
 #   - the experiment and trial directories' file and folder names spelled in one file
 #     (core/src/contract/layout.cpp: core::ExperimentLayout, core::TrialLayout);
 #   - MPI communicators are owned by comm::MpiComm, CUDA streams and events by comm's handles;
-#   - no product source file over 500 lines; no function over 80 in launcher/, core/, cli/, rank/,
+#   - no product source file over 500 lines; no function over 80 in launcher/, core/, cli/, rank/, view/,
 #     trainer/ and comm/.
 # usage: check_layering.sh SOURCE_DIR BUILD_DIR
 set -u
@@ -50,11 +51,15 @@ for scheduler in slurm pbs; do
 done
 
 # Sources: which headers each folder may include.
-if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard" "$src/search"; then
+if grep -rEn '#include <(mpi|cuda_runtime|nccl|torch/)' "$src/launcher" "$src/cli" "$src/slurm" "$src/pbs" "$src/core" "$src/tensorboard" "$src/search" "$src/view"; then
   fail "a host-side folder includes MPI, CUDA, NCCL or LibTorch"
 fi
 if grep -rEn '#include "hpctrial/(slurm|pbs|launcher)/' "$src/trainer" "$src/rank" "$src/comm" "$src/checkpoint" "$src/core"; then
   fail "rank-side code includes a scheduler or the launcher"
+fi
+# The read model reads what the others wrote: it asks a scheduler only through core::Scheduler.
+if grep -rEn '#include "hpctrial/(slurm|pbs|launcher|trainer|comm|rank)/' "$src/view"; then
+  fail "the read model (view/) includes a scheduler, the launcher or the rank side"
 fi
 if grep -rEn '#include <torch/|#include "hpctrial/trainer' "$src/rank"; then
   fail "the rank runtime (rank/) includes LibTorch or the trainer"
@@ -100,7 +105,7 @@ if grep -rEn '== *"(slurm|pbs)"|"(slurm|pbs)" *==|!= *"(slurm|pbs)"' \
   fail "a scheduler name is compared outside slurm/, pbs/ and launcher/src/schedulers.cpp"
 fi
 
-product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs search)
+product=(cli core comm launcher rank trainer checkpoint tensorboard slurm pbs search view)
 sources() { for d in "${product[@]}"; do find "$src/$d" -name '*.cpp' -o -name '*.h'; done; }
 # One way to start a process and one way to publish a file.
 if sources | xargs grep -En '::(fork|vfork|execv|execvp|execvpe|execve|posix_spawnp?)\(' | grep -v 'core/src/os/subprocess.cpp'; then
@@ -131,7 +136,7 @@ if sources | xargs grep -En '(cudaStream|cudaEvent)(Create|Destroy)' | grep -v '
   fail "a CUDA stream or event is made or destroyed outside comm/src/cuda_handles.h"
 fi
 # Top-level function bodies: at most 80 lines each, in the folders held to it so far.
-long=$(find "$src"/launcher "$src"/core "$src"/cli "$src"/rank "$src"/trainer "$src"/comm "$src"/search -name '*.cpp' -print0 |
+long=$(find "$src"/launcher "$src"/core "$src"/cli "$src"/rank "$src"/trainer "$src"/comm "$src"/search "$src"/view -name '*.cpp' -print0 |
        xargs -0 awk -v max=80 -f "$src/tests/layering/function_lengths.awk")
 [[ -n $long ]] && fail "functions over 80 lines (file:line: lines): $long"
 while read -r lines file; do

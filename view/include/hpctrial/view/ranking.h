@@ -1,19 +1,19 @@
-// An experiment's trials ranked by searcher.metric, for `hpctrial describe` (every searcher):
-// each trial's best validation, where it stands in an adaptive search, its best checkpoint and
-// the hyperparameters in which the trials differ.
+// An experiment's trials ranked by searcher.metric (every searcher): each trial's best
+// validation, where it stands in an adaptive search, its best checkpoint and the hyperparameters
+// in which the trials differ.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/core/experiment_config.h"
 #include "hpctrial/core/layout.h"
 
-namespace hpctrial::cli {
+namespace hpctrial::view {
 
 struct TrialStanding {
   int trial = 0;
@@ -35,6 +35,11 @@ std::map<int, SearchPlace> search_places(const core::ExperimentLayout& layout, c
 
 // The trials that have trained, best first (those without a validation last, by number).
 std::vector<TrialStanding> rank_trials(const core::ExperimentLayout& layout, const core::ExperimentConfig& config);
-void print_ranking(std::ostream& out, const std::vector<TrialStanding>& ranked, const core::ExperimentConfig& config);
 
-}  // namespace hpctrial::cli
+// A trial's hyperparameters, (name, value) in the config's order: nested ones by dotted names,
+// a constant list or map as its YAML (its resolved config's values).
+std::vector<std::pair<std::string, std::string>> hparam_values(const core::ExperimentConfig& resolved);
+// The same as "lr=0.1, layers.hidden=64".
+std::string hparams_text(const core::ExperimentConfig& resolved);
+
+}  // namespace hpctrial::view

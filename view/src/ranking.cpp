@@ -1,4 +1,5 @@
-#include "ranking.h"
+// The ranking of an experiment's trials and each one's hyperparameters, from its directory.
+#include "hpctrial/view/ranking.h"
 
 #include <nlohmann/json.hpp>
 
@@ -6,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -14,12 +16,12 @@
 #include "hpctrial/core/experiment_dir.h"
 #include "hpctrial/core/json_file.h"
 #include "hpctrial/core/search.h"
+#include "hpctrial/core/text.h"
 #include "hpctrial/search/event_log.h"
-#include "job_verbs.h"
 
 namespace fs = std::filesystem;
 
-namespace hpctrial::cli {
+namespace hpctrial::view {
 namespace {
 
 bool better(double a, double b, bool smaller_is_better) {
@@ -137,27 +139,27 @@ std::vector<TrialStanding> rank_trials(const core::ExperimentLayout& layout, con
   return out;
 }
 
-void print_ranking(std::ostream& out, const std::vector<TrialStanding>& ranked, const core::ExperimentConfig& config) {
-  out << "\nranking by " << config.searcher.metric << " (" << (config.searcher.smaller_is_better ? "smaller" : "larger")
-      << " is better):\n";
-  std::vector<std::vector<std::string>> rows = {{"#", "trial", config.searcher.metric, "at batch", "state",
-                                                 "checkpoint", "hyperparameters"}};
-  for (std::size_t i = 0; i < ranked.size(); ++i) {
-    const TrialStanding& s = ranked[i];
-    rows.push_back({std::to_string(i + 1), std::to_string(s.trial), s.best ? core::json_number(*s.best).dump() : "-",
-                    s.best ? std::to_string(s.best_batches) : "-", s.state,
-                    s.checkpoint.empty() ? "none" : s.checkpoint, s.hparams});
-  }
-  std::vector<std::size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
-  }
-  for (const auto& row : rows) {
-    out << "  ";
-    for (std::size_t c = 0; c < row.size(); ++c) {
-      out << row[c] << (c + 1 < row.size() ? std::string(widths[c] - row[c].size() + 2, ' ') : "\n");
-    }
-  }
+// A trial's hyperparameters: nested ones as dotted names, a constant list or map as its YAML.
+std::vector<std::pair<std::string, std::string>> hparam_values(const core::ExperimentConfig& resolved) {
+  std::vector<std::pair<std::string, std::string>> values;
+  std::function<void(const std::vector<std::pair<std::string, core::Hyperparameter>>&, const std::string&)> list =
+      [&](const auto& hps, const std::string& prefix) {
+        for (const auto& [name, hp] : hps) {
+          if (hp.type == core::Hyperparameter::Type::kNested) {
+            list(hp.nested, prefix + name + ".");
+          } else {
+            values.emplace_back(prefix + name, hp.value.is_scalar() ? hp.value.text() : core::trim(hp.value.to_yaml()));
+          }
+        }
+      };
+  list(resolved.hyperparameters, "");
+  return values;
 }
 
-}  // namespace hpctrial::cli
+std::string hparams_text(const core::ExperimentConfig& resolved) {
+  std::string text;
+  for (const auto& [name, value] : hparam_values(resolved)) text += (text.empty() ? "" : ", ") + name + "=" + value;
+  return text;
+}
+
+}  // namespace hpctrial::view
