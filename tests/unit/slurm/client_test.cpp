@@ -1,5 +1,6 @@
-// slurm::Client over a fake runner: the argv it runs and how it reads `scontrol -o show job`
-// (lines as Slurm 22 prints them, for a plain job and for the tasks of a job array).
+// slurm::Client over a fake runner: the argv it runs, how it reads `scontrol -o show job` (lines as
+// Slurm 22 prints them, for a plain job and for the tasks of a job array), and which of squeue's
+// JSON and scontrol's text it lists jobs from.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 namespace hpctrial::slurm {
 namespace {
 
+using testing::ElementsAre;
 using testing::HasSubstr;
 
 const std::string kTask =
@@ -105,6 +107,59 @@ TEST(SlurmClient, ListsEveryTaskOfAnArrayAndForgetsGracefully) {
   EXPECT_TRUE(c.job_tasks("9").empty());
   EXPECT_FALSE(c.job("9").has_value());
   EXPECT_THROW(c.job_tasks("10"), SchedulerError);
+}
+
+TEST(SlurmClient, UserJobsComeFromSqueuesJsonAndAreThisUsersOnly) {
+  const std::string me = std::to_string(::getuid()), other = std::to_string(::getuid() + 1);
+  const std::string listed = R"({"jobs": [{"job_id": 5, "job_state": "RUNNING", "user_id": )" + me +
+                             R"(, "user_name": "me"}, {"job_id": 6, "job_state": "RUNNING", "user_id": )" + other +
+                             R"(, "user_name": "other"}]})";
+  FakeSlurm fake;
+  // Slurm 22.05 ignores --me beside --json: both users' jobs come back.
+  fake.answers["squeue --json --states=all --me"] = FakeSlurm::said(listed);
+  fake.answers["squeue --json --states=all"] = FakeSlurm::said(listed);
+  const Client c = fake.client();
+  const auto mine = c.user_jobs(core::JobOwners::kMine);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].id, "5");
+  EXPECT_EQ(c.reads_json(), true);
+  const auto everyone = c.user_jobs(core::JobOwners::kEveryone);
+  ASSERT_EQ(everyone.size(), 2u);
+  EXPECT_EQ(everyone[1].user_name, "other");
+  EXPECT_THAT(fake.asked, ElementsAre(ElementsAre("squeue", "--json", "--states=all", "--me"),
+                                      ElementsAre("squeue", "--json", "--states=all")));
+}
+
+TEST(SlurmClient, WithoutSqueuesJsonTheTextOfScontrolIsRead) {
+  const std::string me = std::to_string(::getuid());
+  FakeSlurm fake;
+  fake.answers["squeue --json --states=all --me"] =
+      FakeSlurm::said("", 1, "squeue: unrecognized option '--json'\nTry \"squeue --help\" for more information\n");
+  fake.answers["scontrol -o show job"] = FakeSlurm::said(
+      "JobId=5 JobName=a UserId=me(" + me + ") JobState=RUNNING Restarts=0\nJobId=6 JobName=b UserId=other(" +
+      std::to_string(::getuid() + 1) + ") JobState=RUNNING\n");
+  const Client c = fake.client();
+  const auto mine = c.user_jobs(core::JobOwners::kMine);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].id, "5");
+  EXPECT_EQ(mine[0].user_name, "me");
+  EXPECT_EQ(c.reads_json(), false);
+  c.user_jobs(core::JobOwners::kMine);  // known now: squeue is not asked again
+  EXPECT_THAT(fake.asked, ElementsAre(ElementsAre("squeue", "--json", "--states=all", "--me"),
+                                      ElementsAre("scontrol", "-o", "show", "job"),
+                                      ElementsAre("scontrol", "-o", "show", "job")));
+
+  // A controller that does not answer is an error, not a reason to ask scontrol.
+  FakeSlurm down;
+  down.answers["squeue --json --states=all --me"] =
+      FakeSlurm::said("", 1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n");
+  try {
+    down.client().user_jobs(core::JobOwners::kMine);
+    ADD_FAILURE() << "no error";
+  } catch (const SchedulerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Unable to contact slurm controller"));
+  }
+  EXPECT_EQ(down.asked.size(), 1u);
 }
 
 TEST(SlurmClient, RunsTheVerbsByArgvWithSecretsOnlyInTheEnvironment) {

@@ -5,10 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <ctime>
-#include <map>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/slurm/client.h"
@@ -143,85 +140,6 @@ TEST(SlurmJobJson, OutputPatternsNameTheFilesSlurmdWrote) {
   plain.batch_host.clear();
   EXPECT_EQ(expand_output_pattern("/o/%N-%j%", plain), "/o/%N-134%");
   EXPECT_EQ(expand_output_pattern("/o/%j-%12", plain), "/o/134-%12");
-}
-
-struct FakeSqueue {
-  std::map<std::string, core::RunResult> answers;  // argv joined by blanks -> result
-  std::vector<std::string> asked;
-  Client client() {
-    return Client([this](const std::vector<std::string>& argv, const core::RunOptions&) {
-      std::string key;
-      for (const auto& a : argv) key += (key.empty() ? "" : " ") + a;
-      asked.push_back(key);
-      const auto it = answers.find(key);
-      core::RunResult r;
-      r.argv = argv;
-      r.exit_code = it == answers.end() ? 1 : it->second.exit_code;
-      if (it != answers.end()) {
-        r.out = it->second.out;
-        r.err = it->second.err;
-      }
-      return r;
-    });
-  }
-  static core::RunResult said(const std::string& out, int code = 0, const std::string& err = "") {
-    core::RunResult r;
-    r.exit_code = code;
-    r.out = out;
-    r.err = err;
-    return r;
-  }
-};
-
-TEST(SlurmClient, UserJobsComeFromSqueuesJsonAndAreThisUsersOnly) {
-  const std::string me = std::to_string(::getuid()), other = std::to_string(::getuid() + 1);
-  const std::string listed = R"({"jobs": [{"job_id": 5, "job_state": "RUNNING", "user_id": )" + me +
-                             R"(, "user_name": "me"}, {"job_id": 6, "job_state": "RUNNING", "user_id": )" + other +
-                             R"(, "user_name": "other"}]})";
-  FakeSqueue fake;
-  // Slurm 22.05 ignores --me beside --json: both users' jobs come back.
-  fake.answers["squeue --json --states=all --me"] = FakeSqueue::said(listed);
-  fake.answers["squeue --json --states=all"] = FakeSqueue::said(listed);
-  const Client c = fake.client();
-  const auto mine = c.user_jobs(core::JobOwners::kMine);
-  ASSERT_EQ(mine.size(), 1u);
-  EXPECT_EQ(mine[0].id, "5");
-  EXPECT_EQ(c.reads_json(), true);
-  const auto everyone = c.user_jobs(core::JobOwners::kEveryone);
-  ASSERT_EQ(everyone.size(), 2u);
-  EXPECT_EQ(everyone[1].user_name, "other");
-  EXPECT_EQ(fake.asked, (std::vector<std::string>{"squeue --json --states=all --me", "squeue --json --states=all"}));
-}
-
-TEST(SlurmClient, WithoutSqueuesJsonTheTextOfScontrolIsRead) {
-  const std::string me = std::to_string(::getuid());
-  FakeSqueue fake;
-  fake.answers["squeue --json --states=all --me"] =
-      FakeSqueue::said("", 1, "squeue: unrecognized option '--json'\nTry \"squeue --help\" for more information\n");
-  fake.answers["scontrol -o show job"] = FakeSqueue::said(
-      "JobId=5 JobName=a UserId=me(" + me + ") JobState=RUNNING Restarts=0\nJobId=6 JobName=b UserId=other(" +
-      std::to_string(::getuid() + 1) + ") JobState=RUNNING\n");
-  const Client c = fake.client();
-  const auto mine = c.user_jobs(core::JobOwners::kMine);
-  ASSERT_EQ(mine.size(), 1u);
-  EXPECT_EQ(mine[0].id, "5");
-  EXPECT_EQ(mine[0].user_name, "me");
-  EXPECT_EQ(c.reads_json(), false);
-  c.user_jobs(core::JobOwners::kMine);  // known now: squeue is not asked again
-  EXPECT_EQ(fake.asked, (std::vector<std::string>{"squeue --json --states=all --me", "scontrol -o show job",
-                                                  "scontrol -o show job"}));
-
-  // A controller that does not answer is an error, not a reason to ask scontrol.
-  FakeSqueue down;
-  down.answers["squeue --json --states=all --me"] =
-      FakeSqueue::said("", 1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n");
-  try {
-    down.client().user_jobs(core::JobOwners::kMine);
-    ADD_FAILURE() << "no error";
-  } catch (const SchedulerError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("Unable to contact slurm controller"));
-  }
-  EXPECT_EQ(down.asked.size(), 1u);
 }
 
 }  // namespace
