@@ -139,6 +139,11 @@ TEST(Cli, AGpuTypeIsAskedForAndItsAbsentGpusWarnedOf) {
   const auto refused = hpctrial({"config", "validate", other});
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_THAT(refused.err, HasSubstr(other + ":6:9: scheduler.frobnicate: "));
+  // Determined has a section for each batch scheduler, none for running here.
+  const std::string local = dir.write("local.yaml", std::string(kValid) + "local: {}\n");
+  const auto unknown = hpctrial({"config", "validate", local});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr(local + ":5:1: local: unknown key"));
 }
 
 // A site's defaults lie under everything else: site < template < config < --set.

@@ -14,6 +14,7 @@
 // Each rewritten value keeps the place it was written, so that an error in it names that line. A
 // key written both ways with different values is an error naming both places.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,10 @@ std::vector<ConfigNode> string_items(const ConfigNode& list, const std::string& 
 bool gpus_wanted(const ConfigNode& root) {
   const ConfigNode* resources = root.find("resources");
   const ConfigNode* gpus = resources != nullptr ? resources->find("gpus_per_slot") : nullptr;
-  return gpus != nullptr && gpus->is_scalar() && gpus->text() != "0";
+  if (gpus == nullptr || !gpus->is_scalar()) return false;
+  char* end = nullptr;
+  const long long n = std::strtoll(gpus->text().c_str(), &end, 10);  // "00" is none; a bad value the schema reports
+  return end != gpus->text().c_str() && *end == '\0' && n > 0;
 }
 
 void environment_variables(ConfigNode& root, Diagnostics& d) {

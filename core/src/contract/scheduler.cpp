@@ -85,7 +85,10 @@ void check_scheduler_config(const ExperimentConfig& config, const std::vector<co
 ExperimentConfig load_experiment_config(const ConfigSources& given, const std::string& site_path,
                                         const std::vector<const Scheduler*>& schedulers) {
   ConfigSources sources = given;
-  for (const Scheduler* scheduler : schedulers) sources.scheduler_sections.push_back(scheduler->name());
+  // Determined's config has a section for each batch scheduler (slurm:, pbs:), none for running here.
+  for (const Scheduler* scheduler : schedulers) {
+    if (!scheduler->script_name().empty()) sources.scheduler_sections.push_back(scheduler->name());
+  }
   return load_experiment_config(sources, site_path, [&](const ExperimentConfig& config, Diagnostics& diagnostics) {
     check_scheduler_config(config, schedulers, diagnostics);
   });

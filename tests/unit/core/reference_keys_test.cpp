@@ -96,6 +96,11 @@ TEST(ReferenceKeys, EachSchedulersSectionCountsUnderItOnly) {
   EXPECT_THAT(both.scheduler.extra_directives, ElementsAre("--exclusive", "--mail-type=END"));
   ASSERT_EQ(both.environment.size(), 1u);
   EXPECT_EQ(both.environment[0].value, "1");
+  // gpus_per_slot written "00" asks for none.
+  const ExperimentConfig zero = parse_ok(std::string(kBase) + "resources: {gpus_per_slot: 00}\n"
+                                         "environment: {environment_variables: {cpu: [A=1], cuda: [A=2]}}\n");
+  ASSERT_EQ(zero.environment.size(), 1u);
+  EXPECT_EQ(zero.environment[0].value, "1");
 }
 
 TEST(ReferenceKeys, MistakesAndConflictsNameTheirPlaces) {
