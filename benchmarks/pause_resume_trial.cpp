@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -42,6 +43,9 @@ class StateTrial : public hpctrial::Trial {
     auto x = torch::randn({256, 8});
     dataset_ = std::make_shared<hpctrial::TensorDataset>(x, x.sum(1, true));
     model_ = context.wrap_model(State(context.hparam<std::int64_t>("state_mib")));
+    // step_ms (optional): the time a step's computation takes on its device, slept before the
+    // optimizer steps while the CPU is free (benchmarks/recovery).
+    if (context.hparams().contains("step_ms")) step_ms_ = context.hparam<std::int64_t>("step_ms");
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
   }
@@ -49,6 +53,7 @@ class StateTrial : public hpctrial::Trial {
   hpctrial::Metrics train_batch(hpctrial::Batch& batch, std::int64_t, std::int64_t batch_idx) override {
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     context_.backward(loss);
+    if (step_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
     context_.step_optimizer(*optimizer_);
     if (first_ && context_.distributed().rank == 0) {
       const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -75,6 +80,7 @@ class StateTrial : public hpctrial::Trial {
   State model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
   bool first_ = true;
+  std::int64_t step_ms_ = 0;
 };
 
 }  // namespace

@@ -156,6 +156,7 @@ void print_trial(const view::ExperimentView& v, const view::TrialView& t) {
               << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
               << "), from " << (run.from_record ? "record " + std::to_string(*run.from_record)
                                                 : "batch " + std::to_string(run.batches))
+              << (run.level == "memory" ? " (its copies in node memory)" : "")
               << ", started " << run.started
               << (run.launcher.empty() ? "" : " by " + run.launcher)
               << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";

@@ -109,6 +109,7 @@ nlohmann::json trial_json(const std::string& scheduler, const TrialView& t) {
                     {"accumulation", run.accumulation}, {"from_batches", run.batches},
                     {"from_record", run.from_record ? nlohmann::json(*run.from_record) : nlohmann::json()},
                     {"launcher", text_or_null(run.launcher)}, {"image", text_or_null(run.image)},
+                    {"level", text_or_null(run.level)},
                     {"placement", placement}});
   }
   out["runs"] = runs;

@@ -89,6 +89,7 @@ bool is_run_setting(std::string_view key, const ExperimentConfig& config) {
       "environment",
       "profiling",
       "min_checkpoint_period",
+      "checkpoint_levels",
       "data.stage",
       "scheduling_unit",
       // An inference run's rows are by record: how many it predicts at once and how often it

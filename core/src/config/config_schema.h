@@ -125,6 +125,7 @@ void read_resources(MapReader& r, Resources& res);
 void read_optimizations(MapReader& r, Optimizations& o);
 void read_adaptive_batch(const ConfigNode& node, const std::string& path, Diagnostics& d, AdaptiveBatch& a);
 void read_checkpoint_storage(MapReader& r, CheckpointStorage& c);
+void read_checkpoint_levels(MapReader& r, CheckpointLevels& c);
 void read_profiling(MapReader& r, Profiling& p);
 void read_launcher(MapReader& r, LauncherConfig& l);
 void read_scheduler(MapReader& r, SchedulerConfig& s);

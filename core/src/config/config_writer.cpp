@@ -262,6 +262,17 @@ void emit_checkpoint_storage(YAML::Emitter& out, const CheckpointStorage& s) {
   out << YAML::EndMap;
 }
 
+void emit_checkpoint_levels(YAML::Emitter& out, const CheckpointLevels& l) {
+  if (!l.memory()) return;  // no level but the shared filesystem's
+  out << YAML::Key << "checkpoint_levels" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "period" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "batches" << YAML::Value
+      << l.memory_period << YAML::EndMap;
+  out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << l.memory_dir;
+  out << YAML::Key << "max_share" << YAML::Value << l.memory_max_share;
+  out << YAML::EndMap << YAML::EndMap;
+}
+
 void emit_profiling(YAML::Emitter& out, const ExperimentConfig& c) {
   out << YAML::Key << "profiling" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "enabled" << YAML::Value << c.profiling.enabled;
@@ -341,6 +352,7 @@ std::string to_yaml(const ExperimentConfig& c) {
   if (c.engine) emit_engine(out, *c.engine);
   emit_reproducibility(out, c);
   emit_checkpoint_storage(out, c.checkpoint_storage);
+  emit_checkpoint_levels(out, c.checkpoint_levels);
   out << YAML::Key << "max_restarts" << YAML::Value << c.max_restarts;
   out << YAML::Key << "scheduling_unit" << YAML::Value << c.scheduling_unit;
   emit_profiling(out, c);

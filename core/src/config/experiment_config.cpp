@@ -133,6 +133,8 @@ void read_sections(MapReader& top, ExperimentConfig& config, Diagnostics& d) {
        }},
       {"checkpoint_storage", "checkpoint_storage: {host_path: /scratch/me/checkpoints}",
        [&](MapReader& r) { read_checkpoint_storage(r, config.checkpoint_storage); }},
+      {"checkpoint_levels", "checkpoint_levels: {memory: {period: {batches: 10}}}",
+       [&](MapReader& r) { read_checkpoint_levels(r, config.checkpoint_levels); }},
       {"profiling", "profiling: {enabled: true, begin_on_batch: 20, end_after_batch: 24}",
        [&](MapReader& r) { read_profiling(r, config.profiling); }},
       {"launcher", "launcher: {prefix: [numactl, --interleave=all]}",

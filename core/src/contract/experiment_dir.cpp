@@ -381,12 +381,13 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
       const json j = json::parse(line);
       TrialRun run{j.value("started", std::string()), j.value("ranks", 0), j.value("batch", std::int64_t{0}),
                    j.value("local_batch", std::int64_t{0}), j.value("accumulation", std::int64_t{1}),
-                   j.value("batches", std::int64_t{0}), j.value("launcher", std::string()), {}, {}, {}, {}};
+                   j.value("batches", std::int64_t{0}), j.value("launcher", std::string()), {}, {}, {}, {}, {}};
       if (const auto container = j.find("container"); container != j.end() && container->is_object()) {
         run.runtime = container->value("runtime", std::string());
         run.image = container->value("image", std::string());
       }
       if (const auto in = j.find("inference"); in != j.end()) run.from_record = in->value("from_record", 0);
+      if (const auto r = j.find("resumed_from"); r != j.end() && r->is_object()) run.level = r->value("level", "");
       if (const auto placement = j.find("placement"); placement != j.end() && placement->is_array()) {
         for (const json& place : *placement) {
           if (!place.is_object()) continue;

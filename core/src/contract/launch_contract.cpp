@@ -96,6 +96,7 @@ RankContract read_contract(const EnvSource& env) {
   c.verdict_file = text(kEnvVerdictFile);
   c.fault = text(kEnvFault);
   c.code_digest = text(kEnvCodeDigest);
+  c.session = text(kEnvSession);
   c.search_worker = text(kEnvSearchWorker);
   if (const std::string length = text(kEnvMaxLength); !length.empty()) c.max_length = parse_length_text(length);
   return c;

@@ -109,4 +109,11 @@ std::string ExperimentLayout::code_dir() const { return join(dir, "code"); }
 
 std::string default_experiment_dir(const std::string& name) { return join("runs", name); }
 
+std::string NodeMemoryLayout::user_dir() const { return join(root, "hpctrial-" + std::to_string(uid)); }
+std::string NodeMemoryLayout::experiment_dir() const { return join(user_dir(), experiment_id); }
+std::string NodeMemoryLayout::trial_dir() const { return join(experiment_dir(), "trial-" + std::to_string(trial)); }
+std::string NodeMemoryLayout::session_dir() const { return join(trial_dir(), session); }
+std::string NodeMemoryLayout::rank_dir() const { return join(session_dir(), "rank-" + std::to_string(rank)); }
+std::string NodeMemoryLayout::lock_file(const std::string& dir) { return join(dir, ".lock"); }
+
 }  // namespace hpctrial::core

@@ -135,11 +135,13 @@ bool ofd_lock_unsupported(int error) { return flock_unsupported(error) || error 
 
 }  // namespace
 
-bool lock_file_exclusive(int fd, const std::string& path, LockWait wait, FileSystem& fs) {
+namespace {
+
+bool lock_file(int fd, const std::string& path, bool exclusive, LockWait wait, FileSystem& fs) {
   const bool block = wait == LockWait::kWait;
   int error = 0;
   for (;;) {
-    if (fs.flock(fd, LOCK_EX | (block ? 0 : LOCK_NB)) == 0) return true;
+    if (fs.flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | (block ? 0 : LOCK_NB)) == 0) return true;
     error = errno;
     if (error == EINTR) continue;
     if (error == EWOULDBLOCK && !block) return false;
@@ -150,7 +152,7 @@ bool lock_file_exclusive(int fd, const std::string& path, LockWait wait, FileSys
   // the open file description, so it conflicts with every other open of the file.
   for (;;) {
     struct ::flock whole {};
-    whole.l_type = F_WRLCK;
+    whole.l_type = exclusive ? F_WRLCK : F_RDLCK;
     whole.l_whence = SEEK_SET;
     whole.l_start = 0;
     whole.l_len = 0;
@@ -167,6 +169,16 @@ bool lock_file_exclusive(int fd, const std::string& path, LockWait wait, FileSys
     }
     throw_errno("cannot lock " + path, ofd_error);
   }
+}
+
+}  // namespace
+
+bool lock_file_exclusive(int fd, const std::string& path, LockWait wait, FileSystem& fs) {
+  return lock_file(fd, path, /*exclusive=*/true, wait, fs);
+}
+
+bool lock_file_shared(int fd, const std::string& path, LockWait wait, FileSystem& fs) {
+  return lock_file(fd, path, /*exclusive=*/false, wait, fs);
 }
 
 }  // namespace hpctrial::core

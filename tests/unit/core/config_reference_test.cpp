@@ -33,7 +33,8 @@ std::set<std::string> documented_keys() {
 bool is_leaf_section(const std::string& path) {
   static const std::set<std::string> leaves = {
       "data", "environment", "scheduler.environment", "searcher.max_length",
-      "min_validation_period", "min_checkpoint_period", "inference.progress_period"};
+      "min_validation_period", "min_checkpoint_period", "inference.progress_period",
+      "checkpoint_levels.memory.period"};
   return leaves.count(path) > 0;
 }
 

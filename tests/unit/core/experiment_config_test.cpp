@@ -65,6 +65,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_TRUE(c.auto_checkpoint_period);  // periodic checkpoints by default
   EXPECT_EQ(c.checkpoint_storage.auto_overhead, 0.01);
   EXPECT_EQ(c.checkpoint_storage.auto_max_interval_seconds, 1800);
+  EXPECT_FALSE(c.checkpoint_levels.memory()) << "no memory level unless asked for";
   EXPECT_EQ(c.resources.slots_per_trial, 1);
   EXPECT_EQ(c.resources.slots_per_node, 1);
   EXPECT_EQ(c.resources.cpus_per_slot, 1);
@@ -180,6 +181,9 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_TRUE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.checkpoint_storage.auto_overhead, 0.02);
   EXPECT_EQ(c.checkpoint_storage.auto_max_interval_seconds, 600);
+  EXPECT_EQ(c.checkpoint_levels.memory_period, 10);
+  EXPECT_EQ(c.checkpoint_levels.memory_dir, "/dev/shm");
+  EXPECT_EQ(c.checkpoint_levels.memory_max_share, 0.3);
   EXPECT_FALSE(c.auto_checkpoint_period);
   EXPECT_EQ(c.max_restarts, 0);
   EXPECT_EQ(c.scheduling_unit, 50);
@@ -754,7 +758,8 @@ TEST(LoadExperimentConfig, ReportsFileLineAndAllErrorsAsOneConfigError) {
                   path + ":6:1: foo: unknown key; the keys here are: name, description, entrypoint, "
                          "hyperparameters, inference, searcher, records_per_epoch, min_validation_period, "
                          "min_checkpoint_period, resources, optimizations, engine, reproducibility, "
-                         "checkpoint_storage, profiling, launcher, scheduler, scheduling_unit, max_restarts, context, data, environment");
+                         "checkpoint_storage, checkpoint_levels, profiling, launcher, scheduler, scheduling_unit, "
+                         "max_restarts, context, data, environment");
   }
 }
 
@@ -1186,6 +1191,31 @@ TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {gradient_clipping: -1, train_batch_size: 4}\n"),
               HasSubstr("engine.gradient_clipping:"));
   EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {}\n"), HasSubstr("engine: sets no batch size"));
+}
+
+// checkpoint_levels.memory: a period in batches is needed; the directory is absolute; the share
+// of the node's memory is below 0.9.
+TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
+  const std::string base = std::string(kMinimal) + "checkpoint_levels:\n  memory: ";
+  EXPECT_EQ(one_error(base + "{dir: /dev/shm}\n"),
+            "exp.yaml:5:11: checkpoint_levels.memory.period: is needed: how often each rank copies its state, e.g. "
+            "{batches: 10}");
+  EXPECT_THAT(one_error(base + "{period: {seconds: 30}}\n"),
+              HasSubstr("checkpoint_levels.memory.period.seconds: unknown unit; use one of batches"));
+  EXPECT_THAT(one_error(base + "{period: {batches: 0}}\n"),
+              HasSubstr("checkpoint_levels.memory.period.batches: must be a positive integer"));
+  EXPECT_THAT(one_error(base + "{period: {batches: 5}, dir: shm}\n"),
+              HasSubstr("checkpoint_levels.memory.dir: must be an absolute directory on each node, e.g. /dev/shm"));
+  EXPECT_THAT(one_error(base + "{period: {batches: 5}, max_share: 1.5}\n"),
+              HasSubstr("checkpoint_levels.memory.max_share: "));
+  EXPECT_THAT(one_error(base + "{period: {batches: 5}, partner: true}\n"),
+              HasSubstr("checkpoint_levels.memory.partner: unknown key"));
+  const ExperimentConfig ok = parse_ok(base + "{period: {batches: 5}}\n");
+  EXPECT_EQ(ok.checkpoint_levels.memory_period, 5);
+  EXPECT_EQ(ok.checkpoint_levels.memory_dir, "/dev/shm");
+  EXPECT_EQ(ok.checkpoint_levels.memory_max_share, 0.25);
+  EXPECT_EQ(to_yaml(parse_ok(to_yaml(ok))), to_yaml(ok)) << "config show reads back as itself";
+  EXPECT_THAT(to_yaml(ok), HasSubstr("checkpoint_levels:\n  memory:\n    period: {batches: 5}\n"));
 }
 
 }  // namespace

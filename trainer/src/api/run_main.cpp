@@ -158,6 +158,7 @@ LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfi
   options.stop_file = contract.stop_file;
   options.fault = contract.fault;
   options.code_digest = contract.code_digest;
+  options.session = contract.session;
   if (!bootstrap.alone()) {
     options.on_failure = [&bootstrap](int code, const std::string& message) { bootstrap.fail(code, message); };
   }

@@ -209,6 +209,10 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
     line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
   }
   if (!source_checkpoint_.empty()) line["source_checkpoint"] = source_checkpoint_;
+  // Which level of checkpoints it resumed from: the shared filesystem's, or the copies in node memory.
+  if (!resumed_from_.empty()) {
+    line["resumed_from"] = {{"level", resumed_from_memory_ ? "memory" : "shared_fs"}, {"checkpoint", resumed_from_}};
+  }
   if (!options_.code_digest.empty()) line["code"] = options_.code_digest;
   line["placement"] = nlohmann::json::array();
   for (const std::string& place : placement) line["placement"].push_back(nlohmann::json::parse(place));

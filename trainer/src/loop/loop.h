@@ -20,6 +20,7 @@
 #include "adaptive/adaptive_batch.h"
 #include "loop/auto_checkpoint.h"
 #include "state/checkpointing.h"
+#include "state/memory_level.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/experiment_dir.h"
@@ -124,6 +125,13 @@ class Loop {
   // Gives this rank the files its number saved in the checkpoint `contents` (Trial::load_files).
   void restore_rank_files(const checkpoint::Contents& contents, const std::string& path);
   void finish_checkpoint();
+  // checkpoint_levels.memory (loop/memory_copies.cpp): every rank's folder in node memory, its
+  // periodic copy, the newest copy every rank holds when it is newer than `level3_batches` (its
+  // path on this rank, the copy read into `contents`), and its removal once the run ended.
+  void open_memory_level();
+  void save_memory_copy();
+  std::optional<std::string> resume_from_memory(std::int64_t level3_batches, checkpoint::Contents& contents);
+  void close_memory_level();
   // Training data (loop/data.cpp).
   // agree_on_model_layout into identity_.
   void agree_on_model_parallelism();
@@ -292,6 +300,10 @@ class Loop {
   std::optional<Clock::time_point> shards_since_;  // when every rank began writing its parts of it
   Clock::time_point last_checkpoint_time_;
   std::int64_t last_checkpoint_batches_ = -1;
+  // checkpoint_levels.memory: this rank's copies in node memory; null without the level.
+  std::unique_ptr<detail::MemoryLevel> memory_;
+  std::int64_t last_memory_batches_ = -1;
+  bool memory_checked_ = false;  // the first copy found the state whole on every rank
   // Requests agreed at a step boundary, kept until the end of the aggregation group.
   bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed
   bool trial_stop_pending_ = false;  // set_stop_requested: the trial ends, complete
@@ -299,6 +311,7 @@ class Loop {
   std::int64_t restart_count_ = 0;
   std::optional<double> best_metric_;
   std::string resumed_from_;                // the checkpoint this run resumed; empty: a fresh start
+  bool resumed_from_memory_ = false;        // ... a copy in node memory (checkpoint_levels.memory)
   nlohmann::json resumed_stream_positions_;
 
   // Training metrics of the current reporting period.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <utility>
 
 #include <fmt/core.h>
@@ -122,11 +123,43 @@ std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::C
     core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
   }
   writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
-  context_->set_before_optimizer_step([this] {
-    detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
-    writer_->wait_for_copies();
-  });
   return chosen;
+}
+
+// What the loop carries across a resume, in a checkpoint's progress; and back.
+detail::LoopState Loop::loop_state() const {
+  detail::LoopState s;
+  s.batches_trained = batches_trained_;
+  s.epochs_trained = result_.epochs_trained;
+  s.restart_count = restart_count_;
+  s.last_validation_batches = last_validation_batches_;
+  s.last_report_batches = last_report_batches_;
+  s.last_validation = result_.last_validation;
+  s.best_metric = best_metric_;
+  s.period_batches = period_batches_;
+  s.ended_by_trial = result_.ended_by_trial;
+  for (const auto& [name, list] : period_values_) {
+    auto& values = s.period_values[name];
+    for (const auto& v : list) values.push_back(v.item<double>());
+  }
+  if (adaptive_) s.adaptive = adaptive_->state_dict();
+  return s;
+}
+
+void Loop::apply(const detail::LoopState& s) {
+  batches_trained_ = s.batches_trained;
+  result_.epochs_trained = s.epochs_trained;
+  restart_count_ = s.restart_count;
+  last_validation_batches_ = s.last_validation_batches;
+  last_report_batches_ = s.last_report_batches;
+  result_.last_validation = s.last_validation;
+  best_metric_ = s.best_metric;
+  period_batches_ = s.period_batches;
+  result_.ended_by_trial = s.ended_by_trial;
+  period_values_.clear();
+  for (const auto& [name, values] : s.period_values) {
+    for (double v : values) period_values_[name].push_back(torch::tensor(v, torch::kFloat64));
+  }
 }
 
 // Every rank restores from the checkpoint the chief chose, so that all take the same one.
@@ -138,6 +171,21 @@ void Loop::resume() {
   comm_.broadcast(chosen, 0);
   if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
   if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
+  // The optimizer steps once the tensors of the checkpoint and the copy being written are copied.
+  context_->set_before_optimizer_step([this] {
+    detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
+    if (writer_) writer_->wait_for_copies();
+    if (memory_) memory_->wait_for_copies();
+  });
+  // A copy in node memory newer than the shared filesystem's checkpoint, held by every rank, wins.
+  const std::int64_t level3 =
+      chosen.empty() ? -1 : checkpoint::checkpoint_batches(std::filesystem::path(chosen).filename().string()).value_or(-1);
+  checkpoint::Contents memory_contents;
+  const std::optional<std::string> from_memory = resume_from_memory(level3, memory_contents);
+  if (from_memory) {
+    chosen = *from_memory;
+    contents = std::move(memory_contents);
+  }
   if (chosen.empty() && !config_.searcher.source_checkpoint.empty()) {
     start_from_source();  // every rank loads the same weights
     if (chief()) trim_metrics(0);
@@ -149,7 +197,7 @@ void Loop::resume() {
     if (chief()) trim_metrics(0);
     return;
   }
-  if (!chief()) contents = checkpoint::read_checkpoint(chosen);
+  if (!chief() && !from_memory) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
                   sharded_optimizers(*trial_, *context_));
@@ -176,6 +224,7 @@ void Loop::resume() {
     }
   }
   resumed_from_ = chosen;
+  resumed_from_memory_ = from_memory.has_value();
   resumed_stream_positions_ = state.stream_positions;
   last_checkpoint_batches_ = batches_trained_;
   // Every rank restored the same file: the weights are equal without a broadcast.

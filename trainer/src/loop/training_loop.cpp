@@ -166,6 +166,7 @@ void Loop::setup() {
   identity_.searcher_metric = config_.searcher.metric;
   identity_.global_batch = global_batch_;
   setup_adaptive();
+  open_memory_level();
   resume();
 
   data_seed_ = derive_seed(trial_seed, kDataStream);
@@ -174,41 +175,6 @@ void Loop::setup() {
   start_outputs();
   last_validation_time_ = Clock::now();
   last_checkpoint_time_ = Clock::now();
-}
-
-detail::LoopState Loop::loop_state() const {
-  detail::LoopState s;
-  s.batches_trained = batches_trained_;
-  s.epochs_trained = result_.epochs_trained;
-  s.restart_count = restart_count_;
-  s.last_validation_batches = last_validation_batches_;
-  s.last_report_batches = last_report_batches_;
-  s.last_validation = result_.last_validation;
-  s.best_metric = best_metric_;
-  s.period_batches = period_batches_;
-  s.ended_by_trial = result_.ended_by_trial;
-  for (const auto& [name, list] : period_values_) {
-    auto& values = s.period_values[name];
-    for (const auto& v : list) values.push_back(v.item<double>());
-  }
-  if (adaptive_) s.adaptive = adaptive_->state_dict();
-  return s;
-}
-
-void Loop::apply(const detail::LoopState& s) {
-  batches_trained_ = s.batches_trained;
-  result_.epochs_trained = s.epochs_trained;
-  restart_count_ = s.restart_count;
-  last_validation_batches_ = s.last_validation_batches;
-  last_report_batches_ = s.last_report_batches;
-  result_.last_validation = s.last_validation;
-  best_metric_ = s.best_metric;
-  period_batches_ = s.period_batches;
-  result_.ended_by_trial = s.ended_by_trial;
-  period_values_.clear();
-  for (const auto& [name, values] : s.period_values) {
-    for (double v : values) period_values_[name].push_back(torch::tensor(v, torch::kFloat64));
-  }
 }
 
 void Loop::train_one_batch() {
@@ -353,6 +319,10 @@ bool Loop::step_boundary() {
       note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
     });
   }
+  const std::int64_t memory_period = config_.checkpoint_levels.memory_period;
+  if (memory_ && group_end && !stop && !last && !trial_ends && batches_trained_ % memory_period == 0) {
+    save_memory_copy();
+  }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);
   if (profiler_) profiler_->after_batch(batches_trained_);
   if (stop) {
@@ -383,6 +353,7 @@ LoopResult Loop::finish_run() {
     settle_sharded_checkpoint();
     finish_checkpoint();
   });
+  close_memory_level();  // the shared filesystem's checkpoint is durable: the copies are of no more use
   progress_->update(progress_batches(), trained_epoch(), last_loss_, true);
   progress_->finish();
   call([](Callback& c) { c.on_trial_shutdown(); });

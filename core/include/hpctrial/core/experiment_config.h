@@ -237,6 +237,18 @@ struct CheckpointStorage {
   std::int64_t auto_max_interval_seconds = 30 * 60;
 };
 
+// checkpoint_levels: copies of a trial's state kept nearer than the shared filesystem, each a
+// store of the same checkpoint files (docs/user-guide.md, "Checkpoint levels").
+struct CheckpointLevels {
+  // memory: every `memory_period` batches each rank copies its state into node-local memory
+  // (`memory_dir`, a tmpfs), where a restart inside the job finds it after a rank failed. 0: off.
+  std::int64_t memory_period = 0;
+  std::string memory_dir = "/dev/shm";
+  // The share of the node's memory that its ranks' copies (two a rank) may take; more is refused.
+  double memory_max_share = 0.25;
+  bool memory() const { return memory_period > 0; }
+};
+
 // data.stage: the input data copied once per node to node-local storage before training
 // (trainer/src/data/staging.h).
 struct DataStage {
@@ -347,6 +359,7 @@ struct ExperimentConfig {
   std::optional<EngineConfig> engine;  // present when the config has an `engine:` section
   Reproducibility reproducibility;
   CheckpointStorage checkpoint_storage;
+  CheckpointLevels checkpoint_levels;
   Profiling profiling;
   int max_restarts = 5;
   // Training metrics are reported every this many batches (Determined's scheduling_unit).

@@ -125,6 +125,9 @@ struct TrialRun {
   std::string launcher;           // "mpirun" or "srun"; empty in a record older than the key
   std::string runtime, image;     // the container every rank ran in; empty: none
   std::optional<std::int64_t> from_record;  // an inference run's first record
+  // The level of checkpoints it resumed from: "shared_fs", "memory" (checkpoint_levels.memory);
+  // empty for a fresh start (or a record older than the key).
+  std::string level;
   // Where each rank ran, in rank order: its host, the CPUs it could run on, its device(s).
   struct Place {
     std::string host, cpus, device;

@@ -81,6 +81,10 @@ void create_directories(const std::string& path, mode_t mode = 0700);
 enum class LockWait { kWait, kTry };
 bool lock_file_exclusive(int fd, const std::string& path, LockWait wait = LockWait::kWait,
                          FileSystem& fs = posix_file_system());
+// The same, shared: any number of holders, none while someone holds it exclusively (an
+// exclusive lock waits for every shared one to go). `fd` open for reading.
+bool lock_file_shared(int fd, const std::string& path, LockWait wait = LockWait::kWait,
+                      FileSystem& fs = posix_file_system());
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR; IoError("cannot write
 // <what>: <reason>") otherwise.

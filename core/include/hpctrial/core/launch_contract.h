@@ -55,6 +55,9 @@ inline constexpr const char* kEnvSearchWorker = "HPCTRIAL_SEARCH_WORKER";
 // The code the ranks run (core/frozen_code.h): the SHA-256 of the experiment's frozen program or
 // library, or "image <reference>" in a container image; unset for code that is not frozen.
 inline constexpr const char* kEnvCodeDigest = "HPCTRIAL_CODE_DIGEST";
+// The launcher's run of the trial, the same for each of its attempts ("<host>-<pid>-<start>"): a
+// rank's copies in node memory (checkpoint_levels.memory) made by another one are left over.
+inline constexpr const char* kEnvSession = "HPCTRIAL_SESSION";
 
 // What the launcher told a rank, read once from the environment by every rank bootstrap (trials
 // and Core API programs alike). Outside the launcher (a plain `mpirun`, a test) the names are
@@ -76,6 +79,7 @@ struct RankContract {
   std::optional<Length> max_length;  // HPCTRIAL_MAX_LENGTH: this run's searcher.max_length
   std::string search_worker;         // HPCTRIAL_SEARCH_WORKER
   std::string code_digest;     // HPCTRIAL_CODE_DIGEST
+  std::string session;         // HPCTRIAL_SESSION
 };
 // ConfigError naming the variable and its value when HPCTRIAL_TRIAL_ID or HPCTRIAL_RESTART_COUNT
 // is not a whole number of 0 or more.

@@ -144,6 +144,24 @@ struct ExperimentLayout {
   std::string job_file(const std::string& name) const;
 };
 
+// A trial's copies in node memory (checkpoint_levels.memory, rank/node_memory.h), below `root` (a
+// node-local tmpfs):
+//   <root>/hpctrial-<uid>/<experiment id>/trial-<N>/<session>/rank-<R>/
+struct NodeMemoryLayout {
+  std::string root;
+  unsigned uid = 0;
+  std::string experiment_id;
+  int trial = 0;
+  std::string session;
+  int rank = 0;
+  std::string user_dir() const;        // <root>/hpctrial-<uid>
+  std::string experiment_dir() const;  // .../<experiment id>
+  std::string trial_dir() const;       // .../trial-<N>
+  std::string session_dir() const;     // .../<session>
+  std::string rank_dir() const;        // .../rank-<R>
+  static std::string lock_file(const std::string& dir);  // <dir>/.lock
+};
+
 // Where an experiment named `name` goes when no directory is given: runs/<name>, relative to the
 // working directory.
 std::string default_experiment_dir(const std::string& name);

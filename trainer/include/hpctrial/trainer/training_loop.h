@@ -60,6 +60,10 @@ struct LoopOptions {
   // The digest of the code this run is (HPCTRIAL_CODE_DIGEST): recorded in runs.jsonl and in
   // every checkpoint's attributes (code_digest). Empty: code that is not frozen.
   std::string code_digest;
+  // The launcher's run of the trial (HPCTRIAL_SESSION), the same for each of its attempts: the
+  // copies in node memory (checkpoint_levels.memory) of another run are left over. Empty: a run
+  // of its own (the chief names one).
+  std::string session;
   // An adaptive search's trial, run by its worker (HPCTRIAL_SEARCH_WORKER): the run trains to
   // the end of the rung the search log says the trial trains toward; there the ranks validate
   // and checkpoint, the chief records the rung, and they train on to the next rung's end when the

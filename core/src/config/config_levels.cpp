@@ -1,0 +1,35 @@
+// checkpoint_levels: the memory level's period, its node-local directory and its share of the
+// node's memory.
+#include <filesystem>
+
+#include "config_schema.h"
+
+namespace hpctrial::core::detail {
+
+void read_checkpoint_levels(MapReader& r, CheckpointLevels& c) {
+  Diagnostics& d = r.diagnostics();
+  if (const ConfigNode* node = r.get("memory")) {
+    MapReader m(node, r.path("memory"), d);
+    if (const ConfigNode* n = m.get("period")) {
+      if (const auto length = read_length(*n, m.path("period"), d, {LengthUnit::kBatches})) c.memory_period = length->value;
+    } else if (node->is_map()) {
+      report(*node, m.path("period"), d, "is needed: how often each rank copies its state, e.g. {batches: 10}");
+    }
+    if (const ConfigNode* n = m.get("dir")) {
+      if (const auto dir = read_string(*n, m.path("dir"), d)) {
+        if (!std::filesystem::path(*dir).is_absolute()) {
+          report(*n, m.path("dir"), d, "must be an absolute directory on each node, e.g. /dev/shm");
+        } else {
+          c.memory_dir = *dir;
+        }
+      }
+    }
+    if (const ConfigNode* n = m.get("max_share")) {
+      if (auto v = read_double(*n, m.path("max_share"), d, 0.0, 0.9, true)) c.memory_max_share = *v;
+    }
+    m.finish();
+  }
+  r.finish();
+}
+
+}  // namespace hpctrial::core::detail

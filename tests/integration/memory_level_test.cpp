@@ -1,0 +1,147 @@
+// checkpoint_levels.memory with real mpirun: a rank SIGKILLed (the chief, and the last rank)
+// restarts inside the same `hpctrial run` from the copies every rank holds in node memory, newer
+// than any checkpoint on the shared filesystem, and ends with the weights of an uninterrupted run;
+// a copy cut short by the kill is never used; copies an earlier run of the trial left are removed
+// at the next start and never read, as are another experiment's that no rank holds.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "../support/same_weights.h"
+#include "hpctrial/core/subprocess.h"
+#include "launcher_fixture.h"
+
+namespace hpctrial {
+namespace memory_level_test {  // named: the target compiles its sources together (UNITY_BUILD)
+
+using testing::HasSubstr;
+using testing::Not;
+using testing_launcher::Launcher;
+namespace fs = std::filesystem;
+
+constexpr std::int64_t kBatches = 120;
+
+class MemoryLevel : public Launcher {
+ protected:
+  // Node memory of the test's own (the level's folders are made in it as in /dev/shm).
+  std::string shm() const { return (dir_.path() / "shm").string(); }
+  std::string user_dir() const { return shm() + "/hpctrial-" + std::to_string(::getuid()); }
+  // Copies every 10 batches; on the shared filesystem only the last checkpoint.
+  std::string memory_config(const std::string& extra = "max_restarts: 1\n") {
+    fs::create_directories(shm());
+    return config(extra + "min_checkpoint_period: {batches: 100000}\n"
+                          "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}}\n",
+                  kBatches);
+  }
+  // The uninterrupted run's last checkpoint.
+  std::string straight() {
+    auto p = run(config("", kBatches), "", {"--experiment", (dir_.path() / "straight").string()});
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    return (dir_.path() / "straight/trial-0/checkpoints").string() + "/ckpt-" + std::to_string(kBatches) + ".h5";
+  }
+  std::string last_checkpoint() const { return trial() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"; }
+  // The sessions (runs of trials) left in node memory.
+  std::vector<fs::path> sessions() const {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(user_dir(), ec)) {
+      if (!e.is_directory()) continue;
+      for (const auto& t : fs::directory_iterator(e.path(), ec)) {
+        for (const auto& s : fs::directory_iterator(t.path(), ec)) out.push_back(s.path());
+      }
+    }
+    return out;
+  }
+};
+
+class EachRankKilled : public MemoryLevel, public testing::WithParamInterface<int> {};
+
+TEST_P(EachRankKilled, ResumesFromNodeMemoryWithTheWeightsOfAnUninterruptedRun) {
+  const int rank = GetParam();
+  const std::string exp = memory_config();
+  auto p = run(exp, "rank" + std::to_string(rank) + ":step35:restart0:sigkill");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("checkpoint_levels.memory: every rank holds its copy of batch 30 in node memory, newer "
+                             "than any checkpoint on the shared filesystem"));
+  EXPECT_THAT(out, testing::ContainsRegex("resumed from " + user_dir() + "/[^/]+/trial-0/[^/]+/rank-0/ckpt-30.h5 "
+                                          "after 30 batches"));
+  const auto records = failures();
+  ASSERT_EQ(records.size(), 1u) << out;
+  EXPECT_EQ(records[0]["rank"], rank);
+  EXPECT_EQ(records[0]["signal"], 9);
+  // The run records the level it resumed from, and describe says it.
+  std::ifstream runs(trial() + "/runs.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(runs, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_FALSE(lines[0].contains("resumed_from"));
+  EXPECT_EQ(lines[1]["resumed_from"]["level"], "memory");
+  const auto described = hpctrial::core::run_process({HPCTRIAL_CLI, "describe", experiment()});
+  EXPECT_THAT(described.out, HasSubstr("from batch 30 (its copies in node memory)")) << described.out << described.err;
+  testing_support::expect_same_weights(straight(), last_checkpoint());
+  EXPECT_TRUE(sessions().empty()) << "the trial ended: its copies go with it";
+  struct stat st {};
+  ASSERT_EQ(::stat(user_dir().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  expect_no_rank_left();
+}
+
+// A rank killed as its copy of batch 20 was about to be published: that copy is never used, and
+// every rank resumes from batch 10, the newest all of them hold.
+TEST_P(EachRankKilled, ACopyCutShortIsNeverUsed) {
+  const int rank = GetParam();
+  auto p = run(memory_config(), "rank" + std::to_string(rank) + ":step20:restart0:writer:sigkill");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("every rank holds its copy of batch 10 in node memory"));
+  EXPECT_THAT(out, HasSubstr("after 10 batches"));
+  testing_support::expect_same_weights(straight(), last_checkpoint());
+  expect_no_rank_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),
+                         [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
+
+// A run killed outright (no restart left) leaves its copies; the next run of the trial is another
+// session: it removes them without reading them and resumes from the shared filesystem. A
+// session of another experiment that no rank holds and that has not been used for an hour goes
+// too; one used a moment ago stays.
+TEST_F(MemoryLevel, LeftoverCopiesAreRemovedAndNeverRead) {
+  const std::string exp = memory_config("max_restarts: 0\n");
+  auto first = run(exp, "rank1:step35:restart0:sigkill");
+  ASSERT_EQ(first->exit_code(), 128 + 9) << first->output();
+  const auto left = sessions();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_TRUE(fs::exists(left[0] / "rank-0/ckpt-30.h5"));
+
+  const fs::path old = fs::path(user_dir()) / "another-experiment/trial-0/ended-run/rank-0";
+  const fs::path fresh = fs::path(user_dir()) / "busy-experiment/trial-0/running/rank-0";
+  for (const fs::path& dir : {old, fresh}) {
+    fs::create_directories(dir);
+    std::ofstream(dir / "ckpt-50.h5") << "not a checkpoint";
+    std::ofstream(dir.parent_path() / ".lock");
+  }
+  const auto hour_ago = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const fs::path& f : {old / "ckpt-50.h5", old.parent_path() / ".lock", old}) fs::last_write_time(f, hour_ago);
+
+  auto second = run(exp);
+  const std::string out = second->output();
+  ASSERT_EQ(second->exit_code(), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("in node memory, newer than")));
+  EXPECT_THAT(out, Not(HasSubstr("not usable")));
+  EXPECT_FALSE(fs::exists(left[0])) << "the killed run's copies";
+  EXPECT_FALSE(fs::exists(fs::path(user_dir()) / "another-experiment")) << "no rank held it, unused for an hour";
+  EXPECT_TRUE(fs::exists(fresh / "ckpt-50.h5")) << "used a moment ago: maybe between two attempts of its run";
+  expect_no_rank_left();
+}
+
+}  // namespace memory_level_test
+}  // namespace hpctrial
