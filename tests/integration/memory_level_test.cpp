@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -30,15 +31,26 @@ constexpr std::int64_t kBatches = 120;
 
 class MemoryLevel : public Launcher {
  protected:
-  // Node memory of the test's own (the level's folders are made in it as in /dev/shm).
-  std::string shm() const { return (dir_.path() / "shm").string(); }
+  // Node memory of the test's own: a folder of the tmpfs /dev/shm (the level's folders are made
+  // in it as in /dev/shm itself), removed afterwards.
+  void SetUp() override {
+    std::string pattern = "/dev/shm/hpctrial-memory-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    shm_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(shm_, ec);
+  }
+  std::string shm() const { return shm_; }
   std::string user_dir() const { return shm() + "/hpctrial-" + std::to_string(::getuid()); }
-  // Copies every 10 batches; on the shared filesystem only the last checkpoint.
+  // Copies every 10 batches; on the shared filesystem only the last checkpoint. A batch takes
+  // 5 ms (the rank sleeps, as if waiting for its device): a copy of this small trial, written to
+  // the tmpfs by its thread, is out long before the next one.
   std::string memory_config(const std::string& extra = "max_restarts: 1\n") {
-    fs::create_directories(shm());
     return config(extra + "min_checkpoint_period: {batches: 100000}\n"
                           "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}}\n",
-                  kBatches);
+                  kBatches, 2, 5);
   }
   // The uninterrupted run's last checkpoint.
   std::string straight() {
@@ -48,6 +60,7 @@ class MemoryLevel : public Launcher {
   }
   std::string last_checkpoint() const { return trial() + "/checkpoints/ckpt-" + std::to_string(kBatches) + ".h5"; }
   // The sessions (runs of trials) left in node memory.
+  std::string shm_;
   std::vector<fs::path> sessions() const {
     std::vector<fs::path> out;
     std::error_code ec;
