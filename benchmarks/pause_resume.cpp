@@ -26,6 +26,7 @@
 //   the split of activate: until Slurm starts the job, and from then to the first step (the
 //   launcher, mpirun, the ranks' start and the checkpoint read)
 // Figures are medians over the rounds. Goal: pause <= write + 5 s.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,8 @@
 
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/checkpoint/store.h"
+#include "hpctrial/core/files.h"
+#include "hpctrial/core/layout.h"
 #include "hpctrial/core/subprocess.h"
 
 namespace {
@@ -215,7 +218,17 @@ Figures measure(const std::string& dir, int mib, int rounds, int ranks) {
     f.started.push_back(first - running.value_or(first));
   }
   run_or_die({HPCTRIAL_CLI, "kill", job});
-  poll([&] { const auto s = job_field(job, "JobState"); return s != "RUNNING" && s != "PENDING"; }, 120s, 200ms);
+  // Ended, not just cancelled: Slurm reports CANCELLED (COMPLETING) while the SIGTERMed ranks
+  // still write and rename their last checkpoint, so the experiment is removed only once the
+  // job's state is final and the trial's launcher, which outlives its ranks, let go of its lock.
+  const std::string lock_path = hpctrial::core::TrialLayout{experiment + "/trial-0"}.launcher_lock();
+  const bool ended = poll([&] {
+    const auto s = job_field(job, "JobState");  // empty once Slurm forgot the job
+    if (s == "RUNNING" || s == "PENDING" || s == "COMPLETING" || s == "SIGNALING") return false;
+    hpctrial::core::UniqueFd fd(::open(lock_path.c_str(), O_RDWR | O_CLOEXEC));
+    return fd.get() < 0 || hpctrial::core::lock_file_exclusive(fd.get(), lock_path, hpctrial::core::LockWait::kTry);
+  }, 120s, 200ms);
+  if (!ended) die("job " + job + " did not end within 120 s of `hpctrial kill`; see " + experiment);
   return f;
 }
 
