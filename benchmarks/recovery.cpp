@@ -18,7 +18,9 @@
 //              step of the restarted run: the launcher's restart, mpirun, the ranks' start, the
 //              copy or checkpoint read
 //   recovery   restart + lost x the mean step: until training is back where it failed
-//   step       the mean step of the restarted run: every phase of its loop, per batch
+//   step       the mean step of the restarted run (10 periods long): every phase of its loop, per
+//              batch. Its first copy into each of the two slots is the first write through their
+//              mappings in that process, and pays for the pages' first touch
 //   copy       the memory level's stall per copy: its `memory_copy` phase and the optimizer's
 //              wait for the copy's tensors, less that wait on the shared_fs path, per copy
 // and the memory level's cost: the mean step with it against the mean step without, less one
@@ -93,7 +95,7 @@ Path run_path(const Options& o, const std::string& name, int kill_step, bool mem
   const std::string config = o.dir + "/" + name + ".yaml";
   std::ofstream(config) << "name: recovery-" << name << "\nentrypoint: " << HPCTRIAL_RECOVERY_TRIAL << "\n"
                         << "searcher: {name: single, metric: validation_loss, max_length: {batches: "
-                        << kill_step + 2 * o.period << "}}\n"
+                        << kill_step + 10 * o.period << "}}\n"
                         << "hyperparameters: {global_batch_size: " << 8 * o.ranks << ", state_mib: " << o.state_mib
                         << ", step_ms: " << o.step_ms << "}\nresources: {slots_per_trial: " << o.ranks << "}\nmax_restarts: 1\n"
                         << "min_checkpoint_period: auto\n"

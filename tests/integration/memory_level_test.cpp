@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "../support/same_weights.h"
@@ -84,7 +85,7 @@ TEST_P(EachRankKilled, ResumesFromNodeMemoryWithTheWeightsOfAnUninterruptedRun) 
   ASSERT_EQ(p->exit_code(), 0) << out;
   EXPECT_THAT(out, HasSubstr("checkpoint_levels.memory: every rank holds its copy of batch 30 in node memory, newer "
                              "than any checkpoint on the shared filesystem"));
-  EXPECT_THAT(out, testing::ContainsRegex("resumed from " + user_dir() + "/[^/]+/trial-0/[^/]+/rank-0/ckpt-30.h5 "
+  EXPECT_THAT(out, testing::ContainsRegex("resumed from " + user_dir() + "/[^/]+/trial-0/[^/]+/rank-0/slot-[01] "
                                           "after 30 batches"));
   const auto records = failures();
   ASSERT_EQ(records.size(), 1u) << out;
@@ -120,6 +121,26 @@ TEST_P(EachRankKilled, ACopyCutShortIsNeverUsed) {
   expect_no_rank_left();
 }
 
+// A period in seconds: the chief's clock says when, and every rank copies at the same batch.
+TEST_P(EachRankKilled, CopiesEveryFewSecondsAreAtTheSameBatchOnEveryRank) {
+  const int rank = GetParam();
+  const std::string exp = config("max_restarts: 1\nmin_checkpoint_period: {batches: 100000}\n"
+                                 "checkpoint_levels: {memory: {period: {seconds: 1}, dir: " + shm() + "}}\n",
+                                 kBatches, 2, 25);
+  auto p = run(exp, "rank" + std::to_string(rank) + ":step100:restart0:sigkill");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("each rank copies its state every 1 seconds"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(every rank holds its copy of batch (\d+) in node memory)"))) << out;
+  const std::int64_t batch = std::stoll(m[1]);
+  EXPECT_GT(batch, 0);
+  EXPECT_LT(batch, 100);
+  EXPECT_THAT(out, HasSubstr("after " + std::to_string(batch) + " batches"));
+  testing_support::expect_same_weights(straight(), last_checkpoint());
+  expect_no_rank_left();
+}
+
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
 
@@ -133,7 +154,8 @@ TEST_F(MemoryLevel, LeftoverCopiesAreRemovedAndNeverRead) {
   ASSERT_EQ(first->exit_code(), 128 + 9) << first->output();
   const auto left = sessions();
   ASSERT_EQ(left.size(), 1u);
-  EXPECT_TRUE(fs::exists(left[0] / "rank-0/ckpt-30.h5"));
+  EXPECT_TRUE(fs::exists(left[0] / "rank-0/slot-0"));
+  EXPECT_TRUE(fs::exists(left[0] / "rank-1/slot-1"));
 
   const fs::path old = fs::path(user_dir()) / "another-experiment/trial-0/ended-run/rank-0";
   const fs::path fresh = fs::path(user_dir()) / "busy-experiment/trial-0/running/rank-0";

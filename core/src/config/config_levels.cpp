@@ -11,9 +11,11 @@ void read_checkpoint_levels(MapReader& r, CheckpointLevels& c) {
   if (const ConfigNode* node = r.get("memory")) {
     MapReader m(node, r.path("memory"), d);
     if (const ConfigNode* n = m.get("period")) {
-      if (const auto length = read_length(*n, m.path("period"), d, {LengthUnit::kBatches})) c.memory_period = length->value;
+      if (const auto length = read_length(*n, m.path("period"), d, {LengthUnit::kBatches, LengthUnit::kSeconds})) {
+        c.memory_period = *length;
+      }
     } else if (node->is_map()) {
-      report(*node, m.path("period"), d, "is needed: how often each rank copies its state, e.g. {batches: 10}");
+      report(*node, m.path("period"), d, "is needed: how often each rank copies its state, e.g. {batches: 10} or {seconds: 30}");
     }
     if (const ConfigNode* n = m.get("dir")) {
       if (const auto dir = read_string(*n, m.path("dir"), d)) {

@@ -181,7 +181,8 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_TRUE(c.checkpoint_storage.group_readable);
   EXPECT_EQ(c.checkpoint_storage.auto_overhead, 0.02);
   EXPECT_EQ(c.checkpoint_storage.auto_max_interval_seconds, 600);
-  EXPECT_EQ(c.checkpoint_levels.memory_period, 10);
+  EXPECT_EQ(c.checkpoint_levels.memory_period.value, 10);
+  EXPECT_EQ(c.checkpoint_levels.memory_period.unit, LengthUnit::kBatches);
   EXPECT_EQ(c.checkpoint_levels.memory_dir, "/dev/shm");
   EXPECT_EQ(c.checkpoint_levels.memory_max_share, 0.3);
   EXPECT_FALSE(c.auto_checkpoint_period);
@@ -1193,15 +1194,15 @@ TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {}\n"), HasSubstr("engine: sets no batch size"));
 }
 
-// checkpoint_levels.memory: a period in batches is needed; the directory is absolute; the share
+// checkpoint_levels.memory: a period in batches or seconds is needed; the directory is absolute; the share
 // of the node's memory is below 0.9.
 TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
   const std::string base = std::string(kMinimal) + "checkpoint_levels:\n  memory: ";
   EXPECT_EQ(one_error(base + "{dir: /dev/shm}\n"),
             "exp.yaml:5:11: checkpoint_levels.memory.period: is needed: how often each rank copies its state, e.g. "
-            "{batches: 10}");
-  EXPECT_THAT(one_error(base + "{period: {seconds: 30}}\n"),
-              HasSubstr("checkpoint_levels.memory.period.seconds: unknown unit; use one of batches"));
+            "{batches: 10} or {seconds: 30}");
+  EXPECT_THAT(one_error(base + "{period: {epochs: 1}}\n"),
+              HasSubstr("checkpoint_levels.memory.period.epochs: unknown unit; use one of batches or seconds"));
   EXPECT_THAT(one_error(base + "{period: {batches: 0}}\n"),
               HasSubstr("checkpoint_levels.memory.period.batches: must be a positive integer"));
   EXPECT_THAT(one_error(base + "{period: {batches: 5}, dir: shm}\n"),
@@ -1211,11 +1212,16 @@ TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
   EXPECT_THAT(one_error(base + "{period: {batches: 5}, partner: true}\n"),
               HasSubstr("checkpoint_levels.memory.partner: unknown key"));
   const ExperimentConfig ok = parse_ok(base + "{period: {batches: 5}}\n");
-  EXPECT_EQ(ok.checkpoint_levels.memory_period, 5);
+  EXPECT_EQ(ok.checkpoint_levels.memory_period.value, 5);
   EXPECT_EQ(ok.checkpoint_levels.memory_dir, "/dev/shm");
   EXPECT_EQ(ok.checkpoint_levels.memory_max_share, 0.25);
   EXPECT_EQ(to_yaml(parse_ok(to_yaml(ok))), to_yaml(ok)) << "config show reads back as itself";
   EXPECT_THAT(to_yaml(ok), HasSubstr("checkpoint_levels:\n  memory:\n    period: {batches: 5}\n"));
+  const ExperimentConfig timed = parse_ok(base + "{period: {seconds: 30}}\n");
+  EXPECT_EQ(timed.checkpoint_levels.memory_period.unit, LengthUnit::kSeconds);
+  EXPECT_EQ(timed.checkpoint_levels.memory_period.value, 30);
+  EXPECT_THAT(to_yaml(timed), HasSubstr("    period: {seconds: 30}\n"));
+  EXPECT_EQ(to_yaml(parse_ok(to_yaml(timed))), to_yaml(timed));
 }
 
 }  // namespace

@@ -97,7 +97,11 @@ class Loop {
   void resume();
   // A fresh start of a fine-tuning (searcher.source_checkpoint): its weights only.
   void start_from_source();
-  // The chief: opens the checkpoint store in `dir` and picks the checkpoint resume() restores.
+  // The chief's store of the shared filesystem's checkpoints in `dir`, and its writer.
+  void open_checkpoint_store(const std::string& dir);
+  // The batches of the newest checkpoint in the store whose manifest reads intact; -1: none.
+  std::int64_t newest_shared_checkpoint() const;
+  // The chief: picks the shared filesystem's checkpoint resume() restores.
   std::string choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents);
   // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
   // once its background write is done, the whole cost sets the next interval.
@@ -220,7 +224,7 @@ class Loop {
   // The step boundary after each batch: the ranks agree on their requests, and validate,
   // checkpoint or stop alike; true when training ends there.
   bool step_boundary();
-  std::array<std::int64_t, 6> agree_on_step_requests();
+  std::array<std::int64_t, 7> agree_on_step_requests();
   LoopResult finish_run();
   void report_training();
   void validate();
@@ -303,6 +307,8 @@ class Loop {
   // checkpoint_levels.memory: this rank's copies in node memory; null without the level.
   std::unique_ptr<detail::MemoryLevel> memory_;
   std::int64_t last_memory_batches_ = -1;
+  Clock::time_point last_memory_time_ = Clock::now();  // checkpoint_levels.memory.period in seconds
+  bool memory_pending_ = false;
   bool memory_checked_ = false;  // the first copy found the state whole on every rank
   // Requests agreed at a step boundary, kept until the end of the aggregation group.
   bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed

@@ -46,8 +46,8 @@ void Loop::open_memory_level() {
   const std::string agreed = detail::agree(comm_, error);
   if (!agreed.empty()) throw IoError("checkpoint_levels.memory: " + agreed);
   if (chief()) {
-    core::log_info("checkpoint_levels.memory: each rank copies its state every {} batches into {}",
-                   levels.memory_period, levels.memory_dir);
+    core::log_info("checkpoint_levels.memory: each rank copies its state every {} {} into {}", levels.memory_period.value,
+                   core::to_string(levels.memory_period.unit), levels.memory_dir);
   }
 }
 
@@ -70,6 +70,8 @@ void Loop::save_memory_copy() {
   snapshot.before_publish = writer_fault_hook();  // the tests' "checkpoint:writer" fault: a copy cut short
   memory_->submit(std::move(snapshot));
   last_memory_batches_ = batches_trained_;
+  last_memory_time_ = Clock::now();
+  memory_pending_ = false;
 }
 
 // The newest batch whose copy every rank holds, when it is newer than `level3_batches`; every

@@ -85,11 +85,7 @@ std::string Loop::checkpoint_dir() const {
                               experiment_identity());
 }
 
-// The chief opens the checkpoint store in `dir` and picks the checkpoint to resume, whose contents
-// it reads into `contents`. Returns its path; empty: start fresh; "!" or "?" + reason: refuse to
-// start (a "?" as a mistake in the config).
-std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents) {
-  std::string chosen;
+void Loop::open_checkpoint_store(const std::string& dir) {
   checkpoint::StoreOptions store_options;
   store_options.keep_latest = config_.checkpoint_storage.save_trial_latest;
   store_options.keep_best = config_.checkpoint_storage.save_trial_best;
@@ -100,6 +96,21 @@ std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::C
   }
   store_ = std::make_unique<checkpoint::CheckpointStore>(dir, store_options);
   store_->remove_temporaries();
+  writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
+}
+
+std::int64_t Loop::newest_shared_checkpoint() const {
+  for (const auto& info : store_->list(/*verify=*/false)) {
+    if (info.valid) return info.batches;
+  }
+  return -1;
+}
+
+// The chief picks the checkpoint to resume from the store open_checkpoint_store opened in `dir`,
+// and reads its contents into `contents`. Returns its path; empty: start fresh; "!" or "?" +
+// reason: refuse to start (a "?" as a mistake in the config).
+std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents) {
+  std::string chosen;
   std::vector<std::string> problems;
   std::optional<checkpoint::CheckpointStore::Loaded> loaded;
   try {
@@ -122,7 +133,6 @@ std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::C
   } else if (!problems.empty()) {
     core::log_warning("no usable checkpoint in {}: starting afresh, as --allow-fresh-start allows", dir);
   }
-  writer_ = std::make_unique<detail::AsyncCheckpointWriter>(*store_);
   return chosen;
 }
 
@@ -167,24 +177,26 @@ void Loop::resume() {
   const std::string dir = checkpoint_dir();
   std::string chosen;  // empty: start fresh; "!" + reason: refuse to start
   checkpoint::Contents contents;
-  if (chief()) chosen = choose_resume_checkpoint(dir, contents);
-  comm_.broadcast(chosen, 0);
-  if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
-  if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
+  if (chief()) open_checkpoint_store(dir);
   // The optimizer steps once the tensors of the checkpoint and the copy being written are copied.
   context_->set_before_optimizer_step([this] {
     detail::PhaseTimings::Scope t(timings_, "checkpoint_copy_wait");
     if (writer_) writer_->wait_for_copies();
     if (memory_) memory_->wait_for_copies();
   });
-  // A copy in node memory newer than the shared filesystem's checkpoint, held by every rank, wins.
-  const std::int64_t level3 =
-      chosen.empty() ? -1 : checkpoint::checkpoint_batches(std::filesystem::path(chosen).filename().string()).value_or(-1);
+  // A copy in node memory newer than the shared filesystem's newest checkpoint, held by every rank,
+  // wins, and no rank reads that checkpoint.
   checkpoint::Contents memory_contents;
-  const std::optional<std::string> from_memory = resume_from_memory(level3, memory_contents);
+  const std::optional<std::string> from_memory =
+      resume_from_memory(chief() && memory_ ? newest_shared_checkpoint() : -1, memory_contents);
   if (from_memory) {
     chosen = *from_memory;
     contents = std::move(memory_contents);
+  } else {
+    if (chief()) chosen = choose_resume_checkpoint(dir, contents);
+    comm_.broadcast(chosen, 0);
+    if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
+    if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
   }
   if (chosen.empty() && !config_.searcher.source_checkpoint.empty()) {
     start_from_source();  // every rank loads the same weights

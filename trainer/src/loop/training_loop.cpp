@@ -237,7 +237,7 @@ void Loop::train_one_batch() {
 // Every rank's requests after the batch just trained, agreed on (the maximum over the ranks): a
 // stop, the trial's stop, a validation by time, a checkpoint by time, a sharded checkpoint still
 // being written, a sample of the system metrics.
-std::array<std::int64_t, 6> Loop::agree_on_step_requests() {
+std::array<std::int64_t, 7> Loop::agree_on_step_requests() {
   const bool time_to_validate =
       chief() && validation_period_.seconds > 0 &&
       std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
@@ -250,12 +250,17 @@ std::array<std::int64_t, 6> Loop::agree_on_step_requests() {
       chief() && checkpoint_period_.seconds > 0 &&
       std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
   const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
-  std::array<std::int64_t, 6> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
+  const core::Length& memory_period = config_.checkpoint_levels.memory_period;
+  const bool time_to_copy = chief() && memory_ && memory_period.unit == core::LengthUnit::kSeconds &&
+                            std::chrono::duration<double>(Clock::now() - last_memory_time_).count() >=
+                                static_cast<double>(memory_period.value);
+  std::array<std::int64_t, 7> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
                                        time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0,
-                                       writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0};
+                                       writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0,
+                                       time_to_copy ? 1 : 0};
   rank::record_phase(core::RankPhase::kAgreement);
   faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
-  comm_.allreduce(flags.data(), 6, DType::kInt64, ReduceOp::kMax);
+  comm_.allreduce(flags.data(), static_cast<int>(flags.size()), DType::kInt64, ReduceOp::kMax);
   return flags;
 }
 
@@ -278,7 +283,7 @@ void Loop::step_lr_schedulers(bool epoch_end) {
 // The step boundary: batch-count triggers are the same on every rank; a stop request or a time
 // trigger is agreed on, so that every rank takes the same branch here. True when training ends.
 bool Loop::step_boundary() {
-  const std::array<std::int64_t, 6> flags = agree_on_step_requests();
+  const std::array<std::int64_t, 7> flags = agree_on_step_requests();
   if (flags[5] != 0) report_system();
   if (sharded_in_flight_ && flags[4] == 0) {
     with_chief_hooks([&] { settle_sharded_checkpoint(); });  // every rank's shard is durable
@@ -319,9 +324,11 @@ bool Loop::step_boundary() {
       note_checkpoint_stall(std::chrono::duration<double>(Clock::now() - started).count());
     });
   }
-  const std::int64_t memory_period = config_.checkpoint_levels.memory_period;
-  if (memory_ && group_end && !stop && !last && !trial_ends && batches_trained_ % memory_period == 0) {
-    save_memory_copy();
+  if (memory_) {
+    const core::Length& memory_period = config_.checkpoint_levels.memory_period;
+    memory_pending_ = memory_pending_ || flags[6] != 0 ||
+                      (memory_period.unit == core::LengthUnit::kBatches && batches_trained_ % memory_period.value == 0);
+    if (memory_pending_ && group_end && !stop && !last && !trial_ends) save_memory_copy();
   }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);
   if (profiler_) profiler_->after_batch(batches_trained_);

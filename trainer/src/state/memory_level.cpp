@@ -1,5 +1,5 @@
-// A rank's copies in node memory: the store in its folder, the writer's thread, and the check
-// that two copies of every rank on the node fit.
+// A rank's copies in node memory: the slots in its folder, the thread that fills them, and the
+// check that two copies of every rank on the node fit.
 #include "state/memory_level.h"
 
 #include <torch/torch.h>
@@ -9,17 +9,10 @@
 #include <system_error>
 
 #include "hpctrial/core/error.h"
+#include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
 namespace {
-
-checkpoint::StoreOptions memory_store_options() {
-  checkpoint::StoreOptions options;
-  options.keep_latest = 2;  // a copy torn by the failure leaves the one before it
-  options.keep_best = 0;
-  options.direct_io = false;  // a tmpfs takes no O_DIRECT, and nothing is gained by it there
-  return options;
-}
 
 std::string gib(std::uint64_t bytes) {
   char text[32];
@@ -31,9 +24,20 @@ std::string gib(std::uint64_t bytes) {
 
 MemoryLevel::MemoryLevel(const core::CheckpointLevels& levels, rank::NodeMemoryPlace place, int ranks_on_node)
     : levels_(levels), ranks_on_node_(std::max(1, ranks_on_node)), memory_(std::move(place)) {
-  store_ = std::make_unique<checkpoint::CheckpointStore>(memory_.dir(), memory_store_options());
-  store_->remove_temporaries();  // a copy cut short when the rank died
-  writer_ = std::make_unique<AsyncCheckpointWriter>(*store_);
+  slots_ = std::make_unique<checkpoint::MemorySlots>(memory_.dir());
+  thread_ = std::thread([this] { run(); });
+}
+
+MemoryLevel::~MemoryLevel() { stop_thread(); }
+
+void MemoryLevel::stop_thread() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
 }
 
 void MemoryLevel::check_fits(std::uint64_t bytes) const {
@@ -69,24 +73,86 @@ void MemoryLevel::submit(Snapshot snapshot) {
     checked_ = true;
   }
   memory_.touch();
-  writer_->submit(std::move(snapshot));
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  copying_ = !snapshot.deferred.empty();
+  pending_ = std::move(snapshot);
+  changed_.notify_all();
 }
 
-std::vector<std::int64_t> MemoryLevel::held() const {
-  std::vector<std::int64_t> out;
-  for (const auto& info : store_->list(/*verify=*/false)) {
-    if (info.valid) out.push_back(info.batches);
+void MemoryLevel::wait_for_copies() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !copying_; });
+}
+
+void MemoryLevel::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
+    if (!pending_) return;
+    Snapshot snapshot = std::move(*pending_);
+    pending_.reset();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      write(snapshot);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    snapshot = Snapshot();
+    lock.lock();
+    copying_ = false;
+    busy_ = false;
+    if (error) error_ = error;
+    changed_.notify_all();
   }
-  return out;
 }
 
-checkpoint::CheckpointStore::Loaded MemoryLevel::load(std::int64_t batches) const {
-  return checkpoint::load_checkpoint_at(store_->path_for(batches));
+// The live tensors first, each copied into the slot and checksummed in one pass (training waits
+// for them), then the rest of the snapshot, then the commit.
+void MemoryLevel::write(Snapshot& snapshot) {
+  const std::size_t live = snapshot.deferred.size();
+  std::vector<checkpoint::SlotDataset> datasets;
+  for (const auto& d : snapshot.deferred) {
+    datasets.push_back({d.name, checkpoint_dtype(d.tensor.scalar_type()), d.tensor.sizes().vec(),
+                        static_cast<std::size_t>(d.tensor.nbytes())});
+  }
+  for (const auto& d : snapshot.contents.datasets) datasets.push_back({d.name, d.dtype, d.shape, d.nbytes()});
+  const std::int64_t batches = std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute));
+  checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
+  try {
+    for (std::size_t k = 0; k < live; ++k) {
+      const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
+      copy.set_crc32c(k, checkpoint::copy_crc32c(copy.data(k), source.data_ptr(), static_cast<std::size_t>(source.nbytes())));
+    }
+  } catch (...) {
+    snapshot.deferred.clear();
+    throw;
+  }
+  snapshot.deferred.clear();  // the live tensors are no longer needed: training may step
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    copying_ = false;
+  }
+  changed_.notify_all();
+  for (std::size_t j = 0; j < snapshot.contents.datasets.size(); ++j) {
+    const checkpoint::Dataset& d = snapshot.contents.datasets[j];
+    copy.set_crc32c(live + j, d.nbytes() == 0 ? checkpoint::crc32c(nullptr, 0)
+                                              : checkpoint::copy_crc32c(copy.data(live + j), d.data->data(), d.nbytes()));
+  }
+  if (snapshot.before_publish) snapshot.before_publish();
+  copy.commit();
 }
+
+std::vector<std::int64_t> MemoryLevel::held() const { return slots_->held(); }
+
+checkpoint::CheckpointStore::Loaded MemoryLevel::load(std::int64_t batches) const { return slots_->load(batches); }
 
 void MemoryLevel::remove() {
-  writer_.reset();  // waits for the copy being written
-  store_.reset();
+  stop_thread();  // waits for the copy being written
+  slots_.reset();
   memory_.remove();
 }
 
