@@ -77,13 +77,16 @@ void MemorySlots::write_at(int slot, const void* bytes, std::size_t size, std::s
   }
 }
 
-// The slot's file sized to `size` and mapped whole; kept mapped for the next copy of that size,
-// so that its pages are faulted in once.
+// The slot's file holding at least `size` bytes, mapped; kept mapped for the next copies, so that
+// its pages are touched once (the texts of a copy change their length from one to the next: the
+// mapping is grown with room to spare, never shrunk).
 void* MemorySlots::map_for(int slot, std::size_t size) {
   Slot& s = slots_[slot];
-  if (s.map && s.mapped == size) return s.map;
+  if (s.map && s.mapped >= size) return s.map;
   if (s.map) ::munmap(s.map, s.mapped);
   s.map = nullptr;
+  constexpr std::size_t kRoom = std::size_t{1} << 20;
+  size = (size + size / 64 + kRoom) / kRoom * kRoom;
   // Its pages allocated now (a full tmpfs is an error here, not a SIGBUS at a store through the
   // mapping), and the file grown, never shrunk: past the data is a manifest, maybe a held copy's.
   if (const int error = ::posix_fallocate(s.fd, 0, static_cast<off_t>(size)); error != 0) {
@@ -137,17 +140,19 @@ MemorySlots::Copy MemorySlots::begin(std::int64_t batches, std::vector<SlotDatas
   h.header_crc = h.own_crc();
   write_at(slot, &h, sizeof h, 0);
   map_for(slot, end);
-  return Copy(*this, slot, batches, std::move(datasets), std::move(attributes), std::move(offsets));
+  return Copy(*this, slot, batches, std::move(datasets), std::move(attributes), std::move(offsets), end);
 }
 
 MemorySlots::Copy::Copy(MemorySlots& slots, int slot, std::int64_t batches, std::vector<SlotDataset> datasets,
-                        std::map<std::string, std::string> attributes, std::vector<std::size_t> offsets)
+                        std::map<std::string, std::string> attributes, std::vector<std::size_t> offsets,
+                        std::size_t end)
     : slots_(&slots),
       slot_(slot),
       batches_(batches),
       datasets_(std::move(datasets)),
       attributes_(std::move(attributes)),
       offsets_(std::move(offsets)),
+      end_(end),
       crcs_(datasets_.size(), 0) {}
 
 void* MemorySlots::Copy::data(std::size_t k) const {
@@ -166,11 +171,8 @@ void MemorySlots::Copy::commit() {
                                     {"offset", offsets_[k]}, {"nbytes", d.nbytes}, {"crc32c", crcs_[k]}});
   }
   const std::string text = manifest.dump();
-  const std::size_t at = slots_->slots_[slot_].mapped;
+  const std::size_t at = end_;  // within the mapping or past it: the file grows, never shrinks
   slots_->write_at(slot_, text.data(), text.size(), at);
-  if (::ftruncate(slots_->slots_[slot_].fd, static_cast<off_t>(at + text.size())) != 0) {
-    throw IoError("cannot size " + slots_->path(slot_) + ": " + std::strerror(errno));
-  }
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;

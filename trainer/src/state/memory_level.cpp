@@ -4,11 +4,13 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <system_error>
 
 #include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
 #include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
@@ -120,6 +122,7 @@ void MemoryLevel::write(Snapshot& snapshot) {
                         static_cast<std::size_t>(d.tensor.nbytes())});
   }
   for (const auto& d : snapshot.contents.datasets) datasets.push_back({d.name, d.dtype, d.shape, d.nbytes()});
+  const auto started = std::chrono::steady_clock::now();
   const std::int64_t batches = std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute));
   checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
   try {
@@ -131,6 +134,8 @@ void MemoryLevel::write(Snapshot& snapshot) {
     snapshot.deferred.clear();
     throw;
   }
+  core::log_debug("memory copy of batch {}: live tensors copied in {:.3f} s", batches,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   snapshot.deferred.clear();  // the live tensors are no longer needed: training may step
   {
     std::lock_guard<std::mutex> lock(mutex_);

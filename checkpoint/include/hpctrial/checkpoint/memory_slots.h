@@ -55,13 +55,14 @@ class MemorySlots {
    private:
     friend class MemorySlots;
     Copy(MemorySlots& slots, int slot, std::int64_t batches, std::vector<SlotDataset> datasets,
-         std::map<std::string, std::string> attributes, std::vector<std::size_t> offsets);
+         std::map<std::string, std::string> attributes, std::vector<std::size_t> offsets, std::size_t end);
     MemorySlots* slots_;
     int slot_;
     std::int64_t batches_;
     std::vector<SlotDataset> datasets_;
     std::map<std::string, std::string> attributes_;
     std::vector<std::size_t> offsets_;
+    std::size_t end_;  // where the datasets end and the manifest goes
     std::vector<std::uint32_t> crcs_;
   };
   // IoError (naming the slot file and errno) when the slot cannot be sized or mapped.
