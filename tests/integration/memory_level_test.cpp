@@ -1,8 +1,9 @@
 // checkpoint_levels.memory with real mpirun: a rank SIGKILLed (the chief, and the last rank)
 // restarts inside the same `hpctrial run` from the copies every rank holds in node memory, newer
 // than any checkpoint on the shared filesystem, and ends with the weights of an uninterrupted run;
-// a copy cut short by the kill is never used; copies an earlier run of the trial left are removed
-// at the next start and never read, as are another experiment's that no rank holds.
+// a copy cut short by the kill is never used; a period in seconds and the default, auto, copy at
+// the same batch on every rank; copies an earlier run of the trial left are removed at the next
+// start and never read, as are another experiment's that no rank holds.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -53,6 +54,9 @@ class MemoryLevel : public Launcher {
                           "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}}\n",
                   kBatches, 2, 5);
   }
+  // A run with the memory level's `memory` section, 25 ms batches, the rank killed at step 100:
+  // it resumes from a copy in node memory, with the weights of an uninterrupted run.
+  void expect_resumes_from_a_timed_copy(int rank, const std::string& memory, const std::string& said);
   // The uninterrupted run's last checkpoint.
   std::string straight() {
     auto p = run(config("", kBatches), "", {"--experiment", (dir_.path() / "straight").string()});
@@ -121,16 +125,13 @@ TEST_P(EachRankKilled, ACopyCutShortIsNeverUsed) {
   expect_no_rank_left();
 }
 
-// A period in seconds: the chief's clock says when, and every rank copies at the same batch.
-TEST_P(EachRankKilled, CopiesEveryFewSecondsAreAtTheSameBatchOnEveryRank) {
-  const int rank = GetParam();
+void MemoryLevel::expect_resumes_from_a_timed_copy(int rank, const std::string& memory, const std::string& said) {
   const std::string exp = config("max_restarts: 1\nmin_checkpoint_period: {batches: 100000}\n"
-                                 "checkpoint_levels: {memory: {period: {seconds: 1}, dir: " + shm() + "}}\n",
-                                 kBatches, 2, 25);
+                                 "checkpoint_levels: {memory: " + memory + "}\n", kBatches, 2, 25);
   auto p = run(exp, "rank" + std::to_string(rank) + ":step100:restart0:sigkill");
   const std::string out = p->output();
   ASSERT_EQ(p->exit_code(), 0) << out;
-  EXPECT_THAT(out, HasSubstr("each rank copies its state every 1 seconds"));
+  EXPECT_THAT(out, HasSubstr(said));
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(every rank holds its copy of batch (\d+) in node memory)"))) << out;
   const std::int64_t batch = std::stoll(m[1]);
@@ -139,6 +140,19 @@ TEST_P(EachRankKilled, CopiesEveryFewSecondsAreAtTheSameBatchOnEveryRank) {
   EXPECT_THAT(out, HasSubstr("after " + std::to_string(batch) + " batches"));
   testing_support::expect_same_weights(straight(), last_checkpoint());
   expect_no_rank_left();
+}
+
+// A period in seconds: the chief's clock says when, and every rank copies at the same batch.
+TEST_P(EachRankKilled, CopiesEveryFewSecondsAreAtTheSameBatchOnEveryRank) {
+  expect_resumes_from_a_timed_copy(GetParam(), "{period: {seconds: 1}, dir: " + shm() + "}",
+                                   "each rank copies its state every 1 seconds");
+}
+
+// No period: auto. The first copy a second in, the next as the measured cost allows (this small
+// trial's copies cost little: one a second).
+TEST_P(EachRankKilled, CopiesAsOftenAsTheirCostAllowsByDefault) {
+  expect_resumes_from_a_timed_copy(GetParam(), "{dir: " + shm() + "}",
+                                   "as often as the copies cost at most 1% of the time (every 1 to 60 s)");
 }
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),

@@ -10,12 +10,17 @@ void read_checkpoint_levels(MapReader& r, CheckpointLevels& c) {
   Diagnostics& d = r.diagnostics();
   if (const ConfigNode* node = r.get("memory")) {
     MapReader m(node, r.path("memory"), d);
+    c.memory_on = true;
+    c.memory_auto = true;  // without a period: as often as the copies' cost allows
     if (const ConfigNode* n = m.get("period")) {
-      if (const auto length = read_length(*n, m.path("period"), d, {LengthUnit::kBatches, LengthUnit::kSeconds})) {
+      if (n->is_scalar() && n->text() == "auto") {
+        // the default
+      } else if (!n->is_map()) {
+        report(*n, m.path("period"), d, "must be auto, {batches: N} or {seconds: N}");
+      } else if (const auto length = read_length(*n, m.path("period"), d, {LengthUnit::kBatches, LengthUnit::kSeconds})) {
         c.memory_period = *length;
+        c.memory_auto = false;
       }
-    } else if (node->is_map()) {
-      report(*node, m.path("period"), d, "is needed: how often each rank copies its state, e.g. {batches: 10} or {seconds: 30}");
     }
     if (const ConfigNode* n = m.get("dir")) {
       if (const auto dir = read_string(*n, m.path("dir"), d)) {

@@ -266,8 +266,12 @@ void emit_checkpoint_levels(YAML::Emitter& out, const CheckpointLevels& l) {
   if (!l.memory()) return;  // no level but the shared filesystem's
   out << YAML::Key << "checkpoint_levels" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "period" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
-      << std::string(to_string(l.memory_period.unit)) << YAML::Value << l.memory_period.value << YAML::EndMap;
+  if (l.memory_auto) {
+    out << YAML::Key << "period" << YAML::Value << "auto";
+  } else {
+    out << YAML::Key << "period" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
+        << std::string(to_string(l.memory_period.unit)) << YAML::Value << l.memory_period.value << YAML::EndMap;
+  }
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << l.memory_dir;
   out << YAML::Key << "max_share" << YAML::Value << l.memory_max_share;
   out << YAML::EndMap << YAML::EndMap;

@@ -1194,13 +1194,12 @@ TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_THAT(one_error(std::string(kMinimal) + "engine: {}\n"), HasSubstr("engine: sets no batch size"));
 }
 
-// checkpoint_levels.memory: a period in batches or seconds is needed; the directory is absolute; the share
+// checkpoint_levels.memory: a period in batches or seconds, or auto (the default); the directory is absolute; the share
 // of the node's memory is below 0.9.
 TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
   const std::string base = std::string(kMinimal) + "checkpoint_levels:\n  memory: ";
-  EXPECT_EQ(one_error(base + "{dir: /dev/shm}\n"),
-            "exp.yaml:5:11: checkpoint_levels.memory.period: is needed: how often each rank copies its state, e.g. "
-            "{batches: 10} or {seconds: 30}");
+  EXPECT_EQ(one_error(base + "{period: often}\n"),
+            "exp.yaml:5:20: checkpoint_levels.memory.period: must be auto, {batches: N} or {seconds: N}");
   EXPECT_THAT(one_error(base + "{period: {epochs: 1}}\n"),
               HasSubstr("checkpoint_levels.memory.period.epochs: unknown unit; use one of batches or seconds"));
   EXPECT_THAT(one_error(base + "{period: {batches: 0}}\n"),
@@ -1222,6 +1221,15 @@ TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
   EXPECT_EQ(timed.checkpoint_levels.memory_period.value, 30);
   EXPECT_THAT(to_yaml(timed), HasSubstr("    period: {seconds: 30}\n"));
   EXPECT_EQ(to_yaml(parse_ok(to_yaml(timed))), to_yaml(timed));
+  // Without a period, or with `auto`: as often as the copies' cost allows.
+  for (const char* text : {"{dir: /dev/shm}\n", "{period: auto}\n", "{}\n"}) {
+    const ExperimentConfig automatic = parse_ok(base + text);
+    EXPECT_TRUE(automatic.checkpoint_levels.memory()) << text;
+    EXPECT_TRUE(automatic.checkpoint_levels.memory_auto) << text;
+    EXPECT_THAT(to_yaml(automatic), HasSubstr("    period: auto\n")) << text;
+    EXPECT_EQ(to_yaml(parse_ok(to_yaml(automatic))), to_yaml(automatic)) << text;
+  }
+  EXPECT_FALSE(parse_ok(kMinimal).checkpoint_levels.memory());
 }
 
 }  // namespace

@@ -225,6 +225,9 @@ class Loop {
   // checkpoint or stop alike; true when training ends there.
   bool step_boundary();
   std::array<std::int64_t, 7> agree_on_step_requests();
+  // The chief, at each step boundary: whether the time-based memory period has come (seconds,
+  // or auto's interval, fed here with the last copy's cost once it is written).
+  bool time_to_copy();
   LoopResult finish_run();
   void report_training();
   void validate();
@@ -309,6 +312,10 @@ class Loop {
   std::int64_t last_memory_batches_ = -1;
   Clock::time_point last_memory_time_ = Clock::now();  // checkpoint_levels.memory.period in seconds
   bool memory_pending_ = false;
+  // checkpoint_levels.memory.period: auto, on the chief: the interval from the copies' cost, the
+  // loop's stall (memory_stall_s_) and the level's thread's whole time.
+  std::unique_ptr<AutoCheckpointPeriod> auto_memory_;
+  double memory_stall_s_ = 0;
   bool memory_checked_ = false;  // the first copy found the state whole on every rank
   // Requests agreed at a step boundary, kept until the end of the aggregation group.
   bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed

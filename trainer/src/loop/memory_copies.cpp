@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <ctime>
 #include <set>
 
@@ -19,6 +20,17 @@
 #include "state/sharded_checkpoint.h"
 
 namespace hpctrial::trainer::detail {
+namespace {
+
+// checkpoint_levels.memory.period: auto. A copy's cost (the loop's stall, and the level's thread's
+// time counted whole, as if it had taken the CPU from training) within 1 % of the time, a copy no
+// more often than once a second (each is a pass over the whole state), and one at least every
+// minute: the work a rank's failure loses.
+constexpr double kMemoryOverhead = 0.01;
+constexpr double kMemoryMinInterval_s = 1;
+constexpr double kMemoryMaxInterval_s = 60;
+
+}  // namespace
 
 // Every rank opens its folder in node memory, or every rank fails with the first one's reason.
 void Loop::open_memory_level() {
@@ -45,16 +57,35 @@ void Loop::open_memory_level() {
   }
   const std::string agreed = detail::agree(comm_, error);
   if (!agreed.empty()) throw IoError("checkpoint_levels.memory: " + agreed);
-  if (chief()) {
+  last_memory_time_ = Clock::now();  // a period in seconds runs from here
+  if (!chief()) return;
+  if (levels.memory_auto) {
+    auto_memory_ = std::make_unique<AutoCheckpointPeriod>(kMemoryOverhead, kMemoryMaxInterval_s, kMemoryMinInterval_s);
+    core::log_info("checkpoint_levels.memory: each rank copies its state into {} as often as the copies cost at most "
+                   "{}% of the time (every {} to {} s)", levels.memory_dir, kMemoryOverhead * 100, kMemoryMinInterval_s,
+                   kMemoryMaxInterval_s);
+  } else {
     core::log_info("checkpoint_levels.memory: each rank copies its state every {} {} into {}", levels.memory_period.value,
                    core::to_string(levels.memory_period.unit), levels.memory_dir);
   }
 }
 
-// At a step boundary every rank takes (the period counts batches): the state copied as a
-// checkpoint captures it, written by the level's thread.
+bool Loop::time_to_copy() {
+  if (!chief() || !memory_) return false;
+  const core::CheckpointLevels& levels = config_.checkpoint_levels;
+  const double since = std::chrono::duration<double>(Clock::now() - last_memory_time_).count();
+  if (auto_memory_) {
+    if (const auto written = memory_->take_write_seconds()) auto_memory_->record_cost(memory_stall_s_ + *written);
+    return since >= auto_memory_->interval_s();
+  }
+  return levels.memory_period.unit == core::LengthUnit::kSeconds && since >= static_cast<double>(levels.memory_period.value);
+}
+
+// At a step boundary every rank takes (the period counts batches, or the ranks agreed on the
+// chief's clock): the state copied as a checkpoint captures it, written by the level's thread.
 void Loop::save_memory_copy() {
   detail::PhaseTimings::Scope t(timings_, "memory_copy");
+  const auto started = Clock::now();
   detail::LoopState state = loop_state();
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
@@ -70,7 +101,8 @@ void Loop::save_memory_copy() {
   snapshot.before_publish = writer_fault_hook();  // the tests' "checkpoint:writer" fault: a copy cut short
   memory_->submit(std::move(snapshot));
   last_memory_batches_ = batches_trained_;
-  last_memory_time_ = Clock::now();
+  last_memory_time_ = started;  // auto's interval runs from one copy's start to the next's
+  memory_stall_s_ = std::chrono::duration<double>(Clock::now() - started).count();
   memory_pending_ = false;
 }
 

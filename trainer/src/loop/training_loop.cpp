@@ -250,14 +250,11 @@ std::array<std::int64_t, 7> Loop::agree_on_step_requests() {
       chief() && checkpoint_period_.seconds > 0 &&
       std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
   const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
-  const core::Length& memory_period = config_.checkpoint_levels.memory_period;
-  const bool time_to_copy = chief() && memory_ && memory_period.unit == core::LengthUnit::kSeconds &&
-                            std::chrono::duration<double>(Clock::now() - last_memory_time_).count() >=
-                                static_cast<double>(memory_period.value);
+  const bool copy_now = time_to_copy();
   std::array<std::int64_t, 7> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
                                        time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0,
                                        writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0,
-                                       time_to_copy ? 1 : 0};
+                                       copy_now ? 1 : 0};
   rank::record_phase(core::RankPhase::kAgreement);
   faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
   comm_.allreduce(flags.data(), static_cast<int>(flags.size()), DType::kInt64, ReduceOp::kMax);
@@ -326,8 +323,8 @@ bool Loop::step_boundary() {
   }
   if (memory_) {
     const core::Length& memory_period = config_.checkpoint_levels.memory_period;
-    memory_pending_ = memory_pending_ || flags[6] != 0 ||
-                      (memory_period.unit == core::LengthUnit::kBatches && batches_trained_ % memory_period.value == 0);
+    const bool counted = !config_.checkpoint_levels.memory_auto && memory_period.unit == core::LengthUnit::kBatches;
+    memory_pending_ = memory_pending_ || flags[6] != 0 || (counted && batches_trained_ % memory_period.value == 0);
     if (memory_pending_ && group_end && !stop && !last && !trial_ends) save_memory_copy();
   }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);

@@ -88,6 +88,11 @@ void MemoryLevel::wait_for_copies() {
   changed_.wait(lock, [&] { return !copying_; });
 }
 
+std::optional<double> MemoryLevel::take_write_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(write_seconds_, std::nullopt);
+}
+
 void MemoryLevel::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -96,7 +101,9 @@ void MemoryLevel::run() {
     Snapshot snapshot = std::move(*pending_);
     pending_.reset();
     busy_ = true;
+    write_seconds_.reset();
     lock.unlock();
+    const auto started = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
       write(snapshot);
@@ -108,6 +115,7 @@ void MemoryLevel::run() {
     copying_ = false;
     busy_ = false;
     if (error) error_ = error;
+    if (!error) write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     changed_.notify_all();
   }
 }

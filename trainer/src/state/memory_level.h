@@ -38,6 +38,9 @@ class MemoryLevel {
   void submit(Snapshot snapshot);
   // Returns once the deferred tensors of the last snapshot are in their slot (training may step).
   void wait_for_copies();
+  // Without waiting: the seconds the thread spent on the last copy, once it is committed, and only
+  // once; nullopt while it is still being written.
+  std::optional<double> take_write_seconds();
 
   // The batches of the copies this rank holds, newest first (by their headers and manifests; a
   // copy is read whole and verified when it is loaded).
@@ -67,6 +70,7 @@ class MemoryLevel {
   bool copying_ = false;  // the deferred tensors of the current snapshot are not all in their slot
   bool stopping_ = false;
   std::exception_ptr error_;
+  std::optional<double> write_seconds_;
   std::thread thread_;
 };
 

@@ -240,14 +240,17 @@ struct CheckpointStorage {
 // checkpoint_levels: copies of a trial's state kept nearer than the shared filesystem, each a
 // store of the same checkpoint files (docs/user-guide.md, "Checkpoint levels").
 struct CheckpointLevels {
-  // memory: every `memory_period` (batches, or seconds agreed on by the ranks) each rank copies
-  // its state into node-local memory (`memory_dir`, a tmpfs), where a restart inside the job
-  // finds it after a rank failed. 0: off.
+  // memory: every `memory_period` (batches, or seconds agreed on by the ranks; with
+  // `memory_auto`, as often as the copies' measured cost stays within 1 % of the time) each rank
+  // copies its state into node-local memory (`memory_dir`, a tmpfs), where a restart inside the
+  // job finds it after a rank failed.
+  bool memory_on = false;
+  bool memory_auto = false;
   Length memory_period{LengthUnit::kBatches, 0};
   std::string memory_dir = "/dev/shm";
   // The share of the node's memory that its ranks' copies (two a rank) may take; more is refused.
   double memory_max_share = 0.25;
-  bool memory() const { return memory_period.value > 0; }
+  bool memory() const { return memory_on; }
 };
 
 // data.stage: the input data copied once per node to node-local storage before training
