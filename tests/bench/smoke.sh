@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs one benchmark in its quick mode and checks what it printed, never how fast it was:
 #   smoke.sh PATTERN [PATTERN ...] -- COMMAND [ARG ...]
-# Passes when COMMAND exits 0, every PATTERN (an extended regular expression) matches a line of
+# Exit 77 (skipped) when COMMAND exits 77: it cannot run on this machine. Otherwise passes when
+# COMMAND exits 0, every PATTERN (an extended regular expression) matches a line of
 # its standard output, and no figure it printed is inf or nan.
 set -uo pipefail
 patterns=()
@@ -19,6 +20,10 @@ trap 'rm -f "$out"' EXIT
 "$@" >"$out"
 rc=$?
 cat "$out"
+if [[ $rc -eq 77 ]]; then  # the benchmark cannot run here, and said why on its standard error
+  echo "bench-smoke: $1 skipped (exit 77)" >&2
+  exit 77
+fi
 failed=0
 if [[ $rc -ne 0 ]]; then
   echo "bench-smoke: $1 exited $rc" >&2
