@@ -51,14 +51,21 @@ class PbsSearch : public PbsServer {
   }
 
   // The same configurations each trained straight to max_length on this machine, validated at
-  // every rung's end (testing_support::reference_config). Run once for the suite.
+  // every rung's end (testing_support::reference_config). Run once for the suite, by the user in
+  // the user's environment, as the jobs run: PBS gives a job the environment of the user's login,
+  // not the test's, and a variable such as OPENBLAS_CORETYPE in the test's would choose other
+  // kernels, whose sums round otherwise.
   static const testing_support::Validations& reference(const std::string& config_path) {
     static const testing_support::Validations validations = [&] {
-      const std::string dir = (shared_->path() / "reference").string();
-      const auto r = run_as({HPCTRIAL_CLI, "run", testing_support::reference_config(config_path), "--experiment", dir},
-                            600s, false);
+      const fs::path home = shared_->path() / "reference";
+      const fs::path dir = home / "exp";
+      fs::create_directories(home);
+      const passwd* pw = ::getpwnam(kUser.c_str());
+      EXPECT_TRUE(pw != nullptr && ::chown(home.c_str(), pw->pw_uid, pw->pw_gid) == 0) << home;
+      const auto r = user({HPCTRIAL_CLI, "run", testing_support::reference_config(config_path), "--experiment",
+                           dir.string()}, 600s);
       EXPECT_TRUE(r.ok()) << r.describe() << r.out << r.err;
-      return testing_support::validation_losses(dir, kTrials);
+      return testing_support::validation_losses(dir.string(), kTrials);
     }();
     return validations;
   }
