@@ -82,6 +82,7 @@
 #include <filesystem>
 #include <future>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -504,6 +505,12 @@ int measure_chief_hooks(const Setup& s, const Data& data, std::string scratch, h
   return 0;
 }
 
+// Valgrind stopped at an instruction it cannot emulate: no count on this machine, and no fault of
+// the program measured.
+struct ValgrindCannotRun : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Instructions per step of one side, counted by callgrind in a child process (see --instructions).
 double instructions_per_step(const Setup& s, const std::string& side, const std::string& scratch) {
   std::error_code error;
@@ -526,10 +533,9 @@ double instructions_per_step(const Setup& s, const std::string& side, const std:
     // Not this program's fault: a library it loads (libhwy, through libtorch) executes an
     // instruction (RDTSCP) that this CPU runs but does not advertise, and valgrind emulates only
     // what the CPU advertises. Exit 77: the test suite counts the run as skipped.
-    std::fprintf(stderr, "harness_overhead: valgrind cannot run the %s side on this CPU: it stops at an instruction a "
-                 "library executes and this CPU does not advertise; no instruction counts here\n%s", side.c_str(),
-                 result.err.c_str());
-    std::exit(77);
+    throw ValgrindCannotRun("harness_overhead: valgrind cannot run the " + side + " side on this CPU: it stops at an "
+                            "instruction a library executes and this CPU does not advertise; no instruction counts "
+                            "here\n" + result.err);
   }
   if (!result.ok()) fail("the " + side + " side under callgrind failed: " + result.describe() + "\n" + result.err);
   std::ifstream in(out);
@@ -552,9 +558,26 @@ int compare_instructions(const Setup& s, const std::string& scratch) {
               static_cast<long>(s.steps - 2));
   // Both sides at once, each in its own valgrind: instruction counts do not depend on what else
   // runs, and valgrind's start-up with LibTorch is most of either's time.
+  // Both are awaited before either's outcome is acted on: no exit while the other side's thread runs.
   auto plain_count = std::async(std::launch::async, [&] { return instructions_per_step(s, "plain", scratch); });
-  const double harness = instructions_per_step(s, "hpctrial", scratch);
-  const double plain = plain_count.get();
+  double harness = 0, plain = 0;
+  std::string cannot_run;
+  try {
+    harness = instructions_per_step(s, "hpctrial", scratch);
+  } catch (const ValgrindCannotRun& e) {
+    cannot_run = e.what();
+  }
+  try {
+    plain = plain_count.get();
+  } catch (const ValgrindCannotRun& e) {
+    if (cannot_run.empty()) cannot_run = e.what();
+  }
+  if (!cannot_run.empty()) {
+    std::fprintf(stderr, "%s", cannot_run.c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(scratch, ignored);
+    return 77;  // the test suite counts the run as skipped
+  }
   std::printf("instructions per step: plain %.0f, hpctrial %.0f, hpctrial - plain %+.0f, ratio %.4f "
               "(goal <= 1.01)\n", plain, harness, harness - plain, harness / plain);
   std::error_code ignored;
