@@ -85,8 +85,13 @@ void print_failures(std::ostream& out, const core::TrialProgress& progress) {
   for (const auto& [rank, operations] : progress.last_failure_flight) {
     out << "    rank " << rank << " last: " << operations << "\n";
   }
-  for (const auto& [node, job] : progress.excluded_nodes) {
-    out << "  left out:    node " << node << " (job " << job << "), the ranks having failed on it in two attempts\n";
+  for (const auto& spared : progress.spared_nodes) {
+    out << "  spare node:  " << spared.spare << " took the ranks of node " << spared.node << " in job " << spared.job
+        << " at " << spared.time << ", the ranks having failed there\n";
+  }
+  for (const auto& left : progress.excluded_nodes) {
+    out << "  left out:    node " << left.node << " (job " << left.job << "), the ranks having failed on it "
+        << (left.no_spare_left ? "with no spare node left" : "in two attempts") << "\n";
   }
   if (const auto& failed = progress.failed_hand_over) {
     // The job stopped after a durable checkpoint, but its scheduler did not take the trial back.
@@ -156,7 +161,9 @@ void print_trial(const view::ExperimentView& v, const view::TrialView& t) {
               << run.batch << " (" << run.local_batch << " x " << run.accumulation << " x " << run.ranks
               << "), from " << (run.from_record ? "record " + std::to_string(*run.from_record)
                                                 : "batch " + std::to_string(run.batches))
-              << (run.level == "memory" ? " (its copies in node memory)" : "")
+              << (run.level == "memory"    ? " (its copies in node memory)"
+                  : run.level == "partner" ? " (its copies in node memory, some from the partners of ranks that lost theirs)"
+                                           : "")
               << ", started " << run.started
               << (run.launcher.empty() ? "" : " by " + run.launcher)
               << (run.image.empty() ? "" : ", each rank in " + run.runtime + " image " + run.image) << "\n";

@@ -4,7 +4,8 @@
 # test cluster. Needs root (slurmd runs jobs as their users). The default partition `debug` is
 # this machine's node; the partition `elastic` adds a second node, `hpctrial-b`, served by a
 # second slurmd on this machine (NodeHostname is this host, so `srun` and Open MPI's Slurm
-# launcher reach it), for the tests of jobs that ask for a range of nodes.
+# launcher reach it), for the tests of jobs that ask for a range of nodes; the partition `spare`
+# adds a third, `hpctrial-c`, for the tests of jobs with a spare node.
 #
 #   scripts/local-slurm.sh start [DIR]   start, wait until the node is idle, print SLURM_CONF=...
 #   scripts/local-slurm.sh stop [DIR]    stop the daemons started from DIR
@@ -28,6 +29,7 @@ dir=$(realpath -m "${2:-${HPCTRIAL_SLURM_DIR:-/tmp/hpctrial-slurm}}")  # the dae
 port=${HPCTRIAL_SLURM_PORT:-16817}
 conf=$dir/slurm.conf
 second=hpctrial-b
+third=hpctrial-c
 user=${HPCTRIAL_TEST_USER:-pbsuser}  # the same ordinary user as the pbs tier's
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
@@ -49,7 +51,7 @@ write_conf() {
   host=$(hostname -s)
   cpus=$(( $(nproc) > 4 ? $(nproc) : 4 ))  # declare at least 4 CPUs so 4-rank jobs fit
   memory=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
-  install -d -m 0700 "$dir/state" "$dir/spool-$host" "$dir/spool-$second"
+  install -d -m 0700 "$dir/state" "$dir/spool-$host" "$dir/spool-$second" "$dir/spool-$third"
   # Ordinary users' commands (the container tests run as one) read slurm.conf by its path.
   chmod 0711 "$dir"
   cat >"$conf" <<CONF
@@ -86,8 +88,10 @@ MpiDefault=none
 MailProg=/bin/true
 NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
 NodeName=$second NodeHostname=$host NodeAddr=127.0.0.1 Port=$((port + 2)) CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=$third NodeHostname=$host NodeAddr=127.0.0.1 Port=$((port + 3)) CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 PartitionName=elastic Nodes=$host,$second Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=spare Nodes=$host,$second,$third Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 }
 
@@ -129,6 +133,7 @@ case $action in
     host=$(hostname -s)
     slurmd -f "$conf" -N "$host" || die "slurmd did not start; see $dir/slurmd-$host.log"
     slurmd -f "$conf" -N "$second" || die "the second slurmd did not start; see $dir/slurmd-$second.log"
+    slurmd -f "$conf" -N "$third" || die "the third slurmd did not start; see $dir/slurmd-$third.log"
     for _ in $(seq 150); do
       states=$(SLURM_CONF=$conf sinfo -h -N -o %t 2>/dev/null | sort -u | tr '\n' ' ' || true)
       if [[ $states == "idle " ]]; then

@@ -23,7 +23,7 @@ constexpr char kMagic[16] = {'h', 'p', 'c', 't', 'r', 'i', 'a', 'l', '-', 'm', '
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint32_t kBeingWritten = 1;
 constexpr std::uint32_t kComplete = 2;
-constexpr std::size_t kHeaderBytes = 4096;
+constexpr std::size_t kHeaderBytes = MemorySlots::kHeaderBytes;
 constexpr std::size_t kAlign = 64;
 constexpr std::uint64_t kMaxManifest = std::uint64_t{64} << 20;
 
@@ -113,25 +113,16 @@ std::optional<MemorySlots::Header> MemorySlots::read_header(int slot) const {
   return h;
 }
 
-MemorySlots::Copy MemorySlots::begin(std::int64_t batches, std::vector<SlotDataset> datasets,
-                                     std::map<std::string, std::string> attributes) {
-  // The slot to write: one holding nothing or this batch again, else the older copy.
-  int slot = 0;
+// The slot to write: one holding nothing or this batch again, else the older copy.
+int MemorySlots::slot_to_write(std::int64_t batches) const {
   const auto a = read_header(0), b = read_header(1);
-  if (!a || a->batches == batches) {
-    slot = 0;
-  } else if (!b || b->batches == batches) {
-    slot = 1;
-  } else {
-    slot = a->batches < b->batches ? 0 : 1;
-  }
-  std::vector<std::size_t> offsets;
-  std::size_t end = kHeaderBytes;
-  for (const SlotDataset& d : datasets) {
-    offsets.push_back(end);
-    end = align_up(end + d.nbytes);
-  }
-  // Marked as being written before any byte of it changes.
+  if (!a || a->batches == batches) return 0;
+  if (!b || b->batches == batches) return 1;
+  return a->batches < b->batches ? 0 : 1;
+}
+
+// Before any byte of the slot changes.
+void MemorySlots::mark_being_written(int slot, std::int64_t batches) const {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -139,6 +130,18 @@ MemorySlots::Copy MemorySlots::begin(std::int64_t batches, std::vector<SlotDatas
   h.batches = batches;
   h.header_crc = h.own_crc();
   write_at(slot, &h, sizeof h, 0);
+}
+
+MemorySlots::Copy MemorySlots::begin(std::int64_t batches, std::vector<SlotDataset> datasets,
+                                     std::map<std::string, std::string> attributes) {
+  const int slot = slot_to_write(batches);
+  std::vector<std::size_t> offsets;
+  std::size_t end = kHeaderBytes;
+  for (const SlotDataset& d : datasets) {
+    offsets.push_back(end);
+    end = align_up(end + d.nbytes);
+  }
+  mark_being_written(slot, batches);
   map_for(slot, end);
   return Copy(*this, slot, batches, std::move(datasets), std::move(attributes), std::move(offsets), end);
 }
@@ -183,6 +186,54 @@ void MemorySlots::Copy::commit() {
   h.manifest_crc = crc32c(text.data(), text.size());
   h.header_crc = h.own_crc();
   slots_->write_at(slot_, &h, sizeof h, 0);
+}
+
+std::optional<MemorySlots::Image> MemorySlots::image(std::int64_t batches) {
+  for (int s = 0; s < kSlots; ++s) {
+    const auto h = read_header(s);
+    if (!h || h->batches != batches) continue;
+    const std::size_t size = h->manifest_offset + h->manifest_size;
+    struct stat st {};
+    if (::fstat(slots_[s].fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < size) return std::nullopt;
+    return Image{static_cast<const char*>(map_for(s, size)), size};
+  }
+  return std::nullopt;
+}
+
+std::optional<MemorySlots::Incoming> MemorySlots::accept(const char* header) {
+  Header h{};
+  std::memcpy(&h, header, sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != kVersion || h.state != kComplete ||
+      h.header_crc != h.own_crc() || h.manifest_size > kMaxManifest || h.manifest_offset < kHeaderBytes) {
+    return std::nullopt;
+  }
+  const int slot = slot_to_write(h.batches);
+  mark_being_written(slot, h.batches);
+  const std::size_t size = h.manifest_offset + h.manifest_size;
+  map_for(slot, size);
+  return Incoming(*this, slot, std::vector<char>(header, header + kHeaderBytes), size);
+}
+
+MemorySlots::Incoming::Incoming(MemorySlots& slots, int slot, std::vector<char> header, std::size_t size)
+    : slots_(&slots), slot_(slot), header_(std::move(header)), size_(size) {}
+
+char* MemorySlots::Incoming::rest() const { return static_cast<char*>(slots_->slots_[slot_].map) + kHeaderBytes; }
+
+std::int64_t MemorySlots::Incoming::batches() const {
+  Header h{};
+  std::memcpy(&h, header_.data(), sizeof h);
+  return h.batches;
+}
+
+void MemorySlots::Incoming::commit() {
+  Header h{};
+  std::memcpy(&h, header_.data(), sizeof h);
+  const char* manifest = static_cast<const char*>(slots_->slots_[slot_].map) + h.manifest_offset;
+  if (crc32c(manifest, h.manifest_size) != h.manifest_crc) {
+    throw CheckpointError(slots_->path(slot_) + ": the copy of batch " + std::to_string(h.batches) +
+                          " that arrived does not match its header's CRC-32C");
+  }
+  slots_->write_at(slot_, header_.data(), kHeaderBytes, 0);
 }
 
 std::vector<std::int64_t> MemorySlots::held() const {

@@ -130,7 +130,82 @@ std::string node_to_leave_out(const json& failure, const std::string& record_pat
   return node;
 }
 
+// The job's hosts that this job's failures left to spares (resources.spare_nodes).
+std::vector<std::string> spared_out(const json& state, const std::string& job, const std::string& path) {
+  std::vector<std::string> nodes;
+  const auto it = state.find("spared_nodes");
+  if (it == state.end() || !it->is_array()) return nodes;
+  for (const json& e : *it) {
+    if (e.is_object() && core::json_field(e, "job", std::string(), path) == job) {
+      nodes.push_back(core::json_field(e, "node", std::string(), path));
+    }
+  }
+  return nodes;
+}
+
+bool listed(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// resources.spare_nodes: the node of the rank that failed first (the hostfile's order: rank r on
+// the (r / slots_per_node)th node in use) gives its place to a spare, one of the job's nodes
+// neither in use nor given up before, and is named in the failure record. With no spare left,
+// the node to leave out (the job back in the queue without it, at its first failure), within
+// max_excluded_nodes and where the job's partition has the nodes; empty otherwise.
+std::string replace_with_spare(json& record, const core::ExperimentConfig& config, const core::Allocation& allocation,
+                               json& state, const std::string& state_path, std::vector<core::Host>& in_use) {
+  const int rank = record.value("rank", -1);
+  const int per_node = std::max(1, std::min(config.resources.slots_per_node, config.resources.slots_per_trial));
+  if (rank < 0 || static_cast<std::size_t>(rank / per_node) >= in_use.size()) return "";  // no rank names a node
+  core::Host& place = in_use[static_cast<std::size_t>(rank / per_node)];
+  const std::string node = place.name;
+  record["node"] = node;
+  std::vector<std::string> gone = spared_out(state, allocation.job_id, state_path);
+  gone.push_back(node);
+  for (const core::Host& host : allocation.hosts) {
+    const bool used = std::any_of(in_use.begin(), in_use.end(), [&](const core::Host& h) { return h.name == host.name; });
+    if (used || listed(gone, host.name)) continue;
+    place = host;
+    record["left_out_node"] = node;
+    record["spare_node"] = host.name;
+    if (!state["spared_nodes"].is_array()) state["spared_nodes"] = json::array();
+    state["spared_nodes"].push_back(
+        {{"node", node}, {"spare", host.name}, {"job", allocation.job_id}, {"time", core::utc_now_iso()}});
+    core::write_json_file(state_path, state);
+    const auto left = static_cast<long>(allocation.hosts.size() - in_use.size() - (gone.size() - 1));
+    core::log_warning("the ranks failed on node {}: spare node {} takes its ranks inside job {} ({} spare node(s) "
+                      "left)", node, host.name, allocation.job_id, std::max(0L, left - 1));
+    return "";
+  }
+  const std::vector<std::string> left_out = excluded_nodes(state, allocation.job_id, state_path);
+  if (config.resources.max_excluded_nodes == 0 || static_cast<int>(left_out.size()) >= config.resources.max_excluded_nodes) {
+    core::log_warning("the ranks failed on node {} and job {} has no spare node left, but it leaves {} node(s) out "
+                      "already (resources.max_excluded_nodes), so the restart runs there again", node,
+                      allocation.job_id, left_out.size());
+    return "";
+  }
+  const int needed = config.resources.nodes() + config.resources.spare_nodes;
+  if (!scheduler(allocation.scheduler).can_leave_out(allocation, static_cast<int>(left_out.size()) + 1, needed)) {
+    core::log_warning("the ranks failed on node {} and job {} has no spare node left, but it cannot leave the node "
+                      "out: {} cannot, or the job's partition has no other {} node(s) for it, so the restart runs "
+                      "there again", node, allocation.job_id, allocation.scheduler, needed);
+    return "";
+  }
+  return node;
+}
+
 }  // namespace
+
+std::vector<core::Host> nodes_in_use(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                     const json& state, const std::string& state_path) {
+  if (config.resources.spare_nodes == 0 || !allocation.in_job()) return allocation.hosts;
+  const std::vector<std::string> gone = spared_out(state, allocation.job_id, state_path);
+  std::vector<core::Host> hosts;
+  for (const core::Host& host : allocation.hosts) {
+    if (static_cast<int>(hosts.size()) < config.resources.nodes() && !listed(gone, host.name)) hosts.push_back(host);
+  }
+  return hosts;
+}
 
 std::vector<std::string> excluded_nodes(const json& state, const std::string& job, const std::string& path) {
   std::vector<std::string> nodes;
@@ -147,7 +222,7 @@ std::vector<std::string> excluded_nodes(const json& state, const std::string& jo
 FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, int code, const core::ExperimentConfig& config,
                               const LaunchOptions& options, const core::Allocation& allocation,
                               const std::string& trial_dir, json& state, int starts, int failures,
-                              std::string& previous) {
+                              std::string& previous, std::vector<core::Host>& in_use) {
   std::error_code ignored;
   const bool trial_dir_gone = !fs::is_directory(trial_dir, ignored);
   if (!trial_dir_gone) {
@@ -170,14 +245,21 @@ FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, in
   const bool repeated = startup && signature == std::exchange(previous, signature);
   const bool restart =
       !a.stop_requested && !repeated && failures <= config.max_restarts && failure.exit_code != kExitInvalidHP;
-  const std::string leave_out = restart ? node_to_leave_out(failure.record, record_path, config, allocation, state,
-                                                          core::TrialLayout{trial_dir}.launcher_state_file())
-                                       : "";
+  const std::string state_path = core::TrialLayout{trial_dir}.launcher_state_file();
+  const bool spares = config.resources.spare_nodes > 0 && allocation.in_job();
+  std::string leave_out;
+  if (restart && spares) {
+    leave_out = replace_with_spare(failure.record, config, allocation, state, state_path, in_use);
+  } else if (restart) {
+    leave_out = node_to_leave_out(failure.record, record_path, config, allocation, state, state_path);
+  }
   if (!leave_out.empty()) {
     failure.record["left_out_node"] = leave_out;
     if (!state["excluded_nodes"].is_array()) state["excluded_nodes"] = json::array();
-    state["excluded_nodes"].push_back({{"node", leave_out}, {"job", allocation.job_id}, {"time", core::utc_now_iso()}});
-    core::write_json_file(core::TrialLayout{trial_dir}.launcher_state_file(), state);
+    json entry = {{"node", leave_out}, {"job", allocation.job_id}, {"time", core::utc_now_iso()}};
+    if (spares) entry["reason"] = "no_spare_left";
+    state["excluded_nodes"].push_back(entry);
+    core::write_json_file(state_path, state);
   }
   append_failure(record_path, failure.record);
   if (failure.exit_code == kExitInvalidHP) {

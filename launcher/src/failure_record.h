@@ -26,13 +26,21 @@ struct FailureOutcome {
 // file, for an entry that is no node).
 std::vector<std::string> excluded_nodes(const nlohmann::json& state, const std::string& job, const std::string& path);
 
+// The job's nodes the ranks run on, in the hostfile's order: every host of the allocation; with
+// resources.spare_nodes, the first the ranks need of those this job has not given up to a spare
+// (the launcher state's spared_nodes).
+std::vector<core::Host> nodes_in_use(const core::ExperimentConfig& config, const core::Allocation& allocation,
+                                     const nlohmann::json& state, const std::string& state_path);
+
 // A failed attempt: records it in the trial's failures.jsonl and its launcher state. The
 // launcher's exit code when the trial is not restarted (failed while stopping, past
 // max_restarts, its directory removed), none to restart it; the node a restart leaves out (added
-// to the state's excluded_nodes).
+// to the state's excluded_nodes). With spare nodes, a spare takes the place in `in_use` of the
+// node the failed rank ran on (the state's spared_nodes); only with none left is a node left out.
 FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, int code,
                               const core::ExperimentConfig& config, const LaunchOptions& options,
                               const core::Allocation& allocation, const std::string& trial_dir,
-                              nlohmann::json& state, int starts, int failures, std::string& previous);
+                              nlohmann::json& state, int starts, int failures, std::string& previous,
+                              std::vector<core::Host>& in_use);
 
 }  // namespace hpctrial::launcher::detail

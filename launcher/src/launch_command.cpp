@@ -200,6 +200,16 @@ core::Allocation detect_allocation(const core::EnvSource& env, const core::Comma
   return {};
 }
 
+// This launcher's run, the same for each attempt it starts: "<host>-<pid>-<start time>".
+std::string detail::launch_session() {
+  static const std::string session = [] {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    return std::string(host) + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::time(nullptr));
+  }();
+  return session;
+}
+
 namespace {
 
 // The ranks a run starts: slots_per_trial; an elastic job's granted slots, within its bounds.
@@ -278,15 +288,6 @@ void require_network_interface(const std::string& name) {
 }
 
 // The contract with the ranks (core/launch_contract.h), then the user's environment.
-// This launcher's run, the same for each attempt it starts: "<host>-<pid>-<start time>".
-std::string launch_session() {
-  static const std::string session = [] {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    return std::string(host) + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::time(nullptr));
-  }();
-  return session;
-}
 
 std::vector<std::pair<std::string, std::string>> rank_environment(const core::ExperimentConfig& config,
                                                                   const core::Allocation& allocation,
@@ -306,7 +307,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
       {core::kEnvHeartbeatDir, trial.heartbeat_dir()},
       {core::kEnvAbortFile, trial.abort_file(restart_count)},
       {core::kEnvVerdictFile, trial.verdict_file(restart_count)},
-      {core::kEnvSession, launch_session()},
+      {core::kEnvSession, detail::launch_session()},
   };
   if (options.max_length) vars.emplace_back(core::kEnvMaxLength, core::length_text(*options.max_length));
   if (!options.search_worker.empty()) vars.emplace_back(core::kEnvSearchWorker, options.search_worker);

@@ -351,6 +351,24 @@ void hold_launch_config(const std::string& trial_dir, const core::ExperimentConf
   core::write_file_atomic(core::TrialLayout{trial_dir}.launch_config(), core::to_yaml(experiment));
 }
 
+// A run given up: its ranks' copies in node memory (checkpoint_levels.memory) are of no more use,
+// and those on this node go now. The other nodes' go when a later run there finds them unheld
+// (rank/node_memory.h).
+void remove_memory_copies(const core::ExperimentConfig& config, const ExperimentLayout& layout, int trial_id) {
+  if (!config.checkpoint_levels.memory()) return;
+  try {
+    const core::NodeMemoryLayout copies{config.checkpoint_levels.memory_dir, static_cast<unsigned>(::getuid()),
+                                        core::require_experiment_identity(layout).id, trial_id,
+                                        detail::launch_session()};
+    std::error_code ec;
+    if (fs::remove_all(copies.session_dir(), ec) > 0 && !ec) {
+      core::log_info("removed the trial's copies in node memory on this node ({})", copies.session_dir());
+    }
+  } catch (const Error& e) {
+    core::log_warning("the trial's copies in node memory are left for a later run to remove: {}", e.what());
+  }
+}
+
 }  // namespace
 
 // The startup hook of an attempt (startup_hook.h). One that fails is recorded in the trial's
@@ -404,10 +422,15 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   SignalFd signals;
   std::string previous_failure;  // the last attempt's failure and steps, to tell a repeat
+  // The nodes the ranks run on: with spare nodes, those the ranks need, a spare in the place of
+  // one they failed on.
+  std::vector<core::Host> in_use = detail::nodes_in_use(config, allocation, state, state_path);
 
   while (true) {
-    const MpirunCommand command = build_mpirun_command(config, allocation, options, starts, env);
-    if (const auto failed = run_hook(config, allocation, options, starts, env, state, state_path)) return *failed;
+    core::Allocation attempt_allocation = allocation;
+    attempt_allocation.hosts = in_use;
+    const MpirunCommand command = build_mpirun_command(config, attempt_allocation, options, starts, env);
+    if (const auto failed = run_hook(config, attempt_allocation, options, starts, env, state, state_path)) return *failed;
     prepare_attempt(command, trial_dir);
     state["starts"] = ++starts;
     state["failures"] = failures;
@@ -442,11 +465,21 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
 
     // A failure: record it, then restart or give up.
     const FailureOutcome failed = record_failure(supervisor, a, code, config, options, allocation, trial_dir, state,
-                                                 starts, ++failures, previous_failure);
-    if (failed.exit_code) return *failed.exit_code;
+                                                 starts, ++failures, previous_failure, in_use);
+    if (failed.exit_code) {
+      remove_memory_copies(config, layout, options.trial_id);
+      return *failed.exit_code;
+    }
     if (!failed.left_out.empty()) {  // the restart runs elsewhere: back to the queue without the node
       hand_over(allocation, "failure", config, options, env, run, held, excluded_nodes(state, allocation.job_id, state_path));
       return kExitStopped;
+    }
+    // The next attempt needs the nodes' slots, which the daemons of the last one's mpirun, killed,
+    // may still hold.
+    if (allocation.in_job() && allocation.hosts.size() > 1) {
+      for (const std::string& step : scheduler(allocation.scheduler).end_leftover_steps(allocation)) {
+        core::log_info("ended step {} of job {}, left running by the attempt before", step, allocation.job_id);
+      }
     }
   }
 }

@@ -18,6 +18,8 @@ namespace hpctrial::launcher::detail {
 
 // "the launcher of slurm job 12, pid 34 on node1": who holds a trial's lock, written into it.
 std::string launcher_name(const core::Allocation& allocation);
+// This launcher's run of its trial (HPCTRIAL_SESSION), the same for each attempt it starts.
+std::string launch_session();
 void name_holder(const core::UniqueFd& lock, const std::string& path, const core::Allocation& allocation);
 // The trial's launcher lock (its lease), taken without waiting; an invalid fd while another
 // launcher holds it.

@@ -150,13 +150,15 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
   };
   directive("-N", job_name(config.name), "name");
   const int per_node = std::min(r.slots_per_node, r.slots_per_trial);
-  std::string select = "select=" + std::to_string(r.nodes()) + ":ncpus=" + std::to_string(per_node * r.cpus_per_slot) +
+  // resources.spare_nodes: chunks beyond the ranks', each on a host of its own (place=scatter).
+  std::string select = "select=" + std::to_string(r.nodes() + r.spare_nodes) + ":ncpus=" + std::to_string(per_node * r.cpus_per_slot) +
                        ":mpiprocs=" + std::to_string(per_node);
   if (r.gpus_per_slot > 0) select += ":ngpus=" + std::to_string(r.gpus_per_slot * per_node);
   if (r.memory_per_node_bytes) {
     select += ":mem=" + std::to_string((*r.memory_per_node_bytes + (1u << 20) - 1) >> 20) + "mb";
   }
   directive("-l", select, "resources");
+  if (r.spare_nodes > 0) directive("-l", "place=scatter", "resources.spare_nodes");
   if (s.time_limit_seconds) directive("-l", "walltime=" + format_walltime(*s.time_limit_seconds), "scheduler.time_limit");
   if (const std::string queue = s.option("queue"); !queue.empty()) directive("-q", queue, "scheduler.queue");
   if (!s.account.empty()) directive("-A", s.account, "scheduler.account");

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -228,7 +229,7 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
     std::optional<int> for_rank, for_restart;
     std::stringstream words(text);
     static const std::regex numbered(R"((rank|step|restart)([0-9]{1,12}))");
-    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|segv|abort|throw|hang|usr2|sleep[0-9]{1,4})");
+    static const std::regex action(R"(exit[0-9]{1,3}|sigkill|nodeloss|segv|abort|throw|hang|usr2|sleep[0-9]{1,4})");
     for (std::string word; std::getline(words, word, ':');) {
       std::smatch m;
       if (std::regex_match(word, m, numbered)) {
@@ -245,7 +246,7 @@ FaultPlan::FaultPlan(const std::string& spec, int rank, int restart_count) : ran
         f.action = word;
       } else {
         throw ConfigError("HPCTRIAL_FAULT: \"" + word + "\" in \"" + text + "\" is not rank<N>, step<N>, restart<N>, "
-                          "batch, validation, checkpoint, writer, shards or an action (exit<N>, sigkill, segv, abort, throw, hang, usr2, "
+                          "batch, validation, checkpoint, writer, shards or an action (exit<N>, sigkill, nodeloss, segv, abort, throw, hang, usr2, "
                           "sleep<seconds>)");
       }
     }
@@ -261,6 +262,11 @@ void FaultPlan::at(FaultPhase phase, long long step, bool writer) const {
                  unix_ms());
     std::fflush(stderr);
     if (f.action == "sigkill") ::raise(SIGKILL);
+    if (f.action == "nodeloss") {  // what the node's loss takes from this rank: its node memory, then itself
+      std::error_code ignored;
+      if (!node_memory_.empty()) std::filesystem::remove_all(node_memory_, ignored);
+      ::raise(SIGKILL);
+    }
     if (f.action == "segv") ::raise(SIGSEGV);  // as a bad access would: through the handlers installed
     if (f.action == "abort") std::abort();
     if (f.action == "throw") throw std::runtime_error("injected fault " + f.text);

@@ -147,6 +147,12 @@ std::string render_batch_script(const core::ExperimentConfig& config, const Batc
     out << "# Elastic: any number of nodes in the range; the launcher starts as many ranks as granted.\n";
     directive("--nodes", std::to_string(r.min_nodes()) + "-" + std::to_string(r.nodes()), "resources.min_slots_per_trial");
     directive("--ntasks", std::to_string(r.slots_per_trial), "resources.slots_per_trial");
+  } else if (r.spare_nodes > 0) {
+    out << "# " << r.spare_nodes << " spare node(s) beyond the ranks' (resources.spare_nodes): one takes the ranks of a "
+        << "node they failed on.\n";
+    directive("--nodes", std::to_string(r.nodes() + r.spare_nodes), "resources.spare_nodes");
+    directive("--ntasks-per-node", std::to_string(std::min(r.slots_per_node, r.slots_per_trial)),
+              "resources.slots_per_node");
   } else {
     directive("--nodes", std::to_string(r.nodes()), "resources.slots_per_trial");
     directive("--ntasks-per-node", std::to_string(std::min(r.slots_per_node, r.slots_per_trial)),

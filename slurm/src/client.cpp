@@ -151,6 +151,18 @@ void Client::top(const std::string& job) const { checked({"scontrol", "top", job
 
 void Client::cancel(const std::string& job) const { checked({"scancel", job}); }
 
+std::vector<std::string> Client::program_steps(const std::string& job) const {
+  std::vector<std::string> steps;
+  std::istringstream lines(checked({"squeue", "-h", "-s", "-j", job, "-o", "%i"}).out);
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t dot = line.find('.');
+    if (dot == std::string::npos || line.compare(0, dot, job) != 0) continue;
+    const std::string step = line.substr(dot + 1);
+    if (!step.empty() && step.find_first_not_of("0123456789") == std::string::npos) steps.push_back(line);
+  }
+  return steps;
+}
+
 bool Client::signal_batch(const std::string& job, const std::string& signal) const {
   // scancel asks again ten times, 5 s apart and more (95 s in all), while the controller answers
   // that the job "can not be altered now": pending, requeued or ending, no batch shell to signal.

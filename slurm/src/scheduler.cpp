@@ -1,7 +1,9 @@
 #include "hpctrial/slurm/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "hpctrial/core/batch_job.h"
 #include "hpctrial/core/error.h"
@@ -393,6 +395,26 @@ bool Scheduler::can_leave_out(const core::Allocation& allocation, int left_out, 
     most = std::max(most, client_.partition_nodes(partition));
   }
   return most - left_out >= needed;
+}
+
+// A killed mpirun leaves the steps of its daemons on the other nodes running (the daemons wait on
+// a parent that is gone), and they hold those nodes' task slots: the next mpirun's srun would wait
+// for them forever. The launcher runs its attempts one at a time, so every program step of the
+// job is the last attempt's: each is cancelled, and awaited for up to 30 s.
+std::vector<std::string> Scheduler::end_leftover_steps(const core::Allocation& allocation) const {
+  std::vector<std::string> steps;
+  try {
+    steps = client_.program_steps(allocation.job_id);
+    for (const std::string& step : steps) client_.cancel(step);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!client_.program_steps(allocation.job_id).empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  } catch (const Error& e) {
+    core::log_warning("cannot end the steps slurm job {} has left from its last attempt: {}", allocation.job_id,
+                      e.what());
+  }
+  return steps;
 }
 
 std::optional<core::HandOverFailure> Scheduler::hand_over(const core::HandOver& stopped) const {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "../support/same_weights.h"
 #include "hpctrial/core/subprocess.h"
@@ -24,6 +26,7 @@
 namespace hpctrial {
 namespace memory_level_test {  // named: the target compiles its sources together (UNITY_BUILD)
 
+using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing::Not;
 using testing_launcher::Launcher;
@@ -158,14 +161,34 @@ TEST_P(EachRankKilled, CopiesAsOftenAsTheirCostAllowsByDefault) {
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
 
-// A run killed outright (no restart left) leaves its copies; the next run of the trial is another
-// session: it removes them without reading them and resumes from the shared filesystem. A
-// session of another experiment that no rank holds and that has not been used for an hour goes
-// too; one used a moment ago stays.
+// A run that gives up (no restart left) removes its copies on the launcher's node. A job killed
+// outright (the launcher, mpirun and the ranks at once) leaves its copies; the next run of the
+// trial is another session: it removes them without reading them and resumes from the shared
+// filesystem. A session of another experiment that no rank holds and that has not been used for
+// an hour goes too; one used a moment ago stays.
 TEST_F(MemoryLevel, LeftoverCopiesAreRemovedAndNeverRead) {
   const std::string exp = memory_config("max_restarts: 0\n");
-  auto first = run(exp, "rank1:step35:restart0:sigkill");
-  ASSERT_EQ(first->exit_code(), 128 + 9) << first->output();
+  auto given_up = run(exp, "rank1:step35:restart0:sigkill");
+  ASSERT_EQ(given_up->exit_code(), 128 + 9) << given_up->output();
+  EXPECT_THAT(given_up->output(), HasSubstr("removed the trial's copies in node memory on this node"));
+  EXPECT_TRUE(sessions().empty());
+
+  auto first = start(exp, "rank1:step35:hang");
+  const auto hung = std::chrono::steady_clock::now() + 60s;
+  while (first->output().find("injected fault rank1:step35:hang") == std::string::npos &&
+         std::chrono::steady_clock::now() < hung) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_THAT(first->output(), HasSubstr("injected fault rank1:step35:hang"));
+  const std::string mine = "HPCTRIAL_EXPERIMENT_DIR=" + experiment();
+  first->signal(SIGKILL);
+  for (const pid_t pid : testing_support::processes_running("", mine)) ::kill(pid, SIGKILL);
+  first->wait(10s);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!testing_support::processes_running(HPCTRIAL_FAULTY_TRIAL, mine).empty() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
   const auto left = sessions();
   ASSERT_EQ(left.size(), 1u);
   EXPECT_TRUE(fs::exists(left[0] / "rank-0/slot-0"));
@@ -189,6 +212,28 @@ TEST_F(MemoryLevel, LeftoverCopiesAreRemovedAndNeverRead) {
   EXPECT_FALSE(fs::exists(left[0])) << "the killed run's copies";
   EXPECT_FALSE(fs::exists(fs::path(user_dir()) / "another-experiment")) << "no rank held it, unused for an hour";
   EXPECT_TRUE(fs::exists(fresh / "ckpt-50.h5")) << "used a moment ago: maybe between two attempts of its run";
+  expect_no_rank_left(/*session_dirs=*/false);  // the killed mpirun's is left: its launcher was killed too
+}
+
+// checkpoint_levels.partner where every rank runs on one node: off, and the log says so; no rank
+// keeps another's copies. A rank that loses its node memory (`nodeloss`: its folder removed, then
+// SIGKILL) leaves no batch that every rank holds, and the trial starts again from the shared
+// filesystem's state (here none: from the start), to the weights of an uninterrupted run.
+TEST_F(MemoryLevel, ThePartnerLevelIsOffOnOneNodeAndSaysSo) {
+  const std::string exp = config("max_restarts: 1\nmin_checkpoint_period: {batches: 100000}\n"
+                                 "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}, partner: true}\n",
+                                 kBatches, 2, 5);
+  auto p = run(exp, "rank1:step35:restart0:nodeloss");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("checkpoint_levels.partner: every rank runs on one node, so no copy goes to a partner"));
+  EXPECT_THAT(out, HasSubstr("injected fault rank1:step35:restart0:nodeloss"));
+  EXPECT_THAT(out, Not(HasSubstr("in node memory, newer than")));
+  EXPECT_THAT(out, Not(HasSubstr("came from their partners")));
+  const auto records = failures();
+  ASSERT_EQ(records.size(), 1u) << out;
+  EXPECT_EQ(records[0]["rank"], 1);
+  testing_support::expect_same_weights(straight(), last_checkpoint());
   expect_no_rank_left();
 }
 

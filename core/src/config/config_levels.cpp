@@ -1,5 +1,5 @@
 // checkpoint_levels: the memory level's period, its node-local directory and its share of the
-// node's memory.
+// node's memory; the partner level.
 #include <filesystem>
 
 #include "config_schema.h"
@@ -35,6 +35,16 @@ void read_checkpoint_levels(MapReader& r, CheckpointLevels& c) {
       if (auto v = read_double(*n, m.path("max_share"), d, 0.0, 0.9, true)) c.memory_max_share = *v;
     }
     m.finish();
+  }
+  if (const ConfigNode* n = r.get("partner")) {
+    if (const auto on = read_bool(*n, r.path("partner"), d)) {
+      if (*on && !c.memory_on) {
+        report(*n, r.path("partner"), d, "sends each rank's copies in node memory to another node: it needs "
+                                         "checkpoint_levels.memory too");
+      } else {
+        c.partner = *on;
+      }
+    }
   }
   r.finish();
 }

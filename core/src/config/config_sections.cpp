@@ -189,6 +189,10 @@ void read_resources(MapReader& r, Resources& res) {
   if (const ConfigNode* n = r.get("max_excluded_nodes")) {
     if (auto v = read_int(*n, r.path("max_excluded_nodes"), d, 0, kMaxSlots)) res.max_excluded_nodes = static_cast<int>(*v);
   }
+  const ConfigNode* spares = r.get("spare_nodes");
+  if (spares != nullptr) {
+    if (auto v = read_int(*spares, r.path("spare_nodes"), d, 0, kMaxSlots)) res.spare_nodes = static_cast<int>(*v);
+  }
   if (const ConfigNode* n = r.get("memory_per_node")) {
     if (auto text = read_string(*n, r.path("memory_per_node"), d)) {
       std::string reason;
@@ -229,6 +233,11 @@ void read_resources(MapReader& r, Resources& res) {
              "must be a multiple of slots_per_node (" + std::to_string(res.slots_per_node) +
                  "): an elastic job is granted whole nodes");
     }
+  }
+  if (spares != nullptr && res.spare_nodes > 0 && res.elastic()) {
+    report(*spares, r.path("spare_nodes"), d,
+           "an elastic job (min_slots_per_trial) runs on every node it is granted, so none is spare; keep one "
+           "of spare_nodes and min_slots_per_trial");
   }
   r.finish();
 }

@@ -165,6 +165,7 @@ void emit_resources(YAML::Emitter& out, const Resources& r) {
   out << YAML::Key << "cpus_per_slot" << YAML::Value << r.cpus_per_slot;
   out << YAML::Key << "gpus_per_slot" << YAML::Value << r.gpus_per_slot;
   out << YAML::Key << "max_excluded_nodes" << YAML::Value << r.max_excluded_nodes;
+  out << YAML::Key << "spare_nodes" << YAML::Value << r.spare_nodes;
   if (r.memory_per_node_bytes) {
     out << YAML::Key << "memory_per_node" << YAML::Value << format_memory(*r.memory_per_node_bytes);
   }
@@ -274,7 +275,9 @@ void emit_checkpoint_levels(YAML::Emitter& out, const CheckpointLevels& l) {
   }
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << l.memory_dir;
   out << YAML::Key << "max_share" << YAML::Value << l.memory_max_share;
-  out << YAML::EndMap << YAML::EndMap;
+  out << YAML::EndMap;
+  out << YAML::Key << "partner" << YAML::Value << l.partner;
+  out << YAML::EndMap;
 }
 
 void emit_profiling(YAML::Emitter& out, const ExperimentConfig& c) {

@@ -354,8 +354,19 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   if (const auto left_out = state.find("excluded_nodes"); left_out != state.end() && left_out->is_array()) {
     for (const json& e : *left_out) {
       if (e.is_object()) {
-        p.excluded_nodes.emplace_back(json_field(e, "node", std::string(), state_path),
-                                      json_field(e, "job", std::string(), state_path));
+        p.excluded_nodes.push_back({json_field(e, "node", std::string(), state_path),
+                                    json_field(e, "job", std::string(), state_path),
+                                    json_field(e, "reason", std::string(), state_path) == "no_spare_left"});
+      }
+    }
+  }
+  if (const auto spared = state.find("spared_nodes"); spared != state.end() && spared->is_array()) {
+    for (const json& e : *spared) {
+      if (e.is_object()) {
+        p.spared_nodes.push_back({json_field(e, "node", std::string(), state_path),
+                                  json_field(e, "spare", std::string(), state_path),
+                                  json_field(e, "job", std::string(), state_path),
+                                  json_field(e, "time", std::string(), state_path)});
       }
     }
   }

@@ -44,6 +44,7 @@ const char* stop_reason_of(StopMode mode) { return mode == StopMode::kEnd ? "can
 
 bool Scheduler::can_leave_out(const Allocation&, int, int) const { return false; }
 bool Scheduler::allows_srun() const { return false; }
+std::vector<std::string> Scheduler::end_leftover_steps(const Allocation&) const { return {}; }
 
 void check_scheduler_config(const ExperimentConfig& config, const std::vector<const Scheduler*>& schedulers,
                             Diagnostics& diagnostics) {

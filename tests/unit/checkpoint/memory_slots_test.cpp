@@ -122,5 +122,51 @@ TEST(MemorySlots, DamageIsFoundWhenACopyIsLoaded) {
   EXPECT_TRUE(slots.held().empty()) << "a header that fails its CRC holds nothing";
 }
 
+// A copy as a partner receives it: the image's header, then the rest, written by the same rules;
+// one cut short, or whose manifest is not its header's, is never held.
+TEST(MemorySlots, ACopyArrivesWholeFromElsewhereOrNotAtAll) {
+  TempDir here, there;
+  MemorySlots own(here.path().string()), kept(there.path().string());
+  put(own, 10, 1.0f);
+  put(own, 20, 2.0f);
+  EXPECT_FALSE(own.image(30).has_value());
+  const auto image = own.image(20);
+  ASSERT_TRUE(image.has_value());
+  ASSERT_GT(image->size, MemorySlots::kHeaderBytes);
+  auto incoming = kept.accept(image->data);
+  ASSERT_TRUE(incoming.has_value());
+  EXPECT_EQ(incoming->batches(), 20);
+  EXPECT_EQ(incoming->rest_size(), image->size - MemorySlots::kHeaderBytes);
+  std::memcpy(incoming->rest(), image->data + MemorySlots::kHeaderBytes, incoming->rest_size() / 2);
+  EXPECT_TRUE(kept.held().empty()) << "held before its header is written";
+  std::memcpy(incoming->rest(), image->data + MemorySlots::kHeaderBytes, incoming->rest_size());
+  incoming->commit();
+  EXPECT_EQ(kept.held(), (std::vector<std::int64_t>{20}));
+  const auto loaded = kept.load(20);
+  const std::vector<float> want = values(2.0f);
+  EXPECT_EQ(std::memcmp(loaded.contents.at("model/w", loaded.path).data->data(), want.data(), want.size() * sizeof(float)), 0);
+
+  // No copy at the sender: a header of zeros, and nothing follows.
+  const std::vector<char> zeros(MemorySlots::kHeaderBytes, '\0');
+  EXPECT_FALSE(kept.accept(zeros.data()).has_value());
+  EXPECT_EQ(kept.held(), (std::vector<std::int64_t>{20}));
+
+  // A manifest that arrived damaged: refused, naming the slot file, and its slot holds nothing.
+  const auto ten = own.image(10);
+  ASSERT_TRUE(ten.has_value());
+  auto damaged = kept.accept(ten->data);
+  ASSERT_TRUE(damaged.has_value());
+  std::memcpy(damaged->rest(), ten->data + MemorySlots::kHeaderBytes, damaged->rest_size());
+  damaged->rest()[damaged->rest_size() - 2] ^= 0x20;
+  try {
+    damaged->commit();
+    FAIL() << "a damaged copy was committed";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(there.path().string() + "/slot-"));
+    EXPECT_THAT(e.what(), HasSubstr("batch 10 that arrived does not match"));
+  }
+  EXPECT_EQ(kept.held(), (std::vector<std::int64_t>{20}));
+}
+
 }  // namespace
 }  // namespace hpctrial::checkpoint

@@ -72,6 +72,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.resources.gpus_per_slot, 0);
   EXPECT_FALSE(c.resources.memory_per_node_bytes.has_value());
   EXPECT_EQ(c.resources.max_excluded_nodes, 2);
+  EXPECT_EQ(c.resources.spare_nodes, 0);
   EXPECT_EQ(c.optimizations.aggregation_frequency, 1);
   EXPECT_TRUE(c.optimizations.average_training_metrics);
   EXPECT_EQ(c.optimizations.bucket_cap_mb, 25.0);
@@ -384,6 +385,11 @@ TEST(ConfigErrors, NegativeZeroAndAbsurdNumbers) {
             "exp.yaml:4:15: max_restarts: must be a non-negative integer, got \"-1\"");
   EXPECT_EQ(one_error(base + "resources: {max_excluded_nodes: -1}\n"),
             "exp.yaml:4:33: resources.max_excluded_nodes: must be a non-negative integer, got \"-1\"");
+  EXPECT_EQ(one_error(base + "resources: {spare_nodes: -1}\n"),
+            "exp.yaml:4:26: resources.spare_nodes: must be a non-negative integer, got \"-1\"");
+  EXPECT_EQ(one_error(base + "resources: {slots_per_trial: 4, slots_per_node: 2, min_slots_per_trial: 2, spare_nodes: 1}\n"),
+            "exp.yaml:4:89: resources.spare_nodes: an elastic job (min_slots_per_trial) runs on every node it is "
+            "granted, so none is spare; keep one of spare_nodes and min_slots_per_trial");
   EXPECT_EQ(one_error(base + "resources: {cpus_per_slot: 0}\n"),
             "exp.yaml:4:28: resources.cpus_per_slot: must be a positive integer, got \"0\"");
   EXPECT_EQ(one_error(base + "resources: {gpus_per_slot: 1000}\n"),
@@ -1230,6 +1236,21 @@ TEST(ExperimentConfig, TheMemoryLevelsMistakesNameTheirKeys) {
     EXPECT_EQ(to_yaml(parse_ok(to_yaml(automatic))), to_yaml(automatic)) << text;
   }
   EXPECT_FALSE(parse_ok(kMinimal).checkpoint_levels.memory());
+}
+
+// checkpoint_levels.partner: a boolean, off by default, and only with the memory level it copies.
+TEST(ExperimentConfig, ThePartnerLevelNeedsTheMemoryLevel) {
+  const std::string base = std::string(kMinimal) + "checkpoint_levels:\n";
+  EXPECT_EQ(one_error(base + "  partner: true\n"),
+            "exp.yaml:5:12: checkpoint_levels.partner: sends each rank's copies in node memory to another node: it "
+            "needs checkpoint_levels.memory too");
+  EXPECT_THAT(one_error(base + "  memory: {}\n  partner: often\n"), HasSubstr("checkpoint_levels.partner: "));
+  const ExperimentConfig on = parse_ok(base + "  memory: {period: {batches: 5}}\n  partner: true\n");
+  EXPECT_TRUE(on.checkpoint_levels.partner);
+  EXPECT_THAT(to_yaml(on), HasSubstr("    max_share: 0.25\n  partner: true\n"));
+  EXPECT_EQ(to_yaml(parse_ok(to_yaml(on))), to_yaml(on)) << "config show reads back as itself";
+  EXPECT_FALSE(parse_ok(base + "  memory: {}\n").checkpoint_levels.partner);
+  EXPECT_FALSE(parse_ok(base + "  partner: false\n").checkpoint_levels.memory());
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ CoreContext::CoreContext(int& argc, char**& argv) {
   rank_->start_record();
   const core::RankContract& contract = rank_->contract();
   const comm::MpiEnvironment& mpi = rank_->mpi();
-  distributed_ = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
+  distributed_ = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count(), mpi.node_index()};
 
   core::ConfigSources sources;
   for (const auto& [name, value] : take_options(argc, argv)) {

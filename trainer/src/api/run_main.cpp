@@ -148,7 +148,7 @@ LoopOptions make_loop_options(const Arguments& args, const core::ExperimentConfi
   options.experiment_dir = contract.experiment_dir;
   options.restart_count = contract.restart_count;
   options.experiment_seed = *config.reproducibility.experiment_seed;
-  options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count()};
+  options.distributed = {mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size(), mpi.node_count(), mpi.node_index()};
   options.progress_interval_s = args.progress_seconds;
   options.report_period_batches = config.scheduling_unit;
   options.external_stop = &rank::stop_signal_received();

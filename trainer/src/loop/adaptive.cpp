@@ -209,9 +209,14 @@ void Loop::record_run(const std::vector<std::string>& placement) const {
     line["container"] = {{"runtime", core::runtime_name(container.runtime)}, {"image", container.image}};
   }
   if (!source_checkpoint_.empty()) line["source_checkpoint"] = source_checkpoint_;
-  // Which level of checkpoints it resumed from: the shared filesystem's, or the copies in node memory.
+  // Which level of checkpoints it resumed from: the shared filesystem's, the copies in node memory,
+  // or those and the partners' copies of the ranks that lost theirs (which rank's came from which).
   if (!resumed_from_.empty()) {
-    line["resumed_from"] = {{"level", resumed_from_memory_ ? "memory" : "shared_fs"}, {"checkpoint", resumed_from_}};
+    const char* level = !resumed_from_memory_ ? "shared_fs" : memory_moves_.empty() ? "memory" : "partner";
+    line["resumed_from"] = {{"level", level}, {"checkpoint", resumed_from_}};
+    for (const auto& [owner, keeper] : memory_moves_) {
+      line["resumed_from"]["from_partners"].push_back({{"rank", owner}, {"partner", keeper}});
+    }
   }
   if (!options_.code_digest.empty()) line["code"] = options_.code_digest;
   line["placement"] = nlohmann::json::array();

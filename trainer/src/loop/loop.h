@@ -133,6 +133,8 @@ class Loop {
   // periodic copy, the newest copy every rank holds when it is newer than `level3_batches` (its
   // path on this rank, the copy read into `contents`), and its removal once the run ended.
   void open_memory_level();
+  void open_partner_level();
+  nlohmann::json memory_resume_plan(const std::vector<std::string>& held, std::int64_t level3_batches) const;
   void save_memory_copy();
   std::optional<std::string> resume_from_memory(std::int64_t level3_batches, checkpoint::Contents& contents);
   void close_memory_level();
@@ -325,6 +327,7 @@ class Loop {
   std::optional<double> best_metric_;
   std::string resumed_from_;                // the checkpoint this run resumed; empty: a fresh start
   bool resumed_from_memory_ = false;        // ... a copy in node memory (checkpoint_levels.memory)
+  std::vector<std::pair<int, int>> memory_moves_;  // ... some from partners: (owner, keeper)
   nlohmann::json resumed_stream_positions_;
 
   // Training metrics of the current reporting period.

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +59,8 @@ void Loop::open_memory_level() {
   }
   const std::string agreed = detail::agree(comm_, error);
   if (!agreed.empty()) throw IoError("checkpoint_levels.memory: " + agreed);
+  if (faults_) faults_->set_node_memory(memory_->dir());  // the tests' `nodeloss` removes it
+  if (levels.partner) open_partner_level();
   last_memory_time_ = Clock::now();  // a period in seconds runs from here
   if (!chief()) return;
   if (levels.memory_auto) {
@@ -67,6 +71,29 @@ void Loop::open_memory_level() {
   } else {
     core::log_info("checkpoint_levels.memory: each rank copies its state every {} {} into {}", levels.memory_period.value,
                    core::to_string(levels.memory_period.unit), levels.memory_dir);
+  }
+}
+
+// checkpoint_levels.partner: the ranks' nodes, gathered, give each rank its partner; the level's
+// thread sends and receives on a communicator of its own. Off, and said so, on one node.
+void Loop::open_partner_level() {
+  std::vector<int> node_of_rank;
+  for (const std::string& node : comm_.allgather(std::to_string(options_.distributed.node_index))) {
+    node_of_rank.push_back(std::stoi(node));
+  }
+  rank::Partners partners = rank::partners_of(node_of_rank, comm_.rank());
+  const std::set<int> nodes(node_of_rank.begin(), node_of_rank.end());
+  if (nodes.size() < 2) {
+    if (chief()) {
+      core::log_warning("checkpoint_levels.partner: every rank runs on one node, so no copy goes to a partner (the "
+                        "node's loss loses the copies in its memory; the shared filesystem's checkpoint remains)");
+    }
+    return;
+  }
+  memory_->set_partners(comm_.split(0, comm_.rank()), partners);
+  if (chief()) {
+    core::log_info("checkpoint_levels.partner: each rank's copies also go to a rank on the next of the {} nodes "
+                   "(rank 0's to rank {})", nodes.size(), partners.send_to);
   }
 }
 
@@ -111,28 +138,30 @@ void Loop::save_memory_copy() {
 // sends every rank back to the shared filesystem's checkpoint.
 std::optional<std::string> Loop::resume_from_memory(std::int64_t level3_batches, checkpoint::Contents& contents) {
   if (!memory_) return std::nullopt;
-  const auto held = comm_.gather(nlohmann::json(memory_->held()).dump(), 0);
-  std::string step = "-1";
-  if (chief()) {
-    std::set<std::int64_t> common;
-    for (std::size_t r = 0; r < held.size(); ++r) {
-      const auto mine = nlohmann::json::parse(held[r]).get<std::vector<std::int64_t>>();
-      const std::set<std::int64_t> these(mine.begin(), mine.end());
-      if (r == 0) {
-        common = these;
-      } else {
-        std::set<std::int64_t> both;
-        std::set_intersection(common.begin(), common.end(), these.begin(), these.end(), std::inserter(both, both.end()));
-        common = std::move(both);
-      }
-    }
-    if (!common.empty() && *common.rbegin() > level3_batches) step = std::to_string(*common.rbegin());
+  nlohmann::json mine = {{"own", memory_->held()}, {"kept", nlohmann::json::object()}};
+  if (memory_->has_partners()) {
+    for (const auto& [owner, batches] : memory_->kept()) mine["kept"][std::to_string(owner)] = batches;
   }
-  comm_.broadcast(step, 0);
-  const std::int64_t batches = std::stoll(step);
-  if (batches < 0) return std::nullopt;
+  const auto held = comm_.gather(mine.dump(), 0);
+  std::string plan = R"({"batches": -1})";
+  if (chief()) plan = memory_resume_plan(held, level3_batches).dump();
+  comm_.broadcast(plan, 0);
+  const nlohmann::json decided = nlohmann::json::parse(plan);
+  const std::int64_t batches = decided.at("batches").get<std::int64_t>();
+  if (batches < 0) {
+    if (memory_->has_partners()) memory_->drop_kept_of_others();
+    return std::nullopt;
+  }
+  const auto moves = decided.at("moves").get<std::vector<std::pair<int, int>>>();
   std::string error, path;
   try {
+    if (!moves.empty()) memory_->restore(moves, batches);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (memory_->has_partners()) memory_->drop_kept_of_others();
+  try {
+    if (!error.empty()) throw CheckpointError(error);
     checkpoint::CheckpointStore::Loaded loaded = memory_->load(batches);
     detail::check_resumable(loaded.contents, loaded.path, identity_, options_.allow_config_change);
     path = loaded.path;
@@ -150,11 +179,60 @@ std::optional<std::string> Loop::resume_from_memory(std::int64_t level3_batches,
     return std::nullopt;
   }
   if (chief()) {
-    core::log_info("checkpoint_levels.memory: every rank holds its copy of batch {} in node memory, newer than {}",
-                   batches, level3_batches < 0 ? std::string("any checkpoint on the shared filesystem")
-                                               : "the shared filesystem's of batch " + std::to_string(level3_batches));
+    const std::string than = level3_batches < 0 ? std::string("any checkpoint on the shared filesystem")
+                                                : "the shared filesystem's of batch " + std::to_string(level3_batches);
+    if (moves.empty()) {
+      core::log_info("checkpoint_levels.memory: every rank holds its copy of batch {} in node memory, newer than {}",
+                     batches, than);
+    } else {
+      std::string from;
+      for (const auto& [owner, keeper] : moves) {
+        from += (from.empty() ? "" : ", ") + std::string("rank ") + std::to_string(owner) + "'s from rank " +
+                std::to_string(keeper);
+      }
+      core::log_info("checkpoint_levels.partner: the copies of batch {} of {} rank(s) came from their partners ({}); "
+                     "the others held theirs in node memory; newer than {}", batches, moves.size(), from, than);
+    }
   }
+  memory_moves_ = moves;
   return path;
+}
+
+// The chief's choice from every rank's copies (`held`: each rank's own batches, and those it
+// keeps for others): the newest batch newer than `level3_batches` of which every rank holds its
+// copy, or a partner keeps it; with the moves (owner, keeper) of the copies that must travel.
+nlohmann::json Loop::memory_resume_plan(const std::vector<std::string>& held, std::int64_t level3_batches) const {
+  const int ranks = static_cast<int>(held.size());
+  std::vector<std::set<std::int64_t>> own(held.size());
+  std::map<std::pair<int, std::int64_t>, int> keeper;  // (owner, batches) -> a rank that keeps it
+  std::set<std::int64_t> candidates;
+  for (int r = 0; r < ranks; ++r) {
+    const auto report = nlohmann::json::parse(held[static_cast<std::size_t>(r)]);
+    for (const std::int64_t b : report.at("own").get<std::vector<std::int64_t>>()) {
+      own[static_cast<std::size_t>(r)].insert(b);
+      candidates.insert(b);
+    }
+    for (const auto& [owner, batches] : report.at("kept").items()) {
+      const int o = std::stoi(owner);
+      if (o < 0 || o >= ranks || o == r) continue;
+      for (const std::int64_t b : batches.get<std::vector<std::int64_t>>()) {
+        keeper.emplace(std::make_pair(o, b), r);
+        candidates.insert(b);
+      }
+    }
+  }
+  for (auto b = candidates.rbegin(); b != candidates.rend() && *b > level3_batches; ++b) {
+    std::vector<std::pair<int, int>> moves;
+    bool whole = true;
+    for (int r = 0; r < ranks && whole; ++r) {
+      if (own[static_cast<std::size_t>(r)].count(*b) != 0) continue;
+      const auto k = keeper.find({r, *b});
+      whole = k != keeper.end();
+      if (whole) moves.emplace_back(r, k->second);
+    }
+    if (whole) return {{"batches", *b}, {"moves", moves}};
+  }
+  return {{"batches", -1}};
 }
 
 // The trial's run ended (finished or stopped with its checkpoint durable): its copies go.

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <system_error>
@@ -42,13 +43,21 @@ void MemoryLevel::stop_thread() {
   thread_.join();
 }
 
+void MemoryLevel::set_partners(std::unique_ptr<comm::Communicator> comm, rank::Partners partners) {
+  partner_comm_ = std::move(comm);
+  partners_ = std::move(partners);
+}
+
 void MemoryLevel::check_fits(std::uint64_t bytes) const {
-  const std::uint64_t needed = 2 * bytes * static_cast<std::uint64_t>(ranks_on_node_);
+  // Two copies of each rank's own, and two of each it keeps for a partner (of about its size).
+  const auto copies = static_cast<std::uint64_t>(2 * (1 + partners_.receive_from.size()));
+  const std::uint64_t needed = copies * bytes * static_cast<std::uint64_t>(ranks_on_node_);
   const std::uint64_t node = rank::NodeMemory::node_bytes();
   const auto allowed = static_cast<std::uint64_t>(levels_.memory_max_share * static_cast<double>(node));
   if (node > 0 && needed > allowed) {
-    throw ConfigError("checkpoint_levels.memory: two copies of each of this node's " + std::to_string(ranks_on_node_) +
-                      " ranks' state take " + gib(needed) + ", over max_share " +
+    throw ConfigError("checkpoint_levels.memory: " + std::to_string(copies) + " copies of each of this node's " +
+                      std::to_string(ranks_on_node_) + " ranks' state (two of its own" +
+                      (copies > 2 ? std::string(", two of each partner's") : std::string()) + ") take " + gib(needed) + ", over max_share " +
                       std::to_string(levels_.memory_max_share).substr(0, 4) + " of the node's " + gib(node) +
                       "; raise checkpoint_levels.memory.max_share, or leave the memory level out");
   }
@@ -59,8 +68,9 @@ void MemoryLevel::check_fits(std::uint64_t bytes) const {
     if (it->is_regular_file(ec)) own += it->file_size(ec);
   }
   const std::uint64_t free = rank::NodeMemory::free_bytes(memory_.dir());
-  if (free > 0 && 2 * bytes > free + own) {
-    throw ConfigError("checkpoint_levels.memory: two copies of this rank's state take " + gib(2 * bytes) + " and " +
+  if (free > 0 && copies * bytes > free + own) {
+    throw ConfigError("checkpoint_levels.memory: " + std::to_string(copies) + " copies of this rank's state take " +
+                      gib(copies * bytes) + " and " +
                       levels_.memory_dir + " has " + gib(free) + " free; give it more room (a tmpfs's size=), or "
                       "set checkpoint_levels.memory.dir to one that has it");
   }
@@ -120,9 +130,113 @@ void MemoryLevel::run() {
   }
 }
 
+// This rank's copy, then, with partners, the exchange: sent whether or not the copy was made (the
+// partner waits for it), then the error, if any.
+void MemoryLevel::write(Snapshot& snapshot) {
+  const std::int64_t batches = std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute));
+  std::exception_ptr error;
+  try {
+    write_own(snapshot, batches);
+  } catch (...) {
+    error = std::current_exception();
+    snapshot.deferred.clear();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      copying_ = false;
+    }
+    changed_.notify_all();
+  }
+  if (partner_comm_) exchange(batches, error == nullptr);
+  if (error) std::rethrow_exception(error);
+}
+
+// The copy goes to the partner while those of the ranks this one keeps arrive; every rank of the
+// trial exchanges at the same copy.
+void MemoryLevel::exchange(std::int64_t batches, bool have_copy) {
+  const auto started = std::chrono::steady_clock::now();
+  std::optional<checkpoint::MemorySlots::Image> image;
+  if (have_copy) image = slots_->image(batches);
+  std::vector<char> no_header;
+  std::vector<comm::WorkHandle> sends;
+  if (partners_.send_to >= 0) sends = rank::send_copy(*partner_comm_, image, partners_.send_to, no_header);
+  std::exception_ptr error;
+  for (const int source : partners_.receive_from) {
+    try {
+      rank::receive_copy(*partner_comm_, kept_slots(source), source);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  for (auto& send : sends) send->wait();
+  if (error) std::rethrow_exception(error);
+  core::log_debug("memory copy of batch {}: exchanged with the partners in {:.3f} s", batches,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+checkpoint::MemorySlots& MemoryLevel::kept_slots(int source) {
+  auto& slots = kept_[source];
+  if (!slots) {
+    const std::string dir = rank::partner_dir(memory_.dir(), source);
+    std::error_code ec;
+    std::filesystem::create_directory(dir, ec);
+    if (ec) throw IoError("cannot make " + dir + ": " + ec.message());
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+    slots = std::make_unique<checkpoint::MemorySlots>(dir);
+  }
+  return *slots;
+}
+
+std::map<int, std::vector<std::int64_t>> MemoryLevel::kept() {
+  std::map<int, std::vector<std::int64_t>> out;
+  for (const int source : rank::partner_sources(memory_.dir())) {
+    auto held = kept_slots(source).held();
+    if (!held.empty()) out[source] = std::move(held);
+  }
+  return out;
+}
+
+void MemoryLevel::restore(const std::vector<std::pair<int, int>>& moves, std::int64_t batches) {
+  if (!partner_comm_) throw CheckpointError("no partner level to restore copies from");
+  const int me = partner_comm_->rank();
+  std::vector<std::vector<char>> no_headers(moves.size());
+  std::vector<std::optional<checkpoint::MemorySlots::Image>> images(moves.size());
+  std::vector<comm::WorkHandle> sends;
+  for (std::size_t i = 0; i < moves.size(); ++i) {
+    const auto [owner, keeper] = moves[i];
+    if (keeper != me) continue;
+    images[i] = kept_slots(owner).image(batches);
+    for (auto& send : rank::send_copy(*partner_comm_, images[i], owner, no_headers[i])) sends.push_back(std::move(send));
+  }
+  std::string problem;
+  for (const auto& [owner, keeper] : moves) {
+    if (owner != me) continue;
+    try {
+      const auto got = rank::receive_copy(*partner_comm_, *slots_, keeper);
+      if (got != batches) {
+        problem = "rank " + std::to_string(keeper) + " holds no whole copy of this rank's state at batch " +
+                  std::to_string(batches);
+      }
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  }
+  for (auto& send : sends) send->wait();
+  if (!problem.empty()) throw CheckpointError(problem);
+}
+
+void MemoryLevel::drop_kept_of_others() {
+  for (const int source : rank::partner_sources(memory_.dir())) {
+    const auto& mine = partners_.receive_from;
+    if (std::find(mine.begin(), mine.end(), source) != mine.end()) continue;
+    kept_.erase(source);
+    std::error_code ignored;
+    std::filesystem::remove_all(rank::partner_dir(memory_.dir(), source), ignored);
+  }
+}
+
 // The live tensors first, each copied into the slot and checksummed in one pass (training waits
 // for them), then the rest of the snapshot, then the commit.
-void MemoryLevel::write(Snapshot& snapshot) {
+void MemoryLevel::write_own(Snapshot& snapshot, std::int64_t batches) {
   const std::size_t live = snapshot.deferred.size();
   std::vector<checkpoint::SlotDataset> datasets;
   for (const auto& d : snapshot.deferred) {
@@ -131,7 +245,6 @@ void MemoryLevel::write(Snapshot& snapshot) {
   }
   for (const auto& d : snapshot.contents.datasets) datasets.push_back({d.name, d.dtype, d.shape, d.nbytes()});
   const auto started = std::chrono::steady_clock::now();
-  const std::int64_t batches = std::stoll(snapshot.contents.attributes.at(checkpoint::kBatchesAttribute));
   checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
   try {
     for (std::size_t k = 0; k < live; ++k) {
@@ -166,6 +279,7 @@ checkpoint::CheckpointStore::Loaded MemoryLevel::load(std::int64_t batches) cons
 void MemoryLevel::remove() {
   stop_thread();  // waits for the copy being written
   slots_.reset();
+  kept_.clear();
   memory_.remove();
 }
 

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,7 +20,9 @@
 #include "hpctrial/checkpoint/memory_slots.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/experiment_config.h"
+#include "hpctrial/comm/communicator.h"
 #include "hpctrial/rank/node_memory.h"
+#include "hpctrial/rank/partner_copies.h"
 #include "state/checkpointing.h"
 
 namespace hpctrial::trainer::detail {
@@ -42,9 +45,25 @@ class MemoryLevel {
   // once; nullopt while it is still being written.
   std::optional<double> take_write_seconds();
 
+  // checkpoint_levels.partner: from the next copy on, the level's thread sends each copy to
+  // `partners.send_to` over `comm` (the level's own) and keeps those of `partners.receive_from`
+  // in this rank's folder. Before the first copy.
+  void set_partners(std::unique_ptr<comm::Communicator> comm, rank::Partners partners);
+  bool has_partners() const { return partner_comm_ != nullptr; }
+
   // The batches of the copies this rank holds, newest first (by their headers and manifests; a
   // copy is read whole and verified when it is loaded).
   std::vector<std::int64_t> held() const;
+  // The batches of the copies this rank keeps for others (a partner's, maybe of an earlier
+  // attempt with other partners), by their rank.
+  std::map<int, std::vector<std::int64_t>> kept();
+  // At a restart, every rank: each (owner, keeper) in `moves` sends the keeper's copy of the
+  // owner's state at `batches` to the owner, which holds it from then on as its own. Over the
+  // partners' communicator, while the thread is idle. CheckpointError when this rank's copy does
+  // not arrive whole, or this rank has none to send (its owner's arrives as none).
+  void restore(const std::vector<std::pair<int, int>>& moves, std::int64_t batches);
+  // Removes the copies kept for ranks that are no longer this rank's sources (after a restart).
+  void drop_kept_of_others();
   // This rank's copy at `batches`, read and verified; CheckpointError when it is not good.
   checkpoint::CheckpointStore::Loaded load(std::int64_t batches) const;
   const std::string& dir() const { return memory_.dir(); }
@@ -55,12 +74,18 @@ class MemoryLevel {
   void check_fits(std::uint64_t bytes) const;
   void run();
   void write(Snapshot& snapshot);
+  void write_own(Snapshot& snapshot, std::int64_t batches);
+  void exchange(std::int64_t batches, bool have_copy);
+  checkpoint::MemorySlots& kept_slots(int source);
   void stop_thread();
 
   core::CheckpointLevels levels_;
   int ranks_on_node_;
   rank::NodeMemory memory_;
   std::unique_ptr<checkpoint::MemorySlots> slots_;
+  std::unique_ptr<comm::Communicator> partner_comm_;
+  rank::Partners partners_;
+  std::map<int, std::unique_ptr<checkpoint::MemorySlots>> kept_;  // by the rank whose copies they are
   bool checked_ = false;
 
   std::mutex mutex_;

@@ -35,6 +35,8 @@ struct SlotDataset {
 class MemorySlots {
  public:
   static constexpr int kSlots = 2;
+  // The header's room at the start of a slot file; the datasets follow it.
+  static constexpr std::size_t kHeaderBytes = 4096;
   // Opens (or creates, mode 0600) the slot files in `dir`, which must exist.
   explicit MemorySlots(std::string dir);
   ~MemorySlots();
@@ -68,6 +70,38 @@ class MemorySlots {
   // IoError (naming the slot file and errno) when the slot cannot be sized or mapped.
   Copy begin(std::int64_t batches, std::vector<SlotDataset> datasets, std::map<std::string, std::string> attributes);
 
+  // A held copy's bytes as its slot file has them, for a copy of it elsewhere (a partner's): the
+  // header (kHeaderBytes) first, then the rest (the datasets and the manifest). Valid until the
+  // slot is written again. nullopt when no copy of `batches` is held.
+  struct Image {
+    const char* data = nullptr;
+    std::size_t size = 0;  // kHeaderBytes and the rest
+  };
+  std::optional<Image> image(std::int64_t batches);
+
+  // A copy arriving whole from elsewhere, written by the same rules as one made here: its slot is
+  // marked as being written, the rest of its bytes go to rest(), and commit() checks its manifest
+  // against the header's CRC and writes the header last.
+  class Incoming {
+   public:
+    char* rest() const;
+    std::size_t rest_size() const { return size_ - kHeaderBytes; }
+    std::int64_t batches() const;
+    // CheckpointError (naming the slot file) when the manifest that arrived is not the header's.
+    void commit();
+
+   private:
+    friend class MemorySlots;
+    Incoming(MemorySlots& slots, int slot, std::vector<char> header, std::size_t size);
+    MemorySlots* slots_;
+    int slot_;
+    std::vector<char> header_;
+    std::size_t size_;
+  };
+  // The slot for the copy whose header is `header` (kHeaderBytes, as image() gives them);
+  // nullopt when the header is not a complete copy's (the sender had none: nothing follows).
+  std::optional<Incoming> accept(const char* header);
+
   // The batch counts of the copies held (their headers and manifests intact), newest first.
   std::vector<std::int64_t> held() const;
   // The copy at `batches`, read whole and verified; CheckpointError naming the slot file otherwise.
@@ -85,6 +119,8 @@ class MemorySlots {
     std::size_t mapped = 0;
   };
   std::optional<Header> read_header(int slot) const;
+  int slot_to_write(std::int64_t batches) const;
+  void mark_being_written(int slot, std::int64_t batches) const;
   void* map_for(int slot, std::size_t size);
   void write_at(int slot, const void* bytes, std::size_t size, std::size_t offset) const;
 

@@ -94,6 +94,9 @@ struct Resources {
   // Nodes a trial's job may leave out, each one its ranks failed on in two attempts (Slurm);
   // 0: none is ever left out.
   int max_excluded_nodes = 2;
+  // Nodes asked for beyond those the ranks need: a node the ranks failed on is left out of the
+  // job's runs and a spare takes its ranks, inside the job (Slurm, PBS). 0: none.
+  int spare_nodes = 0;
 
   int nodes() const { return (slots_per_trial + slots_per_node - 1) / slots_per_node; }
   int min_slots() const { return min_slots_per_trial > 0 ? min_slots_per_trial : slots_per_trial; }
@@ -250,6 +253,9 @@ struct CheckpointLevels {
   std::string memory_dir = "/dev/shm";
   // The share of the node's memory that its ranks' copies (two a rank) may take; more is refused.
   double memory_max_share = 0.25;
+  // partner: each memory copy also sent to a rank on the next node, which keeps it, so that the
+  // loss of a whole node loses none that the partner holds. Needs the memory level.
+  bool partner = false;
   bool memory() const { return memory_on; }
 };
 

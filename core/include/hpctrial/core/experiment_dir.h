@@ -165,8 +165,18 @@ struct TrialProgress {
   std::vector<std::pair<int, std::string>> last_failure_flight;
   std::vector<TrialRun> runs;        // oldest first
   std::optional<FailedHandOver> failed_hand_over;  // since the last start of its launcher
-  // Nodes its jobs left out, the ranks having failed on each in two attempts: node and job.
-  std::vector<std::pair<std::string, std::string>> excluded_nodes;
+  // Nodes its jobs left out, the job back in the queue without them: the ranks failed on each in
+  // two attempts, or once in a job with spare nodes when none was left.
+  struct ExcludedNode {
+    std::string node, job;
+    bool no_spare_left = false;
+  };
+  std::vector<ExcludedNode> excluded_nodes;
+  // Nodes whose ranks a spare node took over inside the job (resources.spare_nodes).
+  struct SparedNode {
+    std::string node, spare, job, time;
+  };
+  std::vector<SparedNode> spared_nodes;
 };
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id);
 

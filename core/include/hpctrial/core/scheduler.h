@@ -203,6 +203,11 @@ class Scheduler {
   // Whether hand_over can send `allocation`'s job back to the queue without `left_out` of its
   // nodes and the job still find the `needed` nodes it runs on. Never by default.
   virtual bool can_leave_out(const Allocation& allocation, int left_out, int needed) const;
+  // After an attempt of a job on several nodes ended: ends what its mpirun left running in the
+  // job (Slurm: the steps of Open MPI's daemons, which a killed mpirun leaves, and which hold
+  // their nodes' slots so that the next attempt cannot start). Returns what it ended; nothing by
+  // default.
+  virtual std::vector<std::string> end_leftover_steps(const Allocation& allocation) const;
   // Whether its runs may start their ranks with srun (launcher.mpi: srun): Slurm's jobs, and
   // `hpctrial run`, which may run inside salloc (the launcher checks that it does). Not by default.
   virtual bool allows_srun() const;

@@ -12,7 +12,9 @@
 //   step, phase and restart count, e.g. "rank1:step7:sigkill" or "rank0:restart0:validation:exit3";
 //   several separated by commas. Phases: startup (once set up, before the first step), batch
 //   (the default), agreement (the step boundary's collective), validation, evaluate
-//   (evaluate_full_dataset), checkpoint. Actions: exit<N>, sigkill, segv, abort, throw, hang.
+//   (evaluate_full_dataset), checkpoint. Actions: exit<N>, sigkill, segv, abort, throw, hang;
+//   nodeloss: this rank's folder in node memory (its copies, and those it keeps for partners)
+//   removed, then sigkill, as the loss of its node would take them.
 #pragma once
 
 #include <atomic>
@@ -136,6 +138,8 @@ class FaultPlan {
   // `shards`), in the middle of its pieces of a sharded one, before the chief publishes a whole one.
   void at(FaultPhase phase, long long step, bool writer = false) const;
   bool empty() const { return faults_.empty(); }
+  // The folder of this rank's copies in node memory, which `nodeloss` removes.
+  void set_node_memory(std::string dir) { node_memory_ = std::move(dir); }
 
  private:
   struct Fault {
@@ -147,6 +151,7 @@ class FaultPlan {
   };
   std::vector<Fault> faults_;  // only those for this rank and restart
   int rank_;
+  std::string node_memory_;
 };
 
 }  // namespace hpctrial::rank

@@ -74,6 +74,8 @@ class Client {
   // scontrol requeue / requeuehold: a running job goes back to the queue (held).
   void requeue(const std::string& job, bool hold) const;
   void hold(const std::string& job) const;     // scontrol hold: a pending job waits for release
+  // The job's steps that run a program (squeue -s): "<job>.<n>", not its batch or extern steps.
+  std::vector<std::string> program_steps(const std::string& job) const;
   // TotalNodes of `scontrol show partition`; 0 when Slurm does not answer.
   int partition_nodes(const std::string& partition) const;
   // Whether the partition's TRES counts GPUs (gres/gpu); false when Slurm does not answer.

@@ -45,6 +45,7 @@ class Scheduler final : public core::Scheduler {
   // Where the job's partitions have `needed` nodes besides the left out ones.
   bool can_leave_out(const core::Allocation& allocation, int left_out, int needed) const override;
   bool allows_srun() const override { return true; }
+  std::vector<std::string> end_leftover_steps(const core::Allocation& allocation) const override;
 
  private:
   // The job a target names (the experiment's latest Slurm job when it names none) and its tasks;

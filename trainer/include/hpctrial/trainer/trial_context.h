@@ -68,6 +68,7 @@ struct DistributedContext {
   int local_rank = 0;
   int local_size = 1;
   int node_count = 1;
+  int node_index = 0;  // this rank's node among them (MPI's: ranks sharing memory)
   bool is_chief() const { return rank == 0; }
 };
 
