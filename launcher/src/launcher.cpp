@@ -351,11 +351,36 @@ void hold_launch_config(const std::string& trial_dir, const core::ExperimentConf
   core::write_file_atomic(core::TrialLayout{trial_dir}.launch_config(), core::to_yaml(experiment));
 }
 
-// A run given up: its ranks' copies in node memory (checkpoint_levels.memory) are of no more use,
-// and those on this node go now. The other nodes' go when a later run there finds them unheld
-// (rank/node_memory.h).
-void remove_memory_copies(const core::ExperimentConfig& config, const ExperimentLayout& layout, int trial_id) {
-  if (!config.checkpoint_levels.memory()) return;
+// The trial's ranks finished. A warning that came as they finished stays pending, for a search's
+// worker to heed.
+int finished(const Attempt& a, const std::string& trial_dir, int trial_id) {
+  if (a.stop_requested && a.stop_reason == "preemption") ::raise(SIGUSR2);
+  ::unlink(core::TrialLayout{trial_dir}.stop_file().c_str());
+  core::log_info("trial {} finished", trial_id);
+  return kExitFinished;
+}
+
+// The job's allocation, its ranks on `hosts` (the nodes in use: spare nodes left out).
+core::Allocation on_hosts(const core::Allocation& allocation, const std::vector<core::Host>& hosts) {
+  core::Allocation on = allocation;
+  on.hosts = hosts;
+  return on;
+}
+
+// Before a restart inside a job on several nodes: the next attempt needs the nodes' slots, which
+// the daemons of the last one's mpirun, killed, may still hold.
+void end_leftover_steps(const core::Allocation& allocation) {
+  if (!allocation.in_job() || allocation.hosts.size() < 2) return;
+  for (const std::string& step : scheduler(allocation.scheduler).end_leftover_steps(allocation)) {
+    core::log_info("ended step {} of job {}, left running by the attempt before", step, allocation.job_id);
+  }
+}
+
+// A run given up (ending with `code`): its ranks' copies in node memory (checkpoint_levels.memory)
+// are of no more use, and those on this node go now. The other nodes' go when a later run there
+// finds them unheld (rank/node_memory.h).
+int given_up(const core::ExperimentConfig& config, const ExperimentLayout& layout, int trial_id, int code) {
+  if (!config.checkpoint_levels.memory()) return code;
   try {
     const core::NodeMemoryLayout copies{config.checkpoint_levels.memory_dir, static_cast<unsigned>(::getuid()),
                                         core::require_experiment_identity(layout).id, trial_id,
@@ -367,6 +392,7 @@ void remove_memory_copies(const core::ExperimentConfig& config, const Experiment
   } catch (const Error& e) {
     core::log_warning("the trial's copies in node memory are left for a later run to remove: {}", e.what());
   }
+  return code;
 }
 
 }  // namespace
@@ -427,8 +453,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
   std::vector<core::Host> in_use = detail::nodes_in_use(config, allocation, state, state_path);
 
   while (true) {
-    core::Allocation attempt_allocation = allocation;
-    attempt_allocation.hosts = in_use;
+    const core::Allocation attempt_allocation = on_hosts(allocation, in_use);
     const MpirunCommand command = build_mpirun_command(config, attempt_allocation, options, starts, env);
     if (const auto failed = run_hook(config, attempt_allocation, options, starts, env, state, state_path)) return *failed;
     prepare_attempt(command, trial_dir);
@@ -443,13 +468,7 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     detail::remove_left_containers(config.container, command.env);
     const int code = supervisor.stop_finished() ? kExitStopped : WIFEXITED(a.status) ? WEXITSTATUS(a.status) : -1;
     if (a.aborted) return kExitAborted;
-    if (a.hang.empty() && code == kExitFinished) {
-      // A warning that came as the ranks finished stays pending, for a search's worker to heed.
-      if (a.stop_requested && a.stop_reason == "preemption") ::raise(SIGUSR2);
-      ::unlink(core::TrialLayout{trial_dir}.stop_file().c_str());
-      core::log_info("trial {} finished", options.trial_id);
-      return kExitFinished;
-    }
+    if (a.hang.empty() && code == kExitFinished) return finished(a, trial_dir, options.trial_id);
     if (a.hang.empty() && code == kExitStopped) {
       const std::string reason = stop_reason_of(a, layout, trial_dir, allocation);
       core::log_info("trial {} stopped ({}) after a durable checkpoint; {}", options.trial_id, reason,
@@ -466,21 +485,12 @@ int launch(const LaunchOptions& options, const core::EnvSource& env, const core:
     // A failure: record it, then restart or give up.
     const FailureOutcome failed = record_failure(supervisor, a, code, config, options, allocation, trial_dir, state,
                                                  starts, ++failures, previous_failure, in_use);
-    if (failed.exit_code) {
-      remove_memory_copies(config, layout, options.trial_id);
-      return *failed.exit_code;
-    }
+    if (failed.exit_code) return given_up(config, layout, options.trial_id, *failed.exit_code);
     if (!failed.left_out.empty()) {  // the restart runs elsewhere: back to the queue without the node
       hand_over(allocation, "failure", config, options, env, run, held, excluded_nodes(state, allocation.job_id, state_path));
       return kExitStopped;
     }
-    // The next attempt needs the nodes' slots, which the daemons of the last one's mpirun, killed,
-    // may still hold.
-    if (allocation.in_job() && allocation.hosts.size() > 1) {
-      for (const std::string& step : scheduler(allocation.scheduler).end_leftover_steps(allocation)) {
-        core::log_info("ended step {} of job {}, left running by the attempt before", step, allocation.job_id);
-      }
-    }
+    end_leftover_steps(allocation);
   }
 }
 

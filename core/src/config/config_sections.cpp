@@ -190,9 +190,8 @@ void read_resources(MapReader& r, Resources& res) {
     if (auto v = read_int(*n, r.path("max_excluded_nodes"), d, 0, kMaxSlots)) res.max_excluded_nodes = static_cast<int>(*v);
   }
   const ConfigNode* spares = r.get("spare_nodes");
-  if (spares != nullptr) {
-    if (auto v = read_int(*spares, r.path("spare_nodes"), d, 0, kMaxSlots)) res.spare_nodes = static_cast<int>(*v);
-  }
+  const auto spare_nodes = spares ? read_int(*spares, r.path("spare_nodes"), d, 0, kMaxSlots) : std::nullopt;
+  if (spare_nodes) res.spare_nodes = static_cast<int>(*spare_nodes);
   if (const ConfigNode* n = r.get("memory_per_node")) {
     if (auto text = read_string(*n, r.path("memory_per_node"), d)) {
       std::string reason;

@@ -21,6 +21,7 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/core/paths.h"
 #include "hpctrial/core/text.h"
+#include "launcher_state.h"
 
 namespace hpctrial::core {
 namespace fs = std::filesystem;
@@ -326,22 +327,6 @@ void record_failed_hand_over(const std::string& trial_dir, const FailedHandOver&
   write_json_file(path, state);
 }
 
-namespace {
-
-std::optional<FailedHandOver> failed_hand_over_in(const json& state, const std::string& path) {
-  const auto it = state.find(kFailedHandOverKey);
-  if (it == state.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) {
-    throw IoError(path + ": \"" + std::string(kFailedHandOverKey) + "\" holds " + it->dump() +
-                  ", which is not an object; fix the file or remove it");
-  }
-  return FailedHandOver{json_field(*it, "time", std::string(), path), json_field(*it, "job", std::string(), path),
-                        json_field(*it, "tries", 0, path), json_field(*it, "error", std::string(), path),
-                        json_field(*it, "resume", std::string(), path)};
-}
-
-}  // namespace
-
 TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const TrialLayout trial = layout.trial(trial_id);
   TrialProgress p;
@@ -350,26 +335,7 @@ TrialProgress trial_progress(const ExperimentLayout& layout, int trial_id) {
   const json state = read_json_file(state_path);
   p.starts = json_field(state, "starts", 0, state_path);
   p.failures = json_field(state, "failures", 0, state_path);
-  p.failed_hand_over = failed_hand_over_in(state, state_path);
-  if (const auto left_out = state.find("excluded_nodes"); left_out != state.end() && left_out->is_array()) {
-    for (const json& e : *left_out) {
-      if (e.is_object()) {
-        p.excluded_nodes.push_back({json_field(e, "node", std::string(), state_path),
-                                    json_field(e, "job", std::string(), state_path),
-                                    json_field(e, "reason", std::string(), state_path) == "no_spare_left"});
-      }
-    }
-  }
-  if (const auto spared = state.find("spared_nodes"); spared != state.end() && spared->is_array()) {
-    for (const json& e : *spared) {
-      if (e.is_object()) {
-        p.spared_nodes.push_back({json_field(e, "node", std::string(), state_path),
-                                  json_field(e, "spare", std::string(), state_path),
-                                  json_field(e, "job", std::string(), state_path),
-                                  json_field(e, "time", std::string(), state_path)});
-      }
-    }
-  }
+  detail::read_launcher_decisions(state, state_path, p);
   std::ifstream records(trial.failures_file());
   for (std::string line; std::getline(records, line);) {
     try {
