@@ -130,10 +130,11 @@ std::string node_to_leave_out(const json& failure, const std::string& record_pat
   return node;
 }
 
-// The job's hosts that this job's failures left to spares (resources.spare_nodes).
-std::vector<std::string> spared_out(const json& state, const std::string& job, const std::string& path) {
+// The nodes of `job` in the launcher state's list `key` (entries {node, job, ...}).
+std::vector<std::string> nodes_of_job(const json& state, const char* key, const std::string& job,
+                                      const std::string& path) {
   std::vector<std::string> nodes;
-  const auto it = state.find("spared_nodes");
+  const auto it = state.find(key);
   if (it == state.end() || !it->is_array()) return nodes;
   for (const json& e : *it) {
     if (e.is_object() && core::json_field(e, "job", std::string(), path) == job) {
@@ -141,6 +142,11 @@ std::vector<std::string> spared_out(const json& state, const std::string& job, c
     }
   }
   return nodes;
+}
+
+// The job's hosts that this job's failures left to spares (resources.spare_nodes).
+std::vector<std::string> spared_out(const json& state, const std::string& job, const std::string& path) {
+  return nodes_of_job(state, "spared_nodes", job, path);
 }
 
 bool listed(const std::vector<std::string>& names, const std::string& name) {
@@ -208,15 +214,7 @@ std::vector<core::Host> nodes_in_use(const core::ExperimentConfig& config, const
 }
 
 std::vector<std::string> excluded_nodes(const json& state, const std::string& job, const std::string& path) {
-  std::vector<std::string> nodes;
-  const auto it = state.find("excluded_nodes");
-  if (it == state.end() || !it->is_array()) return nodes;
-  for (const json& e : *it) {
-    if (e.is_object() && core::json_field(e, "job", std::string(), path) == job) {
-      nodes.push_back(core::json_field(e, "node", std::string(), path));
-    }
-  }
-  return nodes;
+  return nodes_of_job(state, "excluded_nodes", job, path);
 }
 
 FailureOutcome record_failure(const Supervisor& supervisor, const Attempt& a, int code, const core::ExperimentConfig& config,

@@ -17,6 +17,7 @@
 
 #include "../support/read_file.h"
 #include "../support/slurm_jobs.h"
+#include "../support/json_lines.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -25,6 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing_support::json_lines;
 using testing_support::job_field;
 using testing_support::read_file;
 using testing_support::TempDir;
@@ -32,13 +34,6 @@ using testing_support::TempDir;
 constexpr const char* kBadNode = "hpctrial-b";
 
 core::RunResult run(const std::vector<std::string>& argv) { return testing_support::run_command(argv); }
-
-std::vector<nlohmann::json> json_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 struct BadNodeCase {
   int rank;

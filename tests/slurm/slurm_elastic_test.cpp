@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../support/slurm_jobs.h"
+#include "../support/json_lines.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -21,19 +22,13 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing_support::json_lines;
 using testing_support::TempDir;
 
 using testing_support::job_field;
 core::RunResult run(const std::vector<std::string>& argv) { return testing_support::run_command(argv); }
 bool wait_for(const std::string& job, const std::string& state, std::chrono::seconds limit) {
   return testing_support::wait_for_state(job, state, limit);
-}
-
-std::vector<nlohmann::json> json_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 class SlurmElastic : public testing::Test {

@@ -24,6 +24,7 @@
 #include "../support/read_file.h"
 #include "../support/same_weights.h"
 #include "../support/slurm_jobs.h"
+#include "../support/json_lines.h"
 #include "../support/temp_dir.h"
 #include "hpctrial/core/subprocess.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::HasSubstr;
+using testing_support::json_lines;
 using testing_support::job_field;
 using testing_support::read_file;
 using testing_support::run_command;
@@ -104,9 +106,7 @@ TEST_P(NodeLost, ItsRankResumesFromThePartnersCopyInsideTheJob) {
   EXPECT_TRUE(batch == "30" || batch == "20") << batch;
   EXPECT_THAT(out, HasSubstr("after " + batch + " batches"));
   // The run records the level it resumed from and which rank's copy came from which partner.
-  std::ifstream runs(experiment + "/trial-0/runs.jsonl");
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(runs, line);) lines.push_back(nlohmann::json::parse(line));
+  const auto lines = json_lines(experiment + "/trial-0/runs.jsonl");
   ASSERT_EQ(lines.size(), 2u) << out;
   EXPECT_EQ(lines[1]["resumed_from"]["level"], "partner");
   EXPECT_EQ(lines[1]["resumed_from"]["from_partners"],
@@ -131,13 +131,6 @@ TEST_P(NodeLost, ItsRankResumesFromThePartnersCopyInsideTheJob) {
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, NodeLost, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
-
-std::vector<nlohmann::json> json_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 // resources.spare_nodes on the three-node partition `spare`.
 class SpareNode : public NodeLost {
