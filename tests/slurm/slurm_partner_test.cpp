@@ -216,8 +216,14 @@ TEST_F(SpareNode, WithNoSpareLeftTheJobIsRequeuedHeldWithoutTheNode) {
   ASSERT_TRUE(testing_support::wait_for_state(job_, "RUNNING", 60s)) << job_field(job_, "JobState");
   const std::string failures = experiment() + "/trial-0/failures.jsonl";
   const auto until = std::chrono::steady_clock::now() + 240s;
-  while ((json_lines(failures).size() < 2 || job_field(job_, "Restarts") != "1") &&
-         std::chrono::steady_clock::now() < until) {
+  // The hand-over requeues the job held, then sets its ExcNodeList, then releases it: the test
+  // waits for the last of these, not the first.
+  const auto handed_over = [&] {
+    const std::string excluded = job_field(job_, "ExcNodeList");
+    return json_lines(failures).size() >= 2 && job_field(job_, "Restarts") == "1" && !excluded.empty() &&
+           excluded != "(null)";
+  };
+  while (!handed_over() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(300ms);
   }
   ASSERT_EQ(job_field(job_, "Restarts"), "1") << "requeued once\n" << read_file(log);
