@@ -2,8 +2,10 @@
 // parameters (in 4 MiB tensors, plain SGD, so the checkpoint holds that much state), trained on
 // a small regression. Each step touches every parameter (a full gradient, all-reduced, and an
 // SGD update), so a checkpoint always holds fresh values. Rank 0 prints the wall-clock time at
-// which the first step of each run ends:
+// which the first step of each run ends, and, with hyperparameters.timed_steps: T, the time at
+// which the step T steps later ends:
 //   first step of this run: batch N ended at <unix ms>
+//   step T of this run: batch M ended at <unix ms>
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -46,6 +48,7 @@ class StateTrial : public hpctrial::Trial {
     // step_ms (optional): the time a step's computation takes on its device, slept before the
     // optimizer steps while the CPU is free (benchmarks/recovery).
     if (context.hparams().contains("step_ms")) step_ms_ = context.hparam<std::int64_t>("step_ms");
+    if (context.hparams().contains("timed_steps")) timed_steps_ = context.hparam<std::int64_t>("timed_steps");
     optimizer_ = context.wrap_optimizer(
         std::make_shared<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(0.01)));
   }
@@ -55,14 +58,16 @@ class StateTrial : public hpctrial::Trial {
     context_.backward(loss);
     if (step_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
     context_.step_optimizer(*optimizer_);
-    if (first_ && context_.distributed().rank == 0) {
+    const bool timed = steps_ == 0 || (timed_steps_ > 0 && steps_ == timed_steps_);
+    if (timed && context_.distributed().rank == 0) {
       const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::system_clock::now().time_since_epoch());
-      std::printf("first step of this run: batch %lld ended at %lld\n", static_cast<long long>(batch_idx),
+      const std::string which = steps_ == 0 ? std::string("first step") : "step " + std::to_string(steps_);
+      std::printf("%s of this run: batch %lld ended at %lld\n", which.c_str(), static_cast<long long>(batch_idx),
                   static_cast<long long>(now.count()));
       std::fflush(stdout);
     }
-    first_ = false;
+    ++steps_;
     return {{"loss", loss}};
   }
 
@@ -79,8 +84,9 @@ class StateTrial : public hpctrial::Trial {
   std::shared_ptr<hpctrial::TensorDataset> dataset_;
   State model_{nullptr};
   std::shared_ptr<torch::optim::SGD> optimizer_;
-  bool first_ = true;
+  std::int64_t steps_ = 0;  // trained in this run
   std::int64_t step_ms_ = 0;
+  std::int64_t timed_steps_ = 0;
 };
 
 }  // namespace

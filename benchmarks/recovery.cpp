@@ -18,9 +18,12 @@
 //              step of the restarted run: the launcher's restart, mpirun, the ranks' start, the
 //              copy or checkpoint read
 //   recovery   restart + lost x the mean step: until training is back where it failed
-//   step       the mean step of the restarted run (10 periods long): every phase of its loop, per
-//              batch. Its first copy into each of the two slots is the first write through their
-//              mappings in that process, and pays for the pages' first touch
+//   step       the mean step of the restarted run over the 9 periods after its first step (the
+//              same number of steps on both paths; the first step, which touches every page of
+//              the state afresh, is left out): the wall-clock time from the end of its first step
+//              to the end of the step 9 periods later, over 9 periods. On the memory path that
+//              holds 9 copies; the first copy into each of the two slots is the first write
+//              through their mappings in that process, and pays for the pages' first touch
 //   copy       the memory level's stall per copy: its `memory_copy` phase and the optimizer's
 //              wait for the copy's tensors, less that wait on the shared_fs path, per copy
 // and the memory level's cost: the mean step with it against the mean step without, less one
@@ -73,7 +76,7 @@ struct Path {
   long long killed_at_step = 0;
   long long resumed_from = 0;
   double restart_s = 0;
-  double step_s = 0;
+  double step_s = 0;        // the restarted run's mean step, its first left out
   double copy_s = 0;        // memory_copy + checkpoint_copy_wait, in all
   double copy_wait_s = 0;   // checkpoint_copy_wait alone
   long long copies = 0;
@@ -87,6 +90,9 @@ std::pair<double, long long> phase(const nlohmann::json& timings, const char* na
   return {p.value("total_s", 0.0), p.value("count", 0LL)};
 }
 
+// The steps of the restarted run over which its mean step is taken: 9 periods, after its first.
+int timed_steps(const Options& o) { return 9 * o.period; }
+
 Path run_path(const Options& o, const std::string& name, int kill_step, bool memory) {
   Path path;
   path.name = name;
@@ -97,7 +103,7 @@ Path run_path(const Options& o, const std::string& name, int kill_step, bool mem
                         << "searcher: {name: single, metric: validation_loss, max_length: {batches: "
                         << kill_step + 10 * o.period << "}}\n"
                         << "hyperparameters: {global_batch_size: " << 8 * o.ranks << ", state_mib: " << o.state_mib
-                        << ", step_ms: " << o.step_ms << "}\nresources: {slots_per_trial: " << o.ranks << "}\nmax_restarts: 1\n"
+                        << ", step_ms: " << o.step_ms << ", timed_steps: " << timed_steps(o) << "}\nresources: {slots_per_trial: " << o.ranks << "}\nmax_restarts: 1\n"
                         << "min_checkpoint_period: auto\n"
                         << (memory ? "checkpoint_levels: {memory: {period: {batches: " + std::to_string(o.period) +
                                          "}, dir: " + o.memory_dir + "}}\n"
@@ -109,6 +115,7 @@ Path run_path(const Options& o, const std::string& name, int kill_step, bool mem
   const auto r = hpctrial::core::run_process(
       {HPCTRIAL_CLI, "run", config, "--experiment", experiment, "--oversubscribe"}, options);
   const std::string log = r.out + r.err;
+  std::ofstream(experiment + ".log") << log;
   if (!r.ok()) die(name + ": hpctrial run failed: " + r.describe() + "\n" + log);
   std::smatch m;
   if (!std::regex_search(log, m, std::regex(R"(injected fault \S+ on rank \d+ at step (\d+) \(unix ms (\d+)\))"))) {
@@ -123,6 +130,13 @@ Path run_path(const Options& o, const std::string& name, int kill_step, bool mem
   }
   if (firsts.size() != 2) die(name + ": expected two runs' first steps in the log:\n" + log);
   path.restart_s = static_cast<double>(firsts[1] - killed_ms) / 1000.0;
+  static const std::regex timed(R"(step (\d+) of this run: batch \d+ ended at (\d+))");
+  std::vector<long long> ends;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), timed); it != std::sregex_iterator(); ++it) {
+    ends.push_back(std::stoll((*it)[2]));
+  }
+  if (ends.empty()) die(name + ": the restarted run did not train " + std::to_string(timed_steps(o)) + " steps:\n" + log);
+  path.step_s = static_cast<double>(ends.back() - firsts[1]) / 1000.0 / static_cast<double>(timed_steps(o));
   if (std::regex_search(log, m, std::regex(R"(resumed from \S+ after (\d+) batches)"))) path.resumed_from = std::stoll(m[1]);
   // The restarted run's timings: the last "timings" record of the trial's metrics.
   nlohmann::json timings;
@@ -131,11 +145,6 @@ Path run_path(const Options& o, const std::string& name, int kill_step, bool mem
     const auto record = nlohmann::json::parse(line, nullptr, false);
     if (record.is_object() && record.value("kind", "") == "timings") timings = record.value("timings", nlohmann::json());
   }
-  // The mean step: every phase of the loop, per batch trained.
-  const long long batches = phase(timings, "train_batch").second;
-  double loop_s = 0;
-  for (const auto& [phase_name, p] : timings.items()) loop_s += p.value("total_s", 0.0);
-  path.step_s = batches > 0 ? loop_s / static_cast<double>(batches) : 0;
   const auto [copy_s, copies] = phase(timings, "memory_copy");
   const auto [wait_s, waits] = phase(timings, "checkpoint_copy_wait");
   (void)waits;
