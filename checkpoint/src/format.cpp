@@ -23,7 +23,9 @@ Buffer::Buffer(std::size_t size) : size_(size) {
   if (alignment == kHugePage) ::madvise(data_, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 }
 
-Buffer::~Buffer() { std::free(data_); }
+Buffer::~Buffer() {
+  if (!keeper_) std::free(data_);
+}
 
 std::string Dataset::text() const {
   return data ? std::string(static_cast<const char*>(data->data()), data->size()) : std::string();

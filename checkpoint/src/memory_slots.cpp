@@ -283,13 +283,11 @@ CheckpointStore::Loaded MemorySlots::load(std::int64_t batches) const {
     throw CheckpointError(file + ": its manifest does not match its CRC-32C");
   }
   const std::size_t data_end = h->manifest_offset;
-  void* map = ::mmap(nullptr, data_end, PROT_READ, MAP_SHARED, slots_[slot].fd, 0);
+  // The datasets are views of the slot's pages, mapped whole at once: restoring a copy touches no
+  // fresh memory but the state's own.
+  void* map = ::mmap(nullptr, data_end, PROT_READ, MAP_SHARED | MAP_POPULATE, slots_[slot].fd, 0);
   if (map == MAP_FAILED) throw IoError("cannot map " + file + ": " + std::strerror(errno));
-  struct Unmap {
-    void* p;
-    std::size_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{map, data_end};
+  const std::shared_ptr<const void> mapping(map, [data_end](const void* p) { ::munmap(const_cast<void*>(p), data_end); });
   CheckpointStore::Loaded loaded;
   loaded.path = file;
   loaded.batches = batches;
@@ -312,8 +310,9 @@ CheckpointStore::Loaded MemorySlots::load(std::int64_t batches) const {
           offset > data_end || nbytes > data_end - offset) {
         throw CheckpointError(file + ": dataset '" + name + "' has a size or place that does not fit the file");
       }
-      auto buffer = std::make_shared<Buffer>(static_cast<std::size_t>(nbytes));
-      const std::uint32_t crc = copy_crc32c(buffer->data(), static_cast<const char*>(map) + offset, nbytes);
+      char* bytes = static_cast<char*>(map) + offset;
+      auto buffer = std::make_shared<Buffer>(mapping, bytes, static_cast<std::size_t>(nbytes));
+      const std::uint32_t crc = crc32c(bytes, nbytes);
       if (crc != d.at("crc32c").get<std::uint32_t>()) {
         throw CheckpointError(file + ": dataset '" + name + "' does not match its CRC-32C: the copy is damaged");
       }

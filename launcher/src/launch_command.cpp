@@ -331,6 +331,13 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const core::Ex
   for (const char* passed : {core::kEnvFault, "HPCTRIAL_LOG_LEVEL"}) {
     if (const auto value = env.get(passed)) vars.emplace_back(passed, *value);
   }
+  // optimizations.huge_pages: glibc's malloc (2.35 and later; older ones ignore the tunable)
+  // asks for transparent huge pages for the ranks' large allocations. The user's own tunables
+  // are kept, and one of theirs that says glibc.malloc.hugetlb has the last word.
+  const std::string tunables = env.get("GLIBC_TUNABLES").value_or("");
+  if (config.optimizations.huge_pages && tunables.find("glibc.malloc.hugetlb") == std::string::npos) {
+    vars.emplace_back("GLIBC_TUNABLES", tunables + (tunables.empty() ? "" : ":") + "glibc.malloc.hugetlb=1");
+  }
   for (const auto& var : config.environment) {
     vars.emplace_back(var.name, core::expand_env_references(var.value, env, "environment." + var.name));
   }

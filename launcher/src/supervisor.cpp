@@ -44,9 +44,10 @@ Attempt Supervisor::run(const MpirunCommand& command, SignalFd& signals) {
   while (out_open || err_open || !exited) {
     pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {out_open ? child.out.get() : -1, POLLIN, 0},
                      {err_open ? child.err.get() : -1, POLLIN, 0}};
-    // While the ranks stop, look closely: their exits end the attempt.
+    // While the ranks stop, or are ended after a rank's failure, look closely: their exits end
+    // the attempt, and the next one starts as soon as they have.
     const bool stopping = a.stop_requested || stopped_at_ != Clock::time_point{};
-    ::poll(fds, 3, stopping ? 50 : 250);
+    ::poll(fds, 3, stopping || rank_failure_ ? 50 : 250);
     for (int i = 1; i <= 2; ++i) {
       if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);

@@ -106,6 +106,7 @@ bool is_run_setting(std::string_view key, const ExperimentConfig& config) {
       "optimizations.network_interface",
       "optimizations.bucket_cap_mb",
       "optimizations.replica_check_period",
+      "optimizations.huge_pages",
       // The engine's shape: a resumed engine trial keeps train_batch_size on other ranks, stages
       // and shards.
       "engine.train_micro_batch_size_per_gpu",

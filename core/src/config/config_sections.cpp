@@ -314,6 +314,9 @@ void read_optimizations(MapReader& r, Optimizations& o) {
       }
     }
   }
+  if (const ConfigNode* n = r.get("huge_pages")) {
+    if (auto v = read_bool(*n, r.path("huge_pages"), d)) o.huge_pages = *v;
+  }
   if (const ConfigNode* n = r.get("adaptive_batch_size")) read_adaptive_batch(*n, r.path("adaptive_batch_size"), d, o.adaptive_batch_size);
   r.finish();
 }

@@ -198,6 +198,7 @@ void emit_optimizations(YAML::Emitter& out, const Optimizations& o) {
       << format_duration(o.collective_timeout_seconds);
   out << YAML::Key << "replica_check_period" << YAML::Value << o.replica_check_period;
   if (!o.network_interface.empty()) out << YAML::Key << "network_interface" << YAML::Value << o.network_interface;
+  out << YAML::Key << "huge_pages" << YAML::Value << o.huge_pages;
   if (o.adaptive_batch_size.enabled) emit_adaptive_batch(out, o.adaptive_batch_size);
   out << YAML::EndMap;
 }

@@ -283,7 +283,7 @@ TEST(ConfigErrors, UnknownKeyWithNoCloseMatchListsTheKeys) {
                         "aggregation_frequency, average_training_metrics, bucket_cap_mb, "
                         "tensor_fusion_threshold, average_aggregated_gradients, auto_tune_tensor_fusion, "
                         "mixed_precision, gradient_compression, collective_timeout, replica_check_period, "
-                        "network_interface, adaptive_batch_size"));
+                        "network_interface, huge_pages, adaptive_batch_size"));
 }
 
 TEST(ConfigErrors, LauncherMpi) {

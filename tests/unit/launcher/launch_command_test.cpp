@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "../../support/temp_dir.h"
@@ -193,6 +194,27 @@ TEST(MpirunCommand, TheNetworkInterfaceSetsOpenMpisAndNcclsTransports) {
     EXPECT_THAT(e.what(), HasSubstr("optimizations.network_interface is 'nosuch0', which " + core::host_name() +
                                     " does not have (it has: lo"));
   }
+}
+
+// optimizations.huge_pages (on unless set false): glibc's malloc is told to use transparent huge
+// pages for the ranks, after the tunables the user set; a hugetlb of the user's own is kept.
+TEST(MpirunCommand, HugePagesAreAskedOfGlibcAfterTheUsersTunables) {
+  const auto tunables = [](const std::string& extra, const core::MapEnv& env) -> std::optional<std::string> {
+    const auto c = build_mpirun_command(parse(extra), {}, options("/exp"), 0, env);
+    for (const auto& [name, value] : c.env) {
+      if (name == "GLIBC_TUNABLES") {
+        EXPECT_TRUE(has(c.argv, "GLIBC_TUNABLES")) << "passed by name";
+        return value;
+      }
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(tunables("", core::MapEnv{}), "glibc.malloc.hugetlb=1");
+  EXPECT_EQ(tunables("", core::MapEnv(std::map<std::string, std::string>{{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2"}})),
+            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
+  EXPECT_EQ(tunables("", core::MapEnv(std::map<std::string, std::string>{{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=0"}})), std::nullopt)
+      << "the user's choice stays as the launcher's environment has it";
+  EXPECT_EQ(tunables("optimizations: {huge_pages: false}\n", core::MapEnv{}), std::nullopt);
 }
 
 TEST(MpirunCommand, TheContractAndTheConfigEnvironmentTravelByNameOnly) {

@@ -40,11 +40,14 @@ using core::dtype_size;
 using core::to_string;
 
 // Host memory aligned for direct I/O (4 KiB), owned. The usable size is `size()`; the
-// allocation is rounded up to whole 4 KiB blocks.
+// allocation is rounded up to whole 4 KiB blocks. Or a view of memory that `keeper` holds (a
+// mapping of a copy in node memory), released with the last of its views.
 class Buffer {
  public:
   static constexpr std::size_t kAlignment = 4096;
   explicit Buffer(std::size_t size);
+  Buffer(std::shared_ptr<const void> keeper, void* data, std::size_t size)
+      : data_(data), size_(size), keeper_(std::move(keeper)) {}
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -55,6 +58,7 @@ class Buffer {
  private:
   void* data_ = nullptr;
   std::size_t size_ = 0;
+  std::shared_ptr<const void> keeper_;
 };
 
 struct Dataset {

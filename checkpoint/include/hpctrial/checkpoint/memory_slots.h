@@ -104,7 +104,9 @@ class MemorySlots {
 
   // The batch counts of the copies held (their headers and manifests intact), newest first.
   std::vector<std::int64_t> held() const;
-  // The copy at `batches`, read whole and verified; CheckpointError naming the slot file otherwise.
+  // The copy at `batches`, verified whole; CheckpointError naming the slot file otherwise. Its
+  // datasets are views of the slot's mapping (read-only, kept while any of them lives): use them
+  // before the next copy into that slot.
   CheckpointStore::Loaded load(std::int64_t batches) const;
   // The bytes both slots take in their folder.
   std::uint64_t bytes() const;

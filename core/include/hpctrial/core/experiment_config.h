@@ -142,6 +142,9 @@ struct Optimizations {
   // The network interface the ranks talk over (Determined's dtrain_network_interface): Open
   // MPI's TCP transports and NCCL's sockets; empty: their own choice.
   std::string network_interface;
+  // The ranks' large allocations in transparent huge pages (glibc's malloc, told by the
+  // GLIBC_TUNABLES the launcher sets): a tensor's first touch faults 2 MiB at a time, not 4 KiB.
+  bool huge_pages = true;
   AdaptiveBatch adaptive_batch_size;
 };
 
