@@ -79,6 +79,7 @@ TEST(ExperimentConfig, MinimalConfigGetsEveryDefault) {
   EXPECT_EQ(c.optimizations.gradient_compression, GradientCompression::kNone);
   EXPECT_EQ(c.optimizations.collective_timeout_seconds, 1800);
   EXPECT_EQ(c.optimizations.replica_check_period, 0);
+  EXPECT_TRUE(c.optimizations.huge_pages);
   EXPECT_FALSE(c.reproducibility.experiment_seed.has_value());
   EXPECT_EQ(c.checkpoint_storage.type, "shared_fs");
   EXPECT_EQ(c.checkpoint_storage.host_path, "");
@@ -173,6 +174,7 @@ TEST(ExperimentConfig, EveryKeyIsRead) {
   EXPECT_EQ(c.optimizations.collective_timeout_seconds, 600);
   EXPECT_EQ(c.optimizations.replica_check_period, 500);
   EXPECT_EQ(c.optimizations.network_interface, "ib0");
+  EXPECT_FALSE(c.optimizations.huge_pages);
   EXPECT_EQ(c.reproducibility.experiment_seed, 4294967295u);
 
   EXPECT_EQ(c.checkpoint_storage.host_path, "/scratch/ckpt");
