@@ -275,9 +275,13 @@ TEST_F(PbsExperiment, PauseSubmitsAHeldSuccessorAndActivateReleasesIt) {
   {
     const std::string down = (dir_.path() / "slurm-down").string();
     fs::create_directories(down);
-    const std::string scontrol = down + "/scontrol";
-    std::ofstream(scontrol) << "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n";
-    fs::permissions(scontrol, fs::perms::owner_all);
+    // jobs asks `squeue --json`, and `scontrol show job` where squeue has no --json: both answer
+    // as a Slurm whose controller is down (the real one may be up, for the slurm tier's tests).
+    for (const char* command : {"squeue", "scontrol"}) {
+      const std::string fake = down + "/" + command;
+      std::ofstream(fake) << "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n";
+      fs::permissions(fake, fs::perms::owner_all);
+    }
     core::RunOptions options;
     options.env_set = env();
     options.env_set[0].second = down + ":" + options.env_set[0].second;
