@@ -2,8 +2,10 @@
 // restarts inside the same `hpctrial run` from the copies every rank holds in node memory, newer
 // than any checkpoint on the shared filesystem, and ends with the weights of an uninterrupted run;
 // a copy cut short by the kill is never used; a period in seconds and the default, auto, copy at
-// the same batch on every rank; copies an earlier run of the trial left are removed at the next
-// start and never read, as are another experiment's that no rank holds.
+// the same batch on every rank; state spread over the ranks (ZeRO's shards, a model split over
+// ranks, each rank's own files) resumes from each rank's own copy; copies an earlier run of the
+// trial left are removed at the next start and never read, as are another experiment's that no
+// rank holds.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -160,6 +162,50 @@ TEST_P(EachRankKilled, CopiesAsOftenAsTheirCostAllowsByDefault) {
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
+
+// State spread over the ranks: ZeRO-2's shards of the optimizer's state and each rank's own files
+// (an engine trial's save), or a model split over ranks (a pipeline of two stages, with its
+// files). Each rank's copy holds its own; the restart resumes every rank from it, each rank takes
+// back its own file of that batch, and the run ends with the weights of an uninterrupted one.
+class SpreadStateKilled : public MemoryLevel, public testing::WithParamInterface<std::tuple<std::string, int>> {
+ protected:
+  std::string engine_config(const std::string& kind, const std::string& extra) {
+    const bool pipeline = kind == "pipeline";
+    return dir_.write(kind + ".yaml",
+        "name: launched\nentrypoint: " + std::string(HPCTRIAL_ENGINE_FAULT_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(kBatches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, batch_ms: 5" + (pipeline ? ", pipeline: true" : "") + "}\n"
+        "engine: " + (pipeline ? "{gradient_accumulation_steps: 2, pipeline: {stages: 2}}"
+                               : "{zero_optimization: {stage: 2, reduce_bucket_size: 50}}") + "\n"
+        "resources: {slots_per_trial: 2}\nreproducibility: {experiment_seed: 7}\n" + extra);
+  }
+};
+
+TEST_P(SpreadStateKilled, EachRankResumesItsOwnFromNodeMemory) {
+  const auto& [kind, rank] = GetParam();
+  auto p = run(engine_config(kind, "max_restarts: 1\nmin_checkpoint_period: {batches: 100000}\n"
+                                   "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}}\n"),
+               "rank" + std::to_string(rank) + ":step35:restart0:sigkill");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("checkpoint_levels.memory: every rank holds its copy of batch 30 in node memory"));
+  EXPECT_THAT(out, HasSubstr("after 30 batches"));
+  EXPECT_THAT(out, HasSubstr("rank 0 took back its file of batch 30"));
+  EXPECT_THAT(out, HasSubstr("rank 1 took back its file of batch 30"));
+  auto straight = run(engine_config(kind, ""), "", {"--experiment", (dir_.path() / "straight").string()});
+  ASSERT_EQ(straight->exit_code(), 0) << straight->output();
+  testing_support::expect_same_weights(
+      (dir_.path() / "straight/trial-0/checkpoints").string() + "/ckpt-" + std::to_string(kBatches) + ".h5",
+      last_checkpoint());
+  EXPECT_TRUE(sessions().empty()) << "the trial ended: its copies go with it";
+  expect_no_rank_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, SpreadStateKilled,
+                         testing::Combine(testing::Values("zero", "pipeline"), testing::Values(0, 1)),
+                         [](const testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+                           return std::get<0>(info.param) + "_rank" + std::to_string(std::get<1>(info.param));
+                         });
 
 // A run that gives up (no restart left) removes its copies on the launcher's node. A job killed
 // outright (the launcher, mpirun and the ranks at once) leaves its copies; the next run of the

@@ -85,7 +85,7 @@ ShardedSave Loop::save_shards(const ShardedOptimizers& sharded, const checkpoint
   return mine;
 }
 
-std::optional<checkpoint::Contents> Loop::capture_rank_files() {
+std::optional<checkpoint::Contents> Loop::capture_rank_files(bool counted) {
   if (!saves_files_) return std::nullopt;
   PrivateDirectory directory("own-files");
   try {
@@ -94,7 +94,7 @@ std::optional<checkpoint::Contents> Loop::capture_rank_files() {
     saves_files_ = false;  // the same class on every rank: all learn it here
     return std::nullopt;
   }
-  return detail::capture_rank_files(directory.path(), comm_.rank(), comm_.size());
+  return detail::capture_rank_files(directory.path(), comm_.rank(), comm_.size(), counted);
 }
 
 void Loop::restore_rank_files(const checkpoint::Contents& contents, const std::string& path) {

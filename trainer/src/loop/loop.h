@@ -124,8 +124,9 @@ class Loop {
   void settle_sharded_checkpoint();
   std::function<void()> writer_fault_hook() const;
   detail::ShardedSave save_shards(const detail::ShardedOptimizers& sharded, const checkpoint::Contents* files);
-  // This rank's files for a checkpoint (Trial::save_files); none when the trial saves none.
-  std::optional<checkpoint::Contents> capture_rank_files();
+  // This rank's files for a checkpoint (Trial::save_files); none when the trial saves none. With
+  // `counted`, they say how many ranks saved theirs on every rank (a copy of the rank's own).
+  std::optional<checkpoint::Contents> capture_rank_files(bool counted = false);
   // Gives this rank the files its number saved in the checkpoint `contents` (Trial::load_files).
   void restore_rank_files(const checkpoint::Contents& contents, const std::string& path);
   void finish_checkpoint();
@@ -318,7 +319,6 @@ class Loop {
   // loop's stall (memory_stall_s_) and the level's thread's whole time.
   std::unique_ptr<AutoCheckpointPeriod> auto_memory_;
   double memory_stall_s_ = 0;
-  bool memory_checked_ = false;  // the first copy found the state whole on every rank
   // Requests agreed at a step boundary, kept until the end of the aggregation group.
   bool stop_pending_ = false;        // a signal, the stop file: checkpoint and exit to be resumed
   bool trial_stop_pending_ = false;  // set_stop_requested: the trial ends, complete

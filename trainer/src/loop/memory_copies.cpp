@@ -109,7 +109,10 @@ bool Loop::time_to_copy() {
 }
 
 // At a step boundary every rank takes (the period counts batches, or the ranks agreed on the
-// chief's clock): the state copied as a checkpoint captures it, written by the level's thread.
+// chief's clock): the state copied as a checkpoint captures it, written by the level's thread. A
+// copy is the rank's own: of a model split over ranks, its part; of ZeRO's optimizers, its shards
+// as its optimizer holds them (over its parts of the flat buffers, marked with the rank and the
+// ranks, which a restore checks); its own files (save_files), with the count of ranks.
 void Loop::save_memory_copy() {
   detail::PhaseTimings::Scope t(timings_, "memory_copy");
   const auto started = Clock::now();
@@ -117,14 +120,14 @@ void Loop::save_memory_copy() {
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
   context_->accumulators().synchronize_all();
-  if (!memory_checked_ &&
-      (!sharded_optimizers(*trial_, *context_).empty() || identity_.parts > 1 || capture_rank_files())) {
-    throw ConfigError("checkpoint_levels.memory holds a rank's whole state, and this trial's is spread over its "
-                      "ranks (ZeRO's shards, a model split over ranks, or files each rank saves): leave "
-                      "checkpoint_levels.memory out for it");
-  }
-  memory_checked_ = true;
   detail::Snapshot snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true);
+  for (const auto& [index, sharded] : sharded_optimizers(*trial_, *context_)) {
+    detail::mark_shard_of(snapshot.contents, identity_.part + "optimizer/" + std::to_string(index), comm_.rank(),
+                          comm_.size());
+  }
+  if (std::optional<checkpoint::Contents> files = capture_rank_files(/*counted=*/true)) {
+    for (auto& d : files->datasets) snapshot.contents.datasets.push_back(std::move(d));
+  }
   snapshot.before_publish = writer_fault_hook();  // the tests' "checkpoint:writer" fault: a copy cut short
   memory_->submit(std::move(snapshot));
   last_memory_batches_ = batches_trained_;

@@ -23,6 +23,9 @@ namespace {
 
 using json = nlohmann::json;
 
+// Beside an optimizer's state: whose shards of a ZeRO optimizer it is (mark_shard_of).
+const std::string kShardOf = "/shard_of";
+
 std::string hex(std::uint32_t value) {
   char text[16];
   std::snprintf(text, sizeof text, "%08x", value);
@@ -110,6 +113,21 @@ void add_model_state(checkpoint::Contents& c, Deferred* deferred, TrialContext& 
     if (!part.empty()) {
       c.add_text(prefix + "/param_names", parameter_names(context, parameter_groups(*optimizers[i], nullptr)).dump());
     }
+  }
+}
+
+// A rank's own shards of a ZeRO optimizer's state (mark_shard_of): this rank's, of as many ranks,
+// into an optimizer that ZeRO shards here too.
+void check_shard_of(const checkpoint::Contents& contents, const std::string& prefix, const std::string& path,
+                    TrialContext& context, bool sharded_here) {
+  const json mark = parse(contents, prefix + kShardOf, path);
+  const int rank = context.distributed().rank, ranks = context.distributed().size;
+  if (!mark.is_object() || mark.value("rank", -1) != rank || mark.value("ranks", -1) != ranks || !sharded_here) {
+    throw CheckpointError(path + " holds the shards of " + prefix + " of rank " + mark.value("rank", json(-1)).dump() +
+                          " of " + mark.value("ranks", json(-1)).dump() + " ranks, and this is rank " +
+                          std::to_string(rank) + " of " + std::to_string(ranks) +
+                          (sharded_here ? std::string() : " with the optimizer whole") +
+                          ": a rank's copy of its own resumes that rank alone");
   }
 }
 
@@ -353,6 +371,10 @@ void restore_weights(const checkpoint::Contents& contents, const std::string& pa
   restore_model_tensors(contents, path, context, identity.part);
 }
 
+void mark_shard_of(checkpoint::Contents& contents, const std::string& prefix, int rank, int ranks) {
+  contents.add_text(prefix + kShardOf, json{{"rank", rank}, {"ranks", ranks}}.dump());
+}
+
 void restore(const checkpoint::Contents& file, const std::string& path, TrialContext& context, Trial& trial,
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded) {
@@ -381,7 +403,9 @@ void restore(const checkpoint::Contents& file, const std::string& path, TrialCon
     if (contents.find(prefix + "/type") == nullptr) {
       throw ConfigError(path + " has no " + prefix + ": the trial wraps more optimizers than when it was saved");
     }
-    if (const auto it = sharded.find(i); it != sharded.end()) {
+    const bool shards = contents.find(prefix + kShardOf) != nullptr;
+    if (shards) check_shard_of(contents, prefix, path, context, sharded.count(i) != 0);
+    if (const auto it = sharded.find(i); it != sharded.end() && !shards) {
       it->second->load_whole(contents, prefix, path);
     } else {
       load_optimizer(contents, prefix, *optimizers[i], path);

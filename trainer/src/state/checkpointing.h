@@ -125,6 +125,11 @@ checkpoint::Contents capture_part(TrialContext& context, const std::string& part
 // The context's optimizers that ZeRO shards, by their index in context.optimizers().
 using ShardedOptimizers = std::map<std::size_t, ShardedOptimizer*>;
 
+// Marks the optimizer state under `prefix` as rank `rank`'s shards of `ranks` (its optimizer's
+// state over its parts, as captured: a rank's copy of its own, checkpoint_levels.memory). restore
+// loads it into that rank's sharded optimizer as it is, and refuses it on another rank or count.
+void mark_shard_of(checkpoint::Contents& contents, const std::string& prefix, int rank, int ranks);
+
 // Whether a checkpoint that reads intact may be resumed by this trial, before anything is
 // restored: ConfigError for one of another experiment or trial, or (unless
 // `allow_config_change`) written with other hyperparameters; CheckpointError when its progress

@@ -42,7 +42,7 @@ PrivateDirectory::~PrivateDirectory() {
   fs::remove_all(path_, ignored);
 }
 
-checkpoint::Contents capture_rank_files(const fs::path& directory, int rank, int ranks) {
+checkpoint::Contents capture_rank_files(const fs::path& directory, int rank, int ranks, bool counted) {
   checkpoint::Contents out;
   std::error_code error;
   for (auto it = fs::recursive_directory_iterator(directory, error); !error && it != fs::recursive_directory_iterator();
@@ -68,7 +68,7 @@ checkpoint::Contents capture_rank_files(const fs::path& directory, int rank, int
             {static_cast<std::int64_t>(bytes.size())}, bytes.data());
   }
   if (error) throw IoError("save_files: cannot list " + directory.string() + ": " + error.message());
-  if (rank == 0) out.add_text(kMeta, nlohmann::json{{"ranks", ranks}}.dump());
+  if (rank == 0 || counted) out.add_text(kMeta, nlohmann::json{{"ranks", ranks}}.dump());
   return out;
 }
 

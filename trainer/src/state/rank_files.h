@@ -25,10 +25,12 @@ class PrivateDirectory {
   std::filesystem::path path_;
 };
 
-// The files under `directory` as rank `rank`'s datasets, and, from the chief, the count of
-// ranks. ConfigError naming the file for anything but regular files and directories, or a name
-// that cannot travel (a control character).
-checkpoint::Contents capture_rank_files(const std::filesystem::path& directory, int rank, int ranks);
+// The files under `directory` as rank `rank`'s datasets, and, from the chief (or any rank with
+// `counted`: a copy of its own, checkpoint_levels.memory), the count of ranks. ConfigError naming
+// the file for anything but regular files and directories, or a name that cannot travel (a
+// control character).
+checkpoint::Contents capture_rank_files(const std::filesystem::path& directory, int rank, int ranks,
+                                        bool counted = false);
 
 // The number of ranks whose files `contents` holds; none when it holds none.
 std::optional<int> rank_files_ranks(const checkpoint::Contents& contents, const std::string& path);
