@@ -3,9 +3,9 @@
 // a small regression. Each step touches every parameter (a full gradient, all-reduced, and an
 // SGD update), so a checkpoint always holds fresh values. Rank 0 prints the wall-clock time at
 // which the first step of each run ends, and, with hyperparameters.timed_steps: T, the time at
-// which the step T steps later ends:
+// which each of the T steps after it ends:
 //   first step of this run: batch N ended at <unix ms>
-//   step T of this run: batch M ended at <unix ms>
+//   step t of this run: batch M ended at <unix ms>        (t = 1 ... T)
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -58,7 +58,7 @@ class StateTrial : public hpctrial::Trial {
     context_.backward(loss);
     if (step_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
     context_.step_optimizer(*optimizer_);
-    const bool timed = steps_ == 0 || (timed_steps_ > 0 && steps_ == timed_steps_);
+    const bool timed = steps_ <= timed_steps_;
     if (timed && context_.distributed().rank == 0) {
       const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::system_clock::now().time_since_epoch());

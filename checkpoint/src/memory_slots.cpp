@@ -263,7 +263,13 @@ std::uint64_t MemorySlots::bytes() const {
   return total;
 }
 
-CheckpointStore::Loaded MemorySlots::load(std::int64_t batches) const {
+std::optional<std::int64_t> MemorySlots::replaces(std::int64_t batches) const {
+  const auto h = read_header(slot_to_write(batches));
+  if (!h) return std::nullopt;
+  return h->batches;
+}
+
+CheckpointStore::Loaded MemorySlots::load(std::int64_t batches, std::shared_ptr<const void> keep) const {
   int slot = -1;
   std::optional<Header> h;
   for (int s = 0; s < kSlots && slot < 0; ++s) {
@@ -287,7 +293,9 @@ CheckpointStore::Loaded MemorySlots::load(std::int64_t batches) const {
   // fresh memory but the state's own.
   void* map = ::mmap(nullptr, data_end, PROT_READ, MAP_SHARED | MAP_POPULATE, slots_[slot].fd, 0);
   if (map == MAP_FAILED) throw IoError("cannot map " + file + ": " + std::strerror(errno));
-  const std::shared_ptr<const void> mapping(map, [data_end](const void* p) { ::munmap(const_cast<void*>(p), data_end); });
+  const std::shared_ptr<const void> mapping(map, [data_end, keep = std::move(keep)](const void* p) {
+    ::munmap(const_cast<void*>(p), data_end);
+  });
   CheckpointStore::Loaded loaded;
   loaded.path = file;
   loaded.batches = batches;

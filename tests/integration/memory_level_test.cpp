@@ -160,6 +160,25 @@ TEST_P(EachRankKilled, CopiesAsOftenAsTheirCostAllowsByDefault) {
                                    "as often as the copies cost at most 1% of the time (every 1 to 60 s)");
 }
 
+// Checkpoints on the shared filesystem every 20 batches, copies every 10: each checkpoint is
+// written from the chief's copy of its batch. A rank that loses its node memory (`nodeloss`)
+// leaves no copy every rank holds, and the trial resumes from the checkpoint of batch 20 that a
+// copy gave, to the weights of an uninterrupted run.
+TEST_P(EachRankKilled, CheckpointsAreWrittenFromTheCopiesAndResumeAsAnyOther) {
+  const int rank = GetParam();
+  const std::string exp = config("max_restarts: 1\nmin_checkpoint_period: {batches: 20}\n"
+                                 "checkpoint_levels: {memory: {period: {batches: 10}, dir: " + shm() + "}}\n",
+                                 kBatches, 2, 5);
+  auto p = run(exp, "rank" + std::to_string(rank) + ":step35:restart0:nodeloss");
+  const std::string out = p->output();
+  ASSERT_EQ(p->exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("the checkpoints on the shared filesystem are written from the chief's copies"));
+  EXPECT_THAT(out, Not(HasSubstr("in node memory, newer than")));
+  EXPECT_THAT(out, testing::ContainsRegex("resumed from \\S+/ckpt-20.h5 after 20 batches"));
+  testing_support::expect_same_weights(straight(), last_checkpoint());
+  expect_no_rank_left();
+}
+
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
 

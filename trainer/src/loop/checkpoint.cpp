@@ -1,5 +1,7 @@
 // The loop's checkpoints: the chief's whole ones, and those every rank writes part of
 // (sharded_checkpoint.h).
+#include <utility>
+
 #include "state/checkpointing.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/core/error.h"
@@ -16,7 +18,9 @@
 namespace hpctrial::trainer::detail {
 
 // Captures the state (the only stall) and hands it to the writer thread; with `wait`, returns
-// once the checkpoint is durable on every rank's view.
+// once the checkpoint is durable on every rank's view. With the memory level, a periodic
+// checkpoint of the state whole on the chief is written from the chief's copy of this batch in
+// node memory (taken now, if the period did not take it).
 void Loop::save_checkpoint(bool wait) {
   const rank::PhaseRecord phase(core::RankPhase::kCheckpoint);
   faults_->at(rank::FaultPhase::kCheckpoint, batches_trained_);
@@ -36,6 +40,21 @@ void Loop::save_checkpoint(bool wait) {
   if (!shards.empty() || identity_.parts > 1 || files) {
     const checkpoint::Contents* mine = files ? &*files : nullptr;
     wait ? save_sharded_checkpoint(state, shards, mine) : start_sharded_checkpoint(state, shards, mine);
+    return;
+  }
+  if (memory_ && !wait) {  // written from this batch's copy in node memory: the state is not copied twice
+    if (last_memory_batches_ != batches_trained_) save_memory_copy();
+    if (chief()) {
+      if (!std::exchange(said_checkpoints_from_copies_, true)) {
+        core::log_info("checkpoint_levels.memory: the checkpoints on the shared filesystem are written from the "
+                       "chief's copies in node memory, taken at their batch (the state is not copied twice)");
+      }
+      finish_checkpoint();  // the previous one, if still being written
+      detail::Snapshot snapshot;
+      snapshot.source = memory_->pinned_copy(batches_trained_);
+      snapshot.before_publish = writer_fault_hook();
+      writer_->submit(std::move(snapshot));
+    }
     return;
   }
   checkpoint::Contents whole_optimizers;  // ZeRO's shards, gathered by every rank

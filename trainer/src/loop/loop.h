@@ -313,6 +313,7 @@ class Loop {
   // checkpoint_levels.memory: this rank's copies in node memory; null without the level.
   std::unique_ptr<detail::MemoryLevel> memory_;
   std::int64_t last_memory_batches_ = -1;
+  bool said_checkpoints_from_copies_ = false;
   Clock::time_point last_memory_time_ = Clock::now();  // checkpoint_levels.memory.period in seconds
   bool memory_pending_ = false;
   // checkpoint_levels.memory.period: auto, on the chief: the interval from the copies' cost, the

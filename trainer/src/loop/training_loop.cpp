@@ -325,7 +325,10 @@ bool Loop::step_boundary() {
     const core::Length& memory_period = config_.checkpoint_levels.memory_period;
     const bool counted = !config_.checkpoint_levels.memory_auto && memory_period.unit == core::LengthUnit::kBatches;
     memory_pending_ = memory_pending_ || flags[6] != 0 || (counted && batches_trained_ % memory_period.value == 0);
-    if (memory_pending_ && group_end && !stop && !last && !trial_ends) save_memory_copy();
+    // Not twice at a batch: a checkpoint written from a copy took this batch's already.
+    if (memory_pending_ && group_end && !stop && !last && !trial_ends && last_memory_batches_ != batches_trained_) {
+      save_memory_copy();
+    }
   }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);
   if (profiler_) profiler_->after_batch(batches_trained_);

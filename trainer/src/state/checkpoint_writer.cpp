@@ -129,6 +129,13 @@ void AsyncCheckpointWriter::run() {
     copying_ = false;
     changed_.notify_all();
     lock.unlock();
+    if (snapshot.source && !error) {
+      try {
+        snapshot.contents = snapshot.source();  // training does not wait for it
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
     if (snapshot.planned) {
       error = write_planned(*snapshot.planned, snapshot.contents, error);
       if (!error) path = snapshot.planned->plan.path;
@@ -142,6 +149,7 @@ void AsyncCheckpointWriter::run() {
       }
     }
     snapshot.contents = checkpoint::Contents();  // releases the buffers' other owners
+    snapshot.source = nullptr;                   // and the copy it was written from
     lock.lock();
     for (auto& buffer : buffers) {
       if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));

@@ -110,6 +110,9 @@ struct Snapshot {
   std::optional<PlannedWrite> planned;
   // Called by the writer's thread just before a whole file is published (the tests' fault hook).
   std::function<void()> before_publish;
+  // Set: the writer's thread takes the contents from it, in place of `contents` and `deferred`
+  // (a copy in node memory of the same state: MemoryLevel::pinned_copy).
+  std::function<checkpoint::Contents()> source;
 };
 // `whole_optimizers`: the datasets of the context's sharded optimizers (ZeRO), gathered whole by
 // every rank beforehand (ShardedOptimizer::save_whole), used in place of their shards.

@@ -27,11 +27,18 @@ std::string gib(std::uint64_t bytes) {
 
 MemoryLevel::MemoryLevel(const core::CheckpointLevels& levels, rank::NodeMemoryPlace place, int ranks_on_node)
     : levels_(levels), ranks_on_node_(std::max(1, ranks_on_node)), memory_(std::move(place)) {
-  slots_ = std::make_unique<checkpoint::MemorySlots>(memory_.dir());
+  slots_ = std::make_shared<checkpoint::MemorySlots>(memory_.dir());
   thread_ = std::thread([this] { run(); });
 }
 
-MemoryLevel::~MemoryLevel() { stop_thread(); }
+MemoryLevel::~MemoryLevel() {
+  stop_thread();
+  {
+    std::lock_guard<std::mutex> lock(progress_->mutex);
+    progress_->closed = true;
+  }
+  progress_->changed.notify_all();
+}
 
 void MemoryLevel::stop_thread() {
   if (!thread_.joinable()) return;
@@ -146,8 +153,71 @@ void MemoryLevel::write(Snapshot& snapshot) {
     }
     changed_.notify_all();
   }
+  finished(batches, error);
   if (partner_comm_) exchange(batches, error == nullptr);
   if (error) std::rethrow_exception(error);
+}
+
+void MemoryLevel::finished(std::int64_t batches, const std::exception_ptr& error) {
+  std::string why;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+      why = "an unknown error";
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(progress_->mutex);
+    progress_->finished = batches;
+    if (error) {
+      progress_->failed = batches;
+      progress_->error = why;
+    }
+  }
+  progress_->changed.notify_all();
+}
+
+std::function<checkpoint::Contents()> MemoryLevel::pinned_copy(std::int64_t batches) {
+  const std::shared_ptr<Progress> progress = progress_;
+  {
+    std::lock_guard<std::mutex> lock(progress->mutex);
+    progress->pinned.insert(batches);
+  }
+  // Unpins when the last of the function and the views is gone.
+  std::shared_ptr<const void> pin(nullptr, [progress, batches](const void*) {
+    {
+      std::lock_guard<std::mutex> lock(progress->mutex);
+      progress->pinned.erase(progress->pinned.find(batches));
+    }
+    progress->changed.notify_all();
+  });
+  return [progress, pin, slots = slots_, batches] {
+    {
+      std::unique_lock<std::mutex> lock(progress->mutex);
+      progress->changed.wait(lock, [&] { return progress->finished >= batches || progress->closed; });
+      if (progress->failed == batches) {
+        throw CheckpointError("the copy in node memory of batch " + std::to_string(batches) +
+                              ", which the checkpoint is written from, failed: " + progress->error);
+      }
+      if (progress->finished < batches) {
+        throw CheckpointError("the memory level closed before its copy of batch " + std::to_string(batches) +
+                              ", which the checkpoint is written from, was made");
+      }
+    }
+    return slots->load(batches, pin).contents;
+  };
+}
+
+// Before a copy replaces one a checkpoint is being written from: until it is written.
+void MemoryLevel::wait_until_unpinned(std::int64_t batches) {
+  std::unique_lock<std::mutex> lock(progress_->mutex);
+  progress_->changed.wait(lock, [&] {
+    const auto replaced = slots_->replaces(batches);
+    return !replaced || progress_->pinned.count(*replaced) == 0;
+  });
 }
 
 // The copy goes to the partner while those of the ranks this one keeps arrive; every rank of the
@@ -244,6 +314,7 @@ void MemoryLevel::write_own(Snapshot& snapshot, std::int64_t batches) {
                         static_cast<std::size_t>(d.tensor.nbytes())});
   }
   for (const auto& d : snapshot.contents.datasets) datasets.push_back({d.name, d.dtype, d.shape, d.nbytes()});
+  wait_until_unpinned(batches);
   const auto started = std::chrono::steady_clock::now();
   checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
   try {

@@ -3,16 +3,19 @@
 // turns, so that a copy torn by the failure never leaves a rank without a good one, in a folder
 // that rank/node_memory.h places and removes. The level's thread copies the live tensors straight
 // into the slot (training waits for that before its optimizer steps, and only then), then the
-// rest, then commits the copy.
+// rest, then commits the copy. A checkpoint on the shared filesystem may be written from a copy
+// (pinned_copy): no second copy of the live state.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +47,12 @@ class MemoryLevel {
   // Without waiting: the seconds the thread spent on the last copy, once it is committed, and only
   // once; nullopt while it is still being written.
   std::optional<double> take_write_seconds();
+  // The copy of `batches` (the last submitted) as a checkpoint's contents, for a checkpoint on the
+  // shared filesystem written from it: a function that, called on another thread, waits for the
+  // copy to be committed and gives its datasets as views of its slot (CheckpointError when the
+  // copy failed or the level closed). From now until the function and the views are gone, the
+  // level's thread writes no copy into that slot: it waits.
+  std::function<checkpoint::Contents()> pinned_copy(std::int64_t batches);
 
   // checkpoint_levels.partner: from the next copy on, the level's thread sends each copy to
   // `partners.send_to` over `comm` (the level's own) and keeps those of `partners.receive_from`
@@ -79,10 +88,25 @@ class MemoryLevel {
   checkpoint::MemorySlots& kept_slots(int source);
   void stop_thread();
 
+  // What a checkpoint written from a copy waits on, and the copies it keeps from being replaced:
+  // shared with the functions pinned_copy gives, which may outlive the level.
+  struct Progress {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::int64_t finished = -1;  // the batch of the last copy committed or failed
+    std::int64_t failed = -1;    // the batch of the last copy that failed, and why
+    std::string error;
+    bool closed = false;
+    std::multiset<std::int64_t> pinned;
+  };
+  void finished(std::int64_t batches, const std::exception_ptr& error);
+  void wait_until_unpinned(std::int64_t batches);
+
   core::CheckpointLevels levels_;
   int ranks_on_node_;
   rank::NodeMemory memory_;
-  std::unique_ptr<checkpoint::MemorySlots> slots_;
+  std::shared_ptr<checkpoint::MemorySlots> slots_;
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
   std::unique_ptr<comm::Communicator> partner_comm_;
   rank::Partners partners_;
   std::map<int, std::unique_ptr<checkpoint::MemorySlots>> kept_;  // by the rank whose copies they are

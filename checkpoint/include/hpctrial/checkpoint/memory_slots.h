@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,10 +105,13 @@ class MemorySlots {
 
   // The batch counts of the copies held (their headers and manifests intact), newest first.
   std::vector<std::int64_t> held() const;
+  // The batch count of the copy held in the slot a copy of `batches` would be written into (the
+  // same batch, written again, or an older one); nullopt when that slot holds none.
+  std::optional<std::int64_t> replaces(std::int64_t batches) const;
   // The copy at `batches`, verified whole; CheckpointError naming the slot file otherwise. Its
-  // datasets are views of the slot's mapping (read-only, kept while any of them lives): use them
-  // before the next copy into that slot.
-  CheckpointStore::Loaded load(std::int64_t batches) const;
+  // datasets are views of the slot's mapping (read-only, kept while any of them lives, and `keep`
+  // with it): use them before the next copy into that slot.
+  CheckpointStore::Loaded load(std::int64_t batches, std::shared_ptr<const void> keep = nullptr) const;
   // The bytes both slots take in their folder.
   std::uint64_t bytes() const;
   const std::string& dir() const { return dir_; }

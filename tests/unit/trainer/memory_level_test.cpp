@@ -1,0 +1,119 @@
+// The memory level's copy that a checkpoint on the shared filesystem is written from
+// (MemoryLevel::pinned_copy): its views hold the copy's bytes, no later copy is written into its
+// slot until they and the function are gone, and a copy that failed or a level that closed is an
+// error, never an empty checkpoint.
+#include "state/memory_level.h"
+
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "hpctrial/checkpoint/format.h"
+#include "hpctrial/core/error.h"
+
+namespace hpctrial::trainer::detail {
+namespace memory_level_test {  // named: the target compiles its sources together (UNITY_BUILD)
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+class PinnedCopy : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string()) +
+                          "/hpctrial-pin-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    levels_.memory_on = true;
+    levels_.memory_dir = root_;
+    levels_.memory_max_share = 0.9;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  std::unique_ptr<MemoryLevel> level() {
+    return std::make_unique<MemoryLevel>(levels_, rank::NodeMemoryPlace{root_, "pin-test", 0, "session", 0}, 1);
+  }
+  // A copy of batch `batches`: a live tensor of 1 MiB holding `value`, and the batch count.
+  Snapshot snapshot(std::int64_t batches, float value) {
+    Snapshot s;
+    s.contents.attributes[checkpoint::kBatchesAttribute] = std::to_string(batches);
+    s.deferred.push_back({"model/0/weight", torch::full({1 << 18}, value)});
+    return s;
+  }
+  static float first_value(const checkpoint::Contents& contents) {
+    float v = 0;
+    std::memcpy(&v, contents.at("model/0/weight", "copy").data->data(), sizeof v);
+    return v;
+  }
+
+  std::string root_;
+  core::CheckpointLevels levels_;
+};
+
+TEST_F(PinnedCopy, NoCopyReplacesTheOneACheckpointIsWrittenFromUntilItIsDone) {
+  auto memory = level();
+  memory->submit(snapshot(10, 1));
+  auto pinned = memory->pinned_copy(10);
+  memory->submit(snapshot(20, 2));  // into the other slot
+  checkpoint::Contents contents = pinned();  // waits for batch 10's commit
+  EXPECT_EQ(first_value(contents), 1);
+  memory->wait_for_copies();
+  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{20, 10}));
+
+  // Batch 30 would replace batch 10's copy: the level's thread waits, and the views keep reading
+  // batch 10's bytes.
+  memory->submit(snapshot(30, 3));
+  auto copied = std::async(std::launch::async, [&] { memory->wait_for_copies(); });
+  EXPECT_EQ(copied.wait_for(300ms), std::future_status::timeout);
+  EXPECT_EQ(first_value(contents), 1);
+  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{20, 10}));
+  contents = checkpoint::Contents();
+  EXPECT_EQ(copied.wait_for(300ms), std::future_status::timeout) << "the function still pins the copy";
+  pinned = nullptr;
+  copied.get();
+  memory->submit(snapshot(40, 4));  // waits for batch 30's commit first
+  memory->wait_for_copies();
+  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{40, 30}));
+}
+
+TEST_F(PinnedCopy, AFunctionNeverCalledUnpinsWhenItGoes) {
+  auto memory = level();
+  memory->submit(snapshot(10, 1));
+  memory->pinned_copy(10);  // dropped at once
+  memory->submit(snapshot(20, 2));
+  memory->submit(snapshot(30, 3));
+  memory->wait_for_copies();
+  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{30, 20}));
+}
+
+TEST_F(PinnedCopy, ACopyThatFailedOrALevelThatClosedIsAnError) {
+  auto memory = level();
+  Snapshot bad = snapshot(10, 1);
+  bad.before_publish = [] { throw IoError("the tmpfs is full"); };
+  memory->submit(std::move(bad));
+  auto failed = memory->pinned_copy(10);
+  try {
+    failed();
+    ADD_FAILURE() << "a failed copy gave contents";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("the copy in node memory of batch 10, which the checkpoint is written "
+                                             "from, failed: the tmpfs is full"));
+  }
+  auto never = memory->pinned_copy(20);  // no copy of batch 20 is submitted
+  memory.reset();
+  EXPECT_THROW(never(), CheckpointError);
+}
+
+}  // namespace memory_level_test
+}  // namespace hpctrial::trainer::detail
