@@ -317,7 +317,7 @@ class Loop {
   Clock::time_point last_memory_time_ = Clock::now();  // checkpoint_levels.memory.period in seconds
   bool memory_pending_ = false;
   // checkpoint_levels.memory.period: auto, on the chief: the interval from the copies' cost, the
-  // loop's stall (memory_stall_s_) and the level's thread's whole time.
+  // loop's stall (memory_stall_s_) and the optimizer's wait for the copy.
   std::unique_ptr<AutoCheckpointPeriod> auto_memory_;
   double memory_stall_s_ = 0;
   // Requests agreed at a step boundary, kept until the end of the aggregation group.

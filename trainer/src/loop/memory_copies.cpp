@@ -24,10 +24,11 @@
 namespace hpctrial::trainer::detail {
 namespace {
 
-// checkpoint_levels.memory.period: auto. A copy's cost (the loop's stall, and the level's thread's
-// time counted whole, as if it had taken the CPU from training) within 1 % of the time, a copy no
-// more often than once a second (each is a pass over the whole state), and one at least every
-// minute: the work a rank's failure loses.
+// checkpoint_levels.memory.period: auto. A copy's cost (the loop's stall, the next copy's wait
+// for the level's thread included, and the optimizer's wait for the copy's tensors: the level's
+// thread takes only the cycles training leaves) within 1 % of the time, a copy no more often than
+// once a second (each is a pass over the whole state), and one at least every minute: the work a
+// rank's failure loses.
 constexpr double kMemoryOverhead = 0.01;
 constexpr double kMemoryMinInterval_s = 1;
 constexpr double kMemoryMaxInterval_s = 60;
@@ -102,7 +103,7 @@ bool Loop::time_to_copy() {
   const core::CheckpointLevels& levels = config_.checkpoint_levels;
   const double since = std::chrono::duration<double>(Clock::now() - last_memory_time_).count();
   if (auto_memory_) {
-    if (const auto written = memory_->take_write_seconds()) auto_memory_->record_cost(memory_stall_s_ + *written);
+    if (const auto waited = memory_->take_wait_seconds()) auto_memory_->record_cost(memory_stall_s_ + *waited);
     return since >= auto_memory_->interval_s();
   }
   return levels.memory_period.unit == core::LengthUnit::kSeconds && since >= static_cast<double>(levels.memory_period.value);

@@ -4,9 +4,13 @@
 
 #include <torch/torch.h>
 
+#include <sched.h>
+
 #include <chrono>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -102,15 +106,48 @@ void MemoryLevel::submit(Snapshot snapshot) {
 
 void MemoryLevel::wait_for_copies() {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (!copying_) return;
+  const auto started = std::chrono::steady_clock::now();
+  if (work_) {
+    const std::shared_ptr<CopyWork> work = work_;
+    lock.unlock();
+    work->take(mutex_, changed_);
+    lock.lock();
+  }
   changed_.wait(lock, [&] { return !copying_; });
+  waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
-std::optional<double> MemoryLevel::take_write_seconds() {
+void MemoryLevel::CopyWork::take(std::mutex& mutex, std::condition_variable& changed) {
+  for (std::size_t i = next++; i < pieces.size(); i = next++) {
+    Piece& piece = pieces[i];
+    try {
+      piece.crc = checkpoint::copy_crc32c(to[piece.tensor] + piece.offset, from[piece.tensor] + piece.offset, piece.size);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+    }
+    if (++done == pieces.size()) {
+      { std::lock_guard<std::mutex> lock(mutex); }  // the thread waiting for the last piece sees it
+      changed.notify_all();
+    }
+  }
+}
+
+std::optional<double> MemoryLevel::take_wait_seconds() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::exchange(write_seconds_, std::nullopt);
+  return std::exchange(wait_seconds_, std::nullopt);
 }
 
 void MemoryLevel::run() {
+  // The copies take only the cycles training leaves (a step waiting for its device, for its
+  // peers, for data): at the idle scheduling class, this thread runs when no other thread of
+  // the node wants a core. Training that leaves none waits for the copy before its optimizer
+  // steps, and the copy then has the core that wait frees.
+  sched_param idle{};
+  if (::sched_setscheduler(0, SCHED_IDLE, &idle) != 0) {
+    core::log_debug("checkpoint_levels.memory: the copying thread keeps its scheduling class: {}", std::strerror(errno));
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
@@ -118,9 +155,8 @@ void MemoryLevel::run() {
     Snapshot snapshot = std::move(*pending_);
     pending_.reset();
     busy_ = true;
-    write_seconds_.reset();
+    wait_seconds_.reset();
     lock.unlock();
-    const auto started = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
       write(snapshot);
@@ -132,7 +168,8 @@ void MemoryLevel::run() {
     copying_ = false;
     busy_ = false;
     if (error) error_ = error;
-    if (!error) write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!error) wait_seconds_ = waited_s_;
+    waited_s_ = 0;
     changed_.notify_all();
   }
 }
@@ -317,15 +354,41 @@ void MemoryLevel::write_own(Snapshot& snapshot, std::int64_t batches) {
   wait_until_unpinned(batches);
   const auto started = std::chrono::steady_clock::now();
   checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
-  try {
-    for (std::size_t k = 0; k < live; ++k) {
-      const torch::Tensor source = snapshot.deferred[k].tensor.contiguous();
-      copy.set_crc32c(k, checkpoint::copy_crc32c(copy.data(k), source.data_ptr(), static_cast<std::size_t>(source.nbytes())));
-    }
-  } catch (...) {
-    snapshot.deferred.clear();
-    throw;
+  // The live tensors in pieces of at most 8 MiB: a training thread that must wait for them takes
+  // those this thread has not (wait_for_copies), and each piece is checksummed as it is copied.
+  constexpr std::size_t kPiece = std::size_t{8} << 20;
+  auto work = std::make_shared<CopyWork>();
+  std::vector<torch::Tensor> sources;
+  for (std::size_t k = 0; k < live; ++k) {
+    sources.push_back(snapshot.deferred[k].tensor.contiguous());
+    const auto size = static_cast<std::size_t>(sources.back().nbytes());
+    work->from.push_back(static_cast<const char*>(sources.back().data_ptr()));
+    work->to.push_back(static_cast<char*>(copy.data(k)));
+    for (std::size_t at = 0; at < size; at += kPiece) work->pieces.push_back({k, at, std::min(kPiece, size - at), 0});
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_ = work;
+  }
+  work->take(mutex_, changed_);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return work->done == work->pieces.size(); });
+    work_.reset();
+  }
+  if (work->error) {
+    snapshot.deferred.clear();
+    std::rethrow_exception(work->error);
+  }
+  std::vector<std::uint32_t> crcs(live, checkpoint::crc32c(nullptr, 0));
+  std::vector<bool> begun(live, false);
+  for (const CopyWork::Piece& piece : work->pieces) {
+    crcs[piece.tensor] = begun[piece.tensor] ? checkpoint::crc32c_combine(crcs[piece.tensor], piece.crc, piece.size)
+                                             : piece.crc;
+    begun[piece.tensor] = true;
+  }
+  for (std::size_t k = 0; k < live; ++k) copy.set_crc32c(k, crcs[k]);
+  sources.clear();
   core::log_debug("memory copy of batch {}: live tensors copied in {:.3f} s", batches,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   snapshot.deferred.clear();  // the live tensors are no longer needed: training may step

@@ -7,6 +7,7 @@
 // (pinned_copy): no second copy of the live state.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -43,10 +44,11 @@ class MemoryLevel {
   // would take more than max_share of its memory, or more than its memory directory has free.
   void submit(Snapshot snapshot);
   // Returns once the deferred tensors of the last snapshot are in their slot (training may step).
+  // What the level's thread has not copied yet, the caller copies (at its own priority).
   void wait_for_copies();
-  // Without waiting: the seconds the thread spent on the last copy, once it is committed, and only
-  // once; nullopt while it is still being written.
-  std::optional<double> take_write_seconds();
+  // Without waiting: the seconds training waited for the last copy (wait_for_copies: its tensors
+  // copied), once the copy is committed, and only once; nullopt while it is still being written.
+  std::optional<double> take_wait_seconds();
   // The copy of `batches` (the last submitted) as a checkpoint's contents, for a checkpoint on the
   // shared filesystem written from it: a function that, called on another thread, waits for the
   // copy to be committed and gives its datasets as views of its slot (CheckpointError when the
@@ -99,6 +101,23 @@ class MemoryLevel {
     bool closed = false;
     std::multiset<std::int64_t> pinned;
   };
+  // The live tensors' bytes to copy into a slot, in pieces that the level's thread and a
+  // training thread waiting for them (wait_for_copies) both take, each the next one not taken.
+  struct CopyWork {
+    struct Piece {
+      std::size_t tensor = 0;
+      std::size_t offset = 0, size = 0;
+      std::uint32_t crc = 0;
+    };
+    std::vector<const char*> from;
+    std::vector<char*> to;
+    std::vector<Piece> pieces;
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::size_t> done{0};
+    std::exception_ptr error;  // the first piece's that failed (under the level's mutex)
+    // Copies pieces until none is left to take.
+    void take(std::mutex& mutex, std::condition_variable& changed);
+  };
   void finished(std::int64_t batches, const std::exception_ptr& error);
   void wait_until_unpinned(std::int64_t batches);
 
@@ -117,9 +136,11 @@ class MemoryLevel {
   std::optional<Snapshot> pending_;
   bool busy_ = false;
   bool copying_ = false;  // the deferred tensors of the current snapshot are not all in their slot
+  std::shared_ptr<CopyWork> work_;  // their pieces, while they are being copied
   bool stopping_ = false;
   std::exception_ptr error_;
-  std::optional<double> write_seconds_;
+  double waited_s_ = 0;                  // by training, for the copy being written
+  std::optional<double> wait_seconds_;  // for the last copy committed
   std::thread thread_;
 };
 
