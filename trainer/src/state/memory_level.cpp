@@ -33,6 +33,7 @@ MemoryLevel::MemoryLevel(const core::CheckpointLevels& levels, rank::NodeMemoryP
     : levels_(levels), ranks_on_node_(std::max(1, ranks_on_node)), memory_(std::move(place)) {
   slots_ = std::make_shared<checkpoint::MemorySlots>(memory_.dir());
   thread_ = std::thread([this] { run(); });
+  copier_ = std::thread([this] { copy_pieces(); });
 }
 
 MemoryLevel::~MemoryLevel() {
@@ -52,6 +53,7 @@ void MemoryLevel::stop_thread() {
   }
   changed_.notify_all();
   thread_.join();
+  copier_.join();  // once the level's thread is done with the work it handed out
 }
 
 void MemoryLevel::set_partners(std::unique_ptr<comm::Communicator> comm, rank::Partners partners) {
@@ -139,15 +141,29 @@ std::optional<double> MemoryLevel::take_wait_seconds() {
   return std::exchange(wait_seconds_, std::nullopt);
 }
 
-void MemoryLevel::run() {
-  // The copies take only the cycles training leaves (a step waiting for its device, for its
-  // peers, for data): at the idle scheduling class, this thread runs when no other thread of
-  // the node wants a core. Training that leaves none waits for the copy before its optimizer
-  // steps, and the copy then has the core that wait frees.
+// The live tensors' pieces take only the cycles training leaves (a step waiting for its device,
+// for its peers, for data): at the idle scheduling class, this thread runs when no other thread
+// of the node wants a core. Training that leaves none takes the pieces itself when its optimizer
+// must wait for them (wait_for_copies). The level's thread, which commits the copy and exchanges
+// it with the partners, keeps the ordinary class: a copy is held as soon as its bytes are in.
+void MemoryLevel::copy_pieces() {
   sched_param idle{};
   if (::sched_setscheduler(0, SCHED_IDLE, &idle) != 0) {
     core::log_debug("checkpoint_levels.memory: the copying thread keeps its scheduling class: {}", std::strerror(errno));
   }
+  std::shared_ptr<CopyWork> seen;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return (work_ && work_ != seen) || (stopping_ && !work_); });
+    if (!work_) return;
+    seen = work_;
+    lock.unlock();
+    seen->take(mutex_, changed_);
+    lock.lock();
+  }
+}
+
+void MemoryLevel::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
@@ -354,8 +370,8 @@ void MemoryLevel::write_own(Snapshot& snapshot, std::int64_t batches) {
   wait_until_unpinned(batches);
   const auto started = std::chrono::steady_clock::now();
   checkpoint::MemorySlots::Copy copy = slots_->begin(batches, std::move(datasets), snapshot.contents.attributes);
-  // The live tensors in pieces of at most 8 MiB: a training thread that must wait for them takes
-  // those this thread has not (wait_for_copies), and each piece is checksummed as it is copied.
+  // The live tensors in pieces of at most 8 MiB, for the copier (copy_pieces) and for a training
+  // thread that must wait for them (wait_for_copies); each piece is checksummed as it is copied.
   constexpr std::size_t kPiece = std::size_t{8} << 20;
   auto work = std::make_shared<CopyWork>();
   std::vector<torch::Tensor> sources;
@@ -367,15 +383,13 @@ void MemoryLevel::write_own(Snapshot& snapshot, std::int64_t batches) {
     for (std::size_t at = 0; at < size; at += kPiece) work->pieces.push_back({k, at, std::min(kPiece, size - at), 0});
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    work_ = work;
-  }
-  work->take(mutex_, changed_);
-  {
     std::unique_lock<std::mutex> lock(mutex_);
+    work_ = work;
+    changed_.notify_all();  // the copier takes the pieces, and so does training when it must wait
     changed_.wait(lock, [&] { return work->done == work->pieces.size(); });
     work_.reset();
   }
+  changed_.notify_all();
   if (work->error) {
     snapshot.deferred.clear();
     std::rethrow_exception(work->error);

@@ -1,10 +1,11 @@
 // checkpoint_levels.memory: each rank's state copied into node memory, where a restart inside the
 // job finds it after a rank failed: two slot files a rank (checkpoint/memory_slots.h), written by
 // turns, so that a copy torn by the failure never leaves a rank without a good one, in a folder
-// that rank/node_memory.h places and removes. The level's thread copies the live tensors straight
-// into the slot (training waits for that before its optimizer steps, and only then), then the
-// rest, then commits the copy. A checkpoint on the shared filesystem may be written from a copy
-// (pinned_copy): no second copy of the live state.
+// that rank/node_memory.h places and removes. The level's thread has the live tensors copied
+// straight into the slot, by a copier at the idle scheduling class and by training when its
+// optimizer must wait for them (and only then), then copies the rest and commits the copy. A
+// checkpoint on the shared filesystem may be written from a copy (pinned_copy): no second copy
+// of the live state.
 #pragma once
 
 #include <atomic>
@@ -89,6 +90,7 @@ class MemoryLevel {
   void exchange(std::int64_t batches, bool have_copy);
   checkpoint::MemorySlots& kept_slots(int source);
   void stop_thread();
+  void copy_pieces();
 
   // What a checkpoint written from a copy waits on, and the copies it keeps from being replaced:
   // shared with the functions pinned_copy gives, which may outlive the level.
@@ -101,8 +103,8 @@ class MemoryLevel {
     bool closed = false;
     std::multiset<std::int64_t> pinned;
   };
-  // The live tensors' bytes to copy into a slot, in pieces that the level's thread and a
-  // training thread waiting for them (wait_for_copies) both take, each the next one not taken.
+  // The live tensors' bytes to copy into a slot, in pieces that the copier and a training thread
+  // waiting for them (wait_for_copies) both take, each the next one not taken.
   struct CopyWork {
     struct Piece {
       std::size_t tensor = 0;
@@ -142,6 +144,7 @@ class MemoryLevel {
   double waited_s_ = 0;                  // by training, for the copy being written
   std::optional<double> wait_seconds_;  // for the last copy committed
   std::thread thread_;
+  std::thread copier_;  // at the idle scheduling class: copy_pieces
 };
 
 }  // namespace hpctrial::trainer::detail
