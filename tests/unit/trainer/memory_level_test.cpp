@@ -115,5 +115,38 @@ TEST_F(PinnedCopy, ACopyThatFailedOrALevelThatClosedIsAnError) {
   EXPECT_THROW(never(), CheckpointError);
 }
 
+// The loop asks before each copy whether it would wait for a checkpoint's copy, and holds it back.
+TEST_F(PinnedCopy, TheLoopIsToldWhenTheNextCopyWouldWaitForAPinnedOne) {
+  auto memory = level();
+  memory->submit(snapshot(10, 1));
+  auto pinned = memory->pinned_copy(10);
+  EXPECT_TRUE(memory->next_copy_would_wait(20)) << "a copy in flight, and a pin";
+  memory->wait_for_copies();
+  checkpoint::Contents contents = pinned();  // batch 10 committed
+  EXPECT_FALSE(memory->next_copy_would_wait(20)) << "the other slot holds nothing";
+  memory->submit(snapshot(20, 2));
+  memory->wait_for_copies();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (memory->next_copy_would_wait(30) != true && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);  // batch 20's commit
+  }
+  EXPECT_TRUE(memory->next_copy_would_wait(30)) << "batch 30 would replace batch 10's copy";
+  contents = checkpoint::Contents();
+  pinned = nullptr;
+  EXPECT_FALSE(memory->next_copy_would_wait(30));
+}
+
+// A level closed while a copy is still being laid out (training failed before its optimizer
+// waited for the copy): the copy's pieces are still copied, and the level closes.
+TEST_F(PinnedCopy, ALevelClosedWithACopyInFlightCloses) {
+  for (int i = 0; i < 3; ++i) {
+    auto memory = level();
+    Snapshot big = snapshot(10, 1);
+    big.deferred.push_back({"model/0/big", torch::full({16 << 20}, 5.0f)});  // 64 MiB
+    memory->submit(std::move(big));
+    memory.reset();
+  }
+}
+
 }  // namespace memory_level_test
 }  // namespace hpctrial::trainer::detail

@@ -43,13 +43,14 @@ void Loop::save_checkpoint(bool wait) {
     return;
   }
   if (memory_ && !wait) {  // written from this batch's copy in node memory: the state is not copied twice
+    // The previous checkpoint first: its copy's slot is free again before this copy is taken.
+    if (chief()) finish_checkpoint();
     if (last_memory_batches_ != batches_trained_) save_memory_copy();
     if (chief()) {
       if (!std::exchange(said_checkpoints_from_copies_, true)) {
         core::log_info("checkpoint_levels.memory: the checkpoints on the shared filesystem are written from the "
                        "chief's copies in node memory, taken at their batch (the state is not copied twice)");
       }
-      finish_checkpoint();  // the previous one, if still being written
       detail::Snapshot snapshot;
       snapshot.source = memory_->pinned_copy(batches_trained_);
       snapshot.before_publish = writer_fault_hook();

@@ -227,7 +227,7 @@ class Loop {
   // The step boundary after each batch: the ranks agree on their requests, and validate,
   // checkpoint or stop alike; true when training ends there.
   bool step_boundary();
-  std::array<std::int64_t, 7> agree_on_step_requests();
+  std::array<std::int64_t, 8> agree_on_step_requests();
   // The chief, at each step boundary: whether the time-based memory period has come (seconds,
   // or auto's interval, fed here with the last copy's cost once it is written).
   bool time_to_copy();

@@ -237,7 +237,7 @@ void Loop::train_one_batch() {
 // Every rank's requests after the batch just trained, agreed on (the maximum over the ranks): a
 // stop, the trial's stop, a validation by time, a checkpoint by time, a sharded checkpoint still
 // being written, a sample of the system metrics.
-std::array<std::int64_t, 7> Loop::agree_on_step_requests() {
+std::array<std::int64_t, 8> Loop::agree_on_step_requests() {
   const bool time_to_validate =
       chief() && validation_period_.seconds > 0 &&
       std::chrono::duration<double>(Clock::now() - last_validation_time_).count() >= validation_period_.seconds;
@@ -251,10 +251,13 @@ std::array<std::int64_t, 7> Loop::agree_on_step_requests() {
       std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >= checkpoint_period_.seconds;
   const bool writing_shards = sharded_in_flight_ && !sharded_in_flight_->done();
   const bool copy_now = time_to_copy();
-  std::array<std::int64_t, 7> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
+  // The chief's next copy would replace the one a checkpoint is being written from: every rank
+  // holds its copy back (the partners exchange the same batches) until the checkpoint is durable.
+  const bool hold_copy = chief() && memory_ && memory_->next_copy_would_wait(batches_trained_);
+  std::array<std::int64_t, 8> flags = {stop_local ? 1 : 0, context_->get_stop_requested() ? 1 : 0,
                                        time_to_validate ? 1 : 0, time_to_checkpoint ? 1 : 0,
                                        writing_shards ? 1 : 0, time_to_sample_system() ? 1 : 0,
-                                       copy_now ? 1 : 0};
+                                       copy_now ? 1 : 0, hold_copy ? 1 : 0};
   rank::record_phase(core::RankPhase::kAgreement);
   faults_->at(rank::FaultPhase::kAgreement, batches_trained_);
   comm_.allreduce(flags.data(), static_cast<int>(flags.size()), DType::kInt64, ReduceOp::kMax);
@@ -280,7 +283,7 @@ void Loop::step_lr_schedulers(bool epoch_end) {
 // The step boundary: batch-count triggers are the same on every rank; a stop request or a time
 // trigger is agreed on, so that every rank takes the same branch here. True when training ends.
 bool Loop::step_boundary() {
-  const std::array<std::int64_t, 7> flags = agree_on_step_requests();
+  const std::array<std::int64_t, 8> flags = agree_on_step_requests();
   if (flags[5] != 0) report_system();
   if (sharded_in_flight_ && flags[4] == 0) {
     with_chief_hooks([&] { settle_sharded_checkpoint(); });  // every rank's shard is durable
@@ -325,10 +328,10 @@ bool Loop::step_boundary() {
     const core::Length& memory_period = config_.checkpoint_levels.memory_period;
     const bool counted = !config_.checkpoint_levels.memory_auto && memory_period.unit == core::LengthUnit::kBatches;
     memory_pending_ = memory_pending_ || flags[6] != 0 || (counted && batches_trained_ % memory_period.value == 0);
-    // Not twice at a batch: a checkpoint written from a copy took this batch's already.
-    if (memory_pending_ && group_end && !stop && !last && !trial_ends && last_memory_batches_ != batches_trained_) {
-      save_memory_copy();
-    }
+    // Not twice at a batch (a checkpoint written from a copy took this batch's already), and not
+    // into the slot of a copy a checkpoint is still being written from: at a later boundary.
+    if (last_memory_batches_ == batches_trained_) memory_pending_ = false;
+    if (memory_pending_ && group_end && !stop && !last && !trial_ends && flags[7] == 0) save_memory_copy();
   }
   progress_->update(progress_batches(), trained_epoch(), last_loss_);
   if (profiler_) profiler_->after_batch(batches_trained_);

@@ -8,6 +8,22 @@
 #include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
+namespace {
+
+// The contents of a snapshot of a copy made elsewhere (Snapshot::source), unless an error came
+// first; the seconds spent on it, which training does not wait for: no cost of the checkpoint.
+double take_source(Snapshot& snapshot, std::exception_ptr& error) {
+  if (!snapshot.source || error) return 0;
+  const auto asked = std::chrono::steady_clock::now();
+  try {
+    snapshot.contents = snapshot.source();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+}
+
+}  // namespace
 
 AsyncCheckpointWriter::AsyncCheckpointWriter(checkpoint::CheckpointStore& store)
     : store_(store), thread_([this] { run(); }) {}
@@ -129,13 +145,7 @@ void AsyncCheckpointWriter::run() {
     copying_ = false;
     changed_.notify_all();
     lock.unlock();
-    if (snapshot.source && !error) {
-      try {
-        snapshot.contents = snapshot.source();  // training does not wait for it
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
+    const double waited_for_source_s = take_source(snapshot, error);
     if (snapshot.planned) {
       error = write_planned(*snapshot.planned, snapshot.contents, error);
       if (!error) path = snapshot.planned->plan.path;
@@ -155,7 +165,8 @@ void AsyncCheckpointWriter::run() {
       if (buffer && buffer.use_count() == 1) pool_.emplace(buffer->size(), std::move(buffer));
     }
     busy_ = false;
-    write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    write_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() -
+                     waited_for_source_s;
     if (error) {
       error_ = error;
     } else {

@@ -122,9 +122,12 @@ void check_shard_of(const checkpoint::Contents& contents, const std::string& pre
                     TrialContext& context, bool sharded_here) {
   const json mark = parse(contents, prefix + kShardOf, path);
   const int rank = context.distributed().rank, ranks = context.distributed().size;
-  if (!mark.is_object() || mark.value("rank", -1) != rank || mark.value("ranks", -1) != ranks || !sharded_here) {
-    throw CheckpointError(path + " holds the shards of " + prefix + " of rank " + mark.value("rank", json(-1)).dump() +
-                          " of " + mark.value("ranks", json(-1)).dump() + " ranks, and this is rank " +
+  const auto field = [&](const char* key) {
+    return mark.is_object() && mark.contains(key) && mark.at(key).is_number_integer() ? mark.at(key) : json();
+  };
+  if (field("rank") != json(rank) || field("ranks") != json(ranks) || !sharded_here) {
+    throw CheckpointError(path + " holds the shards of " + prefix + " of rank " + field("rank").dump() + " of " +
+                          field("ranks").dump() + " ranks, and this is rank " +
                           std::to_string(rank) + " of " + std::to_string(ranks) +
                           (sharded_here ? std::string() : " with the optimizer whole") +
                           ": a rank's copy of its own resumes that rank alone");

@@ -33,7 +33,12 @@ MemoryLevel::MemoryLevel(const core::CheckpointLevels& levels, rank::NodeMemoryP
     : levels_(levels), ranks_on_node_(std::max(1, ranks_on_node)), memory_(std::move(place)) {
   slots_ = std::make_shared<checkpoint::MemorySlots>(memory_.dir());
   thread_ = std::thread([this] { run(); });
-  copier_ = std::thread([this] { copy_pieces(); });
+  try {
+    copier_ = std::thread([this] { copy_pieces(); });
+  } catch (...) {
+    stop_thread();
+    throw;
+  }
 }
 
 MemoryLevel::~MemoryLevel() {
@@ -53,7 +58,13 @@ void MemoryLevel::stop_thread() {
   }
   changed_.notify_all();
   thread_.join();
-  copier_.join();  // once the level's thread is done with the work it handed out
+  if (!copier_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // the level's thread handed out its last work
+    copier_stopping_ = true;
+  }
+  changed_.notify_all();
+  copier_.join();
 }
 
 void MemoryLevel::set_partners(std::unique_ptr<comm::Communicator> comm, rank::Partners partners) {
@@ -110,14 +121,29 @@ void MemoryLevel::wait_for_copies() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!copying_) return;
   const auto started = std::chrono::steady_clock::now();
-  if (work_) {
-    const std::shared_ptr<CopyWork> work = work_;
+  std::shared_ptr<CopyWork> taken;
+  while (true) {
+    changed_.wait(lock, [&] { return !copying_ || (work_ && work_ != taken); });
+    if (!copying_) break;
+    taken = work_;
     lock.unlock();
-    work->take(mutex_, changed_);
+    taken->take(mutex_, changed_);
     lock.lock();
   }
-  changed_.wait(lock, [&] { return !copying_; });
   waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+
+bool MemoryLevel::next_copy_would_wait(std::int64_t batches) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (busy_ || pending_) {  // the copy in flight changes which slot the next one takes
+      std::lock_guard<std::mutex> pins(progress_->mutex);
+      return !progress_->pinned.empty();
+    }
+  }
+  std::lock_guard<std::mutex> pins(progress_->mutex);
+  const auto replaced = slots_->replaces(batches);
+  return replaced && progress_->pinned.count(*replaced) != 0;
 }
 
 void MemoryLevel::CopyWork::take(std::mutex& mutex, std::condition_variable& changed) {
@@ -154,8 +180,8 @@ void MemoryLevel::copy_pieces() {
   std::shared_ptr<CopyWork> seen;
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    changed_.wait(lock, [&] { return (work_ && work_ != seen) || (stopping_ && !work_); });
-    if (!work_) return;
+    changed_.wait(lock, [&] { return (work_ && work_ != seen) || copier_stopping_; });
+    if (!work_ || work_ == seen) return;
     seen = work_;
     lock.unlock();
     seen->take(mutex_, changed_);

@@ -50,6 +50,10 @@ class MemoryLevel {
   // Without waiting: the seconds training waited for the last copy (wait_for_copies: its tensors
   // copied), once the copy is committed, and only once; nullopt while it is still being written.
   std::optional<double> take_wait_seconds();
+  // Whether a copy of `batches` submitted now would wait for a checkpoint being written from a
+  // copy in its slot (pinned_copy): the loop holds it back then. Conservative while a copy is in
+  // flight.
+  bool next_copy_would_wait(std::int64_t batches);
   // The copy of `batches` (the last submitted) as a checkpoint's contents, for a checkpoint on the
   // shared filesystem written from it: a function that, called on another thread, waits for the
   // copy to be committed and gives its datasets as views of its slot (CheckpointError when the
@@ -140,6 +144,7 @@ class MemoryLevel {
   bool copying_ = false;  // the deferred tensors of the current snapshot are not all in their slot
   std::shared_ptr<CopyWork> work_;  // their pieces, while they are being copied
   bool stopping_ = false;
+  bool copier_stopping_ = false;  // set once the level's thread has ended
   std::exception_ptr error_;
   double waited_s_ = 0;                  // by training, for the copy being written
   std::optional<double> wait_seconds_;  // for the last copy committed
