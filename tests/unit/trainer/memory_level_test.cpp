@@ -51,6 +51,24 @@ class PinnedCopy : public testing::Test {
     s.deferred.push_back({"model/0/weight", torch::full({1 << 18}, value)});
     return s;
   }
+  // The copies held once the last submitted is committed (wait_for_copies returns once its tensors
+  // are in; the level's thread commits it after that).
+  static std::vector<std::int64_t> held_after(MemoryLevel& memory, std::int64_t last) {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    std::vector<std::int64_t> held = memory.held();
+    while ((held.empty() || held.front() != last) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+      held = memory.held();
+    }
+    return held;
+  }
+  // Whether `done` holds within 30 s (the level's thread ends a copy after committing it).
+  template <typename Predicate>
+  static bool eventually(Predicate done) {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    return done();
+  }
   static float first_value(const checkpoint::Contents& contents) {
     float v = 0;
     std::memcpy(&v, contents.at("model/0/weight", "copy").data->data(), sizeof v);
@@ -69,7 +87,7 @@ TEST_F(PinnedCopy, NoCopyReplacesTheOneACheckpointIsWrittenFromUntilItIsDone) {
   checkpoint::Contents contents = pinned();  // waits for batch 10's commit
   EXPECT_EQ(first_value(contents), 1);
   memory->wait_for_copies();
-  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{20, 10}));
+  EXPECT_EQ(held_after(*memory, 20), (std::vector<std::int64_t>{20, 10}));
 
   // Batch 30 would replace batch 10's copy: the level's thread waits, and the views keep reading
   // batch 10's bytes.
@@ -84,7 +102,7 @@ TEST_F(PinnedCopy, NoCopyReplacesTheOneACheckpointIsWrittenFromUntilItIsDone) {
   copied.get();
   memory->submit(snapshot(40, 4));  // waits for batch 30's commit first
   memory->wait_for_copies();
-  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{40, 30}));
+  EXPECT_EQ(held_after(*memory, 40), (std::vector<std::int64_t>{40, 30}));
 }
 
 TEST_F(PinnedCopy, AFunctionNeverCalledUnpinsWhenItGoes) {
@@ -94,7 +112,7 @@ TEST_F(PinnedCopy, AFunctionNeverCalledUnpinsWhenItGoes) {
   memory->submit(snapshot(20, 2));
   memory->submit(snapshot(30, 3));
   memory->wait_for_copies();
-  EXPECT_EQ(memory->held(), (std::vector<std::int64_t>{30, 20}));
+  EXPECT_EQ(held_after(*memory, 30), (std::vector<std::int64_t>{30, 20}));
 }
 
 TEST_F(PinnedCopy, ACopyThatFailedOrALevelThatClosedIsAnError) {
@@ -123,13 +141,11 @@ TEST_F(PinnedCopy, TheLoopIsToldWhenTheNextCopyWouldWaitForAPinnedOne) {
   EXPECT_TRUE(memory->next_copy_would_wait(20)) << "a copy in flight, and a pin";
   memory->wait_for_copies();
   checkpoint::Contents contents = pinned();  // batch 10 committed
-  EXPECT_FALSE(memory->next_copy_would_wait(20)) << "the other slot holds nothing";
+  EXPECT_EQ(held_after(*memory, 10), (std::vector<std::int64_t>{10}));
+  EXPECT_TRUE(eventually([&] { return !memory->next_copy_would_wait(20); })) << "the other slot holds nothing";
   memory->submit(snapshot(20, 2));
   memory->wait_for_copies();
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (memory->next_copy_would_wait(30) != true && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(1ms);  // batch 20's commit
-  }
+  EXPECT_EQ(held_after(*memory, 20), (std::vector<std::int64_t>{20, 10}));
   EXPECT_TRUE(memory->next_copy_would_wait(30)) << "batch 30 would replace batch 10's copy";
   contents = checkpoint::Contents();
   pinned = nullptr;
