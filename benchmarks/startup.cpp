@@ -46,11 +46,13 @@
 #include <chrono>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -74,20 +76,29 @@ long long wall_ns() {
 
 // A TCP port free on this host now, for torchrun's --master_port: its default, 29500, is taken
 // whenever another torchrun runs on the machine, and its own answer to that (a c10d rendezvous
-// on port 0) costs it a few hundred milliseconds more per start, which would flatter us.
+// on port 0) costs it a few hundred milliseconds more per start, which would flatter us. Taken
+// below the kernel's ephemeral range (ip_local_port_range), from where no other process's
+// connection or bind to port 0 (mpirun's, srun's, a test's beside this one) can be given it
+// between this check and torchrun's bind.
 std::string free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    std::fprintf(stderr, "startup: no free TCP port for torchrun: %s\n", std::strerror(errno));
-    std::exit(1);
+  int ephemeral = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral;
+  const int low = std::max(1024, std::min(20000, ephemeral - 4096));
+  std::mt19937 random(static_cast<unsigned>(wall_ns()) ^ static_cast<unsigned>(::getpid()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = low + static_cast<int>(random() % static_cast<unsigned>(std::max(1, ephemeral - low)));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    address.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    close(fd);
+    if (free) return std::to_string(port);
   }
-  close(fd);
-  return std::to_string(ntohs(address.sin_port));
+  std::fprintf(stderr, "startup: no free TCP port below %d for torchrun: %s\n", ephemeral, std::strerror(errno));
+  std::exit(1);
 }
 
 struct Setup {
