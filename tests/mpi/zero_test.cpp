@@ -52,6 +52,20 @@ TEST(FlatLayout, BucketsHoldWholeParametersPaddedToTheRanks) {
   EXPECT_EQ(one.size, 12);
 }
 
+TEST(PartitionLayout, EachParameterIsPaddedToTheRanksAlone) {
+  // DeepSpeed's stage 3: ceil(numel / ranks) elements a rank, for each parameter on its own.
+  const FlatLayout layout = partition_layout({6, 1, 5, 3, 20, 0}, 4);
+  ASSERT_EQ(layout.buckets.size(), 6u);
+  EXPECT_THAT(layout.offsets, ElementsAre(0, 8, 12, 20, 24, 44));
+  EXPECT_THAT(layout.bucket_of, ElementsAre(0, 1, 2, 3, 4, 5));
+  std::vector<std::int64_t> parts;
+  for (const auto& bucket : layout.buckets) parts.push_back(bucket.part);
+  EXPECT_THAT(parts, ElementsAre(2, 1, 2, 1, 5, 0));
+  EXPECT_EQ(layout.total, 35);
+  EXPECT_EQ(layout.size, 44);
+  EXPECT_EQ(layout.shard(), 11);
+}
+
 struct NetImpl : torch::nn::Module {
   NetImpl() : a(register_module("a", torch::nn::Linear(7, 5))), b(register_module("b", torch::nn::Linear(5, 3))) {}
   torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
@@ -79,12 +93,14 @@ std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* z
     const auto x = torch::randn({4, 7});
     const auto y = torch::randn({4, 3});
     const bool skip_bias = step % 2 == 1 && comm.rank() == comm.size() - 1;
+    if (zero) zero->gather_all();  // stage 3: every parameter whole for this forward
     const auto hidden = skip_bias ? torch::nn::functional::linear(x, net->a->weight) : net->a->forward(x);
     auto loss = torch::mse_loss(net->b->forward(torch::tanh(hidden)), y);
     if (zero) {
       zero->zero_grad();
       zero->begin_backward(step % 2 == 0);
       loss.backward();
+      zero->release_all();  // stage 3: backward is done with the whole values
       zero->end_backward();
       if (gradient_elements != nullptr) *gradient_elements = zero->gradient_elements();
       zero->step();
@@ -107,6 +123,7 @@ std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* z
       }
     }
   }
+  if (zero) zero->gather_all();
   std::vector<torch::Tensor> out;
   for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
   return out;
@@ -131,9 +148,10 @@ TEST(ShardedOptimizer, EveryElementwiseOptimizerFollowsTheReplicatedOne) {
          return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(0.01).momentum(0.5));
        }},
   };
-  // Stage 1 and 2, in one bucket and in buckets of at most 16 elements (four: one per tensor).
+  // Stages 1 to 3, in one bucket and in buckets of at most 16 elements (four: one per tensor;
+  // stage 3: a reduction for each of a.weight and b.weight, one for the biases).
   std::vector<std::pair<std::string, ZeroOptions>> stages;
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     for (std::int64_t bucket : {std::int64_t{1000}, std::int64_t{16}}) {
       ZeroOptions options;
       options.stage = stage;
@@ -206,6 +224,60 @@ TEST(ShardedOptimizer, StageTwoFreesEachBucketDuringBackward) {
   EXPECT_THAT(seen, ElementsAre(false, false));
   for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
   for (std::size_t b = 0; b < 3; ++b) EXPECT_TRUE(zero.part(0, b).grad().defined()) << "bucket " << b;
+}
+
+// Stage 3: a rank holds its part of each parameter and nothing else until it gathers them.
+TEST(ShardedOptimizer, StageThreeHoldsOnlyItsPartsOfTheParameters) {
+  comm::MpiCommunicator comm(env().world());
+  torch::manual_seed(3);
+  Net net;
+  std::vector<torch::Tensor> initial;
+  for (const auto& p : net->parameters()) initial.push_back(p.detach().clone());
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  ZeroOptions options;
+  options.stage = 3;
+  options.bucket_elements = 16;
+  ShardedOptimizer zero(adam, comm, options);
+  std::int64_t share = 0;
+  for (const std::int64_t n : {35, 5, 15, 3}) share += (n + comm.size() - 1) / comm.size();
+  EXPECT_EQ(zero.parameter_elements(), share);
+  const auto params = net->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].numel(), 0) << "parameter " << i << " is held whole";
+    EXPECT_FALSE(zero.is_gathered(0, i));
+  }
+  // The parts are this rank's slices of the initial values, zero-padded.
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& part = zero.part(0, i);
+    const std::int64_t n = initial[i].numel(), lo = std::min(comm.rank() * part.numel(), n);
+    const std::int64_t hi = std::min(lo + part.numel(), n);
+    EXPECT_TRUE(torch::equal(part.narrow(0, 0, hi - lo), initial[i].reshape({-1}).narrow(0, lo, hi - lo)));
+    EXPECT_EQ(part.narrow(0, hi - lo, part.numel() - (hi - lo)).abs().sum().item<float>(), 0.0f);
+  }
+  zero.gather(0, {2, 0});
+  EXPECT_TRUE(torch::equal(params[0], initial[0]));
+  EXPECT_TRUE(torch::equal(params[2], initial[2]));
+  EXPECT_EQ(params[1].numel(), 0);
+  EXPECT_EQ(zero.parameter_elements(), share + 35 + 15);
+  zero.release(0, {0});
+  EXPECT_EQ(params[0].numel(), 0);
+  zero.gather_all();
+  for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], initial[i])) << i;
+  // A step leaves every parameter released; gathered again, they hold the step's values.
+  zero.zero_grad();
+  zero.begin_backward();
+  torch::mse_loss(net->forward(torch::ones({4, 7})), torch::zeros({4, 3})).backward();
+  zero.end_backward();
+  EXPECT_EQ(zero.gradient_elements(), share) << "whole gradients were kept";
+  zero.step();
+  for (std::size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].numel(), 0) << i;
+  zero.gather_all();
+  EXPECT_FALSE(torch::equal(params[0], initial[0]));
+  // set_whole writes a rank's part of a whole value.
+  zero.release_all();
+  zero.set_whole(0, 3, torch::full({3}, 7.0f));
+  zero.gather(0, {3});
+  EXPECT_TRUE(torch::equal(params[3], torch::full({3}, 7.0f)));
 }
 
 TEST(ShardedOptimizer, LbfgsIsRefused) {

@@ -12,7 +12,6 @@
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "state/state_io.h"
-#include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -112,36 +111,28 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
                                    ZeroOptions options)
     : optimizer_(optimizer), comm_(communicator), options_(options) {
   check(optimizer);
-  if (options_.stage != 1 && options_.stage != 2) {
+  if (options_.stage < 1 || options_.stage > 3) {
     throw InternalError("ShardedOptimizer: ZeRO stage " + std::to_string(options_.stage));
   }
   const int ranks = comm_.size();
-  const int rank = comm_.rank();
   std::size_t first_part = 0;
   for (std::size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
     auto& param_group = optimizer_.param_groups()[g];
     Group group;
     group.params = param_group.params();
     std::vector<std::int64_t> numels;
-    for (const auto& p : group.params) numels.push_back(p.numel());
-    group.layout = flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
-    const auto tensor_options = torch::TensorOptions().dtype(torch::kFloat32).device(
-        group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());
-    group.flat = torch::zeros({group.layout.size}, tensor_options);
-    {
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < group.params.size(); ++i) {
-        auto& p = group.params[i];
-        auto view = group.flat.narrow(0, group.layout.offsets[i], numels[i]).view(p.sizes());
-        view.copy_(p.detach());
-        p.set_data(view);
-        p.mutable_grad() = torch::Tensor();
-      }
+    for (const auto& p : group.params) {
+      numels.push_back(p.numel());
+      group.shapes.push_back(p.sizes().vec());
+      // Taken before stage 3 empties the parameter: the accumulator keeps its whole shape.
+      auto accumulator = torch::autograd::impl::grad_accumulator(p);
+      if (!accumulator) continue;  // a parameter that does not require gradients
+      hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, g, numels.size() - 1)));
+      accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
     }
-    // Leaves of their own over the same memory: the optimizer steps them in place, into `flat`.
-    for (const auto& bucket : group.layout.buckets) {
-      group.parts.push_back(group.flat.narrow(0, bucket.begin + bucket.part * rank, bucket.part).detach());
-    }
+    group.layout = options_.stage == 3 ? partition_layout(numels, ranks)
+                                       : flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
+    lay_out(group, comm_.rank());
     // The optimizer forgets the whole parameters (no state was made for them yet, but Adagrad's)
     // and steps the parts.
     for (const auto& p : group.params) optimizer_.state().erase(optimizer_state_key(p));
@@ -149,23 +140,70 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     for (const auto& part : group.parts) reset_adagrad_state(optimizer_, g, part);
     group.first_part = first_part;
     first_part += group.parts.size();
-    reduction_of_.emplace_back(group.layout.buckets.size());
-    for (std::size_t b = group.layout.buckets.size(); b-- > 0;) {
-      reduction_of_.back()[b] = reductions_.size();
-      Reduction reduction;
-      reduction.group = g;
-      reduction.bucket = b;
-      reductions_.push_back(std::move(reduction));
-    }
     groups_.push_back(std::move(group));
+    plan_reductions(g);
   }
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(groups_[g].params[i]);
-      if (!accumulator) continue;  // a parameter that does not require gradients
-      hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<ReadyHook>(this, g, i)));
-      accumulators_.push_back(std::move(accumulator));  // keeps the accumulator, and so the hook, alive
+}
+
+void ShardedOptimizer::lay_out(Group& group, int rank) {
+  const auto& layout = group.layout;
+  const auto tensor_options = torch::TensorOptions().dtype(torch::kFloat32).device(
+      group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());
+  torch::NoGradGuard no_grad;
+  group.gathered.assign(group.params.size(), options_.stage != 3);
+  if (options_.stage != 3) {
+    group.flat = torch::zeros({layout.size}, tensor_options);
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      auto& p = group.params[i];
+      auto view = group.flat.narrow(0, layout.offsets[i], layout.numels[i]).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
+      p.mutable_grad() = torch::Tensor();
     }
+    // Leaves of their own over the same memory: the optimizer steps them in place, into `flat`.
+    for (const auto& bucket : layout.buckets) {
+      group.parts.push_back(group.flat.narrow(0, bucket.begin + bucket.part * rank, bucket.part).detach());
+    }
+    return;
+  }
+  // Stage 3: this rank's part of each parameter, end to end; the padding is zeros.
+  group.flat = torch::zeros({layout.shard()}, tensor_options);
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < group.params.size(); ++i) {
+    const std::int64_t part = layout.buckets[i].part, n = layout.numels[i];
+    auto mine = group.flat.narrow(0, at, part);
+    const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);
+    if (hi > lo) mine.narrow(0, 0, hi - lo).copy_(group.params[i].detach().reshape({-1}).narrow(0, lo, hi - lo));
+    group.parts.push_back(mine.detach());
+    at += part;
+    group.params[i].set_data(torch::empty({0}, tensor_options));
+    group.params[i].mutable_grad() = torch::Tensor();
+  }
+}
+
+void ShardedOptimizer::plan_reductions(std::size_t g) {
+  Group& group = groups_[g];
+  const auto& buckets = group.layout.buckets;
+  const std::int64_t ranks = comm_.size();
+  group.column.assign(buckets.size(), 0);
+  reduction_of_.emplace_back(buckets.size());
+  // Stages 1 and 2 reduce each bucket alone; stage 3 as many of its one-parameter buckets as
+  // fit bucket_elements (padded), and at least one.
+  for (std::size_t b = buckets.size(); b > 0;) {
+    Reduction reduction;
+    reduction.group = g;
+    reduction.end = b;
+    std::int64_t padded = buckets[--b].part * ranks;
+    while (options_.stage == 3 && b > 0 && padded + buckets[b - 1].part * ranks <= options_.bucket_elements) {
+      padded += buckets[--b].part * ranks;
+    }
+    reduction.first = b;
+    for (std::size_t k = reduction.first; k < reduction.end; ++k) {
+      group.column[k] = reduction.columns;
+      reduction.columns += buckets[k].part;
+      reduction_of_[g][k] = reductions_.size();
+    }
+    reductions_.push_back(std::move(reduction));
   }
 }
 
@@ -187,8 +225,8 @@ void ShardedOptimizer::begin_backward(bool reduce, bool measure) {
   measuring_ = measure;
   local_sqr_ = 0;
   for (auto& reduction : reductions_) {
-    const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
-    reduction.waiting = bucket.end - bucket.first;
+    const auto& buckets = groups_[reduction.group].layout.buckets;
+    reduction.waiting = buckets[reduction.end - 1].end - buckets[reduction.first].first;
     reduction.launched = false;
   }
   next_launch_ = 0;
@@ -221,27 +259,37 @@ void ShardedOptimizer::disarm() {
 
 void ShardedOptimizer::take_gradient(Reduction& reduction, std::size_t param) {
   Group& group = groups_[reduction.group];
-  const auto& bucket = group.layout.buckets[reduction.bucket];
+  const std::size_t b = group.layout.bucket_of[param];
+  const auto& bucket = group.layout.buckets[b];
   torch::NoGradGuard no_grad;
-  if (!reduction.send.defined()) reduction.send = torch::zeros({bucket.part * comm_.size()}, group.flat.options());
+  const std::int64_t ranks = comm_.size();
+  if (!reduction.send.defined()) reduction.send = torch::zeros({reduction.columns * ranks}, group.flat.options());
   torch::Tensor& grad = group.params[param].mutable_grad();
   if (!grad.defined()) return;
-  reduction.send.narrow(0, group.layout.offsets[param] - bucket.begin, group.layout.numels[param]).copy_(grad.reshape({-1}));
+  const auto flat = grad.reshape({-1});
+  // The parameter's elements [pos, pos + n) of its bucket; rank r's part of the bucket is
+  // [r x part, (r + 1) x part), and lies in row r of the send buffer at the bucket's column.
+  const std::int64_t pos = group.layout.offsets[param] - bucket.begin, n = group.layout.numels[param];
+  for (std::int64_t r = pos / std::max<std::int64_t>(1, bucket.part); r < ranks; ++r) {
+    const std::int64_t lo = std::max(pos, r * bucket.part), hi = std::min(pos + n, (r + 1) * bucket.part);
+    if (lo >= hi) break;
+    reduction.send.narrow(0, r * reduction.columns + group.column[b] + lo - r * bucket.part, hi - lo)
+        .copy_(flat.narrow(0, lo - pos, hi - lo));
+  }
   grad = torch::Tensor();
 }
 
 void ShardedOptimizer::launch(Reduction& reduction) {
   const Group& group = groups_[reduction.group];
-  const auto& bucket = group.layout.buckets[reduction.bucket];
-  if (!reduction.send.defined()) reduction.send = torch::zeros({bucket.part * comm_.size()}, group.flat.options());
-  reduction.recv = torch::empty({bucket.part}, group.flat.options());
+  if (!reduction.send.defined()) reduction.send = torch::zeros({reduction.columns * comm_.size()}, group.flat.options());
+  reduction.recv = torch::empty({reduction.columns}, group.flat.options());
   if (measuring_) {
     const auto started = std::chrono::steady_clock::now();
     local_sqr_ += squared_norm(reduction.send, reduction.send.numel());
     measure_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
   reduction.work = comm_.reduce_scatter_async(reduction.send.data_ptr(), reduction.recv.data_ptr(),
-                                              static_cast<std::size_t>(bucket.part), comm::DType::kFloat32,
+                                              static_cast<std::size_t>(reduction.columns), comm::DType::kFloat32,
                                               comm::ReduceOp::kAvg);
   reduction.launched = true;
 }
@@ -253,12 +301,16 @@ void ShardedOptimizer::complete(Reduction& reduction) {
   const auto started = std::chrono::steady_clock::now();
   work->wait();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  torch::Tensor& grad = groups_[reduction.group].parts[reduction.bucket].mutable_grad();
-  if (grad.defined()) {
-    torch::NoGradGuard no_grad;
-    grad.add_(reduction.recv);
-  } else {
-    grad = reduction.recv;
+  Group& group = groups_[reduction.group];
+  for (std::size_t b = reduction.first; b < reduction.end; ++b) {
+    const auto received = reduction.recv.narrow(0, group.column[b], group.layout.buckets[b].part);
+    torch::Tensor& grad = group.parts[b].mutable_grad();
+    if (grad.defined()) {
+      torch::NoGradGuard no_grad;
+      grad.add_(received);
+    } else {
+      grad = received;
+    }
   }
   reduction.send = torch::Tensor();
   reduction.recv = torch::Tensor();
@@ -267,8 +319,10 @@ void ShardedOptimizer::complete(Reduction& reduction) {
 void ShardedOptimizer::reduce_rest() {
   for (auto& reduction : reductions_) {
     if (reduction.launched) continue;
-    const auto& bucket = groups_[reduction.group].layout.buckets[reduction.bucket];
-    for (std::size_t k = bucket.first; k < bucket.end; ++k) take_gradient(reduction, k);
+    const auto& buckets = groups_[reduction.group].layout.buckets;
+    for (std::size_t k = buckets[reduction.first].first; k < buckets[reduction.end - 1].end; ++k) {
+      take_gradient(reduction, k);
+    }
     launch(reduction);
   }
   for (auto& reduction : reductions_) complete(reduction);
@@ -330,6 +384,14 @@ void ShardedOptimizer::scale_shard_grads(double factor) {
 void ShardedOptimizer::update() {
   const auto rank = static_cast<std::size_t>(comm_.rank());
   optimizer_.step();
+  if (options_.stage == 3) {
+    // The gathered values are those before the step: the next gather brings the new ones.
+    release_all();
+    for (auto& group : groups_) {
+      for (auto& part : group.parts) part.mutable_grad() = torch::Tensor();
+    }
+    return;
+  }
   std::vector<comm::WorkHandle> gathers;
   for (auto& group : groups_) {
     auto* base = static_cast<float*>(group.flat.data_ptr());

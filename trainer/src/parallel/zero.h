@@ -1,4 +1,4 @@
-// ZeRO's sharded optimizer step (stages 1 and 2; internal to the trainer).
+// ZeRO's sharded optimizer step (stages 1, 2 and 3; internal to the trainer).
 //
 // The parameters of each parameter group are laid end to end in one flat float32 buffer, in
 // buckets of whole parameters (about `bucket_elements` each; DeepSpeed's reduce_bucket_size);
@@ -19,6 +19,16 @@
 // buckets in flight, at the cost of a reduce-scatter per micro-batch. Stage 1 does it in the
 // backward of the step's last micro-batch only: the ones before accumulate whole gradients in
 // the parameters, as stage 0 does, and the step reduces them once.
+//
+// Stage 3 partitions the parameters too, as DeepSpeed's partition_parameters.py does: each
+// parameter on its own, flattened and padded to a multiple of the ranks (ceil(numel / ranks)
+// elements a rank; the layout's buckets are then one parameter each), rank r owning part r. A
+// rank holds only its parts, end to end in one buffer; the model's parameters are released
+// (empty) until gather() brings their whole values from every rank's parts, and release() or
+// the step empties them again. A reduce-scatter takes the gradients of several parameters at
+// once, each split into its rank parts and laid rank by rank (DeepSpeed's
+// reduce_scatter_coalesced), up to `bucket_elements` padded elements; the step updates the parts
+// and leaves every parameter released.
 //
 // The optimizer's update must be element-wise (SGD, Adam, AdamW, Adagrad, RMSprop are): a
 // part of a parameter is stepped as the whole parameter would be. LBFGS is refused.
@@ -54,6 +64,9 @@ struct FlatLayout {
   std::int64_t shard() const;          // the elements a rank owns over all buckets
 };
 
+// Stage 3's: a bucket for each parameter, of ceil(numel / ranks) x ranks elements.
+FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks);
+
 // Buckets are filled from the last parameter back (the order backward produces gradients),
 // closing one before it would pass `bucket_elements`; a larger parameter has a bucket alone.
 FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks, std::int64_t bucket_elements);
@@ -74,7 +87,7 @@ struct ShardedSave {
 };
 
 struct ZeroOptions {
-  int stage = 1;                               // 1 or 2
+  int stage = 1;                               // 1, 2 or 3
   std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
 };
 
@@ -142,6 +155,26 @@ class ShardedOptimizer {
   // The gradients of the model's parameters and of this rank's parts to none.
   void zero_grad();
 
+  // Stage 3. gather(): the whole values of the parameters of `group` listed (indices into its
+  // parameters) that are released, from every rank's parts, in one all-gather; a collective,
+  // with the same list on every rank. release(): empties them again (their parts stay). Whole
+  // values changed while gathered are not kept (DeepSpeed's GatheredParameters without a
+  // modifier rank); set_whole() writes a whole value into this rank's part (a load, an
+  // initialisation), on every rank alike.
+  void gather(std::size_t group, const std::vector<std::size_t>& params);
+  void gather_all();
+  void release(std::size_t group, const std::vector<std::size_t>& params);
+  void release_all();
+  bool is_gathered(std::size_t group, std::size_t param) const { return groups_.at(group).gathered.at(param); }
+  void set_whole(std::size_t group, std::size_t param, const torch::Tensor& whole);
+  // The shape of each parameter (stage 3's released parameters are empty tensors).
+  const std::vector<std::int64_t>& shape(std::size_t group, std::size_t param) const {
+    return groups_.at(group).shapes.at(param);
+  }
+  // The elements of parameters this rank holds: its parts and whatever is gathered (stage 3),
+  // or every parameter (stages 1 and 2).
+  std::int64_t parameter_elements() const;
+
   const FlatLayout& layout(std::size_t group) const { return groups_.at(group).layout; }
   // The model's parameters of each group, in the order save_whole numbers their state.
   std::vector<std::vector<torch::Tensor>> parameter_groups() const;
@@ -150,23 +183,32 @@ class ShardedOptimizer {
 
  private:
   struct Group {
-    std::vector<torch::Tensor> params;  // the model's, now views into `flat`
+    std::vector<torch::Tensor> params;  // the model's: views into `flat`, or stage 3's gathered or empty
+    std::vector<std::vector<std::int64_t>> shapes;
+    std::vector<bool> gathered;  // stage 3
     FlatLayout layout;
-    torch::Tensor flat;               // every rank's parameters
+    torch::Tensor flat;               // every rank's parameters (stages 1 and 2), or this rank's parts (3)
     std::vector<torch::Tensor> parts;  // this rank's part of each bucket (leaves over `flat`)
+    std::vector<std::int64_t> column;  // where each bucket's part lies in its reduction's
     std::size_t first_part = 0;       // the index of parts[0] among the optimizer's parameters
   };
-  // A bucket's reduce-scatter, in the order every rank starts them.
+  // The reduce-scatter of buckets [first, end) of a group, in the order every rank starts them:
+  // every rank's parts of them laid rank by rank, this rank's parts received.
   struct Reduction {
-    std::size_t group = 0, bucket = 0;
-    std::size_t waiting = 0;  // parameters backward has not produced yet
+    std::size_t group = 0, first = 0, end = 0;
+    std::int64_t columns = 0;  // the parts' elements
+    std::size_t waiting = 0;   // parameters backward has not produced yet
     bool launched = false;
-    torch::Tensor send;  // the bucket's gradients, part x ranks
-    torch::Tensor recv;  // this rank's averaged part
+    torch::Tensor send;  // columns x ranks
+    torch::Tensor recv;  // columns
     comm::WorkHandle work;
   };
   class ReadyHook;
 
+  // The group's flat buffer and parts, and the parameters' place in them.
+  void lay_out(Group& group, int rank);
+  // The reductions of a group's buckets, from its last bucket back.
+  void plan_reductions(std::size_t g);
   void on_gradient_ready(std::size_t group, std::size_t param);
   // Moves the parameter's gradient, if any, into the reduction's bucket and frees it.
   void take_gradient(Reduction& reduction, std::size_t param);

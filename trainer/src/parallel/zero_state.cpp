@@ -72,7 +72,7 @@ void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::str
         comm_.allgather(part.data_ptr(), whole.data_ptr(), static_cast<std::size_t>(bucket.part), comm::DType::kFloat32);
         for (std::size_t i = bucket.first; i < bucket.end; ++i) {
           const auto piece = whole.narrow(0, group.layout.offsets[i] - bucket.begin, group.layout.numels[i]);
-          add_tensor(contents, state_name(prefix, first + i, field), piece.view(group.params[i].sizes()));
+          add_tensor(contents, state_name(prefix, first + i, field), piece.view(group.shapes[i]));
         }
       }
       for (std::size_t i = bucket.first; i < bucket.end; ++i) {
@@ -108,7 +108,7 @@ void ShardedOptimizer::save_shards(ShardedSave& out, const std::string& prefix) 
         }
         for (std::size_t i = bucket.first; i < bucket.end; ++i) {
           out.datasets.push_back({state_name(prefix, first + i, field), checkpoint::DType::kFloat32,
-                                  group.params[i].sizes().vec()});
+                                  group.shapes[i]});
           const std::int64_t lo = std::max(mine, group.layout.offsets[i]);
           const std::int64_t hi = std::min(mine_end, group.layout.offsets[i] + group.layout.numels[i]);
           if (lo >= hi) continue;

@@ -1,0 +1,121 @@
+// ZeRO stage 3's partitioned parameters: each parameter's whole value gathered from every
+// rank's part when it is used, and released after (DeepSpeed's partition_parameters.py).
+#include <algorithm>
+#include <string>
+
+#include "hpctrial/core/error.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer::detail {
+
+FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks) {
+  FlatLayout layout;
+  layout.numels = numels;
+  for (std::size_t k = 0; k < numels.size(); ++k) {
+    FlatLayout::Bucket bucket;
+    bucket.first = k;
+    bucket.end = k + 1;
+    bucket.begin = layout.size;
+    // DeepSpeed's _partition_param: padded to a multiple of the ranks, rank r owning part r.
+    bucket.part = (numels[k] + ranks - 1) / ranks;
+    layout.offsets.push_back(bucket.begin);
+    layout.bucket_of.push_back(k);
+    layout.buckets.push_back(bucket);
+    layout.total += numels[k];
+    layout.size += bucket.part * ranks;
+  }
+  return layout;
+}
+
+void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& params) {
+  if (options_.stage != 3) return;  // every parameter is whole already
+  Group& group = groups_.at(g);
+  std::vector<std::size_t> wanted;
+  std::vector<torch::Tensor> mine;
+  std::int64_t columns = 0;
+  for (const std::size_t i : params) {
+    if (group.gathered.at(i) || std::find(wanted.begin(), wanted.end(), i) != wanted.end()) continue;
+    wanted.push_back(i);
+    mine.push_back(group.parts[i].detach());
+    columns += group.layout.buckets[i].part;
+  }
+  if (wanted.empty()) return;
+  // Every rank's parts of the wanted parameters, rank by rank (DeepSpeed's coalesced all-gather).
+  torch::NoGradGuard no_grad;
+  const std::int64_t ranks = comm_.size();
+  const auto send = mine.size() == 1 ? mine.front() : torch::cat(mine);
+  auto all = torch::empty({ranks, columns}, group.flat.options());
+  comm_.allgather(send.data_ptr(), all.data_ptr(), static_cast<std::size_t>(columns), comm::DType::kFloat32);
+  std::int64_t column = 0;
+  for (const std::size_t i : wanted) {
+    const std::int64_t part = group.layout.buckets[i].part, n = group.layout.numels[i];
+    auto whole = torch::empty(group.shapes[i], group.flat.options());
+    auto flat = whole.view({-1});
+    for (std::int64_t r = 0; r * part < n; ++r) {
+      const std::int64_t count = std::min(part, n - r * part);
+      flat.narrow(0, r * part, count).copy_(all[r].narrow(0, column, count));
+    }
+    group.params[i].set_data(whole);
+    group.gathered[i] = true;
+    column += part;
+  }
+}
+
+void ShardedOptimizer::gather_all() {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::size_t> all(groups_[g].params.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    gather(g, all);
+  }
+}
+
+void ShardedOptimizer::release(std::size_t g, const std::vector<std::size_t>& params) {
+  if (options_.stage != 3) return;
+  Group& group = groups_.at(g);
+  for (const std::size_t i : params) {
+    if (!group.gathered.at(i)) continue;
+    group.params[i].set_data(torch::empty({0}, group.flat.options()));
+    group.gathered[i] = false;
+  }
+}
+
+void ShardedOptimizer::release_all() {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::size_t> all(groups_[g].params.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    release(g, all);
+  }
+}
+
+void ShardedOptimizer::set_whole(std::size_t g, std::size_t i, const torch::Tensor& whole) {
+  Group& group = groups_.at(g);
+  const std::int64_t n = group.layout.numels.at(i);
+  if (whole.numel() != n) {
+    throw InternalError("ZeRO: a whole value of " + std::to_string(whole.numel()) + " elements for a parameter of " +
+                        std::to_string(n));
+  }
+  torch::NoGradGuard no_grad;
+  const auto flat = whole.detach().reshape({-1}).to(group.flat.options());
+  if (options_.stage != 3) {
+    group.params[i].view({-1}).copy_(flat);
+    return;
+  }
+  const auto& bucket = group.layout.buckets[i];
+  const std::int64_t lo = std::min(comm_.rank() * bucket.part, n), hi = std::min(lo + bucket.part, n);
+  auto& part = group.parts[i];
+  part.zero_();
+  if (hi > lo) part.narrow(0, 0, hi - lo).copy_(flat.narrow(0, lo, hi - lo));
+  if (group.gathered[i]) group.params[i].view({-1}).copy_(flat);
+}
+
+std::int64_t ShardedOptimizer::parameter_elements() const {
+  std::int64_t sum = 0;
+  for (const auto& group : groups_) {
+    sum += group.flat.numel();
+    if (options_.stage != 3) continue;
+    for (const auto& p : group.params) sum += p.numel();  // the gathered ones
+  }
+  return sum;
+}
+
+}  // namespace hpctrial::trainer::detail
