@@ -1,7 +1,7 @@
 // Engine trials on 2 and 4 ranks: a ModelEngine at ZeRO stage 0 trains as an ordinary Trial with
 // the same model, data and optimizer does; k micro-batches accumulated equal one batch k times
 // larger; clipping, the LR scheduler's pace, stop and resume; ZeRO-1 and -2 train as stage 0 and
-// reshard on resume; mistakes are ConfigErrors on every rank alike.
+// reshard on resume; ZeRO-3 too; mistakes are ConfigErrors on every rank alike.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -622,6 +622,33 @@ TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
   for (const auto& [from, to] : {std::pair{2, 0}, std::pair{0, 2}, std::pair{1, 2}, std::pair{2, 1}}) {
     const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
     EXPECT_LE(max_relative_difference(resumed.parameters, reference.parameters), 1e-5)
+        << "stage " << from << " resumed at stage " << to;
+  }
+  remove_dir(whole);
+}
+
+// ZeRO-3: the parameters partitioned too. The weights follow stage 0's, with a share of the
+// optimizer state; stopped by the chief or by the last rank it resumes bitwise, and its
+// checkpoints resume at any stage (and the reverse).
+TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
+  const int ranks = env().size();
+  const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
+  const auto at_stage = [](int stage) {
+    return yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
+                       std::to_string(stage) + ", reduce_bucket_size: 10}}\n");
+  };
+  const Seen stage0 = engine_run(at_stage(0), Behaviour{}, "z3s0");
+  const std::string whole = shared_dir("z3whole");
+  Seen stage3;
+  run(at_stage(3), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &stage3); }, whole);
+  EXPECT_LE(max_relative_difference(stage3.parameters, stage0.parameters), 1e-6);
+  EXPECT_DOUBLE_EQ(stage3.lr, stage0.lr);
+  // Adam's two moments of this rank's part of each parameter (3x8, 8, 8 and 1 elements).
+  EXPECT_EQ(stage3.state_elements, 2 * (share(24) + share(8) + share(8) + share(1)));
+  for (int stop_rank : {0, ranks - 1}) stop_and_resume(at_stage(3), at_stage(3), stop_rank, whole);
+  for (const auto& [from, to] : {std::pair{3, 0}, std::pair{3, 1}, std::pair{0, 3}, std::pair{2, 3}}) {
+    const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
+    EXPECT_LE(max_relative_difference(resumed.parameters, stage0.parameters), 1e-5)
         << "stage " << from << " resumed at stage " << to;
   }
   remove_dir(whole);

@@ -67,7 +67,8 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
     if (config.engine->zero_stage >= 2) {
       report(at, "engine.pipeline", d,
              "a pipeline accumulates each micro-batch's gradients in its stage until the schedule ends, which "
-             "ZeRO-2's partitioned gradients cannot (DeepSpeed refuses it too); set zero_optimization.stage to 0 or 1");
+             "the partitioned gradients of ZeRO-2 and ZeRO-3 cannot (DeepSpeed refuses them too: \"ZeRO-2 and "
+             "ZeRO-3 are incompatible with pipeline parallelism\"); set zero_optimization.stage to 0 or 1");
     }
     if (config.engine->fp16.enabled) {
       report(at, "engine.pipeline", d,

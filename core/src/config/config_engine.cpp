@@ -96,7 +96,7 @@ void read_engine(MapReader& r, EngineConfig& e) {
     if (expect_map(*n, r.path("zero_optimization"), d, "zero_optimization: {stage: 2}")) {
       MapReader z(n, r.path("zero_optimization"), d);
       if (const ConfigNode* stage = z.get("stage")) {
-        if (auto v = read_int(*stage, z.path("stage"), d, 0, 2)) e.zero_stage = static_cast<int>(*v);
+        if (auto v = read_int(*stage, z.path("stage"), d, 0, 3)) e.zero_stage = static_cast<int>(*v);
       }
       if (const ConfigNode* size = z.get("reduce_bucket_size")) {
         if (auto v = read_int(*size, z.path("reduce_bucket_size"), d, 1, kMaxLength)) e.reduce_bucket_size = *v;

@@ -1158,7 +1158,7 @@ TEST(ConfigErrors, PipelineMistakesAreLocated) {
 
 TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
-            "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 2, got \"5\"");
+            "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 3, got \"5\"");
   EXPECT_EQ(one_error(std::string(kMinimal) +
                       "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 2, reduce_bucket_size: 0}}\n"),
             "exp.yaml:4:95: engine.zero_optimization.reduce_bucket_size: must be a positive integer, got \"0\"");

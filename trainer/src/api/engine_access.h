@@ -2,6 +2,7 @@
 // sharded optimizers, which checkpoints gather whole and restore into shards.
 #pragma once
 
+#include "parallel/zero.h"
 #include "state/checkpointing.h"
 #include "hpctrial/trainer/engine_trial.h"
 
@@ -27,6 +28,17 @@ inline ShardedOptimizers sharded_optimizers(Trial& trial, const TrialContext& co
     }
   }
   return out;
+}
+
+// ZeRO stage 3's parameters whole on every rank (a collective), for the loop to read them (a
+// checkpoint, a copy in node memory, a replica check) or write them (a restore, the chief's
+// initial weights); the next step releases them.
+inline void gather_partitioned(const ShardedOptimizers& sharded) {
+  for (const auto& [index, optimizer] : sharded) optimizer->gather_all();
+}
+// After every rank wrote the same whole values into them: each rank's parts taken from them.
+inline void keep_partitioned(const ShardedOptimizers& sharded) {
+  for (const auto& [index, optimizer] : sharded) optimizer->keep_gathered();
 }
 
 }  // namespace hpctrial::trainer::detail

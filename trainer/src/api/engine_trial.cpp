@@ -297,6 +297,13 @@ void EngineTrialContext::begin_global_batch(std::int64_t batch_idx) {
   current_train_batch_ = batch_idx;
   for (auto& engine : engines_) engine->micro_steps_ = micro_steps_before(batch_idx);
   context_.set_micro_step(micro_steps_before(batch_idx));
+  gather_parameters();
+}
+
+void EngineTrialContext::gather_parameters() {
+  for (auto& engine : engines_) {
+    if (engine->sharded_) engine->sharded_->gather_all();
+  }
 }
 
 void EngineTrialContext::reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation) {
@@ -455,6 +462,7 @@ Metrics EngineTrialRunner::evaluate_batch(Batch& batch) {
     validation_batch_ = 0;
   }
   DataIterator data({batch}, "validation batch");
+  context_->gather_parameters();
   return trial_->evaluate_batch(data, validation_batch_++);
 }
 

@@ -73,7 +73,8 @@ void EngineTrialContext::attach_pipeline(ModelEngine& engine) {
   if (zero_stage_ >= 2) {
     throw ConfigError("engine.zero_optimization.stage " + std::to_string(zero_stage_) + " with engine.pipeline: a "
                       "pipeline accumulates each micro-batch's gradients in the stage until the schedule ends, "
-                      "which ZeRO-2's partitioned gradients cannot (DeepSpeed refuses it too); use stage 0 or 1");
+                      "which the partitioned gradients of ZeRO-2 and ZeRO-3 cannot (DeepSpeed refuses them too); use stage 0 "
+                      "or 1");
   }
   if (fp16_) {
     throw NotSupported("engine.fp16 with engine.pipeline: hpctrial's pipeline does not scale losses yet; use "

@@ -24,6 +24,8 @@ namespace hpctrial::trainer::detail {
 void Loop::save_checkpoint(bool wait) {
   const rank::PhaseRecord phase(core::RankPhase::kCheckpoint);
   faults_->at(rank::FaultPhase::kCheckpoint, batches_trained_);
+  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
+  gather_partitioned(shards);  // stage 3: the model whole, for the chief to write
   check_replicas("before the checkpoint at batch " + std::to_string(batches_trained_));
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
@@ -35,7 +37,6 @@ void Loop::save_checkpoint(bool wait) {
   context_->accumulators().synchronize_all();
   record_elastic_preference();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
-  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
   const std::optional<checkpoint::Contents> files = capture_rank_files();
   if (!shards.empty() || identity_.parts > 1 || files) {
     const checkpoint::Contents* mine = files ? &*files : nullptr;
@@ -141,10 +142,11 @@ void Loop::restore_rank_files(const checkpoint::Contents& contents, const std::s
 void Loop::check_replicas(const std::string& when) {
   if (replicas() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
+  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
+  gather_partitioned(shards);  // stage 3: the replicas compare whole parameters
   std::string differ;
   try {
-    detail::check_replicas(context_->data_parallel_communicator(),
-                           detail::replica_checksums(*context_, sharded_optimizers(*trial_, *context_)), when,
+    detail::check_replicas(context_->data_parallel_communicator(), detail::replica_checksums(*context_, shards), when,
                            comm_.rank());
   } catch (const DivergenceError& e) {
     differ = e.what();

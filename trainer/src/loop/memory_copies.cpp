@@ -121,8 +121,10 @@ void Loop::save_memory_copy() {
   state.reducer_states = gather_reducer_states();
   state.stream_positions = gather_stream_positions();
   context_->accumulators().synchronize_all();
+  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
+  gather_partitioned(shards);  // stage 3: the copy holds the model whole, and this rank's optimizer shards
   detail::Snapshot snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true);
-  for (const auto& [index, sharded] : sharded_optimizers(*trial_, *context_)) {
+  for (const auto& [index, sharded] : shards) {
     detail::mark_shard_of(snapshot.contents, identity_.part + "optimizer/" + std::to_string(index), comm_.rank(),
                           comm_.size());
   }

@@ -198,13 +198,18 @@ void Loop::resume() {
     if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
     if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
   }
+  // ZeRO stage 3: the model whole while it is written, then each rank's parts taken from it.
+  const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
+  gather_partitioned(partitioned);
   if (chosen.empty() && !config_.searcher.source_checkpoint.empty()) {
     start_from_source();  // every rank loads the same weights
+    keep_partitioned(partitioned);
     if (chief()) trim_metrics(0);
     return;
   }
   if (chosen.empty()) {
     context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
+    keep_partitioned(partitioned);
     // What a run that failed before its first checkpoint reported is trained again from here.
     if (chief()) trim_metrics(0);
     return;
@@ -212,7 +217,8 @@ void Loop::resume() {
   if (!chief() && !from_memory) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
-                  sharded_optimizers(*trial_, *context_));
+                  partitioned);
+  keep_partitioned(partitioned);
   // The starts of this trial before this one: more than the checkpoint's count + 1 when an
   // attempt failed before its next checkpoint (the launcher counts those).
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);

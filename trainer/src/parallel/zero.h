@@ -167,6 +167,9 @@ class ShardedOptimizer {
   void release_all();
   bool is_gathered(std::size_t group, std::size_t param) const { return groups_.at(group).gathered.at(param); }
   void set_whole(std::size_t group, std::size_t param, const torch::Tensor& whole);
+  // After every rank wrote the same whole values into the gathered parameters (a restore, the
+  // chief's initial weights broadcast): this rank's parts taken from them.
+  void keep_gathered();
   // The shape of each parameter (stage 3's released parameters are empty tensors).
   const std::vector<std::int64_t>& shape(std::size_t group, std::size_t param) const {
     return groups_.at(group).shapes.at(param);

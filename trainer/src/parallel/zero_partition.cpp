@@ -108,6 +108,15 @@ void ShardedOptimizer::set_whole(std::size_t g, std::size_t i, const torch::Tens
   if (group.gathered[i]) group.params[i].view({-1}).copy_(flat);
 }
 
+void ShardedOptimizer::keep_gathered() {
+  if (options_.stage != 3) return;  // the parameters are views of the parts already
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (groups_[g].gathered[i]) set_whole(g, i, groups_[g].params[i].detach().clone());
+    }
+  }
+}
+
 std::int64_t ShardedOptimizer::parameter_elements() const {
   std::int64_t sum = 0;
   for (const auto& group : groups_) {

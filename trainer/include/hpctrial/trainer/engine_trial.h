@@ -272,8 +272,12 @@ class EngineTrialContext {
 
   // --- for the harness ----------------------------------------------------------------------
   TrialContext& trial_context() const { return context_; }
-  // Before the global batch `batch_idx`: every engine's micro-step count starts there.
+  // Before the global batch `batch_idx`: every engine's micro-step count starts there, and at
+  // ZeRO stage 3 its parameters are gathered whole.
   void begin_global_batch(std::int64_t batch_idx);
+  // ZeRO stage 3: every engine's parameters whole (a collective of the data-parallel ranks),
+  // before a forward pass; the engine's step releases them.
+  void gather_parameters();
   // The micro-batches trained before the global batch `batch_idx`.
   std::int64_t micro_steps_before(std::int64_t batch_idx) const {
     return micro_origin_ + (batch_idx - steps_origin_) * batch_.accumulation_steps;
