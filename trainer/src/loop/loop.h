@@ -96,6 +96,7 @@ class Loop {
   TrialSettings make_trial_settings(std::uint64_t trial_seed) const;
   void resume();
   // A fresh start of a fine-tuning (searcher.source_checkpoint): its weights only.
+  void start_fresh();
   void start_from_source();
   // The chief's store of the shared filesystem's checkpoints in `dir`, and its writer.
   void open_checkpoint_store(const std::string& dir);

@@ -59,6 +59,21 @@ checkpoint::CheckpointStore::Loaded load_source_checkpoint(const std::string& pa
   }
 }
 
+// No checkpoint to resume: every rank takes the weights of searcher.source_checkpoint, or the
+// chief's initial ones (at ZeRO stage 3 written whole, then each rank's parts taken from them).
+void Loop::start_fresh() {
+  const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
+  gather_partitioned(partitioned);
+  if (!config_.searcher.source_checkpoint.empty()) {
+    start_from_source();
+  } else {
+    context_->broadcast_model_state();
+  }
+  keep_partitioned(partitioned);
+  // What a run that failed before its first checkpoint reported is trained again from here.
+  if (chief()) trim_metrics(0);
+}
+
 // Fine-tuning: a fresh start takes the weights of searcher.source_checkpoint, nothing else of it
 // (its optimizer, data position and progress are the new trial's own, from the start).
 void Loop::start_from_source() {
@@ -198,23 +213,11 @@ void Loop::resume() {
     if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
     if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
   }
+  if (chosen.empty()) return start_fresh();
+  if (!chief() && !from_memory) contents = checkpoint::read_checkpoint(chosen);
   // ZeRO stage 3: the model whole while it is written, then each rank's parts taken from it.
   const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
   gather_partitioned(partitioned);
-  if (chosen.empty() && !config_.searcher.source_checkpoint.empty()) {
-    start_from_source();  // every rank loads the same weights
-    keep_partitioned(partitioned);
-    if (chief()) trim_metrics(0);
-    return;
-  }
-  if (chosen.empty()) {
-    context_->broadcast_model_state();  // a fresh start: every rank takes the chief's initial weights
-    keep_partitioned(partitioned);
-    // What a run that failed before its first checkpoint reported is trained again from here.
-    if (chief()) trim_metrics(0);
-    return;
-  }
-  if (!chief() && !from_memory) contents = checkpoint::read_checkpoint(chosen);
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
                   partitioned);
