@@ -56,6 +56,8 @@ struct Behaviour {
   std::map<std::string, std::string>* loaded = nullptr;  // relative path -> contents
   bool stream = false;  // reads a stream of its own, sharded by rank (a TensorStream), not a Dataset
   bool tensorboard_logging = true;  // set_enable_tensorboard_logging in the constructor
+  int custom_init = -1;  // the rank that writes 0.01, 0.02... into the parameters in the constructor
+  bool dropped_write = false;  // writes 42 into them without a modifier rank, then reads them back
 };
 
 struct Seen {
@@ -67,6 +69,8 @@ struct Seen {
   c10::ScalarType forward_type = c10::ScalarType::Undefined;  // of the model's output in train_batch
   std::size_t devices = 99;        // context.devices().size()
   bool devices_are_the_trials = false;  // the same list as the TrialContext's
+  std::int64_t parameter_elements = 0;  // held after the last step
+  double after_dropped_write = 0;       // the largest magnitude read back after dropped_write
 };
 
 class EngineMlpTrial : public EngineTrial {
@@ -81,6 +85,23 @@ class EngineMlpTrial : public EngineTrial {
     engine_ = setup_.lbfgs ? std::make_shared<ModelEngine>(model_, std::make_shared<torch::optim::LBFGS>(model_->parameters()))
                            : std::make_shared<ModelEngine>(model_, optimizer_, scheduler);
     if (setup_.wrap) context.wrap_model_engine(engine_);
+    if (setup_.custom_init >= 0) {
+      auto whole = engine_->gathered_parameters(setup_.custom_init);
+      torch::NoGradGuard no_grad;
+      float value = 0;
+      if (context.distributed().rank == setup_.custom_init) {
+        for (auto& p : model_->parameters()) p.fill_(value += 0.01f);
+      }
+    }
+    if (setup_.dropped_write) {
+      {
+        auto whole = engine_->gathered_parameters();
+        torch::NoGradGuard no_grad;
+        for (auto& p : model_->parameters()) p.fill_(42.0f);
+      }
+      auto whole = engine_->gathered_parameters();
+      seen_->after_dropped_write = model_->parameters().front().abs().max().item<double>();
+    }
     if (setup_.manual) context.disable_auto_grad_accumulation();
     if (!setup_.tensorboard_logging) context.set_enable_tensorboard_logging(false);
     if (setup_.profile_batch > 0) {
@@ -111,6 +132,7 @@ class EngineMlpTrial : public EngineTrial {
       engine_->backward(last);
       if (!setup_.skip_step) engine_->step();
     }
+    if (seen_ != nullptr) seen_->parameter_elements = engine_->parameter_elements();
     if (setup_.summaries) context_.tensorboard_writer().add_scalar("custom/batch_idx", static_cast<double>(batch_idx));
     trained_ = batch_idx + 1;
     if (setup_.stop != nullptr && batch_idx == setup_.stop_after && context_.distributed().rank == setup_.stop_rank) {
@@ -645,6 +667,9 @@ TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
   EXPECT_DOUBLE_EQ(stage3.lr, stage0.lr);
   // Adam's two moments of this rank's part of each parameter (3x8, 8, 8 and 1 elements).
   EXPECT_EQ(stage3.state_elements, 2 * (share(24) + share(8) + share(8) + share(1)));
+  // Between steps a rank holds its part of each parameter only.
+  EXPECT_EQ(stage3.parameter_elements, share(24) + share(8) + share(8) + share(1));
+  EXPECT_EQ(stage0.parameter_elements, 41);
   for (int stop_rank : {0, ranks - 1}) stop_and_resume(at_stage(3), at_stage(3), stop_rank, whole);
   for (const auto& [from, to] : {std::pair{3, 0}, std::pair{3, 1}, std::pair{0, 3}, std::pair{2, 3}}) {
     const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
@@ -652,6 +677,27 @@ TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
         << "stage " << from << " resumed at stage " << to;
   }
   remove_dir(whole);
+}
+
+// GatheredParameters: what the modifier rank (the last) writes after wrapping is every rank's
+// start, at stage 3 as at stage 0; without a modifier rank, stage 3 does not keep a write.
+TEST(EngineTrialZero, GatheredParametersKeepTheModifierRanksWritesOnly) {
+  const auto at_stage = [](int stage) {
+    return yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " + std::to_string(stage) +
+                       ", reduce_bucket_size: 10}}\n");
+  };
+  Behaviour custom;
+  custom.custom_init = env().size() - 1;
+  const Seen stage0 = engine_run(at_stage(0), custom, "g0");
+  const Seen stage3 = engine_run(at_stage(3), custom, "g3");
+  const Seen plain = engine_run(at_stage(3), Behaviour{}, "gplain");
+  EXPECT_LE(max_relative_difference(stage3.parameters, stage0.parameters), 1e-6);
+  EXPECT_GT(max_relative_difference(stage3.parameters, plain.parameters), 1e-2) << "the custom start was not kept";
+  Behaviour dropping;
+  dropping.dropped_write = true;
+  const Seen dropped = engine_run(at_stage(3), dropping, "gdrop");
+  EXPECT_LT(dropped.after_dropped_write, 42.0);
+  EXPECT_LE(max_relative_difference(dropped.parameters, plain.parameters), 0.0);
 }
 
 // bf16 with ZeRO-2: forward in bfloat16, the weights float32. Stopped by the chief or by another

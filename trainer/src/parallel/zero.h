@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpctrial/checkpoint/format.h"
@@ -167,6 +168,11 @@ class ShardedOptimizer {
   void release_all();
   bool is_gathered(std::size_t group, std::size_t param) const { return groups_.at(group).gathered.at(param); }
   void set_whole(std::size_t group, std::size_t param, const torch::Tensor& whole);
+  // The (group, parameter) pairs released now (stage 3; none at stages 1 and 2).
+  std::vector<std::pair<std::size_t, std::size_t>> released() const;
+  // Every gathered parameter's whole value from rank `root`, which every rank then keeps (its
+  // parts taken from it at stage 3; in the flat buffer at stages 1 and 2). A collective.
+  void broadcast_whole(int root);
   // After every rank wrote the same whole values into the gathered parameters (a restore, the
   // chief's initial weights broadcast): this rank's parts taken from them.
   void keep_gathered();

@@ -117,6 +117,30 @@ void ShardedOptimizer::keep_gathered() {
   }
 }
 
+std::vector<std::pair<std::size_t, std::size_t>> ShardedOptimizer::released() const {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (!groups_[g].gathered[i]) out.emplace_back(g, i);
+    }
+  }
+  return out;
+}
+
+void ShardedOptimizer::broadcast_whole(int root) {
+  for (auto& group : groups_) {
+    if (options_.stage != 3) {  // the parameters and the parts are views of the buffer
+      comm_.broadcast_async(group.flat.data_ptr(), group.flat.nbytes(), root)->wait();
+      continue;
+    }
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      if (!group.gathered[i] || group.layout.numels[i] == 0) continue;
+      comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), root)->wait();
+    }
+  }
+  keep_gathered();
+}
+
 std::int64_t ShardedOptimizer::parameter_elements() const {
   std::int64_t sum = 0;
   for (const auto& group : groups_) {

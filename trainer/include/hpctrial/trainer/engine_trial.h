@@ -78,6 +78,33 @@ class DataIterator {
 };
 
 class EngineTrialContext;
+class ModelEngine;
+
+// DeepSpeed's GatheredParameters, from ModelEngine::gathered_parameters(): while it lives, the
+// engine's parameters are whole on every rank (at ZeRO stage 3 gathered from the ranks' parts;
+// at other stages they are whole anyway). Every data-parallel rank makes and ends it alike (both
+// are collectives). Made with a modifier rank (a data-parallel rank), what that rank wrote into
+// the parameters is kept when it ends: broadcast to every rank, which takes its parts from it
+// (a custom initialisation after wrapping). Without one, writes at stage 3 are not kept (at
+// other stages they are written into the parameters themselves), and parameters that were
+// released before are released again.
+class GatheredParameters {
+ public:
+  GatheredParameters(GatheredParameters&& other) noexcept;
+  GatheredParameters& operator=(GatheredParameters&&) = delete;
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+  // Ends it; while an exception unwinds, the parameters are only released (no collective).
+  ~GatheredParameters();
+
+ private:
+  friend class ModelEngine;
+  GatheredParameters(ModelEngine& engine, std::optional<int> modifier_rank);
+  ModelEngine* engine_;
+  std::optional<int> modifier_rank_;
+  std::vector<std::pair<std::size_t, std::size_t>> released_;  // (group, parameter) gathered on entry
+  int exceptions_ = 0;
+};
 
 // The model, its optimizer and an optional LR scheduler, stepped as one (deepspeed.initialize's
 // engine). Built by the trial, then handed to context.wrap_model_engine(), which applies the
@@ -144,9 +171,17 @@ class ModelEngine {
   int zero_stage() const { return zero_stage_; }
   // The elements of optimizer state this rank holds: all of it at stage 0, 1/N at stage 1.
   std::int64_t optimizer_state_elements() const;
+  // The elements of the model's parameters this rank holds now: all of them but at ZeRO stage 3,
+  // where its parts and whatever is gathered.
+  std::int64_t parameter_elements() const;
+  // The parameters whole while the returned object lives (GatheredParameters above), e.g.:
+  //   { auto whole = engine->gathered_parameters(0);
+  //     if (context.distributed().rank == 0) init(engine->module()); }  // every rank keeps rank 0's
+  GatheredParameters gathered_parameters(std::optional<int> modifier_rank = std::nullopt);
 
  private:
   friend class EngineTrialContext;
+  friend class GatheredParameters;
   friend struct detail::EngineAccess;
   TrialContext& context() const;
   void at_micro_step() const;

@@ -1,0 +1,72 @@
+// GatheredParameters: an engine's parameters whole for the trial's own code (DeepSpeed's
+// deepspeed.zero.GatheredParameters), and the parameter elements a rank holds.
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "hpctrial/trainer/engine_trial.h"
+#include "parallel/zero.h"
+
+namespace hpctrial::trainer {
+
+std::int64_t ModelEngine::parameter_elements() const {
+  if (sharded_) return sharded_->parameter_elements();
+  std::int64_t sum = 0;
+  for (const auto& p : model_->parameters()) sum += p.numel();
+  return sum;
+}
+
+GatheredParameters ModelEngine::gathered_parameters(std::optional<int> modifier_rank) {
+  const int replicas = context().data_parallel_size();
+  if (modifier_rank && (*modifier_rank < 0 || *modifier_rank >= replicas)) {
+    throw ConfigError("gathered_parameters: modifier rank " + std::to_string(*modifier_rank) + " is not a "
+                      "data-parallel rank (0 to " + std::to_string(replicas - 1) + ")");
+  }
+  return GatheredParameters(*this, modifier_rank);
+}
+
+GatheredParameters::GatheredParameters(ModelEngine& engine, std::optional<int> modifier_rank)
+    : engine_(&engine), modifier_rank_(modifier_rank), exceptions_(std::uncaught_exceptions()) {
+  if (engine.sharded_) {
+    released_ = engine.sharded_->released();
+    engine.sharded_->gather_all();
+  }
+}
+
+GatheredParameters::GatheredParameters(GatheredParameters&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)),
+      modifier_rank_(other.modifier_rank_),
+      released_(std::move(other.released_)),
+      exceptions_(other.exceptions_) {}
+
+GatheredParameters::~GatheredParameters() {
+  if (engine_ == nullptr) return;
+  detail::ShardedOptimizer* sharded = engine_->sharded_.get();
+  // Unwinding: no collective, which the other ranks may never enter.
+  const bool unwinding = std::uncaught_exceptions() > exceptions_;
+  try {
+    if (modifier_rank_ && !unwinding) {
+      if (sharded != nullptr) {
+        sharded->broadcast_whole(*modifier_rank_);
+      } else if (engine_->context().data_parallel_size() > 1) {
+        torch::NoGradGuard no_grad;
+        comm::Communicator& comm = engine_->context().data_parallel_communicator();
+        for (auto& p : engine_->model_->parameters()) {
+          auto host = p.detach().to(torch::kCPU).contiguous();
+          comm.broadcast_async(host.data_ptr(), host.nbytes(), *modifier_rank_)->wait();
+          p.copy_(host);
+        }
+      }
+    }
+    if (sharded != nullptr) {
+      for (const auto& [group, param] : released_) sharded->release(group, {param});
+    }
+  } catch (const std::exception& e) {
+    // A destructor cannot throw; the ranks' next collective fails with the cause.
+    core::log_error("gathered_parameters: ending the gathered parameters failed: {}", e.what());
+  }
+}
+
+}  // namespace hpctrial::trainer
