@@ -1,8 +1,11 @@
-// engine: what ZeRO stages 1 and 2 save and cost against stage 0, on the same engine trial,
+// engine: what ZeRO stages 1 to 3 save and cost against stage 0, on the same engine trial,
 // model, data and optimizer (Adam), in one run:
 //   - optimizer state held per rank: stage 1's and 2's against stage 0's divided by the ranks
 //     (goal <= 1.05);
 //   - step time: stage 1's and 2's against stage 0's (goal <= 1.10);
+//   - parameters, gradients and optimizer state held per rank at stage 3 against stage 0's
+//     divided by the ranks (goal <= 1.05), with the working set it gathers for a global batch
+//     (printed), and its step time against stage 2's (goal <= 1.25);
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
 //     goal: it depends on whether the CPU has bfloat16 arithmetic).
 //
@@ -58,7 +61,9 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-std::int64_t g_state_elements = 0;  // of the last run's engine, on this rank
+// Of the last run's engine, on this rank: optimizer state, the parameters held between steps,
+// the gradients held after a backward, and the parameters held during one.
+std::int64_t g_state_elements = 0, g_parameter_elements = 0, g_gradient_elements = 0, g_working_elements = 0;
 
 class BenchTrial : public hpctrial::EngineTrial {
  public:
@@ -78,8 +83,11 @@ class BenchTrial : public hpctrial::EngineTrial {
   hpctrial::Metrics train_batch(hpctrial::DataIterator& data, std::int64_t, std::int64_t) override {
     hpctrial::Batch batch = data.next();
     auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+    g_working_elements = std::max(g_working_elements, engine_->parameter_elements());
     engine_->backward(loss);
+    g_gradient_elements = std::max(g_gradient_elements, engine_->gradient_elements());
     engine_->step();
+    g_parameter_elements = std::max(g_parameter_elements, engine_->parameter_elements());
     return {{"loss", loss}};
   }
   hpctrial::Metrics evaluate_batch(hpctrial::DataIterator& data, std::int64_t) override {
@@ -136,19 +144,24 @@ Options parse(int argc, char** argv) {
 
 struct Measure {
   double steps_per_s = 0;
-  std::int64_t state_elements = 0;  // the most any rank holds
+  // The most any rank holds: optimizer state, parameters between steps, gradients, parameters
+  // during a global batch.
+  std::int64_t state_elements = 0, parameter_elements = 0, gradient_elements = 0, working_elements = 0;
+  std::int64_t held() const { return state_elements + parameter_elements + gradient_elements; }
 };
 
 std::int64_t parameters(const Options& o) {
   return o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
 }
 
-// Runs 0, 1, 2: ZeRO stages 0, 1, 2 in float32; run 3: stage 0 with bf16.
-constexpr int kRuns = 4;
+// Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16.
+constexpr int kRuns = 5;
+constexpr int kBf16 = 4;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
-  const int stage = run == 3 ? 0 : run;
-  const bool bf16 = run == 3;
+  const int stage = run == kBf16 ? 0 : run;
+  const bool bf16 = run == kBf16;
+  g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
   const std::string trial_dir = o.dir + "/run" + std::to_string(run) + "-round" + std::to_string(round);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
@@ -181,10 +194,11 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
   const auto& t = result.timings.at("train_batch");
   double total_s = t.at("total_s").get<double>();
   comm.allreduce(&total_s, 1, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
-  std::int64_t elements = g_state_elements;
-  comm.allreduce(&elements, 1, hpctrial::comm::DType::kInt64, hpctrial::comm::ReduceOp::kMax);
+  std::int64_t elements[4] = {g_state_elements, g_parameter_elements, g_gradient_elements, g_working_elements};
+  comm.allreduce(elements, 4, hpctrial::comm::DType::kInt64, hpctrial::comm::ReduceOp::kMax);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);
-  return {static_cast<double>(t.at("count").get<std::int64_t>()) / total_s, elements};
+  return {static_cast<double>(t.at("count").get<std::int64_t>()) / total_s, elements[0], elements[1], elements[2],
+          elements[3]};
 }
 
 double median(std::vector<double> v) {
@@ -207,13 +221,13 @@ int main(int argc, char** argv) {
   hpctrial::comm::MpiCommunicator comm(environment.world());
   const int ranks = comm.size();
   std::vector<double> rate[kRuns];
-  std::int64_t elements[kRuns] = {0, 0, 0, 0};
+  Measure held[kRuns];
   for (int round = 0; round < o.rounds; ++round) {
     for (int k = 0; k < kRuns; ++k) {
       const int run = (round + k) % kRuns;  // rotate which run goes first
       const Measure m = run_stage(o, run, comm, round);
       rate[run].push_back(m.steps_per_s);
-      elements[run] = m.state_elements;
+      held[run] = m;
     }
   }
   if (comm.is_chief()) {
@@ -222,17 +236,28 @@ int main(int argc, char** argv) {
                 static_cast<long long>(parameters(o)), 64LL,
                 static_cast<long long>(o.bucket > 0 ? o.bucket : parameters(o) / 4));
     std::printf("hpctrial trained %lld steps in each of %d runs per stage\n", static_cast<long long>(o.steps), o.rounds);
-    std::printf("stage  steps/s  state elements per rank\n");
-    for (int stage = 0; stage < 3; ++stage) {
-      std::printf("%d %10.2f %12lld\n", stage, median(rate[stage]), static_cast<long long>(elements[stage]));
-    }
-    std::printf("0+bf16 %10.2f %12lld\n", median(rate[3]), static_cast<long long>(elements[3]));
+    std::printf("elements per rank: optimizer state, parameters between steps, gradients after a backward, "
+                "parameters during a global batch\n");
+    std::printf("stage  steps/s  state elements per rank  parameters  gradients  working set\n");
+    const auto row = [&](const char* name, int run) {
+      const Measure& m = held[run];
+      std::printf("%s %10.2f %12lld %12lld %12lld %12lld\n", name, median(rate[run]),
+                  static_cast<long long>(m.state_elements), static_cast<long long>(m.parameter_elements),
+                  static_cast<long long>(m.gradient_elements), static_cast<long long>(m.working_elements));
+    };
+    for (const char* name : {"0", "1", "2", "3"}) row(name, name[0] - '0');
+    row("0+bf16", kBf16);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
-                  static_cast<double>(elements[stage]) / (static_cast<double>(elements[0]) / ranks));
+                  static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
       std::printf("step time, stage %d / stage 0: %.4f (goal <= 1.10)\n", stage, r0 / median(rate[stage]));
     }
-    std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[3]));
+    std::printf("held per rank, stage 3 / (stage 0 / ranks): %.4f (goal <= 1.05; parameters, gradients and "
+                "optimizer state; plus a working set of %lld elements gathered for a global batch)\n",
+                static_cast<double>(held[3].held()) / (static_cast<double>(held[0].held()) / ranks),
+                static_cast<long long>(held[3].working_elements - held[3].parameter_elements));
+    std::printf("step time, stage 3 / stage 2: %.4f (goal <= 1.25)\n", median(rate[2]) / median(rate[3]));
+    std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 // GatheredParameters: an engine's parameters whole for the trial's own code (DeepSpeed's
-// deepspeed.zero.GatheredParameters), and the parameter elements a rank holds.
+// deepspeed.zero.GatheredParameters), and the parameter and gradient elements a rank holds.
 #include <exception>
 #include <string>
 #include <utility>
@@ -15,6 +15,13 @@ std::int64_t ModelEngine::parameter_elements() const {
   if (sharded_) return sharded_->parameter_elements();
   std::int64_t sum = 0;
   for (const auto& p : model_->parameters()) sum += p.numel();
+  return sum;
+}
+
+std::int64_t ModelEngine::gradient_elements() const {
+  if (sharded_) return sharded_->gradient_elements();
+  std::int64_t sum = 0;
+  for (const auto& p : model_->parameters()) sum += p.grad().defined() ? p.grad().numel() : 0;
   return sum;
 }
 

@@ -174,6 +174,9 @@ class ModelEngine {
   // The elements of the model's parameters this rank holds now: all of them but at ZeRO stage 3,
   // where its parts and whatever is gathered.
   std::int64_t parameter_elements() const;
+  // The elements of gradients this rank holds now: the model's whole ones, and at ZeRO stages 1
+  // to 3 its parts' and what is not reduced yet.
+  std::int64_t gradient_elements() const;
   // The parameters whole while the returned object lives (GatheredParameters above), e.g.:
   //   { auto whole = engine->gathered_parameters(0);
   //     if (context.distributed().rank == 0) init(engine->module()); }  // every rank keeps rank 0's
