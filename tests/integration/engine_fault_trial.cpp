@@ -4,7 +4,9 @@
 // rank saves a file of its own at every checkpoint (save) holding its rank and the batches it has
 // trained; given its file back on a resume (load), it checks that the file is its own and prints
 //   rank R took back its file of batch B
-// With hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device).
+// With hyperparameters.batch_ms, each batch also sleeps that long (a trial waiting on its device);
+// with hyperparameters.own_files: false, the ranks save no files of their own (so that a
+// checkpoint resumes on another number of ranks).
 #include <torch/torch.h>
 
 #include <hpctrial/trainer.h>
@@ -24,6 +26,7 @@ class EngineFaultTrial : public hpctrial::EngineTrial {
     auto x = torch::randn({256, 8});
     dataset_ = std::make_shared<hpctrial::TensorDataset>(x, x.sum(1, true));
     if (context.hparams().contains("batch_ms")) batch_ms_ = context.hparam<int>("batch_ms");
+    if (context.hparams().contains("own_files")) own_files_ = context.hparam<bool>("own_files");
     std::shared_ptr<torch::nn::Module> model;
     if (context.hparams().contains("pipeline") && context.hparam<bool>("pipeline")) {
       pipeline_ = context.pipeline_module(
@@ -60,9 +63,11 @@ class EngineFaultTrial : public hpctrial::EngineTrial {
   }
 
   void save(const std::filesystem::path& path) override {
+    if (!own_files_) return EngineTrial::save(path);
     std::ofstream(path / "own.txt") << context_.distributed().rank << " " << batches_ << "\n";
   }
   void load(const std::filesystem::path& path) override {
+    if (!own_files_) return EngineTrial::load(path);
     std::ifstream in(path / "own.txt");
     int rank = -1;
     long long batches = -1;
@@ -90,6 +95,7 @@ class EngineFaultTrial : public hpctrial::EngineTrial {
   hpctrial::PipelineModule pipeline_{nullptr};
   std::shared_ptr<hpctrial::ModelEngine> engine_;
   int batch_ms_ = 0;
+  bool own_files_ = true;
   long long batches_ = 0;
 };
 

@@ -1,0 +1,126 @@
+// ZeRO stage 3 with the real `hpctrial run` and mpirun, on the engine fault trial (a regression
+// trained by a ModelEngine with Adam): its parameters partitioned over 2 and 4 ranks train within
+// 1e-6 of stage 0 on one rank over 200 steps; stopped by SIGUSR2 on the chief or on the last rank
+// it resumes bitwise; a checkpoint of 4 ranks at stage 3 resumes on 2 ranks at stage 1 and on one
+// rank at stage 0, within 1e-5 of the uninterrupted run after 100 more steps.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "../support/same_weights.h"
+#include "hpctrial/checkpoint/format.h"
+#include "launcher_fixture.h"
+
+namespace hpctrial {
+namespace zero_stage3_test {  // named: the target compiles its sources together (UNITY_BUILD)
+
+using testing::HasSubstr;
+using testing_launcher::Launcher;
+
+class ZeroStageThree : public Launcher {
+ protected:
+  // Global batches of 16 records in micro-batches of 4: 4 micro-batches a step on one rank, 2
+  // on 2, 1 on 4. Each rank's share is a contiguous slice of the global batch, so every run
+  // computes the same micro-batches.
+  std::string engine_config(const std::string& name, int ranks, int stage, std::int64_t batches) {
+    return dir_.write(name + ".yaml",
+        "name: launched\nentrypoint: " + std::string(HPCTRIAL_ENGINE_FAULT_TRIAL) + "\n"
+        "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
+        "hyperparameters: {global_batch_size: 16, own_files: false}\n"
+        "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: " + std::to_string(stage) +
+        ", reduce_bucket_size: 50}}\n"
+        "resources: {slots_per_trial: " + std::to_string(ranks) + "}\nreproducibility: {experiment_seed: 7}\n");
+  }
+  // Runs `config` to its end in the experiment `name` (under the test's directory); its last checkpoint.
+  std::string run_to_end(const std::string& config, const std::string& name, std::int64_t batches,
+                         const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"--experiment", (dir_.path() / name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto p = run(config, "", args);
+    EXPECT_EQ(p->exit_code(), 0) << p->output();
+    return (dir_.path() / name / "trial-0/checkpoints" / ("ckpt-" + std::to_string(batches) + ".h5")).string();
+  }
+};
+
+// The largest difference between the model's tensors in two checkpoints, relative to the
+// largest magnitude of each tensor.
+double max_model_difference(const std::string& a_path, const std::string& b_path) {
+  const auto a = checkpoint::read_checkpoint(a_path);
+  const auto b = checkpoint::read_checkpoint(b_path);
+  double most = 0;
+  int compared = 0;
+  for (const auto& d : a.datasets) {
+    if (d.name.rfind("model/", 0) != 0 || d.dtype != checkpoint::DType::kFloat32) continue;
+    const auto* other = b.find(d.name);
+    EXPECT_NE(other, nullptr) << d.name << " is missing from " << b_path;
+    if (other == nullptr || other->nbytes() != d.nbytes()) return INFINITY;
+    const auto* x = static_cast<const float*>(d.data->data());
+    const auto* y = static_cast<const float*>(other->data->data());
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < d.nbytes() / 4; ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
+      diff = std::max(diff, static_cast<double>(std::fabs(x[i] - y[i])));
+    }
+    most = std::max(most, scale > 0 ? diff / scale : diff);
+    ++compared;
+  }
+  EXPECT_GE(compared, 4) << "the model's tensors in " << a_path;
+  return most;
+}
+
+TEST_F(ZeroStageThree, TwoAndFourRanksTrainWithinAMillionthOfStageZeroOnOneRank) {
+  const std::string one = run_to_end(engine_config("one", 1, 0, 200), "one", 200);
+  for (const int ranks : {2, 4}) {
+    const std::string name = "stage3-" + std::to_string(ranks);
+    const std::string partitioned = run_to_end(engine_config(name, ranks, 3, 200), name, 200);
+    const double difference = max_model_difference(partitioned, one);
+    RecordProperty("difference_" + std::to_string(ranks) + "_ranks", std::to_string(difference));
+    EXPECT_LE(difference, 1e-6) << ranks << " ranks";
+  }
+}
+
+class ZeroStageThreeStopped : public ZeroStageThree, public testing::WithParamInterface<int> {};
+
+// SIGUSR2 raised in the chief or in the last rank at step 35: every rank checkpoints the same
+// batch and the run exits 75; run again, it ends with an uninterrupted run's weights and
+// optimizer state, bit for bit.
+TEST_P(ZeroStageThreeStopped, BySigusr2OnAnyRankResumesBitwise) {
+  const int rank = GetParam();
+  const std::string config = engine_config("exp", 2, 3, 120);
+  auto first = run(config, "rank" + std::to_string(rank) + ":step35:restart0:usr2");
+  EXPECT_EQ(first->exit_code(), 75) << first->output();
+  EXPECT_THAT(first->output(), HasSubstr("injected fault rank" + std::to_string(rank) + ":step35:restart0:usr2"));
+  EXPECT_THAT(first->output(), HasSubstr("stopped after 36 batches; checkpoint " + trial() +
+                                         "/checkpoints/ckpt-36.h5 is durable"));
+  auto second = run(config);
+  ASSERT_EQ(second->exit_code(), 0) << second->output();
+  EXPECT_THAT(second->output(), HasSubstr("resumed from " + trial() + "/checkpoints/ckpt-36.h5"));
+  const std::string straight = run_to_end(config, "straight", 120);
+  testing_support::expect_same_weights(straight, trial() + "/checkpoints/ckpt-120.h5");
+  expect_no_rank_left();
+}
+
+INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ZeroStageThreeStopped, testing::Values(0, 1),
+                         [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
+
+// A stage-3 checkpoint of 4 ranks after 100 batches, resumed to batch 200 on 2 ranks at stage 1
+// and on one rank at stage 0: each within 1e-5 of the 4 ranks' uninterrupted run.
+TEST_F(ZeroStageThree, AFourRankCheckpointResumesOnTwoRanksAtStageOneAndOnOneAtStageZero) {
+  const std::string straight = run_to_end(engine_config("straight", 4, 3, 200), "straight", 200);
+  for (const auto& [ranks, stage] : {std::pair{2, 1}, std::pair{1, 0}}) {
+    const std::string name = "resumed-" + std::to_string(ranks);
+    run_to_end(engine_config(name + "-first", 4, 3, 100), name, 100);
+    const std::string resumed = run_to_end(engine_config(name, ranks, stage, 200), name, 200);
+    const double difference = max_model_difference(resumed, straight);
+    RecordProperty("difference_" + std::to_string(ranks) + "_ranks_stage_" + std::to_string(stage),
+                   std::to_string(difference));
+    EXPECT_LE(difference, 1e-5) << ranks << " rank(s) at stage " << stage;
+  }
+}
+
+}  // namespace zero_stage3_test
+}  // namespace hpctrial
