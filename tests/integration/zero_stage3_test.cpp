@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -72,13 +73,19 @@ double max_model_difference(const std::string& a_path, const std::string& b_path
   return most;
 }
 
+std::string format_difference(double difference) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", difference);
+  return text;
+}
+
 TEST_F(ZeroStageThree, TwoAndFourRanksTrainWithinAMillionthOfStageZeroOnOneRank) {
   const std::string one = run_to_end(engine_config("one", 1, 0, 200), "one", 200);
   for (const int ranks : {2, 4}) {
     const std::string name = "stage3-" + std::to_string(ranks);
     const std::string partitioned = run_to_end(engine_config(name, ranks, 3, 200), name, 200);
     const double difference = max_model_difference(partitioned, one);
-    RecordProperty("difference_" + std::to_string(ranks) + "_ranks", std::to_string(difference));
+    RecordProperty("difference_" + std::to_string(ranks) + "_ranks", format_difference(difference));
     EXPECT_LE(difference, 1e-6) << ranks << " ranks";
   }
 }
@@ -117,7 +124,7 @@ TEST_F(ZeroStageThree, AFourRankCheckpointResumesOnTwoRanksAtStageOneAndOnOneAtS
     const std::string resumed = run_to_end(engine_config(name, ranks, stage, 200), name, 200);
     const double difference = max_model_difference(resumed, straight);
     RecordProperty("difference_" + std::to_string(ranks) + "_ranks_stage_" + std::to_string(stage),
-                   std::to_string(difference));
+                   format_difference(difference));
     EXPECT_LE(difference, 1e-5) << ranks << " rank(s) at stage " << stage;
   }
 }
