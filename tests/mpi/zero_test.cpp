@@ -14,6 +14,7 @@
 
 #include "state/sharded_checkpoint.h"
 #include "parallel/zero.h"
+#include "state/state_io.h"
 #include "hpctrial/checkpoint/store.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
@@ -373,6 +374,45 @@ TEST_F(ShardedCheckpoint, EveryRankWritesItsPartsIntoOneFileThatHoldsTheWholeSta
     EXPECT_EQ(std::memcmp(got->data->data(), d.data->data(), d.nbytes()), 0) << d.name << " differs";
   }
   EXPECT_EQ(*store_->latest_file(), "ckpt-2.h5");
+}
+
+// Stage 3: every rank writes its parts of the parameters too; the file holds them whole, as
+// gathering them would, and a rank whose part is padding only writes none.
+TEST_F(ShardedCheckpoint, StageThreeWritesEachRanksPartsOfTheParametersIntoTheWholeOnes) {
+  torch::manual_seed(3);
+  Net net;
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  ZeroOptions options;
+  options.stage = 3;
+  ShardedOptimizer zero(adam, comm_, options);
+  zero.gather_all();
+  zero.begin_backward();
+  torch::mse_loss(net->forward(torch::randn({4, 7})), torch::randn({4, 3})).backward();
+  zero.end_backward();
+  zero.step();
+  ShardedSave mine;
+  zero.save_shards(mine, "optimizer/0");
+  std::vector<std::vector<std::string>> names(1);
+  for (const auto& item : net->named_parameters()) names[0].push_back("model/0/" + item.key());
+  zero.save_parameter_shards(mine, names);
+  const std::string path = write_sharded_checkpoint(comm_, store_.get(), chief_contents(mine), mine, {});
+  zero.gather_all();
+  checkpoint::Contents whole;
+  zero.save_whole(whole, "optimizer/0");
+  if (!env().is_chief()) return;
+  const checkpoint::Contents read = checkpoint::read_checkpoint(path);
+  for (const auto& item : net->named_parameters()) {
+    const checkpoint::Dataset* got = read.find("model/0/" + item.key());
+    ASSERT_NE(got, nullptr) << item.key();
+    EXPECT_EQ(got->shape, item.value().sizes().vec()) << item.key();
+    EXPECT_TRUE(torch::equal(tensor_of(*got), item.value())) << item.key() << " differs from the gathered value";
+  }
+  for (const auto& d : whole.datasets) {
+    const checkpoint::Dataset* got = read.find(d.name);
+    ASSERT_NE(got, nullptr) << d.name;
+    ASSERT_EQ(got->nbytes(), d.nbytes()) << d.name;
+    EXPECT_EQ(std::memcmp(got->data->data(), d.data->data(), d.nbytes()), 0) << d.name << " differs";
+  }
 }
 
 // Fails every piece write with ENOSPC.

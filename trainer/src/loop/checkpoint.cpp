@@ -1,6 +1,11 @@
 // The loop's checkpoints: the chief's whole ones, and those every rank writes part of
 // (sharded_checkpoint.h).
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "state/checkpointing.h"
 #include "hpctrial/checkpoint/store.h"
@@ -24,8 +29,6 @@ namespace hpctrial::trainer::detail {
 void Loop::save_checkpoint(bool wait) {
   const rank::PhaseRecord phase(core::RankPhase::kCheckpoint);
   faults_->at(rank::FaultPhase::kCheckpoint, batches_trained_);
-  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  gather_partitioned(shards);  // stage 3: the model whole, for the chief to write
   check_replicas("before the checkpoint at batch " + std::to_string(batches_trained_));
   detail::PhaseTimings::Scope t(timings_, wait ? "checkpoint_durable" : "checkpoint");
   last_checkpoint_batches_ = batches_trained_;
@@ -37,6 +40,7 @@ void Loop::save_checkpoint(bool wait) {
   context_->accumulators().synchronize_all();
   record_elastic_preference();
   settle_sharded_checkpoint();  // the previous one, if some rank is still writing it
+  const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
   const std::optional<checkpoint::Contents> files = capture_rank_files();
   if (!shards.empty() || identity_.parts > 1 || files) {
     const checkpoint::Contents* mine = files ? &*files : nullptr;
@@ -93,6 +97,7 @@ ShardedSave Loop::save_shards(const ShardedOptimizers& sharded, const checkpoint
   for (const auto& [index, optimizer] : sharded) {
     const std::string prefix = identity_.part + "optimizer/" + std::to_string(index);
     optimizer->save_shards(mine, prefix);
+    if (optimizer->partitions_parameters()) optimizer->save_parameter_shards(mine, model_dataset_names(*optimizer));
     if (identity_.parts > 1) {  // by the names of the model's parameters, as capture names a part's
       const auto names = parameter_names(*context_, parameter_groups(*context_->optimizers()[index], optimizer));
       mine.whole.add_text(prefix + "/param_names", names.dump());
@@ -105,6 +110,48 @@ ShardedSave Loop::save_shards(const ShardedOptimizers& sharded, const checkpoint
   if (identity_.parts > 1 || files != nullptr) unite_datasets(comm_, mine);  // the same on every rank
   return mine;
 }
+
+// The datasets a sharded optimizer's parameters are saved as ([group][parameter]): those of the
+// wrapped model that holds each, as capture names them.
+std::vector<std::vector<std::string>> Loop::model_dataset_names(const detail::ShardedOptimizer& sharded) const {
+  std::map<const void*, std::string> names;
+  const auto& models = context_->models();
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    for (const auto& item : models[i]->named_parameters()) {
+      names.emplace(item.value().unsafeGetTensorImpl(), identity_.part + "model/" + std::to_string(i) + "/" + item.key());
+    }
+  }
+  std::vector<std::vector<std::string>> out;
+  for (const auto& group : sharded.parameter_groups()) {
+    auto& listed = out.emplace_back();
+    for (const auto& p : group) {
+      const auto it = names.find(p.unsafeGetTensorImpl());
+      if (it == names.end()) {
+        throw ConfigError("ZeRO-3: the optimizer of an engine steps a parameter that is not its model's; build the "
+                          "optimizer over the engine's model's parameters");
+      }
+      listed.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// The datasets every rank writes pieces of (ZeRO-3's parameters) are not the chief's to capture:
+// its own parameters are empty between steps.
+void drop_pieced_datasets(detail::Snapshot& snapshot, const ShardedSave& mine) {
+  std::set<std::string> pieced;
+  for (const auto& d : mine.datasets) pieced.insert(d.name);
+  auto& datasets = snapshot.contents.datasets;
+  datasets.erase(std::remove_if(datasets.begin(), datasets.end(), [&](const auto& d) { return pieced.count(d.name) != 0; }),
+                 datasets.end());
+  auto& deferred = snapshot.deferred;
+  deferred.erase(std::remove_if(deferred.begin(), deferred.end(), [&](const auto& d) { return pieced.count(d.name) != 0; }),
+                 deferred.end());
+}
+
+}  // namespace
 
 std::optional<checkpoint::Contents> Loop::capture_rank_files(bool counted) {
   if (!saves_files_) return std::nullopt;
@@ -143,7 +190,6 @@ void Loop::check_replicas(const std::string& when) {
   if (replicas() == 1) return;
   detail::PhaseTimings::Scope t(timings_, "replica_check");
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  gather_partitioned(shards);  // stage 3: the replicas compare whole parameters
   std::string differ;
   try {
     detail::check_replicas(context_->data_parallel_communicator(), detail::replica_checksums(*context_, shards), when,
@@ -193,6 +239,7 @@ void Loop::save_sharded_checkpoint(const detail::LoopState& state, const detail:
   if (chief()) {
     finish_checkpoint();  // the previous one, if still being written
     snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/false, &mine.whole);
+    drop_pieced_datasets(snapshot, mine);
   }
   const std::string path =
       detail::write_sharded_checkpoint(comm_, store_.get(), snapshot.contents, mine,
@@ -216,6 +263,7 @@ void Loop::start_sharded_checkpoint(const detail::LoopState& state, const detail
   if (chief()) {
     finish_checkpoint();
     snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true, &mine.whole);
+    drop_pieced_datasets(snapshot, mine);
     // In the order the writer holds them once it has copied the deferred tensors.
     for (const auto& d : snapshot.contents.datasets) own.push_back({d.name, d.dtype, d.shape});
     for (const auto& d : snapshot.deferred) {

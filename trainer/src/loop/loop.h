@@ -97,6 +97,7 @@ class Loop {
   void resume();
   // A fresh start of a fine-tuning (searcher.source_checkpoint): its weights only.
   void start_fresh();
+  std::vector<std::vector<std::string>> model_dataset_names(const detail::ShardedOptimizer& sharded) const;
   void start_from_source();
   // The chief's store of the shared filesystem's checkpoints in `dir`, and its writer.
   void open_checkpoint_store(const std::string& dir);

@@ -153,6 +153,13 @@ class ShardedOptimizer {
   // The same datasets as save_whole, without gathering: the state tensors as specs with this
   // rank's pieces of them (the parts it owns), checksummed; appended to `out`. Local.
   void save_shards(ShardedSave& out, const std::string& prefix);
+  // Stage 3: the model's parameters as whole datasets named `names` ([group][parameter]) with
+  // this rank's pieces of them (its parts, copied now), appended to `out`; nothing at stages 1
+  // and 2, whose parameters are whole on every rank. Local.
+  void save_parameter_shards(ShardedSave& out, const std::vector<std::vector<std::string>>& names) const;
+  // Whether the parameters are partitioned (stage 3): no rank holds them whole between steps.
+  bool partitions_parameters() const { return options_.stage == 3; }
+
   // The gradients of the model's parameters and of this rank's parts to none.
   void zero_grad();
 

@@ -131,6 +131,32 @@ void ShardedOptimizer::save_shards(ShardedSave& out, const std::string& prefix) 
   out.whole.add_text(prefix + "/param_groups", groups.dump());
 }
 
+void ShardedOptimizer::save_parameter_shards(ShardedSave& out,
+                                             const std::vector<std::vector<std::string>>& names) const {
+  if (options_.stage != 3) return;
+  const std::int64_t rank = comm_.rank();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      out.datasets.push_back({names.at(g).at(i), checkpoint::DType::kFloat32, group.shapes[i]});
+      const std::int64_t n = group.layout.numels[i], part = group.layout.buckets[i].part;
+      const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);
+      if (lo >= hi) continue;  // this rank's part is padding only
+      const auto size = static_cast<std::size_t>(hi - lo) * 4;
+      auto buffer = std::make_shared<checkpoint::Buffer>(size);
+      // Copied now: the next step changes the part.
+      torch::from_blob(buffer->data(), {hi - lo}, torch::kFloat32).copy_(group.parts[i].narrow(0, 0, hi - lo));
+      ShardPiece piece;
+      piece.dataset = out.datasets.size() - 1;
+      piece.offset = static_cast<std::uint64_t>(lo) * 4;
+      piece.buffer = buffer;
+      piece.size = size;
+      piece.crc = checkpoint::crc32c(buffer->data(), size);
+      out.pieces.push_back(std::move(piece));
+    }
+  }
+}
+
 void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const std::string& prefix,
                                   const std::string& file) {
   checkpoint::Contents parts;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/comm/communicator.h"
 #include "hpctrial/core/error.h"
 #include "hpctrial/trainer/trial_context.h"
+#include "parallel/zero.h"
 #include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
@@ -78,9 +80,20 @@ ReplicaChecksums replica_checksums(TrialContext& context, const ShardedOptimizer
     out.names.push_back(name);
     sums.push_back(bit_sum(tensor));
   };
+  // ZeRO-3's parameters have no replicas: each rank holds its own part of them.
+  std::set<const void*> partitioned;
+  for (const auto& [index, optimizer] : sharded) {
+    if (!optimizer->partitions_parameters()) continue;
+    for (const auto& group : optimizer->parameter_groups()) {
+      for (const auto& p : group) partitioned.insert(p.unsafeGetTensorImpl());
+    }
+  }
   const auto& models = context.models();
   for (std::size_t i = 0; i < models.size(); ++i) {
-    for (const auto& item : models[i]->named_parameters()) add("model/" + std::to_string(i) + "/" + item.key(), item.value());
+    for (const auto& item : models[i]->named_parameters()) {
+      if (partitioned.count(item.value().unsafeGetTensorImpl()) != 0) continue;
+      add("model/" + std::to_string(i) + "/" + item.key(), item.value());
+    }
   }
   checkpoint::Contents texts;
   const auto& optimizers = context.optimizers();
