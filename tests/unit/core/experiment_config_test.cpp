@@ -1154,6 +1154,16 @@ TEST(ConfigErrors, PipelineMistakesAreLocated) {
               HasSubstr("partition_method lists 4 bounds, which make 3 stage(s), but stages is 2"));
   EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2, checkpoint: 1}}\n"),
               HasSubstr("engine.pipeline.checkpoint"));
+  // DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3 alike, and so does the config here.
+  for (const char* stage : {"2", "3"}) {
+    EXPECT_THAT(one_error(base + "engine: {train_batch_size: 8, pipeline: {stages: 2}, zero_optimization: {stage: " +
+                          stage + "}}\n"),
+                HasSubstr("engine.pipeline: a pipeline accumulates each micro-batch's gradients in its stage until the "
+                          "schedule ends, which the partitioned gradients of ZeRO-2 and ZeRO-3 cannot (DeepSpeed "
+                          "refuses them too: \"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); set "
+                          "zero_optimization.stage to 0 or 1"))
+        << "stage " << stage;
+  }
 }
 
 TEST(ConfigErrors, EngineMistakesAreLocated) {
