@@ -679,6 +679,105 @@ TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
   remove_dir(whole);
 }
 
+// A linear layer that calls `watch` whenever it runs (forward, and its recomputation in backward).
+struct WatchedLinearImpl : torch::nn::Module {
+  WatchedLinearImpl(std::int64_t in, std::int64_t out, std::function<void()> watch)
+      : linear(register_module("linear", torch::nn::Linear(in, out))), watch(std::move(watch)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    watch();
+    return linear->forward(x);
+  }
+  torch::nn::Linear linear;
+  std::function<void()> watch;
+};
+TORCH_MODULE(WatchedLinear);
+
+// A model of layers (a PipelineModule that is not a pipeline) trained with backward and step:
+// at ZeRO-3 its layers are gathered one at a time. The parameter elements the rank holds are
+// recorded while the middle layer runs, and between the layers in forward and in backward.
+class LayeredTrial : public EngineTrial {
+ public:
+  LayeredTrial(EngineTrialContext& context, Seen* seen, std::int64_t* most)
+      : context_(context), seen_(seen), most_(most), data_(mlp_dataset()) {
+    torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
+    const auto watch = [this](const torch::Tensor& x) {
+      record();
+      if (x.requires_grad()) {
+        x.register_hook([this](torch::Tensor grad) {
+          record();
+          return grad;
+        });
+      }
+      return x;
+    };
+    const auto tanh = [](const torch::Tensor& x) { return torch::tanh(x); };
+    const std::function<void()> in_layer = [this] { record(); };
+    model_ = PipelineModule(std::vector<LayerSpec>{LayerSpec::of<torch::nn::Linear>(3, 8), LayerSpec::function("watch", watch),
+                                                   LayerSpec::function("tanh", tanh),
+                                                   LayerSpec::of<WatchedLinear>(std::int64_t{8}, std::int64_t{8}, in_layer),
+                                                   LayerSpec::function("watch", watch), LayerSpec::function("tanh", tanh),
+                                                   LayerSpec::of<torch::nn::Linear>(8, 1)},
+                            [](const torch::Tensor& out, const torch::Tensor& target) { return torch::mse_loss(out, target); },
+                            0, PipelineOptions{});
+    auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(),
+                                                          torch::optim::AdamOptions(context.hparam<double>("lr")));
+    engine_ = context.wrap_model_engine(std::make_shared<ModelEngine>(model_, optimizer));
+  }
+  ~LayeredTrial() override {
+    auto whole = engine_->gathered_parameters();
+    for (const auto& p : model_->parameters()) seen_->parameters.push_back(p.detach().clone());
+  }
+  Metrics train_batch(DataIterator& data, std::int64_t, std::int64_t) override {
+    Batch batch = data.next();
+    auto loss = model_->loss(model_->forward(batch.data), batch.target);
+    engine_->backward(loss);
+    engine_->step();
+    return {{"loss", loss}};
+  }
+  Metrics evaluate_batch(DataIterator& data, std::int64_t) override {
+    Batch batch = data.next();
+    return {{"validation_loss", model_->loss(model_->forward(batch.data), batch.target)}};
+  }
+  DataLoader build_training_data_loader() override { return {data_, context_.train_micro_batch_size_per_gpu()}; }
+  DataLoader build_validation_data_loader() override { return {data_, 4, false}; }
+
+ private:
+  void record() { *most_ = std::max(*most_, engine_ ? engine_->parameter_elements() : 0); }
+  EngineTrialContext& context_;
+  Seen* seen_;
+  std::int64_t* most_;
+  std::shared_ptr<TensorDataset> data_;
+  PipelineModule model_{nullptr};
+  std::shared_ptr<ModelEngine> engine_;
+};
+
+TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
+  const int ranks = env().size();
+  const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
+  const auto layered = [](int stage, std::int64_t* most) {
+    const std::string dir = shared_dir("layered" + std::to_string(stage));
+    Seen seen;
+    run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
+                    std::to_string(stage) + ", reduce_bucket_size: 20}}\n"),
+        [&](TrialContext& c) {
+          return std::make_unique<detail::EngineTrialRunner>(
+              c, [&](EngineTrialContext& ec) { return std::make_unique<LayeredTrial>(ec, &seen, most); });
+        },
+        dir);
+    remove_dir(dir);
+    return seen;
+  };
+  std::int64_t most0 = 0, most3 = 0;
+  const Seen stage0 = layered(0, &most0);
+  const Seen stage3 = layered(3, &most3);
+  EXPECT_LE(max_relative_difference(stage3.parameters, stage0.parameters), 1e-6);
+  // 3x8 + 8, 8x8 + 8, 8 + 1: 113 parameters, 72 in the largest layer.
+  const std::int64_t parts = share(24) + share(8) + share(64) + share(8) + share(8) + share(1);
+  EXPECT_EQ(most0, 113);
+  // The middle layer whole while it runs, and nothing else: the rank's parts and its 72 elements.
+  EXPECT_EQ(most3, parts + 72);
+}
+
 // GatheredParameters: what the modifier rank (the last) writes after wrapping is every rank's
 // start, at stage 3 as at stage 0; without a modifier rank, stage 3 does not keep a write.
 TEST(EngineTrialZero, GatheredParametersKeepTheModifierRanksWritesOnly) {

@@ -31,14 +31,19 @@ inline ShardedOptimizers sharded_optimizers(Trial& trial, const TrialContext& co
 }
 
 // ZeRO stage 3's parameters whole on every rank (a collective), for the loop to read them (a
-// checkpoint, a copy in node memory, a replica check) or write them (a restore, the chief's
-// initial weights); the next step releases them.
+// copy in node memory) or write them (a restore, the chief's initial weights).
 inline void gather_partitioned(const ShardedOptimizers& sharded) {
   for (const auto& [index, optimizer] : sharded) optimizer->gather_all();
 }
-// After every rank wrote the same whole values into them: each rank's parts taken from them.
+// Released again once read (a capture's deferred tensors keep their own views of the values).
+inline void release_partitioned(const ShardedOptimizers& sharded) {
+  for (const auto& [index, optimizer] : sharded) optimizer->release_all();
+}
+// After every rank wrote the same whole values into them: each rank's parts taken from them,
+// and the whole values released.
 inline void keep_partitioned(const ShardedOptimizers& sharded) {
   for (const auto& [index, optimizer] : sharded) optimizer->keep_gathered();
+  release_partitioned(sharded);
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -288,6 +288,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
     if (const auto& config = context_.engine_config()) zero.bucket_elements = config->reduce_bucket_size;
     engine->sharded_ = std::make_unique<detail::ShardedOptimizer>(
         *engine->optimizer_, context_.communicator_for(context_.device()), zero);
+    engine->fetch_layers();
   }
   engines_.push_back(engine);
   return engine;
@@ -302,7 +303,7 @@ void EngineTrialContext::begin_global_batch(std::int64_t batch_idx) {
 
 void EngineTrialContext::gather_parameters() {
   for (auto& engine : engines_) {
-    if (engine->sharded_) engine->sharded_->gather_all();
+    if (engine->sharded_ && !engine->fetches_layers_) engine->sharded_->gather_all();
   }
 }
 

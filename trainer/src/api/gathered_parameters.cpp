@@ -1,12 +1,16 @@
 // GatheredParameters: an engine's parameters whole for the trial's own code (DeepSpeed's
 // deepspeed.zero.GatheredParameters), and the parameter and gradient elements a rank holds.
 #include <exception>
+#include <map>
+#include <memory>
+#include <vector>
 #include <string>
 #include <utility>
 
 #include "hpctrial/core/error.h"
 #include "hpctrial/core/logging.h"
 #include "hpctrial/trainer/engine_trial.h"
+#include "hpctrial/trainer/pipeline.h"
 #include "parallel/zero.h"
 
 namespace hpctrial::trainer {
@@ -23,6 +27,33 @@ std::int64_t ModelEngine::gradient_elements() const {
   std::int64_t sum = 0;
   for (const auto& p : model_->parameters()) sum += p.grad().defined() ? p.grad().numel() : 0;
   return sum;
+}
+
+void ModelEngine::fetch_layers() {
+  auto* module = dynamic_cast<PipelineModuleImpl*>(model_.get());
+  if (!sharded_ || !sharded_->partitions_parameters() || module == nullptr || pipeline_) return;
+  // Each layer's parameters by group, in the same order on every rank.
+  using Where = std::map<std::size_t, std::vector<std::size_t>>;
+  auto layers = std::make_shared<std::map<std::size_t, Where>>();
+  for (std::size_t index = module->first_layer(); index < module->end_layer(); ++index) {
+    for (const auto& p : module->layer(index).ptr()->parameters()) {
+      if (const auto at = sharded_->locate(p)) (*layers)[index][at->first].push_back(at->second);
+    }
+  }
+  detail::ShardedOptimizer* sharded = sharded_.get();
+  auto fetch = std::make_shared<PipelineModuleImpl::LayerFetch>();
+  fetch->gather = [sharded, layers](std::size_t index) {
+    if (const auto it = layers->find(index); it != layers->end()) {
+      for (const auto& [group, params] : it->second) sharded->gather(group, params);
+    }
+  };
+  fetch->release = [sharded, layers](std::size_t index) {
+    if (const auto it = layers->find(index); it != layers->end()) {
+      for (const auto& [group, params] : it->second) sharded->release(group, params);
+    }
+  };
+  module->fetch_layers(std::move(fetch));
+  fetches_layers_ = true;
 }
 
 GatheredParameters ModelEngine::gathered_parameters(std::optional<int> modifier_rank) {

@@ -124,6 +124,7 @@ void Loop::save_memory_copy() {
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
   gather_partitioned(shards);  // stage 3: the copy holds the model whole, and this rank's optimizer shards
   detail::Snapshot snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true);
+  release_partitioned(shards);
   for (const auto& [index, sharded] : shards) {
     detail::mark_shard_of(snapshot.contents, identity_.part + "optimizer/" + std::to_string(index), comm_.rank(),
                           comm_.size());

@@ -89,9 +89,16 @@ std::vector<at::Generator> generators(const torch::Device& device) {
 struct CheckpointedSegment : public torch::autograd::Function<CheckpointedSegment> {
   using Run = std::function<torch::Tensor(const torch::Tensor&)>;
 
-  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& input, Run* run) {
+  using Around = std::function<void()>;
+
+  // `before` and `after` (may be null): called before the recomputation and after its backward
+  // (ZeRO-3 gathers the segment's parameters and releases them).
+  static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& input, Run* run,
+                               Around* before = nullptr, Around* after = nullptr) {
     context->save_for_backward({input});
     context->saved_data["run"] = reinterpret_cast<std::int64_t>(run);
+    context->saved_data["before"] = reinterpret_cast<std::int64_t>(before);
+    context->saved_data["after"] = reinterpret_cast<std::int64_t>(after);
     std::vector<torch::Tensor> states;
     for (auto& generator : generators(input.device())) states.push_back(generator.get_state());
     context->saved_data["random"] = states;
@@ -102,7 +109,10 @@ struct CheckpointedSegment : public torch::autograd::Function<CheckpointedSegmen
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  torch::autograd::variable_list gradients) {
     auto* run = reinterpret_cast<Run*>(context->saved_data["run"].toInt());
+    auto* before = reinterpret_cast<Around*>(context->saved_data["before"].toInt());
+    auto* after = reinterpret_cast<Around*>(context->saved_data["after"].toInt());
     const torch::Tensor input = context->get_saved_variables()[0].detach().requires_grad_(true);
+    if (before != nullptr) (*before)();
     auto now = generators(input.device());
     const auto saved = context->saved_data["random"].toTensorVector();
     std::vector<torch::Tensor> current;
@@ -117,7 +127,8 @@ struct CheckpointedSegment : public torch::autograd::Function<CheckpointedSegmen
     }
     for (std::size_t i = 0; i < now.size(); ++i) now[i].set_state(current[i]);
     torch::autograd::backward({output}, {gradients[0]});
-    return {input.grad(), torch::Tensor()};
+    if (after != nullptr) (*after)();
+    return {input.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -174,7 +185,41 @@ torch::nn::AnyModule& PipelineModuleImpl::layer(std::size_t index) {
   return layers_[index - first_layer()];
 }
 
+void PipelineModuleImpl::fetch_layers(std::shared_ptr<const LayerFetch> fetch) {
+  fetch_ = std::move(fetch);
+  layer_runs_.clear();
+  layer_gathers_.clear();
+  layer_releases_.clear();
+  for (std::size_t k = 0; fetch_ && k < layers_.size(); ++k) {
+    const std::size_t index = first_layer() + k;
+    layer_runs_.push_back(std::make_unique<Segment>([this, k](const torch::Tensor& x) { return layers_[k].forward(x); }));
+    layer_gathers_.push_back(std::make_unique<std::function<void()>>([this, index] { fetch_->gather(index); }));
+    layer_releases_.push_back(std::make_unique<std::function<void()>>([this, index] { fetch_->release(index); }));
+  }
+}
+
+torch::Tensor PipelineModuleImpl::fetched_forward(torch::Tensor input) {
+  const bool recompute = is_training() && torch::GradMode::is_enabled();
+  for (std::size_t k = 0; k < layers_.size(); ++k) {
+    if (layers_[k].ptr()->parameters().empty()) {
+      input = layers_[k].forward(input);
+      continue;
+    }
+    (*layer_gathers_[k])();
+    if (recompute) {
+      // The layer's input takes a gradient, or backward would never reach its parameters.
+      if (!input.requires_grad()) input = input.detach().requires_grad_(true);
+      input = CheckpointedSegment::apply(input, layer_runs_[k].get(), layer_gathers_[k].get(), layer_releases_[k].get());
+    } else {
+      input = layers_[k].forward(input);
+    }
+    (*layer_releases_[k])();
+  }
+  return input;
+}
+
 torch::Tensor PipelineModuleImpl::forward(torch::Tensor input) {
+  if (fetch_) return fetched_forward(std::move(input));
   const auto interval = static_cast<std::size_t>(options_.activation_checkpoint_interval);
   if (interval == 0 || !is_training() || !torch::GradMode::is_enabled()) {
     for (auto& layer : layers_) input = layer.forward(input);
@@ -188,7 +233,8 @@ torch::Tensor PipelineModuleImpl::forward(torch::Tensor input) {
     // A recomputed segment's input must take a gradient, or backward would never reach its
     // parameters.
     if (!input.requires_grad()) input = input.detach().requires_grad_(true);
-    input = CheckpointedSegment::apply(input, segments_[s].get());
+    CheckpointedSegment::Around* none = nullptr;
+    input = CheckpointedSegment::apply(input, segments_[s].get(), none, none);
   }
   return input;
 }

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,8 @@ class ShardedOptimizer {
   void gather_all();
   void release(std::size_t group, const std::vector<std::size_t>& params);
   void release_all();
+  // Where a model's parameter is among the groups' (group, index), if the optimizer steps it.
+  std::optional<std::pair<std::size_t, std::size_t>> locate(const torch::Tensor& parameter) const;
   bool is_gathered(std::size_t group, std::size_t param) const { return groups_.at(group).gathered.at(param); }
   void set_whole(std::size_t group, std::size_t param, const torch::Tensor& whole);
   // The (group, parameter) pairs released now (stage 3; none at stages 1 and 2).

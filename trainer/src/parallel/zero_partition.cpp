@@ -61,6 +61,16 @@ void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& par
   }
 }
 
+std::optional<std::pair<std::size_t, std::size_t>> ShardedOptimizer::locate(const torch::Tensor& parameter) const {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = groups_[g].params;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) return std::make_pair(g, i);
+    }
+  }
+  return std::nullopt;
+}
+
 void ShardedOptimizer::gather_all() {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     std::vector<std::size_t> all(groups_[g].params.size());

@@ -188,6 +188,8 @@ class ModelEngine {
   friend struct detail::EngineAccess;
   TrialContext& context() const;
   void at_micro_step() const;
+  // ZeRO stage 3 on a PipelineModule that is not a pipeline: its layers gathered one by one.
+  void fetch_layers();
   void sharded_step();
   void pipeline_step();
 
@@ -208,6 +210,7 @@ class ModelEngine {
   std::int64_t accumulation_steps_ = 1;
   double gradient_clipping_ = 0;
   int zero_stage_ = 0;
+  bool fetches_layers_ = false;  // fetch_layers() took over the gathering
 };
 
 // What an engine trial gets in its constructor (Determined's DeepSpeedTrialContext).

@@ -92,7 +92,19 @@ class PipelineModuleImpl : public torch::nn::Module {
   torch::nn::AnyModule& layer(std::size_t index);
   const PipelineOptions& options() const { return options_; }
 
+  // ZeRO stage 3, set by the engine that wraps the module (when it is not a pipeline): around
+  // each layer that holds parameters, gather(index) before it runs and release(index) after, in
+  // forward and again when backward recomputes it. In training each such layer is then a segment
+  // of activation checkpointing of its own (activation_checkpoint_interval aside), so that no
+  // activation keeps its whole parameters after its forward.
+  struct LayerFetch {
+    std::function<void(std::size_t)> gather, release;
+  };
+  void fetch_layers(std::shared_ptr<const LayerFetch> fetch);
+
  private:
+  torch::Tensor fetched_forward(torch::Tensor input);
+
   std::vector<LayerSpec> specs_;
   PipelineLoss loss_;
   int stage_ = 0;
@@ -102,6 +114,11 @@ class PipelineModuleImpl : public torch::nn::Module {
   using Segment = std::function<torch::Tensor(const torch::Tensor&)>;
   std::vector<std::unique_ptr<Segment>> segments_;  // of activation checkpointing
   std::vector<bool> recomputed_;                    // by segment: whether it holds a parameter
+  std::shared_ptr<const LayerFetch> fetch_;
+  // By layer of this stage, with fetch_: running it, and gathering and releasing it around its
+  // recomputation.
+  std::vector<std::unique_ptr<Segment>> layer_runs_;
+  std::vector<std::unique_ptr<std::function<void()>>> layer_gathers_, layer_releases_;
 };
 TORCH_MODULE(PipelineModule);
 
