@@ -286,6 +286,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
     detail::ZeroOptions zero;
     zero.stage = zero_stage_;
     if (const auto& config = context_.engine_config()) zero.bucket_elements = config->reduce_bucket_size;
+    zero.partitions = partitions_.get();
     engine->sharded_ = std::make_unique<detail::ShardedOptimizer>(
         *engine->optimizer_, context_.communicator_for(context_.device()), zero);
     engine->fetch_layers();
@@ -337,6 +338,7 @@ EngineTrialRunner::EngineTrialRunner(TrialContext& context, const Make& make)
     : context_(std::make_unique<EngineTrialContext>(context)) {
   trial_ = make(*context_);
   if (!trial_) throw ConfigError("the engine trial factory returned no trial");
+  context_->check_partitions_taken();
   if (context_->model_engines().empty()) {
     throw ConfigError("the engine trial wrapped no model engine; build a ModelEngine from the model and its "
                       "optimizer and pass it to context.wrap_model_engine(...) in the constructor");

@@ -1,5 +1,6 @@
-// GatheredParameters: an engine's parameters whole for the trial's own code (DeepSpeed's
-// deepspeed.zero.GatheredParameters), and the parameter and gradient elements a rank holds.
+// ZeRO-3 around the trial's code: a model of layers built partitioned (DeepSpeed's zero.Init)
+// and gathered one layer at a time, the parameters whole for the trial's own code (DeepSpeed's
+// GatheredParameters), and the parameter and gradient elements a rank holds.
 #include <exception>
 #include <map>
 #include <memory>
@@ -11,9 +12,35 @@
 #include "hpctrial/core/logging.h"
 #include "hpctrial/trainer/engine_trial.h"
 #include "hpctrial/trainer/pipeline.h"
+#include "hpctrial/comm/communicator.h"
 #include "parallel/zero.h"
 
 namespace hpctrial::trainer {
+
+PipelineModule EngineTrialContext::layered_module(std::vector<LayerSpec> layers, PipelineLoss loss) {
+  if (pipe_) {
+    throw ConfigError("context.layered_module: the experiment config has engine.pipeline; build the pipeline's "
+                      "stage with context.pipeline_module(layers, loss)");
+  }
+  PipelineOptions options;
+  options.seed = context_.trial_seed();
+  if (zero_stage_ == 3 && context_.data_parallel_size() > 1) {
+    if (!partitions_) {
+      const auto& comm = context_.communicator_for(context_.device());
+      partitions_ = std::make_shared<detail::PartitionStore>(comm.rank(), comm.size());
+    }
+    options.after_build = [store = partitions_](torch::nn::Module& layer) { store->partition(layer); };
+  }
+  return PipelineModule(std::move(layers), std::move(loss), 0, options);
+}
+
+void EngineTrialContext::check_partitions_taken() const {
+  if (partitions_ && !partitions_->empty()) {
+    throw ConfigError("context.layered_module built " + std::to_string(partitions_->elements()) + " parameter "
+                      "element(s) of this rank partitioned (ZeRO stage 3) that no wrapped engine's optimizer steps; "
+                      "build each engine's optimizer over its layered module's parameters and wrap the engine");
+  }
+}
 
 std::int64_t ModelEngine::parameter_elements() const {
   if (sharded_) return sharded_->parameter_elements();

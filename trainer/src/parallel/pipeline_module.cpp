@@ -159,6 +159,7 @@ PipelineModuleImpl::PipelineModuleImpl(std::vector<LayerSpec> layers, PipelineLo
   }
   for (std::size_t i = first_layer(); i < end_layer(); ++i) {
     layers_.push_back(build_layer(specs_[i], options_.seed, i));
+    if (options_.after_build) options_.after_build(*layers_.back().ptr());
     register_module("layer" + std::to_string(i), layers_.back().ptr());
   }
   // The segments of activation checkpointing, kept while any backward may run them again.

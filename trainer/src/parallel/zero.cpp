@@ -121,9 +121,12 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     Group group;
     group.params = param_group.params();
     std::vector<std::int64_t> numels;
+    std::vector<std::optional<PartitionStore::Entry>> built;
     for (const auto& p : group.params) {
-      numels.push_back(p.numel());
-      group.shapes.push_back(p.sizes().vec());
+      built.push_back(options_.partitions != nullptr ? options_.partitions->take(p) : std::nullopt);
+      if (built.back() && options_.stage != 3) throw InternalError("a parameter built partitioned below ZeRO stage 3");
+      group.shapes.push_back(built.back() ? built.back()->shape : p.sizes().vec());
+      numels.push_back(c10::multiply_integers(group.shapes.back()));
       // Taken before stage 3 empties the parameter: the accumulator keeps its whole shape.
       auto accumulator = torch::autograd::impl::grad_accumulator(p);
       if (!accumulator) continue;  // a parameter that does not require gradients
@@ -132,7 +135,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     }
     group.layout = options_.stage == 3 ? partition_layout(numels, ranks)
                                        : flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
-    lay_out(group, comm_.rank());
+    lay_out(group, comm_.rank(), built);
     // The optimizer forgets the whole parameters (no state was made for them yet, but Adagrad's)
     // and steps the parts.
     for (const auto& p : group.params) optimizer_.state().erase(optimizer_state_key(p));
@@ -145,7 +148,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
   }
 }
 
-void ShardedOptimizer::lay_out(Group& group, int rank) {
+void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built) {
   const auto& layout = group.layout;
   const auto tensor_options = torch::TensorOptions().dtype(torch::kFloat32).device(
       group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());
@@ -173,7 +176,11 @@ void ShardedOptimizer::lay_out(Group& group, int rank) {
     const std::int64_t part = layout.buckets[i].part, n = layout.numels[i];
     auto mine = group.flat.narrow(0, at, part);
     const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);
-    if (hi > lo) mine.narrow(0, 0, hi - lo).copy_(group.params[i].detach().reshape({-1}).narrow(0, lo, hi - lo));
+    if (built[i]) {
+      mine.copy_(built[i]->part);
+    } else if (hi > lo) {
+      mine.narrow(0, 0, hi - lo).copy_(group.params[i].detach().reshape({-1}).narrow(0, lo, hi - lo));
+    }
     group.parts.push_back(mine.detach());
     at += part;
     group.params[i].set_data(torch::empty({0}, tensor_options));

@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -88,9 +89,36 @@ struct ShardedSave {
   std::vector<ShardPiece> pieces;
 };
 
+// ZeRO-3's partitioned construction (DeepSpeed's zero.Init): each parameter of a layer cut into
+// this rank's part as soon as the layer is built, before any optimizer exists, and released, so
+// that no rank holds the whole model; the sharded optimizer takes the parts over.
+class PartitionStore {
+ public:
+  PartitionStore(int rank, int ranks) : rank_(rank), ranks_(ranks) {}
+  // Every parameter of `module` (its submodules' too): this rank's part kept (zero-padded, as
+  // partition_layout cuts it), the parameter emptied. Its gradient accumulator is made first and
+  // kept, so that it has the parameter's whole shape.
+  void partition(torch::nn::Module& module);
+  struct Entry {
+    std::vector<std::int64_t> shape;
+    torch::Tensor part;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+  };
+  // The entry of a parameter partitioned here, taken out of the store; none for another.
+  std::optional<Entry> take(const torch::Tensor& parameter);
+  bool empty() const { return entries_.empty(); }
+  // The elements of the parts held.
+  std::int64_t elements() const;
+
+ private:
+  int rank_, ranks_;
+  std::map<const void*, Entry> entries_;
+};
+
 struct ZeroOptions {
   int stage = 1;                               // 1, 2 or 3
   std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
+  PartitionStore* partitions = nullptr;  // stage 3: parameters built partitioned
 };
 
 class ShardedOptimizer {
@@ -224,8 +252,9 @@ class ShardedOptimizer {
   };
   class ReadyHook;
 
-  // The group's flat buffer and parts, and the parameters' place in them.
-  void lay_out(Group& group, int rank);
+  // The group's flat buffer and parts, and the parameters' place in them; `built` holds the
+  // parts of parameters built partitioned.
+  void lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built);
   // The reductions of a group's buckets, from its last bucket back.
   void plan_reductions(std::size_t g);
   void on_gradient_ready(std::size_t group, std::size_t param);

@@ -6,6 +6,8 @@
 #include "hpctrial/core/error.h"
 #include "parallel/zero.h"
 
+#include <torch/csrc/autograd/variable.h>
+
 namespace hpctrial::trainer::detail {
 
 FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks) {
@@ -25,6 +27,36 @@ FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks) 
     layout.size += bucket.part * ranks;
   }
   return layout;
+}
+
+void PartitionStore::partition(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (entries_.count(p.unsafeGetTensorImpl()) != 0) continue;  // a parameter shared by two layers
+    Entry entry;
+    entry.shape = p.sizes().vec();
+    const std::int64_t n = p.numel(), part = (n + ranks_ - 1) / ranks_;
+    const std::int64_t lo = std::min(rank_ * part, n), hi = std::min(lo + part, n);
+    entry.part = torch::zeros({part}, p.options().requires_grad(false));
+    if (hi > lo) entry.part.narrow(0, 0, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo, hi - lo));
+    entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
+    p.set_data(torch::empty({0}, p.options().requires_grad(false)));
+    entries_.emplace(p.unsafeGetTensorImpl(), std::move(entry));
+  }
+}
+
+std::optional<PartitionStore::Entry> PartitionStore::take(const torch::Tensor& parameter) {
+  const auto it = entries_.find(parameter.unsafeGetTensorImpl());
+  if (it == entries_.end()) return std::nullopt;
+  Entry entry = std::move(it->second);
+  entries_.erase(it);
+  return entry;
+}
+
+std::int64_t PartitionStore::elements() const {
+  std::int64_t sum = 0;
+  for (const auto& [impl, entry] : entries_) sum += entry.part.numel();
+  return sum;
 }
 
 void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& params) {

@@ -55,6 +55,7 @@
 namespace hpctrial::trainer {
 
 namespace detail {
+class PartitionStore;
 class ShardedOptimizer;
 class PipelineRunner;
 struct EngineAccess;
@@ -249,6 +250,14 @@ class EngineTrialContext {
   // engine's train_batch(data). ConfigError without engine.pipeline.
   PipelineModule pipeline_module(std::vector<LayerSpec> layers, PipelineLoss loss) const;
   int pipeline_stage() const { return stage_; }
+
+  // A model of layers on this rank, trained with engine.backward(loss) and engine.step() (not a
+  // pipeline: no engine.pipeline), each layer built from the trial's seed and its index. At ZeRO
+  // stage 3 on more than one rank its layers are partitioned as they are built (DeepSpeed's
+  // zero.Init): each layer's parameters are cut into this rank's parts at once, so that no rank
+  // ever holds the whole model, and the engine gathers one layer at a time. Hand it to a
+  // ModelEngine with an optimizer over its parameters; ConfigError with engine.pipeline.
+  PipelineModule layered_module(std::vector<LayerSpec> layers, PipelineLoss loss);
   int pipeline_stages() const;
 
   // A model-parallel unit of the trial's own (DeepSpeed's mpu, Determined's set_mpu; fields in
@@ -323,6 +332,8 @@ class EngineTrialContext {
   std::int64_t micro_steps_before(std::int64_t batch_idx) const {
     return micro_origin_ + (batch_idx - steps_origin_) * batch_.accumulation_steps;
   }
+  // ConfigError when parameters built partitioned (layered_module) went to no wrapped engine.
+  void check_partitions_taken() const;
   // The adaptive batch (docs/adaptive.md): from the global batch `batch_idx` on, each rank trains
   // `accumulation` micro-batches of `micro_batch` records a step.
   void reshape(std::int64_t batch_idx, std::int64_t micro_batch, std::int64_t accumulation);
@@ -335,6 +346,7 @@ class EngineTrialContext {
   int zero_stage_ = 0;
   std::optional<GradScalerOptions> fp16_;  // engine.fp16's loss scaling
   std::vector<std::shared_ptr<ModelEngine>> engines_;
+  std::shared_ptr<detail::PartitionStore> partitions_;  // layered_module's at ZeRO stage 3
   bool auto_grad_accumulation_ = true;
   // engine.pipeline: this rank's stage, and the ranks of its pipeline ranked by stage.
   void set_up_pipeline(const core::EngineConfig::Pipeline& pipeline);

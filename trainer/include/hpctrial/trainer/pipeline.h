@@ -64,6 +64,9 @@ struct PipelineOptions {
   // backward instead of kept (0: none).
   int activation_checkpoint_interval = 0;
   std::uint64_t seed = 0;
+  // Called on each layer of this stage as soon as it is built (ZeRO-3's partitioned
+  // construction: EngineTrialContext::layered_module).
+  std::function<void(torch::nn::Module& layer)> after_build;
 };
 
 class PipelineModuleImpl : public torch::nn::Module {
