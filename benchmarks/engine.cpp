@@ -5,7 +5,9 @@
 //   - step time: stage 1's and 2's against stage 0's (goal <= 1.10);
 //   - parameters, gradients and optimizer state held per rank at stage 3 against stage 0's
 //     divided by the ranks (goal <= 1.05), with the working set it gathers for a global batch
-//     (printed), and its step time against stage 2's (goal <= 1.25);
+//     (printed), and its step time against stage 2's (goal <= 1.25); the same model built as
+//     layers (context.layered_module) at stage 3, gathered and recomputed one layer at a time:
+//     what it holds and its step time against stage 2's;
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
 //     goal: it depends on whether the CPU has bfloat16 arithmetic).
 //
@@ -29,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,19 @@ TORCH_MODULE(Net);
 // the gradients held after a backward, and the parameters held during one.
 std::int64_t g_state_elements = 0, g_parameter_elements = 0, g_gradient_elements = 0, g_working_elements = 0;
 
+// A linear layer that tells `seen` when it runs: the parameters held then are the working set.
+struct SeenLinearImpl : torch::nn::Module {
+  SeenLinearImpl(std::int64_t in, std::int64_t out, std::function<void()> seen)
+      : linear(register_module("linear", torch::nn::Linear(in, out))), seen(std::move(seen)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen();
+    return linear->forward(x);
+  }
+  torch::nn::Linear linear;
+  std::function<void()> seen;
+};
+TORCH_MODULE(SeenLinear);
+
 class BenchTrial : public hpctrial::EngineTrial {
  public:
   explicit BenchTrial(hpctrial::EngineTrialContext& context) : context_(context) {
@@ -74,15 +90,32 @@ class BenchTrial : public hpctrial::EngineTrial {
     auto y = torch::randint(0, 10, {4096});
     data_ = std::make_shared<hpctrial::TensorDataset>(x, y);
     validation_ = std::make_shared<hpctrial::TensorDataset>(x.slice(0, 0, 64), y.slice(0, 0, 64));
-    model_ = Net(features, context.hparam<std::int64_t>("hidden"));
-    auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(1e-4));
-    engine_ = context.wrap_model_engine(std::make_shared<hpctrial::ModelEngine>(model_, optimizer));
+    const std::int64_t hidden = context.hparam<std::int64_t>("hidden");
+    std::shared_ptr<torch::nn::Module> model;
+    if (context.hparam<bool>("layered")) {
+      const auto relu = [](const torch::Tensor& x) { return torch::relu(x); };
+      const std::function<void()> seen = [this] {
+        if (engine_) g_working_elements = std::max(g_working_elements, engine_->parameter_elements());
+      };
+      layers_ = context.layered_module(
+          {hpctrial::LayerSpec::of<SeenLinear>(features, hidden, seen), hpctrial::LayerSpec::function("relu", relu),
+           hpctrial::LayerSpec::of<SeenLinear>(hidden, hidden, seen), hpctrial::LayerSpec::function("relu", relu),
+           hpctrial::LayerSpec::of<SeenLinear>(hidden, std::int64_t{10}, seen),
+           hpctrial::LayerSpec::function("log_softmax", [](const torch::Tensor& x) { return torch::log_softmax(x, 1); })},
+          [](const torch::Tensor& out, const torch::Tensor& target) { return torch::nll_loss(out, target); });
+      model = layers_.ptr();
+    } else {
+      model_ = Net(features, hidden);
+      model = model_.ptr();
+    }
+    auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-4));
+    engine_ = context.wrap_model_engine(std::make_shared<hpctrial::ModelEngine>(model, optimizer));
   }
   ~BenchTrial() override { g_state_elements = engine_->optimizer_state_elements(); }
 
   hpctrial::Metrics train_batch(hpctrial::DataIterator& data, std::int64_t, std::int64_t) override {
     hpctrial::Batch batch = data.next();
-    auto loss = torch::nll_loss(model_->forward(batch.data), batch.target);
+    auto loss = torch::nll_loss(forward(batch.data), batch.target);
     g_working_elements = std::max(g_working_elements, engine_->parameter_elements());
     engine_->backward(loss);
     g_gradient_elements = std::max(g_gradient_elements, engine_->gradient_elements());
@@ -92,7 +125,7 @@ class BenchTrial : public hpctrial::EngineTrial {
   }
   hpctrial::Metrics evaluate_batch(hpctrial::DataIterator& data, std::int64_t) override {
     hpctrial::Batch batch = data.next();
-    return {{"validation_loss", torch::nll_loss(model_->forward(batch.data), batch.target)}};
+    return {{"validation_loss", torch::nll_loss(forward(batch.data), batch.target)}};
   }
   hpctrial::DataLoader build_training_data_loader() override {
     return {data_, context_.train_micro_batch_size_per_gpu()};
@@ -100,9 +133,12 @@ class BenchTrial : public hpctrial::EngineTrial {
   hpctrial::DataLoader build_validation_data_loader() override { return {validation_, 64, false}; }
 
  private:
+  torch::Tensor forward(const torch::Tensor& x) { return layers_ ? layers_->forward(x) : model_->forward(x); }
+
   hpctrial::EngineTrialContext& context_;
   std::shared_ptr<hpctrial::TensorDataset> data_, validation_;
   Net model_{nullptr};
+  hpctrial::PipelineModule layers_{nullptr};
   std::shared_ptr<hpctrial::ModelEngine> engine_;
 };
 
@@ -154,12 +190,14 @@ std::int64_t parameters(const Options& o) {
   return o.features * o.hidden + o.hidden + o.hidden * o.hidden + o.hidden + o.hidden * 10 + 10;
 }
 
-// Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16.
-constexpr int kRuns = 5;
+// Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16; run 5: stage 3 with the
+// model as layers.
+constexpr int kRuns = 6;
 constexpr int kBf16 = 4;
+constexpr int kLayered = 5;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
-  const int stage = run == kBf16 ? 0 : run;
+  const int stage = run == kBf16 ? 0 : run == kLayered ? 3 : run;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
@@ -170,6 +208,7 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
       "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
       "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
+      ", layered: " + (run == kLayered ? "true" : "false") +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
       std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
       "}}\nscheduling_unit: 1000000\n";
@@ -247,6 +286,7 @@ int main(int argc, char** argv) {
     };
     for (const char* name : {"0", "1", "2", "3"}) row(name, name[0] - '0');
     row("0+bf16", kBf16);
+    row("3+layers", kLayered);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
@@ -257,6 +297,12 @@ int main(int argc, char** argv) {
                 static_cast<double>(held[3].held()) / (static_cast<double>(held[0].held()) / ranks),
                 static_cast<long long>(held[3].working_elements - held[3].parameter_elements));
     std::printf("step time, stage 3 / stage 2: %.4f (goal <= 1.25)\n", median(rate[2]) / median(rate[3]));
+    std::printf("held per rank, stage 3 as layers / (stage 0 / ranks): %.4f (plus a working set of %lld elements, "
+                "one layer)\n",
+                static_cast<double>(held[kLayered].held()) / (static_cast<double>(held[0].held()) / ranks),
+                static_cast<long long>(held[kLayered].working_elements - held[kLayered].parameter_elements));
+    std::printf("step time, stage 3 as layers / stage 2: %.4f (goal <= 1.25; each layer recomputed in backward)\n",
+                median(rate[2]) / median(rate[kLayered]));
     std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
   }
   return 0;
