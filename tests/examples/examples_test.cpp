@@ -944,9 +944,9 @@ TEST_F(MlpExample, TheEngineExampleLearnsOnTwoRanks) {
   resume_on_one_rank("float32", {"--set", "engine.bf16.enabled=false"}, 200, "0", true);
   resume_on_one_rank("bf16", {}, 101, "2", true);
 
-  const auto refused = run((dir_.path() / "stage3").string(), {"--set", "engine.zero_optimization.stage=3"});
+  const auto refused = run((dir_.path() / "stage4").string(), {"--set", "engine.zero_optimization.stage=4"});
   EXPECT_EQ(refused.exit_code, 2) << refused.describe();
-  EXPECT_THAT(refused.err, HasSubstr("engine.zero_optimization.stage: must be at most 2, got \"3\""));
+  EXPECT_THAT(refused.err, HasSubstr("engine.zero_optimization.stage: must be at most 3, got \"4\""));
   const auto uneven = run((dir_.path() / "uneven").string(), {"--set", "hyperparameters.global_batch_size=60",
                                                               "--set", "engine.gradient_accumulation_steps=4"});
   EXPECT_EQ(uneven.exit_code, 2) << uneven.describe();

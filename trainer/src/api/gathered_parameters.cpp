@@ -25,10 +25,7 @@ PipelineModule EngineTrialContext::layered_module(std::vector<LayerSpec> layers,
   PipelineOptions options;
   options.seed = context_.trial_seed();
   if (zero_stage_ == 3 && context_.data_parallel_size() > 1) {
-    if (!partitions_) {
-      const auto& comm = context_.communicator_for(context_.device());
-      partitions_ = std::make_shared<detail::PartitionStore>(comm.rank(), comm.size());
-    }
+    if (!partitions_) partitions_ = std::make_shared<detail::PartitionStore>(context_.communicator_for(context_.device()));
     options.after_build = [store = partitions_](torch::nn::Module& layer) { store->partition(layer); };
   }
   return PipelineModule(std::move(layers), std::move(loss), 0, options);

@@ -59,17 +59,18 @@ checkpoint::CheckpointStore::Loaded load_source_checkpoint(const std::string& pa
   }
 }
 
-// No checkpoint to resume: every rank takes the weights of searcher.source_checkpoint, or the
-// chief's initial ones (at ZeRO stage 3 written whole, then each rank's parts taken from them).
+// No checkpoint to resume: every rank takes the weights of searcher.source_checkpoint (at ZeRO
+// stage 3 written whole, then each rank's parts taken from them), or the chief's initial ones
+// (stage 3's parts were cut from them already: their parameters are empty here).
 void Loop::start_fresh() {
-  const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
-  gather_partitioned(partitioned);
   if (!config_.searcher.source_checkpoint.empty()) {
+    const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
+    gather_partitioned(partitioned);
     start_from_source();
+    keep_partitioned(partitioned);
   } else {
     context_->broadcast_model_state();
   }
-  keep_partitioned(partitioned);
   // What a run that failed before its first checkpoint reported is trained again from here.
   if (chief()) trim_metrics(0);
 }

@@ -169,10 +169,14 @@ void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::op
     }
     return;
   }
-  // Stage 3: this rank's part of each parameter, end to end; the padding is zeros.
+  // Stage 3: this rank's part of each parameter, end to end, cut from rank 0's value (those
+  // built partitioned were cut so already); the padding is zeros.
   group.flat = torch::zeros({layout.shard()}, tensor_options);
   std::int64_t at = 0;
   for (std::size_t i = 0; i < group.params.size(); ++i) {
+    if (!built[i] && layout.numels[i] > 0) {
+      comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), 0)->wait();
+    }
     const std::int64_t part = layout.buckets[i].part, n = layout.numels[i];
     auto mine = group.flat.narrow(0, at, part);
     const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);

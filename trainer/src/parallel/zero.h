@@ -94,10 +94,11 @@ struct ShardedSave {
 // that no rank holds the whole model; the sharded optimizer takes the parts over.
 class PartitionStore {
  public:
-  PartitionStore(int rank, int ranks) : rank_(rank), ranks_(ranks) {}
-  // Every parameter of `module` (its submodules' too): this rank's part kept (zero-padded, as
+  explicit PartitionStore(comm::Communicator& communicator) : comm_(communicator) {}
+  // Every parameter of `module` (its submodules' too): rank 0's value taken by every rank (as
+  // zero.Init broadcasts each module's), this rank's part of it kept (zero-padded, as
   // partition_layout cuts it), the parameter emptied. Its gradient accumulator is made first and
-  // kept, so that it has the parameter's whole shape.
+  // kept, so that it has the parameter's whole shape. A collective, in the same order on every rank.
   void partition(torch::nn::Module& module);
   struct Entry {
     std::vector<std::int64_t> shape;
@@ -111,7 +112,7 @@ class PartitionStore {
   std::int64_t elements() const;
 
  private:
-  int rank_, ranks_;
+  comm::Communicator& comm_;
   std::map<const void*, Entry> entries_;
 };
 
@@ -125,8 +126,9 @@ class ShardedOptimizer {
  public:
   // Takes over `optimizer` (its parameter groups become this rank's parts) and the model's
   // parameters in it (their data moves into the flat buffers; the tensors stay the same
-  // objects). Every rank must start from the same parameter values. ConfigError for LBFGS or a
-  // parameter that is not float32.
+  // objects). At stages 1 and 2 every rank must start from the same parameter values; stage 3
+  // cuts every rank's parts from rank 0's (a collective), as DeepSpeed's partitioning broadcasts
+  // them first. ConfigError for LBFGS or a parameter that is not float32.
   ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Communicator& communicator, ZeroOptions options = {});
   // The ConfigErrors of the constructor, without taking anything over (a world of one rank,
   // where there is nothing to shard, checks the same).

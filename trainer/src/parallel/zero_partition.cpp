@@ -35,8 +35,9 @@ void PartitionStore::partition(torch::nn::Module& module) {
     if (entries_.count(p.unsafeGetTensorImpl()) != 0) continue;  // a parameter shared by two layers
     Entry entry;
     entry.shape = p.sizes().vec();
-    const std::int64_t n = p.numel(), part = (n + ranks_ - 1) / ranks_;
-    const std::int64_t lo = std::min(rank_ * part, n), hi = std::min(lo + part, n);
+    if (p.numel() > 0) comm_.broadcast_async(p.data_ptr(), p.nbytes(), 0)->wait();
+    const std::int64_t n = p.numel(), part = (n + comm_.size() - 1) / comm_.size();
+    const std::int64_t lo = std::min(comm_.rank() * part, n), hi = std::min(lo + part, n);
     entry.part = torch::zeros({part}, p.options().requires_grad(false));
     if (hi > lo) entry.part.narrow(0, 0, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo, hi - lo));
     entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
