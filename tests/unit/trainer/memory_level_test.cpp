@@ -136,9 +136,16 @@ TEST_F(PinnedCopy, ACopyThatFailedOrALevelThatClosedIsAnError) {
 // The loop asks before each copy whether it would wait for a checkpoint's copy, and holds it back.
 TEST_F(PinnedCopy, TheLoopIsToldWhenTheNextCopyWouldWaitForAPinnedOne) {
   auto memory = level();
-  memory->submit(snapshot(10, 1));
+  // Batch 10's copy is held before its commit until the question is asked: a copy this small
+  // may otherwise be committed already, and the next one would then go to the empty slot.
+  std::promise<void> asked;
+  std::shared_future<void> answered = asked.get_future().share();
+  Snapshot held = snapshot(10, 1);
+  held.before_publish = [answered] { answered.wait(); };
+  memory->submit(std::move(held));
   auto pinned = memory->pinned_copy(10);
   EXPECT_TRUE(memory->next_copy_would_wait(20)) << "a copy in flight, and a pin";
+  asked.set_value();
   memory->wait_for_copies();
   checkpoint::Contents contents = pinned();  // batch 10 committed
   EXPECT_EQ(held_after(*memory, 10), (std::vector<std::int64_t>{10}));
