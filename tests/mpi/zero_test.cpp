@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 
 #include <unistd.h>
 
@@ -83,7 +84,8 @@ using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std
 // do; `gradient_elements`: what the last step's backward left.
 std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* zero_options, comm::Communicator& comm,
                                  int steps, std::int64_t* state_elements = nullptr,
-                                 std::int64_t* gradient_elements = nullptr) {
+                                 std::int64_t* gradient_elements = nullptr,
+                                 const std::function<void(ShardedOptimizer&)>& inspect = {}) {
   torch::manual_seed(3);  // the same initial weights on every rank
   Net net;
   auto optimizer = make(net->parameters());
@@ -124,6 +126,7 @@ std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* z
       }
     }
   }
+  if (zero && inspect) inspect(*zero);
   if (zero) zero->gather_all();
   std::vector<torch::Tensor> out;
   for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
@@ -279,6 +282,166 @@ TEST(ShardedOptimizer, StageThreeHoldsOnlyItsPartsOfTheParameters) {
   zero.set_whole(0, 3, torch::full({3}, 7.0f));
   zero.gather(0, {3});
   EXPECT_TRUE(torch::equal(params[3], torch::full({3}, 7.0f)));
+}
+
+// offload_optimizer with device nvme: the state in a swap file between steps.
+class StateSwap : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("hpctrial-swap-" + std::to_string(::getpid()) + "-" + std::to_string(comm_.rank()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  SwapOptions swap(std::int64_t sub_group_elements, int buffer_count, const std::filesystem::path& where = {}) const {
+    SwapOptions o;
+    o.nvme_path = where.empty() ? dir_ : where;
+    o.key = "engine.zero_optimization.offload_optimizer.nvme_path";
+    o.sub_group_elements = sub_group_elements;
+    o.buffer_count = buffer_count;
+    return o;
+  }
+  comm::MpiCommunicator comm_{env().world()};
+  std::filesystem::path dir_;
+};
+
+// The step of each sub-group in turn, its state read from the file and written back, is bitwise
+// the step in memory, for every element-wise optimizer at every stage: with one sub-group and
+// with several, the next one read ahead or not (Adam's two moments and RMSprop's two buffers
+// fill two buffers; Adagrad's sum, one). Between steps no state is in memory, and the file is
+// the rank's own and goes with the optimizer.
+TEST_F(StateSwap, TheStateInAFileStepsBitwiseAsInMemory) {
+  const std::vector<std::pair<std::string, MakeOptimizer>> optimizers = {
+      {"adam", [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
+       }},
+      {"sgd", [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+       }},
+      {"adagrad", [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(0.1).initial_accumulator_value(0.5));
+       }},
+      {"rmsprop", [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+         return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions(0.01).momentum(0.5));
+       }},
+  };
+  for (const auto& [name, make] : optimizers) {
+    for (int stage : {1, 2, 3}) {
+      ZeroOptions in_memory;
+      in_memory.stage = stage;
+      in_memory.bucket_elements = 16;
+      const auto expected = train(make, &in_memory, comm_, 6);
+      for (const auto& [sub_group, buffers] : {std::pair{std::int64_t{1'000'000'000}, 4}, {8, 4}, {8, 2}}) {
+        const std::string how = name + ", stage " + std::to_string(stage) + ", sub-groups of " +
+                                std::to_string(sub_group) + ", " + std::to_string(buffers) + " buffers";
+        ZeroOptions swapped = in_memory;
+        swapped.swap = swap(sub_group, buffers);
+        std::filesystem::path file;
+        const auto got = train(make, &swapped, comm_, 6, nullptr, nullptr, [&](ShardedOptimizer& zero) {
+          ASSERT_NE(zero.swapper(), nullptr);
+          file = zero.swapper()->file();
+          EXPECT_EQ(zero.state_elements(), 0) << how << ": state is in memory between steps";
+          EXPECT_GT(zero.swapper()->swapped_elements(), 0) << how;
+          EXPECT_EQ(zero.swapper()->sub_groups() > 1, sub_group == 8) << how;
+          EXPECT_TRUE(zero.swapper()->direct()) << how << ": " << dir_ << " refused direct I/O";
+          EXPECT_EQ(file.parent_path().parent_path(), dir_);
+          EXPECT_EQ(std::filesystem::status(file).permissions(),
+                    std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+          EXPECT_EQ(std::filesystem::status(file.parent_path()).permissions(), std::filesystem::perms::owner_all);
+        });
+        ASSERT_EQ(got.size(), expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(torch::equal(got[i], expected[i])) << how << ": parameter " << i << " differs by "
+                                                         << (got[i] - expected[i]).abs().max().item<float>();
+        }
+        EXPECT_FALSE(file.empty());
+        EXPECT_FALSE(std::filesystem::exists(file.parent_path())) << how << ": the swap directory was left";
+      }
+    }
+  }
+}
+
+TEST_F(StateSwap, ANvmePathThatIsNotADirectoryIsNamed) {
+  torch::manual_seed(3);
+  Net net;
+  torch::optim::Adam adam(net->parameters());
+  ZeroOptions options;
+  options.swap = swap(8, 4, dir_ / "missing");
+  try {
+    ShardedOptimizer zero(adam, comm_, options);
+    ADD_FAILURE() << "a missing nvme_path was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("engine.zero_optimization.offload_optimizer.nvme_path " + (dir_ / "missing").string() +
+                                    " is not a directory"));
+  }
+}
+
+// Saved whole or in pieces, swapped state is what the same state in memory saves; loaded into a
+// swapped optimizer, it steps on as the in-memory one does.
+TEST_F(StateSwap, SwappedStateSavesAndLoadsAsInMemory) {
+  struct Trained {
+    Net net;
+    std::unique_ptr<torch::optim::Adam> adam;
+    std::unique_ptr<ShardedOptimizer> zero;
+  };
+  const auto make = [&](const std::optional<SwapOptions>& swapping) {
+    torch::manual_seed(3);  // the same initial weights
+    Trained t;
+    t.adam = std::make_unique<torch::optim::Adam>(t.net->parameters(), torch::optim::AdamOptions(0.01));
+    ZeroOptions options;
+    options.stage = 3;
+    options.swap = swapping;
+    t.zero = std::make_unique<ShardedOptimizer>(*t.adam, comm_, options);
+    return t;
+  };
+  const auto step = [&](Trained& t, int seed) {
+    torch::manual_seed(seed + comm_.rank());
+    t.zero->zero_grad();
+    t.zero->gather_all();
+    t.zero->begin_backward();
+    torch::mse_loss(t.net->forward(torch::randn({4, 7})), torch::randn({4, 3})).backward();
+    t.zero->release_all();
+    t.zero->end_backward();
+    t.zero->step();
+  };
+  Trained memory = make(std::nullopt), swapped = make(swap(8, 4));
+  for (int k = 0; k < 2; ++k) {
+    step(memory, 100 + k);
+    step(swapped, 100 + k);
+  }
+  checkpoint::Contents a, b;
+  memory.zero->save_whole(a, "optimizer/0");
+  swapped.zero->save_whole(b, "optimizer/0");
+  ASSERT_EQ(a.datasets.size(), b.datasets.size());
+  for (const auto& d : a.datasets) {
+    const checkpoint::Dataset* other = b.find(d.name);
+    ASSERT_NE(other, nullptr) << d.name;
+    ASSERT_EQ(other->nbytes(), d.nbytes()) << d.name;
+    EXPECT_EQ(std::memcmp(other->data->data(), d.data->data(), d.nbytes()), 0) << d.name;
+  }
+  ShardedSave pieces_a, pieces_b;
+  memory.zero->save_shards(pieces_a, "optimizer/0");
+  swapped.zero->save_shards(pieces_b, "optimizer/0");
+  ASSERT_EQ(pieces_a.pieces.size(), pieces_b.pieces.size());
+  for (std::size_t i = 0; i < pieces_a.pieces.size(); ++i) EXPECT_EQ(pieces_a.pieces[i].crc, pieces_b.pieces[i].crc) << i;
+  EXPECT_EQ(swapped.zero->state_elements(), 0) << "a save left the state in memory";
+  // Loaded into a fresh swapped optimizer (the parameters set to the trained ones), it steps on
+  // as the trained one in memory.
+  Trained loaded = make(swap(8, 2));
+  memory.zero->gather_all();
+  for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
+    loaded.zero->set_whole(0, i, memory.net->parameters()[i].detach());
+  }
+  memory.zero->release_all();
+  loaded.zero->load_whole(a, "optimizer/0", "ckpt.h5");
+  EXPECT_EQ(loaded.zero->state_elements(), 0) << "a load left the state in memory";
+  step(memory, 200);
+  step(loaded, 200);
+  memory.zero->gather_all();
+  loaded.zero->gather_all();
+  for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(memory.net->parameters()[i], loaded.net->parameters()[i])) << i;
+  }
 }
 
 TEST(ShardedOptimizer, LbfgsIsRefused) {

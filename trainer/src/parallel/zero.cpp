@@ -146,6 +146,10 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     groups_.push_back(std::move(group));
     plan_reductions(g);
   }
+  if (options_.swap) {
+    options_.swap->rank = comm_.rank();
+    swapper_ = std::make_unique<StateSwapper>(optimizer_, *options_.swap);
+  }
 }
 
 void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built) {
@@ -394,7 +398,11 @@ void ShardedOptimizer::scale_shard_grads(double factor) {
 
 void ShardedOptimizer::update() {
   const auto rank = static_cast<std::size_t>(comm_.rank());
-  optimizer_.step();
+  if (swapper_) {
+    swapper_->step();
+  } else {
+    optimizer_.step();
+  }
   if (options_.stage == 3) {
     // The gathered values are those before the step: the next gather brings the new ones.
     release_all();

@@ -48,6 +48,7 @@
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/checkpoint/shared_write.h"
 #include "hpctrial/comm/communicator.h"
+#include "parallel/state_swap.h"
 
 namespace hpctrial::trainer::detail {
 
@@ -120,6 +121,9 @@ struct ZeroOptions {
   int stage = 1;                               // 1, 2 or 3
   std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
   PartitionStore* partitions = nullptr;  // stage 3: parameters built partitioned
+  // offload_optimizer with device nvme: the optimizer state in a swap file between steps
+  // (state_swap.h; its rank is this communicator's).
+  std::optional<SwapOptions> swap;
 };
 
 class ShardedOptimizer {
@@ -170,8 +174,11 @@ class ShardedOptimizer {
   // communication the steps did not hide (the adaptive batch's step-time model).
   double take_wait_seconds();
   void scale_shard_grads(double factor);
-  // The elements of optimizer state, and of gradients, this rank holds.
+  // The elements of optimizer state (in memory: not those swapped out to a file), and of
+  // gradients, this rank holds.
   std::int64_t state_elements() const;
+  // The optimizer state's swap (offload to NVMe), if any.
+  const StateSwapper* swapper() const { return swapper_.get(); }
   std::int64_t gradient_elements() const;
 
   // The optimizer's state as whole parameters, under `prefix` in the datasets an unsharded
@@ -283,6 +290,7 @@ class ShardedOptimizer {
   std::size_t next_launch_ = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
+  std::unique_ptr<StateSwapper> swapper_;
 };
 
 }  // namespace hpctrial::trainer::detail

@@ -32,9 +32,12 @@ std::string state_name(const std::string& prefix, std::size_t index, const std::
 
 // The optimizer's own save of this rank's parts (as optimizer "s"), its type added to `out`
 // under `prefix`, and its parameter groups.
-nlohmann::json save_parts(torch::optim::Optimizer& optimizer, checkpoint::Contents& parts, checkpoint::Contents& out,
-                          const std::string& prefix) {
+nlohmann::json save_parts(torch::optim::Optimizer& optimizer, StateSwapper* swapper, checkpoint::Contents& parts,
+                          checkpoint::Contents& out, const std::string& prefix) {
+  // State swapped out comes in for the copy and goes again (its bytes are in the file still).
+  if (swapper != nullptr) swapper->read_in_all();
   save_optimizer(parts, "s", optimizer);
+  if (swapper != nullptr) swapper->write_out_all(/*write=*/false);
   out.add_text(prefix + "/type", parts.at("s/type", "the sharded optimizer").text());
   return nlohmann::json::parse(parts.at("s/param_groups", "the sharded optimizer").text());
 }
@@ -49,7 +52,7 @@ std::vector<std::vector<torch::Tensor>> ShardedOptimizer::parameter_groups() con
 
 void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::string& prefix) {
   checkpoint::Contents parts;
-  auto groups = save_parts(optimizer_, parts, contents, prefix);
+  auto groups = save_parts(optimizer_, swapper_.get(), parts, contents, prefix);
   const int ranks = comm_.size();
   std::size_t first = 0;  // the index of the group's first parameter over all groups
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -86,7 +89,7 @@ void ShardedOptimizer::save_whole(checkpoint::Contents& contents, const std::str
 
 void ShardedOptimizer::save_shards(ShardedSave& out, const std::string& prefix) {
   checkpoint::Contents parts;
-  auto groups = save_parts(optimizer_, parts, out.whole, prefix);
+  auto groups = save_parts(optimizer_, swapper_.get(), parts, out.whole, prefix);
   const std::int64_t rank = comm_.rank();
   std::size_t first = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -217,6 +220,7 @@ void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const st
   }
   parts.add_text("s/param_groups", groups.dump());
   load_optimizer(parts, "s", optimizer_, file);
+  if (swapper_) swapper_->write_out_all(/*write=*/true);  // the loaded state, made in memory
 }
 
 }  // namespace hpctrial::trainer::detail

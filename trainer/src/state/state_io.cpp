@@ -462,15 +462,27 @@ void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::
 }
 
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
-  checkpoint::Contents contents;
-  save_optimizer(contents, "o", optimizer);
+  checkpoint::Contents texts;
   std::int64_t elements = 0;
-  for (const auto& d : contents.datasets) {
-    if (d.name.rfind("o/state/", 0) == 0 && d.dtype != DType::kUInt8) {
-      elements += static_cast<std::int64_t>(d.nbytes() / checkpoint::dtype_size(d.dtype));
-    }
+  for (const auto& d : view_optimizer(texts, "o", optimizer)) {
+    // A tensor whose storage is swapped out to a file (offload) holds none in memory.
+    if (d.tensor.storage().nbytes() > 0 && d.tensor.scalar_type() != torch::kUInt8) elements += d.tensor.numel();
   }
   return elements;
+}
+
+std::vector<torch::Tensor> parameter_state_tensors(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter) {
+  const OptimizerCodec* codec = codec_for(optimizer);
+  const auto it = optimizer.state().find(optimizer_state_key(parameter));
+  if (codec == nullptr || it == optimizer.state().end()) return {};
+  checkpoint::Contents texts;
+  Deferred tensors;
+  Writer w{texts, "p", &tensors};
+  w.view = true;
+  codec->save_state(*it->second, w);
+  std::vector<torch::Tensor> out;
+  for (auto& d : tensors) out.push_back(std::move(d.tensor));
+  return out;
 }
 
 unsigned& scheduler_step_count(torch::optim::LRScheduler& scheduler) { return SchedulerAccess::count(scheduler); }

@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/dtype.h"
@@ -80,6 +81,10 @@ void append_optimizer_options_fingerprint(torch::optim::Optimizer& optimizer, st
 void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::string& text, const std::string& what);
 // The elements of the optimizer's per-parameter state tensors (what it holds in memory).
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer);
+// The tensors of one parameter's state (sharing their storage with the optimizer's), in the
+// order save_optimizer writes them; none when it has no state yet or its type is not one of the
+// six.
+std::vector<torch::Tensor> parameter_state_tensors(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter);
 
 // The number of steps an LR scheduler has taken (its only state; the learning rates live in
 // the optimizer's param groups).

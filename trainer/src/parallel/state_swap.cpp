@@ -1,0 +1,267 @@
+#include "parallel/state_swap.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <system_error>
+
+#include "hpctrial/core/error.h"
+#include "hpctrial/core/logging.h"
+#include "state/state_io.h"
+
+namespace hpctrial::trainer::detail {
+namespace {
+
+// Direct I/O wants the buffer's address, the file offset and the length aligned to the disk's
+// logical block; 4096 covers every disk.
+constexpr std::int64_t kAlign = 4096;
+
+std::int64_t aligned(std::int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+void free_aligned(void* p) { std::free(p); }
+
+// A buffer for `nbytes` that direct I/O can fill, as a storage's data.
+c10::DataPtr aligned_buffer(std::int64_t nbytes) {
+  void* p = std::aligned_alloc(kAlign, static_cast<std::size_t>(aligned(std::max<std::int64_t>(nbytes, 1))));
+  if (p == nullptr) throw std::bad_alloc();
+  return c10::DataPtr(p, p, &free_aligned, c10::Device(c10::kCPU));
+}
+
+bool owns_aligned(const c10::Storage& storage) { return storage.data_ptr().get_deleter() == &free_aligned; }
+
+void transfer(int fd, bool writing, char* data, std::int64_t length, std::int64_t offset, const std::string& file) {
+  while (length > 0) {
+    const ssize_t n = writing ? ::pwrite(fd, data, static_cast<std::size_t>(length), offset)
+                              : ::pread(fd, data, static_cast<std::size_t>(length), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) core::throw_errno(std::string(writing ? "writing" : "reading") + " the optimizer state swap file " + file, errno);
+    if (n == 0) throw IoError("reading the optimizer state swap file " + file + ": it ends early (truncated by another process?)");
+    data += n;
+    length -= n;
+    offset += n;
+  }
+}
+
+}  // namespace
+
+struct StateSwapper::Loaded {
+  struct Entry {
+    torch::Tensor tensor;
+    Slot slot;
+    c10::DataPtr data;
+  };
+  std::vector<Entry> entries;
+};
+
+StateSwapper::StateSwapper(torch::optim::Optimizer& optimizer, SwapOptions options)
+    : optimizer_(optimizer), options_(std::move(options)) {
+  const std::string where = options_.key + " " + options_.nvme_path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options_.nvme_path, ec)) {
+    throw ConfigError(where + " is not a directory: create it on each node's local disk (a fast one: the optimizer "
+                      "state is read and written there every step), or give another");
+  }
+  std::string name = (options_.nvme_path / ("hpctrial-optimizer-rank" + std::to_string(options_.rank) + "-XXXXXX"));
+  if (::mkdtemp(name.data()) == nullptr) {
+    throw ConfigError(where + ": cannot make this rank's swap directory there: " + std::strerror(errno) +
+                      "; give a directory every rank can write");
+  }
+  dir_ = name;
+  file_ = dir_ / "state.swp";
+  fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+  if (fd_ < 0 && errno == EINVAL) {  // a file system without direct I/O (tmpfs)
+    direct_ = false;
+    fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd_ < 0) {
+    const int err = errno;
+    std::filesystem::remove(dir_, ec);
+    throw ConfigError(where + ": cannot make the swap file " + file_.string() + ": " + std::strerror(err));
+  }
+  if (!direct_) {
+    core::log_warning("{} does not take direct I/O (O_DIRECT): the optimizer state is swapped through the page cache",
+                where.c_str());
+  }
+  plan();
+  write_out_all(true);  // state made with the optimizer (Adagrad's sums)
+}
+
+StateSwapper::~StateSwapper() {
+  if (fd_ >= 0) ::close(fd_);
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void StateSwapper::plan() {
+  for (auto& group : optimizer_.param_groups()) {
+    std::int64_t filled = 0;
+    for (const auto& p : group.params()) {
+      if (filled == 0) sub_groups_.emplace_back();
+      sub_groups_.back().push_back(p);
+      filled += p.numel();
+      if (filled >= options_.sub_group_elements) filled = 0;
+    }
+  }
+}
+
+std::vector<torch::Tensor> StateSwapper::state_of(const torch::Tensor& parameter) const {
+  auto tensors = parameter_state_tensors(optimizer_, parameter);
+  std::vector<torch::Tensor> out;
+  for (auto& t : tensors) {
+    if (t.numel() > 0) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::size_t StateSwapper::fields(std::size_t sub_group) {
+  for (const auto& p : sub_groups_.at(sub_group)) {
+    const auto tensors = state_of(p);
+    if (!tensors.empty()) return tensors.size();
+  }
+  return 0;
+}
+
+StateSwapper::Slot& StateSwapper::slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes) {
+  Slot& s = slots_[{parameter.unsafeGetTensorImpl(), field}];
+  if (s.nbytes != nbytes) {  // a new tensor, or one of another size: room at the end
+    s.offset = end_;
+    s.nbytes = nbytes;
+    end_ += aligned(nbytes);
+  }
+  return s;
+}
+
+StateSwapper::Loaded StateSwapper::read(std::size_t sub_group) {
+  // Listed on the optimizer's thread (a step may add state meanwhile); fill() reads the bytes.
+  Loaded loaded;
+  for (const auto& p : sub_groups_.at(sub_group)) {
+    const auto tensors = state_of(p);
+    for (std::size_t f = 0; f < tensors.size(); ++f) {
+      if (tensors[f].storage().nbytes() > 0) continue;  // in memory already
+      const auto it = slots_.find({p.unsafeGetTensorImpl(), f});
+      if (it == slots_.end()) throw InternalError("a swapped-out optimizer state tensor has no place in " + file_.string());
+      loaded.entries.push_back({tensors[f], it->second, {}});
+    }
+  }
+  return loaded;
+}
+
+void StateSwapper::fill(Loaded& loaded) {
+  for (auto& e : loaded.entries) {
+    e.data = aligned_buffer(e.slot.nbytes);
+    transfer(fd_, false, static_cast<char*>(e.data.get()), aligned(e.slot.nbytes), e.slot.offset, file_.string());
+  }
+}
+
+void StateSwapper::install(Loaded& loaded) {
+  for (auto& e : loaded.entries) {
+    c10::Storage storage = e.tensor.storage();
+    storage.set_data_ptr_noswap(std::move(e.data));
+    storage.set_nbytes(static_cast<std::size_t>(e.slot.nbytes));
+  }
+  loaded.entries.clear();
+}
+
+void StateSwapper::write_out(std::size_t sub_group, bool write) {
+  for (const auto& p : sub_groups_.at(sub_group)) {
+    const auto tensors = state_of(p);
+    for (std::size_t f = 0; f < tensors.size(); ++f) {
+      c10::Storage storage = tensors[f].storage();
+      const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
+      if (nbytes == 0) continue;  // out already
+      if (write) {
+        const Slot& s = slot(p, f, nbytes);
+        char* data = static_cast<char*>(storage.data());
+        c10::DataPtr staging;
+        if (!owns_aligned(storage)) {  // made by the optimizer: copied where direct I/O can take it
+          staging = aligned_buffer(nbytes);
+          std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
+          data = static_cast<char*>(staging.get());
+        }
+        transfer(fd_, true, data, aligned(nbytes), s.offset, file_.string());
+      } else if (slots_.count({p.unsafeGetTensorImpl(), f}) == 0) {
+        throw InternalError("optimizer state released without a copy in " + file_.string());
+      }
+      storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+      storage.set_nbytes(0);
+    }
+  }
+}
+
+void StateSwapper::step() {
+  // Every parameter's gradient set aside: the optimizer steps those of one sub-group at a time.
+  std::vector<std::vector<torch::Tensor>> grads(sub_groups_.size());
+  for (std::size_t k = 0; k < sub_groups_.size(); ++k) {
+    for (auto& p : sub_groups_[k]) grads[k].push_back(std::exchange(p.mutable_grad(), torch::Tensor()));
+  }
+  const auto restore = [&] {
+    for (std::size_t k = 0; k < sub_groups_.size(); ++k) {
+      for (std::size_t i = 0; i < sub_groups_[k].size(); ++i) sub_groups_[k][i].mutable_grad() = grads[k][i];
+    }
+  };
+  Loaded next, following;
+  std::future<void> ahead;  // fills `following`; declared after it, so that it ends first
+  try {
+    next = read(0);
+    fill(next);
+    for (std::size_t k = 0; k < sub_groups_.size(); ++k) {
+      install(next);
+      following = {};
+      if (k + 1 < sub_groups_.size()) {
+        following = read(k + 1);
+        // Read ahead while this sub-group steps, when the buffers hold both sub-groups' state.
+        if (fields(k) + fields(k + 1) <= static_cast<std::size_t>(options_.buffer_count)) {
+          ahead = std::async(std::launch::async, [this, &following] { fill(following); });
+        }
+      }
+      for (std::size_t i = 0; i < sub_groups_[k].size(); ++i) sub_groups_[k][i].mutable_grad() = grads[k][i];
+      optimizer_.step();
+      for (auto& p : sub_groups_[k]) p.mutable_grad() = torch::Tensor();
+      if (fields(k) > static_cast<std::size_t>(options_.buffer_count)) {
+        throw ConfigError(options_.key.substr(0, options_.key.rfind('.')) + ".buffer_count " +
+                          std::to_string(options_.buffer_count) + " holds fewer than the " + std::to_string(fields(k)) +
+                          " state tensors the optimizer keeps for a parameter: raise it to at least that");
+      }
+      write_out(k, true);
+      if (ahead.valid()) {
+        ahead.get();
+      } else if (k + 1 < sub_groups_.size()) {
+        fill(following);
+      }
+      next = std::move(following);
+    }
+  } catch (...) {
+    if (ahead.valid()) ahead.wait();
+    restore();
+    throw;
+  }
+  restore();
+}
+
+void StateSwapper::read_in_all() {
+  for (std::size_t k = 0; k < sub_groups_.size(); ++k) {
+    Loaded loaded = read(k);
+    fill(loaded);
+    install(loaded);
+  }
+}
+
+void StateSwapper::write_out_all(bool write) {
+  for (std::size_t k = 0; k < sub_groups_.size(); ++k) write_out(k, write);
+}
+
+std::int64_t StateSwapper::swapped_elements() const {
+  std::int64_t sum = 0;
+  for (const auto& group : sub_groups_) {
+    for (const auto& p : group) {
+      for (const auto& t : state_of(p)) sum += t.storage().nbytes() == 0 ? t.numel() : 0;
+    }
+  }
+  return sum;
+}
+
+}  // namespace hpctrial::trainer::detail

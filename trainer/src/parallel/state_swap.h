@@ -1,0 +1,90 @@
+// The optimizer's state swapped to a file on a local disk between steps (DeepSpeed's
+// offload_optimizer with device nvme; internal to the trainer).
+//
+// The optimizer's parameters (ZeRO's parts) are cut into sub-groups of at least
+// `sub_group_elements` elements each, in order within each parameter group (DeepSpeed's
+// sub_group_size). Between steps no state tensor holds memory: its bytes lie in one swap file a
+// rank, read and written with direct I/O (O_DIRECT; through the page cache on a file system that
+// refuses it, such as tmpfs). A step goes one sub-group at a time: its state read in (the next
+// sub-group's read on another thread meanwhile, when the buffers allow), the optimizer stepped
+// on its parameters only (the others' gradients are set aside, so the optimizer skips them),
+// its state written out and released. The optimizer's update is element-wise and per parameter,
+// so a step taken this way is bitwise the step taken at once.
+//
+// A state tensor stays the same object: only its storage's bytes come and go. Nothing but the
+// optimizer's step of its sub-group, and read_in_all() for a save or a load, may touch them.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hpctrial::trainer::detail {
+
+struct SwapOptions {
+  std::filesystem::path nvme_path;  // an existing directory on a local disk
+  std::string key;                  // the config key that named it, for messages
+  std::int64_t sub_group_elements = 1'000'000'000;
+  // The state tensors of sub-groups in memory at once (DeepSpeed's buffer_count): at least a
+  // sub-group's (Adam's two moments); twice that reads the next sub-group ahead.
+  int buffer_count = 4;
+  int rank = 0;
+};
+
+class StateSwapper {
+ public:
+  // A private directory under nvme_path for this rank's swap file; ConfigError naming the key
+  // and the path when it cannot be made.
+  StateSwapper(torch::optim::Optimizer& optimizer, SwapOptions options);
+  // Removes the swap file and its directory.
+  ~StateSwapper();
+  StateSwapper(const StateSwapper&) = delete;
+  StateSwapper& operator=(const StateSwapper&) = delete;
+
+  // The optimizer's step, a sub-group at a time, every state tensor written out after it.
+  void step();
+  // Every state tensor read in (before a save or a load reads or replaces them) and written out
+  // again (`write`: false when they did not change, as after a save).
+  void read_in_all();
+  void write_out_all(bool write);
+  // The elements of state tensors in the swap file and not in memory.
+  std::int64_t swapped_elements() const;
+  const std::filesystem::path& file() const { return file_; }
+  // Whether the file system took direct I/O.
+  bool direct() const { return direct_; }
+  std::size_t sub_groups() const { return sub_groups_.size(); }
+
+ private:
+  // Where a state tensor's bytes lie in the file.
+  struct Slot {
+    std::int64_t offset = 0, nbytes = 0;
+  };
+  struct Loaded;
+  // The parameters of each sub-group (the optimizer's, in its order).
+  void plan();
+  std::vector<torch::Tensor> state_of(const torch::Tensor& parameter) const;
+  std::size_t fields(std::size_t sub_group);
+  // A sub-group's state tensors out of memory (the optimizer's thread), their bytes read into
+  // fresh buffers (any thread), and the buffers made their storage (the optimizer's thread).
+  Loaded read(std::size_t sub_group);
+  void fill(Loaded& loaded);
+  void install(Loaded& loaded);
+  void write_out(std::size_t sub_group, bool write);
+  Slot& slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes);
+
+  torch::optim::Optimizer& optimizer_;
+  SwapOptions options_;
+  std::filesystem::path dir_, file_;
+  int fd_ = -1;
+  bool direct_ = true;
+  std::int64_t end_ = 0;  // the file's used length
+  std::vector<std::vector<torch::Tensor>> sub_groups_;
+  std::map<std::pair<const void*, std::size_t>, Slot> slots_;  // (parameter, field)
+};
+
+}  // namespace hpctrial::trainer::detail
