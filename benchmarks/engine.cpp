@@ -9,7 +9,10 @@
 //     layers (context.layered_module) at stage 3, gathered and recomputed one layer at a time:
 //     what it holds and its step time against stage 2's;
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
-//     goal: it depends on whether the CPU has bfloat16 arithmetic).
+//     goal: it depends on whether the CPU has bfloat16 arithmetic);
+//   - stage 3 with offload_optimizer on nvme (a swap file a rank under --dir, sub-groups of a
+//     quarter of the parameters): the optimizer state held in memory between steps (goal: 0),
+//     and the step time against stage 3's in memory (a figure: it is the disk's speed).
 //
 //   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N]
 //                                        [--bucket ELEMENTS] [--dir DIR]
@@ -191,26 +194,33 @@ std::int64_t parameters(const Options& o) {
 }
 
 // Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16; run 5: stage 3 with the
-// model as layers.
-constexpr int kRuns = 6;
+// model as layers; run 6: stage 3 with the optimizer state swapped to files.
+constexpr int kRuns = 7;
 constexpr int kBf16 = 4;
 constexpr int kLayered = 5;
+constexpr int kNvme = 6;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
-  const int stage = run == kBf16 ? 0 : run == kLayered ? 3 : run;
+  const int stage = run == kBf16 ? 0 : run == kLayered || run == kNvme ? 3 : run;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
   const std::string trial_dir = o.dir + "/run" + std::to_string(run) + "-round" + std::to_string(round);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
   comm.barrier();
+  std::string offload;
+  if (run == kNvme) {
+    std::filesystem::create_directories(o.dir + "/nvme");
+    offload = ", sub_group_size: " + std::to_string(parameters(o) / 4) + ", offload_optimizer: {device: nvme, nvme_path: " +
+              o.dir + "/nvme}";
+  }
   const std::string yaml =
       "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
       "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
       ", layered: " + (run == kLayered ? "true" : "false") +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
-      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
+      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + offload + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
       "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
@@ -287,6 +297,7 @@ int main(int argc, char** argv) {
     for (const char* name : {"0", "1", "2", "3"}) row(name, name[0] - '0');
     row("0+bf16", kBf16);
     row("3+layers", kLayered);
+    row("3+nvme", kNvme);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
@@ -304,6 +315,12 @@ int main(int argc, char** argv) {
     std::printf("step time, stage 3 as layers / stage 2: %.4f (goal <= 1.25; each layer recomputed in backward)\n",
                 median(rate[2]) / median(rate[kLayered]));
     std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
+    std::printf("optimizer state in memory between steps, stage 3 with offload_optimizer nvme: %lld elements (goal 0; "
+                "%lld at stage 3 in memory)\n",
+                static_cast<long long>(held[kNvme].state_elements), static_cast<long long>(held[3].state_elements));
+    std::printf("step time, stage 3 with the state on nvme / stage 3 in memory: %.4f (the disk's read and write of "
+                "the state every step)\n",
+                median(rate[3]) / median(rate[kNvme]));
   }
   return 0;
 }

@@ -27,13 +27,15 @@ class ZeroStageThree : public Launcher {
   // Global batches of 16 records in micro-batches of 4: 4 micro-batches a step on one rank, 2
   // on 2, 1 on 4. Each rank's share is a contiguous slice of the global batch, so every run
   // computes the same micro-batches.
-  std::string engine_config(const std::string& name, int ranks, int stage, std::int64_t batches) {
+  // `zero`: more keys of zero_optimization.
+  std::string engine_config(const std::string& name, int ranks, int stage, std::int64_t batches,
+                            const std::string& zero = "") {
     return dir_.write(name + ".yaml",
         "name: launched\nentrypoint: " + std::string(HPCTRIAL_ENGINE_FAULT_TRIAL) + "\n"
         "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
         "hyperparameters: {global_batch_size: 16, own_files: false}\n"
         "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: " + std::to_string(stage) +
-        ", reduce_bucket_size: 50}}\n"
+        ", reduce_bucket_size: 50" + zero + "}}\n"
         "resources: {slots_per_trial: " + std::to_string(ranks) + "}\nreproducibility: {experiment_seed: 7}\n");
   }
   // Runs `config` to its end in the experiment `name` (under the test's directory); its last checkpoint.
@@ -128,6 +130,63 @@ TEST_F(ZeroStageThree, AFourRankCheckpointResumesOnTwoRanksAtStageOneAndOnOneAtS
     EXPECT_LE(difference, 1e-5) << ranks << " rank(s) at stage " << stage;
   }
 }
+
+// offload_optimizer with device nvme: each rank's optimizer state in a swap file under nvme_path
+// between steps, stepped 40 elements of parameters at a time.
+class ZeroOffload : public ZeroStageThree {
+ protected:
+  std::string nvme_keys() {
+    std::filesystem::create_directories(dir_.path() / "nvme");
+    return ", sub_group_size: 40, offload_optimizer: {device: nvme, nvme_path: " + (dir_.path() / "nvme").string() + "}";
+  }
+  // The swap directories left under nvme_path.
+  int left_in_nvme() {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir_.path() / "nvme")) ++n;
+    return n;
+  }
+};
+
+// At stages 2 and 3 on 2 ranks, the run with its optimizer state swapped to files ends with the
+// weights and optimizer state of the run that kept it in memory, bit for bit; the ranks leave no
+// swap file behind.
+TEST_F(ZeroOffload, AnNvmeOffloadedRunEqualsTheInMemoryOneBitwise) {
+  for (const int stage : {2, 3}) {
+    const std::string name = "stage" + std::to_string(stage);
+    const std::string memory = run_to_end(engine_config(name + "-memory", 2, stage, 60), name + "-memory", 60);
+    const std::string offloaded =
+        run_to_end(engine_config(name + "-nvme", 2, stage, 60, nvme_keys()), name + "-nvme", 60);
+    testing_support::expect_same_weights(memory, offloaded);
+    EXPECT_EQ(left_in_nvme(), 0) << "stage " << stage;
+  }
+}
+
+class ZeroOffloadStopped : public ZeroOffload, public testing::WithParamInterface<int> {};
+
+// SIGUSR2 raised in the chief or in the last rank: the offloaded run checkpoints (its state read
+// back from the files) and resumes to an uninterrupted offloaded run's weights and state, bit for
+// bit; that run's checkpoint resumes on one rank at stage 0 without offload.
+TEST_P(ZeroOffloadStopped, BySigusr2OnAnyRankResumesBitwise) {
+  const int rank = GetParam();
+  const std::string config = engine_config("exp", 2, 3, 80, nvme_keys());
+  auto first = run(config, "rank" + std::to_string(rank) + ":step25:restart0:usr2");
+  EXPECT_EQ(first->exit_code(), 75) << first->output();
+  EXPECT_THAT(first->output(), HasSubstr("stopped after 26 batches; checkpoint " + trial() +
+                                         "/checkpoints/ckpt-26.h5 is durable"));
+  auto second = run(config);
+  ASSERT_EQ(second->exit_code(), 0) << second->output();
+  EXPECT_THAT(second->output(), HasSubstr("resumed from " + trial() + "/checkpoints/ckpt-26.h5"));
+  const std::string straight = run_to_end(engine_config("straight", 2, 3, 80, nvme_keys()), "straight", 80);
+  testing_support::expect_same_weights(straight, trial() + "/checkpoints/ckpt-80.h5");
+  EXPECT_EQ(left_in_nvme(), 0);
+  expect_no_rank_left();
+  auto p = run(engine_config("single", 1, 0, 100), "", {"--experiment", (dir_.path() / "straight").string()});
+  ASSERT_EQ(p->exit_code(), 0) << p->output();
+  EXPECT_THAT(p->output(), HasSubstr("resumed from " + (dir_.path() / "straight/trial-0/checkpoints/ckpt-80.h5").string()));
+}
+
+INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ZeroOffloadStopped, testing::Values(0, 1),
+                         [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
 
 }  // namespace zero_stage3_test
 }  // namespace hpctrial

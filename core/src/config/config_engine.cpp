@@ -76,6 +76,30 @@ void read_pipeline(const ConfigNode& node, const std::string& path, Diagnostics&
   }
 }
 
+void read_offload(const ConfigNode& node, const std::string& path, Diagnostics& d, EngineConfig::Offload& o) {
+  if (!expect_map(node, path, d, "offload_optimizer: {device: nvme, nvme_path: /local/scratch}")) return;
+  MapReader r(&node, path, d);
+  if (const ConfigNode* n = r.get("device")) {
+    if (auto v = read_string(*n, r.path("device"), d)) {
+      if (*v == "none" || *v == "cpu" || *v == "nvme") {
+        o.device = *v;
+      } else {
+        report(*n, r.path("device"), d, "is '" + *v + "'; use none, cpu or nvme");
+      }
+    }
+  }
+  read_path(r, "nvme_path", o.nvme_path);
+  if (const ConfigNode* n = r.get("buffer_count")) {
+    if (auto v = read_int(*n, r.path("buffer_count"), d, 1, 1'000'000)) o.buffer_count = static_cast<int>(*v);
+  }
+  r.finish();
+  if (o.device == "nvme" && o.nvme_path.empty()) {
+    report(node, path, d,
+           "device nvme needs nvme_path: a directory on each node's local disk, where each rank keeps a swap file "
+           "of its optimizer state");
+  }
+}
+
 }  // namespace
 
 void read_engine(MapReader& r, EngineConfig& e) {
@@ -101,6 +125,10 @@ void read_engine(MapReader& r, EngineConfig& e) {
       if (const ConfigNode* size = z.get("reduce_bucket_size")) {
         if (auto v = read_int(*size, z.path("reduce_bucket_size"), d, 1, kMaxLength)) e.reduce_bucket_size = *v;
       }
+      if (const ConfigNode* size = z.get("sub_group_size")) {
+        if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
+      }
+      if (const ConfigNode* o = z.get("offload_optimizer")) read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer);
       z.finish();
     }
   }

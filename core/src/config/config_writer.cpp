@@ -215,6 +215,13 @@ void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
   out << YAML::Key << "gradient_clipping" << YAML::Value << number(e.gradient_clipping);
   out << YAML::Key << "zero_optimization" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "stage"
       << YAML::Value << e.zero_stage << YAML::Key << "reduce_bucket_size" << YAML::Value << e.reduce_bucket_size
+      << YAML::Key << "sub_group_size" << YAML::Value << e.sub_group_size << YAML::Key << "offload_optimizer"
+      << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
+      << e.offload_optimizer.device;
+  if (!e.offload_optimizer.nvme_path.empty()) {
+    out << YAML::Key << "nvme_path" << YAML::Value << e.offload_optimizer.nvme_path;
+  }
+  out << YAML::Key << "buffer_count" << YAML::Value << e.offload_optimizer.buffer_count << YAML::EndMap
       << YAML::EndMap;
   out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
       << YAML::Value << e.bf16 << YAML::EndMap;

@@ -1166,6 +1166,31 @@ TEST(ConfigErrors, PipelineMistakesAreLocated) {
   }
 }
 
+// offload_optimizer: a device it knows, nvme with a path, and a stage, device and engine it works with.
+TEST(ConfigErrors, OffloadMistakesAreLocated) {
+  const std::string base = std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: ";
+  EXPECT_EQ(one_error(base + "{stage: 3, offload_optimizer: {device: gpu}}}\n"),
+            "exp.yaml:4:103: engine.zero_optimization.offload_optimizer.device: is 'gpu'; use none, cpu or nvme");
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_optimizer: device nvme needs nvme_path: a directory on each "
+                        "node's local disk"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme, nvme_path: /x, pin_memory: true}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_optimizer.pin_memory"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme, nvme_path: /x, buffer_count: 0}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_optimizer.buffer_count: must be a positive integer"));
+  EXPECT_THAT(one_error(base + "{stage: 0, offload_optimizer: {device: cpu}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_optimizer: offloads ZeRO's optimizer state, and "
+                        "zero_optimization.stage is 0; set stage 1, 2 or 3"));
+  EXPECT_THAT(one_error(base + "{stage: 2, offload_optimizer: {device: nvme, nvme_path: /x}}}\n"
+                        "resources: {gpus_per_slot: 1}\n"),
+              HasSubstr("is for a model on the CPU in this version"));
+  EXPECT_THAT(one_error(std::string(kMinimal) + "resources: {slots_per_trial: 2}\nengine: {train_batch_size: 8, "
+                        "pipeline: {stages: 2}, zero_optimization: {stage: 1, offload_optimizer: {device: cpu}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_optimizer: with engine.pipeline is not supported yet"));
+  EXPECT_THAT(one_error(base + "{stage: 3, sub_group_size: 0}}\n"),
+              HasSubstr("engine.zero_optimization.sub_group_size: must be a positive integer"));
+}
+
 TEST(ConfigErrors, EngineMistakesAreLocated) {
   EXPECT_EQ(one_error(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: 5}}\n"),
             "exp.yaml:4:72: engine.zero_optimization.stage: must be at most 3, got \"5\"");

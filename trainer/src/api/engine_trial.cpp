@@ -278,14 +278,24 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
   engine->steps_origin_ = steps_origin_;
   engine->micro_origin_ = micro_origin_;
   engine->micro_steps_ = micro_steps_before(current_train_batch_);
-  if (zero_stage_ >= 1 && context_.data_parallel_size() == 1) {
+  const auto& config = context_.engine_config();
+  const bool swaps = config && config->offload_optimizer.device == "nvme";
+  if (zero_stage_ >= 1 && context_.data_parallel_size() == 1 && !swaps) {
     // Nothing to shard on one rank: the engine steps as at stage 0 (the same checkpoints).
     detail::ShardedOptimizer::check(*engine->optimizer_);
   } else if (zero_stage_ >= 1) {
     context_.exclude_from_gradient_sync(engine->model_);
     detail::ZeroOptions zero;
     zero.stage = zero_stage_;
-    if (const auto& config = context_.engine_config()) zero.bucket_elements = config->reduce_bucket_size;
+    if (config) zero.bucket_elements = config->reduce_bucket_size;
+    if (swaps) {
+      detail::SwapOptions swap;
+      swap.nvme_path = config->offload_optimizer.nvme_path;
+      swap.key = "engine.zero_optimization.offload_optimizer.nvme_path";
+      swap.sub_group_elements = config->sub_group_size;
+      swap.buffer_count = config->offload_optimizer.buffer_count;
+      zero.swap = swap;
+    }
     zero.partitions = partitions_.get();
     engine->sharded_ = std::make_unique<detail::ShardedOptimizer>(
         *engine->optimizer_, context_.communicator_for(context_.device()), zero);

@@ -158,6 +158,17 @@ struct EngineConfig {
   int zero_stage = 0;            // zero_optimization.stage
   // zero_optimization.reduce_bucket_size: the elements of a bucket of gradients ZeRO reduces at once
   std::int64_t reduce_bucket_size = 500'000'000;
+  // zero_optimization.offload_optimizer: where the optimizer state lives between steps.
+  // "none" or "cpu" (host memory: where a model on the CPU keeps it anyway), or "nvme" (a swap
+  // file a rank under nvme_path, on a local disk); buffer_count: the state tensors of sub-groups
+  // in memory at once during a step.
+  struct Offload {
+    std::string device = "none";
+    std::string nvme_path;
+    int buffer_count = 4;
+  } offload_optimizer;
+  // zero_optimization.sub_group_size: the elements of parameters the offloaded step takes at once.
+  std::int64_t sub_group_size = 1'000'000'000;
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
   // fp16: forward under float16 autocast (GPUs only), float32 weights, dynamic loss scaling.
   struct Fp16 {
