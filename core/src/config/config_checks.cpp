@@ -35,6 +35,31 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
   }
 }
 
+namespace {
+
+// offload_optimizer: at a ZeRO stage, on the CPU, without a pipeline.
+void check_offload(const ExperimentConfig& config, const ConfigNode& engine, Diagnostics& d) {
+  if (config.engine->offload_optimizer.device != "none") {
+    const ConfigNode* zero = engine.find("zero_optimization");
+    const ConfigNode* offload = zero != nullptr ? zero->find("offload_optimizer") : nullptr;
+    const ConfigNode& at = offload != nullptr ? *offload : engine;
+    const std::string key = "engine.zero_optimization.offload_optimizer";
+    if (config.engine->zero_stage == 0) {
+      report(at, key, d,
+             "offloads ZeRO's optimizer state, and zero_optimization.stage is 0; set stage 1, 2 or 3 (or remove "
+             "offload_optimizer)");
+    } else if (config.resources.gpus_per_slot > 0) {
+      report(at, key, d,
+             "is for a model on the CPU in this version (its optimizer state in host memory, or swapped to nvme_path); "
+             "a model on a GPU keeps its state on the GPU: set resources.gpus_per_slot: 0, or remove offload_optimizer");
+    } else if (config.engine->pipeline.stages > 1) {
+      report(at, key, d, "with engine.pipeline is not supported yet; train without the pipeline, or remove offload_optimizer");
+    }
+  }
+}
+
+}  // namespace
+
 void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagnostics& d) {
   if (!config.engine) return;
   const ConfigNode* engine = root.find("engine");
@@ -61,23 +86,7 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
              "resources.gpus_per_slot is 0; set resources.gpus_per_slot, or use `bf16: {enabled: true}` on the CPU");
     }
   }
-  if (config.engine->offload_optimizer.device != "none") {
-    const ConfigNode* zero = engine->find("zero_optimization");
-    const ConfigNode* offload = zero != nullptr ? zero->find("offload_optimizer") : nullptr;
-    const ConfigNode& at = offload != nullptr ? *offload : *engine;
-    const std::string key = "engine.zero_optimization.offload_optimizer";
-    if (config.engine->zero_stage == 0) {
-      report(at, key, d,
-             "offloads ZeRO's optimizer state, and zero_optimization.stage is 0; set stage 1, 2 or 3 (or remove "
-             "offload_optimizer)");
-    } else if (config.resources.gpus_per_slot > 0) {
-      report(at, key, d,
-             "is for a model on the CPU in this version (its optimizer state in host memory, or swapped to nvme_path); "
-             "a model on a GPU keeps its state on the GPU: set resources.gpus_per_slot: 0, or remove offload_optimizer");
-    } else if (config.engine->pipeline.stages > 1) {
-      report(at, key, d, "with engine.pipeline is not supported yet; train without the pipeline, or remove offload_optimizer");
-    }
-  }
+  check_offload(config, *engine, d);
   if (config.engine->pipeline.stages > 1) {
     const ConfigNode* pipeline = engine->find("pipeline");
     const ConfigNode& at = pipeline != nullptr ? *pipeline : *engine;

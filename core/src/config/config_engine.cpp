@@ -100,6 +100,22 @@ void read_offload(const ConfigNode& node, const std::string& path, Diagnostics& 
   }
 }
 
+void read_zero(const ConfigNode& node, const std::string& path, Diagnostics& d, EngineConfig& e) {
+  if (!expect_map(node, path, d, "zero_optimization: {stage: 2}")) return;
+  MapReader z(&node, path, d);
+  if (const ConfigNode* stage = z.get("stage")) {
+    if (auto v = read_int(*stage, z.path("stage"), d, 0, 3)) e.zero_stage = static_cast<int>(*v);
+  }
+  if (const ConfigNode* size = z.get("reduce_bucket_size")) {
+    if (auto v = read_int(*size, z.path("reduce_bucket_size"), d, 1, kMaxLength)) e.reduce_bucket_size = *v;
+  }
+  if (const ConfigNode* size = z.get("sub_group_size")) {
+    if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
+  }
+  if (const ConfigNode* o = z.get("offload_optimizer")) read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer);
+  z.finish();
+}
+
 }  // namespace
 
 void read_engine(MapReader& r, EngineConfig& e) {
@@ -116,22 +132,7 @@ void read_engine(MapReader& r, EngineConfig& e) {
   if (const ConfigNode* n = r.get("gradient_clipping")) {
     if (auto v = read_double(*n, r.path("gradient_clipping"), d, 0, 1e30, false)) e.gradient_clipping = *v;
   }
-  if (const ConfigNode* n = r.get("zero_optimization")) {
-    if (expect_map(*n, r.path("zero_optimization"), d, "zero_optimization: {stage: 2}")) {
-      MapReader z(n, r.path("zero_optimization"), d);
-      if (const ConfigNode* stage = z.get("stage")) {
-        if (auto v = read_int(*stage, z.path("stage"), d, 0, 3)) e.zero_stage = static_cast<int>(*v);
-      }
-      if (const ConfigNode* size = z.get("reduce_bucket_size")) {
-        if (auto v = read_int(*size, z.path("reduce_bucket_size"), d, 1, kMaxLength)) e.reduce_bucket_size = *v;
-      }
-      if (const ConfigNode* size = z.get("sub_group_size")) {
-        if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
-      }
-      if (const ConfigNode* o = z.get("offload_optimizer")) read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer);
-      z.finish();
-    }
-  }
+  if (const ConfigNode* n = r.get("zero_optimization")) read_zero(*n, r.path("zero_optimization"), d, e);
   if (const ConfigNode* n = r.get("bf16")) {
     if (expect_map(*n, r.path("bf16"), d, "bf16: {enabled: true}")) {
       MapReader b(n, r.path("bf16"), d);

@@ -1024,7 +1024,8 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
                                       "  train_micro_batch_size_per_gpu: 4\n"
                                       "  gradient_accumulation_steps: 2\n"
                                       "  gradient_clipping: 1.5\n"
-                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000}\n"
+                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000, sub_group_size: 64,\n"
+                                      "    offload_optimizer: {device: nvme, nvme_path: /local/nvme, buffer_count: 2}}\n"
                                       "  bf16: {enabled: true}\n");
   ASSERT_TRUE(c.engine);
   EXPECT_TRUE(c.engine->bf16);
@@ -1041,6 +1042,10 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
   EXPECT_EQ(again.engine->gradient_clipping, 1.5);
   EXPECT_EQ(again.engine->zero_stage, 2);
   EXPECT_EQ(again.engine->reduce_bucket_size, 1000);
+  EXPECT_EQ(again.engine->sub_group_size, 64);
+  EXPECT_EQ(again.engine->offload_optimizer.device, "nvme");
+  EXPECT_EQ(again.engine->offload_optimizer.nvme_path, "/local/nvme");
+  EXPECT_EQ(again.engine->offload_optimizer.buffer_count, 2);
   EXPECT_TRUE(again.engine->bf16);
   EXPECT_EQ(parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->reduce_bucket_size,
             500000000);
