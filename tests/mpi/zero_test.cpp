@@ -424,7 +424,14 @@ TEST_F(StateSwap, SwappedStateSavesAndLoadsAsInMemory) {
   swapped.zero->save_shards(pieces_b, "optimizer/0");
   ASSERT_EQ(pieces_a.pieces.size(), pieces_b.pieces.size());
   for (std::size_t i = 0; i < pieces_a.pieces.size(); ++i) EXPECT_EQ(pieces_a.pieces[i].crc, pieces_b.pieces[i].crc) << i;
-  EXPECT_EQ(swapped.zero->state_elements(), 0) << "a save left the state in memory";
+  EXPECT_EQ(swapped.zero->state_elements(), 0) << "a save read the state into memory";
+  // The pieces map the swap file; the steps after the save write the state elsewhere in it, so
+  // that a checkpoint still being written keeps the bytes of its batch.
+  step(swapped, 300);
+  step(swapped, 301);
+  for (const auto& piece : pieces_b.pieces) {
+    EXPECT_EQ(checkpoint::crc32c(static_cast<const char*>(piece.buffer->data()) + piece.from, piece.size), piece.crc);
+  }
   // Loaded into a fresh swapped optimizer (the parameters set to the trained ones), it steps on
   // as the trained one in memory.
   Trained loaded = make(swap(8, 2));

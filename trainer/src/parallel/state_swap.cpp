@@ -1,6 +1,7 @@
 #include "parallel/state_swap.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,7 +88,7 @@ StateSwapper::StateSwapper(torch::optim::Optimizer& optimizer, SwapOptions optio
                 where.c_str());
   }
   plan();
-  write_out_all(true);  // state made with the optimizer (Adagrad's sums)
+  write_out_all();  // state made with the optimizer (Adagrad's sums)
 }
 
 StateSwapper::~StateSwapper() {
@@ -127,12 +128,46 @@ std::size_t StateSwapper::fields(std::size_t sub_group) {
 
 StateSwapper::Slot& StateSwapper::slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes) {
   Slot& s = slots_[{parameter.unsafeGetTensorImpl(), field}];
-  if (s.nbytes != nbytes) {  // a new tensor, or one of another size: room at the end
-    s.offset = end_;
+  if (s.nbytes != nbytes) {  // a new tensor, or one of another size
+    s.offset = allocate(aligned(nbytes));
     s.nbytes = nbytes;
-    end_ += aligned(nbytes);
+  } else if (!s.pin.expired()) {  // a checkpoint still reads the last bytes: these go elsewhere
+    retired_.push_back({s.offset, aligned(nbytes), s.pin});
+    s.offset = allocate(aligned(nbytes));
+    s.pin.reset();
   }
   return s;
+}
+
+std::int64_t StateSwapper::allocate(std::int64_t length) {
+  for (auto it = retired_.begin(); it != retired_.end(); ++it) {
+    if (it->length == length && it->pin.expired()) {
+      const std::int64_t offset = it->offset;
+      retired_.erase(it);
+      return offset;
+    }
+  }
+  const std::int64_t offset = end_;
+  end_ += length;
+  return offset;
+}
+
+std::shared_ptr<const checkpoint::Buffer> StateSwapper::bytes_of(const torch::Tensor& state) {
+  const c10::Storage storage = state.storage();
+  const auto nbytes = static_cast<std::size_t>(state.nbytes());
+  if (storage.nbytes() > 0) {
+    auto copy = std::make_shared<checkpoint::Buffer>(nbytes);
+    std::memcpy(copy->data(), state.contiguous().data_ptr(), nbytes);
+    return copy;
+  }
+  const auto it = slot_of_storage_.find(storage.unsafeGetStorageImpl());
+  if (it == slot_of_storage_.end()) throw InternalError("a swapped-out optimizer state tensor has no place in " + file_.string());
+  Slot& s = slots_.at(it->second);
+  void* mapped = ::mmap(nullptr, nbytes, PROT_READ, MAP_SHARED, fd_, s.offset);
+  if (mapped == MAP_FAILED) core::throw_errno("mapping the optimizer state swap file " + file_.string(), errno);
+  std::shared_ptr<const void> mapping(mapped, [nbytes](const void* p) { ::munmap(const_cast<void*>(p), nbytes); });
+  s.pin = mapping;
+  return std::make_shared<checkpoint::Buffer>(mapping, mapped, nbytes);
 }
 
 StateSwapper::Loaded StateSwapper::read(std::size_t sub_group) {
@@ -166,26 +201,23 @@ void StateSwapper::install(Loaded& loaded) {
   loaded.entries.clear();
 }
 
-void StateSwapper::write_out(std::size_t sub_group, bool write) {
+void StateSwapper::write_out(std::size_t sub_group) {
   for (const auto& p : sub_groups_.at(sub_group)) {
     const auto tensors = state_of(p);
     for (std::size_t f = 0; f < tensors.size(); ++f) {
       c10::Storage storage = tensors[f].storage();
       const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
       if (nbytes == 0) continue;  // out already
-      if (write) {
-        const Slot& s = slot(p, f, nbytes);
-        char* data = static_cast<char*>(storage.data());
-        c10::DataPtr staging;
-        if (!owns_aligned(storage)) {  // made by the optimizer: copied where direct I/O can take it
-          staging = aligned_buffer(nbytes);
-          std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
-          data = static_cast<char*>(staging.get());
-        }
-        transfer(fd_, true, data, aligned(nbytes), s.offset, file_.string());
-      } else if (slots_.count({p.unsafeGetTensorImpl(), f}) == 0) {
-        throw InternalError("optimizer state released without a copy in " + file_.string());
+      const Slot& s = slot(p, f, nbytes);
+      char* data = static_cast<char*>(storage.data());
+      c10::DataPtr staging;
+      if (!owns_aligned(storage)) {  // made by the optimizer: copied where direct I/O can take it
+        staging = aligned_buffer(nbytes);
+        std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
+        data = static_cast<char*>(staging.get());
       }
+      transfer(fd_, true, data, aligned(nbytes), s.offset, file_.string());
+      slot_of_storage_[storage.unsafeGetStorageImpl()] = {p.unsafeGetTensorImpl(), f};
       storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
       storage.set_nbytes(0);
     }
@@ -226,7 +258,7 @@ void StateSwapper::step() {
                           std::to_string(options_.buffer_count) + " holds fewer than the " + std::to_string(fields(k)) +
                           " state tensors the optimizer keeps for a parameter: raise it to at least that");
       }
-      write_out(k, true);
+      write_out(k);
       if (ahead.valid()) {
         ahead.get();
       } else if (k + 1 < sub_groups_.size()) {
@@ -242,16 +274,8 @@ void StateSwapper::step() {
   restore();
 }
 
-void StateSwapper::read_in_all() {
-  for (std::size_t k = 0; k < sub_groups_.size(); ++k) {
-    Loaded loaded = read(k);
-    fill(loaded);
-    install(loaded);
-  }
-}
-
-void StateSwapper::write_out_all(bool write) {
-  for (std::size_t k = 0; k < sub_groups_.size(); ++k) write_out(k, write);
+void StateSwapper::write_out_all() {
+  for (std::size_t k = 0; k < sub_groups_.size(); ++k) write_out(k);
 }
 
 std::int64_t StateSwapper::swapped_elements() const {

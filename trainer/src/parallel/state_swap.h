@@ -12,14 +12,17 @@
 // so a step taken this way is bitwise the step taken at once.
 //
 // A state tensor stays the same object: only its storage's bytes come and go. Nothing but the
-// optimizer's step of its sub-group, and read_in_all() for a save or a load, may touch them.
+// optimizer's step of its sub-group may touch them; a checkpoint takes them with bytes_of().
 #pragma once
 
 #include <torch/torch.h>
 
+#include "hpctrial/checkpoint/format.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,10 +51,12 @@ class StateSwapper {
 
   // The optimizer's step, a sub-group at a time, every state tensor written out after it.
   void step();
-  // Every state tensor read in (before a save or a load reads or replaces them) and written out
-  // again (`write`: false when they did not change, as after a save).
-  void read_in_all();
-  void write_out_all(bool write);
+  // Every state tensor in memory written out and released (after a load made them).
+  void write_out_all();
+  // The bytes of a state tensor for a checkpoint, without reading them into memory: mapped
+  // read-only from the file when it is swapped out (the next steps write that tensor elsewhere
+  // in the file until the buffer is gone), copied when it is in memory.
+  std::shared_ptr<const checkpoint::Buffer> bytes_of(const torch::Tensor& state);
   // The elements of state tensors in the swap file and not in memory.
   std::int64_t swapped_elements() const;
   const std::filesystem::path& file() const { return file_; }
@@ -63,6 +68,12 @@ class StateSwapper {
   // Where a state tensor's bytes lie in the file.
   struct Slot {
     std::int64_t offset = 0, nbytes = 0;
+    std::weak_ptr<const void> pin;  // a checkpoint's mapping of the slot's bytes
+  };
+  // A region of the file that a checkpoint still maps, and its length.
+  struct Retired {
+    std::int64_t offset = 0, length = 0;
+    std::weak_ptr<const void> pin;
   };
   struct Loaded;
   // The parameters of each sub-group (the optimizer's, in its order).
@@ -74,8 +85,10 @@ class StateSwapper {
   Loaded read(std::size_t sub_group);
   void fill(Loaded& loaded);
   void install(Loaded& loaded);
-  void write_out(std::size_t sub_group, bool write);
+  void write_out(std::size_t sub_group);
   Slot& slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes);
+  // Room for `length` bytes (aligned): a retired region no checkpoint maps any more, or the end.
+  std::int64_t allocate(std::int64_t length);
 
   torch::optim::Optimizer& optimizer_;
   SwapOptions options_;
@@ -85,6 +98,9 @@ class StateSwapper {
   std::int64_t end_ = 0;  // the file's used length
   std::vector<std::vector<torch::Tensor>> sub_groups_;
   std::map<std::pair<const void*, std::size_t>, Slot> slots_;  // (parameter, field)
+  // The slot of each state tensor written out, by its storage (which stays the same object).
+  std::map<const void*, std::pair<const void*, std::size_t>> slot_of_storage_;
+  std::vector<Retired> retired_;
 };
 
 }  // namespace hpctrial::trainer::detail

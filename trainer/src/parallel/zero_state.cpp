@@ -34,10 +34,14 @@ std::string state_name(const std::string& prefix, std::size_t index, const std::
 // under `prefix`, and its parameter groups.
 nlohmann::json save_parts(torch::optim::Optimizer& optimizer, StateSwapper* swapper, checkpoint::Contents& parts,
                           checkpoint::Contents& out, const std::string& prefix) {
-  // State swapped out comes in for the copy and goes again (its bytes are in the file still).
-  if (swapper != nullptr) swapper->read_in_all();
-  save_optimizer(parts, "s", optimizer);
-  if (swapper != nullptr) swapper->write_out_all(/*write=*/false);
+  if (swapper == nullptr) {
+    save_optimizer(parts, "s", optimizer);
+  } else {
+    // State swapped out is not read into memory: its datasets map the swap file.
+    for (const auto& d : view_optimizer(parts, "s", optimizer)) {
+      parts.add(d.name, checkpoint_dtype(d.tensor.scalar_type()), d.tensor.sizes().vec(), swapper->bytes_of(d.tensor));
+    }
+  }
   out.add_text(prefix + "/type", parts.at("s/type", "the sharded optimizer").text());
   return nlohmann::json::parse(parts.at("s/param_groups", "the sharded optimizer").text());
 }
@@ -220,7 +224,7 @@ void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const st
   }
   parts.add_text("s/param_groups", groups.dump());
   load_optimizer(parts, "s", optimizer_, file);
-  if (swapper_) swapper_->write_out_all(/*write=*/true);  // the loaded state, made in memory
+  if (swapper_) swapper_->write_out_all();  // the loaded state, made in memory
 }
 
 }  // namespace hpctrial::trainer::detail
