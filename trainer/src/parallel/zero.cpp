@@ -237,6 +237,8 @@ ShardedOptimizer::~ShardedOptimizer() {
 void ShardedOptimizer::begin_backward(bool reduce, bool measure) {
   if (options_.stage == 1 && !reduce) return;  // stage 1 accumulates whole gradients until the step's backward
   std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::size_t k : in_flight_) complete(reductions_[k]);  // left by a backward that threw
+  in_flight_.clear();
   measuring_ = measure;
   local_sqr_ = 0;
   for (auto& reduction : reductions_) {
@@ -307,6 +309,13 @@ void ShardedOptimizer::launch(Reduction& reduction) {
                                               static_cast<std::size_t>(reduction.columns), comm::DType::kFloat32,
                                               comm::ReduceOp::kAvg);
   reduction.launched = true;
+  // At most two reductions in flight (DeepSpeed's max_param_reduce_events): the oldest is
+  // waited for and its send buffer freed, so that backward holds two buckets, not the model.
+  in_flight_.push_back(static_cast<std::size_t>(&reduction - reductions_.data()));
+  while (in_flight_.size() > kMaxInFlight) {
+    complete(reductions_[in_flight_.front()]);
+    in_flight_.pop_front();
+  }
 }
 
 void ShardedOptimizer::complete(Reduction& reduction) {
@@ -341,6 +350,7 @@ void ShardedOptimizer::reduce_rest() {
     launch(reduction);
   }
   for (auto& reduction : reductions_) complete(reduction);
+  in_flight_.clear();
 }
 
 void ShardedOptimizer::step() {

@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <map>
 #include <mutex>
@@ -288,6 +289,8 @@ class ShardedOptimizer {
   double measure_seconds_ = 0;
   double wait_seconds_ = 0;
   std::size_t next_launch_ = 0;
+  static constexpr std::size_t kMaxInFlight = 2;
+  std::deque<std::size_t> in_flight_;  // reductions launched and not yet completed, oldest first
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::unique_ptr<StateSwapper> swapper_;
