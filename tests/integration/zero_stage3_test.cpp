@@ -162,6 +162,15 @@ TEST_F(ZeroOffload, AnNvmeOffloadedRunEqualsTheInMemoryOneBitwise) {
   }
 }
 
+// On one rank there is nothing to shard, but offload_optimizer still swaps the state (ZeRO-Offload
+// on a single device): the run equals the one at stage 0 in memory, bit for bit.
+TEST_F(ZeroOffload, OnOneRankTheSwappedRunEqualsStageZero) {
+  const std::string memory = run_to_end(engine_config("one-memory", 1, 0, 40), "one-memory", 40);
+  const std::string offloaded = run_to_end(engine_config("one-nvme", 1, 2, 40, nvme_keys()), "one-nvme", 40);
+  testing_support::expect_same_weights(memory, offloaded);
+  EXPECT_EQ(left_in_nvme(), 0);
+}
+
 class ZeroOffloadStopped : public ZeroOffload, public testing::WithParamInterface<int> {};
 
 // SIGUSR2 raised in the chief or in the last rank: the offloaded run checkpoints (its state read

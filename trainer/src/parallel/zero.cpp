@@ -181,13 +181,12 @@ void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::op
     if (!built[i] && layout.numels[i] > 0) {
       comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), 0)->wait();
     }
-    const std::int64_t part = layout.buckets[i].part, n = layout.numels[i];
+    const std::int64_t part = layout.buckets[i].part;
     auto mine = group.flat.narrow(0, at, part);
-    const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);
     if (built[i]) {
       mine.copy_(built[i]->part);
-    } else if (hi > lo) {
-      mine.narrow(0, 0, hi - lo).copy_(group.params[i].detach().reshape({-1}).narrow(0, lo, hi - lo));
+    } else {
+      cut_part(group.params[i], mine, rank);
     }
     group.parts.push_back(mine.detach());
     at += part;

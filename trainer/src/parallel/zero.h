@@ -72,6 +72,13 @@ struct FlatLayout {
 // Stage 3's: a bucket for each parameter, of ceil(numel / ranks) x ranks elements.
 FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks);
 
+// The elements [first, second) of a parameter of `numel` elements that rank `rank`'s part of
+// `part` elements holds (DeepSpeed's _partition_param); the rest of the part is padding, and a
+// part may be padding only.
+std::pair<std::int64_t, std::int64_t> part_range(std::int64_t numel, std::int64_t part, std::int64_t rank);
+// Copies rank `rank`'s range of `whole` (flattened) into the front of `part`.
+void cut_part(const torch::Tensor& whole, const torch::Tensor& part, std::int64_t rank);
+
 // Buckets are filled from the last parameter back (the order backward produces gradients),
 // closing one before it would pass `bucket_elements`; a larger parameter has a bucket alone.
 FlatLayout flat_layout(const std::vector<std::int64_t>& numels, int ranks, std::int64_t bucket_elements);

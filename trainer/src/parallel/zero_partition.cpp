@@ -29,6 +29,17 @@ FlatLayout partition_layout(const std::vector<std::int64_t>& numels, int ranks) 
   return layout;
 }
 
+std::pair<std::int64_t, std::int64_t> part_range(std::int64_t numel, std::int64_t part, std::int64_t rank) {
+  const std::int64_t lo = std::min(rank * part, numel);
+  return {lo, std::min(lo + part, numel)};
+}
+
+void cut_part(const torch::Tensor& whole, const torch::Tensor& part, std::int64_t rank) {
+  torch::NoGradGuard no_grad;
+  const auto [lo, hi] = part_range(whole.numel(), part.numel(), rank);
+  if (hi > lo) part.narrow(0, 0, hi - lo).copy_(whole.detach().reshape({-1}).narrow(0, lo, hi - lo));
+}
+
 void PartitionStore::partition(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   for (auto& p : module.parameters()) {
@@ -36,10 +47,9 @@ void PartitionStore::partition(torch::nn::Module& module) {
     Entry entry;
     entry.shape = p.sizes().vec();
     if (p.numel() > 0) comm_.broadcast_async(p.data_ptr(), p.nbytes(), 0)->wait();
-    const std::int64_t n = p.numel(), part = (n + comm_.size() - 1) / comm_.size();
-    const std::int64_t lo = std::min(comm_.rank() * part, n), hi = std::min(lo + part, n);
+    const std::int64_t part = (p.numel() + comm_.size() - 1) / comm_.size();
     entry.part = torch::zeros({part}, p.options().requires_grad(false));
-    if (hi > lo) entry.part.narrow(0, 0, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo, hi - lo));
+    cut_part(p, entry.part, comm_.rank());
     entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
     p.set_data(torch::empty({0}, p.options().requires_grad(false)));
     entries_.emplace(p.unsafeGetTensorImpl(), std::move(entry));
@@ -143,11 +153,9 @@ void ShardedOptimizer::set_whole(std::size_t g, std::size_t i, const torch::Tens
     group.params[i].view({-1}).copy_(flat);
     return;
   }
-  const auto& bucket = group.layout.buckets[i];
-  const std::int64_t lo = std::min(comm_.rank() * bucket.part, n), hi = std::min(lo + bucket.part, n);
   auto& part = group.parts[i];
   part.zero_();
-  if (hi > lo) part.narrow(0, 0, hi - lo).copy_(flat.narrow(0, lo, hi - lo));
+  cut_part(flat, part, comm_.rank());
   if (group.gathered[i]) group.params[i].view({-1}).copy_(flat);
 }
 

@@ -146,8 +146,7 @@ void ShardedOptimizer::save_parameter_shards(ShardedSave& out,
     const Group& group = groups_[g];
     for (std::size_t i = 0; i < group.params.size(); ++i) {
       out.datasets.push_back({names.at(g).at(i), checkpoint::DType::kFloat32, group.shapes[i]});
-      const std::int64_t n = group.layout.numels[i], part = group.layout.buckets[i].part;
-      const std::int64_t lo = std::min(rank * part, n), hi = std::min(lo + part, n);
+      const auto [lo, hi] = part_range(group.layout.numels[i], group.layout.buckets[i].part, rank);
       if (lo >= hi) continue;  // this rank's part is padding only
       const auto size = static_cast<std::size_t>(hi - lo) * 4;
       auto buffer = std::make_shared<checkpoint::Buffer>(size);
