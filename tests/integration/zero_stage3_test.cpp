@@ -14,7 +14,6 @@
 
 #include "../support/same_weights.h"
 #include "hpctrial/checkpoint/format.h"
-#include "hpctrial/core/subprocess.h"
 #include "launcher_fixture.h"
 
 namespace hpctrial {
@@ -197,30 +196,6 @@ TEST_P(ZeroOffloadStopped, BySigusr2OnAnyRankResumesBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ZeroOffloadStopped, testing::Values(0, 1),
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
-
-// A memory limit: each rank may allocate 360 MiB past its start-up (RLIMIT_DATA, which the
-// benchmarks' zero_memory program sets in --probe mode). A model of 384 layers of 256 x 256
-// (101 MB of parameters, 202 MB of Adam state, 101 MB of it a rank) at stage 3 on 2 ranks, for 3
-// steps and a checkpoint: with its optimizer state in memory the run fails for memory; with the
-// state swapped to nvme it trains (measured: it needs 250 to 300 MiB, in memory 460 to 560).
-TEST_F(ZeroOffload, AModelWhoseStateExceedsAMemoryLimitTrainsWithItOnNvme) {
-  const auto probe = [&](bool nvme) {
-    std::vector<std::string> argv = {HPCTRIAL_MPIRUN, "-np", "2", "--oversubscribe", "--bind-to", "none",
-                                      HPCTRIAL_ZERO_MEMORY, "--probe", "--stage", "3", "--layers", "384",
-                                      "--hidden", "256", "--budget-mb", "360", "--dir",
-                                      (dir_.path() / (nvme ? "nvme-run" : "memory-run")).string()};
-    if (nvme) argv.push_back("--nvme");
-    core::RunOptions options;
-    options.timeout = std::chrono::minutes(5);
-    options.env_set = env();
-    return core::run_process(argv, options);
-  };
-  const auto memory = probe(false);
-  EXPECT_FALSE(memory.ok()) << "the state in memory fit the limit: " << memory.out << memory.err;
-  EXPECT_THAT(memory.out + memory.err, HasSubstr("can't allocate memory"));
-  const auto swapped = probe(true);
-  EXPECT_TRUE(swapped.ok()) << swapped.describe() << "\n" << swapped.out << swapped.err;
-}
 
 }  // namespace zero_stage3_test
 }  // namespace hpctrial

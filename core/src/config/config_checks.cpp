@@ -54,6 +54,10 @@ void check_offload(const ExperimentConfig& config, const ConfigNode& engine, Dia
              "a model on a GPU keeps its state on the GPU: set resources.gpus_per_slot: 0, or remove offload_optimizer");
     } else if (config.engine->pipeline.stages > 1) {
       report(at, key, d, "with engine.pipeline is not supported yet; train without the pipeline, or remove offload_optimizer");
+    } else if (config.engine->offload_optimizer.device == "nvme" && config.checkpoint_levels.memory()) {
+      report(at, key, d,
+             "on nvme with checkpoint_levels.memory is not supported yet (the copies in node memory would hold the "
+             "state the offload keeps out of it); remove checkpoint_levels.memory, or offload_optimizer");
     }
   }
 }

@@ -1192,6 +1192,9 @@ TEST(ConfigErrors, OffloadMistakesAreLocated) {
   EXPECT_THAT(one_error(std::string(kMinimal) + "resources: {slots_per_trial: 2}\nengine: {train_batch_size: 8, "
                         "pipeline: {stages: 2}, zero_optimization: {stage: 1, offload_optimizer: {device: cpu}}}\n"),
               HasSubstr("engine.zero_optimization.offload_optimizer: with engine.pipeline is not supported yet"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme, nvme_path: /x}}}\n"
+                        "checkpoint_levels: {memory: {period: {batches: 10}}}\n"),
+              HasSubstr("on nvme with checkpoint_levels.memory is not supported yet"));
   EXPECT_THAT(one_error(base + "{stage: 3, sub_group_size: 0}}\n"),
               HasSubstr("engine.zero_optimization.sub_group_size: must be a positive integer"));
 }

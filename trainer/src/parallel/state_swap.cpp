@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,83 +19,122 @@ namespace hpctrial::trainer::detail {
 namespace {
 
 // Direct I/O wants the buffer's address, the file offset and the length aligned to the disk's
-// logical block; 4096 covers every disk.
-constexpr std::int64_t kAlign = 4096;
+// logical block (4096 covers every disk); a checkpoint maps regions of the file, whose offsets
+// must be whole pages.
+std::int64_t alignment() {
+  static const std::int64_t a = std::max<std::int64_t>(4096, ::sysconf(_SC_PAGESIZE));
+  return a;
+}
 
-std::int64_t aligned(std::int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+std::int64_t aligned(std::int64_t n) { return (n + alignment() - 1) / alignment() * alignment(); }
 
 void free_aligned(void* p) { std::free(p); }
 
 // A buffer for `nbytes` that direct I/O can fill, as a storage's data.
 c10::DataPtr aligned_buffer(std::int64_t nbytes) {
-  void* p = std::aligned_alloc(kAlign, static_cast<std::size_t>(aligned(std::max<std::int64_t>(nbytes, 1))));
+  void* p = std::aligned_alloc(static_cast<std::size_t>(alignment()),
+                               static_cast<std::size_t>(aligned(std::max<std::int64_t>(nbytes, 1))));
   if (p == nullptr) throw std::bad_alloc();
   return c10::DataPtr(p, p, &free_aligned, c10::Device(c10::kCPU));
 }
 
 bool owns_aligned(const c10::Storage& storage) { return storage.data_ptr().get_deleter() == &free_aligned; }
 
-void transfer(int fd, bool writing, char* data, std::int64_t length, std::int64_t offset, const std::string& file) {
-  while (length > 0) {
-    const ssize_t n = writing ? ::pwrite(fd, data, static_cast<std::size_t>(length), offset)
-                              : ::pread(fd, data, static_cast<std::size_t>(length), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) core::throw_errno(std::string(writing ? "writing" : "reading") + " the optimizer state swap file " + file, errno);
-    if (n == 0) throw IoError("reading the optimizer state swap file " + file + ": it ends early (truncated by another process?)");
-    data += n;
-    length -= n;
-    offset += n;
-  }
-}
+// Whether a state tensor's bytes are in the file only.
+bool swapped_out(const torch::Tensor& t) { return t.numel() > 0 && t.storage().nbytes() == 0; }
 
 }  // namespace
 
 struct StateSwapper::Loaded {
   struct Entry {
     torch::Tensor tensor;
-    Slot slot;
+    std::int64_t offset = 0, nbytes = 0;
     c10::DataPtr data;
   };
   std::vector<Entry> entries;
 };
 
+void StateSwapper::check(const SwapOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options.nvme_path, ec)) {
+    throw ConfigError(options.key + " " + options.nvme_path.string() + " is not a directory: create it on each "
+                      "node's local disk (a fast one: the optimizer state is read and written there every step), or "
+                      "give another");
+  }
+}
+
 StateSwapper::StateSwapper(torch::optim::Optimizer& optimizer, SwapOptions options)
     : optimizer_(optimizer), options_(std::move(options)) {
+  check(options_);
   const std::string where = options_.key + " " + options_.nvme_path.string();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(options_.nvme_path, ec)) {
-    throw ConfigError(where + " is not a directory: create it on each node's local disk (a fast one: the optimizer "
-                      "state is read and written there every step), or give another");
+  if (!has_state_codec(optimizer_)) {
+    throw ConfigError(where + ": the optimizer's class keeps its state in a form hpctrial cannot swap; use SGD, Adam, "
+                      "AdamW, Adagrad or RMSprop, or remove offload_optimizer");
   }
   std::string name = (options_.nvme_path / ("hpctrial-optimizer-rank" + std::to_string(options_.rank) + "-XXXXXX"));
   if (::mkdtemp(name.data()) == nullptr) {
-    throw ConfigError(where + ": cannot make this rank's swap directory there: " + std::strerror(errno) +
+    const int err = errno;
+    throw ConfigError(where + ": cannot make this rank's swap directory there: " + std::strerror(err) +
                       "; give a directory every rank can write");
   }
   dir_ = name;
   file_ = dir_ / "state.swp";
-  fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
-  if (fd_ < 0 && errno == EINVAL) {  // a file system without direct I/O (tmpfs)
-    direct_ = false;
+  try {
+    // Created buffered, then switched to direct I/O: a file system that refuses O_DIRECT (tmpfs
+    // before Linux 6.6) keeps the page cache.
     fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd_ < 0) {
+      const int err = errno;
+      throw ConfigError(where + ": cannot make the swap file " + file_.string() + ": " + std::strerror(err));
+    }
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) buffered();
+    plan();
+    write_out_all();  // state made with the optimizer (Adagrad's sums)
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    throw;
   }
-  if (fd_ < 0) {
-    const int err = errno;
-    std::filesystem::remove(dir_, ec);
-    throw ConfigError(where + ": cannot make the swap file " + file_.string() + ": " + std::strerror(err));
-  }
-  if (!direct_) {
-    core::log_warning("{} does not take direct I/O (O_DIRECT): the optimizer state is swapped through the page cache",
-                where.c_str());
-  }
-  plan();
-  write_out_all();  // state made with the optimizer (Adagrad's sums)
 }
 
 StateSwapper::~StateSwapper() {
   if (fd_ >= 0) ::close(fd_);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
+}
+
+void StateSwapper::buffered() {
+  if (!direct_.exchange(false)) return;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT);
+  core::log_warning("{} {} does not take direct I/O (O_DIRECT): the optimizer state is swapped through the page cache",
+                    options_.key, options_.nvme_path.string());
+}
+
+void StateSwapper::transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) {
+  while (length > 0) {
+    const ssize_t n = writing ? ::pwrite(fd_, data, static_cast<std::size_t>(length), offset)
+                              : ::pread(fd_, data, static_cast<std::size_t>(length), offset);
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0 && err == EINVAL && direct_) {  // opened direct, but the file system refuses direct transfers
+      buffered();
+      continue;
+    }
+    if (n < 0) {
+      core::throw_errno(std::string(writing ? "writing" : "reading") + " the optimizer state swap file " +
+                            file_.string(), err);
+    }
+    if (n == 0) {
+      throw IoError("reading the optimizer state swap file " + file_.string() +
+                    ": it ends early (truncated by another process?)");
+    }
+    data += n;
+    length -= n;
+    offset += n;
+  }
 }
 
 void StateSwapper::plan() {
@@ -129,19 +169,22 @@ std::size_t StateSwapper::fields(std::size_t sub_group) {
 StateSwapper::Slot& StateSwapper::slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes) {
   Slot& s = slots_[{parameter.unsafeGetTensorImpl(), field}];
   if (s.nbytes != nbytes) {  // a new tensor, or one of another size
+    if (s.nbytes > 0 && mapped(s.unmapped)) retired_.push_back({s.offset, aligned(s.nbytes), s.unmapped});
     s.offset = allocate(aligned(nbytes));
     s.nbytes = nbytes;
-  } else if (!s.pin.expired()) {  // a checkpoint still reads the last bytes: these go elsewhere
-    retired_.push_back({s.offset, aligned(nbytes), s.pin});
+    s.unmapped.reset();
+  } else if (mapped(s.unmapped)) {  // a checkpoint still reads the last bytes: these go elsewhere
+    retired_.push_back({s.offset, aligned(nbytes), s.unmapped});
     s.offset = allocate(aligned(nbytes));
-    s.pin.reset();
+    s.unmapped.reset();
   }
+  s.mapping.reset();
   return s;
 }
 
 std::int64_t StateSwapper::allocate(std::int64_t length) {
   for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-    if (it->length == length && it->pin.expired()) {
+    if (it->length == length && !mapped(it->unmapped)) {
       const std::int64_t offset = it->offset;
       retired_.erase(it);
       return offset;
@@ -153,20 +196,30 @@ std::int64_t StateSwapper::allocate(std::int64_t length) {
 }
 
 std::shared_ptr<const checkpoint::Buffer> StateSwapper::bytes_of(const torch::Tensor& state) {
-  const c10::Storage storage = state.storage();
   const auto nbytes = static_cast<std::size_t>(state.nbytes());
-  if (storage.nbytes() > 0) {
+  if (!swapped_out(state)) {
     auto copy = std::make_shared<checkpoint::Buffer>(nbytes);
-    std::memcpy(copy->data(), state.contiguous().data_ptr(), nbytes);
+    if (nbytes > 0) std::memcpy(copy->data(), state.contiguous().data_ptr(), nbytes);
     return copy;
   }
-  const auto it = slot_of_storage_.find(storage.unsafeGetStorageImpl());
+  const auto it = slot_of_storage_.find(state.storage().unsafeGetStorageImpl());
   if (it == slot_of_storage_.end()) throw InternalError("a swapped-out optimizer state tensor has no place in " + file_.string());
   Slot& s = slots_.at(it->second);
+  if (auto live = s.mapping.lock()) return std::make_shared<checkpoint::Buffer>(live, s.mapped, nbytes);
   void* mapped = ::mmap(nullptr, nbytes, PROT_READ, MAP_SHARED, fd_, s.offset);
-  if (mapped == MAP_FAILED) core::throw_errno("mapping the optimizer state swap file " + file_.string(), errno);
-  std::shared_ptr<const void> mapping(mapped, [nbytes](const void* p) { ::munmap(const_cast<void*>(p), nbytes); });
-  s.pin = mapping;
+  if (mapped == MAP_FAILED) {
+    const int err = errno;
+    core::throw_errno("mapping the optimizer state swap file " + file_.string(), err);
+  }
+  // The region is free again once unmapped, not before: a direct write must not meet its pages.
+  auto unmapped = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<const void> mapping(mapped, [nbytes, unmapped](const void* p) {
+    ::munmap(const_cast<void*>(p), nbytes);
+    unmapped->store(true);
+  });
+  s.mapping = mapping;
+  s.mapped = mapped;
+  s.unmapped = unmapped;
   return std::make_shared<checkpoint::Buffer>(mapping, mapped, nbytes);
 }
 
@@ -176,10 +229,10 @@ StateSwapper::Loaded StateSwapper::read(std::size_t sub_group) {
   for (const auto& p : sub_groups_.at(sub_group)) {
     const auto tensors = state_of(p);
     for (std::size_t f = 0; f < tensors.size(); ++f) {
-      if (tensors[f].storage().nbytes() > 0) continue;  // in memory already
+      if (!swapped_out(tensors[f])) continue;  // in memory already
       const auto it = slots_.find({p.unsafeGetTensorImpl(), f});
       if (it == slots_.end()) throw InternalError("a swapped-out optimizer state tensor has no place in " + file_.string());
-      loaded.entries.push_back({tensors[f], it->second, {}});
+      loaded.entries.push_back({tensors[f], it->second.offset, it->second.nbytes, {}});
     }
   }
   return loaded;
@@ -187,8 +240,8 @@ StateSwapper::Loaded StateSwapper::read(std::size_t sub_group) {
 
 void StateSwapper::fill(Loaded& loaded) {
   for (auto& e : loaded.entries) {
-    e.data = aligned_buffer(e.slot.nbytes);
-    transfer(fd_, false, static_cast<char*>(e.data.get()), aligned(e.slot.nbytes), e.slot.offset, file_.string());
+    e.data = aligned_buffer(e.nbytes);
+    transfer(false, static_cast<char*>(e.data.get()), aligned(e.nbytes), e.offset);
   }
 }
 
@@ -196,7 +249,7 @@ void StateSwapper::install(Loaded& loaded) {
   for (auto& e : loaded.entries) {
     c10::Storage storage = e.tensor.storage();
     storage.set_data_ptr_noswap(std::move(e.data));
-    storage.set_nbytes(static_cast<std::size_t>(e.slot.nbytes));
+    storage.set_nbytes(static_cast<std::size_t>(e.nbytes));
   }
   loaded.entries.clear();
 }
@@ -216,7 +269,7 @@ void StateSwapper::write_out(std::size_t sub_group) {
         std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
         data = static_cast<char*>(staging.get());
       }
-      transfer(fd_, true, data, aligned(nbytes), s.offset, file_.string());
+      transfer(true, data, aligned(nbytes), s.offset);
       slot_of_storage_[storage.unsafeGetStorageImpl()] = {p.unsafeGetTensorImpl(), f};
       storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
       storage.set_nbytes(0);
@@ -282,7 +335,7 @@ std::int64_t StateSwapper::swapped_elements() const {
   std::int64_t sum = 0;
   for (const auto& group : sub_groups_) {
     for (const auto& p : group) {
-      for (const auto& t : state_of(p)) sum += t.storage().nbytes() == 0 ? t.numel() : 0;
+      for (const auto& t : state_of(p)) sum += swapped_out(t) ? t.numel() : 0;
     }
   }
   return sum;

@@ -19,6 +19,7 @@
 
 #include "hpctrial/checkpoint/format.h"
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -42,8 +43,10 @@ struct SwapOptions {
 class StateSwapper {
  public:
   // A private directory under nvme_path for this rank's swap file; ConfigError naming the key
-  // and the path when it cannot be made.
+  // and the path when it cannot be made, or when the optimizer is not one of LibTorch's six.
   StateSwapper(torch::optim::Optimizer& optimizer, SwapOptions options);
+  // The ConfigError of a nvme_path that is not a directory, before anything is taken over.
+  static void check(const SwapOptions& options);
   // Removes the swap file and its directory.
   ~StateSwapper();
   StateSwapper(const StateSwapper&) = delete;
@@ -61,20 +64,24 @@ class StateSwapper {
   std::int64_t swapped_elements() const;
   const std::filesystem::path& file() const { return file_; }
   // Whether the file system took direct I/O.
-  bool direct() const { return direct_; }
+  bool direct() const { return direct_.load(); }
   std::size_t sub_groups() const { return sub_groups_.size(); }
 
  private:
-  // Where a state tensor's bytes lie in the file.
+  // Where a state tensor's bytes lie in the file, and a checkpoint's mapping of them: `unmapped`
+  // turns true once that mapping is gone (null: never mapped).
   struct Slot {
     std::int64_t offset = 0, nbytes = 0;
-    std::weak_ptr<const void> pin;  // a checkpoint's mapping of the slot's bytes
+    std::weak_ptr<const void> mapping;
+    void* mapped = nullptr;
+    std::shared_ptr<std::atomic<bool>> unmapped;
   };
-  // A region of the file that a checkpoint still maps, and its length.
+  // A region of the file a checkpoint may still map, and its length.
   struct Retired {
     std::int64_t offset = 0, length = 0;
-    std::weak_ptr<const void> pin;
+    std::shared_ptr<std::atomic<bool>> unmapped;
   };
+  static bool mapped(const std::shared_ptr<std::atomic<bool>>& unmapped) { return unmapped && !unmapped->load(); }
   struct Loaded;
   // The parameters of each sub-group (the optimizer's, in its order).
   void plan();
@@ -85,6 +92,10 @@ class StateSwapper {
   Loaded read(std::size_t sub_group);
   void fill(Loaded& loaded);
   void install(Loaded& loaded);
+  // pread or pwrite the whole length (any thread); an EINVAL of direct I/O turns it off.
+  void transfer(bool writing, char* data, std::int64_t length, std::int64_t offset);
+  // Direct I/O off, with a warning (once).
+  void buffered();
   void write_out(std::size_t sub_group);
   Slot& slot(const torch::Tensor& parameter, std::size_t field, std::int64_t nbytes);
   // Room for `length` bytes (aligned): a retired region no checkpoint maps any more, or the end.
@@ -94,7 +105,7 @@ class StateSwapper {
   SwapOptions options_;
   std::filesystem::path dir_, file_;
   int fd_ = -1;
-  bool direct_ = true;
+  std::atomic<bool> direct_{true};
   std::int64_t end_ = 0;  // the file's used length
   std::vector<std::vector<torch::Tensor>> sub_groups_;
   std::map<std::pair<const void*, std::size_t>, Slot> slots_;  // (parameter, field)

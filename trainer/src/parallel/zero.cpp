@@ -111,6 +111,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
                                    ZeroOptions options)
     : optimizer_(optimizer), comm_(communicator), options_(options) {
   check(optimizer);
+  if (options_.swap) StateSwapper::check(*options_.swap);
   if (options_.stage < 1 || options_.stage > 3) {
     throw InternalError("ShardedOptimizer: ZeRO stage " + std::to_string(options_.stage));
   }
@@ -236,8 +237,6 @@ ShardedOptimizer::~ShardedOptimizer() {
 void ShardedOptimizer::begin_backward(bool reduce, bool measure) {
   if (options_.stage == 1 && !reduce) return;  // stage 1 accumulates whole gradients until the step's backward
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const std::size_t k : in_flight_) complete(reductions_[k]);  // left by a backward that threw
-  in_flight_.clear();
   measuring_ = measure;
   local_sqr_ = 0;
   for (auto& reduction : reductions_) {
@@ -271,6 +270,19 @@ void ShardedOptimizer::disarm() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;
   measuring_ = false;
+  // The reductions in flight of the backward that threw: waited for (their buffers are the
+  // collective's until then) and dropped, so that none is launched again while in flight.
+  for (const std::size_t k : in_flight_) {
+    Reduction& reduction = reductions_[k];
+    try {
+      if (reduction.work) reduction.work->wait();
+    } catch (const std::exception&) {  // the backward's own error is the one to report
+    }
+    reduction.work.reset();
+    reduction.send = torch::Tensor();
+    reduction.recv = torch::Tensor();
+  }
+  in_flight_.clear();
 }
 
 void ShardedOptimizer::take_gradient(Reduction& reduction, std::size_t param) {

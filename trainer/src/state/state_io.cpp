@@ -471,6 +471,8 @@ std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer) {
   return elements;
 }
 
+bool has_state_codec(torch::optim::Optimizer& optimizer) { return codec_for(optimizer) != nullptr; }
+
 std::vector<torch::Tensor> parameter_state_tensors(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter) {
   const OptimizerCodec* codec = codec_for(optimizer);
   const auto it = optimizer.state().find(optimizer_state_key(parameter));

@@ -81,6 +81,8 @@ void append_optimizer_options_fingerprint(torch::optim::Optimizer& optimizer, st
 void load_optimizer_options_text(torch::optim::Optimizer& optimizer, const std::string& text, const std::string& what);
 // The elements of the optimizer's per-parameter state tensors (what it holds in memory).
 std::int64_t optimizer_state_elements(torch::optim::Optimizer& optimizer);
+// Whether the optimizer is one of the six types whose state is read and written field by field.
+bool has_state_codec(torch::optim::Optimizer& optimizer);
 // The tensors of one parameter's state (sharing their storage with the optimizer's), in the
 // order save_optimizer writes them; none when it has no state yet or its type is not one of the
 // six.
