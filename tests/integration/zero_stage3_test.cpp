@@ -135,9 +135,12 @@ TEST_F(ZeroStageThree, AFourRankCheckpointResumesOnTwoRanksAtStageOneAndOnOneAtS
 // between steps, stepped 40 elements of parameters at a time.
 class ZeroOffload : public ZeroStageThree {
  protected:
-  std::string nvme_keys() {
+  // With `param`, offload_param on nvme too (stage 3): the parameters' parts in the same files.
+  std::string nvme_keys(bool param = false) {
     std::filesystem::create_directories(dir_.path() / "nvme");
-    return ", sub_group_size: 40, offload_optimizer: {device: nvme, nvme_path: " + (dir_.path() / "nvme").string() + "}";
+    const std::string path = (dir_.path() / "nvme").string();
+    return ", sub_group_size: 40, offload_optimizer: {device: nvme, nvme_path: " + path + "}" +
+           (param ? ", offload_param: {device: nvme, nvme_path: " + path + "}" : "");
   }
   // The swap directories left under nvme_path.
   int left_in_nvme() {
@@ -147,9 +150,9 @@ class ZeroOffload : public ZeroStageThree {
   }
 };
 
-// At stages 2 and 3 on 2 ranks, the run with its optimizer state swapped to files ends with the
-// weights and optimizer state of the run that kept it in memory, bit for bit; the ranks leave no
-// swap file behind.
+// At stages 2 and 3 on 2 ranks, the run with its optimizer state swapped to files (and at stage 3
+// with the parameters' parts too) ends with the weights and optimizer state of the run that kept
+// them in memory, bit for bit; the ranks leave no swap file behind.
 TEST_F(ZeroOffload, AnNvmeOffloadedRunEqualsTheInMemoryOneBitwise) {
   for (const int stage : {2, 3}) {
     const std::string name = "stage" + std::to_string(stage);
@@ -158,6 +161,11 @@ TEST_F(ZeroOffload, AnNvmeOffloadedRunEqualsTheInMemoryOneBitwise) {
         run_to_end(engine_config(name + "-nvme", 2, stage, 60, nvme_keys()), name + "-nvme", 60);
     testing_support::expect_same_weights(memory, offloaded);
     EXPECT_EQ(left_in_nvme(), 0) << "stage " << stage;
+    if (stage != 3) continue;
+    const std::string params =
+        run_to_end(engine_config(name + "-param", 2, stage, 60, nvme_keys(true)), name + "-param", 60);
+    testing_support::expect_same_weights(memory, params);
+    EXPECT_EQ(left_in_nvme(), 0) << "offload_param";
   }
 }
 
@@ -172,12 +180,13 @@ TEST_F(ZeroOffload, OnOneRankTheSwappedRunEqualsStageZero) {
 
 class ZeroOffloadStopped : public ZeroOffload, public testing::WithParamInterface<int> {};
 
-// SIGUSR2 raised in the chief or in the last rank: the offloaded run checkpoints (its state read
-// back from the files) and resumes to an uninterrupted offloaded run's weights and state, bit for
-// bit; that run's checkpoint resumes on one rank at stage 0 without offload.
+// SIGUSR2 raised in the chief or in the last rank: the run with its optimizer state and its
+// parameters' parts offloaded checkpoints (their bytes mapped from the files) and resumes to an
+// uninterrupted offloaded run's weights and state, bit for bit; that run's checkpoint resumes on
+// one rank at stage 0 without offload.
 TEST_P(ZeroOffloadStopped, BySigusr2OnAnyRankResumesBitwise) {
   const int rank = GetParam();
-  const std::string config = engine_config("exp", 2, 3, 80, nvme_keys());
+  const std::string config = engine_config("exp", 2, 3, 80, nvme_keys(true));
   auto first = run(config, "rank" + std::to_string(rank) + ":step25:restart0:usr2");
   EXPECT_EQ(first->exit_code(), 75) << first->output();
   EXPECT_THAT(first->output(), HasSubstr("stopped after 26 batches; checkpoint " + trial() +
@@ -185,7 +194,7 @@ TEST_P(ZeroOffloadStopped, BySigusr2OnAnyRankResumesBitwise) {
   auto second = run(config);
   ASSERT_EQ(second->exit_code(), 0) << second->output();
   EXPECT_THAT(second->output(), HasSubstr("resumed from " + trial() + "/checkpoints/ckpt-26.h5"));
-  const std::string straight = run_to_end(engine_config("straight", 2, 3, 80, nvme_keys()), "straight", 80);
+  const std::string straight = run_to_end(engine_config("straight", 2, 3, 80, nvme_keys(true)), "straight", 80);
   testing_support::expect_same_weights(straight, trial() + "/checkpoints/ckpt-80.h5");
   EXPECT_EQ(left_in_nvme(), 0);
   expect_no_rank_left();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <tuple>
 #include <optional>
 
 #include <unistd.h>
@@ -293,8 +294,10 @@ class StateSwap : public testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
-  SwapOptions swap(std::int64_t sub_group_elements, int buffer_count, const std::filesystem::path& where = {}) const {
+  SwapOptions swap(std::int64_t sub_group_elements, int buffer_count, const std::filesystem::path& where = {},
+                   bool parameters = false) const {
     SwapOptions o;
+    o.parameters = parameters;
     o.nvme_path = where.empty() ? dir_ : where;
     o.key = "engine.zero_optimization.offload_optimizer.nvme_path";
     o.sub_group_elements = sub_group_elements;
@@ -308,8 +311,9 @@ class StateSwap : public testing::Test {
 // The step of each sub-group in turn, its state read from the file and written back, is bitwise
 // the step in memory, for every element-wise optimizer at every stage: with one sub-group and
 // with several, the next one read ahead or not (Adam's two moments and RMSprop's two buffers
-// fill two buffers; Adagrad's sum, one). Between steps no state is in memory, and the file is
-// the rank's own and goes with the optimizer.
+// fill two buffers; Adagrad's sum, one), and at stage 3 with the parameters' parts swapped too
+// (offload_param). Between steps no state is in memory (nor, so swapped, any part), and the
+// file is the rank's own and goes with the optimizer.
 TEST_F(StateSwap, TheStateInAFileStepsBitwiseAsInMemory) {
   const std::vector<std::pair<std::string, MakeOptimizer>> optimizers = {
       {"adam", [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -331,16 +335,24 @@ TEST_F(StateSwap, TheStateInAFileStepsBitwiseAsInMemory) {
       in_memory.stage = stage;
       in_memory.bucket_elements = 16;
       const auto expected = train(make, &in_memory, comm_, 6);
-      for (const auto& [sub_group, buffers] : {std::pair{std::int64_t{1'000'000'000}, 4}, {8, 4}, {8, 2}}) {
+      for (const auto& [sub_group, buffers, parameters] :
+           {std::tuple{std::int64_t{1'000'000'000}, 4, false}, {8, 4, false}, {8, 2, false},
+            {1'000'000'000, 4, stage == 3}, {8, 2, stage == 3}}) {
         const std::string how = name + ", stage " + std::to_string(stage) + ", sub-groups of " +
-                                std::to_string(sub_group) + ", " + std::to_string(buffers) + " buffers";
+                                std::to_string(sub_group) + ", " + std::to_string(buffers) + " buffers" +
+                                (parameters ? ", parameters swapped" : "");
         ZeroOptions swapped = in_memory;
-        swapped.swap = swap(sub_group, buffers);
+        swapped.swap = swap(sub_group, buffers, {}, parameters);
         std::filesystem::path file;
         const auto got = train(make, &swapped, comm_, 6, nullptr, nullptr, [&](ShardedOptimizer& zero) {
           ASSERT_NE(zero.swapper(), nullptr);
           file = zero.swapper()->file();
           EXPECT_EQ(zero.state_elements(), 0) << how << ": state is in memory between steps";
+          if (parameters) {
+            EXPECT_EQ(zero.parameter_elements(), 0) << how << ": a part is in memory between steps";
+          } else if (stage == 3) {
+            EXPECT_GT(zero.parameter_elements(), 0) << how;
+          }
           EXPECT_GT(zero.swapper()->swapped_elements(), 0) << how;
           EXPECT_EQ(zero.swapper()->sub_groups() > 1, sub_group == 8) << how;
           EXPECT_TRUE(zero.swapper()->direct()) << how << ": " << dir_ << " refused direct I/O";
@@ -404,50 +416,59 @@ TEST_F(StateSwap, SwappedStateSavesAndLoadsAsInMemory) {
     t.zero->end_backward();
     t.zero->step();
   };
-  Trained memory = make(std::nullopt), swapped = make(swap(8, 4));
-  for (int k = 0; k < 2; ++k) {
-    step(memory, 100 + k);
-    step(swapped, 100 + k);
-  }
-  checkpoint::Contents a, b;
-  memory.zero->save_whole(a, "optimizer/0");
-  swapped.zero->save_whole(b, "optimizer/0");
-  ASSERT_EQ(a.datasets.size(), b.datasets.size());
-  for (const auto& d : a.datasets) {
-    const checkpoint::Dataset* other = b.find(d.name);
-    ASSERT_NE(other, nullptr) << d.name;
-    ASSERT_EQ(other->nbytes(), d.nbytes()) << d.name;
-    EXPECT_EQ(std::memcmp(other->data->data(), d.data->data(), d.nbytes()), 0) << d.name;
-  }
-  ShardedSave pieces_a, pieces_b;
-  memory.zero->save_shards(pieces_a, "optimizer/0");
-  swapped.zero->save_shards(pieces_b, "optimizer/0");
-  ASSERT_EQ(pieces_a.pieces.size(), pieces_b.pieces.size());
-  for (std::size_t i = 0; i < pieces_a.pieces.size(); ++i) EXPECT_EQ(pieces_a.pieces[i].crc, pieces_b.pieces[i].crc) << i;
-  EXPECT_EQ(swapped.zero->state_elements(), 0) << "a save read the state into memory";
-  // The pieces map the swap file; the steps after the save write the state elsewhere in it, so
-  // that a checkpoint still being written keeps the bytes of its batch.
-  step(swapped, 300);
-  step(swapped, 301);
-  for (const auto& piece : pieces_b.pieces) {
-    EXPECT_EQ(checkpoint::crc32c(static_cast<const char*>(piece.buffer->data()) + piece.from, piece.size), piece.crc);
-  }
-  // Loaded into a fresh swapped optimizer (the parameters set to the trained ones), it steps on
-  // as the trained one in memory.
-  Trained loaded = make(swap(8, 2));
-  memory.zero->gather_all();
-  for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
-    loaded.zero->set_whole(0, i, memory.net->parameters()[i].detach());
-  }
-  memory.zero->release_all();
-  loaded.zero->load_whole(a, "optimizer/0", "ckpt.h5");
-  EXPECT_EQ(loaded.zero->state_elements(), 0) << "a load left the state in memory";
-  step(memory, 200);
-  step(loaded, 200);
-  memory.zero->gather_all();
-  loaded.zero->gather_all();
-  for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
-    EXPECT_TRUE(torch::equal(memory.net->parameters()[i], loaded.net->parameters()[i])) << i;
+  for (const bool parameters : {false, true}) {
+    SCOPED_TRACE(parameters ? "parameters swapped" : "state swapped");
+    Trained memory = make(std::nullopt), swapped = make(swap(8, 4, {}, parameters));
+    for (int k = 0; k < 2; ++k) {
+      step(memory, 100 + k);
+      step(swapped, 100 + k);
+    }
+    checkpoint::Contents a, b;
+    memory.zero->save_whole(a, "optimizer/0");
+    swapped.zero->save_whole(b, "optimizer/0");
+    ASSERT_EQ(a.datasets.size(), b.datasets.size());
+    for (const auto& d : a.datasets) {
+      const checkpoint::Dataset* other = b.find(d.name);
+      ASSERT_NE(other, nullptr) << d.name;
+      ASSERT_EQ(other->nbytes(), d.nbytes()) << d.name;
+      EXPECT_EQ(std::memcmp(other->data->data(), d.data->data(), d.nbytes()), 0) << d.name;
+    }
+    ShardedSave pieces_a, pieces_b;
+    memory.zero->save_shards(pieces_a, "optimizer/0");
+    swapped.zero->save_shards(pieces_b, "optimizer/0");
+    const std::vector<std::vector<std::string>> names = {{"a.weight", "a.bias", "b.weight", "b.bias"}};
+    memory.zero->save_parameter_shards(pieces_a, names);
+    swapped.zero->save_parameter_shards(pieces_b, names);
+    ASSERT_EQ(pieces_a.pieces.size(), pieces_b.pieces.size());
+    for (std::size_t i = 0; i < pieces_a.pieces.size(); ++i) EXPECT_EQ(pieces_a.pieces[i].crc, pieces_b.pieces[i].crc) << i;
+    EXPECT_EQ(swapped.zero->state_elements(), 0) << "a save read the state into memory";
+    if (parameters) {
+      EXPECT_EQ(swapped.zero->parameter_elements(), 0) << "a save read a part into memory";
+    }
+    // The pieces map the swap file; the steps after the save write the state elsewhere in it, so
+    // that a checkpoint still being written keeps the bytes of its batch.
+    step(swapped, 300);
+    step(swapped, 301);
+    for (const auto& piece : pieces_b.pieces) {
+      EXPECT_EQ(checkpoint::crc32c(static_cast<const char*>(piece.buffer->data()) + piece.from, piece.size), piece.crc);
+    }
+    // Loaded into a fresh swapped optimizer (the parameters set to the trained ones), it steps on
+    // as the trained one in memory.
+    Trained loaded = make(swap(8, 2, {}, parameters));
+    memory.zero->gather_all();
+    for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
+      loaded.zero->set_whole(0, i, memory.net->parameters()[i].detach());
+    }
+    memory.zero->release_all();
+    loaded.zero->load_whole(a, "optimizer/0", "ckpt.h5");
+    EXPECT_EQ(loaded.zero->state_elements(), 0) << "a load left the state in memory";
+    step(memory, 200);
+    step(loaded, 200);
+    memory.zero->gather_all();
+    loaded.zero->gather_all();
+    for (std::size_t i = 0; i < memory.net->parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(memory.net->parameters()[i], loaded.net->parameters()[i])) << i;
+    }
   }
 }
 

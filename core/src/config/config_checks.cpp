@@ -37,12 +37,17 @@ void check_hyperparameters(const ExperimentConfig& config, const ConfigNode& roo
 
 namespace {
 
+// The node of zero_optimization's `key`, or the engine section's where it is not written.
+const ConfigNode& zero_node(const ConfigNode& engine, const char* key) {
+  const ConfigNode* zero = engine.find("zero_optimization");
+  const ConfigNode* node = zero != nullptr ? zero->find(key) : nullptr;
+  return node != nullptr ? *node : engine;
+}
+
 // offload_optimizer: at a ZeRO stage, on the CPU, without a pipeline.
 void check_offload(const ExperimentConfig& config, const ConfigNode& engine, Diagnostics& d) {
   if (config.engine->offload_optimizer.device != "none") {
-    const ConfigNode* zero = engine.find("zero_optimization");
-    const ConfigNode* offload = zero != nullptr ? zero->find("offload_optimizer") : nullptr;
-    const ConfigNode& at = offload != nullptr ? *offload : engine;
+    const ConfigNode& at = zero_node(engine, "offload_optimizer");
     const std::string key = "engine.zero_optimization.offload_optimizer";
     if (config.engine->zero_stage == 0) {
       report(at, key, d,
@@ -59,6 +64,34 @@ void check_offload(const ExperimentConfig& config, const ConfigNode& engine, Dia
              "on nvme with checkpoint_levels.memory is not supported yet (the copies in node memory would hold the "
              "state the offload keeps out of it); remove checkpoint_levels.memory, or offload_optimizer");
     }
+  }
+}
+
+// offload_param: at stage 3 (DeepSpeed's rule: only stage 3 partitions the parameters), on the
+// CPU; on nvme, in the optimizer state's swap file.
+void check_offload_param(const ExperimentConfig& config, const ConfigNode& engine, Diagnostics& d) {
+  const auto& param = config.engine->offload_param;
+  const auto& optimizer = config.engine->offload_optimizer;
+  if (param.device == "none") return;
+  const ConfigNode& at = zero_node(engine, "offload_param");
+  const std::string key = "engine.zero_optimization.offload_param";
+  if (config.engine->zero_stage != 3) {
+    report(at, key, d,
+           "offloads the parameters' parts, and only ZeRO stage 3 partitions the parameters (zero_optimization.stage "
+           "is " + std::to_string(config.engine->zero_stage) + "); set stage 3, or remove offload_param");
+  } else if (config.resources.gpus_per_slot > 0) {
+    report(at, key, d,
+           "is for a model on the CPU in this version; set resources.gpus_per_slot: 0, or remove offload_param");
+  } else if (param.device == "nvme" && optimizer.device != "nvme") {
+    report(at, key, d,
+           "on nvme keeps each rank's parts of the parameters in its optimizer state's swap file, and "
+           "offload_optimizer.device is " + optimizer.device + "; set offload_optimizer: {device: nvme, nvme_path: " +
+               (param.nvme_path.empty() ? std::string("...") : param.nvme_path) + "} too, or offload_param.device: none");
+  } else if (param.device == "nvme" && param.nvme_path != optimizer.nvme_path) {
+    report(at, key, d,
+           "nvme_path " + param.nvme_path + " is not offload_optimizer's (" + optimizer.nvme_path +
+               "): a rank keeps its parts of the parameters in its optimizer state's swap file; give both the same "
+               "directory");
   }
 }
 
@@ -91,6 +124,7 @@ void check_engine(const ExperimentConfig& config, const ConfigNode& root, Diagno
     }
   }
   check_offload(config, *engine, d);
+  check_offload_param(config, *engine, d);
   if (config.engine->pipeline.stages > 1) {
     const ConfigNode* pipeline = engine->find("pipeline");
     const ConfigNode& at = pipeline != nullptr ? *pipeline : *engine;

@@ -76,8 +76,12 @@ void read_pipeline(const ConfigNode& node, const std::string& path, Diagnostics&
   }
 }
 
-void read_offload(const ConfigNode& node, const std::string& path, Diagnostics& d, EngineConfig::Offload& o) {
-  if (!expect_map(node, path, d, "offload_optimizer: {device: nvme, nvme_path: /local/scratch}")) return;
+// offload_optimizer, or (`param`) offload_param, which has no buffer_count: its parts are read
+// a gather's at a time.
+void read_offload(const ConfigNode& node, const std::string& path, Diagnostics& d, EngineConfig::Offload& o,
+                  bool param) {
+  const std::string name = param ? "offload_param" : "offload_optimizer";
+  if (!expect_map(node, path, d, name + ": {device: nvme, nvme_path: /local/scratch}")) return;
   MapReader r(&node, path, d);
   if (const ConfigNode* n = r.get("device")) {
     if (auto v = read_string(*n, r.path("device"), d)) {
@@ -89,14 +93,15 @@ void read_offload(const ConfigNode& node, const std::string& path, Diagnostics& 
     }
   }
   read_path(r, "nvme_path", o.nvme_path);
-  if (const ConfigNode* n = r.get("buffer_count")) {
+  if (const ConfigNode* n = param ? nullptr : r.get("buffer_count")) {
     if (auto v = read_int(*n, r.path("buffer_count"), d, 1, 1'000'000)) o.buffer_count = static_cast<int>(*v);
   }
   r.finish();
   if (o.device == "nvme" && o.nvme_path.empty()) {
     report(node, path, d,
-           "device nvme needs nvme_path: a directory on each node's local disk, where each rank keeps a swap file "
-           "of its optimizer state");
+           std::string("device nvme needs nvme_path: a directory on each node's local disk, where each rank keeps a "
+                       "swap file of its ") +
+               (param ? "parts of the parameters" : "optimizer state"));
   }
 }
 
@@ -112,7 +117,10 @@ void read_zero(const ConfigNode& node, const std::string& path, Diagnostics& d, 
   if (const ConfigNode* size = z.get("sub_group_size")) {
     if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
   }
-  if (const ConfigNode* o = z.get("offload_optimizer")) read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer);
+  if (const ConfigNode* o = z.get("offload_optimizer")) {
+    read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer, false);
+  }
+  if (const ConfigNode* o = z.get("offload_param")) read_offload(*o, z.path("offload_param"), d, e.offload_param, true);
   z.finish();
 }
 

@@ -221,8 +221,11 @@ void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
   if (!e.offload_optimizer.nvme_path.empty()) {
     out << YAML::Key << "nvme_path" << YAML::Value << e.offload_optimizer.nvme_path;
   }
-  out << YAML::Key << "buffer_count" << YAML::Value << e.offload_optimizer.buffer_count << YAML::EndMap
-      << YAML::EndMap;
+  out << YAML::Key << "buffer_count" << YAML::Value << e.offload_optimizer.buffer_count << YAML::EndMap;
+  out << YAML::Key << "offload_param" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device"
+      << YAML::Value << e.offload_param.device;
+  if (!e.offload_param.nvme_path.empty()) out << YAML::Key << "nvme_path" << YAML::Value << e.offload_param.nvme_path;
+  out << YAML::EndMap << YAML::EndMap;
   out << YAML::Key << "bf16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"
       << YAML::Value << e.bf16 << YAML::EndMap;
   out << YAML::Key << "fp16" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "enabled"

@@ -1024,8 +1024,9 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
                                       "  train_micro_batch_size_per_gpu: 4\n"
                                       "  gradient_accumulation_steps: 2\n"
                                       "  gradient_clipping: 1.5\n"
-                                      "  zero_optimization: {stage: 2, reduce_bucket_size: 1000, sub_group_size: 64,\n"
-                                      "    offload_optimizer: {device: nvme, nvme_path: /local/nvme, buffer_count: 2}}\n"
+                                      "  zero_optimization: {stage: 3, reduce_bucket_size: 1000, sub_group_size: 64,\n"
+                                      "    offload_optimizer: {device: nvme, nvme_path: /local/nvme, buffer_count: 2},\n"
+                                      "    offload_param: {device: cpu}}\n"
                                       "  bf16: {enabled: true}\n");
   ASSERT_TRUE(c.engine);
   EXPECT_TRUE(c.engine->bf16);
@@ -1033,19 +1034,20 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
   EXPECT_EQ(c.engine->gradient_accumulation_steps, 2);
   EXPECT_FALSE(c.engine->train_batch_size);
   EXPECT_EQ(c.engine->gradient_clipping, 1.5);
-  EXPECT_EQ(c.engine->zero_stage, 2);
+  EXPECT_EQ(c.engine->zero_stage, 3);
   EXPECT_EQ(c.engine->reduce_bucket_size, 1000);
   const ExperimentConfig again = parse_ok(to_yaml(c));
   ASSERT_TRUE(again.engine);
   EXPECT_EQ(again.engine->train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(again.engine->gradient_accumulation_steps, 2);
   EXPECT_EQ(again.engine->gradient_clipping, 1.5);
-  EXPECT_EQ(again.engine->zero_stage, 2);
+  EXPECT_EQ(again.engine->zero_stage, 3);
   EXPECT_EQ(again.engine->reduce_bucket_size, 1000);
   EXPECT_EQ(again.engine->sub_group_size, 64);
   EXPECT_EQ(again.engine->offload_optimizer.device, "nvme");
   EXPECT_EQ(again.engine->offload_optimizer.nvme_path, "/local/nvme");
   EXPECT_EQ(again.engine->offload_optimizer.buffer_count, 2);
+  EXPECT_EQ(again.engine->offload_param.device, "cpu");
   EXPECT_TRUE(again.engine->bf16);
   EXPECT_EQ(parse_ok(std::string(kMinimal) + "engine: {train_micro_batch_size_per_gpu: 4}\n").engine->reduce_bucket_size,
             500000000);
@@ -1197,6 +1199,24 @@ TEST(ConfigErrors, OffloadMistakesAreLocated) {
               HasSubstr("on nvme with checkpoint_levels.memory is not supported yet"));
   EXPECT_THAT(one_error(base + "{stage: 3, sub_group_size: 0}}\n"),
               HasSubstr("engine.zero_optimization.sub_group_size: must be a positive integer"));
+  // offload_param: stage 3 only, no buffer_count, and on nvme in the optimizer state's swap file.
+  EXPECT_THAT(one_error(base + "{stage: 2, offload_param: {device: cpu}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_param: offloads the parameters' parts, and only ZeRO stage 3 "
+                        "partitions the parameters (zero_optimization.stage is 2); set stage 3"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme, nvme_path: /x, buffer_count: 5}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_param.buffer_count"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme}}}\n"),
+              HasSubstr("offload_param: device nvme needs nvme_path: a directory on each node's local disk, where "
+                        "each rank keeps a swap file of its parts of the parameters"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme, nvme_path: /x}}}\n"),
+              HasSubstr("offload_param: on nvme keeps each rank's parts of the parameters in its optimizer state's "
+                        "swap file, and offload_optimizer.device is none; set offload_optimizer: {device: nvme, "
+                        "nvme_path: /x} too"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme, nvme_path: /x}, offload_param: {device: "
+                        "nvme, nvme_path: /y}}}\n"),
+              HasSubstr("offload_param: nvme_path /y is not offload_optimizer's (/x)"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: cpu}}}\nresources: {gpus_per_slot: 1}\n"),
+              HasSubstr("offload_param: is for a model on the CPU in this version"));
 }
 
 TEST(ConfigErrors, EngineMistakesAreLocated) {

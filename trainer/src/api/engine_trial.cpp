@@ -294,6 +294,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
       swap.key = "engine.zero_optimization.offload_optimizer.nvme_path";
       swap.sub_group_elements = config->sub_group_size;
       swap.buffer_count = config->offload_optimizer.buffer_count;
+      swap.parameters = config->offload_param.device == "nvme";
       zero.swap = swap;
     }
     zero.partitions = partitions_.get();

@@ -76,6 +76,25 @@ void ModelEngine::fetch_layers() {
       for (const auto& [group, params] : it->second) sharded->release(group, params);
     }
   };
+  // A layer's parameters kept for its backward, by group.
+  struct Kept final : PipelineModuleImpl::LayerFetch::Kept {
+    detail::ShardedOptimizer* sharded = nullptr;
+    std::vector<detail::ShardedOptimizer::Kept> groups;
+    void refill() override {
+      for (auto& kept : groups) sharded->refill(kept);
+    }
+    void empty() override {
+      for (auto& kept : groups) sharded->empty(kept);
+    }
+  };
+  fetch->keep = [sharded, layers](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
+    auto kept = std::make_shared<Kept>();
+    kept->sharded = sharded;
+    if (const auto it = layers->find(index); it != layers->end()) {
+      for (const auto& [group, params] : it->second) kept->groups.push_back(sharded->keep(group, params));
+    }
+    return kept;
+  };
   module->fetch_layers(std::move(fetch));
   fetches_layers_ = true;
 }

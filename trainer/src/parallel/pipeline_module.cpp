@@ -199,7 +199,71 @@ void PipelineModuleImpl::fetch_layers(std::shared_ptr<const LayerFetch> fetch) {
   }
 }
 
+namespace {
+
+// Backward over a forward whose layers kept their parameters (LayerFetch::keep): each layer's
+// refilled before its backward (a hook on its output's gradient) and emptied once backward has
+// passed its input (a hook on the input's gradient). Autograd runs the nodes made later first,
+// so by then every node of the layer has run. A tensor that is one layer's input and the
+// previous layer's output empties the first before it refills the second, so that backward
+// holds one layer at a time.
+struct KeptRun {
+  torch::Tensor input, output;
+  std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> kept;
+};
+
+void hook_kept_layers(const std::vector<KeptRun>& runs) {
+  struct Actions {
+    torch::Tensor tensor;
+    std::vector<std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept>> empties;
+    std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> refill;
+  };
+  std::vector<Actions> at;
+  const auto of = [&at](const torch::Tensor& t) -> Actions& {
+    for (auto& a : at) {
+      if (a.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a;
+    }
+    at.push_back({t, {}, nullptr});
+    return at.back();
+  };
+  for (const auto& run : runs) {
+    if (run.input.requires_grad()) of(run.input).empties.push_back(run.kept);
+    of(run.output).refill = run.kept;
+  }
+  for (auto& a : at) {
+    a.tensor.register_hook([empties = std::move(a.empties), refill = std::move(a.refill)](const torch::Tensor&) {
+      for (const auto& kept : empties) kept->empty();
+      if (refill) refill->refill();
+    });
+  }
+}
+
+}  // namespace
+
 torch::Tensor PipelineModuleImpl::fetched_forward(torch::Tensor input) {
+  if (options_.activation_checkpoint_interval > 0) return recomputed_forward(std::move(input));
+  const bool graph = torch::GradMode::is_enabled();
+  std::vector<KeptRun> runs;
+  for (std::size_t k = 0; k < layers_.size(); ++k) {
+    if (layers_[k].ptr()->parameters().empty()) {
+      input = layers_[k].forward(input);
+      continue;
+    }
+    const std::size_t index = first_layer() + k;
+    fetch_->gather(index);
+    torch::Tensor output = layers_[k].forward(input);
+    if (graph && output.requires_grad()) {
+      runs.push_back({input, output, fetch_->keep(index)});
+    } else {
+      fetch_->release(index);
+    }
+    input = std::move(output);
+  }
+  hook_kept_layers(runs);
+  return input;
+}
+
+torch::Tensor PipelineModuleImpl::recomputed_forward(torch::Tensor input) {
   const bool recompute = is_training() && torch::GradMode::is_enabled();
   for (std::size_t k = 0; k < layers_.size(); ++k) {
     if (layers_[k].ptr()->parameters().empty()) {

@@ -40,8 +40,12 @@ c10::DataPtr aligned_buffer(std::int64_t nbytes) {
 
 bool owns_aligned(const c10::Storage& storage) { return storage.data_ptr().get_deleter() == &free_aligned; }
 
-// Whether a state tensor's bytes are in the file only.
-bool swapped_out(const torch::Tensor& t) { return t.numel() > 0 && t.storage().nbytes() == 0; }
+// Frees a storage's bytes; the tensor keeps its shape.
+void release(const torch::Tensor& tensor) {
+  c10::Storage storage = tensor.storage();
+  storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  storage.set_nbytes(0);
+}
 
 }  // namespace
 
@@ -223,19 +227,50 @@ std::shared_ptr<const checkpoint::Buffer> StateSwapper::bytes_of(const torch::Te
   return std::make_shared<checkpoint::Buffer>(mapping, mapped, nbytes);
 }
 
+std::vector<std::pair<std::size_t, torch::Tensor>> StateSwapper::swapped_of(const torch::Tensor& parameter) const {
+  std::vector<std::pair<std::size_t, torch::Tensor>> out;
+  auto state = state_of(parameter);
+  for (std::size_t f = 0; f < state.size(); ++f) out.emplace_back(f, std::move(state[f]));
+  if (options_.parameters && parameter.numel() > 0) out.emplace_back(kParameter, parameter);
+  return out;
+}
+
+void StateSwapper::add_entries(Loaded& loaded, const torch::Tensor& parameter,
+                               const std::vector<std::pair<std::size_t, torch::Tensor>>& tensors) {
+  for (const auto& [field, tensor] : tensors) {
+    if (!swapped_out(tensor)) continue;  // in memory already
+    const auto it = slots_.find({parameter.unsafeGetTensorImpl(), field});
+    if (it == slots_.end()) throw InternalError("a swapped-out optimizer tensor has no place in " + file_.string());
+    loaded.entries.push_back({tensor, it->second.offset, it->second.nbytes, {}});
+  }
+}
+
 StateSwapper::Loaded StateSwapper::read(std::size_t sub_group) {
   // Listed on the optimizer's thread (a step may add state meanwhile); fill() reads the bytes.
   Loaded loaded;
-  for (const auto& p : sub_groups_.at(sub_group)) {
-    const auto tensors = state_of(p);
-    for (std::size_t f = 0; f < tensors.size(); ++f) {
-      if (!swapped_out(tensors[f])) continue;  // in memory already
-      const auto it = slots_.find({p.unsafeGetTensorImpl(), f});
-      if (it == slots_.end()) throw InternalError("a swapped-out optimizer state tensor has no place in " + file_.string());
-      loaded.entries.push_back({tensors[f], it->second.offset, it->second.nbytes, {}});
+  for (const auto& p : sub_groups_.at(sub_group)) add_entries(loaded, p, swapped_of(p));
+  return loaded;
+}
+
+void StateSwapper::bring_in(const std::vector<torch::Tensor>& parameters) {
+  if (!options_.parameters) return;
+  Loaded loaded;
+  for (const auto& p : parameters) add_entries(loaded, p, {{kParameter, p}});
+  fill(loaded);
+  install(loaded);
+}
+
+void StateSwapper::let_go(const std::vector<torch::Tensor>& parameters, bool changed) {
+  if (!options_.parameters) return;
+  for (const auto& p : parameters) {
+    if (p.numel() == 0 || swapped_out(p)) continue;
+    // Unchanged, the bytes in the file are the parameter's still (read by bring_in or written by a step).
+    if (changed || slot_of_storage_.count(p.storage().unsafeGetStorageImpl()) == 0) {
+      write_tensor(p, kParameter, p);
+    } else {
+      release(p);
     }
   }
-  return loaded;
 }
 
 void StateSwapper::fill(Loaded& loaded) {
@@ -254,26 +289,26 @@ void StateSwapper::install(Loaded& loaded) {
   loaded.entries.clear();
 }
 
+void StateSwapper::write_tensor(const torch::Tensor& parameter, std::size_t field, const torch::Tensor& tensor) {
+  c10::Storage storage = tensor.storage();
+  const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
+  if (nbytes == 0) return;  // out already
+  const Slot& s = slot(parameter, field, nbytes);
+  char* data = static_cast<char*>(storage.data());
+  c10::DataPtr staging;
+  if (!owns_aligned(storage)) {  // made by the optimizer: copied where direct I/O can take it
+    staging = aligned_buffer(nbytes);
+    std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
+    data = static_cast<char*>(staging.get());
+  }
+  transfer(true, data, aligned(nbytes), s.offset);
+  slot_of_storage_[storage.unsafeGetStorageImpl()] = {parameter.unsafeGetTensorImpl(), field};
+  release(tensor);
+}
+
 void StateSwapper::write_out(std::size_t sub_group) {
   for (const auto& p : sub_groups_.at(sub_group)) {
-    const auto tensors = state_of(p);
-    for (std::size_t f = 0; f < tensors.size(); ++f) {
-      c10::Storage storage = tensors[f].storage();
-      const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
-      if (nbytes == 0) continue;  // out already
-      const Slot& s = slot(p, f, nbytes);
-      char* data = static_cast<char*>(storage.data());
-      c10::DataPtr staging;
-      if (!owns_aligned(storage)) {  // made by the optimizer: copied where direct I/O can take it
-        staging = aligned_buffer(nbytes);
-        std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
-        data = static_cast<char*>(staging.get());
-      }
-      transfer(true, data, aligned(nbytes), s.offset);
-      slot_of_storage_[storage.unsafeGetStorageImpl()] = {p.unsafeGetTensorImpl(), f};
-      storage.set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
-      storage.set_nbytes(0);
-    }
+    for (const auto& [field, tensor] : swapped_of(p)) write_tensor(p, field, tensor);
   }
 }
 
@@ -305,7 +340,10 @@ void StateSwapper::step() {
       }
       for (std::size_t i = 0; i < sub_groups_[k].size(); ++i) sub_groups_[k][i].mutable_grad() = grads[k][i];
       optimizer_.step();
-      for (auto& p : sub_groups_[k]) p.mutable_grad() = torch::Tensor();
+      for (std::size_t i = 0; i < sub_groups_[k].size(); ++i) {  // stepped: freed
+        sub_groups_[k][i].mutable_grad() = torch::Tensor();
+        grads[k][i] = torch::Tensor();
+      }
       if (fields(k) > static_cast<std::size_t>(options_.buffer_count)) {
         throw ConfigError(options_.key.substr(0, options_.key.rfind('.')) + ".buffer_count " +
                           std::to_string(options_.buffer_count) + " holds fewer than the " + std::to_string(fields(k)) +
@@ -324,7 +362,6 @@ void StateSwapper::step() {
     restore();
     throw;
   }
-  restore();
 }
 
 void StateSwapper::write_out_all() {

@@ -11,8 +11,13 @@
 // its state written out and released. The optimizer's update is element-wise and per parameter,
 // so a step taken this way is bitwise the step taken at once.
 //
+// With `parameters` (ZeRO-3's offload_param on nvme) the optimizer's parameters, which are this
+// rank's parts of the model's, live in the same file between uses and come in with their
+// sub-group's state; bring_in() and let_go() read some of them in and out for a gather or a write.
+//
 // A state tensor stays the same object: only its storage's bytes come and go. Nothing but the
 // optimizer's step of its sub-group may touch them; a checkpoint takes them with bytes_of().
+// The gradients are freed as their sub-group steps.
 #pragma once
 
 #include <torch/torch.h>
@@ -38,6 +43,8 @@ struct SwapOptions {
   // sub-group's (Adam's two moments); twice that reads the next sub-group ahead.
   int buffer_count = 4;
   int rank = 0;
+  // The optimizer's parameters (each with a storage of its own) swapped too.
+  bool parameters = false;
 };
 
 class StateSwapper {
@@ -56,12 +63,18 @@ class StateSwapper {
   void step();
   // Every state tensor in memory written out and released (after a load made them).
   void write_out_all();
+  // With `parameters`: those of `parameters` swapped out read into memory, and released again,
+  // written out first when `changed`.
+  void bring_in(const std::vector<torch::Tensor>& parameters);
+  void let_go(const std::vector<torch::Tensor>& parameters, bool changed);
   // The bytes of a state tensor for a checkpoint, without reading them into memory: mapped
   // read-only from the file when it is swapped out (the next steps write that tensor elsewhere
   // in the file until the buffer is gone), copied when it is in memory.
   std::shared_ptr<const checkpoint::Buffer> bytes_of(const torch::Tensor& state);
-  // The elements of state tensors in the swap file and not in memory.
+  // The elements of state tensors in the swap file and not in memory (parameters not counted).
   std::int64_t swapped_elements() const;
+  // Whether a state tensor's or parameter's bytes are in the file only.
+  static bool swapped_out(const torch::Tensor& t) { return t.numel() > 0 && t.storage().nbytes() == 0; }
   const std::filesystem::path& file() const { return file_; }
   // Whether the file system took direct I/O.
   bool direct() const { return direct_.load(); }
@@ -86,6 +99,13 @@ class StateSwapper {
   // The parameters of each sub-group (the optimizer's, in its order).
   void plan();
   std::vector<torch::Tensor> state_of(const torch::Tensor& parameter) const;
+  // What is swapped of a parameter: its state tensors by field, and itself (kParameter) with `parameters`.
+  static constexpr std::size_t kParameter = ~std::size_t{0};
+  std::vector<std::pair<std::size_t, torch::Tensor>> swapped_of(const torch::Tensor& parameter) const;
+  void add_entries(Loaded& loaded, const torch::Tensor& parameter,
+                   const std::vector<std::pair<std::size_t, torch::Tensor>>& tensors);
+  // Writes a tensor out (if in memory) and releases its storage.
+  void write_tensor(const torch::Tensor& parameter, std::size_t field, const torch::Tensor& tensor);
   std::size_t fields(std::size_t sub_group);
   // A sub-group's state tensors out of memory (the optimizer's thread), their bytes read into
   // fresh buffers (any thread), and the buffers made their storage (the optimizer's thread).

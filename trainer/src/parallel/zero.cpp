@@ -148,6 +148,9 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     plan_reductions(g);
   }
   if (options_.swap) {
+    if (options_.swap->parameters && options_.stage != 3) {
+      throw InternalError("ShardedOptimizer: parameters swapped below ZeRO stage 3");
+    }
     options_.swap->rank = comm_.rank();
     swapper_ = std::make_unique<StateSwapper>(optimizer_, *options_.swap);
   }
@@ -174,23 +177,27 @@ void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::op
     }
     return;
   }
-  // Stage 3: this rank's part of each parameter, end to end, cut from rank 0's value (those
-  // built partitioned were cut so already); the padding is zeros.
-  group.flat = torch::zeros({layout.shard()}, tensor_options);
-  std::int64_t at = 0;
+  // Stage 3: this rank's part of each parameter, a tensor of its own (so that the swap can take
+  // it alone), cut from rank 0's value; those built partitioned were cut so already, and are
+  // kept as they are. The padding is zeros. `flat` only gives the parts' options.
+  group.flat = torch::empty({0}, tensor_options);
   for (std::size_t i = 0; i < group.params.size(); ++i) {
     if (!built[i] && layout.numels[i] > 0) {
       comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), 0)->wait();
     }
     const std::int64_t part = layout.buckets[i].part;
-    auto mine = group.flat.narrow(0, at, part);
-    if (built[i]) {
-      mine.copy_(built[i]->part);
+    torch::Tensor mine;
+    if (built[i] && built[i]->part.numel() == part && built[i]->part.is_contiguous()) {
+      mine = built[i]->part.detach();  // the same storage: no copy
     } else {
-      cut_part(group.params[i], mine, rank);
+      mine = torch::zeros({part}, tensor_options);
+      if (built[i]) {
+        mine.copy_(built[i]->part.reshape({-1}));
+      } else {
+        cut_part(group.params[i], mine, rank);
+      }
     }
-    group.parts.push_back(mine.detach());
-    at += part;
+    group.parts.push_back(mine);
     group.params[i].set_data(torch::empty({0}, tensor_options));
     group.params[i].mutable_grad() = torch::Tensor();
   }

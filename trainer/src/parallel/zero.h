@@ -23,7 +23,8 @@
 // Stage 3 partitions the parameters too, as DeepSpeed's partition_parameters.py does: each
 // parameter on its own, flattened and padded to a multiple of the ranks (ceil(numel / ranks)
 // elements a rank; the layout's buckets are then one parameter each), rank r owning part r. A
-// rank holds only its parts, end to end in one buffer; the model's parameters are released
+// rank holds only its parts (in its swap file between uses, with offload_param on nvme: a gather
+// reads the parts it sends, a step its sub-group's); the model's parameters are released
 // (empty) until gather() brings their whole values from every rank's parts, and release() or
 // the step empties them again. A reduce-scatter takes the gradients of several parameters at
 // once, each split into its rank parts and laid rank by rank (DeepSpeed's
@@ -130,7 +131,8 @@ struct ZeroOptions {
   std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
   PartitionStore* partitions = nullptr;  // stage 3: parameters built partitioned
   // offload_optimizer with device nvme: the optimizer state in a swap file between steps
-  // (state_swap.h; its rank is this communicator's).
+  // (state_swap.h; its rank is this communicator's), and with `parameters` (offload_param on
+  // nvme; stage 3) the parts of the parameters too.
   std::optional<SwapOptions> swap;
 };
 
@@ -217,6 +219,19 @@ class ShardedOptimizer {
   // initialisation), on every rank alike.
   void gather(std::size_t group, const std::vector<std::size_t>& params);
   void gather_all();
+  // Stage 3, for a backward that needs gathered parameters again (a layer whose forward saved
+  // views of them, such as linear's transposed weight): keep() releases them as release() does,
+  // but keeps their storages (which those views share) with their bytes freed; refill() gathers
+  // their whole values back into the same storages (a collective, every rank alike) and makes
+  // the parameters those values again; empty() frees the bytes and releases the parameters.
+  struct Kept {
+    std::size_t group = 0;
+    std::vector<std::size_t> params;
+    std::vector<c10::Storage> storages;
+  };
+  Kept keep(std::size_t group, const std::vector<std::size_t>& params);
+  void refill(Kept& kept);
+  void empty(Kept& kept);
   void release(std::size_t group, const std::vector<std::size_t>& params);
   void release_all();
   // Where a model's parameter is among the groups' (group, index), if the optimizer steps it.
@@ -251,8 +266,10 @@ class ShardedOptimizer {
     std::vector<std::vector<std::int64_t>> shapes;
     std::vector<bool> gathered;  // stage 3
     FlatLayout layout;
-    torch::Tensor flat;               // every rank's parameters (stages 1 and 2), or this rank's parts (3)
-    std::vector<torch::Tensor> parts;  // this rank's part of each bucket (leaves over `flat`)
+    torch::Tensor flat;  // every rank's parameters (stages 1 and 2); empty at stage 3, for its options
+    // This rank's part of each bucket: leaves over `flat` at stages 1 and 2, tensors of their own
+    // at stage 3 (swapped out between uses with offload_param on nvme).
+    std::vector<torch::Tensor> parts;
     std::vector<std::int64_t> column;  // where each bucket's part lies in its reduction's
     std::size_t first_part = 0;       // the index of parts[0] among the optimizer's parameters
   };
@@ -269,6 +286,9 @@ class ShardedOptimizer {
   };
   class ReadyHook;
 
+  // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather, each
+  // whole value written into `into`'s tensor of the same index (of the parameter's shape).
+  void gather_into(std::size_t g, const std::vector<std::size_t>& wanted, const std::vector<torch::Tensor>& into);
   // The group's flat buffer and parts, and the parameters' place in them; `built` holds the
   // parts of parameters built partitioned.
   void lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built);

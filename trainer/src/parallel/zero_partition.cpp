@@ -1,3 +1,5 @@
+#include <cstdio>
+#include <cstdlib>
 // ZeRO stage 3's partitioned parameters: each parameter's whole value gathered from every
 // rank's part when it is used, and released after (DeepSpeed's partition_parameters.py).
 #include <algorithm>
@@ -51,6 +53,8 @@ void PartitionStore::partition(torch::nn::Module& module) {
     entry.part = torch::zeros({part}, p.options().requires_grad(false));
     cut_part(p, entry.part, comm_.rank());
     entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
+    static int dbg = 0;
+    if (std::getenv("ZM_DEBUG") && dbg++ % 100 == 0) std::fprintf(stderr, "DEBUG storage use %ld impl use %ld\n", (long)p.storage().use_count(), (long)p.use_count());
     p.set_data(torch::empty({0}, p.options().requires_grad(false)));
     entries_.emplace(p.unsafeGetTensorImpl(), std::move(entry));
   }
@@ -74,33 +78,101 @@ void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& par
   if (options_.stage != 3) return;  // every parameter is whole already
   Group& group = groups_.at(g);
   std::vector<std::size_t> wanted;
-  std::vector<torch::Tensor> mine;
-  std::int64_t columns = 0;
   for (const std::size_t i : params) {
     if (group.gathered.at(i) || std::find(wanted.begin(), wanted.end(), i) != wanted.end()) continue;
     wanted.push_back(i);
-    mine.push_back(group.parts[i].detach());
-    columns += group.layout.buckets[i].part;
   }
   if (wanted.empty()) return;
-  // Every rank's parts of the wanted parameters, rank by rank (DeepSpeed's coalesced all-gather).
+  std::vector<torch::Tensor> wholes;
+  for (const std::size_t i : wanted) wholes.push_back(torch::empty(group.shapes[i], group.flat.options()));
+  gather_into(g, wanted, wholes);
+  for (std::size_t k = 0; k < wanted.size(); ++k) {
+    group.params[wanted[k]].set_data(wholes[k]);
+    group.gathered[wanted[k]] = true;
+  }
+}
+
+void ShardedOptimizer::gather_into(std::size_t g, const std::vector<std::size_t>& wanted,
+                                   const std::vector<torch::Tensor>& into) {
+  Group& group = groups_.at(g);
+  std::vector<torch::Tensor> mine;
+  std::vector<torch::Tensor> parts;  // the optimizer's own tensors, which the swap knows
+  std::int64_t columns = 0;
+  for (const std::size_t i : wanted) {
+    mine.push_back(group.parts[i].detach());
+    parts.push_back(group.parts[i]);
+    columns += group.layout.buckets[i].part;
+  }
+  // Every rank's parts of the wanted parameters, rank by rank (DeepSpeed's coalesced all-gather);
+  // parts swapped out are read in for it, and let go after.
   torch::NoGradGuard no_grad;
   const std::int64_t ranks = comm_.size();
+  if (swapper_) swapper_->bring_in(parts);
   const auto send = mine.size() == 1 ? mine.front() : torch::cat(mine);
   auto all = torch::empty({ranks, columns}, group.flat.options());
   comm_.allgather(send.data_ptr(), all.data_ptr(), static_cast<std::size_t>(columns), comm::DType::kFloat32);
+  if (swapper_) swapper_->let_go(parts, false);
   std::int64_t column = 0;
-  for (const std::size_t i : wanted) {
-    const std::int64_t part = group.layout.buckets[i].part, n = group.layout.numels[i];
-    auto whole = torch::empty(group.shapes[i], group.flat.options());
-    auto flat = whole.view({-1});
+  for (std::size_t k = 0; k < wanted.size(); ++k) {
+    const std::int64_t part = group.layout.buckets[wanted[k]].part, n = group.layout.numels[wanted[k]];
+    auto flat = into[k].view({-1});
     for (std::int64_t r = 0; r * part < n; ++r) {
       const std::int64_t count = std::min(part, n - r * part);
       flat.narrow(0, r * part, count).copy_(all[r].narrow(0, column, count));
     }
-    group.params[i].set_data(whole);
-    group.gathered[i] = true;
     column += part;
+  }
+}
+
+ShardedOptimizer::Kept ShardedOptimizer::keep(std::size_t g, const std::vector<std::size_t>& params) {
+  Kept kept;
+  kept.group = g;
+  if (options_.stage != 3) return kept;
+  Group& group = groups_.at(g);
+  for (const std::size_t i : params) {
+    if (!group.gathered.at(i) || std::find(kept.params.begin(), kept.params.end(), i) != kept.params.end()) continue;
+    kept.params.push_back(i);
+    kept.storages.push_back(group.params[i].storage());
+  }
+  empty(kept);
+  return kept;
+}
+
+void ShardedOptimizer::refill(Kept& kept) {
+  if (kept.params.empty()) return;
+  Group& group = groups_.at(kept.group);
+  c10::Allocator* allocator = c10::GetAllocator(group.flat.device().type());
+  std::vector<torch::Tensor> into;
+  for (std::size_t k = 0; k < kept.params.size(); ++k) {
+    c10::Storage& storage = kept.storages[k];
+    const auto& shape = group.shapes[kept.params[k]];
+    const auto nbytes = static_cast<std::size_t>(c10::multiply_integers(shape)) * sizeof(float);
+    if (storage.nbytes() != nbytes) {  // emptied (a second backward over the graph finds it filled)
+      storage.set_data_ptr_noswap(allocator->allocate(nbytes));
+      storage.set_nbytes(nbytes);
+    }
+    into.push_back(torch::empty({0}, group.flat.options()).set_(storage, 0, shape));
+  }
+  gather_into(kept.group, kept.params, into);
+  for (std::size_t k = 0; k < kept.params.size(); ++k) {
+    const std::size_t i = kept.params[k];
+    if (group.gathered[i]) continue;  // gathered meanwhile (GatheredParameters): the same values
+    group.params[i].set_data(into[k]);
+    group.gathered[i] = true;
+  }
+}
+
+void ShardedOptimizer::empty(Kept& kept) {
+  Group& group = groups_.at(kept.group);
+  for (std::size_t k = 0; k < kept.params.size(); ++k) {
+    const std::size_t i = kept.params[k];
+    c10::Storage& storage = kept.storages[k];
+    if (group.gathered[i] && group.params[i].storage().unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) {
+      group.params[i].set_data(torch::empty({0}, group.flat.options()));
+      group.gathered[i] = false;
+    }
+    storage.set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+    storage.set_nbytes(0);
   }
 }
 
@@ -154,8 +226,10 @@ void ShardedOptimizer::set_whole(std::size_t g, std::size_t i, const torch::Tens
     return;
   }
   auto& part = group.parts[i];
+  if (swapper_) swapper_->bring_in({part});
   part.zero_();
   cut_part(flat, part, comm_.rank());
+  if (swapper_) swapper_->let_go({part}, true);
   if (group.gathered[i]) group.params[i].view({-1}).copy_(flat);
 }
 
@@ -197,6 +271,7 @@ std::int64_t ShardedOptimizer::parameter_elements() const {
   for (const auto& group : groups_) {
     sum += group.flat.numel();
     if (options_.stage != 3) continue;
+    for (const auto& part : group.parts) sum += StateSwapper::swapped_out(part) ? 0 : part.numel();
     for (const auto& p : group.params) sum += p.numel();  // the gathered ones
   }
   return sum;

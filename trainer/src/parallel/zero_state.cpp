@@ -149,9 +149,15 @@ void ShardedOptimizer::save_parameter_shards(ShardedSave& out,
       const auto [lo, hi] = part_range(group.layout.numels[i], group.layout.buckets[i].part, rank);
       if (lo >= hi) continue;  // this rank's part is padding only
       const auto size = static_cast<std::size_t>(hi - lo) * 4;
-      auto buffer = std::make_shared<checkpoint::Buffer>(size);
-      // Copied now: the next step changes the part.
-      torch::from_blob(buffer->data(), {hi - lo}, torch::kFloat32).copy_(group.parts[i].narrow(0, 0, hi - lo));
+      std::shared_ptr<const checkpoint::Buffer> buffer;
+      if (swapper_ && StateSwapper::swapped_out(group.parts[i])) {
+        buffer = swapper_->bytes_of(group.parts[i]);  // mapped from the swap file, which the next step leaves
+      } else {
+        // Copied now: the next step changes the part.
+        auto copy = std::make_shared<checkpoint::Buffer>(size);
+        torch::from_blob(copy->data(), {hi - lo}, torch::kFloat32).copy_(group.parts[i].narrow(0, 0, hi - lo));
+        buffer = copy;
+      }
       ShardPiece piece;
       piece.dataset = out.datasets.size() - 1;
       piece.offset = static_cast<std::uint64_t>(lo) * 4;

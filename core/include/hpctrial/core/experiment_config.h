@@ -167,6 +167,10 @@ struct EngineConfig {
     std::string nvme_path;
     int buffer_count = 4;
   } offload_optimizer;
+  // zero_optimization.offload_param (stage 3): where each rank's parts of the parameters live
+  // between the gathers and steps that use them: "none" or "cpu" (host memory), or "nvme" (in the
+  // optimizer state's swap file, which needs offload_optimizer on nvme; its buffer_count unused).
+  Offload offload_param;
   // zero_optimization.sub_group_size: the elements of parameters the offloaded step takes at once.
   std::int64_t sub_group_size = 1'000'000'000;
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights

@@ -96,17 +96,28 @@ class PipelineModuleImpl : public torch::nn::Module {
   const PipelineOptions& options() const { return options_; }
 
   // ZeRO stage 3, set by the engine that wraps the module (when it is not a pipeline): around
-  // each layer that holds parameters, gather(index) before it runs and release(index) after, in
-  // forward and again when backward recomputes it. In training each such layer is then a segment
-  // of activation checkpointing of its own (activation_checkpoint_interval aside), so that no
-  // activation keeps its whole parameters after its forward.
+  // each layer that holds parameters, gather(index) before it runs and release(index) after.
+  // In a forward that builds a graph, keep(index) releases it instead: the activations saved for
+  // backward may be views of its whole parameters (linear's transposed weight), so their
+  // storages stay, their bytes freed; before the layer's backward refill() gathers the values
+  // back into them, and once backward has passed the layer empty() frees them again, as
+  // DeepSpeed's hooks around each module's backward do. With activation_checkpoint_interval set,
+  // each layer is a segment of activation checkpointing of its own instead, gathered again when
+  // backward recomputes it.
   struct LayerFetch {
+    struct Kept {
+      virtual ~Kept() = default;
+      virtual void refill() = 0;
+      virtual void empty() = 0;
+    };
     std::function<void(std::size_t)> gather, release;
+    std::function<std::shared_ptr<Kept>(std::size_t)> keep;
   };
   void fetch_layers(std::shared_ptr<const LayerFetch> fetch);
 
  private:
   torch::Tensor fetched_forward(torch::Tensor input);
+  torch::Tensor recomputed_forward(torch::Tensor input);
 
   std::vector<LayerSpec> specs_;
   PipelineLoss loss_;
