@@ -6,13 +6,15 @@
 //   - parameters, gradients and optimizer state held per rank at stage 3 against stage 0's
 //     divided by the ranks (goal <= 1.05), with the working set it gathers for a global batch
 //     (printed), and its step time against stage 2's (goal <= 1.25); the same model built as
-//     layers (context.layered_module) at stage 3, gathered and recomputed one layer at a time:
-//     what it holds and its step time against stage 2's;
+//     layers (context.layered_module) at stage 3, gathered one layer at a time in forward and
+//     again in backward: what it holds and its step time against stage 2's (goal <= 1.25);
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
 //     goal: it depends on whether the CPU has bfloat16 arithmetic);
 //   - stage 3 with offload_optimizer on nvme (a swap file a rank under --dir, sub-groups of a
 //     quarter of the parameters): the optimizer state held in memory between steps (goal: 0),
-//     and the step time against stage 3's in memory (a figure: it is the disk's speed).
+//     and the step time against stage 3's in memory (a figure: it is the disk's speed); and with
+//     offload_param on nvme too: the parameters held in memory between steps (goal: 0) and the
+//     step time against stage 3's in memory.
 //
 //   mpirun -np N build/benchmarks/engine [--quick] [--steps N] [--rounds N] [--hidden N]
 //                                        [--bucket ELEMENTS] [--dir DIR]
@@ -194,14 +196,16 @@ std::int64_t parameters(const Options& o) {
 }
 
 // Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16; run 5: stage 3 with the
-// model as layers; run 6: stage 3 with the optimizer state swapped to files.
-constexpr int kRuns = 7;
+// model as layers; run 6: stage 3 with the optimizer state swapped to files; run 7: with the
+// parameters' parts too.
+constexpr int kRuns = 8;
 constexpr int kBf16 = 4;
 constexpr int kLayered = 5;
 constexpr int kNvme = 6;
+constexpr int kParam = 7;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
-  const int stage = run == kBf16 ? 0 : run == kLayered || run == kNvme ? 3 : run;
+  const int stage = run == kBf16 ? 0 : run >= kLayered ? 3 : run;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
@@ -209,10 +213,11 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
   comm.barrier();
   std::string offload;
-  if (run == kNvme) {
+  if (run == kNvme || run == kParam) {
     std::filesystem::create_directories(o.dir + "/nvme");
     offload = ", sub_group_size: " + std::to_string(parameters(o) / 4) + ", offload_optimizer: {device: nvme, nvme_path: " +
               o.dir + "/nvme}";
+    if (run == kParam) offload += ", offload_param: {device: nvme, nvme_path: " + o.dir + "/nvme}";
   }
   const std::string yaml =
       "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
@@ -298,6 +303,7 @@ int main(int argc, char** argv) {
     row("0+bf16", kBf16);
     row("3+layers", kLayered);
     row("3+nvme", kNvme);
+    row("3+nvme+param", kParam);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
@@ -312,7 +318,7 @@ int main(int argc, char** argv) {
                 "one layer)\n",
                 static_cast<double>(held[kLayered].held()) / (static_cast<double>(held[0].held()) / ranks),
                 static_cast<long long>(held[kLayered].working_elements - held[kLayered].parameter_elements));
-    std::printf("step time, stage 3 as layers / stage 2: %.4f (goal <= 1.25; each layer recomputed in backward)\n",
+    std::printf("step time, stage 3 as layers / stage 2: %.4f (goal <= 1.25; each layer gathered in forward and in backward)\n",
                 median(rate[2]) / median(rate[kLayered]));
     std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
     std::printf("optimizer state in memory between steps, stage 3 with offload_optimizer nvme: %lld elements (goal 0; "
@@ -321,6 +327,11 @@ int main(int argc, char** argv) {
     std::printf("step time, stage 3 with the state on nvme / stage 3 in memory: %.4f (the disk's read and write of "
                 "the state every step)\n",
                 median(rate[3]) / median(rate[kNvme]));
+    std::printf("parameters in memory between steps, stage 3 with offload_param nvme too: %lld elements (goal 0; "
+                "%lld at stage 3 in memory)\n",
+                static_cast<long long>(held[kParam].parameter_elements), static_cast<long long>(held[3].parameter_elements));
+    std::printf("step time, stage 3 with the state and the parameters on nvme / stage 3 in memory: %.4f\n",
+                median(rate[3]) / median(rate[kParam]));
   }
   return 0;
 }

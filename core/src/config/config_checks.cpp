@@ -87,7 +87,7 @@ void check_offload_param(const ExperimentConfig& config, const ConfigNode& engin
            "on nvme keeps each rank's parts of the parameters in its optimizer state's swap file, and "
            "offload_optimizer.device is " + optimizer.device + "; set offload_optimizer: {device: nvme, nvme_path: " +
                (param.nvme_path.empty() ? std::string("...") : param.nvme_path) + "} too, or offload_param.device: none");
-  } else if (param.device == "nvme" && param.nvme_path != optimizer.nvme_path) {
+  } else if (param.device == "nvme" && !param.nvme_path.empty() && param.nvme_path != optimizer.nvme_path) {
     report(at, key, d,
            "nvme_path " + param.nvme_path + " is not offload_optimizer's (" + optimizer.nvme_path +
                "): a rank keeps its parts of the parameters in its optimizer state's swap file; give both the same "

@@ -1203,9 +1203,11 @@ TEST(ConfigErrors, OffloadMistakesAreLocated) {
   EXPECT_THAT(one_error(base + "{stage: 2, offload_param: {device: cpu}}}\n"),
               HasSubstr("engine.zero_optimization.offload_param: offloads the parameters' parts, and only ZeRO stage 3 "
                         "partitions the parameters (zero_optimization.stage is 2); set stage 3"));
-  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme, nvme_path: /x, buffer_count: 5}}}\n"),
-              HasSubstr("engine.zero_optimization.offload_param.buffer_count"));
-  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme}}}\n"),
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: cpu, buffer_count: 5}}}\n"),
+              HasSubstr("engine.zero_optimization.offload_param.buffer_count: unknown key; the keys here are: device, "
+                        "nvme_path"));
+  EXPECT_THAT(one_error(base + "{stage: 3, offload_optimizer: {device: nvme, nvme_path: /x}, offload_param: {device: "
+                        "nvme}}}\n"),
               HasSubstr("offload_param: device nvme needs nvme_path: a directory on each node's local disk, where "
                         "each rank keeps a swap file of its parts of the parameters"));
   EXPECT_THAT(one_error(base + "{stage: 3, offload_param: {device: nvme, nvme_path: /x}}}\n"),
