@@ -252,7 +252,7 @@ torch::Tensor PipelineModuleImpl::fetched_forward(torch::Tensor input) {
     const std::size_t index = first_layer() + k;
     fetch_->gather(index);
     torch::Tensor output = layers_[k].forward(input);
-    if (graph && output.requires_grad()) {
+    if (graph && output.requires_grad() && fetch_->keep) {
       runs.push_back({input, output, fetch_->keep(index)});
     } else {
       fetch_->release(index);
