@@ -749,8 +749,11 @@ class LayeredTrial : public EngineTrial {
   }
   Metrics train_batch(DataIterator& data, std::int64_t, std::int64_t) override {
     Batch batch = data.next();
-    auto loss = model_->loss(model_->forward(batch.data), batch.target);
+    // An input that takes a gradient too (a leaf: its hook runs before the first layer's nodes).
+    const auto input = batch.data.clone().requires_grad_(true);
+    auto loss = model_->loss(model_->forward(input), batch.target);
     engine_->backward(loss);
+    EXPECT_TRUE(input.grad().defined());
     engine_->step();
     return {{"loss", loss}};
   }

@@ -102,6 +102,9 @@ void ModelEngine::backward(const torch::Tensor& unscaled_loss) {
   }
   disarm.done = true;
   sharded_->end_backward();
+  // A model of layers: a layer backward left gathered (its input a leaf) is released for the
+  // next micro-batch's forward, which gathers one layer at a time again.
+  if (fetches_layers_) sharded_->release_all();
 }
 
 bool ModelEngine::is_gradient_accumulation_boundary() const {

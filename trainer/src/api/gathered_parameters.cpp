@@ -65,16 +65,24 @@ void ModelEngine::fetch_layers() {
     }
   }
   detail::ShardedOptimizer* sharded = sharded_.get();
+  // What each layer's last gather gathered: release and keep let go of that only, and leave
+  // what was whole already (a GatheredParameters scope's) as it was.
+  auto gathered = std::make_shared<std::map<std::size_t, Where>>();
   auto fetch = std::make_shared<PipelineModuleImpl::LayerFetch>();
-  fetch->gather = [sharded, layers](std::size_t index) {
+  fetch->gather = [sharded, layers, gathered](std::size_t index) {
+    Where& mine = (*gathered)[index];
+    mine.clear();
     if (const auto it = layers->find(index); it != layers->end()) {
-      for (const auto& [group, params] : it->second) sharded->gather(group, params);
+      for (const auto& [group, params] : it->second) {
+        for (const std::size_t i : params) {
+          if (!sharded->is_gathered(group, i)) mine[group].push_back(i);
+        }
+        sharded->gather(group, params);
+      }
     }
   };
-  fetch->release = [sharded, layers](std::size_t index) {
-    if (const auto it = layers->find(index); it != layers->end()) {
-      for (const auto& [group, params] : it->second) sharded->release(group, params);
-    }
+  fetch->release = [sharded, gathered](std::size_t index) {
+    for (const auto& [group, params] : (*gathered)[index]) sharded->release(group, params);
   };
   // A layer's parameters kept for its backward, by group.
   struct Kept final : PipelineModuleImpl::LayerFetch::Kept {
@@ -87,12 +95,10 @@ void ModelEngine::fetch_layers() {
       for (auto& kept : groups) sharded->empty(kept);
     }
   };
-  fetch->keep = [sharded, layers](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
+  fetch->keep = [sharded, gathered](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
     auto kept = std::make_shared<Kept>();
     kept->sharded = sharded;
-    if (const auto it = layers->find(index); it != layers->end()) {
-      for (const auto& [group, params] : it->second) kept->groups.push_back(sharded->keep(group, params));
-    }
+    for (const auto& [group, params] : (*gathered)[index]) kept->groups.push_back(sharded->keep(group, params));
     return kept;
   };
   module->fetch_layers(std::move(fetch));

@@ -203,37 +203,40 @@ namespace {
 
 // Backward over a forward whose layers kept their parameters (LayerFetch::keep): each layer's
 // refilled before its backward (a hook on its output's gradient) and emptied once backward has
-// passed its input (a hook on the input's gradient). Autograd runs the nodes made later first,
-// so by then every node of the layer has run. A tensor that is one layer's input and the
-// previous layer's output empties the first before it refills the second, so that backward
-// holds one layer at a time.
+// passed its input (a hook on the input's gradient, which runs before the node that made the
+// input). Autograd runs the nodes made later first, so by then every node of the layer has run.
+// A tensor that is one layer's input and the previous layer's output empties the first before
+// it refills the second, so that backward holds one layer at a time. A layer stays gathered
+// until the step where that order does not hold: its input is a leaf (whose hook runs in its
+// gradient accumulator, which autograd runs first), or its output is its input (written in place).
 struct KeptRun {
   torch::Tensor input, output;
   std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> kept;
 };
 
 void hook_kept_layers(const std::vector<KeptRun>& runs) {
+  using Kept = std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept>;
   struct Actions {
     torch::Tensor tensor;
-    std::vector<std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept>> empties;
-    std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> refill;
+    std::vector<Kept> empties, refills;
   };
   std::vector<Actions> at;
   const auto of = [&at](const torch::Tensor& t) -> Actions& {
     for (auto& a : at) {
       if (a.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a;
     }
-    at.push_back({t, {}, nullptr});
+    at.push_back({t, {}, {}});
     return at.back();
   };
   for (const auto& run : runs) {
-    if (run.input.requires_grad()) of(run.input).empties.push_back(run.kept);
-    of(run.output).refill = run.kept;
+    const bool own_output = run.input.unsafeGetTensorImpl() == run.output.unsafeGetTensorImpl();
+    if (run.input.requires_grad() && run.input.grad_fn() && !own_output) of(run.input).empties.push_back(run.kept);
+    of(run.output).refills.push_back(run.kept);
   }
   for (auto& a : at) {
-    a.tensor.register_hook([empties = std::move(a.empties), refill = std::move(a.refill)](const torch::Tensor&) {
+    a.tensor.register_hook([empties = std::move(a.empties), refills = std::move(a.refills)](const torch::Tensor&) {
       for (const auto& kept : empties) kept->empty();
-      if (refill) refill->refill();
+      for (const auto& kept : refills) kept->refill();
     });
   }
 }

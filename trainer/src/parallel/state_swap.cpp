@@ -301,7 +301,13 @@ void StateSwapper::write_tensor(const torch::Tensor& parameter, std::size_t fiel
     std::memcpy(staging.get(), data, static_cast<std::size_t>(nbytes));
     data = static_cast<char*>(staging.get());
   }
-  transfer(true, data, aligned(nbytes), s.offset);
+  try {
+    transfer(true, data, aligned(nbytes), s.offset);
+  } catch (...) {
+    // The file does not hold these bytes: the tensor keeps them, and is written again next time.
+    slot_of_storage_.erase(storage.unsafeGetStorageImpl());
+    throw;
+  }
   slot_of_storage_[storage.unsafeGetStorageImpl()] = {parameter.unsafeGetTensorImpl(), field};
   release(tensor);
 }

@@ -1,5 +1,3 @@
-#include <cstdio>
-#include <cstdlib>
 // ZeRO stage 3's partitioned parameters: each parameter's whole value gathered from every
 // rank's part when it is used, and released after (DeepSpeed's partition_parameters.py).
 #include <algorithm>
@@ -53,8 +51,6 @@ void PartitionStore::partition(torch::nn::Module& module) {
     entry.part = torch::zeros({part}, p.options().requires_grad(false));
     cut_part(p, entry.part, comm_.rank());
     entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
-    static int dbg = 0;
-    if (std::getenv("ZM_DEBUG") && dbg++ % 100 == 0) std::fprintf(stderr, "DEBUG storage use %ld impl use %ld\n", (long)p.storage().use_count(), (long)p.use_count());
     p.set_data(torch::empty({0}, p.options().requires_grad(false)));
     entries_.emplace(p.unsafeGetTensorImpl(), std::move(entry));
   }
