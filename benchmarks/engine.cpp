@@ -225,7 +225,7 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
       ", layered: " + (run == kLayered ? "true" : "false") +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
-      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + offload + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
+      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + ", stage3_param_persistence_threshold: 0" + offload + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
       "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);

@@ -4,6 +4,9 @@
 //
 //   build/benchmarks/zero_memory [--quick] [--budget-mb M] [--hidden H] [--mpirun PATH] [--dir DIR]
 //
+// (A probe alone, as the tests run one: --probe --stage S --layers L [--nvme] [--param]
+// [--batches N] [--keep]; with --keep it resumes from the checkpoint a probe before left in --dir.)
+//
 // The model is a stack of layers of H x H (context.layered_module: ZeRO-3 gathers one layer at
 // a time), trained with Adam for 3 global batches and a checkpoint, as an engine trial, with
 // buckets of gradients (reduce_bucket_size) of two layers and sub-groups of about two layers'
@@ -43,9 +46,13 @@ struct Options {
   std::int64_t budget_mb = 512, hidden = 512, layers = 1;
   int stage = 0;
   bool nvme = false, param = false;  // offload_optimizer, and offload_param, on nvme
+  std::int64_t batches = 3;  // a probe trains this many global batches in all
+  bool keep = false;         // a probe resumes from the trial directory another left
   std::string mpirun = "mpirun";
   std::string dir = "/tmp/hpctrial-bench-zero-memory";
 };
+
+std::int64_t batches_here = 0;  // trained by this process
 
 class StackTrial : public hpctrial::EngineTrial {
  public:
@@ -72,6 +79,7 @@ class StackTrial : public hpctrial::EngineTrial {
     auto loss = torch::mse_loss(model_->forward(batch.data), batch.target);
     engine_->backward(loss);
     engine_->step();
+    ++batches_here;
     return {{"loss", loss}};
   }
   hpctrial::Metrics evaluate_batch(hpctrial::DataIterator& data, std::int64_t) override {
@@ -126,7 +134,7 @@ int probe(const Options& o, int argc, char** argv) {
   const std::string trial_dir = o.dir + "/trial";
   const std::string nvme = o.dir + "/nvme";
   if (comm.is_chief()) {
-    std::filesystem::remove_all(trial_dir);
+    if (!o.keep) std::filesystem::remove_all(trial_dir);
     std::filesystem::create_directories(nvme);
   }
   comm.barrier();
@@ -136,9 +144,10 @@ int probe(const Options& o, int argc, char** argv) {
   const std::int64_t bucket = 2 * o.hidden * o.hidden, sub_group = o.hidden * o.hidden;
   const std::string yaml =
       "name: zero-memory\nentrypoint: ./zero_memory\nsearcher: {name: single, metric: validation_loss, max_length: "
-      "{batches: 3}}\nhyperparameters: {global_batch_size: 16, hidden: " + std::to_string(o.hidden) +
+      "{batches: " + std::to_string(o.batches) + "}}\nhyperparameters: {global_batch_size: 16, hidden: " + std::to_string(o.hidden) +
       ", layers: " + std::to_string(o.layers) + "}\nengine: {zero_optimization: {stage: " + std::to_string(o.stage) +
       ", reduce_bucket_size: " + std::to_string(bucket) + ", sub_group_size: " + std::to_string(sub_group) +
+      ", stage3_param_persistence_threshold: 0" +
       (o.nvme ? ", offload_optimizer: {device: nvme, nvme_path: " + nvme + "}" : std::string()) +
       (o.param ? ", offload_param: {device: nvme, nvme_path: " + nvme + "}" : std::string()) + "}}\n"
       "min_validation_period: {batches: 1000}\nscheduling_unit: 1000000\n";
@@ -162,7 +171,8 @@ int probe(const Options& o, int argc, char** argv) {
     const auto result = hpctrial::trainer::run_training(
         config, [](hpctrial::TrialContext& c) { return hpctrial::trainer::make_engine_trial<StackTrial>(c); }, comm,
         loop);
-    return result.batches_trained == 3 ? 0 : 1;
+    if (comm.is_chief()) std::printf("trained %lld batches in this run\n", static_cast<long long>(batches_here));
+    return result.batches_trained == o.batches ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);  // the other rank may wait in a collective
@@ -220,6 +230,10 @@ Options parse(int argc, char** argv) {
       o.nvme = true;
     } else if (arg == "--param") {
       o.param = true;
+    } else if (arg == "--keep") {
+      o.keep = true;
+    } else if (arg == "--batches") {
+      o.batches = std::stoll(value());
     } else if (arg == "--budget-mb") {
       o.budget_mb = std::stoll(value());
     } else if (arg == "--hidden") {

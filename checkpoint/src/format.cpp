@@ -28,7 +28,8 @@ Buffer::~Buffer() {
 }
 
 std::string Dataset::text() const {
-  return data ? std::string(static_cast<const char*>(data->data()), data->size()) : std::string();
+  const std::shared_ptr<const Buffer> bytes = bytes_of(*this);
+  return bytes ? std::string(static_cast<const char*>(bytes->data()), bytes->size()) : std::string();
 }
 
 void Contents::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* bytes) {

@@ -44,6 +44,24 @@ void read_all(int fd, char* data, std::size_t size, off_t offset, const std::str
   }
 }
 
+[[noreturn]] void corrupt(const std::string& path, const Dataset& d, std::uint32_t crc) {
+  bad(path, "dataset " + d.name + " is corrupt: its CRC-32C is " + std::to_string(crc) + ", the manifest says " +
+                std::to_string(d.crc32c));
+}
+
+// The CRC of a dataset left in its file, read through a buffer of a few MiB.
+void verify_in_file(const Dataset& d) {
+  constexpr std::uint64_t kChunk = std::uint64_t{8} << 20;
+  Buffer buffer(static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, d.nbytes())));
+  std::uint32_t crc = 0;
+  for (std::uint64_t at = 0; at < d.nbytes(); at += kChunk) {
+    const std::uint64_t size = std::min<std::uint64_t>(kChunk, d.nbytes() - at);
+    read_bytes(d, at, size, buffer.data());
+    crc = crc32c(buffer.data(), static_cast<std::size_t>(size), crc);
+  }
+  if (crc != d.crc32c) corrupt(d.in_file->path, d, crc);
+}
+
 struct Planned {
   std::size_t index;  // into Contents::datasets
   haddr_t offset;
@@ -183,26 +201,29 @@ Contents read_checkpoint(const std::string& path, const ReadOptions& options) {
       if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS) fail("not stored contiguously");
       if (H5Dget_storage_size(set.get()) != nbytes) fail("its storage size differs from the manifest");
 
-      auto buffer = std::make_shared<Buffer>(static_cast<std::size_t>(nbytes));
       const haddr_t offset = nbytes > 0 ? H5Dget_offset(set.get()) : HADDR_UNDEF;
-      if (nbytes >= kRawThreshold && offset != HADDR_UNDEF) {
-        if (offset + nbytes > file_size) fail("it ends past the end of the file: the file is truncated");
+      const bool in_place = nbytes >= kRawThreshold && offset != HADDR_UNDEF;
+      if (in_place && offset + nbytes > file_size) fail("it ends past the end of the file: the file is truncated");
+      crcs.push_back(entry["crc32c"].get<std::uint32_t>());
+      if (in_place && options.leave_unread && options.leave_unread(name)) {
+        out.datasets.push_back({name, *dtype, std::move(shape), nullptr, crcs.back()});
+        out.datasets.back().in_file = std::make_shared<const InFile>(InFile{path, offset, nbytes});
+        continue;
+      }
+      auto buffer = std::make_shared<Buffer>(static_cast<std::size_t>(nbytes));
+      if (in_place) {
         raw.push_back({out.datasets.size(), offset, 0});
       } else if (nbytes > 0) {
         check_h5(H5Dread(set.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer->data()),
                  path + ": reading dataset " + name);
       }
-      crcs.push_back(entry["crc32c"].get<std::uint32_t>());
       out.datasets.push_back({name, *dtype, std::move(shape), buffer, crcs.back()});
     }
   }
 
   auto check_crc = [&](const Dataset& d) {
     const std::uint32_t crc = d.nbytes() > 0 ? crc32c(d.data->data(), d.nbytes()) : 0;
-    if (crc != d.crc32c) {
-      bad(path, "dataset " + d.name + " is corrupt: its CRC-32C is " + std::to_string(crc) + ", the manifest says " +
-                    std::to_string(d.crc32c));
-    }
+    if (crc != d.crc32c) corrupt(path, d, crc);
   };
   // Large datasets: a thread reads them in file order while this one checks the CRC of each
   // as soon as it has arrived, so that checking costs no time beside the device.
@@ -282,9 +303,40 @@ Contents read_checkpoint(const std::string& path, const ReadOptions& options) {
     reader.join();
   }
   for (std::size_t i = 0; i < out.datasets.size(); ++i) {
-    if (!from_raw[i]) check_crc(out.datasets[i]);
+    const Dataset& d = out.datasets[i];
+    if (d.in_file && options.verify_unread) {
+      verify_in_file(d);
+    } else if (!d.in_file && !from_raw[i]) {
+      check_crc(d);
+    }
   }
   return out;
+}
+
+void read_bytes(const Dataset& dataset, std::uint64_t first, std::uint64_t size, void* to) {
+  if (first > dataset.nbytes() || size > dataset.nbytes() - first) {
+    throw CheckpointError((dataset.in_file ? dataset.in_file->path + ": " : std::string()) + "bytes [" +
+                          std::to_string(first) + ", " + std::to_string(first + size) + ") of dataset " + dataset.name +
+                          " lie past its end (" + std::to_string(dataset.nbytes()) + " bytes)");
+  }
+  if (size == 0) return;
+  if (!dataset.in_file) {
+    std::memcpy(to, static_cast<const char*>(dataset.data->data()) + first, size);
+    return;
+  }
+  const InFile& file = *dataset.in_file;
+  Fd fd(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) bad(file.path, std::string("cannot open it: ") + std::strerror(errno));
+  read_all(fd.get(), static_cast<char*>(to), size, static_cast<off_t>(file.offset + first), file.path, dataset.name);
+}
+
+std::shared_ptr<const Buffer> bytes_of(const Dataset& dataset) {
+  if (!dataset.in_file) return dataset.data;
+  auto buffer = std::make_shared<Buffer>(dataset.nbytes());
+  read_bytes(dataset, 0, dataset.nbytes(), buffer->data());
+  const std::uint32_t crc = crc32c(buffer->data(), buffer->size());
+  if (crc != dataset.crc32c) corrupt(dataset.in_file->path, dataset, crc);
+  return buffer;
 }
 
 }  // namespace hpctrial::checkpoint

@@ -163,7 +163,8 @@ std::vector<CheckpointInfo> CheckpointStore::list(bool verify) const {
 }
 
 std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<std::string>* problems,
-                                                                    const Acceptor& accept) const {
+                                                                    const Acceptor& accept,
+                                                                    const ReadOptions& options) const {
   std::vector<std::string> candidates;
   if (const auto latest = latest_file()) {
     candidates.push_back(*latest);
@@ -182,7 +183,7 @@ std::optional<CheckpointStore::Loaded> CheckpointStore::load_latest(std::vector<
   for (const auto& name : candidates) {
     const std::string path = (fs::path(dir_) / name).string();
     try {
-      Loaded loaded{path, *checkpoint_batches(name), read_checkpoint(path)};
+      Loaded loaded{path, *checkpoint_batches(name), read_checkpoint(path, options)};
       if (accept) accept(loaded);
       return loaded;
     } catch (const ConfigError&) {

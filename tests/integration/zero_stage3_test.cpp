@@ -36,7 +36,7 @@ class ZeroStageThree : public Launcher {
         "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(batches) + "}}\n"
         "hyperparameters: {global_batch_size: 16, own_files: false}\n"
         "engine: {train_micro_batch_size_per_gpu: 4, zero_optimization: {stage: " + std::to_string(stage) +
-        ", reduce_bucket_size: 50" + zero + "}}\n"
+        ", reduce_bucket_size: 50, stage3_param_persistence_threshold: 0" + zero + "}}\n"
         "resources: {slots_per_trial: " + std::to_string(ranks) + "}\nreproducibility: {experiment_seed: 7}\n");
   }
   // Runs `config` to its end in the experiment `name` (under the test's directory); its last checkpoint.
@@ -214,8 +214,10 @@ INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ZeroOffloadStopped, testing::Values(0
 // trains with a limit of 1 GiB (so the limit is what failed it); with both in the swap files
 // (offload_optimizer and offload_param on nvme) it trains within the limit. Measured at 512
 // layers: each rank peaks 100 to 108 MiB past start-up offloaded, 443 to 462 MiB in memory.
+// ... and resumes under it: each rank reads from the checkpoint only the ranges its parts cover, a
+// parameter at a time, into the swap file.
 TEST_F(ZeroOffload, AModelWhoseStateExceedsAMemoryLimitTrainsWithItOnNvme) {
-  const auto probe = [&](bool nvme, int budget_mb) {
+  const auto probe = [&](bool nvme, int budget_mb, std::vector<std::string> more = {}) {
     std::vector<std::string> argv = {HPCTRIAL_MPIRUN, "-np", "2", "--oversubscribe", "--bind-to", "none",
                                      HPCTRIAL_ZERO_MEMORY, "--probe", "--stage", "3", "--layers", "640",
                                      "--hidden", "256", "--budget-mb", std::to_string(budget_mb), "--dir",
@@ -224,6 +226,7 @@ TEST_F(ZeroOffload, AModelWhoseStateExceedsAMemoryLimitTrainsWithItOnNvme) {
       argv.push_back("--nvme");
       argv.push_back("--param");
     }
+    argv.insert(argv.end(), more.begin(), more.end());
     core::RunOptions options;
     options.timeout = std::chrono::minutes(5);
     options.env_set = env();
@@ -234,7 +237,11 @@ TEST_F(ZeroOffload, AModelWhoseStateExceedsAMemoryLimitTrainsWithItOnNvme) {
   const auto unlimited = probe(false, 1024);
   EXPECT_TRUE(unlimited.ok()) << unlimited.describe() << "\n" << unlimited.out << unlimited.err;
   const auto swapped = probe(true, 200);
-  EXPECT_TRUE(swapped.ok()) << swapped.describe() << "\n" << swapped.out << swapped.err;
+  ASSERT_TRUE(swapped.ok()) << swapped.describe() << "\n" << swapped.out << swapped.err;
+  EXPECT_THAT(swapped.out, HasSubstr("trained 3 batches in this run"));
+  const auto resumed = probe(true, 200, {"--keep", "--batches", "5"});
+  EXPECT_TRUE(resumed.ok()) << resumed.describe() << "\n" << resumed.out << resumed.err;
+  EXPECT_THAT(resumed.out, HasSubstr("trained 2 batches in this run"));
 }
 
 }  // namespace zero_stage3_test

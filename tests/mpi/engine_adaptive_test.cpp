@@ -156,7 +156,7 @@ std::string yaml(std::int64_t base, int stage, const std::string& adaptive, std:
   return "name: adaptive-engine\nentrypoint: ./t\nsearcher: {name: single, metric: validation_loss, max_length: "
          "{batches: " + std::to_string(length) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(base) +
          ", lr: 0.01}\nengine: {zero_optimization: {stage: " + std::to_string(stage) +
-         "}}\noptimizations:\n  adaptive_batch_size: {enabled: true, " + adaptive + "}\n";
+         ", stage3_param_persistence_threshold: 0}}\noptimizations:\n  adaptive_batch_size: {enabled: true, " + adaptive + "}\n";
 }
 
 // AdaScale's gain for a batch of `batch` records against the base batch `base` on the trial's data.

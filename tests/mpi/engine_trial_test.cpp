@@ -599,7 +599,7 @@ TEST(EngineTrialZero, StagesOneAndTwoTrainAsStageZeroWithAShareOfTheState) {
   const Seen plain0 = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2}\n"), Behaviour{}, "p0");
   for (int stage : {1, 2}) {
     const Seen plain = engine_run(yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " +
-                                          std::to_string(stage) + ", reduce_bucket_size: 10}}\n"),
+                                          std::to_string(stage) + ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}}\n"),
                                   Behaviour{}, "p" + std::to_string(stage));
     EXPECT_LE(max_relative_difference(plain.parameters, plain0.parameters), 1e-6) << "stage " << stage;
   }
@@ -634,7 +634,7 @@ Seen stop_and_resume(const std::string& first, const std::string& then, int stop
 TEST(EngineTrialZero, CheckpointsHoldTheWholeStateAndReshardOnResume) {
   const auto at_stage = [](int stage) {
     return yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " + std::to_string(stage) +
-                       ", reduce_bucket_size: 10}}\n");
+                       ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}}\n");
   };
   const std::string whole = shared_dir("zwhole");
   run(at_stage(2), [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}); }, whole);
@@ -657,7 +657,7 @@ TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
   const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
   const auto at_stage = [](int stage) {
     return yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
-                       std::to_string(stage) + ", reduce_bucket_size: 10}}\n");
+                       std::to_string(stage) + ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}}\n");
   };
   const Seen stage0 = engine_run(at_stage(0), Behaviour{}, "z3s0");
   const std::string whole = shared_dir("z3whole");
@@ -670,6 +670,19 @@ TEST(EngineTrialZero, StageThreeTrainsAsStageZeroAndResumesAtAnyStage) {
   // Between steps a rank holds its part of each parameter only.
   EXPECT_EQ(stage3.parameter_elements, share(24) + share(8) + share(8) + share(1));
   EXPECT_EQ(stage0.parameter_elements, 41);
+  // With DeepSpeed's default stage3_param_persistence_threshold (1e5) these small parameters
+  // are all persistent: whole on every rank, beside their parts; stopped, they resume bitwise.
+  const std::string persistent_yaml =
+      yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: 3, "
+              "reduce_bucket_size: 10}}\n");
+  Seen persistent;
+  const std::string persistent_whole = shared_dir("z3persistent");
+  run(persistent_yaml, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &persistent); },
+      persistent_whole);
+  EXPECT_LE(max_relative_difference(persistent.parameters, stage0.parameters), 1e-6);
+  EXPECT_EQ(persistent.parameter_elements, 41 + share(24) + share(8) + share(8) + share(1));
+  for (int stop_rank : {0, ranks - 1}) stop_and_resume(persistent_yaml, persistent_yaml, stop_rank, persistent_whole);
+  remove_dir(persistent_whole);
   for (int stop_rank : {0, ranks - 1}) stop_and_resume(at_stage(3), at_stage(3), stop_rank, whole);
   for (const auto& [from, to] : {std::pair{3, 0}, std::pair{3, 1}, std::pair{0, 3}, std::pair{2, 3}}) {
     const Seen resumed = stop_and_resume(at_stage(from), at_stage(to), 0);
@@ -777,11 +790,12 @@ class LayeredTrial : public EngineTrial {
 TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   const int ranks = env().size();
   const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
-  const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr) {
+  const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr, int persistence = 0) {
     const std::string dir = shared_dir("layered" + std::to_string(stage));
     Seen seen;
     run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
-                    std::to_string(stage) + ", reduce_bucket_size: 20}}\n"),
+                    std::to_string(stage) + ", reduce_bucket_size: 20, stage3_param_persistence_threshold: " +
+                    std::to_string(persistence) + "}}\n"),
         [&](TrialContext& c) {
           return std::make_unique<detail::EngineTrialRunner>(
               c, [&](EngineTrialContext& ec) { return std::make_unique<LayeredTrial>(ec, &seen, most, built_bytes); });
@@ -811,6 +825,13 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   EXPECT_EQ(most_built, parts + 72);
   EXPECT_LE(max_relative_difference(whole.parameters, stage0.parameters), 0.0);
   EXPECT_LE(max_relative_difference(partitioned.parameters, stage3.parameters), 0.0);
+  // Parameters of at most 8 elements persistent (33 elements: every bias, the scale and the last
+  // weight): whole throughout, beside the parts, and the largest weight gathered on top of them;
+  // the steps are those of the run with none persistent.
+  std::int64_t most_persistent = 0;
+  const Seen persistent = layered(3, &most_persistent, nullptr, 8);
+  EXPECT_EQ(most_persistent, parts + 33 + 64);
+  EXPECT_LE(max_relative_difference(persistent.parameters, stage3.parameters), 0.0);
 }
 
 // GatheredParameters: what the modifier rank (the last) writes after wrapping is every rank's
@@ -818,7 +839,7 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
 TEST(EngineTrialZero, GatheredParametersKeepTheModifierRanksWritesOnly) {
   const auto at_stage = [](int stage) {
     return yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " + std::to_string(stage) +
-                       ", reduce_bucket_size: 10}}\n");
+                       ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}}\n");
   };
   Behaviour custom;
   custom.custom_init = env().size() - 1;
@@ -841,7 +862,7 @@ TEST(EngineTrialZero, GatheredParametersKeepTheModifierRanksWritesOnly) {
 TEST(EngineTrialZero, BfloatSixteenStopAndResumeIsBitwise) {
   const auto at_stage = [](int stage) {
     return yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: " + std::to_string(stage) +
-                       ", reduce_bucket_size: 10}, bf16: {enabled: true}}\n");
+                       ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}, bf16: {enabled: true}}\n");
   };
   const std::string whole = shared_dir("bwhole");
   Seen straight;

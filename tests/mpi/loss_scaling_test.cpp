@@ -178,7 +178,7 @@ std::string yaml(const std::string& more = "") {
 
 std::string engine_yaml(int stage) {
   return yaml("engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
-              std::to_string(stage) + ", reduce_bucket_size: 10}}\n");
+              std::to_string(stage) + ", reduce_bucket_size: 10, stage3_param_persistence_threshold: 0}}\n");
 }
 
 LoopResult run(const std::string& config_yaml, const TrialFactory& factory, const std::string& dir,
@@ -364,7 +364,7 @@ TEST(LossScaling, EnginesSharingAScalerSkipOnlyTheirOwnSteps) {
       setup.overflow_rank = rank;
       Seen first, second;
       const std::string dir = shared_dir("shared");
-      run(yaml("engine: {zero_optimization: {stage: " + std::to_string(stage) + "}}\n"),
+      run(yaml("engine: {zero_optimization: {stage: " + std::to_string(stage) + ", stage3_param_persistence_threshold: 0}}\n"),
           [&](TrialContext& c) -> std::unique_ptr<Trial> {
             return std::make_unique<detail::EngineTrialRunner>(c, [&](EngineTrialContext& ec) {
               return std::make_unique<TwoEngineTrial>(ec, setup, &first, &second);

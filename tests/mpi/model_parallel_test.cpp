@@ -331,7 +331,7 @@ LoopResult train_engine(comm::Communicator& comm, const std::string& dir, int ze
   const std::string yaml =
       "name: tensor-parallel\nentrypoint: ./tensor_parallel\nhyperparameters: {lr: 0.01}\n"
       "engine: {train_batch_size: 32, gradient_accumulation_steps: 2, zero_optimization: {stage: " +
-      std::to_string(zero) + "}}\nsearcher: {name: single, metric: validation_loss, smaller_is_better: true, "
+      std::to_string(zero) + ", stage3_param_persistence_threshold: 0}}\nsearcher: {name: single, metric: validation_loss, smaller_is_better: true, "
       "max_length: {batches: 20}}\nmin_validation_period: {batches: 10}\nresources: {slots_per_trial: " +
       std::to_string(comm.size()) + "}\n";
   return run_training(config_from(yaml), factory, comm, loop);

@@ -285,6 +285,70 @@ TEST(ShardedOptimizer, StageThreeHoldsOnlyItsPartsOfTheParameters) {
   EXPECT_TRUE(torch::equal(params[3], torch::full({3}, 7.0f)));
 }
 
+// stage3_param_persistence_threshold: the small parameters stay whole on every rank, within the
+// model's bound, first come first kept (DeepSpeed's rule); a step gathers their new values, and
+// the others step exactly as without persistence.
+TEST(ShardedOptimizer, StageThreeKeepsPersistentParametersWholeAndTheirValuesCurrent) {
+  comm::MpiCommunicator comm(env().world());
+  const auto run = [&](std::int64_t threshold, std::vector<torch::Tensor>* after) {
+    torch::manual_seed(3);
+    Net net;
+    std::vector<torch::Tensor> initial;
+    for (const auto& p : net->parameters()) initial.push_back(p.detach().clone());
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+    ZeroOptions options;
+    options.stage = 3;
+    options.persistence_threshold = threshold;
+    options.model_persistence_threshold = 19;  // 5 fits; 15 more would not; 3 more does
+    ShardedOptimizer zero(adam, comm, options);
+    const auto params = net->parameters();  // of 35, 5, 15 and 3 elements
+    std::vector<bool> persistent;
+    for (std::size_t i = 0; i < params.size(); ++i) persistent.push_back(zero.is_persistent(0, i));
+    if (threshold > 0) {
+      EXPECT_THAT(persistent, ElementsAre(false, true, false, true));
+      EXPECT_TRUE(torch::equal(params[1], initial[1]));
+      EXPECT_TRUE(torch::equal(params[3], initial[3]));
+      EXPECT_EQ(params[0].numel(), 0);
+      std::int64_t share = 0;
+      for (const std::int64_t n : {35, 5, 15, 3}) share += (n + comm.size() - 1) / comm.size();
+      EXPECT_EQ(zero.parameter_elements(), share + 5 + 3);
+    }
+    for (int step = 0; step < 3; ++step) {
+      zero.gather_all();
+      zero.release(0, {1});  // refused for a persistent parameter
+      EXPECT_EQ(params[1].numel(), threshold > 0 ? 5 : 0);
+      if (threshold > 0) {
+        const ShardedOptimizer::Kept kept = zero.keep(0, {0, 1, 2, 3});
+        EXPECT_THAT(kept.params, ElementsAre(0, 2)) << "a persistent parameter was kept for refilling";
+      }
+      zero.gather_all();
+      zero.zero_grad();
+      zero.begin_backward();
+      torch::mse_loss(net->forward(torch::ones({4, 7}) * (step + 1)), torch::zeros({4, 3})).backward();
+      zero.end_backward();
+      zero.step();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(params[i].numel() > 0, threshold > 0 && persistent[i]) << "parameter " << i << " after a step";
+      }
+      // The whole values the step left are the parts' (gathered anew).
+      if (threshold > 0) {
+        const auto held = params[3].detach().clone();
+        zero.release_all();
+        EXPECT_TRUE(torch::equal(params[3], held));
+      }
+    }
+    zero.gather_all();
+    for (const auto& p : params) after->push_back(p.detach().clone());
+  };
+  std::vector<torch::Tensor> partitioned, persistent;
+  run(0, &partitioned);
+  run(15, &persistent);
+  ASSERT_EQ(partitioned.size(), persistent.size());
+  for (std::size_t i = 0; i < partitioned.size(); ++i) {
+    EXPECT_TRUE(torch::equal(partitioned[i], persistent[i])) << "parameter " << i << " stepped otherwise";
+  }
+}
+
 // offload_optimizer with device nvme: the state in a swap file between steps.
 class StateSwap : public testing::Test {
  protected:

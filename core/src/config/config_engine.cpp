@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <limits>
 #include <regex>
 
 #include "hpctrial/core/error.h"
@@ -116,6 +117,18 @@ void read_zero(const ConfigNode& node, const std::string& path, Diagnostics& d, 
   }
   if (const ConfigNode* size = z.get("sub_group_size")) {
     if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
+  }
+  if (const ConfigNode* n = z.get("stage3_param_persistence_threshold")) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    if (auto v = read_int(*n, z.path("stage3_param_persistence_threshold"), d, 0, kMax)) {
+      e.param_persistence_threshold = *v;
+    }
+  }
+  if (const ConfigNode* n = z.get("stage3_model_persistence_threshold")) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    if (auto v = read_int(*n, z.path("stage3_model_persistence_threshold"), d, 0, kMax)) {
+      e.model_persistence_threshold = *v;
+    }
   }
   if (const ConfigNode* o = z.get("offload_optimizer")) {
     read_offload(*o, z.path("offload_optimizer"), d, e.offload_optimizer, false);

@@ -221,6 +221,54 @@ TEST(CheckpointFormat, AFlippedByteInDataIsFoundAndNamed) {
   EXPECT_THAT(error_reading(path), HasSubstr("the manifest is corrupt"));
 }
 
+// A reader that needs ranges of the large datasets only (a ZeRO-3 rank, its parts) leaves them in
+// the file: they are checked all the same (or, asked not to, left to the reader that did), and
+// their ranges and whole bytes read later are what was written.
+TEST(CheckpointFormat, DatasetsLeftInTheFileAreCheckedAndReadByRange) {
+  TempDir dir;
+  const std::string path = (dir.path() / "ckpt-5.h5").string();
+  write_checkpoint(path, sample());
+  ReadOptions options;
+  options.leave_unread = [](const std::string& name) { return name.rfind("model/", 0) == 0; };
+  const Contents c = read_checkpoint(path, options);
+  const Dataset& big = c.at("model/0/fc1.weight", path);
+  ASSERT_EQ(big.data, nullptr);
+  ASSERT_NE(big.in_file, nullptr);
+  EXPECT_EQ(big.nbytes(), 300001u * 4);
+  EXPECT_EQ(big.in_file->path, path);
+  // Small datasets are read as ever (a leave_unread dataset needs 4 KiB at least).
+  ASSERT_NE(c.at("model/0/scale", path).data, nullptr);
+  std::vector<float> range(1000);
+  read_bytes(big, 4 * 299001, 4 * 1000, range.data());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(range[i], 299001.5f + static_cast<float>(i)) << i;
+  EXPECT_THROW(read_bytes(big, 4 * 299001, 4 * 1001, range.data()), CheckpointError);
+  read_bytes(big, big.nbytes(), 0, range.data());  // an empty range at the end
+  const auto whole = bytes_of(big);
+  ASSERT_EQ(whole->size(), big.nbytes());
+  EXPECT_EQ(static_cast<const float*>(whole->data())[300000], 300000.5f);
+  // A range of a dataset in memory reads the same.
+  const Contents in_memory = read_checkpoint(path);
+  read_bytes(in_memory.at("model/0/fc1.weight", path), 4 * 7, 4, range.data());
+  EXPECT_EQ(range[0], 7.5f);
+
+  // Damage in a dataset left in the file is found when it is read, or by bytes_of later.
+  flip_byte(path, offset_of(path, "model/0/fc1.weight") + 4 * 200000 + 1);
+  try {
+    read_checkpoint(path, options);
+    ADD_FAILURE() << "a damaged dataset left in the file was not checked";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ": dataset model/0/fc1.weight is corrupt: its CRC-32C is"));
+  }
+  options.verify_unread = false;
+  const Contents unchecked = read_checkpoint(path, options);
+  try {
+    bytes_of(unchecked.at("model/0/fc1.weight", path));
+    ADD_FAILURE() << "bytes_of took a damaged dataset";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ": dataset model/0/fc1.weight is corrupt"));
+  }
+}
+
 // Runs `read` in a thread of its own and fails the test, ending the process, if it has not
 // returned within a minute: a reader that waits forever on an error path hangs every resume.
 std::string without_hang(const std::function<std::string()>& read) {

@@ -290,7 +290,11 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
     context_.exclude_from_gradient_sync(engine->model_);
     detail::ZeroOptions zero;
     zero.stage = zero_stage_;
-    if (config) zero.bucket_elements = config->reduce_bucket_size;
+    if (config) {
+      zero.bucket_elements = config->reduce_bucket_size;
+      zero.persistence_threshold = config->param_persistence_threshold;
+      zero.model_persistence_threshold = config->model_persistence_threshold;
+    }
     if (swaps) {
       detail::SwapOptions swap;
       swap.nvme_path = config->offload_optimizer.nvme_path;

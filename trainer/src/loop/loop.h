@@ -104,7 +104,8 @@ class Loop {
   // The batches of the newest checkpoint in the store whose manifest reads intact; -1: none.
   std::int64_t newest_shared_checkpoint() const;
   // The chief: picks the shared filesystem's checkpoint resume() restores.
-  std::string choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents);
+  std::string choose_resume_checkpoint(const std::string& dir, const checkpoint::ReadOptions& read,
+                                       checkpoint::Contents& contents);
   // min_checkpoint_period: auto: the periodic checkpoint just taken stalled the loop this long;
   // once its background write is done, the whole cost sets the next interval.
   void note_checkpoint_stall(double seconds);

@@ -125,14 +125,18 @@ std::int64_t Loop::newest_shared_checkpoint() const {
 // The chief picks the checkpoint to resume from the store open_checkpoint_store opened in `dir`,
 // and reads its contents into `contents`. Returns its path; empty: start fresh; "!" or "?" +
 // reason: refuse to start (a "?" as a mistake in the config).
-std::string Loop::choose_resume_checkpoint(const std::string& dir, checkpoint::Contents& contents) {
+std::string Loop::choose_resume_checkpoint(const std::string& dir, const checkpoint::ReadOptions& read,
+                                           checkpoint::Contents& contents) {
   std::string chosen;
   std::vector<std::string> problems;
   std::optional<checkpoint::CheckpointStore::Loaded> loaded;
   try {
-    loaded = store_->load_latest(&problems, [&](const checkpoint::CheckpointStore::Loaded& candidate) {
-      detail::check_resumable(candidate.contents, candidate.path, identity_, options_.allow_config_change);
-    });
+    loaded = store_->load_latest(
+        &problems,
+        [&](const checkpoint::CheckpointStore::Loaded& candidate) {
+          detail::check_resumable(candidate.contents, candidate.path, identity_, options_.allow_config_change);
+        },
+        read);
   } catch (const ConfigError& e) {
     chosen = "?" + std::string(e.what());  // every rank fails with it, as a mistake in the config
   }
@@ -205,24 +209,25 @@ void Loop::resume() {
   checkpoint::Contents memory_contents;
   const std::optional<std::string> from_memory =
       resume_from_memory(chief() && memory_ ? newest_shared_checkpoint() : -1, memory_contents);
+  // ZeRO stage 3: the parameters and the optimizer state stay in the file, each rank reading the
+  // ranges its parts cover (the chief checked them whole, a few MiB at a time).
+  const detail::ShardedOptimizers sharded = sharded_optimizers(*trial_, *context_);
   if (from_memory) {
     chosen = *from_memory;
     contents = std::move(memory_contents);
   } else {
-    if (chief()) chosen = choose_resume_checkpoint(dir, contents);
+    if (chief()) chosen = choose_resume_checkpoint(dir, detail::resume_read_options(sharded, identity_.part, true), contents);
     comm_.broadcast(chosen, 0);
     if (!chosen.empty() && chosen.front() == '!') throw CheckpointError(chosen.substr(1));
     if (!chosen.empty() && chosen.front() == '?') throw ConfigError(chosen.substr(1));
   }
   if (chosen.empty()) return start_fresh();
-  if (!chief() && !from_memory) contents = checkpoint::read_checkpoint(chosen);
-  // ZeRO stage 3: the model whole while it is written, then each rank's parts taken from it.
-  const detail::ShardedOptimizers partitioned = sharded_optimizers(*trial_, *context_);
-  gather_partitioned(partitioned);
+  if (!chief() && !from_memory) {
+    contents = checkpoint::read_checkpoint(chosen, detail::resume_read_options(sharded, identity_.part, false));
+  }
   detail::LoopState state = loop_state();
   detail::restore(contents, chosen, *context_, *trial_, callbacks_, state, identity_, options_.allow_config_change,
-                  partitioned);
-  keep_partitioned(partitioned);
+                  sharded);
   // The starts of this trial before this one: more than the checkpoint's count + 1 when an
   // attempt failed before its next checkpoint (the launcher counts those).
   state.restart_count = std::max<std::int64_t>(state.restart_count + 1, options_.restart_count);

@@ -313,9 +313,7 @@ void StateSwapper::write_tensor(const torch::Tensor& parameter, std::size_t fiel
 }
 
 void StateSwapper::write_out(std::size_t sub_group) {
-  for (const auto& p : sub_groups_.at(sub_group)) {
-    for (const auto& [field, tensor] : swapped_of(p)) write_tensor(p, field, tensor);
-  }
+  for (const auto& p : sub_groups_.at(sub_group)) write_out_parameter(p);
 }
 
 void StateSwapper::step() {
@@ -368,6 +366,10 @@ void StateSwapper::step() {
     restore();
     throw;
   }
+}
+
+void StateSwapper::write_out_parameter(const torch::Tensor& parameter) {
+  for (const auto& [field, tensor] : swapped_of(parameter)) write_tensor(parameter, field, tensor);
 }
 
 void StateSwapper::write_out_all() {

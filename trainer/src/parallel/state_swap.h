@@ -63,6 +63,8 @@ class StateSwapper {
   void step();
   // Every state tensor in memory written out and released (after a load made them).
   void write_out_all();
+  // The same for one parameter's state tensors (and itself, with `parameters`).
+  void write_out_parameter(const torch::Tensor& parameter);
   // With `parameters`: those of `parameters` swapped out read into memory, and released again,
   // written out first when `changed`.
   void bring_in(const std::vector<torch::Tensor>& parameters);

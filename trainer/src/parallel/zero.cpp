@@ -117,6 +117,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
   }
   const int ranks = comm_.size();
   std::size_t first_part = 0;
+  std::int64_t persistent_elements = 0;
   for (std::size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
     auto& param_group = optimizer_.param_groups()[g];
     Group group;
@@ -136,6 +137,16 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     }
     group.layout = options_.stage == 3 ? partition_layout(numels, ranks)
                                        : flat_layout(numels, ranks, std::max<std::int64_t>(1, options_.bucket_elements));
+    // DeepSpeed's mark_persistent_parameters: small enough, and within the model's bound.
+    group.persistent.assign(group.params.size(), false);
+    for (std::size_t i = 0; options_.stage == 3 && i < numels.size(); ++i) {
+      if (numels[i] > options_.persistence_threshold ||
+          numels[i] > options_.model_persistence_threshold - persistent_elements) {
+        continue;
+      }
+      group.persistent[i] = true;
+      persistent_elements += numels[i];
+    }
     lay_out(group, comm_.rank(), built);
     // The optimizer forgets the whole parameters (no state was made for them yet, but Adagrad's)
     // and steps the parts.
@@ -154,6 +165,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     options_.swap->rank = comm_.rank();
     swapper_ = std::make_unique<StateSwapper>(optimizer_, *options_.swap);
   }
+  if (options_.stage == 3) gather_persistent();
 }
 
 void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built) {
@@ -432,11 +444,13 @@ void ShardedOptimizer::update() {
     optimizer_.step();
   }
   if (options_.stage == 3) {
-    // The gathered values are those before the step: the next gather brings the new ones.
-    release_all();
+    // The gathered values are those before the step: the next gather brings the new ones, and
+    // the persistent parameters' come now.
     for (auto& group : groups_) {
+      for (std::size_t i = 0; i < group.params.size(); ++i) drop(group, i);
       for (auto& part : group.parts) part.mutable_grad() = torch::Tensor();
     }
+    gather_persistent();
     return;
   }
   std::vector<comm::WorkHandle> gathers;

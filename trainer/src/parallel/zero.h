@@ -20,6 +20,11 @@
 // backward of the step's last micro-batch only: the ones before accumulate whole gradients in
 // the parameters, as stage 0 does, and the step reduces them once.
 //
+// A persistent parameter (stage3_param_persistence_threshold: a small one) is partitioned like
+// any other, its part what the optimizer steps and checkpoints hold, but its whole value stays
+// gathered on every rank: gathered when the optimizer is made and again after each step (one
+// all-gather for all of a group's, as DeepSpeed's _post_step), and never released.
+//
 // Stage 3 partitions the parameters too, as DeepSpeed's partition_parameters.py does: each
 // parameter on its own, flattened and padded to a multiple of the ranks (ceil(numel / ranks)
 // elements a rank; the layout's buckets are then one parameter each), rank r owning part r. A
@@ -40,6 +45,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -130,6 +136,12 @@ struct ZeroOptions {
   int stage = 1;                               // 1, 2 or 3
   std::int64_t bucket_elements = 500'000'000;  // DeepSpeed's reduce_bucket_size default
   PartitionStore* partitions = nullptr;  // stage 3: parameters built partitioned
+  // Stage 3: parameters of at most `persistence_threshold` elements are persistent (DeepSpeed's
+  // stage3_param_persistence_threshold; the engine passes the config's, 1e5 by default), up to
+  // `model_persistence_threshold` elements in all, first come first kept in the groups' order.
+  // 0: every parameter partitioned and released.
+  std::int64_t persistence_threshold = 0;
+  std::int64_t model_persistence_threshold = std::numeric_limits<std::int64_t>::max();
   // offload_optimizer with device nvme: the optimizer state in a swap file between steps
   // (state_swap.h; its rank is this communicator's), and with `parameters` (offload_param on
   // nvme; stage 3) the parts of the parameters too.
@@ -196,8 +208,15 @@ class ShardedOptimizer {
   // shards, so that any number of ranks, sharded or not, can load it. A collective.
   void save_whole(checkpoint::Contents& contents, const std::string& prefix);
   // Loads state written whole (by save_whole, or by an unsharded optimizer over the same
-  // parameters) into this rank's shards. Local: every rank reads the contents itself.
+  // parameters) into this rank's shards. Local: every rank reads the contents itself. Stage 3
+  // reads only the ranges of the datasets its parts cover, a parameter at a time (each written
+  // out to the swap file before the next, with offload), so the contents may leave them in the
+  // file (checkpoint::ReadOptions::leave_unread).
   void load_whole(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
+  // Stage 3: this rank's part of parameter `param` of group `group` read from `whole`, the
+  // parameter's dataset (which may be left in its file: only the part's range is read). Local.
+  // ConfigError naming the file and the dataset for another shape or dtype.
+  void load_part(std::size_t group, std::size_t param, const checkpoint::Dataset& whole, const std::string& file);
   // The same datasets as save_whole, without gathering: the state tensors as specs with this
   // rank's pieces of them (the parts it owns), checksummed; appended to `out`. Local.
   void save_shards(ShardedSave& out, const std::string& prefix);
@@ -213,10 +232,10 @@ class ShardedOptimizer {
 
   // Stage 3. gather(): the whole values of the parameters of `group` listed (indices into its
   // parameters) that are released, from every rank's parts, in one all-gather; a collective,
-  // with the same list on every rank. release(): empties them again (their parts stay). Whole
-  // values changed while gathered are not kept (DeepSpeed's GatheredParameters without a
-  // modifier rank); set_whole() writes a whole value into this rank's part (a load, an
-  // initialisation), on every rank alike.
+  // with the same list on every rank. release(): empties them again (their parts stay), except
+  // the persistent ones. Whole values changed while gathered are not kept (DeepSpeed's
+  // GatheredParameters without a modifier rank); set_whole() writes a whole value into this
+  // rank's part (a load, an initialisation), on every rank alike.
   void gather(std::size_t group, const std::vector<std::size_t>& params);
   void gather_all();
   // Stage 3, for a backward that needs gathered parameters again (a layer whose forward saved
@@ -237,6 +256,7 @@ class ShardedOptimizer {
   // Where a model's parameter is among the groups' (group, index), if the optimizer steps it.
   std::optional<std::pair<std::size_t, std::size_t>> locate(const torch::Tensor& parameter) const;
   bool is_gathered(std::size_t group, std::size_t param) const { return groups_.at(group).gathered.at(param); }
+  bool is_persistent(std::size_t group, std::size_t param) const { return groups_.at(group).persistent.at(param); }
   void set_whole(std::size_t group, std::size_t param, const torch::Tensor& whole);
   // The (group, parameter) pairs released now (stage 3; none at stages 1 and 2).
   std::vector<std::pair<std::size_t, std::size_t>> released() const;
@@ -265,6 +285,7 @@ class ShardedOptimizer {
     std::vector<torch::Tensor> params;  // the model's: views into `flat`, or stage 3's gathered or empty
     std::vector<std::vector<std::int64_t>> shapes;
     std::vector<bool> gathered;  // stage 3
+    std::vector<bool> persistent;  // stage 3: never released
     FlatLayout layout;
     torch::Tensor flat;  // every rank's parameters (stages 1 and 2); empty at stage 3, for its options
     // This rank's part of each bucket: leaves over `flat` at stages 1 and 2, tensors of their own
@@ -286,6 +307,12 @@ class ShardedOptimizer {
   };
   class ReadyHook;
 
+  // Stage 3: empties a gathered parameter, persistent or not.
+  void drop(Group& group, std::size_t param);
+  // Stage 3: every persistent parameter that is released gathered, a group at a time (a collective).
+  void gather_persistent();
+  // Stage 3's load_whole after the options: each part's state from its ranges of the datasets.
+  void load_state_parts(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
   // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather, each
   // whole value written into `into`'s tensor of the same index (of the parameter's shape).
   void gather_into(std::size_t g, const std::vector<std::size_t>& wanted, const std::vector<torch::Tensor>& into);

@@ -126,7 +126,10 @@ ShardedOptimizer::Kept ShardedOptimizer::keep(std::size_t g, const std::vector<s
   if (options_.stage != 3) return kept;
   Group& group = groups_.at(g);
   for (const std::size_t i : params) {
-    if (!group.gathered.at(i) || std::find(kept.params.begin(), kept.params.end(), i) != kept.params.end()) continue;
+    if (!group.gathered.at(i) || group.persistent.at(i) ||
+        std::find(kept.params.begin(), kept.params.end(), i) != kept.params.end()) {
+      continue;
+    }
     kept.params.push_back(i);
     kept.storages.push_back(group.params[i].storage());
   }
@@ -194,9 +197,23 @@ void ShardedOptimizer::release(std::size_t g, const std::vector<std::size_t>& pa
   if (options_.stage != 3) return;
   Group& group = groups_.at(g);
   for (const std::size_t i : params) {
-    if (!group.gathered.at(i)) continue;
-    group.params[i].set_data(torch::empty({0}, group.flat.options()));
-    group.gathered[i] = false;
+    if (!group.persistent.at(i)) drop(group, i);
+  }
+}
+
+void ShardedOptimizer::drop(Group& group, std::size_t i) {
+  if (options_.stage != 3 || !group.gathered.at(i)) return;
+  group.params[i].set_data(torch::empty({0}, group.flat.options()));
+  group.gathered[i] = false;
+}
+
+void ShardedOptimizer::gather_persistent() {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::size_t> persistent;
+    for (std::size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (groups_[g].persistent[i]) persistent.push_back(i);
+    }
+    gather(g, persistent);
   }
 }
 

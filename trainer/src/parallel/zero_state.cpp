@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "hpctrial/core/error.h"
@@ -185,6 +186,9 @@ void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const st
                       " in the trial: the trial changed since the checkpoint");
   }
   const int rank = comm_.rank();
+  // Stage 3: a parameter's state at a time, read from the ranges of the datasets this rank's part
+  // covers, so that neither the state whole nor this rank's shard of it is ever in memory at once.
+  const bool by_parameter = options_.stage == 3;
   std::size_t first = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const Group& group = groups_[g];
@@ -197,6 +201,7 @@ void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const st
       const auto& bucket = group.layout.buckets[b];
       const std::size_t index = group.first_part + b;
       indices.push_back(index);
+      if (by_parameter) continue;
       // The state of the bucket's parameters, laid end to end as in the buffer; this rank keeps
       // its part. Parameters without state (never stepped) contribute zeros.
       const checkpoint::Dataset* scalars = nullptr;
@@ -228,8 +233,73 @@ void ShardedOptimizer::load_whole(const checkpoint::Contents& contents, const st
     first += group.params.size();
   }
   parts.add_text("s/param_groups", groups.dump());
-  load_optimizer(parts, "s", optimizer_, file);
-  if (swapper_) swapper_->write_out_all();  // the loaded state, made in memory
+  load_optimizer(parts, "s", optimizer_, file);  // stage 3: the options, and no state yet
+  if (by_parameter) {
+    load_state_parts(contents, prefix, file);
+  } else if (swapper_) {
+    swapper_->write_out_all();  // the loaded state, made in memory
+  }
+}
+
+void ShardedOptimizer::load_state_parts(const checkpoint::Contents& contents, const std::string& prefix,
+                                        const std::string& file) {
+  const std::int64_t rank = comm_.rank();
+  std::size_t first = 0;
+  for (const Group& group : groups_) {
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      const checkpoint::Dataset* scalars = contents.find(state_name(prefix, first + i, "scalars"));
+      if (scalars == nullptr) continue;  // never stepped
+      const std::int64_t part = group.layout.buckets.at(i).part;
+      const auto [lo, hi] = part_range(group.layout.numels[i], part, rank);
+      checkpoint::Contents one;
+      one.add_text(state_name("s", 0, "scalars"), scalars->text());
+      for (const std::string& field : state_fields(contents, prefix, first + i)) {
+        const std::string name = state_name(prefix, first + i, field);
+        const checkpoint::Dataset& d = contents.at(name, file);
+        if (d.dtype != checkpoint::DType::kFloat32 || d.nbytes() != static_cast<std::size_t>(group.layout.numels[i]) * 4) {
+          throw ConfigError(file + ": " + name + " has " + std::to_string(d.nbytes() / 4) + " float32 elements in the "
+                            "checkpoint but the parameter has " + std::to_string(group.layout.numels[i]) +
+                            ": the model changed since the checkpoint");
+        }
+        auto bytes = std::make_shared<checkpoint::Buffer>(static_cast<std::size_t>(part) * 4);
+        std::memset(bytes->data(), 0, bytes->size());  // the padding
+        checkpoint::read_bytes(d, static_cast<std::uint64_t>(lo) * 4, static_cast<std::uint64_t>(hi - lo) * 4,
+                               bytes->data());
+        one.add(state_name("s", 0, field), checkpoint::DType::kFloat32, {part}, std::move(bytes));
+      }
+      load_parameter_state(one, "s/state/0", optimizer_, group.parts[i], file);
+      if (swapper_) swapper_->write_out_parameter(group.parts[i]);
+    }
+    first += group.params.size();
+  }
+}
+
+void ShardedOptimizer::load_part(std::size_t g, std::size_t i, const checkpoint::Dataset& whole,
+                                 const std::string& file) {
+  const Group& group = groups_.at(g);
+  if (whole.shape != group.shapes.at(i) || whole.dtype != checkpoint::DType::kFloat32) {
+    throw ConfigError(file + ": " + whole.name + " is " + checkpoint::to_string(whole.dtype) + " " +
+                      c10::str(c10::IntArrayRef(whole.shape)) + " in the checkpoint but float32 " +
+                      c10::str(c10::IntArrayRef(group.shapes[i])) +
+                      " in the model: the config changed the model since the checkpoint");
+  }
+  drop(groups_[g], i);  // its whole value is the old one
+  const torch::Tensor& part = group.parts[i];
+  const auto [lo, hi] = part_range(group.layout.numels[i], group.layout.buckets.at(i).part, comm_.rank());
+  torch::NoGradGuard no_grad;
+  const auto range = torch::empty({hi - lo}, torch::kFloat32);  // on the host, for a part on a device
+  checkpoint::read_bytes(whole, static_cast<std::uint64_t>(lo) * 4, static_cast<std::uint64_t>(hi - lo) * 4,
+                         range.data_ptr());
+  if (swapper_) swapper_->bring_in({part});
+  part.zero_();  // the padding
+  part.narrow(0, 0, hi - lo).copy_(range);
+  if (swapper_) swapper_->let_go({part}, /*changed=*/true);
+  if (group.persistent[i]) {  // whole on every rank: small, read whole, no collective
+    const auto value = torch::empty(group.shapes[i], torch::kFloat32);
+    checkpoint::read_bytes(whole, 0, whole.nbytes(), value.data_ptr());
+    groups_[g].params[i].set_data(value.to(group.flat.options()));
+    groups_[g].gathered[i] = true;
+  }
 }
 
 }  // namespace hpctrial::trainer::detail

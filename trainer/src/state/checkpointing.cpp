@@ -257,16 +257,33 @@ std::string attribute(const checkpoint::Contents& contents, const char* name) {
   return it == contents.attributes.end() ? std::string() : it->second;
 }
 
-// Every wrapped model's parameters and buffers; a model tensor in the checkpoint that no model
-// has is refused.
+// A parameter that a sharded optimizer of `sharded` partitions (ZeRO-3): this rank's part of it
+// read from its dataset's range. False for another, or one the checkpoint lacks.
+bool load_partitioned(const checkpoint::Contents& contents, const std::string& name, const torch::Tensor& parameter,
+                      const std::string& path, const ShardedOptimizers& sharded) {
+  for (const auto& [index, optimizer] : sharded) {
+    if (!optimizer->partitions_parameters()) continue;
+    const auto at = optimizer->locate(parameter);
+    const checkpoint::Dataset* d = contents.find(name);
+    if (!at || d == nullptr) continue;
+    optimizer->load_part(at->first, at->second, *d, path);
+    return true;
+  }
+  return false;
+}
+
+// Every wrapped model's parameters and buffers (at ZeRO stage 3, this rank's parts of those
+// `sharded` partitions); a model tensor in the checkpoint that no model has is refused.
 void restore_model_tensors(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
-                           const std::string& part) {
+                           const std::string& part, const ShardedOptimizers& sharded = {}) {
   const auto& models = context.models();
   std::set<std::string> expected;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (auto& item : models[i]->named_parameters()) {
-      load_into(contents, prefix + item.key(), item.value(), path);
+      if (!load_partitioned(contents, prefix + item.key(), item.value(), path, sharded)) {
+        load_into(contents, prefix + item.key(), item.value(), path);
+      }
       expected.insert(prefix + item.key());
     }
     for (auto& item : models[i]->named_buffers()) {
@@ -374,6 +391,18 @@ void restore_weights(const checkpoint::Contents& contents, const std::string& pa
   restore_model_tensors(contents, path, context, identity.part);
 }
 
+checkpoint::ReadOptions resume_read_options(const ShardedOptimizers& sharded, const std::string& part, bool verify) {
+  checkpoint::ReadOptions options;
+  const bool partitioned = std::any_of(sharded.begin(), sharded.end(),
+                                       [](const auto& entry) { return entry.second->partitions_parameters(); });
+  if (!partitioned) return options;
+  options.leave_unread = [model = part + "model/", optimizer = part + "optimizer/"](const std::string& name) {
+    return name.rfind(model, 0) == 0 || name.rfind(optimizer, 0) == 0;
+  };
+  options.verify_unread = verify;
+  return options;
+}
+
 void mark_shard_of(checkpoint::Contents& contents, const std::string& prefix, int rank, int ranks) {
   contents.add_text(prefix + kShardOf, json{{"rank", rank}, {"ranks", ranks}}.dump());
 }
@@ -399,7 +428,7 @@ void restore(const checkpoint::Contents& file, const std::string& path, TrialCon
     core::log_warning("resuming from {} with other hyperparameters ({}), as --allow-config-change allows", path,
                       differences(hparams, identity.hparams));
   }
-  restore_model_tensors(contents, path, context, identity.part);
+  restore_model_tensors(contents, path, context, identity.part, sharded);
   const auto& optimizers = context.optimizers();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     const std::string prefix = identity.part + "optimizer/" + std::to_string(i);

@@ -142,10 +142,17 @@ void check_resumable(const checkpoint::Contents& contents, const std::string& pa
 
 // Puts everything back. Refuses a checkpoint of another model (naming the tensor) and, unless
 // `allow_config_change`, one written with other hyperparameters. A sharded optimizer takes its
-// shard of the whole state in the file, whatever the number of ranks that wrote it.
+// shard of the whole state in the file, whatever the number of ranks that wrote it; at stage 3
+// its parameters stay released and each rank reads its parts from ranges of their datasets
+// (which `contents` may leave in the file: resume_read_options).
 void restore(const checkpoint::Contents& contents, const std::string& path, TrialContext& context, Trial& trial,
              const Callbacks& callbacks, LoopState& loop, const TrialIdentity& identity, bool allow_config_change,
              const ShardedOptimizers& sharded = {});
+
+// How a resume reads the checkpoint: at ZeRO stage 3 (`sharded` partitions parameters) the
+// large datasets of the models and optimizers are left in the file, each rank reading what its
+// parts cover (and only the chief, with `verify`, checking them whole, through a small buffer).
+checkpoint::ReadOptions resume_read_options(const ShardedOptimizers& sharded, const std::string& part, bool verify);
 
 // The models' weights alone (a trained model loaded, a fine-tuning's start): the tensors of
 // `identity.part`, a pipeline's layers taken from whichever stage held them on any number of

@@ -275,7 +275,7 @@ void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std:
 }
 
 torch::Tensor tensor_of(const checkpoint::Dataset& dataset) {
-  auto keep = dataset.data;
+  auto keep = checkpoint::bytes_of(dataset);
   return torch::from_blob(const_cast<void*>(keep->data()), dataset.shape, [keep](void*) {},
                           torch::TensorOptions().dtype(to_scalar_type(dataset.dtype)));
 }
@@ -385,17 +385,25 @@ void load_optimizer(const checkpoint::Contents& contents, const std::string& pre
                           std::to_string(group.params().size()) + " in the trial");
       }
       codec->load_options(groups[g].at("options"), group.options());
-      for (auto& p : group.params()) {
-        const std::string state_prefix = prefix + "/state/" + std::to_string(index++);
-        const checkpoint::Dataset* scalars = contents.find(state_prefix + "/scalars");
-        optimizer.state().erase(optimizer_state_key(p));
-        if (scalars == nullptr) continue;  // no state yet for this parameter
-        Reader r{contents, state_prefix, json::parse(scalars->text()), file, p.device()};
-        optimizer.state()[optimizer_state_key(p)] = codec->load_state(r);
-      }
+      for (auto& p : group.params()) load_parameter_state(contents, prefix + "/state/" + std::to_string(index++), optimizer, p, file);
     }
   } catch (const json::exception& e) {
     throw CheckpointError(file + ": " + prefix + ": malformed optimizer state: " + e.what());
+  }
+}
+
+void load_parameter_state(const checkpoint::Contents& contents, const std::string& state_prefix,
+                          torch::optim::Optimizer& optimizer, const torch::Tensor& parameter, const std::string& file) {
+  const OptimizerCodec* codec = codec_for(optimizer);
+  if (codec == nullptr) throw InternalError("load_parameter_state: an optimizer of another class than LibTorch's six");
+  const checkpoint::Dataset* scalars = contents.find(state_prefix + "/scalars");
+  optimizer.state().erase(optimizer_state_key(parameter));
+  if (scalars == nullptr) return;  // no state yet for this parameter
+  try {
+    Reader r{contents, state_prefix, json::parse(scalars->text()), file, parameter.device()};
+    optimizer.state()[optimizer_state_key(parameter)] = codec->load_state(r);
+  } catch (const json::exception& e) {
+    throw CheckpointError(file + ": " + state_prefix + ": malformed optimizer state: " + e.what());
   }
 }
 

@@ -57,7 +57,8 @@ using Deferred = std::vector<DeferredTensor>;
 // Copies now, or defers when `deferred` is given and the tensor is on the CPU.
 void add_or_defer(checkpoint::Contents& contents, Deferred* deferred, const std::string& name,
                   const torch::Tensor& tensor);
-// A CPU tensor over the dataset's buffer (kept alive by the tensor).
+// A CPU tensor over the dataset's buffer (kept alive by the tensor); a dataset left in its file
+// is read whole.
 torch::Tensor tensor_of(const checkpoint::Dataset& dataset);
 // Copies dataset `name` into `target`, refusing another shape or dtype with a message naming
 // the tensor, the file and both shapes.
@@ -71,6 +72,10 @@ void save_optimizer(checkpoint::Contents& contents, const std::string& prefix, t
 Deferred view_optimizer(checkpoint::Contents& texts, const std::string& prefix, torch::optim::Optimizer& optimizer);
 void load_optimizer(const checkpoint::Contents& contents, const std::string& prefix,
                     torch::optim::Optimizer& optimizer, const std::string& file);
+// One parameter's state, from the datasets under `state_prefix` (prefix/state/<index>, as
+// load_optimizer reads each), in place of its own; none there: it has none. For the six types.
+void load_parameter_state(const checkpoint::Contents& contents, const std::string& state_prefix,
+                          torch::optim::Optimizer& optimizer, const torch::Tensor& parameter, const std::string& file);
 // Every param group's options (lr, momentum, betas, weight decay, ...) as text, and back:
 // JSON as in param_groups for the six LibTorch types, LibTorch's archive of each group's options
 // for other classes. Loading refuses another type or number of groups (ConfigError naming `what`).

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,6 +62,13 @@ class Buffer {
   std::shared_ptr<const void> keeper_;
 };
 
+// Where the bytes of a dataset read_checkpoint() left in its file are (ReadOptions::leave_unread).
+struct InFile {
+  std::string path;
+  std::uint64_t offset = 0;  // of the dataset's first byte
+  std::uint64_t nbytes = 0;
+};
+
 struct Dataset {
   std::string name;
   DType dtype = DType::kUInt8;
@@ -70,9 +78,12 @@ struct Dataset {
   // Set by a producer that computed crc32c of `data` as it filled it (saving the writer a
   // second pass over memory); write_checkpoint then stores crc32c as given.
   bool crc32c_known = false;
+  // Set, with `data` null: the bytes are in the file still, read by read_bytes() or bytes_of().
+  std::shared_ptr<const InFile> in_file = nullptr;
 
-  std::size_t nbytes() const { return data ? data->size() : 0; }
-  // The bytes as text (for uint8 datasets holding JSON or other text).
+  std::size_t nbytes() const { return data ? data->size() : in_file ? static_cast<std::size_t>(in_file->nbytes) : 0; }
+  // The bytes as text (for uint8 datasets holding JSON or other text); read from the file for a
+  // dataset left there.
   std::string text() const;
 };
 
@@ -116,11 +127,22 @@ std::string temporary_path(const std::string& path);
 
 struct ReadOptions {
   bool direct_io = true;
+  // The datasets it names, of at least 4 KiB, are left in the file (Dataset::in_file): a reader
+  // that needs ranges of them only (a ZeRO-3 rank its parts) need not hold them whole. With
+  // `verify_unread` their CRC is checked now, through a buffer of a few MiB.
+  std::function<bool(const std::string& name)> leave_unread;
+  bool verify_unread = true;
 };
 
 // Reads and verifies the whole file: format, manifest, every dataset's shape, size and CRC.
 // CheckpointError naming the path and the reason on any problem.
 Contents read_checkpoint(const std::string& path, const ReadOptions& options = {});
+
+// Bytes [first, first + size) of `dataset`: from its buffer, or read from its file.
+// CheckpointError naming the file and the dataset for a range past its end or a failed read.
+void read_bytes(const Dataset& dataset, std::uint64_t first, std::uint64_t size, void* to);
+// The bytes of `dataset` whole: its buffer, or read from its file now and checked against its CRC.
+std::shared_ptr<const Buffer> bytes_of(const Dataset& dataset);
 
 // Root attributes and the manifest only (no tensor data is read): for listings.
 struct Summary {

@@ -78,8 +78,10 @@ class CheckpointStore {
   // checkpoint of another experiment: not a damaged file, a mistake to report).
   using Acceptor = std::function<void(const Loaded&)>;
   // The newest good checkpoint (one that reads intact and that `accept` takes), or nullopt.
-  // Each checkpoint rejected on the way is described in `problems` ("<path>: <reason>").
-  std::optional<Loaded> load_latest(std::vector<std::string>* problems, const Acceptor& accept = {}) const;
+  // Each checkpoint rejected on the way is described in `problems` ("<path>: <reason>"). Each
+  // candidate is read with `options`.
+  std::optional<Loaded> load_latest(std::vector<std::string>* problems, const Acceptor& accept = {},
+                                    const ReadOptions& options = {}) const;
   // The file `latest` names, when it names one in the right form.
   std::optional<std::string> latest_file() const;
   void remove_temporaries() const;

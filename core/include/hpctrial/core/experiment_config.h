@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -173,6 +174,12 @@ struct EngineConfig {
   Offload offload_param;
   // zero_optimization.sub_group_size: the elements of parameters the offloaded step takes at once.
   std::int64_t sub_group_size = 1'000'000'000;
+  // zero_optimization.stage3_param_persistence_threshold (stage 3): a parameter of at most this
+  // many elements stays gathered on every rank (never released), while the persistent ones come
+  // to at most stage3_model_persistence_threshold elements, first come first kept in the
+  // optimizer's order (DeepSpeed's keys, defaults and rule).
+  std::int64_t param_persistence_threshold = 100'000;
+  std::int64_t model_persistence_threshold = std::numeric_limits<std::int64_t>::max();
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
   // fp16: forward under float16 autocast (GPUs only), float32 weights, dynamic loss scaling.
   struct Fp16 {
