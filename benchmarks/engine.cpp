@@ -7,7 +7,9 @@
 //     divided by the ranks (goal <= 1.05), with the working set it gathers for a global batch
 //     (printed), and its step time against stage 2's (goal <= 1.25); the same model built as
 //     layers (context.layered_module) at stage 3, gathered one layer at a time in forward and
-//     again in backward: what it holds and its step time against stage 2's (goal <= 1.25);
+//     again in backward: what it holds and its step time against stage 2's, without prefetch
+//     (stage3_prefetch_bucket_size 0) and with DeepSpeed's default (5e7 elements: the next layers'
+//     all-gathers overlap the current layer's compute) (goal <= 1.25 with prefetch);
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
 //     goal: it depends on whether the CPU has bfloat16 arithmetic);
 //   - stage 3 with offload_optimizer on nvme (a swap file a rank under --dir, sub-groups of a
@@ -197,15 +199,17 @@ std::int64_t parameters(const Options& o) {
 
 // Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16; run 5: stage 3 with the
 // model as layers; run 6: stage 3 with the optimizer state swapped to files; run 7: with the
-// parameters' parts too.
-constexpr int kRuns = 8;
+// parameters' parts too; run 8: stage 3 with the model as layers, prefetched.
+constexpr int kRuns = 9;
 constexpr int kBf16 = 4;
 constexpr int kLayered = 5;
 constexpr int kNvme = 6;
 constexpr int kParam = 7;
+constexpr int kPrefetch = 8;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
   const int stage = run == kBf16 ? 0 : run >= kLayered ? 3 : run;
+  const bool layered = run == kLayered || run == kPrefetch;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
@@ -223,9 +227,10 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
       "name: engine-bench\nentrypoint: ./engine\nsearcher: {name: single, metric: validation_loss, max_length: "
       "{batches: " + std::to_string(o.steps) + "}}\nhyperparameters: {global_batch_size: " + std::to_string(64 * ranks) +
       ", hidden: " + std::to_string(o.hidden) + ", features: " + std::to_string(o.features) +
-      ", layered: " + (run == kLayered ? "true" : "false") +
+      ", layered: " + (layered ? "true" : "false") +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
-      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + ", stage3_param_persistence_threshold: 0" + offload + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
+      std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + ", stage3_param_persistence_threshold: 0" + offload +
+      (run == kLayered ? ", stage3_prefetch_bucket_size: 0" : "") + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
       "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
@@ -304,6 +309,7 @@ int main(int argc, char** argv) {
     row("3+layers", kLayered);
     row("3+nvme", kNvme);
     row("3+nvme+param", kParam);
+    row("3+layers+prefetch", kPrefetch);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
@@ -318,8 +324,13 @@ int main(int argc, char** argv) {
                 "one layer)\n",
                 static_cast<double>(held[kLayered].held()) / (static_cast<double>(held[0].held()) / ranks),
                 static_cast<long long>(held[kLayered].working_elements - held[kLayered].parameter_elements));
-    std::printf("step time, stage 3 as layers / stage 2: %.4f (goal <= 1.25; each layer gathered in forward and in backward)\n",
+    std::printf("step time, stage 3 as layers / stage 2: %.4f (each layer gathered in forward and in backward, "
+                "without prefetch)\n",
                 median(rate[2]) / median(rate[kLayered]));
+    std::printf("step time, stage 3 as layers prefetched / stage 2: %.4f (goal <= 1.25; a working set of %lld "
+                "elements)\n",
+                median(rate[2]) / median(rate[kPrefetch]),
+                static_cast<long long>(held[kPrefetch].working_elements - held[kPrefetch].parameter_elements));
     std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
     std::printf("optimizer state in memory between steps, stage 3 with offload_optimizer nvme: %lld elements (goal 0; "
                 "%lld at stage 3 in memory)\n",

@@ -5,12 +5,13 @@
 //   build/benchmarks/zero_memory [--quick] [--budget-mb M] [--hidden H] [--mpirun PATH] [--dir DIR]
 //
 // (A probe alone, as the tests run one: --probe --stage S --layers L [--nvme] [--param]
-// [--batches N] [--keep]; with --keep it resumes from the checkpoint a probe before left in --dir.)
+// [--batches N] [--keep] [--prefetch ELEMENTS]; with --keep it resumes from the checkpoint a probe
+// before left in --dir.)
 //
 // The model is a stack of layers of H x H (context.layered_module: ZeRO-3 gathers one layer at
 // a time), trained with Adam for 3 global batches and a checkpoint, as an engine trial, with
-// buckets of gradients (reduce_bucket_size) of two layers and sub-groups of about two layers'
-// parts. Each try
+// buckets of gradients (reduce_bucket_size) of two layers, sub-groups of about two layers' parts
+// and a prefetch (stage3_prefetch_bucket_size) of one layer's weight. Each try
 // is a run of its own (mpirun -np 2 of this program with --probe), in which every rank sets
 // RLIMIT_DATA to its own data size after start-up plus the budget: an allocation past it fails,
 // and the run with it. For each setting the layers double from 1 until a run fails, then halve
@@ -48,6 +49,7 @@ struct Options {
   bool nvme = false, param = false;  // offload_optimizer, and offload_param, on nvme
   std::int64_t batches = 3;  // a probe trains this many global batches in all
   bool keep = false;         // a probe resumes from the trial directory another left
+  std::int64_t prefetch = -1;  // stage3_prefetch_bucket_size; -1: one layer's weight
   std::string mpirun = "mpirun";
   std::string dir = "/tmp/hpctrial-bench-zero-memory";
 };
@@ -140,14 +142,14 @@ int probe(const Options& o, int argc, char** argv) {
   comm.barrier();
   // Buckets of gradients of about two layers (reduce_bucket_size's default, 5e8, makes one bucket
   // of the model, whose send buffer would hold every gradient); sub-groups of about two layers'
-  // parts.
+  // parts; the next layer's weight gathered while a layer computes.
   const std::int64_t bucket = 2 * o.hidden * o.hidden, sub_group = o.hidden * o.hidden;
   const std::string yaml =
       "name: zero-memory\nentrypoint: ./zero_memory\nsearcher: {name: single, metric: validation_loss, max_length: "
       "{batches: " + std::to_string(o.batches) + "}}\nhyperparameters: {global_batch_size: 16, hidden: " + std::to_string(o.hidden) +
       ", layers: " + std::to_string(o.layers) + "}\nengine: {zero_optimization: {stage: " + std::to_string(o.stage) +
       ", reduce_bucket_size: " + std::to_string(bucket) + ", sub_group_size: " + std::to_string(sub_group) +
-      ", stage3_param_persistence_threshold: 0" +
+      ", stage3_param_persistence_threshold: 0, stage3_prefetch_bucket_size: " + std::to_string(o.hidden * o.hidden) +
       (o.nvme ? ", offload_optimizer: {device: nvme, nvme_path: " + nvme + "}" : std::string()) +
       (o.param ? ", offload_param: {device: nvme, nvme_path: " + nvme + "}" : std::string()) + "}}\n"
       "min_validation_period: {batches: 1000}\nscheduling_unit: 1000000\n";
@@ -234,6 +236,8 @@ Options parse(int argc, char** argv) {
       o.keep = true;
     } else if (arg == "--batches") {
       o.batches = std::stoll(value());
+    } else if (arg == "--prefetch") {
+      o.prefetch = std::stoll(value());
     } else if (arg == "--budget-mb") {
       o.budget_mb = std::stoll(value());
     } else if (arg == "--hidden") {

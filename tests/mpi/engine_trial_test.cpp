@@ -790,12 +790,13 @@ class LayeredTrial : public EngineTrial {
 TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   const int ranks = env().size();
   const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
-  const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr, int persistence = 0) {
+  const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr, int persistence = 0,
+                          const std::string& prefetch = "stage3_prefetch_bucket_size: 0") {
     const std::string dir = shared_dir("layered" + std::to_string(stage));
     Seen seen;
     run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
                     std::to_string(stage) + ", reduce_bucket_size: 20, stage3_param_persistence_threshold: " +
-                    std::to_string(persistence) + "}}\n"),
+                    std::to_string(persistence) + ", " + prefetch + "}}\n"),
         [&](TrialContext& c) {
           return std::make_unique<detail::EngineTrialRunner>(
               c, [&](EngineTrialContext& ec) { return std::make_unique<LayeredTrial>(ec, &seen, most, built_bytes); });
@@ -832,6 +833,22 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   const Seen persistent = layered(3, &most_persistent, nullptr, 8);
   EXPECT_EQ(most_persistent, parts + 33 + 64);
   EXPECT_LE(max_relative_difference(persistent.parameters, stage3.parameters), 0.0);
+  // Prefetched: while a layer runs, the parameters of the layers after it on their way (before
+  // it, in backward), as many as stage3_prefetch_bucket_size takes (the one that crosses it
+  // still taken): with 1, while the middle layer runs the scale's 8 elements; with the default,
+  // every later layer's 17 then, and the most when backward reaches the middle layer's output,
+  // whose 72 elements and the first layer's 32 are on their way. With stage3_max_live_parameters
+  // at 72, nothing more while the middle layer is gathered. The steps are bitwise those without.
+  std::int64_t most_one = 0, most_all = 0, most_bounded = 0;
+  const Seen one = layered(3, &most_one, nullptr, 0, "stage3_prefetch_bucket_size: 1");
+  const Seen all = layered(3, &most_all, nullptr, 0, "stage3_max_live_parameters: 1000");
+  const Seen bounded = layered(3, &most_bounded, nullptr, 0, "stage3_max_live_parameters: 72");
+  EXPECT_EQ(most_one, parts + 72 + 8);
+  EXPECT_EQ(most_all, parts + 72 + 32);
+  EXPECT_EQ(most_bounded, parts + 72);
+  for (const Seen* prefetched : {&one, &all, &bounded}) {
+    EXPECT_LE(max_relative_difference(prefetched->parameters, stage3.parameters), 0.0);
+  }
 }
 
 // GatheredParameters: what the modifier rank (the last) writes after wrapping is every rank's

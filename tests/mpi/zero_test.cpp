@@ -76,6 +76,26 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+Net seeded(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return Net();
+}
+
+// A Net seeded alike on every rank, its initial values, Adam over it, and the elements of a
+// rank's parts of it at stage 3.
+struct SeededNet {
+  explicit SeededNet(int ranks) {
+    for (const auto& p : net->parameters()) {
+      initial.push_back(p.detach().clone());
+      share += (p.numel() + ranks - 1) / ranks;
+    }
+  }
+  Net net = seeded(3);
+  std::vector<torch::Tensor> initial;
+  torch::optim::Adam adam{net->parameters(), torch::optim::AdamOptions(0.01)};
+  std::int64_t share = 0;
+};
+
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
 // Trains `steps` steps on this rank's own batches and returns the final parameters: with a
@@ -234,17 +254,14 @@ TEST(ShardedOptimizer, StageTwoFreesEachBucketDuringBackward) {
 // Stage 3: a rank holds its part of each parameter and nothing else until it gathers them.
 TEST(ShardedOptimizer, StageThreeHoldsOnlyItsPartsOfTheParameters) {
   comm::MpiCommunicator comm(env().world());
-  torch::manual_seed(3);
-  Net net;
-  std::vector<torch::Tensor> initial;
-  for (const auto& p : net->parameters()) initial.push_back(p.detach().clone());
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  SeededNet seeded(comm.size());
+  Net& net = seeded.net;
+  const std::vector<torch::Tensor>& initial = seeded.initial;
+  const std::int64_t share = seeded.share;
   ZeroOptions options;
   options.stage = 3;
   options.bucket_elements = 16;
-  ShardedOptimizer zero(adam, comm, options);
-  std::int64_t share = 0;
-  for (const std::int64_t n : {35, 5, 15, 3}) share += (n + comm.size() - 1) / comm.size();
+  ShardedOptimizer zero(seeded.adam, comm, options);
   EXPECT_EQ(zero.parameter_elements(), share);
   const auto params = net->parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -348,6 +365,57 @@ TEST(ShardedOptimizer, StageThreeKeepsPersistentParametersWholeAndTheirValuesCur
     EXPECT_TRUE(torch::equal(partitioned[i], persistent[i])) << "parameter " << i << " stepped otherwise";
   }
 }
+
+// Stage 3's prefetch: an all-gather started ahead lands the same values as a gather, is counted
+// while on its way, takes parameters in order until the room is used (the one that crosses it
+// still taken), and is dropped when a step changes the parts; a kept parameter's refill started
+// ahead fills its storage as refill() does.
+TEST(ShardedOptimizer, StageThreePrefetchLandsTheValuesAGatherWould) {
+  comm::MpiCommunicator comm(env().world());
+  SeededNet seeded(comm.size());
+  const std::vector<torch::Tensor>& initial = seeded.initial;
+  ZeroOptions options;
+  options.stage = 3;
+  ShardedOptimizer zero(seeded.adam, comm, options);
+  const auto params = seeded.net->parameters();  // of 35, 5, 15 and 3 elements
+  const std::int64_t share = seeded.share;
+  EXPECT_EQ(zero.prefetch(0, {1, 2, 3}, 6), 5 + 15);  // 5 < 6: the 15 crosses it
+  EXPECT_EQ(zero.prefetch(0, {1, 2, 3}, 100), 3) << "a parameter on its way was started again";
+  EXPECT_EQ(zero.live_elements(), 23);
+  EXPECT_EQ(zero.parameter_elements(), share + 23);
+  EXPECT_EQ(params[1].numel(), 0) << "a prefetch gathered before its gather";
+  zero.gather(0, {0, 1});  // 1 lands, 0 is gathered now
+  EXPECT_TRUE(torch::equal(params[0], initial[0]));
+  EXPECT_TRUE(torch::equal(params[1], initial[1]));
+  EXPECT_EQ(params[2].numel(), 0);
+  EXPECT_EQ(zero.live_elements(), 35 + 5 + 15 + 3);
+  zero.gather_all();
+  for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], initial[i])) << i;
+  EXPECT_EQ(zero.live_elements(), 58);
+  // A refill started ahead.
+  ShardedOptimizer::Kept kept = zero.keep(0, {0, 2});
+  EXPECT_EQ(zero.live_elements(), 5 + 3);
+  EXPECT_EQ(zero.start_refill(kept), 35 + 15);
+  EXPECT_EQ(zero.start_refill(kept), 0);
+  zero.refill(kept);
+  EXPECT_TRUE(torch::equal(params[0], initial[0]));
+  EXPECT_TRUE(torch::equal(params[2], initial[2]));
+  EXPECT_EQ(kept.storages[0].unsafeGetStorageImpl(), params[0].storage().unsafeGetStorageImpl());
+  // On their way across a step: dropped, and the gather brings the step's values.
+  zero.release_all();
+  EXPECT_EQ(zero.prefetch(0, {0, 1, 2, 3}, 1000), 58);
+  zero.zero_grad();
+  zero.begin_backward();
+  zero.end_backward();
+  // A gradient of ones on every rank: Adam's first step moves each element by its learning rate.
+  for (std::size_t b = 0; b < params.size(); ++b) zero.part(0, b).mutable_grad() = torch::ones_like(zero.part(0, b));
+  zero.update();
+  EXPECT_EQ(zero.live_elements(), 0);
+  zero.gather_all();
+  EXPECT_FALSE(torch::equal(params[0], initial[0]));
+  EXPECT_NEAR((initial[0] - params[0]).abs().max().item<float>(), 0.01f, 1e-6f);
+}
+
 
 // offload_optimizer with device nvme: the state in a swap file between steps.
 class StateSwap : public testing::Test {

@@ -118,16 +118,15 @@ void read_zero(const ConfigNode& node, const std::string& path, Diagnostics& d, 
   if (const ConfigNode* size = z.get("sub_group_size")) {
     if (auto v = read_int(*size, z.path("sub_group_size"), d, 1, kMaxLength)) e.sub_group_size = *v;
   }
-  if (const ConfigNode* n = z.get("stage3_param_persistence_threshold")) {
-    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-    if (auto v = read_int(*n, z.path("stage3_param_persistence_threshold"), d, 0, kMax)) {
-      e.param_persistence_threshold = *v;
-    }
-  }
-  if (const ConfigNode* n = z.get("stage3_model_persistence_threshold")) {
-    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-    if (auto v = read_int(*n, z.path("stage3_model_persistence_threshold"), d, 0, kMax)) {
-      e.model_persistence_threshold = *v;
+  // Stage 3's counts of elements, DeepSpeed's keys.
+  const std::pair<const char*, std::int64_t*> counts[] = {
+      {"stage3_param_persistence_threshold", &e.param_persistence_threshold},
+      {"stage3_model_persistence_threshold", &e.model_persistence_threshold},
+      {"stage3_prefetch_bucket_size", &e.prefetch_bucket_size},
+      {"stage3_max_live_parameters", &e.max_live_parameters}};
+  for (const auto& [key, into] : counts) {
+    if (const ConfigNode* n = z.get(key)) {
+      if (auto v = read_int(*n, z.path(key), d, 0, std::numeric_limits<std::int64_t>::max())) *into = *v;
     }
   }
   if (const ConfigNode* o = z.get("offload_optimizer")) {

@@ -294,6 +294,8 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
       zero.bucket_elements = config->reduce_bucket_size;
       zero.persistence_threshold = config->param_persistence_threshold;
       zero.model_persistence_threshold = config->model_persistence_threshold;
+      zero.prefetch_elements = config->prefetch_bucket_size;
+      zero.max_live_elements = config->max_live_parameters;
     }
     if (swaps) {
       detail::SwapOptions swap;

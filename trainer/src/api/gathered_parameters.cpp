@@ -1,7 +1,9 @@
 // ZeRO-3 around the trial's code: a model of layers built partitioned (DeepSpeed's zero.Init)
 // and gathered one layer at a time, the parameters whole for the trial's own code (DeepSpeed's
 // GatheredParameters), and the parameter and gradient elements a rank holds.
+#include <algorithm>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <vector>
@@ -53,11 +55,67 @@ std::int64_t ModelEngine::gradient_elements() const {
   return sum;
 }
 
+namespace {
+
+// A layer's parameters by group.
+using Where = std::map<std::size_t, std::vector<std::size_t>>;
+
+// A layer's parameters kept for its backward, by group.
+struct Kept final : PipelineModuleImpl::LayerFetch::Kept {
+  detail::ShardedOptimizer* sharded = nullptr;
+  std::vector<detail::ShardedOptimizer::Kept> groups;
+  void refill() override {
+    for (auto& kept : groups) sharded->refill(kept);
+  }
+  void empty() override {
+    for (auto& kept : groups) sharded->empty(kept);
+  }
+};
+
+// The prefetch, by DeepSpeed's rule: while a layer runs, at most min(stage3_prefetch_bucket_size,
+// stage3_max_live_parameters - what is gathered or on its way) elements more started, a
+// parameter at a time in the order the layers use them (a kept layer's of a group at once).
+void prefetch_layers(PipelineModuleImpl::LayerFetch& fetch, detail::ShardedOptimizer* sharded,
+                     const std::shared_ptr<std::map<std::size_t, Where>>& layers) {
+  const std::int64_t bucket = sharded->options().prefetch_elements;
+  const std::int64_t most = sharded->options().max_live_elements;
+  if (bucket <= 0) return;
+  const auto room = [sharded, bucket, most] { return std::min(bucket, most - sharded->live_elements()); };
+  fetch.prefetch = [sharded, layers, room](std::size_t index, bool forward) {
+    const std::int64_t budget = room();
+    std::int64_t started = 0;
+    const auto start = [&](const Where& where) {
+      for (const auto& [group, params] : where) {
+        if (started < budget) started += sharded->prefetch(group, params, budget - started);
+      }
+    };
+    if (forward) {
+      for (auto it = layers->upper_bound(index); it != layers->end() && started < budget; ++it) start(it->second);
+    } else {
+      for (auto it = std::make_reverse_iterator(layers->lower_bound(index)); it != layers->rend() && started < budget;
+           ++it) {
+        start(it->second);
+      }
+    }
+  };
+  fetch.prefetch_kept = [sharded, room](const std::vector<std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept>>& kept,
+                                        std::size_t before) {
+    const std::int64_t budget = room();
+    std::int64_t started = 0;
+    for (std::size_t r = before; r-- > 0 && started < budget;) {
+      for (auto& group : static_cast<Kept&>(*kept[r]).groups) {
+        if (started < budget) started += sharded->start_refill(group);
+      }
+    }
+  };
+}
+
+}  // namespace
+
 void ModelEngine::fetch_layers() {
   auto* module = dynamic_cast<PipelineModuleImpl*>(model_.get());
   if (!sharded_ || !sharded_->partitions_parameters() || module == nullptr || pipeline_) return;
   // Each layer's parameters by group, in the same order on every rank.
-  using Where = std::map<std::size_t, std::vector<std::size_t>>;
   auto layers = std::make_shared<std::map<std::size_t, Where>>();
   for (std::size_t index = module->first_layer(); index < module->end_layer(); ++index) {
     for (const auto& p : module->layer(index).ptr()->parameters()) {
@@ -84,23 +142,13 @@ void ModelEngine::fetch_layers() {
   fetch->release = [sharded, gathered](std::size_t index) {
     for (const auto& [group, params] : (*gathered)[index]) sharded->release(group, params);
   };
-  // A layer's parameters kept for its backward, by group.
-  struct Kept final : PipelineModuleImpl::LayerFetch::Kept {
-    detail::ShardedOptimizer* sharded = nullptr;
-    std::vector<detail::ShardedOptimizer::Kept> groups;
-    void refill() override {
-      for (auto& kept : groups) sharded->refill(kept);
-    }
-    void empty() override {
-      for (auto& kept : groups) sharded->empty(kept);
-    }
-  };
   fetch->keep = [sharded, gathered](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
     auto kept = std::make_shared<Kept>();
     kept->sharded = sharded;
     for (const auto& [group, params] : (*gathered)[index]) kept->groups.push_back(sharded->keep(group, params));
     return kept;
   };
+  prefetch_layers(*fetch, sharded, layers);
   module->fetch_layers(std::move(fetch));
   fetches_layers_ = true;
 }

@@ -194,7 +194,10 @@ void PipelineModuleImpl::fetch_layers(std::shared_ptr<const LayerFetch> fetch) {
   for (std::size_t k = 0; fetch_ && k < layers_.size(); ++k) {
     const std::size_t index = first_layer() + k;
     layer_runs_.push_back(std::make_unique<Segment>([this, k](const torch::Tensor& x) { return layers_[k].forward(x); }));
-    layer_gathers_.push_back(std::make_unique<std::function<void()>>([this, index] { fetch_->gather(index); }));
+    layer_gathers_.push_back(std::make_unique<std::function<void()>>([this, index] {
+      fetch_->gather(index);
+      if (fetch_->prefetch) fetch_->prefetch(index, false);  // backward recomputes the layers before next
+    }));
     layer_releases_.push_back(std::make_unique<std::function<void()>>([this, index] { fetch_->release(index); }));
   }
 }
@@ -209,16 +212,20 @@ namespace {
 // it refills the second, so that backward holds one layer at a time. A layer stays gathered
 // until the step where that order does not hold: its input is a leaf (whose hook runs in its
 // gradient accumulator, which autograd runs first), or its output is its input (written in place).
+// After a layer's refill, the layers before it are prefetched.
 struct KeptRun {
   torch::Tensor input, output;
   std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> kept;
 };
 
-void hook_kept_layers(const std::vector<KeptRun>& runs) {
+void hook_kept_layers(const std::vector<KeptRun>& runs, const std::shared_ptr<const PipelineModuleImpl::LayerFetch>& fetch) {
   using Kept = std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept>;
+  auto kept = std::make_shared<std::vector<Kept>>();
+  for (const auto& run : runs) kept->push_back(run.kept);
   struct Actions {
     torch::Tensor tensor;
-    std::vector<Kept> empties, refills;
+    std::vector<Kept> empties;
+    std::vector<std::size_t> refills;  // indices into `kept`
   };
   std::vector<Actions> at;
   const auto of = [&at](const torch::Tensor& t) -> Actions& {
@@ -228,16 +235,21 @@ void hook_kept_layers(const std::vector<KeptRun>& runs) {
     at.push_back({t, {}, {}});
     return at.back();
   };
-  for (const auto& run : runs) {
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const KeptRun& run = runs[r];
     const bool own_output = run.input.unsafeGetTensorImpl() == run.output.unsafeGetTensorImpl();
     if (run.input.requires_grad() && run.input.grad_fn() && !own_output) of(run.input).empties.push_back(run.kept);
-    of(run.output).refills.push_back(run.kept);
+    of(run.output).refills.push_back(r);
   }
   for (auto& a : at) {
-    a.tensor.register_hook([empties = std::move(a.empties), refills = std::move(a.refills)](const torch::Tensor&) {
-      for (const auto& kept : empties) kept->empty();
-      for (const auto& kept : refills) kept->refill();
-    });
+    a.tensor.register_hook(
+        [kept, fetch, empties = std::move(a.empties), refills = std::move(a.refills)](const torch::Tensor&) {
+          for (const auto& k : empties) k->empty();
+          for (const std::size_t r : refills) {
+            (*kept)[r]->refill();
+            if (fetch->prefetch_kept) fetch->prefetch_kept(*kept, r);
+          }
+        });
   }
 }
 
@@ -254,6 +266,7 @@ torch::Tensor PipelineModuleImpl::fetched_forward(torch::Tensor input) {
     }
     const std::size_t index = first_layer() + k;
     fetch_->gather(index);
+    if (fetch_->prefetch) fetch_->prefetch(index, true);
     torch::Tensor output = layers_[k].forward(input);
     if (graph && output.requires_grad() && fetch_->keep) {
       runs.push_back({input, output, fetch_->keep(index)});
@@ -262,7 +275,7 @@ torch::Tensor PipelineModuleImpl::fetched_forward(torch::Tensor input) {
     }
     input = std::move(output);
   }
-  hook_kept_layers(runs);
+  hook_kept_layers(runs, fetch_);
   return input;
 }
 
@@ -273,7 +286,8 @@ torch::Tensor PipelineModuleImpl::recomputed_forward(torch::Tensor input) {
       input = layers_[k].forward(input);
       continue;
     }
-    (*layer_gathers_[k])();
+    fetch_->gather(first_layer() + k);
+    if (fetch_->prefetch) fetch_->prefetch(first_layer() + k, true);
     if (recompute) {
       // The layer's input takes a gradient, or backward would never reach its parameters.
       if (!input.requires_grad()) input = input.detach().requires_grad_(true);

@@ -242,6 +242,7 @@ void ShardedOptimizer::plan_reductions(std::size_t g) {
 }
 
 ShardedOptimizer::~ShardedOptimizer() {
+  prefetched_.clear();  // each waits for its all-gather
   for (std::size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
   for (auto& reduction : reductions_) {
     if (!reduction.work) continue;
@@ -438,6 +439,7 @@ void ShardedOptimizer::scale_shard_grads(double factor) {
 
 void ShardedOptimizer::update() {
   const auto rank = static_cast<std::size_t>(comm_.rank());
+  parts_changed();
   if (swapper_) {
     swapper_->step();
   } else {

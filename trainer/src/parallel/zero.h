@@ -142,6 +142,10 @@ struct ZeroOptions {
   // 0: every parameter partitioned and released.
   std::int64_t persistence_threshold = 0;
   std::int64_t model_persistence_threshold = std::numeric_limits<std::int64_t>::max();
+  // Stage 3's prefetch bounds (stage3_prefetch_bucket_size, stage3_max_live_parameters), which
+  // the model engine applies to what it gathers ahead of use (0: nothing ahead).
+  std::int64_t prefetch_elements = 0;
+  std::int64_t max_live_elements = std::numeric_limits<std::int64_t>::max();
   // offload_optimizer with device nvme: the optimizer state in a swap file between steps
   // (state_swap.h; its rank is this communicator's), and with `parameters` (offload_param on
   // nvme; stage 3) the parts of the parameters too.
@@ -243,14 +247,29 @@ class ShardedOptimizer {
   // but keeps their storages (which those views share) with their bytes freed; refill() gathers
   // their whole values back into the same storages (a collective, every rank alike) and makes
   // the parameters those values again; empty() frees the bytes and releases the parameters.
+  struct Gathering;
   struct Kept {
     std::size_t group = 0;
     std::vector<std::size_t> params;
     std::vector<c10::Storage> storages;
+    std::shared_ptr<Gathering> pending;  // start_refill()'s
   };
   Kept keep(std::size_t group, const std::vector<std::size_t>& params);
   void refill(Kept& kept);
   void empty(Kept& kept);
+  // Stage 3's prefetch: an all-gather started ahead of use on the communicator's own thread
+  // (every rank starting the same ones in the same order), which the gather() or refill() that
+  // needs it waits for. prefetch() starts one for those of `params` that are released and not
+  // on their way already, taken in order while fewer than `room` elements are started (the one
+  // that crosses it still taken, as DeepSpeed's coordinator does), and returns the elements
+  // started; start_refill() starts the one refill(kept) runs, and returns its elements. Values
+  // on their way when a step, set_whole() or load_part() changes the parts are dropped.
+  std::int64_t prefetch(std::size_t group, const std::vector<std::size_t>& params, std::int64_t room);
+  std::int64_t start_refill(Kept& kept);
+  // The elements gathered (persistent ones too) and on their way: what stage3_max_live_parameters
+  // bounds.
+  std::int64_t live_elements() const;
+  const ZeroOptions& options() const { return options_; }
   void release(std::size_t group, const std::vector<std::size_t>& params);
   void release_all();
   // Where a model's parameter is among the groups' (group, index), if the optimizer steps it.
@@ -270,8 +289,8 @@ class ShardedOptimizer {
   const std::vector<std::int64_t>& shape(std::size_t group, std::size_t param) const {
     return groups_.at(group).shapes.at(param);
   }
-  // The elements of parameters this rank holds: its parts and whatever is gathered (stage 3),
-  // or every parameter (stages 1 and 2).
+  // The elements of parameters this rank holds: its parts and whatever is gathered or on its way
+  // (stage 3), or every parameter (stages 1 and 2).
   std::int64_t parameter_elements() const;
 
   const FlatLayout& layout(std::size_t group) const { return groups_.at(group).layout; }
@@ -313,9 +332,17 @@ class ShardedOptimizer {
   void gather_persistent();
   // Stage 3's load_whole after the options: each part's state from its ranges of the datasets.
   void load_state_parts(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
-  // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather, each
-  // whole value written into `into`'s tensor of the same index (of the parameter's shape).
-  void gather_into(std::size_t g, const std::vector<std::size_t>& wanted, const std::vector<torch::Tensor>& into);
+  // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather
+  // (DeepSpeed's coalesced all-gather): blocking, or `ahead` on the communicator's thread, from a
+  // copy of the parts.
+  std::shared_ptr<Gathering> launch_gather(std::size_t g, const std::vector<std::size_t>& wanted, bool ahead);
+  // Waits for the gathering, then writes the whole value of its parameter `k` (an index into its
+  // `params`) into `into`, of the parameter's shape.
+  void land(Gathering& gathering, std::size_t k, const torch::Tensor& into);
+  // Lands every prefetched parameter of group `g` among `params`: gathered, as gather() leaves them.
+  void land_prefetched(std::size_t g, const std::vector<std::size_t>& params);
+  // The parts change: what is on its way holds the values from before.
+  void parts_changed();
   // The group's flat buffer and parts, and the parameters' place in them; `built` holds the
   // parts of parameters built partitioned.
   void lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built);
@@ -348,6 +375,31 @@ class ShardedOptimizer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::unique_ptr<StateSwapper> swapper_;
+  // Stage 3's gatherings started ahead and not landed: prefetch()'s, and the Kept's.
+  std::vector<std::shared_ptr<Gathering>> prefetched_;
+  std::int64_t on_the_way_ = 0;     // their elements
+  std::uint64_t parts_version_ = 0;  // bumped when the parts change
+};
+
+// An all-gather of whole parameters of one group, maybe still on its way.
+struct ShardedOptimizer::Gathering {
+  std::size_t group = 0;
+  std::vector<std::size_t> params;
+  std::vector<std::int64_t> columns;  // where each parameter's part lies in a rank's row of `all`
+  std::vector<std::int64_t> numels;
+  std::vector<bool> landed;
+  torch::Tensor send, all;  // this rank's parts; every rank's, rank by rank
+  comm::WorkHandle work;    // none once done
+  std::int64_t elements = 0;
+  std::int64_t* on_the_way = nullptr;  // started ahead: counts each parameter until it lands
+  std::uint64_t version = 0;          // the parts' it was taken from
+  Gathering() = default;
+  Gathering(const Gathering&) = delete;
+  Gathering& operator=(const Gathering&) = delete;
+  // Waits for the all-gather, whose buffers these are (an error then is the next collective's).
+  ~Gathering();
+  // Waits for the all-gather, adding the seconds waited to `waited`; throws its error.
+  void finish(double& waited);
 };
 
 }  // namespace hpctrial::trainer::detail

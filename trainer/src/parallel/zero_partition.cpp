@@ -1,6 +1,9 @@
 // ZeRO stage 3's partitioned parameters: each parameter's whole value gathered from every
 // rank's part when it is used, and released after (DeepSpeed's partition_parameters.py).
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
 #include <string>
 
 #include "hpctrial/core/error.h"
@@ -72,6 +75,7 @@ std::int64_t PartitionStore::elements() const {
 
 void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& params) {
   if (options_.stage != 3) return;  // every parameter is whole already
+  land_prefetched(g, params);
   Group& group = groups_.at(g);
   std::vector<std::size_t> wanted;
   for (const std::size_t i : params) {
@@ -79,45 +83,159 @@ void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& par
     wanted.push_back(i);
   }
   if (wanted.empty()) return;
-  std::vector<torch::Tensor> wholes;
-  for (const std::size_t i : wanted) wholes.push_back(torch::empty(group.shapes[i], group.flat.options()));
-  gather_into(g, wanted, wholes);
+  const auto gathering = launch_gather(g, wanted, false);
   for (std::size_t k = 0; k < wanted.size(); ++k) {
-    group.params[wanted[k]].set_data(wholes[k]);
+    auto whole = torch::empty(group.shapes[wanted[k]], group.flat.options());
+    land(*gathering, k, whole);
+    group.params[wanted[k]].set_data(whole);
     group.gathered[wanted[k]] = true;
   }
 }
 
-void ShardedOptimizer::gather_into(std::size_t g, const std::vector<std::size_t>& wanted,
-                                   const std::vector<torch::Tensor>& into) {
+std::int64_t ShardedOptimizer::prefetch(std::size_t g, const std::vector<std::size_t>& params, std::int64_t room) {
+  if (options_.stage != 3) return 0;
+  const Group& group = groups_.at(g);
+  const auto on_its_way = [&](std::size_t i) {
+    for (const auto& gathering : prefetched_) {
+      if (gathering->group != g) continue;
+      for (std::size_t k = 0; k < gathering->params.size(); ++k) {
+        if (gathering->params[k] == i && !gathering->landed[k]) return true;
+      }
+    }
+    return false;
+  };
+  std::vector<std::size_t> wanted;
+  std::int64_t started = 0;
+  for (const std::size_t i : params) {
+    if (started >= room) break;
+    if (group.gathered.at(i) || std::find(wanted.begin(), wanted.end(), i) != wanted.end() || on_its_way(i)) continue;
+    wanted.push_back(i);
+    started += group.layout.numels[i];
+  }
+  if (wanted.empty()) return 0;
+  prefetched_.push_back(launch_gather(g, wanted, true));
+  return started;
+}
+
+std::int64_t ShardedOptimizer::start_refill(Kept& kept) {
+  if (kept.params.empty() || kept.pending) return 0;
+  const Group& group = groups_.at(kept.group);
+  bool filled = true;  // a second backward over the graph: refilled already
+  for (const std::size_t i : kept.params) filled = filled && group.gathered[i];
+  if (filled) return 0;
+  kept.pending = launch_gather(kept.group, kept.params, true);
+  return kept.pending->elements;
+}
+
+std::int64_t ShardedOptimizer::live_elements() const {
+  std::int64_t sum = on_the_way_;
+  for (const auto& group : groups_) {
+    for (const auto& p : group.params) sum += options_.stage == 3 ? p.numel() : 0;
+  }
+  return sum;
+}
+
+void ShardedOptimizer::land_prefetched(std::size_t g, const std::vector<std::size_t>& params) {
   Group& group = groups_.at(g);
+  for (auto it = prefetched_.begin(); it != prefetched_.end();) {
+    Gathering& gathering = **it;
+    bool done = true;
+    for (std::size_t k = 0; gathering.group == g && k < gathering.params.size(); ++k) {
+      const std::size_t i = gathering.params[k];
+      if (!gathering.landed[k] && std::find(params.begin(), params.end(), i) != params.end() && !group.gathered[i]) {
+        auto whole = torch::empty(group.shapes[i], group.flat.options());
+        land(gathering, k, whole);
+        group.params[i].set_data(whole);
+        group.gathered[i] = true;
+      }
+      done = done && gathering.landed[k];
+    }
+    it = gathering.group == g && done ? prefetched_.erase(it) : it + 1;
+  }
+}
+
+std::shared_ptr<ShardedOptimizer::Gathering> ShardedOptimizer::launch_gather(std::size_t g,
+                                                                             const std::vector<std::size_t>& wanted,
+                                                                             bool ahead) {
+  Group& group = groups_.at(g);
+  auto gathering = std::make_shared<Gathering>();
+  gathering->group = g;
+  gathering->params = wanted;
+  gathering->landed.assign(wanted.size(), false);
+  gathering->version = parts_version_;
   std::vector<torch::Tensor> mine;
   std::vector<torch::Tensor> parts;  // the optimizer's own tensors, which the swap knows
   std::int64_t columns = 0;
   for (const std::size_t i : wanted) {
     mine.push_back(group.parts[i].detach());
     parts.push_back(group.parts[i]);
+    gathering->columns.push_back(columns);
+    gathering->numels.push_back(group.layout.numels[i]);
     columns += group.layout.buckets[i].part;
+    gathering->elements += group.layout.numels[i];
   }
-  // Every rank's parts of the wanted parameters, rank by rank (DeepSpeed's coalesced all-gather);
-  // parts swapped out are read in for it, and let go after.
+  // Every rank's parts of the wanted parameters, rank by rank; parts swapped out are read in for
+  // it, and let go after. Ahead of use, the parts are copied: a step or a swap may change them
+  // while the all-gather reads.
   torch::NoGradGuard no_grad;
-  const std::int64_t ranks = comm_.size();
   if (swapper_) swapper_->bring_in(parts);
-  const auto send = mine.size() == 1 ? mine.front() : torch::cat(mine);
-  auto all = torch::empty({ranks, columns}, group.flat.options());
-  comm_.allgather(send.data_ptr(), all.data_ptr(), static_cast<std::size_t>(columns), comm::DType::kFloat32);
-  if (swapper_) swapper_->let_go(parts, false);
-  std::int64_t column = 0;
-  for (std::size_t k = 0; k < wanted.size(); ++k) {
-    const std::int64_t part = group.layout.buckets[wanted[k]].part, n = group.layout.numels[wanted[k]];
-    auto flat = into[k].view({-1});
-    for (std::int64_t r = 0; r * part < n; ++r) {
-      const std::int64_t count = std::min(part, n - r * part);
-      flat.narrow(0, r * part, count).copy_(all[r].narrow(0, column, count));
-    }
-    column += part;
+  gathering->send = mine.size() == 1 && !ahead ? mine.front() : torch::cat(mine);
+  gathering->all = torch::empty({comm_.size(), columns}, group.flat.options());
+  const auto count = static_cast<std::size_t>(columns);
+  if (ahead) {
+    gathering->work = comm_.allgather_async(gathering->send.data_ptr(), gathering->all.data_ptr(), count,
+                                            comm::DType::kFloat32);
+    gathering->on_the_way = &on_the_way_;
+    on_the_way_ += gathering->elements;
+  } else {
+    comm_.allgather(gathering->send.data_ptr(), gathering->all.data_ptr(), count, comm::DType::kFloat32);
   }
+  if (swapper_) swapper_->let_go(parts, false);
+  return gathering;
+}
+
+ShardedOptimizer::Gathering::~Gathering() {
+  try {
+    double waited = 0;
+    finish(waited);
+  } catch (const std::exception&) {
+    // The all-gather failed: the ranks' next collective fails with the cause.
+  }
+  for (std::size_t k = 0; on_the_way != nullptr && k < numels.size(); ++k) *on_the_way -= landed[k] ? 0 : numels[k];
+}
+
+void ShardedOptimizer::Gathering::finish(double& waited) {
+  if (!work) return;
+  const auto started = std::chrono::steady_clock::now();
+  const comm::WorkHandle done = std::move(work);
+  work = nullptr;
+  done->wait();
+  waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+
+void ShardedOptimizer::land(Gathering& gathering, std::size_t k, const torch::Tensor& into) {
+  double waited = 0;
+  gathering.finish(waited);
+  if (waited > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wait_seconds_ += waited;
+  }
+  torch::NoGradGuard no_grad;
+  const Group& group = groups_.at(gathering.group);
+  const std::size_t i = gathering.params.at(k);
+  const std::int64_t part = group.layout.buckets[i].part, n = group.layout.numels[i];
+  auto flat = into.view({-1});
+  for (std::int64_t r = 0; r * part < n; ++r) {
+    const std::int64_t count = std::min(part, n - r * part);
+    flat.narrow(0, r * part, count).copy_(gathering.all[r].narrow(0, gathering.columns[k], count));
+  }
+  gathering.landed[k] = true;
+  if (gathering.on_the_way != nullptr) *gathering.on_the_way -= gathering.numels[k];
+}
+
+void ShardedOptimizer::parts_changed() {
+  ++parts_version_;
+  prefetched_.clear();  // each waits for its all-gather
 }
 
 ShardedOptimizer::Kept ShardedOptimizer::keep(std::size_t g, const std::vector<std::size_t>& params) {
@@ -141,27 +259,29 @@ void ShardedOptimizer::refill(Kept& kept) {
   if (kept.params.empty()) return;
   Group& group = groups_.at(kept.group);
   c10::Allocator* allocator = c10::GetAllocator(group.flat.device().type());
-  std::vector<torch::Tensor> into;
+  std::shared_ptr<Gathering> gathering = std::move(kept.pending);
+  // Started before a step changed the parts (a backward over a graph of an earlier step).
+  if (gathering && gathering->version != parts_version_) gathering.reset();
+  if (!gathering) gathering = launch_gather(kept.group, kept.params, false);
   for (std::size_t k = 0; k < kept.params.size(); ++k) {
+    const std::size_t i = kept.params[k];
     c10::Storage& storage = kept.storages[k];
-    const auto& shape = group.shapes[kept.params[k]];
+    const auto& shape = group.shapes[i];
     const auto nbytes = static_cast<std::size_t>(c10::multiply_integers(shape)) * sizeof(float);
     if (storage.nbytes() != nbytes) {  // emptied (a second backward over the graph finds it filled)
       storage.set_data_ptr_noswap(allocator->allocate(nbytes));
       storage.set_nbytes(nbytes);
     }
-    into.push_back(torch::empty({0}, group.flat.options()).set_(storage, 0, shape));
-  }
-  gather_into(kept.group, kept.params, into);
-  for (std::size_t k = 0; k < kept.params.size(); ++k) {
-    const std::size_t i = kept.params[k];
+    const auto into = torch::empty({0}, group.flat.options()).set_(storage, 0, shape);
+    land(*gathering, k, into);
     if (group.gathered[i]) continue;  // gathered meanwhile (GatheredParameters): the same values
-    group.params[i].set_data(into[k]);
+    group.params[i].set_data(into);
     group.gathered[i] = true;
   }
 }
 
 void ShardedOptimizer::empty(Kept& kept) {
+  kept.pending.reset();  // waits for its all-gather
   Group& group = groups_.at(kept.group);
   for (std::size_t k = 0; k < kept.params.size(); ++k) {
     const std::size_t i = kept.params[k];
@@ -238,6 +358,7 @@ void ShardedOptimizer::set_whole(std::size_t g, std::size_t i, const torch::Tens
     group.params[i].view({-1}).copy_(flat);
     return;
   }
+  parts_changed();
   auto& part = group.parts[i];
   if (swapper_) swapper_->bring_in({part});
   part.zero_();
@@ -287,7 +408,7 @@ std::int64_t ShardedOptimizer::parameter_elements() const {
     for (const auto& part : group.parts) sum += StateSwapper::swapped_out(part) ? 0 : part.numel();
     for (const auto& p : group.params) sum += p.numel();  // the gathered ones
   }
-  return sum;
+  return sum + on_the_way_;
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -283,6 +283,7 @@ void ShardedOptimizer::load_part(std::size_t g, std::size_t i, const checkpoint:
                       c10::str(c10::IntArrayRef(group.shapes[i])) +
                       " in the model: the config changed the model since the checkpoint");
   }
+  parts_changed();
   drop(groups_[g], i);  // its whole value is the old one
   const torch::Tensor& part = group.parts[i];
   const auto [lo, hi] = part_range(group.layout.numels[i], group.layout.buckets.at(i).part, comm_.rank());

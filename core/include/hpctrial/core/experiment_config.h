@@ -180,6 +180,12 @@ struct EngineConfig {
   // optimizer's order (DeepSpeed's keys, defaults and rule).
   std::int64_t param_persistence_threshold = 100'000;
   std::int64_t model_persistence_threshold = std::numeric_limits<std::int64_t>::max();
+  // zero_optimization.stage3_prefetch_bucket_size (stage 3): at most about this many elements of
+  // the parameters the next layers use gathered ahead, while the current layer computes (0: none);
+  // stage3_max_live_parameters: at most about this many gathered, or on their way, at once
+  // (DeepSpeed's keys and defaults; a prefetch stops once it reaches either).
+  std::int64_t prefetch_bucket_size = 50'000'000;
+  std::int64_t max_live_parameters = 1'000'000'000;
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
   // fp16: forward under float16 autocast (GPUs only), float32 weights, dynamic loss scaling.
   struct Fp16 {

@@ -103,7 +103,10 @@ class PipelineModuleImpl : public torch::nn::Module {
   // back into them, and once backward has passed the layer empty() frees them again, as
   // DeepSpeed's hooks around each module's backward do. With activation_checkpoint_interval set,
   // each layer is a segment of activation checkpointing of its own instead, gathered again when
-  // backward recomputes it.
+  // backward recomputes it. Optional, the prefetch: prefetch(index, forward) after gather(index)
+  // starts gathering the layers that run next (after it in a forward, before it in a
+  // recomputation); prefetch_kept(kept, before) after a kept layer's refill() starts refilling
+  // those backward reaches next: kept[before - 1], kept[before - 2], ... (the forward's in order).
   struct LayerFetch {
     struct Kept {
       virtual ~Kept() = default;
@@ -112,6 +115,8 @@ class PipelineModuleImpl : public torch::nn::Module {
     };
     std::function<void(std::size_t)> gather, release;
     std::function<std::shared_ptr<Kept>(std::size_t)> keep;
+    std::function<void(std::size_t, bool)> prefetch;
+    std::function<void(const std::vector<std::shared_ptr<Kept>>&, std::size_t)> prefetch_kept;
   };
   void fetch_layers(std::shared_ptr<const LayerFetch> fetch);
 
