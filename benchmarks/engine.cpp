@@ -7,9 +7,11 @@
 //     divided by the ranks (goal <= 1.05), with the working set it gathers for a global batch
 //     (printed), and its step time against stage 2's (goal <= 1.25); the same model built as
 //     layers (context.layered_module) at stage 3, gathered one layer at a time in forward and
-//     again in backward: what it holds and its step time against stage 2's, without prefetch
-//     (stage3_prefetch_bucket_size 0) and with DeepSpeed's default (5e7 elements: the next layers'
-//     all-gathers overlap the current layer's compute) (goal <= 1.25 with prefetch);
+//     again in backward (stage3_max_reuse_distance 0): what it holds and its step time against
+//     stage 2's, without prefetch (stage3_prefetch_bucket_size 0) and with DeepSpeed's default
+//     (5e7 elements: the next layers' all-gathers overlap the current layer's compute); and with
+//     DeepSpeed's defaults for both, which keep each layer gathered from its forward to its
+//     backward in a model this small (goal <= 1.25 with prefetch);
 //   - step time with engine.bf16 (bfloat16 autocast) against float32, at stage 0 (a figure, no
 //     goal: it depends on whether the CPU has bfloat16 arithmetic);
 //   - stage 3 with offload_optimizer on nvme (a swap file a rank under --dir, sub-groups of a
@@ -199,17 +201,19 @@ std::int64_t parameters(const Options& o) {
 
 // Runs 0 to 3: ZeRO stages 0 to 3 in float32; run 4: stage 0 with bf16; run 5: stage 3 with the
 // model as layers; run 6: stage 3 with the optimizer state swapped to files; run 7: with the
-// parameters' parts too; run 8: stage 3 with the model as layers, prefetched.
-constexpr int kRuns = 9;
+// parameters' parts too; run 8: stage 3 with the model as layers, prefetched; run 9: with
+// DeepSpeed's defaults for the layers (prefetch and reuse distance).
+constexpr int kRuns = 10;
 constexpr int kBf16 = 4;
 constexpr int kLayered = 5;
 constexpr int kNvme = 6;
 constexpr int kParam = 7;
 constexpr int kPrefetch = 8;
+constexpr int kDefaults = 9;
 
 Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& comm, int round) {
   const int stage = run == kBf16 ? 0 : run >= kLayered ? 3 : run;
-  const bool layered = run == kLayered || run == kPrefetch;
+  const bool layered = run == kLayered || run == kPrefetch || run == kDefaults;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
   const int ranks = comm.size();
@@ -230,7 +234,8 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
       ", layered: " + (layered ? "true" : "false") +
       "}\nengine: {zero_optimization: {stage: " + std::to_string(stage) + ", reduce_bucket_size: " +
       std::to_string(o.bucket > 0 ? o.bucket : parameters(o) / 4) + ", stage3_param_persistence_threshold: 0" + offload +
-      (run == kLayered ? ", stage3_prefetch_bucket_size: 0" : "") + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
+      (run == kLayered ? ", stage3_prefetch_bucket_size: 0" : "") +
+      (run == kLayered || run == kPrefetch ? ", stage3_max_reuse_distance: 0" : "") + "}, bf16: {enabled: " + (bf16 ? "true" : "false") +
       "}}\nscheduling_unit: 1000000\n";
   hpctrial::core::Diagnostics d;
   const auto config = hpctrial::core::parse_experiment_config(hpctrial::core::parse_config_text(yaml, "bench", d), d);
@@ -310,6 +315,7 @@ int main(int argc, char** argv) {
     row("3+nvme", kNvme);
     row("3+nvme+param", kParam);
     row("3+layers+prefetch", kPrefetch);
+    row("3+layers+defaults", kDefaults);
     for (int stage = 1; stage < 3; ++stage) {
       std::printf("state per rank, stage %d / (stage 0 / ranks): %.4f (goal <= 1.05)\n", stage,
                   static_cast<double>(held[stage].state_elements) / (static_cast<double>(held[0].state_elements) / ranks));
@@ -331,6 +337,10 @@ int main(int argc, char** argv) {
                 "elements)\n",
                 median(rate[2]) / median(rate[kPrefetch]),
                 static_cast<long long>(held[kPrefetch].working_elements - held[kPrefetch].parameter_elements));
+    std::printf("step time, stage 3 as layers with DeepSpeed's prefetch and reuse defaults / stage 2: %.4f (goal <= "
+                "1.25; a working set of %lld elements)\n",
+                median(rate[2]) / median(rate[kDefaults]),
+                static_cast<long long>(held[kDefaults].working_elements - held[kDefaults].parameter_elements));
     std::printf("step time, bf16 / float32 (stage 0): %.4f\n", r0 / median(rate[kBf16]));
     std::printf("optimizer state in memory between steps, stage 3 with offload_optimizer nvme: %lld elements (goal 0; "
                 "%lld at stage 3 in memory)\n",

@@ -2,7 +2,8 @@
 // budget of memory, at ZeRO stages 0 to 3, at stage 3 with offload_optimizer on nvme, and with
 // offload_param on nvme too (ZeRO-Infinity); the goal is stage 3 with offload >= 4x stage 0's.
 //
-//   build/benchmarks/zero_memory [--quick] [--budget-mb M] [--hidden H] [--mpirun PATH] [--dir DIR]
+//   build/benchmarks/zero_memory [--quick] [--budget-mb M] [--hidden H] [--prefetch ELEMENTS] [--mpirun PATH]
+//                                [--dir DIR]
 //
 // (A probe alone, as the tests run one: --probe --stage S --layers L [--nvme] [--param]
 // [--batches N] [--keep] [--prefetch ELEMENTS]; with --keep it resumes from the checkpoint a probe
@@ -10,8 +11,9 @@
 //
 // The model is a stack of layers of H x H (context.layered_module: ZeRO-3 gathers one layer at
 // a time), trained with Adam for 3 global batches and a checkpoint, as an engine trial, with
-// buckets of gradients (reduce_bucket_size) of two layers, sub-groups of about two layers' parts
-// and a prefetch (stage3_prefetch_bucket_size) of one layer's weight. Each try
+// buckets of gradients (reduce_bucket_size) of two layers, sub-groups of about two layers' parts,
+// a prefetch (stage3_prefetch_bucket_size) of one layer's weight and each layer released after
+// its forward (stage3_max_reuse_distance 0). Each try
 // is a run of its own (mpirun -np 2 of this program with --probe), in which every rank sets
 // RLIMIT_DATA to its own data size after start-up plus the budget: an allocation past it fails,
 // and the run with it. For each setting the layers double from 1 until a run fails, then halve
@@ -149,7 +151,8 @@ int probe(const Options& o, int argc, char** argv) {
       "{batches: " + std::to_string(o.batches) + "}}\nhyperparameters: {global_batch_size: 16, hidden: " + std::to_string(o.hidden) +
       ", layers: " + std::to_string(o.layers) + "}\nengine: {zero_optimization: {stage: " + std::to_string(o.stage) +
       ", reduce_bucket_size: " + std::to_string(bucket) + ", sub_group_size: " + std::to_string(sub_group) +
-      ", stage3_param_persistence_threshold: 0, stage3_prefetch_bucket_size: " + std::to_string(o.hidden * o.hidden) +
+      ", stage3_param_persistence_threshold: 0, stage3_max_reuse_distance: 0, stage3_prefetch_bucket_size: " +
+      std::to_string(o.prefetch >= 0 ? o.prefetch : o.hidden * o.hidden) +
       (o.nvme ? ", offload_optimizer: {device: nvme, nvme_path: " + nvme + "}" : std::string()) +
       (o.param ? ", offload_param: {device: nvme, nvme_path: " + nvme + "}" : std::string()) + "}}\n"
       "min_validation_period: {batches: 1000}\nscheduling_unit: 1000000\n";
@@ -190,6 +193,7 @@ bool trains(const Options& o, const char* self, int stage, bool nvme, bool param
                                    "--dir", o.dir};
   if (nvme) args.push_back("--nvme");
   if (param) args.push_back("--param");
+  if (o.prefetch >= 0) args.insert(args.end(), {"--prefetch", std::to_string(o.prefetch)});
   const std::string command =
       hpctrial::core::shell_join(args) + " > " + hpctrial::core::shell_quote(o.dir + "/probe.log") + " 2>&1";
   const int status = std::system(command.c_str());
@@ -251,7 +255,9 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--dir") {
       o.dir = value();
     } else {
-      std::fprintf(stderr, "usage: zero_memory [--quick] [--budget-mb M] [--hidden H] [--mpirun PATH] [--dir DIR]\n");
+      std::fprintf(stderr,
+                   "usage: zero_memory [--quick] [--budget-mb M] [--hidden H] [--prefetch ELEMENTS] [--mpirun PATH] "
+                   "[--dir DIR]\n");
       std::exit(2);
     }
   }

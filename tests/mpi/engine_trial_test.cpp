@@ -791,7 +791,7 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   const int ranks = env().size();
   const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
   const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr, int persistence = 0,
-                          const std::string& prefetch = "stage3_prefetch_bucket_size: 0") {
+                          const std::string& prefetch = "stage3_prefetch_bucket_size: 0, stage3_max_reuse_distance: 0") {
     const std::string dir = shared_dir("layered" + std::to_string(stage));
     Seen seen;
     run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
@@ -840,14 +840,22 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   // whose 72 elements and the first layer's 32 are on their way. With stage3_max_live_parameters
   // at 72, nothing more while the middle layer is gathered. The steps are bitwise those without.
   std::int64_t most_one = 0, most_all = 0, most_bounded = 0;
-  const Seen one = layered(3, &most_one, nullptr, 0, "stage3_prefetch_bucket_size: 1");
-  const Seen all = layered(3, &most_all, nullptr, 0, "stage3_max_live_parameters: 1000");
-  const Seen bounded = layered(3, &most_bounded, nullptr, 0, "stage3_max_live_parameters: 72");
+  const Seen one = layered(3, &most_one, nullptr, 0, "stage3_prefetch_bucket_size: 1, stage3_max_reuse_distance: 0");
+  const Seen all = layered(3, &most_all, nullptr, 0, "stage3_max_reuse_distance: 0");
+  const Seen bounded = layered(3, &most_bounded, nullptr, 0, "stage3_max_live_parameters: 72, stage3_max_reuse_distance: 0");
   EXPECT_EQ(most_one, parts + 72 + 8);
   EXPECT_EQ(most_all, parts + 72 + 32);
   EXPECT_EQ(most_bounded, parts + 72);
-  for (const Seen* prefetched : {&one, &all, &bounded}) {
-    EXPECT_LE(max_relative_difference(prefetched->parameters, stage3.parameters), 0.0);
+  // stage3_max_reuse_distance: a layer stays gathered from its forward to its backward when fewer
+  // elements than the distance are used in between, twice the 89 after the first layer for it:
+  // at 178 the first layer is emptied as before, at 179 it stays, beside the middle layer.
+  std::int64_t most_178 = 0, most_179 = 0;
+  const Seen reuse_178 = layered(3, &most_178, nullptr, 0, "stage3_prefetch_bucket_size: 0, stage3_max_reuse_distance: 178");
+  const Seen reuse_179 = layered(3, &most_179, nullptr, 0, "stage3_prefetch_bucket_size: 0, stage3_max_reuse_distance: 179");
+  EXPECT_EQ(most_178, parts + 72);
+  EXPECT_EQ(most_179, parts + 32 + 72);
+  for (const Seen* other : {&one, &all, &bounded, &reuse_178, &reuse_179}) {
+    EXPECT_LE(max_relative_difference(other->parameters, stage3.parameters), 0.0);
   }
 }
 

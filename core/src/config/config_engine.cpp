@@ -123,7 +123,8 @@ void read_zero(const ConfigNode& node, const std::string& path, Diagnostics& d, 
       {"stage3_param_persistence_threshold", &e.param_persistence_threshold},
       {"stage3_model_persistence_threshold", &e.model_persistence_threshold},
       {"stage3_prefetch_bucket_size", &e.prefetch_bucket_size},
-      {"stage3_max_live_parameters", &e.max_live_parameters}};
+      {"stage3_max_live_parameters", &e.max_live_parameters},
+      {"stage3_max_reuse_distance", &e.max_reuse_distance}};
   for (const auto& [key, into] : counts) {
     if (const ConfigNode* n = z.get(key)) {
       if (auto v = read_int(*n, z.path(key), d, 0, std::numeric_limits<std::int64_t>::max())) *into = *v;

@@ -219,7 +219,8 @@ void emit_engine(YAML::Emitter& out, const EngineConfig& e) {
       << "stage3_param_persistence_threshold" << YAML::Value << e.param_persistence_threshold << YAML::Key
       << "stage3_model_persistence_threshold" << YAML::Value << e.model_persistence_threshold << YAML::Key
       << "stage3_prefetch_bucket_size" << YAML::Value << e.prefetch_bucket_size << YAML::Key
-      << "stage3_max_live_parameters" << YAML::Value << e.max_live_parameters << YAML::Key << "offload_optimizer"
+      << "stage3_max_live_parameters" << YAML::Value << e.max_live_parameters << YAML::Key
+      << "stage3_max_reuse_distance" << YAML::Value << e.max_reuse_distance << YAML::Key << "offload_optimizer"
       << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
       << e.offload_optimizer.device;
   if (!e.offload_optimizer.nvme_path.empty()) {

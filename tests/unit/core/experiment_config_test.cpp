@@ -1026,7 +1026,7 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
                                       "  gradient_clipping: 1.5\n"
                                       "  zero_optimization: {stage: 3, reduce_bucket_size: 1000, sub_group_size: 64,\n"
                                       "    stage3_param_persistence_threshold: 1e4, stage3_model_persistence_threshold: 0,\n"
-                                      "    stage3_prefetch_bucket_size: 2e6, stage3_max_live_parameters: 3e6,\n"
+                                      "    stage3_prefetch_bucket_size: 2e6, stage3_max_live_parameters: 3e6, stage3_max_reuse_distance: 0,\n"
                                       "    offload_optimizer: {device: nvme, nvme_path: /local/nvme, buffer_count: 2},\n"
                                       "    offload_param: {device: cpu}}\n"
                                       "  bf16: {enabled: true}\n");
@@ -1050,6 +1050,7 @@ TEST(EngineConfig, SectionIsReadAndWrittenBack) {
   EXPECT_EQ(again.engine->model_persistence_threshold, 0);
   EXPECT_EQ(again.engine->prefetch_bucket_size, 2'000'000);
   EXPECT_EQ(again.engine->max_live_parameters, 3'000'000);
+  EXPECT_EQ(again.engine->max_reuse_distance, 0);
   EXPECT_EQ(again.engine->offload_optimizer.device, "nvme");
   EXPECT_EQ(again.engine->offload_optimizer.nvme_path, "/local/nvme");
   EXPECT_EQ(again.engine->offload_optimizer.buffer_count, 2);
@@ -1213,6 +1214,8 @@ TEST(ConfigErrors, OffloadMistakesAreLocated) {
               HasSubstr("engine.zero_optimization.stage3_prefetch_bucket_size: must be a non-negative integer"));
   EXPECT_THAT(one_error(base + "{stage: 3, stage3_max_live_parameters: many}}\n"),
               HasSubstr("engine.zero_optimization.stage3_max_live_parameters: must be a non-negative integer"));
+  EXPECT_THAT(one_error(base + "{stage: 3, stage3_max_reuse_distance: -1}}\n"),
+              HasSubstr("engine.zero_optimization.stage3_max_reuse_distance: must be a non-negative integer"));
   // offload_param: stage 3 only, no buffer_count, and on nvme in the optimizer state's swap file.
   EXPECT_THAT(one_error(base + "{stage: 2, offload_param: {device: cpu}}}\n"),
               HasSubstr("engine.zero_optimization.offload_param: offloads the parameters' parts, and only ZeRO stage 3 "

@@ -296,6 +296,7 @@ std::shared_ptr<ModelEngine> EngineTrialContext::wrap_model_engine(std::shared_p
       zero.model_persistence_threshold = config->model_persistence_threshold;
       zero.prefetch_elements = config->prefetch_bucket_size;
       zero.max_live_elements = config->max_live_parameters;
+      zero.max_reuse_elements = config->max_reuse_distance;
     }
     if (swaps) {
       detail::SwapOptions swap;

@@ -60,15 +60,19 @@ namespace {
 // A layer's parameters by group.
 using Where = std::map<std::size_t, std::vector<std::size_t>>;
 
-// A layer's parameters kept for its backward, by group.
+// A layer's parameters kept for its backward, by group: emptied and refilled, or `held`
+// gathered throughout (stage3_max_reuse_distance) and released once backward has passed.
 struct Kept final : PipelineModuleImpl::LayerFetch::Kept {
   detail::ShardedOptimizer* sharded = nullptr;
   std::vector<detail::ShardedOptimizer::Kept> groups;
+  Where held;
   void refill() override {
     for (auto& kept : groups) sharded->refill(kept);
   }
   void empty() override {
     for (auto& kept : groups) sharded->empty(kept);
+    for (const auto& [group, params] : held) sharded->release(group, params);
+    held.clear();
   }
 };
 
@@ -110,6 +114,23 @@ void prefetch_layers(PipelineModuleImpl::LayerFetch& fetch, detail::ShardedOptim
   };
 }
 
+// By layer, the elements of the parameters of the layers after it. DeepSpeed's
+// stage3_max_reuse_distance: between a layer's forward and its backward, those layers run forward
+// and then backward, using twice these elements; fewer than the distance, and the layer stays
+// gathered.
+std::shared_ptr<std::map<std::size_t, std::int64_t>> elements_after(const std::map<std::size_t, Where>& layers,
+                                                                   const detail::ShardedOptimizer& sharded) {
+  auto after = std::make_shared<std::map<std::size_t, std::int64_t>>();
+  std::int64_t later = 0;
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+    (*after)[it->first] = later;
+    for (const auto& [group, params] : it->second) {
+      for (const std::size_t i : params) later += sharded.layout(group).numels[i];
+    }
+  }
+  return after;
+}
+
 }  // namespace
 
 void ModelEngine::fetch_layers() {
@@ -142,9 +163,16 @@ void ModelEngine::fetch_layers() {
   fetch->release = [sharded, gathered](std::size_t index) {
     for (const auto& [group, params] : (*gathered)[index]) sharded->release(group, params);
   };
-  fetch->keep = [sharded, gathered](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
+  const auto after = elements_after(*layers, *sharded);
+  const std::int64_t reuse = sharded->options().max_reuse_elements;
+  fetch->keep = [sharded, gathered, after, reuse](std::size_t index) -> std::shared_ptr<PipelineModuleImpl::LayerFetch::Kept> {
     auto kept = std::make_shared<Kept>();
     kept->sharded = sharded;
+    const auto at = after->find(index);
+    if (at != after->end() && at->second < reuse / 2 + reuse % 2) {  // 2 x after < reuse, without overflow
+      kept->held = (*gathered)[index];
+      return kept;
+    }
     for (const auto& [group, params] : (*gathered)[index]) kept->groups.push_back(sharded->keep(group, params));
     return kept;
   };

@@ -165,6 +165,10 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     options_.swap->rank = comm_.rank();
     swapper_ = std::make_unique<StateSwapper>(optimizer_, *options_.swap);
   }
+  // The prefetch's all-gathers on a communicator of their own (a collective), as DeepSpeed's run
+  // on a stream of their own: queued behind the gradients' reduce-scatters, a layer's gather
+  // would wait for them.
+  if (options_.stage == 3 && options_.prefetch_elements > 0) prefetch_comm_ = comm_.split(0, comm_.rank());
   if (options_.stage == 3) gather_persistent();
 }
 

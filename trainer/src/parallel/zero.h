@@ -146,6 +146,8 @@ struct ZeroOptions {
   // the model engine applies to what it gathers ahead of use (0: nothing ahead).
   std::int64_t prefetch_elements = 0;
   std::int64_t max_live_elements = std::numeric_limits<std::int64_t>::max();
+  // stage3_max_reuse_distance, which the model engine applies (0: nothing held for reuse).
+  std::int64_t max_reuse_elements = 0;
   // offload_optimizer with device nvme: the optimizer state in a swap file between steps
   // (state_swap.h; its rank is this communicator's), and with `parameters` (offload_param on
   // nvme; stage 3) the parts of the parameters too.
@@ -375,7 +377,8 @@ class ShardedOptimizer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::unique_ptr<StateSwapper> swapper_;
-  // Stage 3's gatherings started ahead and not landed: prefetch()'s, and the Kept's.
+  std::unique_ptr<comm::Communicator> prefetch_comm_;  // stage 3 with prefetch: a duplicate of comm_
+  // Stage 3's gatherings started ahead and not landed: prefetch()'s (the Kept's are theirs).
   std::vector<std::shared_ptr<Gathering>> prefetched_;
   std::int64_t on_the_way_ = 0;     // their elements
   std::uint64_t parts_version_ = 0;  // bumped when the parts change

@@ -183,7 +183,8 @@ std::shared_ptr<ShardedOptimizer::Gathering> ShardedOptimizer::launch_gather(std
   gathering->all = torch::empty({comm_.size(), columns}, group.flat.options());
   const auto count = static_cast<std::size_t>(columns);
   if (ahead) {
-    gathering->work = comm_.allgather_async(gathering->send.data_ptr(), gathering->all.data_ptr(), count,
+    comm::Communicator& comm = prefetch_comm_ ? *prefetch_comm_ : comm_;
+    gathering->work = comm.allgather_async(gathering->send.data_ptr(), gathering->all.data_ptr(), count,
                                             comm::DType::kFloat32);
     gathering->on_the_way = &on_the_way_;
     on_the_way_ += gathering->elements;

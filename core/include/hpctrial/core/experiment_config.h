@@ -186,6 +186,11 @@ struct EngineConfig {
   // (DeepSpeed's keys and defaults; a prefetch stops once it reaches either).
   std::int64_t prefetch_bucket_size = 50'000'000;
   std::int64_t max_live_parameters = 1'000'000'000;
+  // zero_optimization.stage3_max_reuse_distance (stage 3, a model of layers): a layer's forward
+  // leaves its parameters gathered for its backward when fewer than this many elements of
+  // parameters are used in between (DeepSpeed's key, default and rule; 0: released after each
+  // forward and gathered again for backward).
+  std::int64_t max_reuse_distance = 1'000'000'000;
   bool bf16 = false;  // bf16.enabled: forward under bfloat16 autocast, float32 weights
   // fp16: forward under float16 autocast (GPUs only), float32 weights, dynamic loss scaling.
   struct Fp16 {
