@@ -28,14 +28,15 @@ set(HPCTRIAL_ONE_CPU RESOURCE_GROUPS cpus:1)
 set(HPCTRIAL_ALL_CPUS RESOURCE_GROUPS cpus:${HPCTRIAL_TEST_CPUS})
 
 # hpctrial_unit_test(NAME SOURCES ... LIBS ... [LABEL label] [PROPERTIES prop value ...]
-#                    [CPUS 1|all|none] [CONCURRENT gtest-filter] [SUITES]):
+#                    [CPUS 1|all|none] [CONCURRENT gtest-filter] [LONG gtest-filter] [SUITES]):
 # a gtest binary, each of its tests its own CTest entry with the label (default: unit), the
-# cores it asks for (default: 1) and any further test properties. The tests that CONCURRENT
-# matches ask for one core whatever CPUS says: they run beside other tests. With SUITES, each
+# cores it asks for (default: 1), a timeout of 300 s and any further test properties. The tests
+# that CONCURRENT matches ask for one core whatever CPUS says: they run beside other tests. Those
+# that LONG matches get 600 s. With SUITES, each
 # test suite is one CTest entry instead (named after the suite, run as `--gtest_filter=Suite.*`):
 # for a program whose start-up is a good part of a test's time (LibTorch's is half a second).
 function(hpctrial_unit_test name)
-  cmake_parse_arguments(ARG "SUITES" "LABEL;CONCURRENT;CPUS" "SOURCES;LIBS;PROPERTIES" ${ARGN})
+  cmake_parse_arguments(ARG "SUITES" "LABEL;CONCURRENT;LONG;CPUS" "SOURCES;LIBS;PROPERTIES" ${ARGN})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)
   endif()
@@ -51,17 +52,32 @@ function(hpctrial_unit_test name)
   target_compile_definitions(${name} PRIVATE
     HPCTRIAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" HPCTRIAL_BINARY_DIR="${PROJECT_BINARY_DIR}")
   if(ARG_SUITES)
-    if(ARG_CONCURRENT OR ARG_PROPERTIES)
-      message(FATAL_ERROR "hpctrial_unit_test(${name}): SUITES takes neither CONCURRENT nor PROPERTIES")
+    if(ARG_CONCURRENT OR ARG_LONG OR ARG_PROPERTIES)
+      message(FATAL_ERROR "hpctrial_unit_test(${name}): SUITES takes neither CONCURRENT, LONG nor PROPERTIES")
     endif()
     _hpctrial_test_suites(${name} "${ARG_LABEL}" "${cpus}")
     return()
   endif()
+  set(others "")
   if(ARG_CONCURRENT)
     gtest_discover_tests(${name} TEST_FILTER "${ARG_CONCURRENT}"
       PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${HPCTRIAL_ONE_CPU}
       DISCOVERY_TIMEOUT 60)
-    set(rest TEST_FILTER "-${ARG_CONCURRENT}")
+    set(others "${ARG_CONCURRENT}")
+  endif()
+  if(ARG_LONG)
+    gtest_discover_tests(${name} TEST_FILTER "${ARG_LONG}"
+      PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 600 ${cpus} ${ARG_PROPERTIES}
+      DISCOVERY_TIMEOUT 60)
+    if(others)
+      set(others "${others}:${ARG_LONG}")
+    else()
+      set(others "${ARG_LONG}")
+    endif()
+  endif()
+  set(rest "")
+  if(others)
+    set(rest TEST_FILTER "-${others}")
   endif()
   gtest_discover_tests(${name} ${rest}
     PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT 300 ${cpus} ${ARG_PROPERTIES}

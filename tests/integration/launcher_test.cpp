@@ -142,9 +142,12 @@ TEST_F(Launcher, AGridRunsEachTrialInTurnOrTheOneNamed) {
 }
 
 // Over the loopback interface named in optimizations.network_interface, too: both attempts'
-// mpirun wire up their daemons and ranks over it alone.
+// mpirun wire up their daemons and ranks over it alone. The checkpoints are written before
+// training goes on (`async: false`): an asynchronous one of batch 20 may still be on its way at
+// batch 30, when the fault strikes, and then the latest checkpoint is none.
 TEST_F(Launcher, AFailureRestartsFromTheLatestCheckpoint) {
   const std::string exp = config("max_restarts: 2\nmin_checkpoint_period: {batches: 20}\n"
+                                 "checkpoint_storage: {async: false}\n"
                                  "optimizations: {network_interface: lo}\n", 200);
   auto p = run(exp, "rank1:step30:restart0:sigkill");
   const std::string out = p->output();

@@ -720,8 +720,10 @@ TORCH_MODULE(SquaredScale);
 class LayeredTrial : public EngineTrial {
  public:
   // `built_bytes` (when set): the model is context.layered_module's, and gets the bytes its
-  // parameters' storage holds once it is built, before it is wrapped.
-  LayeredTrial(EngineTrialContext& context, Seen* seen, std::int64_t* most, std::int64_t* built_bytes = nullptr)
+  // parameters' storage holds once it is built, before it is wrapped. Otherwise the model is built
+  // whole, with activation checkpointing every `interval` layers (0: none).
+  LayeredTrial(EngineTrialContext& context, Seen* seen, std::int64_t* most, std::int64_t* built_bytes = nullptr,
+               std::int64_t interval = 0)
       : context_(context), seen_(seen), most_(most), data_(mlp_dataset()) {
     torch::manual_seed(static_cast<std::int64_t>(context.trial_seed()));
     const auto watch = [this](const torch::Tensor& x) {
@@ -750,6 +752,7 @@ class LayeredTrial : public EngineTrial {
     } else {
       PipelineOptions options;
       options.seed = context.trial_seed();
+      options.activation_checkpoint_interval = interval;
       model_ = PipelineModule(std::move(layers), loss, 0, options);
     }
     auto optimizer = std::make_shared<torch::optim::Adam>(model_->parameters(),
@@ -791,7 +794,8 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   const int ranks = env().size();
   const auto share = [ranks](std::int64_t n) { return (n + ranks - 1) / ranks; };
   const auto layered = [](int stage, std::int64_t* most, std::int64_t* built_bytes = nullptr, int persistence = 0,
-                          const std::string& prefetch = "stage3_prefetch_bucket_size: 0, stage3_max_reuse_distance: 0") {
+                          const std::string& prefetch = "stage3_prefetch_bucket_size: 0, stage3_max_reuse_distance: 0",
+                          std::int64_t interval = 0) {
     const std::string dir = shared_dir("layered" + std::to_string(stage));
     Seen seen;
     run(yaml(6, "engine: {gradient_accumulation_steps: 2, gradient_clipping: 0.05, zero_optimization: {stage: " +
@@ -799,7 +803,7 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
                     std::to_string(persistence) + ", " + prefetch + "}}\n"),
         [&](TrialContext& c) {
           return std::make_unique<detail::EngineTrialRunner>(
-              c, [&](EngineTrialContext& ec) { return std::make_unique<LayeredTrial>(ec, &seen, most, built_bytes); });
+              c, [&](EngineTrialContext& ec) { return std::make_unique<LayeredTrial>(ec, &seen, most, built_bytes, interval); });
         },
         dir);
     remove_dir(dir);
@@ -857,6 +861,19 @@ TEST(EngineTrialZero, StageThreeGathersAModelOfLayersOneLayerAtATime) {
   for (const Seen* other : {&one, &all, &bounded, &reuse_178, &reuse_179}) {
     EXPECT_LE(max_relative_difference(other->parameters, stage3.parameters), 0.0);
   }
+  // With activation checkpointing, each layer a recomputed segment: gathered for its forward
+  // and again when backward recomputes it, one at a time; prefetched, the layers after it in
+  // forward (17 elements while the middle layer runs) and those before it in the recomputation
+  // (the first layer's 32 while the middle layer is recomputed). The steps follow stage 0's.
+  std::int64_t most_r0 = 0, most_r3 = 0, most_rp = 0;
+  const Seen recomputed0 = layered(0, &most_r0, nullptr, 0, "stage3_prefetch_bucket_size: 0", 1);
+  const Seen recomputed3 = layered(3, &most_r3, nullptr, 0, "stage3_prefetch_bucket_size: 0", 1);
+  const Seen recomputed_prefetched = layered(3, &most_rp, nullptr, 0, "stage3_max_reuse_distance: 0", 1);
+  EXPECT_EQ(most_r3, parts + 72);
+  EXPECT_EQ(most_rp, parts + 72 + 32);
+  EXPECT_LE(max_relative_difference(recomputed0.parameters, stage0.parameters), 0.0);
+  EXPECT_LE(max_relative_difference(recomputed3.parameters, stage3.parameters), 0.0);
+  EXPECT_LE(max_relative_difference(recomputed_prefetched.parameters, stage3.parameters), 0.0);
 }
 
 // GatheredParameters: what the modifier rank (the last) writes after wrapping is every rank's
