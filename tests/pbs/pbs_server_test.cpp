@@ -292,9 +292,10 @@ TEST_F(PbsServer, KillOfARunningJobLeavesVerifiedCheckpointsAndNoProcess) {
 // walltime with a checkpoint and submits its successor (afterany); each successor resumes, and
 // the last one finishes with the weights of an uninterrupted run.
 TEST_F(PbsServer, EachJobStopsBeforeItsWalltimeAndItsSuccessorResumes) {
-  // ~9 s of 6 ms steps; each job stops 52 s before its 1-minute walltime, after ~6 s of training.
-  constexpr int kBatches = 1500;
-  const std::string exp = config(kBatches, "6", "time_limit: 1m, preemption_grace: 52s");
+  // ~18 s of 6 ms steps; each job stops 45 s before its 1-minute walltime, after ~12 s of training
+  // (start-up takes the rest of its 15 s, and seconds more on a loaded machine).
+  constexpr int kBatches = 3000;
+  const std::string exp = config(kBatches, "6", "time_limit: 1m, preemption_grace: 45s");
   const std::string straight = straight_run(exp, kBatches);
   const std::string first = submit(exp);
   ASSERT_FALSE(first.empty());
@@ -327,9 +328,10 @@ TEST_F(PbsServer, EachJobStopsBeforeItsWalltimeAndItsSuccessorResumes) {
 // job of its own, while nothing of trial 0 runs again.
 TEST_F(PbsServer, AGridIsAnArrayJobAndASubjobStoppedByItsWalltimeResumesAlone) {
   constexpr int kBatches = 1200;
-  // Trial 1 sleeps 8 ms a batch (~10 s of training, more than its 8 s a job), trial 0 none.
+  // Trial 1 sleeps 20 ms a batch (~24 s of training, more than its 20 s a job), trial 0 none (a
+  // second of training, within its job's 20 s even where a loaded machine slows start-up).
   const std::string array =
-      submit(config(kBatches, "{type: categorical, vals: [0, 8]}", "time_limit: 1m, preemption_grace: 52s", 1));
+      submit(config(kBatches, "{type: categorical, vals: [0, 20]}", "time_limit: 1m, preemption_grace: 40s", 1));
   ASSERT_THAT(array, testing::EndsWith("[]." + array.substr(array.find("].") + 2)));
   EXPECT_THAT(read_file(experiment() + "/job.pbs"), HasSubstr("#PBS -J 0-1\n"));
   const std::string base = array.substr(0, array.find('['));

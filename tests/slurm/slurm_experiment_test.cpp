@@ -283,10 +283,12 @@ TEST_F(SlurmExperiment, AProgramRebuiltWhileTheJobIsHeldLeavesTheJobOnItsFrozenC
 // early) or the launcher's own deadline: every run ends with a checkpoint and a requeue of the
 // same job, the next run resumes exactly there, and the end is the uninterrupted run's.
 TEST_F(SlurmExperiment, TheTimeLimitRequeuesAndEachRunResumesWhereTheLastStopped) {
-  // ~11 s of 2.5 ms steps; the launcher's deadline ends each run of the 1-minute job 10 s after it
-  // starts (sooner where Slurm's warning comes first), start-up included: at least two runs.
-  constexpr int kBatches = 4500;
-  const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 50s",
+  // ~17 s of 2.5 ms steps; the launcher's deadline ends each run of the 1-minute job 15 s after it
+  // starts (sooner where Slurm's warning comes first), start-up included: at least two runs. A
+  // loaded machine slows start-up by seconds, and a budget of a few seconds would leave each run
+  // only a few batches.
+  constexpr int kBatches = 7000;
+  const std::string exp = config(kBatches, 2, "time_limit: 1m, preemption_grace: 45s",
                                  "fail_rank: -1, fail_batch: 0, fail_mode: none",
                                  "min_checkpoint_period: {batches: 1000}\n");
   const std::string straight = straight_run(exp, kBatches);
