@@ -183,9 +183,12 @@ INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, EachRankKilled, testing::Values(0, 1)
                          [](const testing::TestParamInfo<int>& info) { return "rank" + std::to_string(info.param); });
 
 // State spread over the ranks: ZeRO-2's shards of the optimizer's state and each rank's own files
-// (an engine trial's save), or a model split over ranks (a pipeline of two stages, with its
-// files). Each rank's copy holds its own; the restart resumes every rank from it, each rank takes
-// back its own file of that batch, and the run ends with the weights of an uninterrupted one.
+// (an engine trial's save), ZeRO-3's parts of the parameters too (the biases whole on every rank,
+// as persistent parameters, the first weight partitioned), or a model split over ranks (a
+// pipeline of two stages, with its files). Each rank's copy holds its own (at stage 3 its parts
+// of the parameters, which the restore loads as they are: a copy of whole values would be
+// refused); the restart resumes every rank from it, each rank takes back its own file of that
+// batch, and the run ends with the weights of an uninterrupted one.
 class SpreadStateKilled : public MemoryLevel, public testing::WithParamInterface<std::tuple<std::string, int>> {
  protected:
   std::string engine_config(const std::string& kind, const std::string& extra) {
@@ -194,8 +197,10 @@ class SpreadStateKilled : public MemoryLevel, public testing::WithParamInterface
         "name: launched\nentrypoint: " + std::string(HPCTRIAL_ENGINE_FAULT_TRIAL) + "\n"
         "searcher: {name: single, metric: validation_loss, max_length: {batches: " + std::to_string(kBatches) + "}}\n"
         "hyperparameters: {global_batch_size: 16, batch_ms: 5" + (pipeline ? ", pipeline: true" : "") + "}\n"
-        "engine: " + (pipeline ? "{gradient_accumulation_steps: 2, pipeline: {stages: 2}}"
-                               : "{zero_optimization: {stage: 2, reduce_bucket_size: 50}}") + "\n"
+        "engine: " + (pipeline         ? "{gradient_accumulation_steps: 2, pipeline: {stages: 2}}"
+                      : kind == "zero" ? "{zero_optimization: {stage: 2, reduce_bucket_size: 50}}"
+                                       : "{zero_optimization: {stage: 3, reduce_bucket_size: 50, "
+                                         "stage3_param_persistence_threshold: 16}}") + "\n"
         "resources: {slots_per_trial: 2}\nreproducibility: {experiment_seed: 7}\n" + extra);
   }
 };
@@ -221,7 +226,7 @@ TEST_P(SpreadStateKilled, EachRankResumesItsOwnFromNodeMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, SpreadStateKilled,
-                         testing::Combine(testing::Values("zero", "pipeline"), testing::Values(0, 1)),
+                         testing::Combine(testing::Values("zero", "zero3", "pipeline"), testing::Values(0, 1)),
                          [](const testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_rank" + std::to_string(std::get<1>(info.param));
                          });

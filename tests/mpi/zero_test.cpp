@@ -102,13 +102,16 @@ using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std
 // replicated optimizer over averaged gradients (`zero` null), or sharded. Parameter `a.bias` gets
 // no gradient on the last rank in odd steps (a branch the loss does not reach everywhere). Odd
 // steps' backward does not say it ends the step (stage 1 then reduces at the step), even ones
-// do; `gradient_elements`: what the last step's backward left.
+// do; `gradient_elements`: what the last step's backward left. With zero_options->partitions,
+// the Net is built partitioned into it (context.layered_module's construction) before the
+// optimizer is made.
 std::vector<torch::Tensor> train(const MakeOptimizer& make, const ZeroOptions* zero_options, comm::Communicator& comm,
                                  int steps, std::int64_t* state_elements = nullptr,
                                  std::int64_t* gradient_elements = nullptr,
                                  const std::function<void(ShardedOptimizer&)>& inspect = {}) {
   torch::manual_seed(3);  // the same initial weights on every rank
   Net net;
+  if (zero_options != nullptr && zero_options->partitions != nullptr) zero_options->partitions->partition(*net);
   auto optimizer = make(net->parameters());
   std::unique_ptr<ShardedOptimizer> zero;
   if (zero_options != nullptr) zero = std::make_unique<ShardedOptimizer>(*optimizer, comm, *zero_options);
@@ -502,6 +505,51 @@ TEST_F(StateSwap, TheStateInAFileStepsBitwiseAsInMemory) {
         EXPECT_FALSE(std::filesystem::exists(file.parent_path())) << how << ": the swap directory was left";
       }
     }
+  }
+}
+
+// A model built partitioned with offload_param on nvme (DeepSpeed's zero.Init with remote_device
+// nvme): each part goes to the disk as it is cut, so that no part is in memory from construction
+// on; the swap takes them over, and the steps are bitwise those of the parts built in memory.
+// The parts' file is unlinked as it is made: nothing is left of it.
+TEST_F(StateSwap, PartsBuiltPartitionedGoToTheDiskAsTheyAreCut) {
+  const MakeOptimizer adam = [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
+  };
+  const std::string key = "engine.zero_optimization.offload_param.nvme_path";
+  ZeroOptions options;
+  options.stage = 3;
+  options.bucket_elements = 16;
+  options.swap = swap(8, 2, {}, true);
+  PartitionStore in_memory(comm_);
+  options.partitions = &in_memory;
+  const auto expected = train(adam, &options, comm_, 6);
+  EXPECT_TRUE(in_memory.empty());
+
+  torch::manual_seed(3);
+  Net net;
+  PartitionStore built(comm_, std::make_unique<PartSpill>(dir_, key));
+  built.partition(*net);
+  EXPECT_EQ(built.elements(), SeededNet(comm_.size()).share);
+  EXPECT_EQ(built.bytes_in_memory(), 0) << "a part is in memory before a swap takes it over";
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "the parts' file is left in " << dir_;
+
+  PartitionStore spilled(comm_, std::make_unique<PartSpill>(dir_, key));
+  options.partitions = &spilled;
+  const auto got = train(adam, &options, comm_, 6, nullptr, nullptr, [](ShardedOptimizer& zero) {
+    EXPECT_EQ(zero.parameter_elements(), 0) << "a part is in memory between steps";
+  });
+  EXPECT_TRUE(spilled.empty());
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << "parameter " << i;
+  EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "a file is left in " << dir_;
+  // A spill where no file can be made names the key and the path.
+  try {
+    PartSpill nowhere(dir_ / "missing", key);
+    ADD_FAILURE() << "a spill was made in a missing directory";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(key + " " + (dir_ / "missing").string() + " is not a directory"));
   }
 }
 

@@ -30,20 +30,18 @@ inline ShardedOptimizers sharded_optimizers(Trial& trial, const TrialContext& co
   return out;
 }
 
-// ZeRO stage 3's parameters whole on every rank (a collective), for the loop to read them (a
-// copy in node memory) or write them (a restore, the chief's initial weights).
+// ZeRO stage 3's parameters whole on every rank (a collective), for the loop to write them (the
+// weights of searcher.source_checkpoint).
 inline void gather_partitioned(const ShardedOptimizers& sharded) {
   for (const auto& [index, optimizer] : sharded) optimizer->gather_all();
-}
-// Released again once read (a capture's deferred tensors keep their own views of the values).
-inline void release_partitioned(const ShardedOptimizers& sharded) {
-  for (const auto& [index, optimizer] : sharded) optimizer->release_all();
 }
 // After every rank wrote the same whole values into them: each rank's parts taken from them,
 // and the whole values released.
 inline void keep_partitioned(const ShardedOptimizers& sharded) {
-  for (const auto& [index, optimizer] : sharded) optimizer->keep_gathered();
-  release_partitioned(sharded);
+  for (const auto& [index, optimizer] : sharded) {
+    optimizer->keep_gathered();
+    optimizer->release_all();
+  }
 }
 
 }  // namespace hpctrial::trainer::detail

@@ -27,7 +27,17 @@ PipelineModule EngineTrialContext::layered_module(std::vector<LayerSpec> layers,
   PipelineOptions options;
   options.seed = context_.trial_seed();
   if (zero_stage_ == 3 && context_.data_parallel_size() > 1) {
-    if (!partitions_) partitions_ = std::make_shared<detail::PartitionStore>(context_.communicator_for(context_.device()));
+    if (!partitions_) {
+      // offload_param on nvme: each part on the disk from the moment it is cut.
+      const auto& config = context_.engine_config();
+      std::unique_ptr<detail::PartSpill> spill;
+      if (config && config->offload_param.device == "nvme") {
+        spill = std::make_unique<detail::PartSpill>(config->offload_param.nvme_path,
+                                                    "engine.zero_optimization.offload_param.nvme_path");
+      }
+      partitions_ = std::make_shared<detail::PartitionStore>(context_.communicator_for(context_.device()),
+                                                             std::move(spill));
+    }
     options.after_build = [store = partitions_](torch::nn::Module& layer) { store->partition(layer); };
   }
   return PipelineModule(std::move(layers), std::move(loss), 0, options);

@@ -20,6 +20,7 @@
 #include "parallel/zero.h"
 #include "state/memory_level.h"
 #include "state/sharded_checkpoint.h"
+#include "state/state_io.h"
 
 namespace hpctrial::trainer::detail {
 namespace {
@@ -32,6 +33,34 @@ namespace {
 constexpr double kMemoryOverhead = 0.01;
 constexpr double kMemoryMinInterval_s = 1;
 constexpr double kMemoryMaxInterval_s = 60;
+
+// ZeRO stage 3's partitioned parameters in a rank's own copy: this rank's parts of them, in place
+// of the values captured (released between steps: empty), marked as the rank's; no rank gathers
+// the model whole for its copy.
+void put_own_parts(Snapshot& snapshot, TrialContext& context, const std::string& part, const ShardedOptimizers& sharded,
+                   int rank, int ranks) {
+  bool any = false;
+  const auto& models = context.models();
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    for (const auto& item : models[m]->named_parameters()) {
+      for (const auto& [index, optimizer] : sharded) {
+        const auto at = optimizer->partitions_parameters() ? optimizer->locate(item.value()) : std::nullopt;
+        if (!at) continue;
+        const std::string name = part + "model/" + std::to_string(m) + "/" + item.key();
+        auto& datasets = snapshot.contents.datasets;
+        datasets.erase(std::remove_if(datasets.begin(), datasets.end(), [&](const auto& d) { return d.name == name; }),
+                       datasets.end());
+        auto& deferred = snapshot.deferred;
+        deferred.erase(std::remove_if(deferred.begin(), deferred.end(), [&](const auto& d) { return d.name == name; }),
+                       deferred.end());
+        add_or_defer(snapshot.contents, &snapshot.deferred, name, optimizer->part(at->first, at->second));
+        any = true;
+        break;
+      }
+    }
+  }
+  if (any) mark_shard_of(snapshot.contents, part + kParameterParts, rank, ranks);
+}
 
 }  // namespace
 
@@ -113,7 +142,7 @@ bool Loop::time_to_copy() {
 // chief's clock): the state copied as a checkpoint captures it, written by the level's thread. A
 // copy is the rank's own: of a model split over ranks, its part; of ZeRO's optimizers, its shards
 // as its optimizer holds them (over its parts of the flat buffers, marked with the rank and the
-// ranks, which a restore checks); its own files (save_files), with the count of ranks.
+// ranks, which a restore checks), and at stage 3 its parts of the parameters; its own files (save_files), with the count of ranks.
 void Loop::save_memory_copy() {
   detail::PhaseTimings::Scope t(timings_, "memory_copy");
   const auto started = Clock::now();
@@ -122,9 +151,8 @@ void Loop::save_memory_copy() {
   state.stream_positions = gather_stream_positions();
   context_->accumulators().synchronize_all();
   const detail::ShardedOptimizers shards = sharded_optimizers(*trial_, *context_);
-  gather_partitioned(shards);  // stage 3: the copy holds the model whole, and this rank's optimizer shards
   detail::Snapshot snapshot = detail::capture(*context_, *trial_, callbacks_, state, identity_, /*defer=*/true);
-  release_partitioned(shards);
+  detail::put_own_parts(snapshot, *context_, identity_.part, shards, comm_.rank(), comm_.size());
   for (const auto& [index, sharded] : shards) {
     detail::mark_shard_of(snapshot.contents, identity_.part + "optimizer/" + std::to_string(index), comm_.rank(),
                           comm_.size());

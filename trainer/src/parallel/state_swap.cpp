@@ -49,6 +49,56 @@ void release(const torch::Tensor& tensor) {
 
 }  // namespace
 
+PartSpill::PartSpill(const std::filesystem::path& dir, std::string key) : dir_(dir), key_(std::move(key)) {
+  SwapOptions options;  // the swap's message for a path that is not a directory
+  options.nvme_path = dir_;
+  options.key = key_;
+  StateSwapper::check(options);
+  std::string name = (dir_ / "hpctrial-parts-XXXXXX").string();
+  fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw ConfigError(key_ + " " + dir_.string() + ": cannot make a file there for the parameters' parts: " +
+                      std::strerror(err) + "; give a directory every rank can write");
+  }
+  ::unlink(name.c_str());
+}
+
+PartSpill::~PartSpill() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void PartSpill::transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) const {
+  while (length > 0) {
+    const ssize_t n = writing ? ::pwrite(fd_, data, static_cast<std::size_t>(length), offset)
+                              : ::pread(fd_, data, static_cast<std::size_t>(length), offset);
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0) {
+      core::throw_errno(std::string(writing ? "writing" : "reading") + " the parameters' parts in " + key_ + " " +
+                            dir_.string(), err);
+    }
+    if (n == 0) throw IoError("reading the parameters' parts in " + key_ + " " + dir_.string() + ": the file ends early");
+    data += n;
+    length -= n;
+    offset += n;
+  }
+}
+
+std::int64_t PartSpill::write(const torch::Tensor& part) {
+  if (!part.device().is_cpu() || !part.is_contiguous()) throw InternalError("PartSpill: a part that is not a contiguous CPU tensor");
+  const auto nbytes = static_cast<std::int64_t>(part.nbytes());
+  const std::int64_t offset = end_;
+  transfer(true, static_cast<char*>(part.data_ptr()), nbytes, offset);
+  end_ += nbytes;
+  release(part);
+  return offset;
+}
+
+void PartSpill::read(std::int64_t offset, std::int64_t nbytes, void* into) const {
+  transfer(false, static_cast<char*>(into), nbytes, offset);
+}
+
 struct StateSwapper::Loaded {
   struct Entry {
     torch::Tensor tensor;
@@ -271,6 +321,17 @@ void StateSwapper::let_go(const std::vector<torch::Tensor>& parameters, bool cha
       release(p);
     }
   }
+}
+
+void StateSwapper::take_over(const torch::Tensor& parameter, const PartSpill& spill, std::int64_t offset) {
+  if (!options_.parameters || !swapped_out(parameter)) throw InternalError("StateSwapper::take_over: nothing to take");
+  const auto nbytes = static_cast<std::int64_t>(parameter.nbytes());
+  c10::DataPtr data = aligned_buffer(nbytes);
+  spill.read(offset, nbytes, data.get());
+  c10::Storage storage = parameter.storage();
+  storage.set_data_ptr_noswap(std::move(data));
+  storage.set_nbytes(static_cast<std::size_t>(nbytes));
+  write_tensor(parameter, kParameter, parameter);
 }
 
 void StateSwapper::fill(Loaded& loaded) {

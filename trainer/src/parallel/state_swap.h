@@ -47,6 +47,30 @@ struct SwapOptions {
   bool parameters = false;
 };
 
+// Parts of parameters cut before any optimizer exists (ZeRO-3's partitioned construction with
+// offload_param on nvme), each written to a file on the local disk as soon as it is cut and its
+// bytes freed (the tensor keeps its shape), until a StateSwapper takes it over. The file is
+// unlinked as soon as it is made: it goes with the process, whatever ends it.
+class PartSpill {
+ public:
+  // ConfigError naming `key` and the directory when no file can be made there.
+  PartSpill(const std::filesystem::path& dir, std::string key);
+  ~PartSpill();
+  PartSpill(const PartSpill&) = delete;
+  PartSpill& operator=(const PartSpill&) = delete;
+  // Writes the part's bytes (a contiguous CPU tensor) and frees them; returns where they lie.
+  std::int64_t write(const torch::Tensor& part);
+  // The `nbytes` at `offset` into `into`.
+  void read(std::int64_t offset, std::int64_t nbytes, void* into) const;
+
+ private:
+  void transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) const;
+  std::filesystem::path dir_;
+  std::string key_;
+  int fd_ = -1;
+  std::int64_t end_ = 0;
+};
+
 class StateSwapper {
  public:
   // A private directory under nvme_path for this rank's swap file; ConfigError naming the key
@@ -69,6 +93,9 @@ class StateSwapper {
   // written out first when `changed`.
   void bring_in(const std::vector<torch::Tensor>& parameters);
   void let_go(const std::vector<torch::Tensor>& parameters, bool changed);
+  // With `parameters`: a parameter whose bytes lie in `spill` at `offset` (PartSpill::write)
+  // read in and written out to this swap's file, so that it is in memory only meanwhile.
+  void take_over(const torch::Tensor& parameter, const PartSpill& spill, std::int64_t offset);
   // The bytes of a state tensor for a checkpoint, without reading them into memory: mapped
   // read-only from the file when it is swapped out (the next steps write that tensor elsewhere
   // in the file until the buffer is gone), copied when it is in memory.

@@ -165,6 +165,7 @@ ShardedOptimizer::ShardedOptimizer(torch::optim::Optimizer& optimizer, comm::Com
     options_.swap->rank = comm_.rank();
     swapper_ = std::make_unique<StateSwapper>(optimizer_, *options_.swap);
   }
+  take_over_spilled();
   // The prefetch's all-gathers on a communicator of their own (a collective), as DeepSpeed's run
   // on a stream of their own: queued behind the gradients' reduce-scatters, a layer's gather
   // would wait for them.
@@ -178,44 +179,18 @@ void ShardedOptimizer::lay_out(Group& group, int rank, const std::vector<std::op
       group.params.empty() ? torch::Device(torch::kCPU) : group.params.front().device());
   torch::NoGradGuard no_grad;
   group.gathered.assign(group.params.size(), options_.stage != 3);
-  if (options_.stage != 3) {
-    group.flat = torch::zeros({layout.size}, tensor_options);
-    for (std::size_t i = 0; i < group.params.size(); ++i) {
-      auto& p = group.params[i];
-      auto view = group.flat.narrow(0, layout.offsets[i], layout.numels[i]).view(p.sizes());
-      view.copy_(p.detach());
-      p.set_data(view);
-      p.mutable_grad() = torch::Tensor();
-    }
-    // Leaves of their own over the same memory: the optimizer steps them in place, into `flat`.
-    for (const auto& bucket : layout.buckets) {
-      group.parts.push_back(group.flat.narrow(0, bucket.begin + bucket.part * rank, bucket.part).detach());
-    }
-    return;
-  }
-  // Stage 3: this rank's part of each parameter, a tensor of its own (so that the swap can take
-  // it alone), cut from rank 0's value; those built partitioned were cut so already, and are
-  // kept as they are. The padding is zeros. `flat` only gives the parts' options.
-  group.flat = torch::empty({0}, tensor_options);
+  if (options_.stage == 3) return lay_out_parts(group, rank, built, tensor_options);
+  group.flat = torch::zeros({layout.size}, tensor_options);
   for (std::size_t i = 0; i < group.params.size(); ++i) {
-    if (!built[i] && layout.numels[i] > 0) {
-      comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), 0)->wait();
-    }
-    const std::int64_t part = layout.buckets[i].part;
-    torch::Tensor mine;
-    if (built[i] && built[i]->part.numel() == part && built[i]->part.is_contiguous()) {
-      mine = built[i]->part.detach();  // the same storage: no copy
-    } else {
-      mine = torch::zeros({part}, tensor_options);
-      if (built[i]) {
-        mine.copy_(built[i]->part.reshape({-1}));
-      } else {
-        cut_part(group.params[i], mine, rank);
-      }
-    }
-    group.parts.push_back(mine);
-    group.params[i].set_data(torch::empty({0}, tensor_options));
-    group.params[i].mutable_grad() = torch::Tensor();
+    auto& p = group.params[i];
+    auto view = group.flat.narrow(0, layout.offsets[i], layout.numels[i]).view(p.sizes());
+    view.copy_(p.detach());
+    p.set_data(view);
+    p.mutable_grad() = torch::Tensor();
+  }
+  // Leaves of their own over the same memory: the optimizer steps them in place, into `flat`.
+  for (const auto& bucket : layout.buckets) {
+    group.parts.push_back(group.flat.narrow(0, bucket.begin + bucket.part * rank, bucket.part).detach());
   }
 }
 

@@ -110,7 +110,11 @@ struct ShardedSave {
 // that no rank holds the whole model; the sharded optimizer takes the parts over.
 class PartitionStore {
  public:
-  explicit PartitionStore(comm::Communicator& communicator) : comm_(communicator) {}
+  // With `spill` (offload_param on nvme), each part goes to a file there as soon as it is cut,
+  // its bytes freed: no rank holds its parts in memory before the optimizer's swap takes them
+  // over (ShardedOptimizer, a part at a time), as DeepSpeed's zero.Init with remote_device nvme.
+  explicit PartitionStore(comm::Communicator& communicator, std::unique_ptr<PartSpill> spill = nullptr)
+      : comm_(communicator), spill_(std::move(spill)) {}
   // Every parameter of `module` (its submodules' too): rank 0's value taken by every rank (as
   // zero.Init broadcasts each module's), this rank's part of it kept (zero-padded, as
   // partition_layout cuts it), the parameter emptied. Its gradient accumulator is made first and
@@ -118,17 +122,21 @@ class PartitionStore {
   void partition(torch::nn::Module& module);
   struct Entry {
     std::vector<std::int64_t> shape;
-    torch::Tensor part;
+    torch::Tensor part;  // spilled: its bytes freed, and in `spill` at `offset`
     std::shared_ptr<torch::autograd::Node> accumulator;
+    std::shared_ptr<const PartSpill> spill;
+    std::int64_t offset = 0;
   };
   // The entry of a parameter partitioned here, taken out of the store; none for another.
   std::optional<Entry> take(const torch::Tensor& parameter);
   bool empty() const { return entries_.empty(); }
-  // The elements of the parts held.
+  // The elements of the parts held, and the bytes of them in memory.
   std::int64_t elements() const;
+  std::int64_t bytes_in_memory() const;
 
  private:
   comm::Communicator& comm_;
+  std::shared_ptr<PartSpill> spill_;
   std::map<const void*, Entry> entries_;
 };
 
@@ -223,6 +231,14 @@ class ShardedOptimizer {
   // parameter's dataset (which may be left in its file: only the part's range is read). Local.
   // ConfigError naming the file and the dataset for another shape or dtype.
   void load_part(std::size_t group, std::size_t param, const checkpoint::Dataset& whole, const std::string& file);
+  // Stage 3: this rank's part (part()) of parameter `param` of group `group`, as a rank's own
+  // copy holds it (checkpoint_levels.memory), written back into the part; the copy is of this
+  // rank and rank count (CheckpointError naming the file and the dataset for another size). A
+  // persistent parameter's whole value comes back with gather_persistent() once every part is
+  // loaded: every persistent parameter that is released gathered, a group at a time (a
+  // collective).
+  void load_own_part(std::size_t group, std::size_t param, const checkpoint::Dataset& saved, const std::string& file);
+  void gather_persistent();
   // The same datasets as save_whole, without gathering: the state tensors as specs with this
   // rank's pieces of them (the parts it owns), checksummed; appended to `out`. Local.
   void save_shards(ShardedSave& out, const std::string& prefix);
@@ -330,8 +346,6 @@ class ShardedOptimizer {
 
   // Stage 3: empties a gathered parameter, persistent or not.
   void drop(Group& group, std::size_t param);
-  // Stage 3: every persistent parameter that is released gathered, a group at a time (a collective).
-  void gather_persistent();
   // Stage 3's load_whole after the options: each part's state from its ranges of the datasets.
   void load_state_parts(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
   // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather
@@ -348,6 +362,17 @@ class ShardedOptimizer {
   // The group's flat buffer and parts, and the parameters' place in them; `built` holds the
   // parts of parameters built partitioned.
   void lay_out(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built);
+  void lay_out_parts(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built,
+                     const torch::TensorOptions& tensor_options);
+  // The parts built partitioned and spilled to disk (PartitionStore), taken over by the swap once
+  // it exists, a part at a time.
+  struct Spilled {
+    torch::Tensor part;
+    std::shared_ptr<const PartSpill> spill;
+    std::int64_t offset = 0;
+  };
+  std::vector<Spilled> spilled_;
+  void take_over_spilled();
   // The reductions of a group's buckets, from its last bucket back.
   void plan_reductions(std::size_t g);
   void on_gradient_ready(std::size_t group, std::size_t param);

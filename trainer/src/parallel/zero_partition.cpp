@@ -55,6 +55,10 @@ void PartitionStore::partition(torch::nn::Module& module) {
     cut_part(p, entry.part, comm_.rank());
     entry.accumulator = torch::autograd::impl::grad_accumulator(p);  // while the shape is whole
     p.set_data(torch::empty({0}, p.options().requires_grad(false)));
+    if (spill_ && part > 0) {
+      entry.offset = spill_->write(entry.part);
+      entry.spill = spill_;
+    }
     entries_.emplace(p.unsafeGetTensorImpl(), std::move(entry));
   }
 }
@@ -71,6 +75,54 @@ std::int64_t PartitionStore::elements() const {
   std::int64_t sum = 0;
   for (const auto& [impl, entry] : entries_) sum += entry.part.numel();
   return sum;
+}
+
+std::int64_t PartitionStore::bytes_in_memory() const {
+  std::int64_t sum = 0;
+  for (const auto& [impl, entry] : entries_) sum += static_cast<std::int64_t>(entry.part.storage().nbytes());
+  return sum;
+}
+
+// Stage 3: this rank's part of each parameter, a tensor of its own (so that the swap can take
+// it alone), cut from rank 0's value; those built partitioned were cut so already, and are
+// kept as they are (those spilled to disk, for the swap to take over). The padding is zeros.
+// `flat` only gives the parts' options.
+void ShardedOptimizer::lay_out_parts(Group& group, int rank, const std::vector<std::optional<PartitionStore::Entry>>& built,
+                                     const torch::TensorOptions& tensor_options) {
+  const auto& layout = group.layout;
+  group.flat = torch::empty({0}, tensor_options);
+  for (std::size_t i = 0; i < group.params.size(); ++i) {
+    if (!built[i] && layout.numels[i] > 0) {
+      comm_.broadcast_async(group.params[i].data_ptr(), group.params[i].nbytes(), 0)->wait();
+    }
+    const std::int64_t part = layout.buckets[i].part;
+    torch::Tensor mine;
+    if (built[i] && built[i]->part.numel() == part && built[i]->part.is_contiguous()) {
+      mine = built[i]->part.detach();  // the same storage: no copy
+      if (built[i]->spill) spilled_.push_back({mine, built[i]->spill, built[i]->offset});
+    } else {
+      if (built[i] && built[i]->spill) throw InternalError("ZeRO: a part spilled to disk of another size");
+      mine = torch::zeros({part}, tensor_options);
+      if (built[i]) {
+        mine.copy_(built[i]->part.reshape({-1}));
+      } else {
+        cut_part(group.params[i], mine, rank);
+      }
+    }
+    group.parts.push_back(mine);
+    group.params[i].set_data(torch::empty({0}, tensor_options));
+    group.params[i].mutable_grad() = torch::Tensor();
+  }
+}
+
+void ShardedOptimizer::take_over_spilled() {
+  for (const Spilled& s : spilled_) {
+    if (!swapper_ || !options_.swap->parameters) {
+      throw InternalError("ZeRO: parts built partitioned were spilled to disk, and the parameters are not swapped");
+    }
+    swapper_->take_over(s.part, *s.spill, s.offset);
+  }
+  spilled_.clear();
 }
 
 void ShardedOptimizer::gather(std::size_t g, const std::vector<std::size_t>& params) {

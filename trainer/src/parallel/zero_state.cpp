@@ -303,4 +303,20 @@ void ShardedOptimizer::load_part(std::size_t g, std::size_t i, const checkpoint:
   }
 }
 
+void ShardedOptimizer::load_own_part(std::size_t g, std::size_t i, const checkpoint::Dataset& saved,
+                                     const std::string& file) {
+  const torch::Tensor& part = groups_.at(g).parts.at(i);
+  if (saved.dtype != checkpoint::DType::kFloat32 || saved.shape != part.sizes().vec()) {
+    throw CheckpointError(file + ": " + saved.name + " is " + checkpoint::to_string(saved.dtype) + " " +
+                          c10::str(c10::IntArrayRef(saved.shape)) + " but this rank's part of the parameter is float32 " +
+                          c10::str(part.sizes()) + ": the copy is of another model");
+  }
+  parts_changed();
+  drop(groups_[g], i);  // its whole value is the old one
+  torch::NoGradGuard no_grad;
+  if (swapper_) swapper_->bring_in({part});
+  part.copy_(tensor_of(saved));
+  if (swapper_) swapper_->let_go({part}, /*changed=*/true);
+}
+
 }  // namespace hpctrial::trainer::detail

@@ -258,15 +258,17 @@ std::string attribute(const checkpoint::Contents& contents, const char* name) {
 }
 
 // A parameter that a sharded optimizer of `sharded` partitions (ZeRO-3): this rank's part of it
-// read from its dataset's range. False for another, or one the checkpoint lacks.
+// read from its dataset's range, or the dataset as it is (`own_parts`: a rank's own copy). False
+// for another, or one the checkpoint lacks.
 bool load_partitioned(const checkpoint::Contents& contents, const std::string& name, const torch::Tensor& parameter,
-                      const std::string& path, const ShardedOptimizers& sharded) {
+                      const std::string& path, const ShardedOptimizers& sharded, bool own_parts) {
   for (const auto& [index, optimizer] : sharded) {
     if (!optimizer->partitions_parameters()) continue;
     const auto at = optimizer->locate(parameter);
     const checkpoint::Dataset* d = contents.find(name);
     if (!at || d == nullptr) continue;
-    optimizer->load_part(at->first, at->second, *d, path);
+    own_parts ? optimizer->load_own_part(at->first, at->second, *d, path)
+              : optimizer->load_part(at->first, at->second, *d, path);
     return true;
   }
   return false;
@@ -277,11 +279,20 @@ bool load_partitioned(const checkpoint::Contents& contents, const std::string& n
 void restore_model_tensors(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
                            const std::string& part, const ShardedOptimizers& sharded = {}) {
   const auto& models = context.models();
+  // A rank's own copy: of a stage-3 optimizer's shards, with this rank's parts of its parameters.
+  const bool own_parts = contents.find(part + kParameterParts + kShardOf) != nullptr;
+  if (own_parts) check_shard_of(contents, part + kParameterParts, path, context, !sharded.empty());
+  for (const auto& [index, optimizer] : sharded) {
+    if (!own_parts && optimizer->partitions_parameters() &&
+        contents.find(part + "optimizer/" + std::to_string(index) + kShardOf) != nullptr) {
+      throw CheckpointError(path + " holds a rank's own shards of a ZeRO-3 optimizer without its parts of the parameters");
+    }
+  }
   std::set<std::string> expected;
   for (std::size_t i = 0; i < models.size(); ++i) {
     const std::string prefix = part + "model/" + std::to_string(i) + "/";
     for (auto& item : models[i]->named_parameters()) {
-      if (!load_partitioned(contents, prefix + item.key(), item.value(), path, sharded)) {
+      if (!load_partitioned(contents, prefix + item.key(), item.value(), path, sharded, own_parts)) {
         load_into(contents, prefix + item.key(), item.value(), path);
       }
       expected.insert(prefix + item.key());
@@ -296,6 +307,9 @@ void restore_model_tensors(const checkpoint::Contents& contents, const std::stri
       throw ConfigError(path + " has " + d.name + ", which the model has not: the model changed since the "
                         "checkpoint (a different architecture or hyperparameters)");
     }
+  }
+  for (const auto& [index, optimizer] : sharded) {
+    if (own_parts && optimizer->partitions_parameters()) optimizer->gather_persistent();
   }
 }
 

@@ -132,6 +132,10 @@ using ShardedOptimizers = std::map<std::size_t, ShardedOptimizer*>;
 // state over its parts, as captured: a rank's copy of its own, checkpoint_levels.memory). restore
 // loads it into that rank's sharded optimizer as it is, and refuses it on another rank or count.
 void mark_shard_of(checkpoint::Contents& contents, const std::string& prefix, int rank, int ranks);
+// Under a part's prefix, what mark_shard_of marks in a rank's own copy whose ZeRO stage 3
+// parameters are the rank's parts of them (ShardedOptimizer::part): restore loads them into that
+// rank's parts as they are.
+inline constexpr const char* kParameterParts = "meta/parameters";
 
 // Whether a checkpoint that reads intact may be resumed by this trial, before anything is
 // restored: ConfigError for one of another experiment or trial, or (unless
