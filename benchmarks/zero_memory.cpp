@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -126,6 +127,17 @@ int probe(const Options& o, int argc, char** argv) {
   // communicator's) arenas of their own, whose heaps it shrinks after a free with madvise and
   // leaves writable, so that their high-water mark, not what they hold, counts against the limit.
   ::mallopt(M_ARENA_MAX, 1);
+  // Every thread's stack 1 MiB of address space, not RLIMIT_STACK's 8 MiB: RLIMIT_DATA counts a
+  // thread's whole stack, of which it touches a few pages, so that each thread a run starts after
+  // start-up (a checkpoint's writer, stage 3's prefetch communicator) would take 8 MiB of the
+  // budget that no memory limit of resident pages would.
+  pthread_attr_t stack;
+  if (::pthread_attr_init(&stack) != 0 || ::pthread_attr_setstacksize(&stack, 1 << 20) != 0 ||
+      ::pthread_setattr_default_np(&stack) != 0) {
+    std::fprintf(stderr, "cannot set the threads' stack size\n");
+    return 2;
+  }
+  ::pthread_attr_destroy(&stack);
   hpctrial::comm::MpiEnvironment environment(&argc, &argv);
   hpctrial::core::set_log_level(hpctrial::core::LogLevel::kError);
   torch::set_num_threads(1);

@@ -210,8 +210,8 @@ INSTANTIATE_TEST_SUITE_P(ChiefAndLastRank, ZeroOffloadStopped, testing::Values(0
 // A memory limit: each rank may allocate 200 MiB past its start-up (RLIMIT_DATA, which the
 // benchmark zero_memory sets in --probe mode). A model of 640 layers of 256 x 256 (168 MB of
 // parameters) at stage 3 on 2 ranks, with Adam, for 3 steps and a checkpoint: a rank's parts of
-// the parameters and of the optimizer state are 253 MB (241 MiB). Measured at 512 layers: each
-// rank peaks 100 to 108 MiB past start-up offloaded, 443 to 462 MiB in memory. Each run is
+// the parameters and of the optimizer state are 253 MB (241 MiB), and stage 3 in memory trains
+// at most 286 layers under a limit of 256 MiB (benchmarks/zero_memory). Each run is
 // zero_memory's probe, in an mpirun of its own.
 class ZeroMemoryLimit : public ZeroOffload {
  protected:
