@@ -142,7 +142,8 @@ bool Loop::time_to_copy() {
 // chief's clock): the state copied as a checkpoint captures it, written by the level's thread. A
 // copy is the rank's own: of a model split over ranks, its part; of ZeRO's optimizers, its shards
 // as its optimizer holds them (over its parts of the flat buffers, marked with the rank and the
-// ranks, which a restore checks), and at stage 3 its parts of the parameters; its own files (save_files), with the count of ranks.
+// ranks, which a restore checks), and at stage 3 its parts of the parameters; its own files
+// (save_files), with the count of ranks.
 void Loop::save_memory_copy() {
   detail::PhaseTimings::Scope t(timings_, "memory_copy");
   const auto started = Clock::now();

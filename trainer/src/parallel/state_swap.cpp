@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <system_error>
 
@@ -47,6 +48,23 @@ void release(const torch::Tensor& tensor) {
   storage.set_nbytes(0);
 }
 
+// pread or pwrite the whole length of `fd` at `offset`, retrying EINTR and any error `handled`
+// takes care of (returns true: try again); the errors name `what`.
+void transfer_all(int fd, bool writing, char* data, std::int64_t length, std::int64_t offset, const std::string& what,
+                  const std::function<bool(int err)>& handled = {}) {
+  while (length > 0) {
+    const ssize_t n = writing ? ::pwrite(fd, data, static_cast<std::size_t>(length), offset)
+                              : ::pread(fd, data, static_cast<std::size_t>(length), offset);
+    const int err = errno;
+    if (n < 0 && (err == EINTR || (handled && handled(err)))) continue;
+    if (n < 0) core::throw_errno(std::string(writing ? "writing " : "reading ") + what, err);
+    if (n == 0) throw IoError("reading " + what + ": it ends early (truncated by another process?)");
+    data += n;
+    length -= n;
+    offset += n;
+  }
+}
+
 }  // namespace
 
 PartSpill::PartSpill(const std::filesystem::path& dir, std::string key) : dir_(dir), key_(std::move(key)) {
@@ -68,35 +86,18 @@ PartSpill::~PartSpill() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void PartSpill::transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) const {
-  while (length > 0) {
-    const ssize_t n = writing ? ::pwrite(fd_, data, static_cast<std::size_t>(length), offset)
-                              : ::pread(fd_, data, static_cast<std::size_t>(length), offset);
-    const int err = errno;
-    if (n < 0 && err == EINTR) continue;
-    if (n < 0) {
-      core::throw_errno(std::string(writing ? "writing" : "reading") + " the parameters' parts in " + key_ + " " +
-                            dir_.string(), err);
-    }
-    if (n == 0) throw IoError("reading the parameters' parts in " + key_ + " " + dir_.string() + ": the file ends early");
-    data += n;
-    length -= n;
-    offset += n;
-  }
-}
-
 std::int64_t PartSpill::write(const torch::Tensor& part) {
   if (!part.device().is_cpu() || !part.is_contiguous()) throw InternalError("PartSpill: a part that is not a contiguous CPU tensor");
   const auto nbytes = static_cast<std::int64_t>(part.nbytes());
   const std::int64_t offset = end_;
-  transfer(true, static_cast<char*>(part.data_ptr()), nbytes, offset);
+  transfer_all(fd_, true, static_cast<char*>(part.data_ptr()), nbytes, offset, what());
   end_ += nbytes;
   release(part);
   return offset;
 }
 
 void PartSpill::read(std::int64_t offset, std::int64_t nbytes, void* into) const {
-  transfer(false, static_cast<char*>(into), nbytes, offset);
+  transfer_all(fd_, false, static_cast<char*>(into), nbytes, offset, what());
 }
 
 struct StateSwapper::Loaded {
@@ -168,27 +169,12 @@ void StateSwapper::buffered() {
 }
 
 void StateSwapper::transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) {
-  while (length > 0) {
-    const ssize_t n = writing ? ::pwrite(fd_, data, static_cast<std::size_t>(length), offset)
-                              : ::pread(fd_, data, static_cast<std::size_t>(length), offset);
-    const int err = errno;
-    if (n < 0 && err == EINTR) continue;
-    if (n < 0 && err == EINVAL && direct_) {  // opened direct, but the file system refuses direct transfers
-      buffered();
-      continue;
-    }
-    if (n < 0) {
-      core::throw_errno(std::string(writing ? "writing" : "reading") + " the optimizer state swap file " +
-                            file_.string(), err);
-    }
-    if (n == 0) {
-      throw IoError("reading the optimizer state swap file " + file_.string() +
-                    ": it ends early (truncated by another process?)");
-    }
-    data += n;
-    length -= n;
-    offset += n;
-  }
+  // Opened direct, but a file system that refuses direct transfers says EINVAL: buffered then.
+  transfer_all(fd_, writing, data, length, offset, "the optimizer state swap file " + file_.string(), [this](int err) {
+    if (err != EINVAL || !direct_) return false;
+    buffered();
+    return true;
+  });
 }
 
 void StateSwapper::plan() {

@@ -64,7 +64,7 @@ class PartSpill {
   void read(std::int64_t offset, std::int64_t nbytes, void* into) const;
 
  private:
-  void transfer(bool writing, char* data, std::int64_t length, std::int64_t offset) const;
+  std::string what() const { return "the parameters' parts in " + key_ + " " + dir_.string(); }
   std::filesystem::path dir_;
   std::string key_;
   int fd_ = -1;
