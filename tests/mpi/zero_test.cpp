@@ -420,6 +420,49 @@ TEST(ShardedOptimizer, StageThreePrefetchLandsTheValuesAGatherWould) {
 }
 
 
+// A parameter whose part has 64 Ki elements or more is all-gathered alone into the buffer that
+// becomes its value (padded: the buffer holds every rank's whole part); the small ones travel
+// together and are copied out. Both land the initial values, blocking, ahead, and refilled.
+TEST(ShardedOptimizer, StageThreeGathersALargePartIntoItsOwnBufferAndSmallOnesTogether) {
+  comm::MpiCommunicator comm(env().world());
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Linear(1001, 263), torch::nn::Linear(263, 3));
+  const auto params = net->parameters();  // 263263, 263, 789 and 3 elements
+  std::vector<torch::Tensor> initial;
+  for (const auto& p : params) initial.push_back(p.detach().clone());
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(0.01));
+  ZeroOptions options;
+  options.stage = 3;
+  ShardedOptimizer zero(adam, comm, options);
+  const std::int64_t part = (263263 + comm.size() - 1) / comm.size();
+  ASSERT_GE(part, 65536) << "the test's large parameter has a part under the bound";
+  const auto padded = static_cast<std::size_t>(part * comm.size()) * sizeof(float);
+  ASSERT_GT(padded, 263263 * sizeof(float));
+  const auto expect_initial = [&](const char* how) {
+    for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], initial[i])) << how << " " << i;
+    EXPECT_EQ(params[0].storage().nbytes(), padded) << how << ": the weight was copied out of its all-gather";
+    for (std::size_t i = 1; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].storage().nbytes(), static_cast<std::size_t>(params[i].numel()) * sizeof(float)) << how << " " << i;
+    }
+  };
+  zero.gather_all();
+  expect_initial("gathered");
+  zero.release_all();
+  EXPECT_EQ(zero.prefetch(0, {0, 1, 2, 3}, 1), 263263) << "the first parameter crosses the bound";
+  EXPECT_EQ(zero.prefetch(0, {0, 1, 2, 3}, 10000), 263 + 789 + 3);
+  zero.gather_all();
+  expect_initial("prefetched");
+  ShardedOptimizer::Kept kept = zero.keep(0, {0, 1, 2, 3});
+  for (std::size_t k = 0; k < kept.storages.size(); ++k) EXPECT_EQ(kept.storages[k].nbytes(), 0u) << k;
+  EXPECT_EQ(zero.start_refill(kept), 263263 + 263 + 789 + 3);
+  zero.refill(kept);
+  expect_initial("refilled");
+  EXPECT_EQ(kept.storages[0].unsafeGetStorageImpl(), params[0].storage().unsafeGetStorageImpl());
+  zero.empty(kept);
+  zero.refill(kept);  // blocking this time
+  expect_initial("refilled again");
+}
+
 // offload_optimizer with device nvme: the state in a swap file between steps.
 class StateSwap : public testing::Test {
  protected:

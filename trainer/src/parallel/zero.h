@@ -348,13 +348,12 @@ class ShardedOptimizer {
   void drop(Group& group, std::size_t param);
   // Stage 3's load_whole after the options: each part's state from its ranges of the datasets.
   void load_state_parts(const checkpoint::Contents& contents, const std::string& prefix, const std::string& file);
-  // Every rank's parts of `wanted` (indices into the group's parameters) in one all-gather
-  // (DeepSpeed's coalesced all-gather): blocking, or `ahead` on the communicator's thread, from a
-  // copy of the parts.
+  // Every rank's parts of `wanted` (indices into the group's parameters), as Gathering lays them
+  // out: blocking, or `ahead` on the communicator's thread.
   std::shared_ptr<Gathering> launch_gather(std::size_t g, const std::vector<std::size_t>& wanted, bool ahead);
-  // Waits for the gathering, then writes the whole value of its parameter `k` (an index into its
-  // `params`) into `into`, of the parameter's shape.
-  void land(Gathering& gathering, std::size_t k, const torch::Tensor& into);
+  // Waits for the all-gather of the gathering's parameter `k` (an index into its `params`), then
+  // returns its whole value: the all-gather's own buffer, or a copy out of a coalesced one.
+  torch::Tensor land(Gathering& gathering, std::size_t k);
   // Lands every prefetched parameter of group `g` among `params`: gathered, as gather() leaves them.
   void land_prefetched(std::size_t g, const std::vector<std::size_t>& params);
   // The parts change: what is on its way holds the values from before.
@@ -409,25 +408,37 @@ class ShardedOptimizer {
   std::uint64_t parts_version_ = 0;  // bumped when the parts change
 };
 
-// An all-gather of whole parameters of one group, maybe still on its way.
+// An all-gather of whole parameters of one group, maybe still on its way. A parameter whose part
+// has kOwnGatherElements or more, or the only one wanted, travels in an all-gather of its own
+// into the buffer that becomes its whole value (DeepSpeed's single-parameter all-gather); the
+// others travel together in one (DeepSpeed's coalesced all-gather) and are copied out as they
+// land. Each all-gather is in place: this rank's parts are copied into its block first, which is
+// also what keeps a step or a swap that changes the parts meanwhile from changing what it sends.
 struct ShardedOptimizer::Gathering {
+  static constexpr std::int64_t kOwnGatherElements = std::int64_t{1} << 16;
+  struct Piece {
+    std::size_t members = 0;
+    std::int64_t width = 0;  // a rank's block
+    torch::Tensor all;       // every rank's block, rank by rank
+    comm::WorkHandle work;   // none once done
+  };
   std::size_t group = 0;
   std::vector<std::size_t> params;
-  std::vector<std::int64_t> columns;  // where each parameter's part lies in a rank's row of `all`
   std::vector<std::int64_t> numels;
+  std::vector<std::size_t> piece_of;  // each parameter's piece
+  std::vector<std::int64_t> columns;  // where each parameter's part lies in its piece's blocks
   std::vector<bool> landed;
-  torch::Tensor send, all;  // this rank's parts; every rank's, rank by rank
-  comm::WorkHandle work;    // none once done
+  std::vector<Piece> pieces;
   std::int64_t elements = 0;
   std::int64_t* on_the_way = nullptr;  // started ahead: counts each parameter until it lands
   std::uint64_t version = 0;          // the parts' it was taken from
   Gathering() = default;
   Gathering(const Gathering&) = delete;
   Gathering& operator=(const Gathering&) = delete;
-  // Waits for the all-gather, whose buffers these are (an error then is the next collective's).
+  // Waits for the all-gathers, whose buffers these are (an error then is the next collective's).
   ~Gathering();
-  // Waits for the all-gather, adding the seconds waited to `waited`; throws its error.
-  void finish(double& waited);
+  // Waits for piece `p`'s all-gather, adding the seconds waited to `waited`; throws its error.
+  void finish(std::size_t p, double& waited);
 };
 
 }  // namespace hpctrial::trainer::detail
