@@ -24,9 +24,10 @@
 //                                        [--bucket ELEMENTS] [--dir DIR]
 //
 // Each run trains a fresh trial directory for --steps global batches of 64 records a rank and
-// must train exactly that many; the step rate is that of train_batch over the run (data loading
-// excluded, the same for all), in rounds that rotate which stage goes first. ZeRO's
-// reduce_bucket_size is --bucket (default: a quarter of the parameters, so that stage 2's
+// must train exactly that many; the step rate is the inverse of the median time of the trial's
+// train_batch in the run (the slowest rank's), so that a burst of other load on a shared machine
+// moves no figure, in rounds that rotate which stage goes first, the median round's rate taken.
+// ZeRO's reduce_bucket_size is --bucket (default: a quarter of the parameters, so that stage 2's
 // reduce-scatters overlap backward). --quick: 2 rounds of 30 steps with a small model, the test
 // suite's smoke run.
 #include <dlfcn.h>
@@ -36,6 +37,7 @@
 #include <hpctrial/trainer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +78,8 @@ TORCH_MODULE(Net);
 // Of the last run's engine, on this rank: optimizer state, the parameters held between steps,
 // the gradients held after a backward, and the parameters held during one.
 std::int64_t g_state_elements = 0, g_parameter_elements = 0, g_gradient_elements = 0, g_working_elements = 0;
+// Each train_batch's seconds in the last run, on this rank.
+std::vector<double> g_step_seconds;
 
 // A linear layer that tells `seen` when it runs: the parameters held then are the working set.
 struct SeenLinearImpl : torch::nn::Module {
@@ -123,6 +127,11 @@ class BenchTrial : public hpctrial::EngineTrial {
   ~BenchTrial() override { g_state_elements = engine_->optimizer_state_elements(); }
 
   hpctrial::Metrics train_batch(hpctrial::DataIterator& data, std::int64_t, std::int64_t) override {
+    const auto started = std::chrono::steady_clock::now();
+    struct Timed {
+      std::chrono::steady_clock::time_point started;
+      ~Timed() { g_step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()); }
+    } timed{started};
     hpctrial::Batch batch = data.next();
     auto loss = torch::nll_loss(forward(batch.data), batch.target);
     g_working_elements = std::max(g_working_elements, engine_->parameter_elements());
@@ -187,6 +196,11 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 struct Measure {
   double steps_per_s = 0;
   // The most any rank holds: optimizer state, parameters between steps, gradients, parameters
@@ -216,6 +230,7 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
   const bool layered = run == kLayered || run == kPrefetch || run == kDefaults;
   const bool bf16 = run == kBf16;
   g_state_elements = g_parameter_elements = g_gradient_elements = g_working_elements = 0;
+  g_step_seconds.clear();
   const int ranks = comm.size();
   const std::string trial_dir = o.dir + "/run" + std::to_string(run) + "-round" + std::to_string(round);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);  // a fresh trial: no resume
@@ -255,19 +270,12 @@ Measure run_stage(const Options& o, int run, hpctrial::comm::MpiCommunicator& co
                  static_cast<long long>(result.batches_trained), static_cast<long long>(o.steps));
     std::exit(1);
   }
-  const auto& t = result.timings.at("train_batch");
-  double total_s = t.at("total_s").get<double>();
-  comm.allreduce(&total_s, 1, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
+  double step_s = median(g_step_seconds);
+  comm.allreduce(&step_s, 1, hpctrial::comm::DType::kFloat64, hpctrial::comm::ReduceOp::kMax);
   std::int64_t elements[4] = {g_state_elements, g_parameter_elements, g_gradient_elements, g_working_elements};
   comm.allreduce(elements, 4, hpctrial::comm::DType::kInt64, hpctrial::comm::ReduceOp::kMax);
   if (comm.is_chief()) std::filesystem::remove_all(trial_dir);
-  return {static_cast<double>(t.at("count").get<std::int64_t>()) / total_s, elements[0], elements[1], elements[2],
-          elements[3]};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return {1.0 / step_s, elements[0], elements[1], elements[2], elements[3]};
 }
 
 }  // namespace
