@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <limits>
 #include <map>
@@ -421,6 +422,7 @@ struct ShardedOptimizer::Gathering {
     std::int64_t width = 0;  // a rank's block
     torch::Tensor all;       // every rank's block, rank by rank
     comm::WorkHandle work;   // none once done
+    std::exception_ptr failed;  // its all-gather's error
   };
   std::size_t group = 0;
   std::vector<std::size_t> params;

@@ -117,7 +117,8 @@ std::shared_ptr<ShardedOptimizer::Gathering> ShardedOptimizer::launch_gather(std
     ++piece.members;
   }
   // This rank's parts into its block of each piece; parts swapped out are read in for it, and
-  // let go after.
+  // let go once the all-gathers have started (a write of the swap that fails then fails this
+  // rank's next collective, not a collective the other ranks wait in).
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> parts;  // the optimizer's own tensors, which the swap knows
   for (const std::size_t i : wanted) parts.push_back(group.parts[i]);
@@ -130,7 +131,6 @@ std::shared_ptr<ShardedOptimizer::Gathering> ShardedOptimizer::launch_gather(std
     const Gathering::Piece& piece = gathering->pieces[gathering->piece_of[k]];
     piece.all.narrow(0, rank * piece.width + gathering->columns[k], parts[k].numel()).copy_(parts[k].detach());
   }
-  if (swapper_) swapper_->let_go(parts, false);
   comm::Communicator& comm = ahead && prefetch_comm_ ? *prefetch_comm_ : comm_;
   for (Gathering::Piece& piece : gathering->pieces) {
     float* all = piece.all.data_ptr<float>();
@@ -146,6 +146,7 @@ std::shared_ptr<ShardedOptimizer::Gathering> ShardedOptimizer::launch_gather(std
     gathering->on_the_way = &on_the_way_;
     on_the_way_ += gathering->elements;
   }
+  if (swapper_) swapper_->let_go(parts, false);
   return gathering;
 }
 
@@ -163,11 +164,17 @@ ShardedOptimizer::Gathering::~Gathering() {
 
 void ShardedOptimizer::Gathering::finish(std::size_t p, double& waited) {
   Piece& piece = pieces.at(p);
+  if (piece.failed) std::rethrow_exception(piece.failed);  // no parameter lands from it
   if (!piece.work) return;
   const auto started = std::chrono::steady_clock::now();
   const comm::WorkHandle done = std::move(piece.work);
   piece.work = nullptr;
-  done->wait();
+  try {
+    done->wait();
+  } catch (...) {
+    piece.failed = std::current_exception();
+    throw;
+  }
   waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
