@@ -9,7 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "../support/same_weights.h"
@@ -168,6 +172,35 @@ TEST_F(ZeroOffload, AnNvmeOffloadedRunEqualsTheInMemoryOneBitwise) {
     testing_support::expect_same_weights(memory, params);
     EXPECT_EQ(left_in_nvme(), 0) << "offload_param";
   }
+}
+
+// hpctrial checkpoint export reads a stage-3 checkpoint of 2 ranks with both offloads as any
+// other: its archive holds the model of the run kept in memory, bit for bit, as torch.jit.load
+// and the Python reader read it.
+TEST_F(ZeroOffload, ACheckpointWithBothOffloadsExportsAsTheInMemoryRunsModel) {
+  const std::string memory = run_to_end(engine_config("export-memory", 2, 3, 30), "export-memory", 30);
+  const std::string offloaded =
+      run_to_end(engine_config("export-nvme", 2, 3, 30, nvme_keys(true)), "export-nvme", 30);
+  std::map<std::string, std::uint32_t> crcs;  // the in-memory run's model, by parameter name
+  for (const auto& d : checkpoint::read_checkpoint(memory).datasets) {
+    if (d.name.rfind("model/0/", 0) == 0) crcs[d.name.substr(8)] = checkpoint::crc32c(d.data->data(), d.nbytes());
+  }
+  ASSERT_GE(crcs.size(), 4u) << memory;
+  const std::string archive = (dir_.path() / "model.pt").string();
+  const auto exported = core::run_process({HPCTRIAL_CLI, "checkpoint", "export", offloaded, archive});
+  ASSERT_TRUE(exported.ok()) << exported.describe() << "\n" << exported.err;
+  EXPECT_THAT(exported.out, HasSubstr("wrote " + archive + ": " + std::to_string(crcs.size()) + " tensors"));
+  core::RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const auto python = core::run_process({"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/tests/python/exported_model.py",
+                                         HPCTRIAL_SOURCE_DIR "/scripts", offloaded, archive,
+                                         (dir_.path() / "state_dict.pt").string()},
+                                        options);
+  ASSERT_TRUE(python.ok()) << python.describe() << "\n" << python.err;
+  std::map<std::string, std::uint32_t> read;
+  std::istringstream lines(python.out);
+  for (std::string name, crc; lines >> name >> crc;) read[name] = static_cast<std::uint32_t>(std::stoul(crc));
+  EXPECT_EQ(read, crcs);
 }
 
 // On one rank there is nothing to shard, but offload_optimizer still swaps the state (ZeRO-Offload

@@ -576,6 +576,38 @@ TEST(LoadTrial, AZeroTwoCheckpointLoadsOnOneProcessAndEvaluatesAsTheRun) {
   remove_dir(dir);
 }
 
+// A ZeRO-3 run with its optimizer state and its parameters' parts on nvme, loaded the same way:
+// each rank wrote its parts, and one process reads the whole parameters with no conversion.
+TEST(LoadTrial, AZeroThreeOffloadedCheckpointLoadsOnOneProcessAndEvaluatesAsTheRun) {
+  const std::string dir = shared_dir("z3load");
+  const std::string nvme = shared_dir("z3load-nvme");
+  Seen trained, loaded_seen;
+  const std::string config =
+      yaml(6, "engine: {gradient_accumulation_steps: 2, zero_optimization: {stage: 3, reduce_bucket_size: 10, "
+              "stage3_param_persistence_threshold: 0, offload_optimizer: {device: nvme, nvme_path: " + nvme +
+              "}, offload_param: {device: nvme, nvme_path: " + nvme + "}}}\n");
+  const LoopResult result =
+      run(config, [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &trained); }, dir);
+  EXPECT_EQ(trained.parameter_elements, 0);  // between steps the parts were on the disk
+  {
+    const LoadedTrial loaded = load_trial_from_checkpoint(
+        dir + "/checkpoints", [&](TrialContext& c) { return make_engine_trial_for_test(c, Behaviour{}, &loaded_seen); });
+    EXPECT_EQ(loaded.batches_trained(), 6);
+    EXPECT_EQ(loaded.checkpoint_path(), dir + "/checkpoints/ckpt-6.h5");
+    // Whole, for the caller's own forward: 3x8 + 8 + 8 + 1 elements.
+    std::int64_t elements = 0;
+    for (const auto& p : loaded.context().models().at(0)->parameters()) elements += p.numel();
+    EXPECT_EQ(elements, 41);
+    EXPECT_NEAR(testing_mpi::mean_evaluation(loaded, "validation_loss"),
+                result.last_validation.at("validation_loss").number(), 1e-6);
+  }
+  // The whole parameters, bit for bit as the run gathered them at its end.
+  EXPECT_EQ(max_relative_difference(loaded_seen.parameters, trained.parameters), 0.0);
+  EXPECT_EQ(loaded_seen.state_elements, 0);
+  remove_dir(dir);
+  remove_dir(nvme);
+}
+
 // ZeRO-1 and ZeRO-2: each rank steps 1/N of the optimizer state, and the weights follow stage 0's.
 TEST(EngineTrialZero, StagesOneAndTwoTrainAsStageZeroWithAShareOfTheState) {
   const int ranks = env().size();

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "api/config_json.h"
+#include "api/engine_access.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/checkpoint/model_state.h"
 #include "hpctrial/checkpoint/store.h"
@@ -142,7 +143,14 @@ LoadedTrial load_trial_from_checkpoint(const std::string& path, const TrialFacto
   identity.parts = layout.parts;
   identity.part = layout.part;
   identity.pipeline = layout.pipeline;
-  detail::restore_weights(contents, loaded.path_, *loaded.context_, identity);
+  // At ZeRO stage 3 each rank takes its parts of the parameters (the whole on one process).
+  detail::restore_weights(contents, loaded.path_, *loaded.context_, identity,
+                          detail::sharded_optimizers(*loaded.trial_, *loaded.context_));
+  // At ZeRO stage 3 the models whole, for the caller's own forward, as before a global batch (a
+  // model of layers gathers each layer as it runs).
+  if (auto* runner = dynamic_cast<detail::EngineTrialRunner*>(loaded.trial_.get())) {
+    runner->engine_context().gather_parameters();
+  }
   for (const auto& model : loaded.context_->models()) model->eval();
   if (comm.is_chief()) {
     core::log_info("loaded {} (trial {}, {} batches trained) on {} rank(s)", loaded.path_, trial_id,

@@ -395,14 +395,14 @@ void check_resumable(const checkpoint::Contents& contents, const std::string& pa
 }
 
 void restore_weights(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
-                     const TrialIdentity& identity) {
+                     const TrialIdentity& identity, const ShardedOptimizers& sharded) {
   const auto [parts, pipeline] = checkpoint::model_parts(contents, path);
   if (pipeline && has_pipeline_module(context)) {
     restore_model_tensors(repartition_weights(contents, path, context, identity.part), path, context, identity.part);
     return;
   }
   check_model_parts(contents, path, identity);
-  restore_model_tensors(contents, path, context, identity.part);
+  restore_model_tensors(contents, path, context, identity.part, sharded);
 }
 
 checkpoint::ReadOptions resume_read_options(const ShardedOptimizers& sharded, const std::string& part, bool verify) {

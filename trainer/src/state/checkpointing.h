@@ -160,10 +160,12 @@ checkpoint::ReadOptions resume_read_options(const ShardedOptimizers& sharded, co
 
 // The models' weights alone (a trained model loaded, a fine-tuning's start): the tensors of
 // `identity.part`, a pipeline's layers taken from whichever stage held them on any number of
-// stages; nothing of the optimizers, schedulers, progress or data position. ConfigError naming
-// the tensor for another model, and for a model split into another number of parts.
+// stages; nothing of the optimizers, schedulers, progress or data position. At ZeRO stage 3
+// (`sharded` partitions parameters) each rank takes its parts of them, as a resume does.
+// ConfigError naming the tensor for another model, and for a model split into another number of
+// parts.
 void restore_weights(const checkpoint::Contents& contents, const std::string& path, TrialContext& context,
-                     const TrialIdentity& identity);
+                     const TrialIdentity& identity, const ShardedOptimizers& sharded = {});
 
 // Writes and publishes checkpoints on a thread of its own, one at a time: submit() waits for
 // the previous one first; wait() returns once the last is durable (rethrowing its error).
