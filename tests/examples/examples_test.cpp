@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 
+#include "../support/exported_model.h"
 #include "../support/metric_lines.h"
 #include "../support/read_file.h"
 #include "../support/same_weights.h"
@@ -341,17 +342,8 @@ TEST_F(ExactResume, TheExportedModelIsTheTrainedOneInLibTorchAndPython) {
     EXPECT_TRUE(torch::equal(parameters[i].value(), weights[i])) << parameters[i].key();
     crcs[parameters[i].key()] = checkpoint::crc32c(weights[i].data_ptr(), weights[i].nbytes());
   }
-  core::RunOptions options;
-  options.timeout = std::chrono::seconds(120);
-  const auto python = core::run_process({"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/tests/python/exported_model.py",
-                                         HPCTRIAL_SOURCE_DIR "/scripts", dir + "/checkpoints/ckpt-400.h5", archive,
-                                         dir + "/state_dict.pt"},
-                                        options);
-  ASSERT_TRUE(python.ok()) << python.describe() << "\n" << python.err;
-  std::map<std::string, std::uint32_t> read;
-  std::istringstream lines(python.out);
-  for (std::string name, crc; lines >> name >> crc;) read[name] = static_cast<std::uint32_t>(std::stoul(crc));
-  EXPECT_EQ(read, crcs);
+  EXPECT_EQ(testing_support::exported_model_crcs(dir + "/checkpoints/ckpt-400.h5", archive, dir + "/state_dict.pt"),
+            crcs);
   const auto missing = core::run_process({HPCTRIAL_CLI, "checkpoint", "export", dir + "/checkpoints", archive, "--model", "1"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.err, testing::HasSubstr("has no model 1"));

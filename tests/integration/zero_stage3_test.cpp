@@ -9,13 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <sstream>
 #include <string>
 
+#include "../support/exported_model.h"
 #include "../support/same_weights.h"
 #include "hpctrial/checkpoint/format.h"
 #include "hpctrial/core/subprocess.h"
@@ -190,17 +189,7 @@ TEST_F(ZeroOffload, ACheckpointWithBothOffloadsExportsAsTheInMemoryRunsModel) {
   const auto exported = core::run_process({HPCTRIAL_CLI, "checkpoint", "export", offloaded, archive});
   ASSERT_TRUE(exported.ok()) << exported.describe() << "\n" << exported.err;
   EXPECT_THAT(exported.out, HasSubstr("wrote " + archive + ": " + std::to_string(crcs.size()) + " tensors"));
-  core::RunOptions options;
-  options.timeout = std::chrono::seconds(120);
-  const auto python = core::run_process({"/usr/bin/python3", HPCTRIAL_SOURCE_DIR "/tests/python/exported_model.py",
-                                         HPCTRIAL_SOURCE_DIR "/scripts", offloaded, archive,
-                                         (dir_.path() / "state_dict.pt").string()},
-                                        options);
-  ASSERT_TRUE(python.ok()) << python.describe() << "\n" << python.err;
-  std::map<std::string, std::uint32_t> read;
-  std::istringstream lines(python.out);
-  for (std::string name, crc; lines >> name >> crc;) read[name] = static_cast<std::uint32_t>(std::stoul(crc));
-  EXPECT_EQ(read, crcs);
+  EXPECT_EQ(testing_support::exported_model_crcs(offloaded, archive, (dir_.path() / "state_dict.pt").string()), crcs);
 }
 
 // On one rank there is nothing to shard, but offload_optimizer still swaps the state (ZeRO-Offload
